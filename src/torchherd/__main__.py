@@ -1,0 +1,3 @@
+from torchherd.cli import entry
+
+entry()

@@ -1,0 +1,210 @@
+"""Command line: parse, call the library, render. ``main(argv) -> int`` is callable from tests.
+
+Exit codes (the public contract, docs/cli.md): 0 all good; 1 a check or the job
+failed; 2 usage or inventory error; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from torchherd import __version__
+from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, TorchherdError, UsageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from torchherd.inventory import Inventory
+
+Handler = Callable[[argparse.Namespace, "Console"], int]
+
+
+def _inventory_path(args: argparse.Namespace) -> Path:
+    chosen = getattr(args, "inventory", None) or os.environ.get("TORCHHERD_INVENTORY") or "hosts.toml"
+    return Path(chosen).expanduser()
+
+
+def _load_inventory(args: argparse.Namespace) -> Inventory:
+    from torchherd.inventory import load
+
+    return load(_inventory_path(args))
+
+
+def cmd_hosts(args: argparse.Namespace, console: Console) -> int:
+    from torchherd.console.hosts import hosts_rows, render_hosts
+    from torchherd.transport import resolve_target
+
+    inventory = _load_inventory(args)
+    targets = [resolve_target(host, inventory.cluster.ssh_config).describe() for host in inventory.hosts]
+    if args.json:
+        print(json.dumps({"hosts": hosts_rows(inventory, targets)}, indent=2))
+    else:
+        render_hosts(console, inventory, targets)
+    return EXIT_OK
+
+
+def _id_list(text: str | None) -> frozenset[str] | None:
+    if text is None:
+        return None
+    return frozenset(item.strip() for item in text.split(",") if item.strip())
+
+
+def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    from torchherd.checks import CheckOptions, run_preflight
+    from torchherd.console.checks import live_progress, render_report
+
+    inventory = _load_inventory(args)
+    script = args.script[0] if args.script else None
+    options = CheckOptions(only=_id_list(args.only), skip=_id_list(args.skip) or frozenset(),
+                           script=script, smoke=args.smoke, accept_new_host_keys=args.accept_new_host_keys)
+    if args.json:
+        outcome = run_preflight(inventory, options)
+        print(json.dumps(outcome.report.as_json(), indent=2))
+    else:
+        with live_progress(console, inventory) as progress:
+            outcome = run_preflight(inventory, options, progress=progress)
+        render_report(console, outcome.report)
+    outcome.close()
+    return EXIT_OK if outcome.report.ok else EXIT_FAILED
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from torchherd.console.run import render_plan
+    from torchherd.launch import LaunchOptions, run_job
+    from torchherd.plan import RunOptions, build_plan, parse_env_assignments
+
+    inventory = _load_inventory(args)
+    if not args.script:
+        raise UsageError("run: no training script given", "torchherd run [options] -- train.py [args...]")
+    script, *script_args = args.script
+    run_options = RunOptions(
+        script=script, script_args=tuple(script_args), run_id=_new_run_id(),
+        nproc_per_node=_nproc(args.nproc_per_node), nnodes=args.nnodes, module=args.module,
+        extra_env=_extra_env(args.env, args.env_pass, parse_env_assignments),
+        master_addr=args.master_addr, max_restarts=args.max_restarts,
+        monitor_interval=args.monitor_interval, rdzv_conf=args.rdzv_conf, rdzv_backend=args.rdzv_backend,
+    )
+    if args.dry_run:
+        render_plan(console, build_plan(inventory, run_options))
+        return EXIT_OK
+    launch_options = LaunchOptions(check=not args.no_check, log_dir=Path(args.log_dir), grace=args.grace,
+                                   accept_new_host_keys=args.accept_new_host_keys, fail_fast=not args.no_fail_fast)
+    return run_job(inventory, run_options, launch_options, console)
+
+
+def _extra_env(assignments: Sequence[str], passed: Sequence[str],
+               parse: Callable[[Sequence[str]], dict[str, str]]) -> dict[str, str]:
+    env = {}
+    for name in passed:
+        if name not in os.environ:
+            raise UsageError(f"--env-pass {name}: not set in this shell", f"export {name}=... first, or use --env")
+        env[name] = os.environ[name]
+    env.update(parse(assignments))
+    return env
+
+
+def _nproc(text: str | None) -> int | str | None:
+    if text is None:
+        return None
+    if text in ("gpu", "cpu", "auto"):
+        return text
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise UsageError(f"--nproc-per-node {text!r}: expected a positive integer, gpu, cpu or auto")
+
+
+def _new_run_id() -> str:
+    import secrets
+    import time
+
+    return time.strftime("th-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    inventory = argparse.ArgumentParser(add_help=False)
+    inventory.add_argument("-i", "--inventory", metavar="FILE", default=argparse.SUPPRESS,
+                           help="host inventory (default: $TORCHHERD_INVENTORY, then ./hosts.toml)")
+    parser = argparse.ArgumentParser(
+        prog="torchherd", parents=[inventory],
+        description="Run one PyTorch distributed job on many machines: check, launch, stream, tear down.")
+    parser.add_argument("--version", action="version", version=f"torchherd {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    hosts = commands.add_parser("hosts", parents=[inventory], help="show the resolved inventory")
+    hosts.add_argument("--json", action="store_true", help="print the inventory as JSON")
+    hosts.set_defaults(handler=cmd_hosts)
+
+    check = commands.add_parser("check", parents=[inventory], help="preflight checks only; changes nothing")
+    check.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    check.add_argument("--only", metavar="ID,...", help="run only these checks")
+    check.add_argument("--skip", metavar="ID,...", help="skip these checks")
+    check.add_argument("--smoke", action="store_true", help="also run a tiny real all_reduce on every node")
+    check.add_argument("--accept-new-host-keys", action="store_true",
+                       help="trust and record unknown SSH host keys (changed keys are always refused)")
+    check.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT: also check the training script")
+    check.set_defaults(handler=cmd_check)
+
+    run = commands.add_parser("run", parents=[inventory], help="check, then launch the job on every node")
+    run.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
+    run.add_argument("--no-check", action="store_true", help="skip the preflight checks")
+    run.add_argument("--dry-run", action="store_true", help="print each node's command; start nothing")
+    run.add_argument("--log-dir", metavar="DIR", default="torchherd-logs", help="where <run-id>/<node>.log go")
+    run.add_argument("--env", metavar="K=V", action="append", default=[], help="set a variable on every rank")
+    run.add_argument("--env-pass", metavar="NAME", action="append", default=[],
+                     help="pass this variable from the controller's environment")
+    run.add_argument("--grace", type=float, default=10.0, metavar="S", help="SIGTERM to SIGKILL, in seconds")
+    run.add_argument("--no-fail-fast", action="store_true",
+                     help="let the other nodes go on when one fails (default: tear them down at once)")
+    run.add_argument("--master-addr", metavar="ADDR", help="address the workers reach the master at")
+    run.add_argument("--rdzv-backend", choices=("static", "c10d"), help="override [cluster].rdzv_backend")
+    run.add_argument("--nnodes", metavar="N|MIN:MAX", help="torchrun --nnodes (MIN:MAX: elastic, c10d)")
+    run.add_argument("--max-restarts", type=int, default=0, metavar="N", help="torchrun --max-restarts")
+    run.add_argument("--monitor-interval", type=float, metavar="S", help="torchrun --monitor-interval")
+    run.add_argument("--rdzv-conf", metavar="K=V,...", help="torchrun --rdzv-conf")
+    run.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
+    run.add_argument("--accept-new-host-keys", action="store_true",
+                     help="trust and record unknown SSH host keys (changed keys are always refused)")
+    run.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT [ARGS...]")
+    run.set_defaults(handler=cmd_run)
+    return parser
+
+
+def _strip_separator(args: argparse.Namespace) -> None:
+    script = getattr(args, "script", None)
+    if script and script[0] == "--":
+        args.script = script[1:]
+
+
+def main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
+    from torchherd.console import make_console, render_error
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # argparse has printed usage and the reason
+        return int(stop.code) if isinstance(stop.code, int) else EXIT_USAGE
+    _strip_separator(args)
+    console = console or make_console()
+    error_console = console if console.file is not sys.stdout else make_console(stderr=True)
+    handler: Handler = args.handler
+    try:
+        return handler(args, console)
+    except TorchherdError as error:
+        render_error(error_console, error)
+        return error.exit_code
+    except KeyboardInterrupt:
+        error_console.print("interrupted")
+        return EXIT_INTERRUPTED
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

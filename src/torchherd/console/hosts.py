@@ -1,0 +1,32 @@
+"""``torchherd hosts``: the resolved inventory."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from torchherd.inventory import Inventory
+
+
+def hosts_rows(inventory: Inventory, ssh_targets: Sequence[str]) -> list[dict[str, object]]:
+    cluster = inventory.cluster
+    return [
+        {"name": host.name, "ssh": target, "node_rank": rank, "nproc_per_node": cluster.nproc_per_node,
+         "python": host.python, "workdir": host.workdir, "master": rank == 0}
+        for rank, (host, target) in enumerate(zip(inventory.hosts, ssh_targets))
+    ]
+
+
+def render_hosts(console: Console, inventory: Inventory, ssh_targets: Sequence[str]) -> None:
+    cluster = inventory.cluster
+    table = Table(title=f"{inventory.path}: {len(inventory.hosts)} hosts, master {cluster.master}:"
+                        f"{cluster.port}, rendezvous {cluster.rdzv_backend}", title_justify="left")
+    for column in ("name", "SSH target", "node_rank", "nproc", "python", "workdir"):
+        table.add_column(column, overflow="fold")
+    for row in hosts_rows(inventory, ssh_targets):
+        name = f"{row['name']} (master)" if row["master"] else str(row["name"])
+        table.add_row(name, str(row["ssh"]), str(row["node_rank"]), str(row["nproc_per_node"]),
+                      str(row["python"]), str(row["workdir"]))
+    console.print(table)

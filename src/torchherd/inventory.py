@@ -1,0 +1,277 @@
+"""The host inventory: TOML in, frozen dataclasses out.
+
+The file is parsed and validated once, here; nothing downstream sees raw dicts.
+Every error names the file and the key, says what was expected, and how to fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, NoReturn, TypeVar
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+from torchherd.errors import InventoryError
+
+NPROC_WORDS = ("gpu", "cpu", "auto")
+RDZV_BACKENDS = ("static", "c10d")
+HOST_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+CLUSTER_KEYS = (
+    "master", "port", "nproc_per_node", "rdzv_backend", "master_addr",
+    "ssh_config", "ssh_timeout",
+)
+NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "setup")
+HOST_KEYS = ("name", "address", "local_addr") + NODE_KEYS
+TOP_KEYS = ("cluster", "defaults", "hosts")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One node as the inventory describes it, defaults already applied."""
+
+    name: str
+    address: str
+    """How the controller reaches the node over SSH (an ssh_config alias works)."""
+    user: str | None
+    ssh_port: int | None
+    identity_file: str | None
+    python: str
+    workdir: str
+    env: Mapping[str, str]
+    setup: str
+    local_addr: str | None
+    """The address the other nodes reach this node at, when not its SSH address."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    master: str
+    port: int
+    nproc_per_node: int | str
+    rdzv_backend: str
+    master_addr: str | None
+    ssh_config: Path | None
+    ssh_timeout: float
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    cluster: Cluster
+    hosts: tuple[Host, ...]
+    """In node-rank order: the master first, then the others as the file lists them."""
+
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(name)
+
+
+class _Reader:
+    """Reads typed values out of one TOML table, naming the key in every error."""
+
+    def __init__(self, path: Path, where: str, table: Mapping[str, Any], allowed: tuple[str, ...]):
+        self.path = path
+        self.where = where
+        self.table = table
+        for key in table:
+            if key not in allowed:
+                self.fail(key, "unknown key", _did_you_mean(key, allowed))
+
+    def fail(self, key: str, problem: str, hint: str = "") -> NoReturn:
+        raise InventoryError(f"{self.path}: {self.where}{key}: {problem}", hint)
+
+    def get(self, key: str, default: T, convert: Callable[[str, Any], T]) -> T:
+        if key not in self.table:
+            return default
+        return convert(key, self.table[key])
+
+    def text(self, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            self.fail(key, f"expected a non-empty string, got {_show(value)}")
+        return str(value)
+
+    def script(self, key: str, value: Any) -> str:
+        if not isinstance(value, str):
+            self.fail(key, f"expected a string, got {_show(value)}")
+        return str(value)
+
+    def port(self, key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            self.fail(key, f"expected a port number from 1 to 65535, got {_show(value)}")
+        return int(value)
+
+    def seconds(self, key: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            self.fail(key, f"expected a positive number of seconds, got {_show(value)}")
+        return float(value)
+
+    def nproc(self, key: str, value: Any) -> int | str:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        if isinstance(value, str) and value in NPROC_WORDS:
+            return value
+        self.fail(key, f"expected a positive integer or one of {', '.join(map(repr, NPROC_WORDS))}, "
+                       f"got {_show(value)}")
+
+    def choice(self, choices: tuple[str, ...]) -> Callable[[str, Any], str]:
+        def convert(key: str, value: Any) -> str:
+            if value not in choices:
+                self.fail(key, f"expected one of {', '.join(map(repr, choices))}, got {_show(value)}")
+            return str(value)
+        return convert
+
+    def env(self, key: str, value: Any) -> Mapping[str, str]:
+        if not isinstance(value, dict):
+            self.fail(key, f"expected a table of NAME = \"value\", got {_show(value)}",
+                      'write env = { NCCL_DEBUG = "WARN" }')
+        result: dict[str, str] = {}
+        for name, item in value.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                self.fail(f"{key}.{name}", "not a valid environment variable name")
+            if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+                self.fail(f"{key}.{name}", f"expected a string, got {_show(item)}", "quote the value")
+            result[name] = str(item)
+        return result
+
+
+def _did_you_mean(key: str, allowed: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(key, allowed, n=1)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return f"known keys: {', '.join(allowed)}"
+
+
+def _show(value: Any) -> str:
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a table"}.get(type(value), type(value).__name__)
+    shown = repr(value) if not isinstance(value, (dict, list)) else ""
+    return f"{kind} {shown}".strip()
+
+
+def load(path: Path) -> Inventory:
+    """Reads and validates the inventory at ``path``; raises InventoryError naming file and key."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InventoryError(f"{path}: inventory file not found",
+                             "pass one with -i FILE, set TORCHHERD_INVENTORY, or copy hosts.example.toml "
+                             "to hosts.toml") from None
+    except OSError as error:
+        raise InventoryError(f"{path}: cannot read the inventory: {error.strerror}") from None
+    try:
+        document = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InventoryError(f"{path}: not UTF-8 text", "save the inventory as UTF-8") from None
+    except tomllib.TOMLDecodeError as error:
+        raise InventoryError(f"{path}: TOML syntax error: {error}",
+                             "fix the line named; see hosts.example.toml") from None
+    return parse(document, path)
+
+
+def parse(document: Mapping[str, Any], path: Path) -> Inventory:
+    _Reader(path, "", document, TOP_KEYS)
+    defaults = _table(document, "defaults", path)
+    cluster_table = _table(document, "cluster", path)
+    hosts = _parse_hosts(document, defaults, path)
+    cluster = _parse_cluster(cluster_table, hosts, path)
+    master = next(host for host in hosts if host.name == cluster.master)
+    ranked = (master,) + tuple(host for host in hosts if host is not master)
+    return Inventory(path=path, cluster=cluster, hosts=ranked)
+
+
+def _table(document: Mapping[str, Any], key: str, path: Path) -> Mapping[str, Any]:
+    value = document.get(key, {})
+    if not isinstance(value, dict):
+        raise InventoryError(f"{path}: {key}: expected a table [{key}], got {_show(value)}")
+    return value
+
+
+def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path) -> Cluster:
+    read = _Reader(path, "[cluster].", table, CLUSTER_KEYS)
+    names = [host.name for host in hosts]
+    master = read.get("master", names[0], read.text)
+    if master not in names:
+        read.fail("master", f"{master!r} is not one of the hosts ({', '.join(names)})",
+                  _did_you_mean(master, tuple(names)))
+    ssh_config = read.get("ssh_config", None, read.text)
+    default_nproc: int | str = 1
+    return Cluster(
+        master=master,
+        port=read.get("port", 29500, read.port),
+        nproc_per_node=read.get("nproc_per_node", default_nproc, read.nproc),
+        rdzv_backend=read.get("rdzv_backend", "static", read.choice(RDZV_BACKENDS)),
+        master_addr=read.get("master_addr", None, read.text),
+        ssh_config=_relative_to(path, ssh_config) if ssh_config else None,
+        ssh_timeout=read.get("ssh_timeout", 10.0, read.seconds),
+    )
+
+
+def _relative_to(inventory_path: Path, value: str) -> Path:
+    candidate = Path(value).expanduser()
+    if candidate.is_absolute():
+        return candidate
+    return inventory_path.parent / candidate
+
+
+def _parse_hosts(document: Mapping[str, Any], defaults: Mapping[str, Any], path: Path) -> tuple[Host, ...]:
+    entries = document.get("hosts")
+    if entries is None or entries == []:
+        raise InventoryError(f"{path}: hosts: no hosts listed",
+                             'add at least one [[hosts]] table with name = "..."')
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise InventoryError(f"{path}: hosts: expected [[hosts]] tables, got {_show(entries)}")
+    base = _read_node_keys(_Reader(path, "[defaults].", defaults, NODE_KEYS), {})
+    hosts: list[Host] = []
+    for index, entry in enumerate(entries):
+        host = _parse_host(_Reader(path, f"hosts[{index}].", entry, HOST_KEYS), base)
+        if any(existing.name == host.name for existing in hosts):
+            raise InventoryError(f"{path}: hosts[{index}].name: duplicate host name {host.name!r}",
+                                 "give every host a unique name")
+        hosts.append(host)
+    return tuple(hosts)
+
+
+def _read_node_keys(read: _Reader, base: Mapping[str, Any]) -> dict[str, Any]:
+    values = dict(base)
+    for key, convert in (("user", read.text), ("ssh_port", read.port), ("identity_file", read.text),
+                         ("python", read.text), ("workdir", read.text), ("setup", read.script)):
+        if key in read.table:
+            values[key] = convert(key, read.table[key])
+    if "env" in read.table:
+        values["env"] = {**values.get("env", {}), **read.env("env", read.table["env"])}
+    return values
+
+
+def _parse_host(read: _Reader, base: Mapping[str, Any]) -> Host:
+    if "name" not in read.table:
+        read.fail("name", "missing", 'every [[hosts]] table needs name = "..."')
+    name = read.text("name", read.table["name"])
+    if not HOST_NAME_PATTERN.match(name):
+        read.fail("name", f"{name!r} is not a usable host name",
+                  "use letters, digits, '.', '_' and '-' (it names the log file)")
+    values = _read_node_keys(read, base)
+    return Host(
+        name=name,
+        address=read.get("address", name, read.text),
+        user=values.get("user"),
+        ssh_port=values.get("ssh_port"),
+        identity_file=values.get("identity_file"),
+        python=values.get("python", "python3"),
+        workdir=values.get("workdir", "~"),
+        env=MappingProxyType(dict(values.get("env", {}))),
+        setup=values.get("setup", ""),
+        local_addr=read.get("local_addr", None, read.text),
+    )

@@ -1,0 +1,210 @@
+"""The launch plan: pure functions from the inventory and the options to, per node,
+the exact torchrun command, its environment and its working directory.
+
+Nothing here touches the network or the clock; ``--dry-run`` prints what this builds.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Mapping, Sequence
+
+from torchherd.errors import UsageError
+from torchherd.inventory import Host, Inventory
+
+# torchrun writes this before every line a rank prints (with --tee); launch parses it
+# back off to know the rank, so it must be unlikely to start a line by chance.
+RANK_PREFIX_TEMPLATE = "[torchherd-rank ${rank}] "
+RANK_PREFIX_HEAD = b"[torchherd-rank "
+
+
+@dataclass(frozen=True)
+class NodeNetwork:
+    """How a node takes part in the job's network, and why it was chosen."""
+
+    address: str
+    """The address the other nodes reach this node at (torchrun's --local-addr)."""
+    interface: str | None = None
+    """The interface that routes to the master, for GLOO/NCCL_SOCKET_IFNAME."""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    script: str
+    script_args: tuple[str, ...] = ()
+    run_id: str = "dry-run"
+    nproc_per_node: int | str | None = None
+    nnodes: str | None = None
+    """torchrun's --nnodes; "MIN:MAX" makes the job elastic (c10d only)."""
+    module: bool = False
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """--env K=V and --env-pass NAME, already resolved by the CLI."""
+    master_addr: str | None = None
+    max_restarts: int = 0
+    monitor_interval: float | None = None
+    rdzv_conf: str | None = None
+    rdzv_backend: str | None = None
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    host: Host
+    node_rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    workdir: str
+    setup: str
+    network: NodeNetwork | None
+    notes: tuple[str, ...]
+    """Why each derived choice (address, interface, env) was made, for --dry-run."""
+    remote_log_dir: str
+
+    def shell_line(self) -> str:
+        """The command a user could paste into a shell on the node to do the same by hand."""
+        parts = [f"cd {_quote_path(self.workdir)}"]
+        if self.setup.strip():
+            parts.append(self.setup.strip())
+        assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in self.env.items())
+        parts.append(f"env {assignments} {shlex.join(self.argv)}" if assignments else shlex.join(self.argv))
+        return " && ".join(parts)
+
+
+@dataclass(frozen=True)
+class Plan:
+    run_id: str
+    master: str
+    master_addr: str
+    port: int
+    rdzv_backend: str
+    nodes: tuple[NodePlan, ...]
+
+
+def _quote_path(path: str) -> str:
+    """Quotes a path for a remote shell but keeps a leading ``~`` expandable."""
+    if path == "~":
+        return "~"
+    if path.startswith("~/"):
+        return "~/" + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def is_ip_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def build_plan(inventory: Inventory, options: RunOptions,
+               networks: Mapping[str, NodeNetwork] | None = None) -> Plan:
+    """Every node's command, in node-rank order (the master is rank 0)."""
+    networks = networks or {}
+    cluster = inventory.cluster
+    backend = options.rdzv_backend or cluster.rdzv_backend
+    if options.nnodes and ":" in options.nnodes and backend != "c10d":
+        raise UsageError(f"--nnodes {options.nnodes}: an elastic range needs the c10d rendezvous",
+                         "add --rdzv-backend c10d, or set rdzv_backend = \"c10d\" in [cluster]")
+    master = inventory.hosts[0]
+    master_addr, master_note = _master_address(inventory, options, networks)
+    nodes = tuple(
+        _node_plan(inventory, options, host, rank, master_addr, networks.get(host.name), backend)
+        for rank, host in enumerate(inventory.hosts)
+    )
+    nodes = (replace(nodes[0], notes=(master_note,) + nodes[0].notes),) + nodes[1:]
+    return Plan(run_id=options.run_id, master=master.name, master_addr=master_addr,
+                port=cluster.port, rdzv_backend=backend, nodes=nodes)
+
+
+def _master_address(inventory: Inventory, options: RunOptions,
+                    networks: Mapping[str, NodeNetwork]) -> tuple[str, str]:
+    master = inventory.hosts[0]
+    if options.master_addr:
+        return options.master_addr, "master address from --master-addr"
+    if inventory.cluster.master_addr:
+        return inventory.cluster.master_addr, "master address from [cluster].master_addr"
+    if master.name in networks:
+        network = networks[master.name]
+        return network.address, f"master address {network.address}: {network.reason or 'found on the master'}"
+    if master.local_addr:
+        return master.local_addr, "master address from the master's local_addr"
+    return master.address, f"master address {master.address}: the master's SSH address"
+
+
+def _node_plan(inventory: Inventory, options: RunOptions, host: Host, rank: int,
+               master_addr: str, network: NodeNetwork | None, backend: str) -> NodePlan:
+    notes: list[str] = []
+    local_addr = network.address if network else host.local_addr
+    if local_addr is None and is_ip_address(host.address):
+        local_addr = host.address
+    if local_addr:
+        notes.append(f"--local-addr {local_addr}" + (f": {network.reason}" if network and network.reason else ""))
+    remote_log_dir = f"/tmp/torchherd-{options.run_id}"
+    argv = _torchrun_argv(inventory, options, host, rank, master_addr, local_addr, backend, remote_log_dir)
+    env = _node_env(host, options, network, notes)
+    return NodePlan(host=host, node_rank=rank, argv=argv, env=MappingProxyType(env), workdir=host.workdir,
+                    setup=host.setup, network=network, notes=tuple(notes), remote_log_dir=remote_log_dir)
+
+
+def _torchrun_argv(inventory: Inventory, options: RunOptions, host: Host, rank: int, master_addr: str,
+                   local_addr: str | None, backend: str, log_dir: str) -> tuple[str, ...]:
+    cluster = inventory.cluster
+    nproc = options.nproc_per_node if options.nproc_per_node is not None else cluster.nproc_per_node
+    argv = [host.python, "-m", "torch.distributed.run",
+            "--nnodes", options.nnodes or str(len(inventory.hosts)),
+            "--nproc-per-node", str(nproc)]
+    if backend == "static":
+        argv += ["--node-rank", str(rank), "--master-addr", master_addr, "--master-port", str(cluster.port)]
+    else:
+        endpoint = f"[{master_addr}]" if ":" in master_addr else master_addr
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint}:{cluster.port}",
+                 "--rdzv-id", options.run_id]
+        conf = [options.rdzv_conf] if options.rdzv_conf else []
+        if rank == 0:
+            # The master hosts the store even when its address is on a secondary NIC,
+            # where torch's own hostname match gives a false negative.
+            conf.append("is_host=1")
+        if conf:
+            argv += ["--rdzv-conf", ",".join(conf)]
+    if local_addr:
+        argv += ["--local-addr", local_addr]
+    argv += ["--max-restarts", str(options.max_restarts)]
+    if options.monitor_interval is not None:
+        argv += ["--monitor-interval", str(options.monitor_interval)]
+    argv += ["--tee", "3", "--log-dir", log_dir]
+    if options.module:
+        argv.append("-m")
+    argv.append(options.script)
+    argv += options.script_args
+    return tuple(argv)
+
+
+def _node_env(host: Host, options: RunOptions, network: NodeNetwork | None, notes: list[str]) -> dict[str, str]:
+    env = dict(host.env)
+    env.update(options.extra_env)
+    if "PYTHONUNBUFFERED" not in env:
+        env["PYTHONUNBUFFERED"] = "1"
+        notes.append("PYTHONUNBUFFERED=1 so each line reaches the controller as it is printed")
+    if network and network.interface:
+        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if name not in env:
+                env[name] = network.interface
+                notes.append(f"{name}={network.interface}: the interface that routes to the master")
+    env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX_TEMPLATE
+    env["TORCHHERD_RUN_ID"] = options.run_id
+    return env
+
+
+def parse_env_assignments(assignments: Sequence[str]) -> dict[str, str]:
+    """``--env K=V`` values; the value is kept byte for byte (it may hold '=', quotes, spaces)."""
+    env: dict[str, str] = {}
+    for assignment in assignments:
+        name, sep, value = assignment.partition("=")
+        if not sep or not name.isidentifier():
+            raise UsageError(f"--env {assignment!r}: expected NAME=VALUE", "for example --env NCCL_DEBUG=INFO")
+        env[name] = value
+    return env

@@ -1,0 +1,38 @@
+"""Result types shared by the layers that produce them and the console that shows them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STATUSES = ("pass", "warn", "fail", "skip")
+CLUSTER = "cluster"
+"""The ``node`` of a check about the whole set of nodes rather than one of them."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    node: str
+    check: str
+    status: str
+    summary: str
+    fix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+    def as_json(self) -> dict[str, str]:
+        return {"node": self.node, "check": self.check, "status": self.status,
+                "summary": self.summary, "fix": self.fix}
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    results: tuple[CheckResult, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not any(result.status == "fail" for result in self.results)
+
+    def as_json(self) -> dict[str, object]:
+        return {"ok": self.ok, "checks": [result.as_json() for result in self.results]}
