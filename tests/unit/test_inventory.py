@@ -1,0 +1,159 @@
+"""The inventory: every bad input exits 2 with one line naming the file and the key."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+from pathlib import Path
+
+import pytest
+
+from torchherd.cli import main
+from torchherd.console import make_console
+from torchherd.errors import InventoryError
+from torchherd.inventory import load
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GOOD = """
+[cluster]
+master = "b"
+port = 29600
+nproc_per_node = "gpu"
+
+[defaults]
+user = "ml"
+python = "/venv/bin/python"
+env = { NCCL_DEBUG = "WARN", OMP_NUM_THREADS = 4 }
+
+[[hosts]]
+name = "a"
+address = "10.0.0.1"
+
+[[hosts]]
+name = "b"
+ssh_port = 2222
+env = { NCCL_SOCKET_IFNAME = "eth1" }
+setup = "source ~/venv/bin/activate"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "hosts.toml"
+    path.write_text(text)
+    return path
+
+
+def test_good_inventory_is_parsed_with_defaults_applied(tmp_path: Path) -> None:
+    inventory = load(write(tmp_path, GOOD))
+    assert [host.name for host in inventory.hosts] == ["b", "a"]  # the master is rank 0
+    master, worker = inventory.hosts
+    assert inventory.cluster.port == 29600
+    assert inventory.cluster.nproc_per_node == "gpu"
+    assert inventory.cluster.rdzv_backend == "static"
+    assert master.ssh_port == 2222 and worker.ssh_port is None
+    assert master.address == "b" and worker.address == "10.0.0.1"
+    assert master.user == worker.user == "ml"
+    assert dict(master.env) == {"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "4", "NCCL_SOCKET_IFNAME": "eth1"}
+    assert dict(worker.env) == {"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "4"}
+    assert master.setup == "source ~/venv/bin/activate" and worker.setup == ""
+    assert worker.workdir == "~"
+
+
+def test_example_inventory_is_valid() -> None:
+    inventory = load(ROOT / "hosts.example.toml")
+    assert [host.name for host in inventory.hosts] == ["node0", "node1"]
+
+
+def test_ssh_config_path_is_relative_to_the_inventory(tmp_path: Path) -> None:
+    inventory = load(write(tmp_path, '[cluster]\nssh_config = "cfg"\n[[hosts]]\nname = "a"\n'))
+    assert inventory.cluster.ssh_config == tmp_path / "cfg"
+
+
+BAD = [
+    ('[cluster]\nprot = 1\n[[hosts]]\nname = "a"\n', "[cluster].prot: unknown key", "did you mean 'port'?"),
+    ('[defaults]\npyhton = "x"\n[[hosts]]\nname = "a"\n', "[defaults].pyhton: unknown key",
+     "did you mean 'python'?"),
+    ('[[hosts]]\nname = "a"\nadress = "x"\n', "hosts[0].adress: unknown key", "did you mean 'address'?"),
+    ('[[hosts]]\nname = "a"\n[[hosts]]\nname = "a"\n', "hosts[1].name: duplicate host name 'a'", "unique"),
+    ('[cluster]\nmaster = "c"\n[[hosts]]\nname = "a"\n', "[cluster].master: 'c' is not one of the hosts (a)", ""),
+    ('[cluster]\nport = "29500"\n[[hosts]]\nname = "a"\n',
+     "[cluster].port: expected a port number from 1 to 65535, got a string '29500'", ""),
+    ('[cluster]\nport = 70000\n[[hosts]]\nname = "a"\n',
+     "[cluster].port: expected a port number from 1 to 65535, got an integer 70000", ""),
+    ('[defaults]\nssh_port = 0\n[[hosts]]\nname = "a"\n', "[defaults].ssh_port: expected a port number", ""),
+    ('[cluster]\nnproc_per_node = 0\n[[hosts]]\nname = "a"\n', "[cluster].nproc_per_node: expected a positive", ""),
+    ('[cluster]\nrdzv_backend = "etcd"\n[[hosts]]\nname = "a"\n',
+     "[cluster].rdzv_backend: expected one of 'static', 'c10d', got a string 'etcd'", ""),
+    ('[defaults]\nenv = { A = [1] }\n[[hosts]]\nname = "a"\n', "[defaults].env.A: expected a string, got a list",
+     "quote"),
+    ('[defaults]\nenv = "A=1"\n[[hosts]]\nname = "a"\n', "[defaults].env: expected a table", ""),
+    ('[[hosts]]\nname = 3\n', "hosts[0].name: expected a non-empty string, got an integer 3", ""),
+    ('[[hosts]]\naddress = "x"\n', "hosts[0].name: missing", ""),
+    ('[[hosts]]\nname = "a b"\n', "hosts[0].name: 'a b' is not a usable host name", ""),
+    ('[cluster]\nport = 1\n', "hosts: no hosts listed", "[[hosts]]"),
+    ('hosts = []\n', "hosts: no hosts listed", ""),
+    ('hosts = "a"\n', "hosts: expected [[hosts]] tables", ""),
+    ('[cluster]\nport = 1\n[[hosts]\nname = "a"\n', "TOML syntax error", "line 3"),
+    ('[clusters]\nport = 1\n[[hosts]]\nname = "a"\n', "clusters: unknown key", "did you mean 'cluster'?"),
+    ('[cluster]\nssh_timeout = -1\n[[hosts]]\nname = "a"\n', "[cluster].ssh_timeout: expected a positive", ""),
+]
+
+
+@pytest.mark.parametrize("text,message,hint", BAD)
+def test_bad_inventory_names_file_and_key(tmp_path: Path, text: str, message: str, hint: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(InventoryError) as caught:
+        load(path)
+    assert str(caught.value).startswith(f"{path}: ")
+    assert message in str(caught.value)
+    assert hint in f"{caught.value} {caught.value.hint}"
+
+
+@pytest.mark.parametrize("text,message,hint", BAD)
+def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path: Path, text: str, message: str, hint: str) -> None:
+    path = write(tmp_path, text)
+    out = StringIO()
+    code = main(["-i", str(path), "hosts"], console=make_console(out, width=300))
+    lines = out.getvalue().splitlines()
+    assert code == 2
+    assert lines[0].startswith(f"error: {path}: ") and message in lines[0]
+    assert "Traceback" not in out.getvalue()
+
+
+def test_missing_file_exits_2(tmp_path: Path) -> None:
+    out = StringIO()
+    code = main(["hosts", "-i", str(tmp_path / "nope.toml")], console=make_console(out, width=300))
+    assert code == 2
+    assert out.getvalue().splitlines() == [
+        f"error: {tmp_path / 'nope.toml'}: inventory file not found",
+        "  hint: pass one with -i FILE, set TORCHHERD_INVENTORY, or copy hosts.example.toml to hosts.toml",
+    ]
+
+
+def test_inventory_from_environment_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHHERD_INVENTORY", str(write(tmp_path, '[[hosts]]\nname = "solo"\n')))
+    out = StringIO()
+    assert main(["hosts"], console=make_console(out, width=200)) == 0
+    assert "solo (master)" in out.getvalue()
+
+
+def test_hosts_table_exact_text(tmp_path: Path) -> None:
+    path = write(tmp_path, '[cluster]\nnproc_per_node = 2\n[defaults]\nuser = "u"\n'
+                           '[[hosts]]\nname = "n0"\naddress = "10.1.1.1"\n[[hosts]]\nname = "n1"\nssh_port = 2200\n')
+    out = StringIO()
+    assert main(["-i", str(path), "hosts"], console=make_console(out, width=120)) == 0
+    rows = [line for line in out.getvalue().splitlines() if line.startswith("│")]
+    assert [" ".join(row.replace("│", " ").split()) for row in rows] == [
+        "n0 (master) u@10.1.1.1 0 2 python3 ~",
+        "n1 u@n1:2200 1 2 python3 ~",
+    ]
+
+
+def test_ssh_config_alias_is_resolved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "cfg").write_text("Host n0\n  HostName 10.9.9.9\n  User alice\n  Port 2022\n")
+    path = write(tmp_path, '[cluster]\nssh_config = "cfg"\n[[hosts]]\nname = "n0"\n[[hosts]]\nname = "n1"\n'
+                           'user = "bob"\n')
+    assert main(["-i", str(path), "hosts", "--json"], console=make_console(StringIO())) == 0
+    hosts = json.loads(capsys.readouterr().out)["hosts"]
+    assert [host["ssh"] for host in hosts] == ["alice@10.9.9.9:2022", "bob@n1"]
