@@ -1,0 +1,10 @@
+"""Launch-overhead payload: join the process group, one all_reduce, leave."""
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+value = torch.ones(1)
+dist.all_reduce(value)
+assert int(value.item()) == dist.get_world_size()
+dist.destroy_process_group()
