@@ -142,6 +142,8 @@ class Connection:
         process.channel.shutdown_write()
         stdout, stderr = bytearray(), bytearray()
         process.pump(stdout.extend, stderr.extend, deadline=started + timeout)
+        # The exit status may arrive a moment after the streams close.
+        process.channel.status_event.wait(max(0.0, started + timeout - time.monotonic()))
         if not process.channel.exit_status_ready():
             process.channel.close()
             raise TransportError(self.node, "timeout",
@@ -245,8 +247,20 @@ def _open_jump(target: SshTarget, host: Host, ssh_config: Path | None, timeout: 
     return connect(jump_host, ssh_config, timeout, accept_new)
 
 
+def _quiet_paramiko() -> None:
+    """paramiko logs its own tracebacks for failures we report in one line; keep them
+    off the user's terminal (Python's last-resort handler would print them)."""
+    import logging
+
+    logger = logging.getLogger("paramiko")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+
+
 def _open_client(target: SshTarget, timeout: float, accept_new: bool, jump: Connection | None) -> paramiko.SSHClient:
     import paramiko
+
+    _quiet_paramiko()
 
     client = paramiko.SSHClient()
     for path in target.known_hosts:

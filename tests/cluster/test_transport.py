@@ -1,0 +1,136 @@
+"""The SSH transport against real sshds: ssh_config honoured, host keys verified,
+every way a connection fails named, commands and streams byte-exact."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from localcluster import LocalCluster
+from torchherd.errors import TransportError
+from torchherd.inventory import Inventory, load
+from torchherd.transport import connect, connect_all, resolve_target
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> LocalCluster:
+    from conftest import _start
+
+    cluster = _start(2, tmp_path_factory.mktemp("transport"))
+    yield cluster  # type: ignore[misc]
+    cluster.down()
+
+
+def inventory_of(cluster: LocalCluster) -> Inventory:
+    return load(cluster.inventory)
+
+
+def test_ssh_config_alias_resolves_to_the_node(two: LocalCluster) -> None:
+    inventory = inventory_of(two)
+    target = resolve_target(inventory.hosts[1], inventory.cluster.ssh_config)
+    assert (target.hostname, target.port, target.user) == (two.node("node1").ip, 22, "root")
+    assert target.known_hosts == (str(two.known_hosts),)
+
+
+def test_run_returns_exit_code_and_exact_bytes(two: LocalCluster) -> None:
+    inventory = inventory_of(two)
+    connection = connect(inventory.hosts[1], inventory.cluster.ssh_config, timeout=10)
+    try:
+        result = connection.run("hostname; cat; printf 'err\\xff' >&2; exit 7", stdin=b"in\x00put\n")
+    finally:
+        connection.close()
+    assert result.exit_code == 7
+    assert result.stdout == b"node1\nin\x00put\n"
+    assert result.stderr == b"err\xff"
+
+
+def test_connect_all_reports_each_node_separately(two: LocalCluster) -> None:
+    inventory = inventory_of(two)
+    two.stop_sshd("node1")
+    try:
+        results = connect_all(inventory.hosts, inventory.cluster.ssh_config, timeout=5)
+        assert not isinstance(results["node0"], TransportError)
+        error = results["node1"]
+        assert isinstance(error, TransportError) and error.kind == "refused"
+        assert str(error) == f"node1: connection refused by root@{two.node('node1').ip}"
+        results["node0"].close()  # type: ignore[union-attr]
+    finally:
+        two.start_sshd("node1")
+
+
+def _with_known_hosts(cluster: LocalCluster, tmp_path: Path, edit: Callable[[str], str]) -> Inventory:
+    config = tmp_path / "ssh_config"
+    known = tmp_path / "known_hosts"
+    known.write_text(edit(cluster.known_hosts.read_text()))
+    config.write_text(cluster.ssh_config.read_text().replace(str(cluster.known_hosts), str(known)))
+    text = cluster.inventory.read_text().replace('ssh_config = "ssh_config"', f'ssh_config = "{config}"')
+    path = tmp_path / "hosts.toml"
+    path.write_text(text)
+    return load(path)
+
+
+def test_unknown_host_key_is_refused_with_how_to_accept(two: LocalCluster, tmp_path: Path) -> None:
+    ip = two.node("node1").ip
+    inventory = _with_known_hosts(two, tmp_path, lambda text: "".join(
+        line + "\n" for line in text.splitlines() if "node1" not in line and ip not in line))
+    with pytest.raises(TransportError) as caught:
+        connect(inventory.host("node1"), inventory.cluster.ssh_config, timeout=5)
+    assert caught.value.kind == "host-key-unknown"
+    assert str(caught.value).startswith(f"node1: unknown SSH host key for {ip} (ssh-ed25519 SHA256:")
+    assert "--accept-new-host-keys" in caught.value.hint
+    accepted = connect(inventory.host("node1"), inventory.cluster.ssh_config, timeout=5, accept_new=True)
+    accepted.close()
+    assert ip in (tmp_path / "known_hosts").read_text()
+    connect(inventory.host("node1"), inventory.cluster.ssh_config, timeout=5).close()
+
+
+def test_changed_host_key_is_always_refused(two: LocalCluster, tmp_path: Path) -> None:
+    node0_key = two.known_hosts.read_text().splitlines()[0].split()[1:]
+    ip = two.node("node1").ip
+
+    def swap(text: str) -> str:
+        lines = [line for line in text.splitlines() if "node1" not in line and ip not in line]
+        return "\n".join(lines + [f"{ip} {' '.join(node0_key)}"]) + "\n"
+
+    inventory = _with_known_hosts(two, tmp_path, swap)
+    for accept_new in (False, True):
+        with pytest.raises(TransportError) as caught:
+            connect(inventory.host("node1"), inventory.cluster.ssh_config, timeout=5, accept_new=accept_new)
+        assert caught.value.kind == "host-key-changed"
+        assert "CHANGED" in str(caught.value) and f"ssh-keygen -R {ip}" in caught.value.hint
+
+
+def test_wrong_key_is_an_authentication_failure(two: LocalCluster, tmp_path: Path) -> None:
+    inventory = inventory_of(two)
+    other_key = tmp_path / "other"
+    shutil.copy(two.identity_file, other_key)
+    import subprocess
+
+    other_key.unlink()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
+    host = inventory.host("node1")
+    from dataclasses import replace
+
+    with pytest.raises(TransportError) as caught:
+        connect(replace(host, identity_file=str(other_key)), inventory.cluster.ssh_config, timeout=5)
+    assert caught.value.kind == "auth"
+    assert str(caught.value).startswith(f"node1: authentication failed for root@{two.node('node1').ip}")
+
+
+def test_unreachable_address_times_out_quickly(two: LocalCluster) -> None:
+    inventory = inventory_of(two)
+    from dataclasses import replace
+    import time
+
+    nobody = str(two.subnet.network_address + 250)  # on the bridge's subnet, but no host has it
+    host = replace(inventory.host("node1"), address=nobody)
+    started = time.monotonic()
+    with pytest.raises(TransportError) as caught:
+        connect(host, None, timeout=2)
+    assert caught.value.kind in ("timeout", "unreachable")
+    assert time.monotonic() - started < 6
