@@ -1,0 +1,143 @@
+"""Fixtures for tests against the local multi-host test cluster (see localcluster.py).
+
+* ``cluster``: a module-scoped 3-node cluster (node0..node2).
+* ``make_cluster``: a factory, ``make_cluster(n)`` -> a running cluster with a
+  prefix of its own; every cluster it made is torn down after the test.
+
+Tests skip, with the reason, where no cluster can run (not root, no ``ip netns``).
+At the end of the session a check fails the run if anything of a cluster made
+here is still there (namespace, veth, bridge, sshd, torchrun).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from localcluster import (  # noqa: E402
+    LocalCluster,
+    leftovers,
+    list_clusters,
+    teardown,
+    unavailable_reason,
+)
+
+# Prefixes made here: "tc" + this pid in base 36 + "-" + a counter, so parallel
+# pytest runs on one machine never collide and stay within interface-name limits.
+_PREFIX_RE = re.compile(r"tc[0-9a-z]+-[0-9a-z]+")
+_counter = itertools.count()
+_made: list[tuple[str, tuple[int, ...]]] = []
+
+
+def _base36(value: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        value, rest = divmod(value, 36)
+        out = digits[rest] + out
+        if not value:
+            return out
+
+
+def new_prefix() -> str:
+    return f"tc{_base36(os.getpid())}-{_base36(next(_counter))}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _skip_unless_available() -> None:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _start(n: int, workdir: Path, **kwargs: object) -> LocalCluster:
+    _skip_unless_available()
+    cluster = LocalCluster(n, workdir, new_prefix(), **kwargs)  # type: ignore[arg-type]
+    _made.append((cluster.prefix, ()))
+    cluster.up()
+    _made[-1] = (cluster.prefix, tuple(cluster.netns_inodes))
+    return cluster
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.hasplugin("timeout"):
+        config.addinivalue_line("markers", "timeout(seconds): fail a test that runs longer (pytest-timeout)")
+
+
+@pytest.fixture
+def cluster_prefix() -> Callable[[], str]:
+    """``cluster_prefix()``: a fresh prefix that the end-of-session leftover check
+    covers (for clusters made some other way, e.g. by scripts/local-cluster)."""
+
+    def make() -> str:
+        prefix = new_prefix()
+        _made.append((prefix, ()))
+        return prefix
+
+    return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cluster_hygiene() -> Iterator[None]:
+    """Before: remove clusters of dead earlier pytest runs. After: nothing of
+    ours may be left."""
+    if unavailable_reason() is None:
+        for info in list_clusters():
+            prefix = str(info.get("prefix", ""))
+            owner = info.get("owner_pid")
+            if _PREFIX_RE.fullmatch(prefix) and isinstance(owner, int) and not _pid_alive(owner):
+                teardown(prefix)
+    yield
+    problems = [item for prefix, inodes in _made for item in leftovers(prefix, inodes)]
+    assert not problems, "local clusters left behind:\n" + "\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three running nodes, node0..node2, for the whole test module."""
+    _skip_unless_available()
+    created = _start(3, tmp_path_factory.mktemp("cluster"))
+    try:
+        yield created
+    finally:
+        created.down()
+
+
+@pytest.fixture
+def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LocalCluster]]:
+    """``make_cluster(n, **kwargs)``: a running n-node cluster, torn down after the test."""
+    created: list[LocalCluster] = []
+
+    def factory(n: int = 2, **kwargs: object) -> LocalCluster:
+        workdir = tmp_path_factory.mktemp(f"cluster{n}")
+        made = _start(n, workdir, **kwargs)
+        created.append(made)
+        return made
+
+    try:
+        yield factory
+    finally:
+        errors = []
+        for made in reversed(created):
+            try:
+                made.down()
+            except Exception as exc:  # keep tearing down the others
+                errors.append(f"{made!r}: {exc}")
+        assert not errors, "\n".join(errors)
