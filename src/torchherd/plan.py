@@ -83,13 +83,16 @@ class Plan:
     nodes: tuple[NodePlan, ...]
 
 
-def _quote_path(path: str) -> str:
+def quote_path(path: str) -> str:
     """Quotes a path for a remote shell but keeps a leading ``~`` expandable."""
     if path == "~":
         return "~"
     if path.startswith("~/"):
         return "~/" + shlex.quote(path[2:])
     return shlex.quote(path)
+
+
+_quote_path = quote_path
 
 
 def is_ip_address(text: str) -> bool:

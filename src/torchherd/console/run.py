@@ -1,0 +1,90 @@
+"""``torchherd run``: the plan (``--dry-run``), the live lines, and the summary."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from torchherd.console import node_colour
+from torchherd.plan import Plan
+from torchherd.runlog import STDERR, OutputLine, RunSummary
+
+SEPARATOR = " │ "
+STATE_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "torn down": "yellow",
+                "interrupted": "yellow", "not started": "bold red", "unresponsive": "bold red"}
+
+
+def render_plan(console: Console, plan: Plan) -> None:
+    """Every node's command as a user could paste it, and why each choice was made."""
+    console.print(Text(f"run {plan.run_id}: {len(plan.nodes)} nodes, master {plan.master} at "
+                       f"{plan.master_addr}:{plan.port}, rendezvous {plan.rdzv_backend}"), soft_wrap=True)
+    for index, node in enumerate(plan.nodes):
+        head = Text(f"{node.host.name} (node_rank {node.node_rank})", style=f"bold {node_colour(index)}")
+        console.print(head, soft_wrap=True)
+        console.print(Text("  $ " + node.shell_line()), soft_wrap=True)
+        for note in node.notes:
+            console.print(Text(f"  - {note}", style="dim"), soft_wrap=True)
+    console.print(Text("dry run: nothing was started"), soft_wrap=True)
+
+
+class LiveRenderer:
+    """Prints batches of lines as ``node:rank │ text``, one colour per node.
+
+    The launcher drains its queue and hands over everything it got at once, so the
+    terminal sees one write per batch instead of one per line.
+    """
+
+    def __init__(self, console: Console, nodes: Sequence[str], max_rank: int) -> None:
+        self.console = console
+        self.colours = {node: node_colour(index) for index, node in enumerate(nodes)}
+        longest = max((len(node) for node in nodes), default=0)
+        self.width = longest + 1 + len(str(max(max_rank, 0)))
+
+    def prefix(self, line: OutputLine) -> str:
+        label = line.node if line.rank is None else f"{line.node}:{line.rank}"
+        return label.ljust(self.width)
+
+    def format(self, line: OutputLine) -> Text:
+        text = Text(self.prefix(line), style=self.colours.get(line.node, ""))
+        text.append(SEPARATOR, style="dim")
+        if line.stream == STDERR:
+            text.append(line.text, style="red" if line.rank is not None else "dim")
+        else:
+            text.append(line.text)
+        return text
+
+    def render(self, lines: Sequence[OutputLine]) -> None:
+        if not lines:
+            return
+        batch = Text("\n").join(self.format(line) for line in lines)
+        self.console.print(batch, soft_wrap=True)
+
+    def note(self, message: str, style: str = "bold") -> None:
+        """A line from torchherd itself (a node started, exited, vanished)."""
+        self.console.print(Text(f"torchherd{SEPARATOR}{message}", style=style), soft_wrap=True)
+
+
+def render_summary(console: Console, summary: RunSummary) -> None:
+    table = Table(title=f"run {summary.run_id}", title_justify="left")
+    for column in ("node", "state", "exit", "time", "first error"):
+        table.add_column(column, overflow="fold")
+    for outcome in summary.nodes:
+        seconds = "-" if outcome.seconds is None else f"{outcome.seconds:.1f}s"
+        code = "-" if outcome.exit_code is None else str(outcome.exit_code)
+        state = outcome.state if outcome.failed_rank is None else f"{outcome.state} (rank {outcome.failed_rank})"
+        if outcome.left:
+            state += f", {outcome.left} left running"
+        table.add_row(outcome.node, Text(state, style=STATE_STYLES.get(outcome.state, "")), code, seconds,
+                      outcome.first_error or "")
+    console.print(table)
+    for outcome in summary.nodes:
+        if outcome.state in ("failed", "lost", "not started", "unresponsive") and outcome.last_lines:
+            console.print(Text(f"last lines of {outcome.node}:", style="bold"), soft_wrap=True)
+            for text in outcome.last_lines:
+                console.print(Text(f"  {text}"), soft_wrap=True)
+    style = "bold green" if summary.exit_code == 0 else "bold red"
+    console.print(Text(summary.headline, style=style), soft_wrap=True)
+    console.print(Text(f"logs: {summary.log_dir}", style="dim"), soft_wrap=True)
