@@ -1,6 +1,7 @@
 """Fixtures for tests against the local multi-host test cluster (see localcluster.py).
 
 * ``cluster``: a module-scoped 3-node cluster (node0..node2).
+* ``_start(n, workdir)``: the same for a fixture of another scope (call ``down()``).
 * ``make_cluster``: a factory, ``make_cluster(n)`` -> a running cluster with a
   prefix of its own; every cluster it made is torn down after the test.
 
@@ -22,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from localcluster import (  # noqa: E402
+from localcluster import (
     LocalCluster,
     leftovers,
     list_clusters,
@@ -68,6 +69,8 @@ def _skip_unless_available() -> None:
 
 
 def _start(n: int, workdir: Path, **kwargs: object) -> LocalCluster:
+    """Start an n-node cluster with a fresh prefix that the end-of-session check
+    covers (skips the test where no cluster can run). The caller calls down()."""
     _skip_unless_available()
     cluster = LocalCluster(n, workdir, new_prefix(), **kwargs)  # type: ignore[arg-type]
     _made.append((cluster.prefix, ()))
@@ -78,7 +81,9 @@ def _start(n: int, workdir: Path, **kwargs: object) -> LocalCluster:
 
 def pytest_configure(config: pytest.Config) -> None:
     if not config.pluginmanager.hasplugin("timeout"):
-        config.addinivalue_line("markers", "timeout(seconds): fail a test that runs longer (pytest-timeout)")
+        config.addinivalue_line(
+            "markers", "timeout(seconds): fail a test that runs longer (pytest-timeout)"
+        )
 
 
 @pytest.fixture
@@ -102,7 +107,11 @@ def _cluster_hygiene() -> Iterator[None]:
         for info in list_clusters():
             prefix = str(info.get("prefix", ""))
             owner = info.get("owner_pid")
-            if _PREFIX_RE.fullmatch(prefix) and isinstance(owner, int) and not _pid_alive(owner):
+            if (
+                _PREFIX_RE.fullmatch(prefix)
+                and isinstance(owner, int)
+                and not _pid_alive(owner)
+            ):
                 teardown(prefix)
     yield
     problems = [item for prefix, inodes in _made for item in leftovers(prefix, inodes)]
@@ -121,7 +130,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LocalCluster]]:
+def make_cluster(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., LocalCluster]]:
     """``make_cluster(n, **kwargs)``: a running n-node cluster, torn down after the test."""
     created: list[LocalCluster] = []
 
@@ -138,6 +149,6 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
         for made in reversed(created):
             try:
                 made.down()
-            except Exception as exc:  # keep tearing down the others
+            except Exception as exc:  # noqa: BLE001 - keep tearing down the others
                 errors.append(f"{made!r}: {exc}")
         assert not errors, "\n".join(errors)

@@ -48,7 +48,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "STATE_ROOT",
@@ -152,6 +152,7 @@ def _run(
 ) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         list(argv),
+        check=False,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -185,7 +186,9 @@ def unavailable_reason() -> str | None:
 
 def _compute_unavailable_reason() -> str | None:
     if not sys.platform.startswith("linux"):
-        return f"the local cluster needs Linux network namespaces (this is {sys.platform})"
+        return (
+            f"the local cluster needs Linux network namespaces (this is {sys.platform})"
+        )
     if os.geteuid() != 0:
         return "the local cluster needs root (network namespaces, bridge, sshd)"
     for tool in ("ip", "unshare", "nsenter", "ssh", "ssh-keygen"):
@@ -203,7 +206,11 @@ def _compute_unavailable_reason() -> str | None:
         with open("/etc/shadow", encoding="utf-8") as shadow:
             for line in shadow:
                 fields = line.split(":")
-                if fields[0] == "root" and len(fields) > 1 and fields[1].startswith("!"):
+                if (
+                    fields[0] == "root"
+                    and len(fields) > 1
+                    and fields[1].startswith("!")
+                ):
                     return (
                         "root's account is locked in /etc/shadow ('!'), and sshd "
                         "with UsePAM no refuses locked accounts even for keys"
@@ -333,7 +340,14 @@ def _used_networks() -> list[ipaddress.IPv4Network]:
     routes = _run(["ip", "-4", "route", "show", "table", "all"], check=False)
     for line in routes.stdout.splitlines():
         tokens = line.split()
-        if tokens and tokens[0] in ("local", "broadcast", "unicast", "blackhole", "unreachable", "prohibit"):
+        if tokens and tokens[0] in (
+            "local",
+            "broadcast",
+            "unicast",
+            "blackhole",
+            "unreachable",
+            "prohibit",
+        ):
             tokens = tokens[1:]
         if not tokens or tokens[0] == "default":
             continue
@@ -427,7 +441,9 @@ def leftovers(prefix: str, netns_inodes: Iterable[int] = ()) -> list[str]:
     ``netns_inodes`` (see :attr:`LocalCluster.netns_inodes`) also finds
     processes in the cluster's namespaces after the names were deleted.
     """
-    inodes = (set(netns_inodes) | set(_recorded_inodes(prefix))) - _foreign_inodes(prefix)
+    inodes = (set(netns_inodes) | set(_recorded_inodes(prefix))) - _foreign_inodes(
+        prefix
+    )
     found: list[str] = []
     ns_re, veth_re = _namespace_re(prefix), _veth_re(prefix)
     found += [f"network namespace {ns}" for ns in _list_netns() if ns_re.fullmatch(ns)]
@@ -438,11 +454,15 @@ def leftovers(prefix: str, netns_inodes: Iterable[int] = ()) -> list[str]:
     ]
     with contextlib.suppress(OSError):
         found += [
-            f"directory {NETNS_ETC / d}" for d in sorted(os.listdir(NETNS_ETC)) if ns_re.fullmatch(d)
+            f"directory {NETNS_ETC / d}"
+            for d in sorted(os.listdir(NETNS_ETC))
+            if ns_re.fullmatch(d)
         ]
     if state_dir(prefix).exists():
         found.append(f"directory {state_dir(prefix)}")
-    pids = set(_pids_mentioning(f"{state_dir(prefix)}/")) | set(_pids_in_netns_inodes(inodes))
+    pids = set(_pids_mentioning(f"{state_dir(prefix)}/")) | set(
+        _pids_in_netns_inodes(inodes)
+    )
     for pid in sorted(pids):
         if _alive(pid):
             found.append(f"process {pid}: {_cmdline(pid)}")
@@ -462,7 +482,9 @@ def teardown(prefix: str, netns_inodes: Iterable[int] = ()) -> list[str]:
     validate_prefix(prefix)
     ns_re, veth_re = _namespace_re(prefix), _veth_re(prefix)
     namespaces = [ns for ns in _list_netns() if ns_re.fullmatch(ns)]
-    live_inodes = {inode for ns in namespaces if (inode := _netns_inode(ns)) is not None}
+    live_inodes = {
+        inode for ns in namespaces if (inode := _netns_inode(ns)) is not None
+    }
     inodes = set(netns_inodes) | set(_recorded_inodes(prefix)) | live_inodes
     pids: set[int] = set(_pids_mentioning(f"{state_dir(prefix)}/"))
     for ns in namespaces:
@@ -484,6 +506,8 @@ def teardown(prefix: str, netns_inodes: Iterable[int] = ()) -> list[str]:
 
 
 # --------------------------------------------------------------------------- cluster
+
+_Cluster = TypeVar("_Cluster", bound="LocalCluster")
 
 
 class LocalCluster:
@@ -511,7 +535,9 @@ class LocalCluster:
         validate_prefix(prefix, n)
         for directory in private_dirs:
             if not directory.startswith("/") or any(c.isspace() for c in directory):
-                raise ValueError(f"private directory {directory!r}: use an absolute path without spaces")
+                raise ValueError(
+                    f"private directory {directory!r}: use an absolute path without spaces"
+                )
         self.n = n
         self.prefix = prefix
         self.workdir = Path(workdir).absolute()
@@ -538,7 +564,7 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def __enter__(self) -> LocalCluster:
+    def __enter__(self: _Cluster) -> _Cluster:  # noqa: PYI019 (typing.Self is 3.11+)
         return self.up()
 
     def __exit__(
@@ -577,7 +603,7 @@ class LocalCluster:
     def names(self) -> list[str]:
         return [host.name for host in self.hosts]
 
-    def up(self) -> LocalCluster:
+    def up(self: _Cluster) -> _Cluster:  # noqa: PYI019 (typing.Self is 3.11+)
         """Build the cluster (after removing leftovers of the same prefix)."""
         reason = unavailable_reason()
         if reason is not None:
@@ -612,7 +638,9 @@ class LocalCluster:
         self._subnet = None
         self._netns_inodes = []
         if left:
-            raise ClusterError(f"cluster {self.prefix!r} left behind: " + "; ".join(left))
+            raise ClusterError(
+                f"cluster {self.prefix!r} left behind: " + "; ".join(left)
+            )
 
     @classmethod
     def attach(cls, workdir: Path, prefix: str | None = None) -> LocalCluster:
@@ -669,7 +697,10 @@ class LocalCluster:
         keygens = [
             self._keygen(self.identity_file, f"{self.prefix}-controller"),
             *(
-                self._keygen(self._node_dir(name) / "ssh_host_ed25519_key", f"{self.prefix}-{name}")
+                self._keygen(
+                    self._node_dir(name) / "ssh_host_ed25519_key",
+                    f"{self.prefix}-{name}",
+                )
                 for name in names
             ),
         ]
@@ -681,15 +712,42 @@ class LocalCluster:
             # Bridged frames must not go through this machine's iptables FORWARD
             # chain (Docker sets it to DROP); not every kernel has the knob.
             _run(
-                ["ip", "link", "set", self.bridge, "type", "bridge", "forward_delay", "0",
-                 "nf_call_iptables", "0", "nf_call_ip6tables", "0", "nf_call_arptables", "0"],
+                [
+                    "ip",
+                    "link",
+                    "set",
+                    self.bridge,
+                    "type",
+                    "bridge",
+                    "forward_delay",
+                    "0",
+                    "nf_call_iptables",
+                    "0",
+                    "nf_call_ip6tables",
+                    "0",
+                    "nf_call_arptables",
+                    "0",
+                ],
                 check=False,
             )
-            _run(["ip", "addr", "add", f"{subnet.network_address + 1}/{subnet.prefixlen}", "dev", self.bridge])
+            _run(
+                [
+                    "ip",
+                    "addr",
+                    "add",
+                    f"{subnet.network_address + 1}/{subnet.prefixlen}",
+                    "dev",
+                    self.bridge,
+                ]
+            )
             _run(["ip", "link", "set", self.bridge, "up"])
 
         hosts = [
-            NodeInfo(name, namespace_name(self.prefix, i), str(subnet.network_address + 2 + i))
+            NodeInfo(
+                name,
+                namespace_name(self.prefix, i),
+                str(subnet.network_address + 2 + i),
+            )
             for i, name in enumerate(names)
         ]
         self._set_hosts(hosts)
@@ -730,7 +788,9 @@ class LocalCluster:
                 timeout=30,
             )
             if proc.returncode != 0:
-                raise ClusterError(f"configuring {host.namespace} failed: {out.strip()}")
+                raise ClusterError(
+                    f"configuring {host.namespace} failed: {out.strip()}"
+                )
 
         for keygen in keygens:
             _, err = keygen.communicate(timeout=30)
@@ -750,7 +810,18 @@ class LocalCluster:
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
         return subprocess.Popen(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                comment,
+                "-f",
+                str(path),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -795,12 +866,18 @@ class LocalCluster:
     def _write_controller_files(self) -> None:
         known = []
         for host in self.hosts:
-            key = (self._node_dir(host.name) / "ssh_host_ed25519_key.pub").read_text().split()
+            key = (
+                (self._node_dir(host.name) / "ssh_host_ed25519_key.pub")
+                .read_text()
+                .split()
+            )
             known.append(f"{host.name},{host.ip} {key[0]} {key[1]}\n")
         self.known_hosts.write_text("".join(known))
         blocks = [
-            f"# Local test cluster {self.prefix!r} ({self.subnet}); "
-            f"made by tests/cluster/localcluster.py\n"
+            (
+                f"# Local test cluster {self.prefix!r} ({self.subnet}); "
+                "made by tests/cluster/localcluster.py\n"
+            )
         ]
         for host in self.hosts:
             blocks.append(
@@ -862,21 +939,32 @@ class LocalCluster:
             for d in self.private_dirs
         )
         script = f"hostname {host.name} && {mounts + ' && ' if mounts else ''}exec {sshd} -D -e -f {config}"
-        log = open(self.log_dir / f"{host.name}-sshd.log", "ab")
-        try:
+        with open(self.log_dir / f"{host.name}-sshd.log", "ab") as log:
             self._sshd[host.name] = subprocess.Popen(
-                ["ip", "netns", "exec", host.namespace,
-                 "unshare", "--uts", "--mount", "--pid", "--fork", "--kill-child",
-                 "--mount-proc", "--propagation", "private",
-                 "sh", "-c", script],
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    host.namespace,
+                    "unshare",
+                    "--uts",
+                    "--mount",
+                    "--pid",
+                    "--fork",
+                    "--kill-child",
+                    "--mount-proc",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    script,
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
             )
-        finally:
-            log.close()
 
     # ------------------------------------------------------------------ nodes
 
@@ -884,16 +972,26 @@ class LocalCluster:
         try:
             return self._by_name[name]
         except KeyError:
-            raise KeyError(f"no node {name!r} in {self!r} (nodes: {', '.join(self.names) or 'none'})") from None
+            raise KeyError(
+                f"no node {name!r} in {self!r} (nodes: {', '.join(self.names) or 'none'})"
+            ) from None
 
     def _sshd_log_tail(self, name: str, lines: int = 10) -> str:
         with contextlib.suppress(OSError):
-            return "\n".join((self.log_dir / f"{name}-sshd.log").read_text(errors="replace").splitlines()[-lines:])
+            return "\n".join(
+                (self.log_dir / f"{name}-sshd.log")
+                .read_text(errors="replace")
+                .splitlines()[-lines:]
+            )
         return ""
 
-    def wait_ready(self, names: Iterable[str] | None = None, timeout: float = 15.0) -> None:
+    def wait_ready(
+        self, names: Iterable[str] | None = None, timeout: float = 15.0
+    ) -> None:
         """Wait until each node's sshd answers with its SSH banner."""
-        pending = {self.node(name) for name in (names if names is not None else self.names)}
+        pending = {
+            self.node(name) for name in (names if names is not None else self.names)
+        }
         deadline = time.monotonic() + timeout
         while pending:
             for host in sorted(pending, key=lambda h: h.name):
@@ -907,8 +1005,8 @@ class LocalCluster:
             if pending:
                 if time.monotonic() > deadline:
                     raise ClusterError(
-                        "sshd not ready after "
-                        f"{timeout:.0f}s on " + ", ".join(sorted(h.name for h in pending))
+                        f"sshd not ready after {timeout:.0f}s on "
+                        + ", ".join(sorted(h.name for h in pending))
                     )
                 time.sleep(0.02)
 
@@ -929,6 +1027,7 @@ class LocalCluster:
         """Run ``command`` on node ``name`` with the plain OpenSSH client."""
         proc = subprocess.run(
             self.ssh_argv(name, command),
+            check=False,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -955,7 +1054,11 @@ class LocalCluster:
         real one, not the node's private directories, and the process is not in
         the node's process table. Use :meth:`node_exec` for the full node view.
         """
-        return _run(["ip", "netns", "exec", self.node(name).namespace, *argv], check=check, timeout=timeout)
+        return _run(
+            ["ip", "netns", "exec", self.node(name).namespace, *argv],
+            check=check,
+            timeout=timeout,
+        )
 
     def node_exec(
         self,
@@ -972,7 +1075,17 @@ class LocalCluster:
         if pid is None:
             raise ClusterError(f"sshd of {name} is not running")
         return _run(
-            ["nsenter", "--target", str(pid), "--mount", "--uts", "--net", "--pid", "--", *argv],
+            [
+                "nsenter",
+                "--target",
+                str(pid),
+                "--mount",
+                "--uts",
+                "--net",
+                "--pid",
+                "--",
+                *argv,
+            ],
             check=check,
             timeout=timeout,
             input=input,
@@ -1007,8 +1120,10 @@ class LocalCluster:
                 continue
             if cmd.startswith("unshare ") and str(self.state_dir) in cmd:
                 continue
-            if not include_sshd and (cmd.startswith("sshd:") or cmd.startswith("/usr/sbin/sshd")
-                                     or cmd.startswith("sshd-session") or "/sshd_config" in cmd):
+            if not include_sshd and (
+                cmd.startswith(("sshd:", "sshd-session", "/usr/sbin/sshd"))
+                or "/sshd_config" in cmd
+            ):
                 continue
             out.append(cmd)
         return out
@@ -1053,11 +1168,13 @@ class LocalCluster:
         index = self.names.index(self.node(name).name)
         _run(["ip", "link", "set", veth_name(self.prefix, index), "up"])
 
-    def write_file(self, name: str, path: str, content: str, mode: int | None = None) -> None:
+    def write_file(
+        self, name: str, path: str, content: str, mode: int | None = None
+    ) -> None:
         """Write ``content`` to ``path`` as node ``name`` sees its filesystem
         (through SSH, so a path in the node's private ``/tmp`` lands there)."""
         quoted = shlex.quote(path)
-        command = f"mkdir -p -- \"$(dirname -- {quoted})\" && cat > {quoted}"
+        command = f'mkdir -p -- "$(dirname -- {quoted})" && cat > {quoted}'
         if mode is not None:
             command += f" && chmod {mode:o} {quoted}"
         self.ssh(name, command, input=content, check=True)

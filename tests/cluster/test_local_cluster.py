@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from localcluster import (
     ClusterError,
     ClusterUnavailable,
@@ -27,6 +26,8 @@ from localcluster import (
     leftovers,
     unavailable_reason,
 )
+
+pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -82,9 +83,12 @@ def py(script: str, *args: str) -> str:
     return shlex.join([PY, "-c", script, *args])
 
 
-def plain_ssh(cluster: LocalCluster, name: str, command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def plain_ssh(
+    cluster: LocalCluster, name: str, command: str, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["ssh", "-F", str(cluster.ssh_config), name, command],
+        check=False,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -119,7 +123,9 @@ def listeners(cluster: LocalCluster) -> Iterator[Callable[[str, int], None]]:
 
 
 @pytest.mark.timeout(60)
-def test_each_host_answers_plain_ssh_with_its_own_hostname(cluster: LocalCluster) -> None:
+def test_each_host_answers_plain_ssh_with_its_own_hostname(
+    cluster: LocalCluster,
+) -> None:
     assert cluster.names == ["node0", "node1", "node2"]
     for host in cluster.hosts:
         result = plain_ssh(cluster, host.name, "hostname; ip -4 -o addr show dev eth0")
@@ -137,15 +143,29 @@ def test_host_keys_are_verified(cluster: LocalCluster, tmp_path: Path) -> None:
     other = tmp_path / "known_hosts"
     other.write_text("")
     result = subprocess.run(
-        ["ssh", "-F", str(cluster.ssh_config), "-o", f"UserKnownHostsFile={other}", "node0", "true"],
-        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+        [
+            "ssh",
+            "-F",
+            str(cluster.ssh_config),
+            "-o",
+            f"UserKnownHostsFile={other}",
+            "node0",
+            "true",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 255
     assert "Host key verification failed" in result.stderr
     # known_hosts names every node both by name and by address.
     lines = cluster.known_hosts.read_text().splitlines()
     for host in cluster.hosts:
-        assert any(line.startswith(f"{host.name},{host.ip} ssh-ed25519 ") for line in lines)
+        assert any(
+            line.startswith(f"{host.name},{host.ip} ssh-ed25519 ") for line in lines
+        )
 
 
 @pytest.mark.timeout(60)
@@ -155,12 +175,21 @@ def test_every_node_resolves_every_node_name(cluster: LocalCluster) -> None:
     for host in cluster.hosts:
         result = plain_ssh(cluster, host.name, f"getent hosts {names}")
         assert result.returncode == 0, result.stderr
-        resolved = {line.split()[1]: line.split()[0] for line in result.stdout.splitlines()}
+        resolved = {
+            line.split()[1]: line.split()[0] for line in result.stdout.splitlines()
+        }
         assert resolved == expected
         # The node's own hostname resolves to its real, non-loopback address.
-        own = plain_ssh(cluster, host.name, py("import socket; print(socket.gethostbyname(socket.gethostname()))"))
+        own = plain_ssh(
+            cluster,
+            host.name,
+            py("import socket; print(socket.gethostbyname(socket.gethostname()))"),
+        )
         assert own.stdout.strip() == host.ip
-    assert plain_ssh(cluster, "node0", "getent hosts node1").stdout.split()[0] == cluster.node("node1").ip
+    assert (
+        plain_ssh(cluster, "node0", "getent hosts node1").stdout.split()[0]
+        == cluster.node("node1").ip
+    )
 
 
 @pytest.mark.timeout(90)
@@ -170,21 +199,32 @@ def test_firewall_rule_blocks_only_its_own_host(
     listeners("node1", PORT)
     listeners("node2", PORT)
     probe = py(PROBE, str(PORT), "node1", "node2")
-    assert plain_ssh(cluster, "node0", probe).stdout.split("\n")[:2] == ["node1 ok", "node2 ok"]
+    assert plain_ssh(cluster, "node0", probe).stdout.split("\n")[:2] == [
+        "node1 ok",
+        "node2 ok",
+    ]
 
     rule = ["-p", "tcp", "--dport", str(PORT), "-j", "DROP"]
     cluster.netns_exec("node1", ["iptables", "-A", "INPUT", *rule])
     try:
         listing = plain_ssh(cluster, "node1", "iptables -S INPUT").stdout
         assert f"--dport {PORT} -j DROP" in listing
-        assert f"--dport {PORT}" not in plain_ssh(cluster, "node2", "iptables -S INPUT").stdout
+        assert (
+            f"--dport {PORT}"
+            not in plain_ssh(cluster, "node2", "iptables -S INPUT").stdout
+        )
         result = plain_ssh(cluster, "node0", probe)
-        assert result.stdout.splitlines() == ["node1 timeout", "node2 ok"], result.stderr
+        assert result.stdout.splitlines() == ["node1 timeout", "node2 ok"], (
+            result.stderr
+        )
         # SSH to the firewalled node itself still works: only that port is dropped.
         assert plain_ssh(cluster, "node1", "hostname").stdout.strip() == "node1"
     finally:
         cluster.netns_exec("node1", ["iptables", "-D", "INPUT", *rule])
-    assert plain_ssh(cluster, "node0", probe).stdout.splitlines() == ["node1 ok", "node2 ok"]
+    assert plain_ssh(cluster, "node0", probe).stdout.splitlines() == [
+        "node1 ok",
+        "node2 ok",
+    ]
 
 
 @pytest.mark.timeout(60)
@@ -203,7 +243,9 @@ def test_private_tmp_is_private_to_each_node(cluster: LocalCluster) -> None:
 
 @pytest.mark.timeout(60)
 def test_ps_on_a_node_shows_only_that_nodes_processes(cluster: LocalCluster) -> None:
-    started = plain_ssh(cluster, "node1", "sleep 3141 >/dev/null 2>&1 </dev/null & echo $!")
+    started = plain_ssh(
+        cluster, "node1", "sleep 3141 >/dev/null 2>&1 </dev/null & echo $!"
+    )
     marker_pid = int(started.stdout.strip())
     try:
         on_node0 = plain_ssh(cluster, "node0", "ps -eo pid=,args=").stdout.splitlines()
@@ -212,9 +254,13 @@ def test_ps_on_a_node_shows_only_that_nodes_processes(cluster: LocalCluster) -> 
         assert "sshd" in on_node0[0] and "[listener]" in on_node0[0]
         for line in on_node0:
             args = line.split(None, 1)[1]
-            assert args.startswith(("sshd", "bash -c ps", "ps -eo")), f"foreign process on node0: {line}"
+            assert args.startswith(("sshd", "bash -c ps", "ps -eo")), (
+                f"foreign process on node0: {line}"
+            )
         assert not any("sleep 3141" in line for line in on_node0)
-        assert any(line.split(None, 1) == [str(marker_pid), "sleep 3141"] for line in on_node1)
+        assert any(
+            line.split(None, 1) == [str(marker_pid), "sleep 3141"] for line in on_node1
+        )
         assert "sleep 3141" in cluster.processes("node1")
         assert cluster.processes("node0") == []
     finally:
@@ -232,9 +278,19 @@ def test_torchrun_gloo_all_reduce_across_two_hosts(cluster: LocalCluster) -> Non
     for rank, name in enumerate(("node0", "node1")):
         command = shlex.join(
             [
-                PY, "-m", "torch.distributed.run",
-                "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(rank),
-                "--master-addr", master, "--master-port", str(PORT),
+                PY,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--master-addr",
+                master,
+                "--master-port",
+                str(PORT),
                 script,
             ]
         )
@@ -256,12 +312,16 @@ def test_torchrun_gloo_all_reduce_across_two_hosts(cluster: LocalCluster) -> Non
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    lines = sorted(re.findall(r"rank (\d) of 4 sum (\d+)", outputs["node0"] + outputs["node1"]))
+    lines = sorted(
+        re.findall(r"rank (\d) of 4 sum (\d+)", outputs["node0"] + outputs["node1"])
+    )
     assert lines == [("0", "10"), ("1", "10"), ("2", "10"), ("3", "10")], outputs
     assert sorted(re.findall(r"rank (\d)", outputs["node0"])) == ["0", "1"]
     assert sorted(re.findall(r"rank (\d)", outputs["node1"])) == ["2", "3"]
     for name in ("node0", "node1"):
-        assert cluster.wait_no_processes(name) == [], f"torchrun left processes on {name}"
+        assert cluster.wait_no_processes(name) == [], (
+            f"torchrun left processes on {name}"
+        )
 
 
 @pytest.mark.timeout(60)
@@ -273,7 +333,11 @@ def test_cut_and_restore_network(cluster: LocalCluster) -> None:
         assert plain_ssh(cluster, "node0", probe).stdout.strip() == "node2 timeout"
         result = subprocess.run(
             cluster.ssh_argv("node2", "true", "-o", "ConnectTimeout=2"),
-            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
         )
         assert result.returncode == 255
     finally:
@@ -300,20 +364,37 @@ def test_stop_and_start_sshd_ends_everything_on_the_node(cluster: LocalCluster) 
 
 @pytest.mark.timeout(60)
 def test_inventory_and_ssh_config(cluster: LocalCluster) -> None:
-    import tomllib
+    tomllib = pytest.importorskip("tomllib")
 
     inventory = tomllib.loads(cluster.inventory.read_text())
     assert inventory["cluster"] == {
-        "master": "node0", "port": 29500, "nproc_per_node": 2, "ssh_config": "ssh_config",
+        "master": "node0",
+        "port": 29500,
+        "nproc_per_node": 2,
+        "ssh_config": "ssh_config",
     }
     assert inventory["defaults"] == {"python": PY, "workdir": "/tmp"}
-    assert inventory["hosts"] == [{"name": "node0"}, {"name": "node1"}, {"name": "node2"}]
-    assert (cluster.inventory.parent / inventory["cluster"]["ssh_config"]) == cluster.ssh_config
+    assert inventory["hosts"] == [
+        {"name": "node0"},
+        {"name": "node1"},
+        {"name": "node2"},
+    ]
+    assert (
+        cluster.inventory.parent / inventory["cluster"]["ssh_config"]
+    ) == cluster.ssh_config
     config = cluster.ssh_config.read_text()
     for host in cluster.hosts:
-        assert f"Host {host.name}\n    HostName {host.ip}\n    User root\n    Port 22\n" in config
-    for option in ("StrictHostKeyChecking yes", "IdentitiesOnly yes", "BatchMode yes",
-                   f"IdentityFile {cluster.identity_file}", f"UserKnownHostsFile {cluster.known_hosts}"):
+        assert (
+            f"Host {host.name}\n    HostName {host.ip}\n    User root\n    Port 22\n"
+            in config
+        )
+    for option in (
+        "StrictHostKeyChecking yes",
+        "IdentitiesOnly yes",
+        "BatchMode yes",
+        f"IdentityFile {cluster.identity_file}",
+        f"UserKnownHostsFile {cluster.known_hosts}",
+    ):
         assert option in config
     assert cluster.identity_file.stat().st_mode & 0o077 == 0
 
@@ -347,14 +428,20 @@ def test_down_leaves_nothing_behind(make_cluster: Callable[..., LocalCluster]) -
     made.down()
 
     assert leftovers(prefix, inodes) == []
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    netns = subprocess.run(
+        ["ip", "netns", "list"], check=False, capture_output=True, text=True
+    ).stdout
+    links = subprocess.run(
+        ["ip", "-o", "link", "show"], check=False, capture_output=True, text=True
+    ).stdout
     assert f"{prefix}-" not in netns
     assert f"{prefix}-" not in links
     assert not Path(f"/etc/netns/{prefix}-node0").exists()
     for pid in sshd_pids:
         assert not Path(f"/proc/{pid}").exists()
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    ps = subprocess.run(
+        ["ps", "-eo", "args"], check=False, capture_output=True, text=True
+    ).stdout
     assert "sleep 1618" not in ps
     assert f"/run/torchherd-cluster/{prefix}/" not in ps
     assert not made.ssh_config.exists() and not made.inventory.exists()
@@ -392,7 +479,7 @@ def test_without_root_up_raises_cluster_unavailable(
 ) -> None:
     import localcluster
 
-    monkeypatch.setattr(localcluster.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(localcluster, "_unavailable_cache", [])
     with pytest.raises(ClusterUnavailable, match="needs root"):
         LocalCluster(2, tmp_path, "tcnoroot").up()
@@ -406,8 +493,13 @@ def test_cli_up_status_down(tmp_path: Path, cluster_prefix: Callable[[], str]) -
     prefix = cluster_prefix()
     cli = [sys.executable, str(REPO / "scripts" / "local-cluster")]
     workdir = tmp_path / "cli"
-    up = subprocess.run([*cli, "up", "2", "--dir", str(workdir), "--prefix", prefix],
-                        capture_output=True, text=True, timeout=60)
+    up = subprocess.run(
+        [*cli, "up", "2", "--dir", str(workdir), "--prefix", prefix],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     try:
         assert up.returncode == 0, up.stderr
         assert str(workdir / "hosts.toml") in up.stdout
@@ -416,13 +508,27 @@ def test_cli_up_status_down(tmp_path: Path, cluster_prefix: Callable[[], str]) -
         attached = LocalCluster.attach(workdir)
         assert attached.prefix == prefix
         assert plain_ssh(attached, "node1", "hostname").stdout.strip() == "node1"
-        status = subprocess.run([*cli, "status", "--prefix", prefix],
-                                capture_output=True, text=True, timeout=60)
+        status = subprocess.run(
+            [*cli, "status", "--prefix", prefix],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert status.returncode == 0, status.stderr
-        assert prefix in status.stdout and "node1" in status.stdout and "up" in status.stdout
+        assert (
+            prefix in status.stdout
+            and "node1" in status.stdout
+            and "up" in status.stdout
+        )
     finally:
-        down = subprocess.run([*cli, "down", "--dir", str(workdir)],
-                              capture_output=True, text=True, timeout=60)
+        down = subprocess.run(
+            [*cli, "down", "--dir", str(workdir)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert down.returncode == 0, down.stderr
     assert leftovers(prefix) == []
     with pytest.raises(ClusterError):
