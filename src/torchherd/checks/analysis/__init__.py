@@ -1,0 +1,1 @@
+"""Pure functions from what was observed (``Observed``) to CheckResults, one module per family."""

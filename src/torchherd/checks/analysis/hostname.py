@@ -1,0 +1,108 @@
+"""``hostname``: the node's own name resolves to an address peers can reach, and the
+master's name resolves on every node to the master's real address.
+
+gloo binds the first bindable getaddrinfo(gethostname()) result, loopback included,
+and then tells the peers that address: a 127.0.1.1 line in /etc/hosts hangs the job.
+"""
+
+from __future__ import annotations
+
+from torchherd.checks.analysis.common import is_ip, is_loopback, per_node, resolved
+from torchherd.checks.model import NodeFacts, Observed
+from torchherd.inventory import Host
+from torchherd.results import CheckResult
+
+CHECK = "hostname"
+
+
+def analyse(observed: Observed) -> list[CheckResult]:
+    return per_node(observed, CHECK, _node)
+
+
+def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
+    for problem in (_own_name, _master_name, _master_fqdn):
+        result = problem(observed, host, facts)
+        if result is not None:
+            return result
+    name = facts.get("hostname")
+    own = (facts.get("gloo") or {}).get("address")
+    master_part = ""
+    if not is_ip(observed.master_target) and host.name != observed.master.name:
+        master_part = f"; {observed.master_target} -> {', '.join(resolved(facts, observed.master_target))}"
+    return CheckResult(host.name, CHECK, "pass", f"{name} -> {own} (an address of this node){master_part}")
+
+
+def hosts_lines_for(facts: NodeFacts, name: str) -> list[str]:
+    lines = []
+    for line in str(facts.get("etc_hosts") or "").splitlines():
+        words = line.split("#")[0].split()
+        if len(words) > 1 and name in words[1:]:
+            lines.append(" ".join(words))
+    return lines
+
+
+def _suggested_line(observed: Observed, host: Host, facts: NodeFacts) -> str:
+    network = observed.networks.get(host.name)
+    address = network.address if network else "<this node's LAN address>"
+    name = str(facts.get("hostname"))
+    fqdn = facts.get("fqdn")
+    names = f"{fqdn} {name}" if isinstance(fqdn, str) and fqdn != name and "." in fqdn else name
+    return f"{address} {names}"
+
+
+def _own_name(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult | None:
+    name = str(facts.get("hostname"))
+    gloo = facts.get("gloo") or {}
+    line = _suggested_line(observed, host, facts)
+    if "error" in gloo:
+        return CheckResult(host.name, CHECK, "fail",
+                           f"{host.name}: its hostname {name} does not resolve ({gloo['error']})",
+                           f"add this line to /etc/hosts on {host.name}: {line}")
+    address = str(gloo.get("address"))
+    if is_loopback(address):
+        culprits = [entry for entry in hosts_lines_for(facts, name) if is_loopback(entry.split()[0])]
+        where = f" (/etc/hosts: `{culprits[0]}`)" if culprits else ""
+        drop = f"remove `{culprits[0]}` and " if culprits else ""
+        return CheckResult(host.name, CHECK, "fail",
+                           f"{host.name}: hostname {name} resolves to loopback {address}{where}; gloo would "
+                           f"listen there and the other nodes could not reach it",
+                           f"in /etc/hosts on {host.name}, {drop}write: {line}")
+    if address not in facts.own_addresses():
+        return CheckResult(host.name, CHECK, "fail",
+                           f"{host.name}: hostname {name} resolves to {address}, not an address of this node",
+                           f"fix DNS or /etc/hosts on {host.name}: {line}")
+    return None
+
+
+def _master_name(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult | None:
+    target = observed.master_target
+    if is_ip(target) or host.name == observed.master.name:
+        return None
+    answer = resolved(facts, target)
+    master_facts = observed.facts.get(observed.master.name)
+    master_ip = observed.networks.get(observed.master.name)
+    line = f"{master_ip.address if master_ip else '<master address>'} {target}"
+    if isinstance(answer, str):
+        return CheckResult(host.name, CHECK, "fail",
+                           f"{host.name} cannot resolve the master's name {target} ({answer})",
+                           f"add this line to /etc/hosts on {host.name}: {line} (or set master_addr "
+                           f"in [cluster] to an IP)")
+    if master_facts is not None and not set(answer) & master_facts.own_addresses():
+        return CheckResult(host.name, CHECK, "fail",
+                           f"{host.name} resolves the master's name {target} to {', '.join(answer)}, "
+                           f"which is not an address of {observed.master.name}",
+                           f"fix DNS or /etc/hosts on {host.name}: {line}")
+    return None
+
+
+def _master_fqdn(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult | None:
+    # c10d publishes the master's FQDN unless --local-addr is given: a warning, not a hang with torchherd.
+    answers = (observed.connected.get(host.name) or {}).get("resolve") or {}
+    for name, answer in answers.items():
+        if "error" in answer:
+            return CheckResult(host.name, CHECK, "warn",
+                               f"{host.name} cannot resolve {name} ({answer['error']}); a c10d rendezvous "
+                               f"without --local-addr would publish that name",
+                               f"add `<address> {name}` to /etc/hosts on {host.name}, or keep torchherd's "
+                               f"--local-addr")
+    return None

@@ -1,0 +1,66 @@
+"""``python``: the configured interpreter runs and imports torch, and python, torch,
+CUDA and NCCL versions agree across nodes."""
+
+from __future__ import annotations
+
+from torchherd.checks.analysis.common import per_node
+from torchherd.checks.model import NodeFacts, Observed
+from torchherd.inventory import Host
+from torchherd.results import CheckResult
+
+CHECK = "python"
+
+
+def analyse(observed: Observed) -> list[CheckResult]:
+    return per_node(observed, CHECK, _node)
+
+
+def versions(facts: NodeFacts) -> dict[str, str]:
+    torch = facts.get("torch") or {}
+    python = facts.get("python") or {}
+    return {"python": str(python.get("version")), "torch": str(torch.get("version")),
+            "CUDA": str(torch.get("cuda") or "-"), "NCCL": str(torch.get("nccl") or "-")}
+
+
+def _reference(observed: Observed) -> tuple[str, dict[str, str]] | None:
+    for host in observed.inventory.hosts:
+        facts = observed.facts.get(host.name)
+        if facts is not None and not facts.python_error and "version" in (facts.get("torch") or {}):
+            return host.name, versions(facts)
+    return None
+
+
+def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
+    if facts.python_error:
+        return CheckResult(host.name, CHECK, "fail", f"python {host.python} does not run on {host.name}: "
+                           f"{facts.python_error}",
+                           f"set python for {host.name} in the inventory to the interpreter that has torch "
+                           f"(an absolute path: the non-interactive shell skips ~/.bashrc)")
+    torch = facts.get("torch") or {}
+    if "error" in torch:
+        executable = (facts.get("python") or {}).get("executable")
+        return CheckResult(host.name, CHECK, "fail",
+                           f"{host.python} ({executable}) on {host.name} cannot import torch: {torch['error']}",
+                           f"point python for {host.name} at the environment that has torch, or install it "
+                           f"there: {host.python} -m pip install torch{_pin(observed)}")
+    mine = versions(facts)
+    reference = _reference(observed)
+    shown = ", ".join(f"{key} {value}" for key, value in mine.items())
+    if reference is not None and reference[0] != host.name:
+        differing = [key for key in mine if mine[key] != reference[1][key]]
+        if differing:
+            status = "warn" if differing == ["python"] and _same_minor(mine, reference[1]) else "fail"
+            return CheckResult(host.name, CHECK, status,
+                               f"{shown}; differs from {reference[0]} in {', '.join(differing)} "
+                               f"({', '.join(reference[1][key] for key in differing)})",
+                               "install the same torch (and CUDA/NCCL) build on every node")
+    return CheckResult(host.name, CHECK, "pass", shown)
+
+
+def _same_minor(mine: dict[str, str], other: dict[str, str]) -> bool:
+    return mine["python"].split(".")[:2] == other["python"].split(".")[:2]
+
+
+def _pin(observed: Observed) -> str:
+    reference = _reference(observed)
+    return f"=={reference[1]['torch']}" if reference else ""

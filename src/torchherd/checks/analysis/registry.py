@@ -1,0 +1,19 @@
+"""Which analysis produces each check id."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torchherd.checks.analysis import (
+    clock, env, firewall, gpu, hostname, network, ping, port, python, script, ssh,
+)
+from torchherd.checks.model import Observed
+from torchherd.results import CheckResult
+
+Analysis = Callable[[Observed], list[CheckResult]]
+
+ANALYSES: dict[str, Analysis] = {
+    "ssh": ssh.analyse, "ping": ping.analyse, "hostname": hostname.analyse, "port": port.analyse,
+    "firewall": firewall.analyse, "network": network.analyse, "env": env.analyse,
+    "python": python.analyse, "gpu": gpu.analyse, "script": script.analyse, "clock": clock.analyse,
+}

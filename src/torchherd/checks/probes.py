@@ -1,0 +1,103 @@
+"""The cross-node probes: real listeners on every node, then real connects from
+every node to the master port and to every other node's ephemeral ports."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Mapping, TypeVar
+
+from torchherd.checks.gather import FALLBACK_PYTHON, run_connector, start_listener, stop_listener
+from torchherd.checks.model import Json, Observed
+from torchherd.errors import TransportError
+from torchherd.inventory import Host
+from torchherd.transport import Connection, RemoteProcess
+
+CONNECT_TIMEOUT = 2.0
+"""Long enough for a LAN handshake, short enough that a DROP rule costs little."""
+LISTEN_SECONDS = 30.0
+"""The listener's own limit, should the controller vanish before it sends EOF."""
+EPHEMERAL_LABELS = ("e1", "e2")
+
+T = TypeVar("T")
+
+
+def python_for(observed: Observed, host: Host) -> str:
+    facts = observed.facts.get(host.name)
+    return FALLBACK_PYTHON if facts is not None and facts.python_error else host.python
+
+
+def parallel(hosts: list[Host], work: Callable[[Host], T]) -> dict[str, T | TransportError]:
+    def attempt(host: Host) -> T | TransportError:
+        try:
+            return work(host)
+        except TransportError as error:
+            return error
+
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        return dict(zip((host.name for host in hosts), pool.map(attempt, hosts)))
+
+
+def run_probes(observed: Observed, connections: Mapping[str, Connection], timeout: float) -> None:
+    live = [host for host in observed.inventory.hosts if host.name in connections and host.name in observed.facts]
+    started = parallel(live, lambda host: _listen(observed, connections[host.name], host, timeout))
+    processes: list[RemoteProcess] = []
+    for name, outcome in started.items():
+        if isinstance(outcome, TransportError):
+            observed.probe_errors[name] = str(outcome)
+        else:
+            processes.append(outcome[0])
+            observed.listened[name] = outcome[1]
+    try:
+        probed = parallel(live, lambda host: run_connector(
+            connections[host.name], python_for(observed, host), targets(observed, host), _ping_target(observed, host),
+            CONNECT_TIMEOUT, _names_to_resolve(observed, host)))
+    finally:
+        for process in processes:
+            stop_listener(process)
+    for name, result in probed.items():
+        if isinstance(result, TransportError):
+            observed.probe_errors.setdefault(name, str(result))
+        else:
+            observed.connected[name] = result
+
+
+def _listen(observed: Observed, connection: Connection, host: Host, timeout: float) -> tuple[RemoteProcess, Json]:
+    ports = {label: 0 for label in EPHEMERAL_LABELS}
+    if host.name == observed.master.name:
+        ports["master"] = observed.port
+    return start_listener(connection, python_for(observed, host), ports, LISTEN_SECONDS, timeout)
+
+
+def master_address(observed: Observed) -> str:
+    network = observed.networks.get(observed.master.name)
+    return network.address if network else observed.master_target
+
+
+def targets(observed: Observed, host: Host) -> list[tuple[str, str, int]]:
+    """(label, address, port) for every connection ``host`` must be able to open."""
+    found: list[tuple[str, str, int]] = []
+    master = observed.master.name
+    if host.name != master and master in observed.listened:
+        found.append((f"{master}:master", master_address(observed), observed.port))
+    for peer, listened in observed.listened.items():
+        network = observed.networks.get(peer)
+        if peer == host.name or network is None:
+            continue
+        for label in EPHEMERAL_LABELS:
+            port = (listened.get("bound") or {}).get(label)
+            if isinstance(port, int):
+                found.append((f"{peer}:{label}", network.address, port))
+    return found
+
+
+def _ping_target(observed: Observed, host: Host) -> str | None:
+    return None if host.name == observed.master.name else master_address(observed)
+
+
+def _names_to_resolve(observed: Observed, host: Host) -> list[str]:
+    """The master's own hostname and FQDN, which a c10d rendezvous may publish to the workers."""
+    facts = observed.facts.get(observed.master.name)
+    if facts is None or host.name == observed.master.name:
+        return []
+    names = {str(facts.get("hostname")), str(facts.get("fqdn"))} - {observed.master_target, "None"}
+    return sorted(name for name in names if name)

@@ -1,0 +1,276 @@
+"""torchherd facts: what one node knows about itself, as one JSON document.
+
+Standard library only, Python >= 3.8, Linux, read-only. Run as
+``PYTHON -c SOURCE CONFIG`` where CONFIG is a JSON object:
+  port      int            the master port
+  resolve   [str, ...]     names to resolve with the node's resolver
+  route_to  [str, ...]     addresses or names; the source address of the route to
+                           the first one that resolves is reported
+  script    str or null    the training script, relative to workdir
+  workdir   str            "~" expanded
+Every probe is wrapped: a failing one records its error and the others go on.
+"""
+
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+STARTED = time.time()
+ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "PET_", "TORCHELASTIC_")
+ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "CUDA_VISIBLE_DEVICES",
+             "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")
+
+
+def guarded(function: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return function(*args)
+    except Exception as error:  # one broken probe must not hide the others' facts
+        return {"error": "%s: %s" % (type(error).__name__, error)}
+
+
+def run_tool(argv: List[str], timeout: float = 5.0) -> Optional[Dict[str, Any]]:
+    path = shutil.which(argv[0]) or next((p for p in ("/usr/sbin/" + argv[0], "/sbin/" + argv[0])
+                                          if os.access(p, os.X_OK)), None)
+    if path is None:
+        return None
+    try:
+        done = subprocess.run([path] + argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as error:
+        return {"code": -1, "out": "", "err": str(error)}
+    return {"code": done.returncode, "out": done.stdout.decode("utf-8", "replace"),
+            "err": done.stderr.decode("utf-8", "replace")[-2000:]}
+
+
+def resolve(name: str) -> Dict[str, Any]:
+    try:
+        infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        return {"error": error.strerror or str(error)}
+    addresses = []
+    for family, _, _, _, sockaddr in infos:
+        if sockaddr[0] not in addresses:
+            addresses.append(sockaddr[0])
+    return {"addresses": addresses}
+
+
+def gloo_address(hostname: str) -> Dict[str, Any]:
+    # gloo binds the first getaddrinfo(gethostname()) result it can bind, loopback included.
+    try:
+        infos = socket.getaddrinfo(hostname, None, 0, socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        return {"error": error.strerror or str(error)}
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            probe = socket.socket(family, kind, proto)
+            try:
+                probe.bind((sockaddr[0], 0) if family == socket.AF_INET else (sockaddr[0], 0, 0, 0))
+            finally:
+                probe.close()
+        except OSError:
+            continue
+        return {"address": sockaddr[0]}
+    return {"error": "no result can be bound"}
+
+
+def ioctl_value(name: str, request: int, offset: int, size: int) -> bytes:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = struct.pack("256s", name.encode()[:15])
+        return fcntl.ioctl(sock.fileno(), request, packed)[offset:offset + size]
+    finally:
+        sock.close()
+
+
+def interfaces() -> List[Dict[str, Any]]:
+    found: List[Dict[str, Any]] = []
+    for _, name in socket.if_nameindex():
+        entry: Dict[str, Any] = {"name": name, "addresses": []}
+        try:
+            entry["addresses"].append(socket.inet_ntoa(ioctl_value(name, 0x8915, 20, 4)))
+        except OSError:
+            pass
+        try:
+            entry["mtu"] = struct.unpack("i", ioctl_value(name, 0x8921, 16, 4))[0]
+        except OSError:
+            pass
+        found.append(entry)
+    extra = run_tool(["ip", "-o", "addr", "show"])
+    if extra and extra["code"] == 0:
+        for line in extra["out"].splitlines():
+            words = line.split()
+            if len(words) > 3 and words[2] in ("inet", "inet6"):
+                address = words[3].split("/")[0]
+                for entry in found:
+                    if entry["name"] == words[1].split("@")[0] and address not in entry["addresses"]:
+                        entry["addresses"].append(address)
+    return found
+
+
+def route(targets: List[str], port: int) -> Dict[str, Any]:
+    for target in targets:
+        try:
+            info = socket.getaddrinfo(target, port, 0, socket.SOCK_DGRAM)[0]
+        except socket.gaierror:
+            continue
+        sock = socket.socket(info[0], socket.SOCK_DGRAM)
+        try:
+            sock.connect(info[4])  # a UDP connect sends nothing but picks the route
+            return {"target": target, "address": info[4][0], "source": sock.getsockname()[0]}
+        except OSError as error:
+            return {"target": target, "address": info[4][0], "error": str(error)}
+        finally:
+            sock.close()
+    return {"error": "none of %s resolves" % ", ".join(targets)}
+
+
+def socket_owners() -> Dict[str, str]:
+    owners: Dict[str, str] = {}
+    for fd in glob.glob("/proc/[0-9]*/fd/*"):
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            pid = fd.split("/")[2]
+            owners.setdefault(link[8:-1], pid)
+    return owners
+
+
+def command_line(pid: str) -> Optional[str]:
+    try:
+        with open("/proc/%s/cmdline" % pid, "rb") as file:
+            return file.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+
+
+def listeners(port: int) -> List[Dict[str, Any]]:
+    found: List[Dict[str, Any]] = []
+    owners: Optional[Dict[str, str]] = None
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as file:
+                rows = file.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            words = row.split()
+            local, state, inode = words[1], words[3], words[9]
+            if state != "0A" or int(local.rsplit(":", 1)[1], 16) != port:
+                continue
+            owners = owners if owners is not None else socket_owners()
+            pid = owners.get(inode)
+            found.append({"pid": pid, "command": command_line(pid) if pid else None})
+    return found
+
+
+def free_port_near(port: int) -> Optional[int]:
+    for candidate in range(port + 1, port + 50):
+        sock = socket.socket()
+        try:
+            sock.bind(("", candidate))
+            return candidate
+        except OSError:
+            continue
+        finally:
+            sock.close()
+    return None
+
+
+def read_text(path: str) -> Optional[str]:
+    try:
+        with open(path) as file:
+            return file.read()
+    except OSError:
+        return None
+
+
+def firewall() -> Dict[str, Any]:
+    tools: Dict[str, Any] = {}
+    for name, argv in (("iptables", ["iptables", "-S"]), ("ip6tables", ["ip6tables", "-S"]),
+                       ("nft", ["nft", "list", "ruleset"]), ("ufw", ["ufw", "status"]),
+                       ("firewalld", ["firewall-cmd", "--list-all"])):
+        tools[name] = run_tool(argv)
+    return {"euid": os.geteuid(), "tools": tools}
+
+
+def shm() -> Dict[str, Any]:
+    stats = os.statvfs("/dev/shm")
+    return {"bytes": stats.f_frsize * stats.f_blocks}
+
+
+def script_hash(workdir: str, script: str) -> Dict[str, Any]:
+    path = script if os.path.isabs(script) else os.path.join(os.path.expanduser(workdir), script)
+    try:
+        with open(path, "rb") as file:
+            return {"path": path, "sha256": hashlib.sha256(file.read()).hexdigest()}
+    except OSError as error:
+        return {"path": path, "error": error.strerror or str(error)}
+
+
+def gpus() -> Dict[str, Any]:
+    facts: Dict[str, Any] = {}
+    smi = run_tool(["nvidia-smi", "--query-gpu=index,name,memory.used,driver_version",
+                    "--format=csv,noheader,nounits"], timeout=10.0)
+    if smi is not None:
+        facts["nvidia_smi"] = smi
+        apps = run_tool(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"])
+        facts["compute_apps"] = apps
+    return facts
+
+
+def torch_facts() -> Dict[str, Any]:
+    try:
+        import torch  # type: ignore[import-not-found,unused-ignore]
+    except BaseException as error:  # a broken install can raise anything, even SystemExit
+        return {"error": "%s: %s" % (type(error).__name__, error)}
+    facts: Dict[str, Any] = {"version": torch.__version__, "cuda": torch.version.cuda, "nccl": None, "gpus": 0}
+    try:
+        facts["gpus"] = torch.cuda.device_count()
+        if torch.cuda.is_available():
+            facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))  # type: ignore[no-untyped-call,unused-ignore]
+    except Exception as error:
+        facts["gpu_error"] = str(error)
+    return facts
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    hostname = socket.gethostname()
+    facts = {
+        "time": STARTED,
+        "hostname": hostname,
+        "fqdn": guarded(socket.getfqdn),
+        "hostname_resolution": resolve(hostname),
+        "gloo": guarded(gloo_address, hostname),
+        "etc_hosts": read_text("/etc/hosts"),
+        "resolve": {name: resolve(name) for name in config["resolve"]},
+        "interfaces": guarded(interfaces),
+        "route": guarded(route, config["route_to"], config["port"]),
+        "port_range": read_text("/proc/sys/net/ipv4/ip_local_port_range"),
+        "listeners": guarded(listeners, config["port"]),
+        "free_port": guarded(free_port_near, config["port"]),
+        "firewall": guarded(firewall),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES},
+        "shm": guarded(shm),
+        "container": [p for p in ("/.dockerenv", "/run/.containerenv") if os.path.exists(p)],
+        "python": {"executable": sys.executable, "version": sys.version.split()[0]},
+        "script": guarded(script_hash, config["workdir"], config["script"]) if config["script"] else None,
+        "gpu": guarded(gpus),
+        "ping": bool(shutil.which("ping")),
+    }
+    facts["torch"] = torch_facts()
+    sys.stdout.write(json.dumps(facts))
+
+
+main()

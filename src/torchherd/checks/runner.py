@@ -1,0 +1,140 @@
+"""Runs the preflight: connect and gather facts on every node in parallel, run the
+cross-node probes, then the pure analyses. A dead node costs one SSH timeout,
+in parallel with the others, never a stall."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from torchherd.checks.analysis.registry import ANALYSES
+from torchherd.checks.analysis.common import is_ip
+from torchherd.checks.analysis.network import compute_networks
+from torchherd.checks.gather import gather_facts
+from torchherd.checks.icmp import echo
+from torchherd.checks.model import CHECK_IDS, Observed
+from torchherd.checks.probes import run_probes
+from torchherd.checks.smoke import run_smoke
+from torchherd.errors import TransportError, UsageError
+from torchherd.inventory import Host, Inventory
+from torchherd.results import CheckResult
+from torchherd.transport import Connection, connect, resolve_target
+
+Progress = Callable[[CheckResult], None]
+FACTS_EXTRA_SECONDS = 20.0
+"""On top of ssh_timeout: importing torch on a loaded node takes seconds."""
+PROBED = frozenset({"port", "ping", "hostname", "network", "firewall"})
+
+
+def selected_checks(only: frozenset[str] | None, skip: frozenset[str], smoke: bool) -> tuple[str, ...]:
+    unknown = sorted(((only or frozenset()) | skip) - set(CHECK_IDS))
+    if unknown:
+        raise UsageError(f"unknown check id {', '.join(unknown)}", f"known ids: {', '.join(CHECK_IDS)}")
+    wanted = [check for check in CHECK_IDS if (only is None or check in only) and check not in skip]
+    return tuple(check for check in wanted if check != "smoke" or smoke)
+
+
+def master_target(inventory: Inventory) -> str:
+    """The address the workers are told, as plan.build_plan chooses it without networks."""
+    master = inventory.hosts[0]
+    return inventory.cluster.master_addr or master.local_addr or master.address
+
+
+def facts_config(observed: Observed, host: Host) -> dict[str, object]:
+    target = observed.master_target
+    ssh_name = resolve_target(observed.master, observed.inventory.cluster.ssh_config).hostname
+    return {"port": observed.port, "resolve": [] if is_ip(target) else [target],
+            "route_to": [target, ssh_name], "script": observed.script, "workdir": host.workdir}
+
+
+class _Collector:
+    """Per-node SSH + facts, run in threads; reports each ssh result as it arrives."""
+
+    def __init__(self, observed: Observed, accept_new: bool, need_facts: bool, progress: Progress | None,
+                 report_ssh: bool) -> None:
+        self.observed = observed
+        self.accept_new = accept_new
+        self.need_facts = need_facts
+        self.progress = progress
+        self.report_ssh = report_ssh
+        self.lock = threading.Lock()
+        self.connections: dict[str, Connection] = {}
+
+    def node(self, host: Host) -> None:
+        cluster = self.observed.inventory.cluster
+        try:
+            connection = connect(host, cluster.ssh_config, cluster.ssh_timeout, self.accept_new)
+        except TransportError as error:
+            with self.lock:
+                self.observed.ssh_errors[host.name] = error
+            self._emit(CheckResult(host.name, "ssh", "fail", str(error), error.hint))
+            return
+        with self.lock:
+            self.connections[host.name] = connection
+            self._record_address(connection)
+        self._emit(CheckResult(host.name, "ssh", "pass", "connected"))
+        if self.need_facts:
+            self._facts(connection, host)
+
+    def _record_address(self, connection: Connection) -> None:
+        transport = connection.client.get_transport()
+        if transport is not None and not (connection.target.proxy_jump or connection.target.proxy_command):
+            self.observed.ssh_addresses[connection.node] = str(transport.getpeername()[0])
+
+    def _facts(self, connection: Connection, host: Host) -> None:
+        timeout = self.observed.inventory.cluster.ssh_timeout + FACTS_EXTRA_SECONDS
+        try:
+            facts = gather_facts(connection, host, facts_config(self.observed, host), timeout)
+        except TransportError as error:
+            with self.lock:
+                self.observed.facts_errors[host.name] = str(error)
+            return
+        with self.lock:
+            self.observed.facts[host.name] = facts
+
+    def _emit(self, result: CheckResult) -> None:
+        if self.progress is not None and self.report_ssh:
+            with self.lock:
+                self.progress(result)
+
+
+def _controller_pings(observed: Observed) -> None:
+    hosts = [host for host in observed.inventory.hosts if host.name in observed.ssh_addresses]
+    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+        answers = pool.map(lambda host: echo(observed.ssh_addresses[host.name]), hosts)
+    observed.controller_ping.update(zip((host.name for host in hosts), answers))
+
+
+def collect(inventory: Inventory, selected: tuple[str, ...], script: str | None, accept_new: bool,
+            progress: Progress | None) -> tuple[Observed, dict[str, Connection]]:
+    observed = Observed(inventory=inventory, master_target=master_target(inventory), script=script)
+    collector = _Collector(observed, accept_new, any(check != "ssh" for check in selected), progress,
+                           "ssh" in selected)
+    with ThreadPoolExecutor(max_workers=max(1, len(inventory.hosts))) as pool:
+        list(pool.map(collector.node, inventory.hosts))
+    observed.networks = compute_networks(observed)
+    if PROBED & set(selected):
+        if "ping" in selected:
+            pinger = threading.Thread(target=_controller_pings, args=(observed,), daemon=True)
+            pinger.start()
+        run_probes(observed, collector.connections, inventory.cluster.ssh_timeout)
+        observed.networks = compute_networks(observed)
+        if "ping" in selected:
+            pinger.join()
+    return observed, collector.connections
+
+
+def analyse(observed: Observed, selected: tuple[str, ...]) -> list[CheckResult]:
+    by_check = {check: ANALYSES[check](observed) for check in selected if check in ANALYSES}
+    order = {host.name: index for index, host in enumerate(observed.inventory.hosts)}
+    results = [result for check in selected for result in by_check.get(check, [])]
+    return sorted(results, key=lambda result: (order.get(result.node, len(order)), CHECK_IDS.index(result.check)))
+
+
+def smoke_results(observed: Observed, connections: dict[str, Connection],
+                  results: list[CheckResult]) -> list[CheckResult]:
+    if any(result.status == "fail" for result in results):
+        return [CheckResult(host.name, "smoke", "skip", "not run: a static check failed")
+                for host in observed.inventory.hosts]
+    return run_smoke(observed, connections)

@@ -1,0 +1,99 @@
+"""``torchherd check`` output: a live node x check grid while it runs, then the
+report table and one block per failure or warning with its fix."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from torchherd.console import STATUS_STYLES
+from torchherd.inventory import Inventory
+from torchherd.results import CheckReport, CheckResult
+
+SYMBOLS = {"pass": "ok", "warn": "WARN", "fail": "FAIL", "skip": "-"}
+PENDING = "..."
+
+
+def _columns(results: list[CheckResult] | tuple[CheckResult, ...]) -> list[str]:
+    from torchherd.checks import CHECK_IDS
+
+    present = {result.check for result in results}
+    return [check for check in CHECK_IDS if check in present]
+
+
+def _cell(result: CheckResult | None) -> Text:
+    if result is None:
+        return Text(PENDING, style="dim")
+    return Text(SYMBOLS[result.status], style=STATUS_STYLES[result.status])
+
+
+def _grid(nodes: list[str], columns: list[str], results: list[CheckResult] | tuple[CheckResult, ...]) -> Table:
+    by_key = {(result.node, result.check): result for result in results}
+    table = Table(title_justify="left")
+    table.add_column("node")
+    for check in columns:
+        table.add_column(check, justify="center")
+    for node in nodes:
+        table.add_row(node, *(_cell(by_key.get((node, check))) for check in columns))
+    return table
+
+
+def _nodes(report_results: tuple[CheckResult, ...]) -> list[str]:
+    seen: list[str] = []
+    for result in report_results:
+        if result.node not in seen:
+            seen.append(result.node)
+    return seen
+
+
+def render_report(console: Console, report: CheckReport) -> None:
+    """The node x check table, then summary and fix for every fail and warn."""
+    console.print(_grid(_nodes(report.results), _columns(report.results), report.results))
+    for status in ("fail", "warn"):
+        for result in report.results:
+            if result.status == status:
+                _block(console, result)
+    counts = {status: sum(1 for r in report.results if r.status == status) for status in SYMBOLS}
+    verdict = "[bold red]preflight failed[/]" if not report.ok else "[green]preflight passed[/]"
+    console.print(f"{verdict}: {counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail, "
+                  f"{counts['skip']} skip")
+
+
+def _block(console: Console, result: CheckResult) -> None:
+    style = STATUS_STYLES[result.status]
+    console.print(f"[{style}]{result.status.upper()}[/] {escape(result.node)} {escape(result.check)}: "
+                  f"{escape(result.summary)}", soft_wrap=True)
+    if result.fix:
+        console.print(f"  [dim]fix:[/] {escape(result.fix)}", soft_wrap=True)
+
+
+@contextmanager
+def live_progress(console: Console, inventory: Inventory) -> Iterator[Callable[[CheckResult], None]]:
+    """Yields the progress callback; a live grid on a terminal, nothing otherwise."""
+    if not console.is_terminal:
+        yield lambda result: None
+        return
+    from torchherd.checks import CHECK_IDS
+
+    nodes = [host.name for host in inventory.hosts]
+    columns = [check for check in CHECK_IDS if check != "smoke"]
+    results: list[CheckResult] = []
+    lock = threading.Lock()
+
+    def view() -> Group:
+        return Group(Text("torchherd check: running on every node...", style="bold"), _grid(nodes, columns, results))
+
+    with Live(view(), console=console, refresh_per_second=8, transient=True) as live:
+        def progress(result: CheckResult) -> None:
+            with lock:
+                results.append(result)
+                live.update(view())
+
+        yield progress
