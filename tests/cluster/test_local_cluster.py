@@ -23,6 +23,7 @@ from localcluster import (
     ClusterError,
     ClusterUnavailable,
     LocalCluster,
+    NodeInfo,
     leftovers,
     unavailable_reason,
 )
@@ -418,10 +419,11 @@ def test_clusters_with_different_prefixes_coexist(
 def test_down_leaves_nothing_behind(make_cluster: Callable[..., LocalCluster]) -> None:
     made = make_cluster(2)
     prefix, inodes = made.prefix, made.netns_inodes
+    marker = f"sleep 1618.{os.getpid()}"  # unique on this machine
     assert leftovers(prefix, inodes) != []
     # Something still running on a node, as a failed job would leave it.
-    plain_ssh(made, "node1", "setsid sleep 1618 >/dev/null 2>&1 </dev/null &")
-    assert "sleep 1618" in made.processes("node1")
+    plain_ssh(made, "node1", f"setsid {marker} >/dev/null 2>&1 </dev/null &")
+    assert marker in made.processes("node1")
     sshd_pids = [made.sshd_pid(name) for name in made.names]
     assert all(sshd_pids)
 
@@ -442,7 +444,7 @@ def test_down_leaves_nothing_behind(make_cluster: Callable[..., LocalCluster]) -
     ps = subprocess.run(
         ["ps", "-eo", "args"], check=False, capture_output=True, text=True
     ).stdout
-    assert "sleep 1618" not in ps
+    assert marker not in ps
     assert f"/run/torchherd-cluster/{prefix}/" not in ps
     assert not made.ssh_config.exists() and not made.inventory.exists()
     made.down()  # idempotent
@@ -463,6 +465,31 @@ def test_up_cleans_leftovers_of_the_same_prefix(
     finally:
         again.down()
     assert leftovers(first.prefix) == []
+
+
+@pytest.mark.timeout(60)
+def test_up_failing_halfway_leaves_nothing_behind(
+    tmp_path: Path,
+    cluster_prefix: Callable[[], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    start = LocalCluster._start_sshd
+
+    def start_but_break_node1(self: LocalCluster, host: NodeInfo) -> None:
+        if host.name == "node1":
+            raise ClusterError("node1 breaks on purpose")
+        start(self, host)
+
+    monkeypatch.setattr(LocalCluster, "_start_sshd", start_but_break_node1)
+    broken = LocalCluster(3, tmp_path, cluster_prefix())
+    with pytest.raises(ClusterError, match="on purpose"):
+        broken.up()
+    assert leftovers(broken.prefix) == []
+    assert not broken.is_up and broken.hosts == []
+    broken.down()
 
 
 def test_bad_prefixes_are_refused(tmp_path: Path) -> None:
