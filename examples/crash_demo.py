@@ -6,6 +6,8 @@ Every rank prints one line per step. ``--crash-rank R`` makes rank R raise at
 ``--crash-step``; the other ranks are then stuck in (or failing out of) the next
 all_reduce, which is what torchherd's fail-fast teardown is for. With
 ``--crash-rank -1`` (the default) nobody crashes: a long run for interrupt tests.
+``--hang`` makes the other ranks stop talking to each other at the crash step and
+just sleep, as a rank stuck in I/O would: only a teardown from outside ends them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main() -> None:
     parser.add_argument("--crash-rank", type=int, default=-1)
     parser.add_argument("--crash-step", type=int, default=3)
     parser.add_argument("--step-seconds", type=float, default=0.2)
+    parser.add_argument("--hang", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -31,6 +34,10 @@ def main() -> None:
     for step in range(args.steps):
         if rank == args.crash_rank and step == args.crash_step:
             raise RuntimeError(f"crash_demo: rank {rank} crashes on purpose at step {step}")
+        if args.hang and step == args.crash_step:
+            print("hanging", flush=True)
+            while True:
+                time.sleep(1)
         value = torch.ones(1) * (rank + 1)
         dist.all_reduce(value)
         print(f"step {step} sum {value.item():.0f}")

@@ -164,11 +164,14 @@ class NodeRun:
         """Keeps what the summary needs: the first error line, the failed rank, the tail."""
         (self.rank_tail if line.rank is not None else self.other_tail).append(line.log_text())
         rank = root_cause_rank(line)
-        if rank is not None and self.failed_rank is None:
+        if rank is not None and self.failed_rank is None and self.rank_error is None:
             self.failed_rank = rank
         if is_error_line(line):
             if line.rank is not None and self.rank_error is None:
                 self.rank_error = line
+                # The rank that raised first is the one to name; torchrun's own report
+                # may call a peer that died of the same crash the root cause.
+                self.failed_rank = line.rank
             elif line.rank is None and self.other_error is None:
                 self.other_error = line
 
@@ -176,7 +179,7 @@ class NodeRun:
         line = self.rank_error or self.other_error
         if line is None:
             return self.lost or self.start_error
-        return line.log_text()
+        return line.described()
 
 
 def read_node(node: NodeRun, process: RemoteProcess, events: queue.Queue[list[Event]]) -> None:

@@ -25,8 +25,10 @@ TAG_STATUS = ord("S")
 _RANK_PREFIX = re.compile(rb"\[torchherd-rank (\d+)\] ")
 # torchrun's failure report names the root-cause rank as "  rank      : 3 (local_rank: 1)".
 _ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
-# The line of a Python traceback that says what went wrong ("ValueError: boom").
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
+# The line of a Python traceback that says what went wrong ("ValueError: boom"); torch
+# repeats a rank's traceback with "[rank3]: " before each line.
+_TORCH_RANK_TAG = re.compile(r"^\[rank\d+\]:\s*")
+_EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,13 @@ class OutputLine:
     """The global rank that printed it, or None for torchrun's (or the shell's) own lines."""
     stream: str
     text: str
+
+    def described(self) -> str:
+        """The line for a summary: which rank said it, then what it said."""
+        text = self.text.strip()
+        if self.rank is None:
+            return text
+        return f"rank {self.rank}: {_TORCH_RANK_TAG.sub('', text, count=1)}"
 
     def log_text(self) -> str:
         """The line as the node's log file holds it: the rank stays visible and countable."""

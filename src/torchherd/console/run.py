@@ -68,7 +68,8 @@ class LiveRenderer:
 
 
 def render_summary(console: Console, summary: RunSummary) -> None:
-    table = Table(title=f"run {summary.run_id}", title_justify="left")
+    # Cells are Text, never markup: job output like "[rank1]:" must show as written.
+    table = Table(title=Text(f"run {summary.run_id}"), title_justify="left")
     for column in ("node", "state", "exit", "time", "first error"):
         table.add_column(column, overflow="fold")
     for outcome in summary.nodes:
@@ -77,8 +78,8 @@ def render_summary(console: Console, summary: RunSummary) -> None:
         state = outcome.state if outcome.failed_rank is None else f"{outcome.state} (rank {outcome.failed_rank})"
         if outcome.left:
             state += f", {outcome.left} left running"
-        table.add_row(outcome.node, Text(state, style=STATE_STYLES.get(outcome.state, "")), code, seconds,
-                      outcome.first_error or "")
+        table.add_row(Text(outcome.node), Text(state, style=STATE_STYLES.get(outcome.state, "")), code, seconds,
+                      Text(outcome.first_error or ""))
     console.print(table)
     for outcome in summary.nodes:
         if outcome.state in ("failed", "lost", "not started", "unresponsive") and outcome.last_lines:

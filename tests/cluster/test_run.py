@@ -1,0 +1,243 @@
+"""``torchherd run`` on the local cluster: real sshd, real torchrun, gloo on CPU.
+
+Every test checks, with the node's own process table, that nothing of the job is
+left on any node afterwards. The box has two cores: clusters are small and runs
+short (torch's import alone takes about a second per process).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from localcluster import LocalCluster
+
+from torchherd.cli import main
+from torchherd.console import make_console
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+CRASH_DEMO = str(EXAMPLES / "crash_demo.py")
+
+
+def run_cli(cluster: LocalCluster, log_dir: Path, *args: str) -> tuple[int, str]:
+    """``torchherd run --no-check`` in this process; the exit code and all it printed."""
+    out = StringIO()
+    code = main(["-i", str(cluster.inventory), "run", "--no-check", "--log-dir", str(log_dir), *args],
+                console=make_console(out, width=200))
+    return code, out.getvalue()
+
+
+def assert_clean(cluster: LocalCluster, timeout: float = 5.0) -> None:
+    for name in cluster.names:
+        assert cluster.wait_no_processes(name, timeout=timeout) == [], f"processes left on {name}"
+
+
+def run_log(log_dir: Path, node: str) -> list[str]:
+    (run_dir,) = [path for path in log_dir.iterdir() if path.is_dir()]
+    return (run_dir / f"{node}.log").read_text(encoding="utf-8").splitlines()
+
+
+class Controller:
+    """``torchherd run`` as a separate process, so a test can signal or kill it."""
+
+    def __init__(self, cluster: LocalCluster, log_dir: Path, *args: str) -> None:
+        argv = [sys.executable, "-m", "torchherd", "-i", str(cluster.inventory), "run", "--no-check",
+                "--log-dir", str(log_dir), *args]
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, text=True, env={**cluster.env(), "COLUMNS": "200"})
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, pattern: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(re.search(pattern, line) for line in self.lines):
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no line matching {pattern!r}; output:\n" + "\n".join(self.lines[-40:]))
+
+    def wait(self, timeout: float) -> int:
+        code = self.process.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return code
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def controllers() -> Iterator[Callable[..., Controller]]:
+    """Starts controllers; kills any still running when the test ends (pass or fail)."""
+    started: list[Controller] = []
+
+    def start(cluster: LocalCluster, log_dir: Path, *args: str) -> Controller:
+        started.append(Controller(cluster, log_dir, *args))
+        return started[-1]
+
+    yield start
+    for controller in started:
+        controller.stop()
+
+
+@pytest.mark.timeout(60)
+def test_dry_run_prints_every_command_and_starts_nothing(cluster: LocalCluster, tmp_path: Path) -> None:
+    code, out = run_cli(cluster, tmp_path / "logs", "--dry-run", "--", CRASH_DEMO, "--steps", "1")
+    assert code == 0
+    for rank, name in enumerate(cluster.names):
+        assert f"{name} (node_rank {rank})" in out
+        assert re.search(rf"\$ cd /tmp && env .* -m torch\.distributed\.run .*--node-rank {rank} ", out)
+    assert "dry run: nothing was started" in out
+    assert not (tmp_path / "logs").exists()
+    assert_clean(cluster, timeout=0.1)
+
+
+@pytest.mark.timeout(120)
+def test_ddp_demo_three_nodes_two_ranks_each(cluster: LocalCluster, tmp_path: Path) -> None:
+    demo = EXAMPLES / "ddp_demo.py"
+    if not demo.exists():
+        pytest.skip("examples/ddp_demo.py is not there yet")
+    started = time.monotonic()
+    code, out = run_cli(cluster, tmp_path / "logs", "--nproc-per-node", "2", "--", str(demo))
+    print(f"ddp_demo 3x2 took {time.monotonic() - started:.1f} s")
+    assert code == 0, out
+    losses: dict[int, list[float]] = {}
+    for rank in range(6):
+        node = cluster.names[rank // 2]
+        lines = [line for line in out.splitlines() if line.startswith(f"{node}:{rank} ")]
+        assert lines, f"no line from {node}:{rank}:\n{out}"
+        for line in lines:
+            match = re.search(r"loss[=: ]+([0-9.]+)", line)
+            if match:
+                losses.setdefault(rank, []).append(float(match.group(1)))
+    assert sorted(losses) == list(range(6)), out
+    for rank, values in losses.items():
+        assert values[-1] < values[0], f"rank {rank}: loss did not fall: {values}"
+    assert len({round(values[-1], 4) for values in losses.values()}) == 1, losses
+    assert "all 3 nodes finished (exit 0)" in out
+    assert_clean(cluster)
+
+
+LINES_PER_RANK = 50_000
+
+
+@pytest.mark.timeout(180)
+def test_log_files_hold_every_line(cluster: LocalCluster, tmp_path: Path) -> None:
+    started = time.monotonic()
+    code, out = run_cli(cluster, tmp_path / "logs", "--nproc-per-node", "2", "--",
+                        str(EXAMPLES / "chatty.py"), str(LINES_PER_RANK))
+    print(f"{LINES_PER_RANK} lines x 6 ranks took {time.monotonic() - started:.1f} s")
+    assert code == 0, out[-3000:]
+    for index, name in enumerate(cluster.names):
+        lines = run_log(tmp_path / "logs", name)
+        for rank in (2 * index, 2 * index + 1):
+            expected = [f"[rank {rank}] chatty {rank} {i}" for i in range(LINES_PER_RANK)]
+            assert [line for line in lines if line.startswith(f"[rank {rank}] chatty ")] == expected
+            # the \r progress line keeps only what a terminal would show last
+            assert f"[rank {rank}] progress 100%" in lines
+    assert f"{cluster.names[2]}:5 │ chatty 5 {LINES_PER_RANK - 1}" in out
+    assert_clean(cluster)
+
+
+@pytest.mark.timeout(120)
+def test_rank_crash_tears_the_other_nodes_down(cluster: LocalCluster, tmp_path: Path) -> None:
+    # Rank 1 (node1) raises at step 3; the others then hang outside any collective, so
+    # only torchherd's fail-fast teardown can end them.
+    started = time.monotonic()
+    code, out = run_cli(cluster, tmp_path / "logs", "--nproc-per-node", "1", "--grace", "3", "--",
+                        CRASH_DEMO, "--steps", "1000", "--crash-rank", "1", "--crash-step", "3", "--hang")
+    seconds = time.monotonic() - started
+    assert code == 1, out
+    assert "node1 rank 1 failed first with exit code 1: rank 1: RuntimeError: crash_demo: rank 1 crashes" in out
+    assert re.search(r"│ node0 │ torn down ", out), out
+    assert re.search(r"│ node2 │ torn down ", out), out
+    assert re.search(r"│ node1 │ failed \(rank 1\)\s+│ 1 ", out), out
+    assert seconds < 45, f"the run took {seconds:.0f} s"
+    assert_clean(cluster)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_to_the_controller_stops_every_node(cluster: LocalCluster, tmp_path: Path, signum: int,
+                                                   controllers: Callable[..., Controller]) -> None:
+    controller = controllers(cluster, tmp_path / "logs", "--nproc-per-node", "1", "--",
+                             CRASH_DEMO, "--steps", "1000")
+    controller.wait_for(r"node2:2 │ step 2 ", timeout=60)
+    controller.process.send_signal(signum)
+    assert controller.wait(timeout=30) == 130, controller.output
+    assert "interrupted: every node was told to stop" in controller.output
+    assert_clean(cluster)
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_of_the_controller_leaves_nothing(cluster: LocalCluster, tmp_path: Path,
+                                                  controllers: Callable[..., Controller]) -> None:
+    controller = controllers(cluster, tmp_path / "logs", "--nproc-per-node", "1", "--",
+                             CRASH_DEMO, "--steps", "1000")
+    controller.wait_for(r"node2:2 │ step 2 ", timeout=60)
+    assert all(cluster.processes(name) for name in cluster.names)
+    controller.process.kill()
+    killed = time.monotonic()
+    assert_clean(cluster, timeout=15)
+    print(f"nodes clean {time.monotonic() - killed:.1f} s after kill -9 of the controller")
+
+
+@pytest.mark.timeout(150)
+def test_network_cut_names_the_vanished_node(make_cluster: Callable[..., LocalCluster], tmp_path: Path,
+                                             controllers: Callable[..., Controller]) -> None:
+    cluster = make_cluster(3, nproc_per_node=1)
+    controller = controllers(cluster, tmp_path / "logs", "--grace", "3", "--", CRASH_DEMO, "--steps", "1000")
+    controller.wait_for(r"node2:2 │ step 2 ", timeout=60)
+    cluster.cut_network("node2")
+    cut = time.monotonic()
+    try:
+        assert controller.wait(timeout=60) == 1, controller.output
+        print(f"controller ended {time.monotonic() - cut:.1f} s after the cut")
+        assert "node2 vanished: nothing heard from it" in controller.output
+        assert re.search(r"│ node2 │ lost ", controller.output), controller.output
+        for name in ("node0", "node1"):
+            assert cluster.wait_no_processes(name, timeout=5) == [], f"processes left on {name}"
+    finally:
+        cluster.restore_network("node2")
+    # The cut-off supervisor heard nothing from the controller and tore its job down.
+    assert cluster.wait_no_processes("node2", timeout=15) == []
+
+
+PWNED = "/tmp/pwned-torchherd-run"
+
+
+@pytest.mark.timeout(90)
+def test_env_values_arrive_byte_for_byte_and_run_nothing(cluster: LocalCluster, tmp_path: Path) -> None:
+    value = f"a b'c\"$(touch {PWNED}) `touch {PWNED}` ; \\ $HOME *"
+    code, out = run_cli(cluster, tmp_path / "logs", "--nproc-per-node", "1", "--env", f"X={value}", "--",
+                        str(EXAMPLES / "env_echo.py"), "X")
+    assert code == 0, out
+    for rank, name in enumerate(cluster.names):
+        assert f"[rank {rank}] X={value!r}" in run_log(tmp_path / "logs", name)
+        assert cluster.ssh(name, f"test -e {PWNED}").returncode == 1, f"{PWNED} exists on {name}"
+    assert not os.path.exists(PWNED)
+    assert_clean(cluster)
