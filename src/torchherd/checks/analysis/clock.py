@@ -31,14 +31,13 @@ def analyse(observed: Observed) -> list[CheckResult]:
 
 def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
     mine = offset_bounds(facts)
-    middle = (mine[0] + mine[1]) / 2
+    offset = f"offset to the controller between {mine[0]:+.1f} and {mine[1]:+.1f} s"
     master = observed.facts.get(observed.master.name)
     if master is None or host.name == observed.master.name:
-        return CheckResult(host.name, CHECK, "pass", f"{middle:+.1f} s from the controller (reference node)")
+        return CheckResult(host.name, CHECK, "pass", f"{offset} (reference node)")
     skew = skew_at_least(mine, offset_bounds(master))
     if skew > LIMIT:
         return CheckResult(host.name, CHECK, "warn",
                            f"{host.name}'s clock is at least {skew:.1f} s off {observed.master.name}'s",
                            f"synchronise clocks (chrony or systemd-timesyncd) on {host.name}")
-    return CheckResult(host.name, CHECK, "pass", f"{middle:+.1f} s from the controller, within {LIMIT:g} s of "
-                                                 f"{observed.master.name}")
+    return CheckResult(host.name, CHECK, "pass", f"{offset}; within {LIMIT:g} s of {observed.master.name}")

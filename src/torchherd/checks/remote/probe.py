@@ -33,6 +33,8 @@ def listen(config: Dict[str, Any]) -> None:
     errors: Dict[str, str] = {}
     for label, port in config["ports"].items():
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # As torch's TCPStore does: a port with only TIME_WAIT leftovers counts as free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("", port))
             sock.listen(64)
@@ -44,6 +46,9 @@ def listen(config: Dict[str, Any]) -> None:
         sockets.append(sock)
     sys.stdout.write(json.dumps({"bound": bound, "errors": errors}) + "\n")
     sys.stdout.flush()
+    # Accepted connections stay open until the end: the connecting side closes
+    # first, so no TIME_WAIT is left on the master port to block the next bind.
+    accepted: List[socket.socket] = []
     deadline = time.time() + config["seconds"]
     while time.time() < deadline:
         ready: List[Any] = select.select(sockets + [sys.stdin], [], [], 0.2)[0]
@@ -52,8 +57,7 @@ def listen(config: Dict[str, Any]) -> None:
                 if not os.read(sys.stdin.fileno(), 4096):
                     return
                 continue
-            peer = sock.accept()[0]
-            peer.close()
+            accepted.append(sock.accept()[0])
 
 
 def connect_one(host: str, port: int, timeout: float) -> Dict[str, Any]:

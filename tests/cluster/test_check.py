@@ -1,0 +1,225 @@
+"""``torchherd check`` on the real local cluster: healthy, then one real fault at a time.
+
+Each fault asserts exactly which (node, check) pairs fail, so a fault reported on
+the wrong node, or leaking into other checks, fails the test. Every fault is
+undone in a finally, so one module-scoped cluster serves them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from localcluster import LocalCluster
+
+from torchherd.checks import CheckOptions, run_preflight
+from torchherd.cli import main
+from torchherd.console import make_console
+from torchherd.inventory import Inventory, load
+from torchherd.results import CheckResult
+
+pytestmark = pytest.mark.cluster
+PORT = 29500
+
+
+@pytest.fixture(scope="module")
+def inventory(cluster: LocalCluster) -> Inventory:
+    return load(cluster.inventory)
+
+
+def check(inventory: Inventory, **options: object) -> dict[tuple[str, str], CheckResult]:
+    outcome = run_preflight(inventory, CheckOptions(**options))  # type: ignore[arg-type]
+    outcome.close()
+    return {(result.node, result.check): result for result in outcome.report.results}
+
+
+def failures(results: dict[tuple[str, str], CheckResult]) -> set[tuple[str, str]]:
+    return {key for key, result in results.items() if result.status == "fail"}
+
+
+def with_host(inventory: Inventory, name: str, **changes: object) -> Inventory:
+    hosts = tuple(dataclasses.replace(host, **changes) if host.name == name else host  # type: ignore[arg-type]
+                  for host in inventory.hosts)
+    return dataclasses.replace(inventory, hosts=hosts)
+
+
+@pytest.mark.timeout(90)
+def test_healthy_cluster_passes_with_json(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["check", "-i", str(cluster.inventory), "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0, document
+    assert document["ok"] is True
+    assert set(document) == {"ok", "checks"}
+    for entry in document["checks"]:
+        assert set(entry) == {"node", "check", "status", "summary", "fix"}
+        assert entry["status"] in ("pass", "skip"), entry
+        assert entry["summary"], entry
+    assert {entry["node"] for entry in document["checks"]} == {"node0", "node1", "node2"}
+    ids = {entry["check"] for entry in document["checks"]}
+    assert ids == {"ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "script",
+                   "clock"}
+
+
+@pytest.mark.timeout(90)
+def test_healthy_report_text_and_networks(inventory: Inventory, cluster: LocalCluster) -> None:
+    outcome = run_preflight(inventory, CheckOptions(only=frozenset({"ssh", "network", "port"})))
+    try:
+        assert outcome.report.ok
+        assert set(outcome.connections) == {"node0", "node1", "node2"}
+        for host in cluster.hosts:
+            network = outcome.networks[host.name]
+            assert (network.address, network.interface) == (host.ip, "eth0")
+        assert outcome.connections["node1"].run("hostname").stdout.strip() == b"node1"
+    finally:
+        outcome.close()
+    buffer = StringIO()
+    from torchherd.console.checks import render_report
+    render_report(make_console(buffer), outcome.report)
+    assert "preflight passed: 9 pass, 0 warn, 0 fail, 0 skip" in buffer.getvalue()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("action", ["DROP", "REJECT"])
+def test_firewall_on_master_port(inventory: Inventory, cluster: LocalCluster, action: str) -> None:
+    rule = ["INPUT", "-p", "tcp", "--dport", str(PORT), "-j", action]
+    cluster.netns_exec("node0", ["iptables", "-I", *rule])
+    try:
+        results = check(inventory)
+    finally:
+        cluster.netns_exec("node0", ["iptables", "-D", *rule])
+    assert failures(results) == {("node0", "firewall"), ("node1", "port"), ("node2", "port")}
+    expected = "timed out: packets dropped" if action == "DROP" else "connection refused"
+    assert expected in results[("node1", "port")].summary
+    assert f"--dport {PORT} -j {action}" in results[("node0", "firewall")].summary
+    assert "iptables -D INPUT" in results[("node0", "firewall")].fix
+
+
+@pytest.fixture
+def hosts_file(cluster: LocalCluster) -> Iterator[dict[str, str]]:
+    """Original /etc/hosts per node; every node's is restored afterwards."""
+    saved = {name: cluster.read_file(name, "/etc/hosts") for name in cluster.names}
+    try:
+        yield saved
+    finally:
+        for name, text in saved.items():
+            cluster.write_file(name, "/etc/hosts", text)
+
+
+@pytest.mark.timeout(90)
+def test_hostname_on_loopback(inventory: Inventory, cluster: LocalCluster, hosts_file: dict[str, str]) -> None:
+    cluster.write_file("node1", "/etc/hosts", "127.0.1.1\tnode1\n" + hosts_file["node1"])
+    results = check(inventory)
+    assert failures(results) == {("node1", "hostname")}
+    hostname = results[("node1", "hostname")]
+    assert "127.0.1.1" in hostname.summary and "127.0.1.1 node1" in hostname.summary
+    assert f"{cluster.node('node1').ip} node1" in hostname.fix
+    assert results[("node1", "network")].status == "warn"
+
+
+@pytest.mark.timeout(90)
+def test_master_name_unresolvable_on_one_worker(inventory: Inventory, cluster: LocalCluster,
+                                                hosts_file: dict[str, str]) -> None:
+    kept = [line for line in hosts_file["node2"].splitlines(keepends=True) if not line.rstrip().endswith("node0")]
+    cluster.write_file("node2", "/etc/hosts", "".join(kept))
+    results = check(inventory)
+    assert failures(results) == {("node2", "hostname")}
+    assert "cannot resolve the master's name node0" in results[("node2", "hostname")].summary
+    assert f"{cluster.node('node0').ip} node0" in results[("node2", "hostname")].fix
+
+
+@pytest.mark.timeout(90)
+def test_port_taken_on_master(inventory: Inventory, cluster: LocalCluster) -> None:
+    holder = (f"python3 -c 'import socket,time; s=socket.socket(); s.bind((\"\", {PORT})); s.listen(); "
+              f"open(\"/tmp/held\", \"w\").close(); time.sleep(120)' </dev/null >/dev/null 2>&1 & "
+              f"for i in $(seq 100); do [ -e /tmp/held ] && break; sleep 0.1; done; echo $!")
+    pid = cluster.ssh("node0", holder, check=True).stdout.strip()
+    try:
+        results = check(inventory)
+    finally:
+        cluster.ssh("node0", f"kill {pid}; rm -f /tmp/held")
+    assert failures(results) == {("node0", "port")}
+    port = results[("node0", "port")]
+    assert f"pid {pid}" in port.summary and "python3" in port.summary
+    assert f"kill {pid}" in port.fix and "port = 29501" in port.fix
+    assert results[("node1", "port")].status == "skip"
+
+
+@pytest.mark.timeout(90)
+def test_sshd_stopped_on_one_node(inventory: Inventory, cluster: LocalCluster) -> None:
+    cluster.stop_sshd("node2")
+    try:
+        started = time.monotonic()
+        results = check(inventory)
+        elapsed = time.monotonic() - started
+    finally:
+        cluster.start_sshd("node2")
+    assert failures(results) == {("node2", "ssh")}
+    assert "refused" in results[("node2", "ssh")].summary
+    assert all(result.status == "skip" for (node, name), result in results.items()
+               if node == "node2" and name != "ssh")
+    assert elapsed < inventory.cluster.ssh_timeout + 5
+
+
+@pytest.mark.timeout(90)
+def test_unreachable_node_costs_one_ssh_timeout(inventory: Inventory, cluster: LocalCluster) -> None:
+    quick = dataclasses.replace(inventory, cluster=dataclasses.replace(inventory.cluster, ssh_timeout=3.0))
+    cluster.cut_network("node1")
+    try:
+        started = time.monotonic()
+        results = check(quick)
+        elapsed = time.monotonic() - started
+    finally:
+        cluster.restore_network("node1")
+    assert failures(results) == {("node1", "ssh")}
+    assert "timed out" in results[("node1", "ssh")].summary
+    assert elapsed < 3.0 + 5
+
+
+@pytest.mark.timeout(90)
+def test_unknown_host_key(inventory: Inventory, cluster: LocalCluster, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    lines = cluster.known_hosts.read_text().splitlines(keepends=True)
+    known.write_text("".join(line for line in lines if not line.startswith("node1,")))
+    config = tmp_path / "ssh_config"
+    config.write_text(cluster.ssh_config.read_text().replace(str(cluster.known_hosts), str(known)))
+    partial = dataclasses.replace(inventory, cluster=dataclasses.replace(inventory.cluster, ssh_config=config))
+    results = check(partial, only=frozenset({"ssh", "python"}))
+    assert failures(results) == {("node1", "ssh")}
+    assert "unknown SSH host key" in results[("node1", "ssh")].summary
+    assert "--accept-new-host-keys" in results[("node1", "ssh")].fix
+    assert known.read_text().count("\n") == 2
+
+
+@pytest.mark.timeout(90)
+def test_python_without_torch(inventory: Inventory) -> None:
+    results = check(with_host(inventory, "node2", python="/usr/bin/python3"))
+    assert failures(results) == {("node2", "python")}
+    assert "cannot import torch" in results[("node2", "python")].summary
+    assert "pip install torch==2.13.0" in results[("node2", "python")].fix
+
+
+@pytest.mark.timeout(90)
+def test_python_missing(inventory: Inventory) -> None:
+    results = check(with_host(inventory, "node1", python="/opt/nowhere/bin/python"),
+                    only=frozenset({"python", "hostname"}))
+    assert failures(results) == {("node1", "python")}
+    assert "/opt/nowhere/bin/python" in results[("node1", "python")].summary
+
+
+@pytest.mark.timeout(90)
+def test_script_missing_on_one_node(inventory: Inventory, cluster: LocalCluster) -> None:
+    for name in ("node0", "node1"):
+        cluster.write_file(name, "/tmp/train.py", "print('hello')\n")
+    try:
+        results = check(inventory, script="train.py", only=frozenset({"script"}))
+    finally:
+        for name in ("node0", "node1"):
+            cluster.ssh(name, "rm -f /tmp/train.py")
+    assert failures(results) == {("node2", "script")}
+    assert "/tmp/train.py" in results[("node2", "script")].summary
+    assert results[("node1", "script")].status == "pass"
