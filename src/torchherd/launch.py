@@ -141,6 +141,8 @@ class NodeRun:
         self.exit_code: int | None = None
         self.done = False
         self.closed = False
+        self.reader_done = False
+        """Set by the reader thread when the channel ended; its Closed event may still be queued."""
         self.lost: str | None = None
         self.start_error: str | None = None
         self.stop_sent: str | None = None
@@ -207,6 +209,7 @@ def read_node(node: NodeRun, process: RemoteProcess, events: queue.Queue[list[Ev
         process.pump(on_stdout, on_stderr)
         deliver(records_to_events(node.name, records.finish()))
         deliver([OutputLine(node.name, None, STDERR, visible_text(line)) for line in stderr_lines.finish()])
+    node.reader_done = True
     events.put([Closed(node.name, process.exit_code(timeout=2.0))])
 
 
@@ -286,7 +289,8 @@ class Job:
         self._render(self._drain(0.1))
         now = time.monotonic()
         for node in self.nodes.values():
-            if node.running and now - node.last_seen > LOST_AFTER:
+            # A node whose channel already ended is not lost, only not yet processed.
+            if node.running and not node.reader_done and now - node.last_seen > LOST_AFTER:
                 self._lose(node, f"{node.name} vanished: nothing heard from it for {now - node.last_seen:.0f} s")
             self._escalate(node, now)
 

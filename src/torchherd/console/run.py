@@ -33,8 +33,9 @@ def render_plan(console: Console, plan: Plan) -> None:
 class LiveRenderer:
     """Prints batches of lines as ``node:rank │ text``, one colour per node.
 
-    The launcher drains its queue and hands over everything it got at once, so the
-    terminal sees one write per batch instead of one per line.
+    The launcher drains its queue and hands over everything it got at once. Each
+    prefix is styled once through rich and cached; a batch is then one plain string
+    and one write, so a chatty job costs string joins, not a rich render per line.
     """
 
     def __init__(self, console: Console, nodes: Sequence[str], max_rank: int) -> None:
@@ -42,25 +43,44 @@ class LiveRenderer:
         self.colours = {node: node_colour(index) for index, node in enumerate(nodes)}
         longest = max((len(node) for node in nodes), default=0)
         self.width = longest + 1 + len(str(max(max_rank, 0)))
+        self._prefixes: dict[tuple[str, int | None], str] = {}
+        self._styles = {"red": self._ansi("red"), "dim": self._ansi("dim")}
+
+    def _styled(self, text: Text) -> str:
+        with self.console.capture() as capture:
+            self.console.print(text, end="", soft_wrap=True)
+        return capture.get()
+
+    def _ansi(self, style: str) -> tuple[str, str]:
+        """The escape codes that open and close ``style`` on this console ("" without colour)."""
+        opened, _, closed = self._styled(Text("\0", style=style)).partition("\0")
+        return opened, closed
 
     def prefix(self, line: OutputLine) -> str:
         label = line.node if line.rank is None else f"{line.node}:{line.rank}"
         return label.ljust(self.width)
 
-    def format(self, line: OutputLine) -> Text:
-        text = Text(self.prefix(line), style=self.colours.get(line.node, ""))
-        text.append(SEPARATOR, style="dim")
-        if line.stream == STDERR:
-            text.append(line.text, style="red" if line.rank is not None else "dim")
-        else:
-            text.append(line.text)
-        return text
+    def _styled_prefix(self, line: OutputLine) -> str:
+        key = (line.node, line.rank)
+        cached = self._prefixes.get(key)
+        if cached is None:
+            text = Text(self.prefix(line), style=self.colours.get(line.node, ""))
+            text.append(SEPARATOR, style="dim")
+            cached = self._prefixes[key] = self._styled(text)
+        return cached
+
+    def format(self, line: OutputLine) -> str:
+        if line.stream != STDERR:
+            return self._styled_prefix(line) + line.text
+        opened, closed = self._styles["red" if line.rank is not None else "dim"]
+        return f"{self._styled_prefix(line)}{opened}{line.text}{closed}"
 
     def render(self, lines: Sequence[OutputLine]) -> None:
         if not lines:
             return
-        batch = Text("\n").join(self.format(line) for line in lines)
-        self.console.print(batch, soft_wrap=True)
+        file = self.console.file
+        file.write("".join(self.format(line) + "\n" for line in lines))
+        file.flush()
 
     def note(self, message: str, style: str = "bold") -> None:
         """A line from torchherd itself (a node started, exited, vanished)."""
