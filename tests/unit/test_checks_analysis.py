@@ -1,0 +1,176 @@
+"""The pure analyses: hand-made facts in, CheckResults out (no sockets, no SSH)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torchherd.checks.analysis import clock, firewall, hostname, iptables, network, port, python, script
+from torchherd.checks.analysis.network import compute_networks, ifname_matches
+from torchherd.checks.model import NodeFacts, Observed
+from torchherd.checks.runner import selected_checks
+from torchherd.errors import UsageError
+from torchherd.inventory import parse
+
+ADDRESSES = {"node0": "10.0.0.1", "node1": "10.0.0.2"}
+HOSTS = "10.0.0.1 node0\n10.0.0.2 node1\n"
+
+
+def facts(name: str, **overrides: Any) -> NodeFacts:
+    address = ADDRESSES[name]
+    raw: dict[str, Any] = {
+        "time": 1000.0, "hostname": name, "fqdn": name, "gloo": {"address": address}, "etc_hosts": HOSTS,
+        "resolve": {"node0": {"addresses": ["10.0.0.1"]}},
+        "interfaces": [{"name": "lo", "addresses": ["127.0.0.1"], "mtu": 65536},
+                       {"name": "eth0", "addresses": [address], "mtu": 1500}],
+        "route": {"target": "node0", "address": "10.0.0.1", "source": address},
+        "port_range": "32768\t60999\n", "listeners": [], "free_port": 29501,
+        "firewall": {"euid": 0, "tools": {"iptables": {"code": 0, "out": "-P INPUT ACCEPT\n"}}},
+        "env": {}, "shm": {"bytes": 8 << 30}, "container": [],
+        "python": {"executable": "/usr/bin/python3", "version": "3.11.7"},
+        "torch": {"version": "2.13.0", "cuda": None, "nccl": None, "gpus": 0}, "script": None, "gpu": {},
+    }
+    raw.update(overrides)
+    return NodeFacts(raw=raw, sent=999.0, received=1001.0)
+
+
+def observed(**node_facts: NodeFacts) -> Observed:
+    inventory = parse({"cluster": {"port": 29500}, "hosts": [{"name": "node0"}, {"name": "node1"}]},
+                      Path("hosts.toml"))
+    seen = Observed(inventory=inventory, master_target="node0")
+    seen.facts = {"node0": facts("node0"), "node1": facts("node1"), **node_facts}
+    seen.ssh_addresses = dict(ADDRESSES)
+    seen.networks = compute_networks(seen)
+    return seen
+
+
+def statuses(results: list[Any]) -> dict[str, str]:
+    return {result.node: result.status for result in results}
+
+
+def test_healthy_facts_pass_every_family() -> None:
+    seen = observed()
+    for analyse in (hostname.analyse, firewall.analyse, network.analyse, python.analyse, clock.analyse):
+        assert statuses(analyse(seen)) == {"node0": "pass", "node1": "pass"}
+
+
+def test_networks_are_the_routed_addresses() -> None:
+    seen = observed()
+    assert {name: (net.address, net.interface) for name, net in seen.networks.items()} == {
+        "node0": ("10.0.0.1", "eth0"), "node1": ("10.0.0.2", "eth0")}
+    assert seen.networks["node0"].reason == "node0 resolves to it on the master"
+
+
+def test_debian_loopback_hostname_names_the_line_to_write() -> None:
+    seen = observed(node1=facts("node1", gloo={"address": "127.0.1.1"},
+                                etc_hosts="127.0.1.1\tnode1\n" + HOSTS))
+    result = hostname.analyse(seen)[1]
+    assert (result.node, result.status) == ("node1", "fail")
+    assert result.summary == ("node1: hostname node1 resolves to loopback 127.0.1.1 (/etc/hosts: `127.0.1.1 "
+                              "node1`); gloo would listen there and the other nodes could not reach it")
+    assert result.fix == "in /etc/hosts on node1, remove `127.0.1.1 node1` and write: 10.0.0.2 node1"
+
+
+def test_master_name_unresolvable_on_a_worker() -> None:
+    seen = observed(node1=facts("node1", resolve={"node0": {"error": "Name or service not known"}}))
+    results = hostname.analyse(seen)
+    assert statuses(results) == {"node0": "pass", "node1": "fail"}
+    assert results[1].summary == "node1 cannot resolve the master's name node0 (Name or service not known)"
+    assert results[1].fix.startswith("add this line to /etc/hosts on node1: 10.0.0.1 node0")
+
+
+def test_port_taken_names_the_process_and_a_free_port() -> None:
+    seen = observed(node0=facts("node0", listeners=[{"pid": "42", "command": "python3 -m http.server 29500"}]))
+    seen.listened = {"node0": {"bound": {}, "errors": {"master": "Address already in use"}}, "node1": {"bound": {}}}
+    seen.connected = {"node0": {}, "node1": {}}
+    results = port.analyse(seen)
+    assert statuses(results) == {"node0": "fail", "node1": "skip"}
+    assert results[0].summary == ("port 29500 is already in use on node0 by pid 42 (python3 -m http.server 29500): "
+                                  "Address already in use")
+    assert results[0].fix == "stop it (kill 42) or set port = 29501 in [cluster]"
+
+
+@pytest.mark.parametrize(("outcome", "meaning"), [("timeout", "timed out: packets dropped"),
+                                                   ("refused", "connection refused")])
+def test_worker_connect_failure_says_dropped_or_refused(outcome: str, meaning: str) -> None:
+    seen = observed()
+    seen.listened = {"node0": {"bound": {"master": 29500}}, "node1": {"bound": {}}}
+    seen.connected = {"node0": {}, "node1": {"node0:master": {"result": outcome, "address": "10.0.0.1",
+                                                              "port": 29500}}}
+    result = port.analyse(seen)[1]
+    assert result.status == "fail"
+    assert result.summary.startswith(f"node1 cannot connect to node0 10.0.0.1:29500 ({meaning}")
+
+
+def test_iptables_rule_is_named_in_order() -> None:
+    rules = ("-P INPUT ACCEPT\n-A INPUT -s 10.0.0.0/24 -p tcp -m tcp --dport 22 -j ACCEPT\n"
+             "-A INPUT -p tcp -m tcp --dport 29500 -j REJECT --reject-with icmp-port-unreachable\n")
+    seen = observed(node0=facts("node0", firewall={"tools": {"iptables": {"code": 0, "out": rules}}}))
+    result = firewall.analyse(seen)[0]
+    assert result.status == "fail"
+    assert result.summary == ("iptables rule `-A INPUT -p tcp -m tcp --dport 29500 -j REJECT --reject-with "
+                              "icmp-port-unreachable` on node0 rejects TCP 29500 from node1 (10.0.0.2)")
+
+
+def test_iptables_accept_before_drop_and_policy_drop() -> None:
+    ruleset = iptables.parse("-P INPUT DROP\n-N PEERS\n-A INPUT -m conntrack --ctstate ESTABLISHED -j ACCEPT\n"
+                             "-A INPUT -j PEERS\n-A PEERS -s 10.0.0.0/24 -j ACCEPT\n-A PEERS -j RETURN\n")
+    inside = iptables.evaluate(ruleset, iptables.Packet("10.0.0.2", "10.0.0.1", 40000, "eth0"))
+    outside = iptables.evaluate(ruleset, iptables.Packet("192.168.0.9", "10.0.0.1", 40000, "eth0"))
+    assert inside == iptables.Verdict("ACCEPT", "-A PEERS -s 10.0.0.0/24 -j ACCEPT")
+    assert outside == iptables.Verdict("DROP", None)
+
+
+def test_firewall_skips_when_unreadable() -> None:
+    seen = observed(node1=facts("node1", firewall={"tools": {"iptables": {"code": 4, "out": "", "err": "denied"}}}))
+    result = firewall.analyse(seen)[1]
+    assert result.status == "skip" and "not readable" in result.summary
+
+
+def test_python_without_torch_and_version_mismatch() -> None:
+    seen = observed(node1=facts("node1", torch={"error": "ModuleNotFoundError: No module named 'torch'"}))
+    result = python.analyse(seen)[1]
+    assert result.status == "fail" and "cannot import torch" in result.summary
+    assert result.fix.endswith("-m pip install torch==2.13.0")
+    seen = observed(node1=facts("node1", torch={"version": "2.12.1", "cuda": None, "nccl": None, "gpus": 0}))
+    result = python.analyse(seen)[1]
+    assert result.status == "fail" and "differs from node0 in torch (2.13.0)" in result.summary
+
+
+def test_script_missing_and_different() -> None:
+    seen = observed(node1=facts("node1", script={"path": "/w/train.py", "error": "No such file or directory"}))
+    seen.script = "train.py"
+    seen.facts["node0"] = facts("node0", script={"path": "/w/train.py", "sha256": "a" * 64})
+    assert statuses(script.analyse(seen)) == {"node0": "pass", "node1": "fail"}
+    seen.facts["node1"] = facts("node1", script={"path": "/w/train.py", "sha256": "b" * 64})
+    assert statuses(script.analyse(seen)) == {"node0": "pass", "node1": "warn"}
+
+
+def test_clock_skew_warns_beyond_bounds() -> None:
+    seen = observed(node1=facts("node1", time=1010.0))
+    results = clock.analyse(seen)
+    assert statuses(results) == {"node0": "pass", "node1": "warn"}
+    assert results[1].summary == "node1's clock is at least 8.0 s off node0's"
+
+
+def test_missing_node_is_skipped_with_reason() -> None:
+    seen = observed()
+    del seen.facts["node1"]
+    seen.facts_errors["node1"] = "the facts script failed"
+    assert hostname.analyse(seen)[1].summary == "facts not gathered: the facts script failed"
+
+
+def test_ifname_syntax() -> None:
+    names = ["lo", "eth0", "eth1", "docker0"]
+    assert ifname_matches("eth", names) == ["eth0", "eth1"]
+    assert ifname_matches("^docker,lo", names) == ["eth0", "eth1"]
+    assert ifname_matches("=eth", names) == []
+
+
+def test_selection_rejects_unknown_ids_and_keeps_smoke_opt_in() -> None:
+    assert "smoke" not in selected_checks(None, frozenset(), smoke=False)
+    assert selected_checks(frozenset({"port", "ssh"}), frozenset(), smoke=False) == ("ssh", "port")
+    with pytest.raises(UsageError, match="unknown check id prot"):
+        selected_checks(frozenset({"prot"}), frozenset(), smoke=False)

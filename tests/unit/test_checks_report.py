@@ -1,0 +1,48 @@
+"""The rendered check report: exact text into a plain console."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from torchherd.console import make_console
+from torchherd.console.checks import render_report
+from torchherd.results import CheckReport, CheckResult
+
+EXPECTED = """\
+┏━━━━━━━┳━━━━━┳━━━━━━┳━━━━━━━━━━┓
+┃ node  ┃ ssh ┃ port ┃ firewall ┃
+┡━━━━━━━╇━━━━━╇━━━━━━╇━━━━━━━━━━┩
+│ node0 │ ok  │  ok  │   FAIL   │
+│ node1 │ ok  │ FAIL │    -     │
+└───────┴─────┴──────┴──────────┘
+FAIL node0 firewall: iptables rule `-A INPUT -p tcp --dport 29500 -j DROP` on node0 drops TCP 29500
+  fix: on node0: `iptables -D INPUT -p tcp --dport 29500 -j DROP`
+FAIL node1 port: node1 cannot connect to node0 10.0.0.1:29500 (timed out: packets dropped)
+  fix: open TCP 29500 on node0
+preflight failed: 3 pass, 0 warn, 2 fail, 1 skip
+"""
+
+
+def test_report_table_then_failure_blocks() -> None:
+    report = CheckReport((
+        CheckResult("node0", "ssh", "pass", "connected"),
+        CheckResult("node0", "port", "pass", "free"),
+        CheckResult("node0", "firewall", "fail",
+                    "iptables rule `-A INPUT -p tcp --dport 29500 -j DROP` on node0 drops TCP 29500",
+                    "on node0: `iptables -D INPUT -p tcp --dport 29500 -j DROP`"),
+        CheckResult("node1", "ssh", "pass", "connected"),
+        CheckResult("node1", "port", "fail", "node1 cannot connect to node0 10.0.0.1:29500 (timed out: packets "
+                    "dropped)", "open TCP 29500 on node0"),
+        CheckResult("node1", "firewall", "skip", "not readable"),
+    ))
+    buffer = StringIO()
+    render_report(make_console(buffer), report)
+    assert buffer.getvalue() == EXPECTED
+
+
+def test_warnings_follow_failures_and_pass_verdict() -> None:
+    report = CheckReport((CheckResult("node0", "clock", "warn", "node0's clock is off", "run chrony"),))
+    buffer = StringIO()
+    render_report(make_console(buffer), report)
+    assert buffer.getvalue().endswith("WARN node0 clock: node0's clock is off\n  fix: run chrony\n"
+                                      "preflight passed: 0 pass, 1 warn, 0 fail, 0 skip\n")
