@@ -36,8 +36,9 @@ def _cell(result: CheckResult | None) -> Text:
 
 def _grid(nodes: list[str], columns: list[str], results: list[CheckResult] | tuple[CheckResult, ...]) -> Table:
     by_key = {(result.node, result.check): result for result in results}
-    table = Table(title_justify="left")
-    table.add_column("node")
+    table = Table()
+    # The node name is the row's identity: the check headers give way first on a narrow terminal.
+    table.add_column("node", no_wrap=True, min_width=max((len(node) for node in nodes), default=4))
     for check in columns:
         table.add_column(check, justify="center")
     for node in nodes:
