@@ -1,0 +1,135 @@
+"""The run's output path without sockets: records -> lines -> log text and terminal text,
+the summary, and the remote command run through a local shell and the real supervisor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from io import StringIO
+from pathlib import Path
+
+from torchherd.console import make_console
+from torchherd.console.run import LiveRenderer, render_summary
+from torchherd.inventory import parse
+from torchherd.launch import records_to_events, remote_command, supervisor_source
+from torchherd.plan import RunOptions, build_plan
+from torchherd.runlog import (
+    NodeOutcome,
+    OutputLine,
+    RecordSplitter,
+    RunSummary,
+    Status,
+    is_error_line,
+    parse_output,
+    root_cause_rank,
+    visible_text,
+)
+
+
+def test_splitter_joins_records_across_chunks() -> None:
+    splitter = RecordSplitter()
+    assert splitter.feed(b"Ohel") == []
+    assert splitter.feed(b"lo\nH\nEba") == [b"Ohello", b"H"]
+    assert splitter.feed(b"d\n") == [b"Ebad"]
+    assert splitter.feed(b"Otail") == []
+    assert splitter.finish() == [b"Otail"]
+
+
+def test_records_become_lines_and_events() -> None:
+    events = records_to_events("n1", [b"O[torchherd-rank 3] step 1", b"H", b"E[torchherd-rank 12] oops",
+                                      b"Oplain", b'S{"event":"exit","code":2}', b"Xodd"])
+    assert events == [OutputLine("n1", 3, "out", "step 1"), OutputLine("n1", 12, "err", "oops"),
+                      OutputLine("n1", None, "out", "plain"), Status("n1", "exit", {"event": "exit", "code": 2}),
+                      OutputLine("n1", None, "out", "Xodd")]
+
+
+def test_only_a_real_prefix_is_a_rank() -> None:
+    assert parse_output("n", "out", b"[torchherd-rank x] a").rank is None
+    assert parse_output("n", "out", b"text [torchherd-rank 1] a").rank is None
+
+
+def test_carriage_return_keeps_what_a_terminal_shows() -> None:
+    assert visible_text(b"10%\r50%\r100%") == "100%"
+    assert visible_text(b"done\r") == "done"
+    assert visible_text(b"\xff bad utf8") == "\ufffd bad utf8"
+
+
+def test_log_text_keeps_rank_and_stream() -> None:
+    assert OutputLine("n", 3, "out", "x").log_text() == "[rank 3] x"
+    assert OutputLine("n", 3, "err", "x").log_text() == "[rank 3 stderr] x"
+    assert OutputLine("n", None, "out", "x").log_text() == "x"
+    assert OutputLine("n", None, "err", "x").log_text() == "[stderr] x"
+
+
+def test_error_lines_and_root_cause() -> None:
+    assert is_error_line(OutputLine("n", 1, "err", "[rank1]: RuntimeError: boom"))
+    assert is_error_line(OutputLine("n", None, "err", "ValueError: bad"))
+    assert not is_error_line(OutputLine("n", 1, "out", "ValueError: printed on stdout"))
+    assert not is_error_line(OutputLine("n", 1, "err", "[rank1]:     raise RuntimeError('x')"))
+    assert OutputLine("n", 1, "err", "[rank1]: RuntimeError: boom").described() == "rank 1: RuntimeError: boom"
+    assert root_cause_rank(OutputLine("n", None, "err", "  rank      : 5 (local_rank: 1)")) == 5
+
+
+def test_renderer_prints_a_batch_with_aligned_prefixes() -> None:
+    out = StringIO()
+    renderer = LiveRenderer(make_console(out), ["node0", "node1"], max_rank=11)
+    renderer.render([OutputLine("node0", 0, "out", "hello"), OutputLine("node1", 11, "err", "[x] not markup"),
+                     OutputLine("node1", None, "err", "torchrun says")])
+    renderer.note("node1: exited with code 1")
+    assert out.getvalue() == ("node0:0  │ hello\n"
+                              "node1:11 │ [x] not markup\n"
+                              "node1    │ torchrun says\n"
+                              "torchherd │ node1: exited with code 1\n")
+
+
+def test_renderer_colours_on_a_terminal() -> None:
+    from rich.console import Console
+
+    out = StringIO()
+    renderer = LiveRenderer(Console(file=out, force_terminal=True, color_system="standard"), ["a"], 1)
+    renderer.render([OutputLine("a", 1, "err", "bad")])
+    text = out.getvalue()
+    assert "\x1b[" in text and text.endswith("bad\x1b[0m\n") and "a:1" in text
+
+
+def test_summary_names_the_failed_node_and_shows_its_last_lines() -> None:
+    summary = RunSummary("r1", 1, "node1 rank 3 failed first with exit code 1: rank 3: RuntimeError: boom", (
+        NodeOutcome("node0", 0, "torn down", 143, 3.25, None, None, ()),
+        NodeOutcome("node1", 1, "failed", 1, 2.0, "rank 3: RuntimeError: boom", 3, ("[rank 3] last words",)),
+    ), "logs/r1")
+    out = StringIO()
+    render_summary(make_console(out, width=100), summary)
+    text = out.getvalue()
+    assert "│ node0 │ torn down       │ 143  │ 3.2s │" in text
+    assert "│ node1 │ failed (rank 3) │ 1    │ 2.0s │ rank 3: RuntimeError: boom" in text
+    assert "last lines of node1:\n  [rank 3] last words\n" in text
+    assert text.endswith("node1 rank 3 failed first with exit code 1: rank 3: RuntimeError: boom\nlogs: logs/r1\n")
+
+
+NASTY = "a b'c\"$(touch /tmp/pwned-unit) `id` ; \\ $HOME *"
+
+
+def test_remote_command_runs_the_supervisor_with_exact_env(tmp_path: Path) -> None:
+    """The exact command sshd would run, through a local sh: quoting, ~, setup, supervisor."""
+    document = {"defaults": {"python": sys.executable, "workdir": str(tmp_path), "setup": "export FROM_SETUP=1"},
+                "hosts": [{"name": "n0", "address": "127.0.0.1"}]}
+    plan = build_plan(parse(document, Path("h.toml")), RunOptions(script="-c", run_id="unit-1",
+                                                                 extra_env={"X": NASTY}))
+    node = plan.nodes[0]
+    argv = (sys.executable, "-c", "import os; print(repr(os.environ['X']), os.environ['FROM_SETUP'], os.getcwd())")
+    node = type(node)(**{**node.__dict__, "argv": argv})
+    command = remote_command(node, "unit-1", 1.0, supervisor_source())
+    # stdin stays open while the job runs: its EOF would mean "the controller is gone".
+    shell = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert shell.stdout is not None and shell.stdin is not None
+    records = []
+    for record in shell.stdout:
+        records.append(record.rstrip(b"\n"))
+        if record.startswith(b'S{"event":"done"'):
+            break
+    shell.stdin.close()
+    assert shell.wait(timeout=30) == 0
+    assert f"O{NASTY!r} 1 {tmp_path}".encode() in records, records
+    assert json.loads(records[-1][1:]) == {"event": "done", "code": 0, "left": 0}
+    assert not Path("/tmp/pwned-unit").exists()
