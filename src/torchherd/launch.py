@@ -529,6 +529,10 @@ def _preflight(inventory: Inventory, run_options: RunOptions, options: LaunchOpt
         render_report(console, outcome.report)
         outcome.close()
         return None
+    warnings = [result for result in outcome.report.results if result.status == "warn"]
+    console.print(f"preflight: {len(outcome.report.results)} checks passed"
+                  + (f", {len(warnings)} warnings (torchherd check shows them)" if warnings else ""),
+                  style="dim", markup=False, highlight=False)
     connections = dict(outcome.connections)
     missing = [host for host in inventory.hosts if host.name not in connections]
     extra = _connect(Inventory(inventory.path, inventory.cluster, tuple(missing)), options, console) \

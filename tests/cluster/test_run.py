@@ -227,6 +227,20 @@ def test_network_cut_names_the_vanished_node(make_cluster: Callable[..., LocalCl
     assert cluster.wait_no_processes("node2", timeout=15) == []
 
 
+@pytest.mark.timeout(90)
+def test_default_run_checks_first_and_uses_the_found_addresses(cluster: LocalCluster, tmp_path: Path) -> None:
+    out = StringIO()
+    code = main(["-i", str(cluster.inventory), "run", "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "1",
+                 "--", str(EXAMPLES / "env_echo.py"), "MASTER_ADDR"], console=make_console(out, width=200))
+    text = out.getvalue()
+    assert code == 0, text
+    assert re.search(r"preflight: \d+ checks passed", text), text
+    master_ip = cluster.node("node0").ip
+    assert f"master node0 at {master_ip}:" in text
+    assert f"node2:2 │ MASTER_ADDR={master_ip!r}" in text
+    assert_clean(cluster)
+
+
 PWNED = "/tmp/pwned-torchherd-run"
 
 
