@@ -1,0 +1,781 @@
+"""torchherd node supervisor: runs one job on a node and leaves nothing behind.
+
+Standard library only, Python >= 3.8, Linux. The controller runs it over SSH
+(no PTY) as ``PYTHON -u -c "<this source>" '<json config>'``; stdin and stdout
+are the SSH channel.
+
+Config (argv[1], JSON object):
+  run_id     str             also exported to the job as TORCHHERD_RUN_ID
+  argv       [str, ...]      the job command (not through a shell)
+  env        {str: str}      added to os.environ for the job (optional)
+  cwd        str or null     working directory for the job; "~" is expanded
+  grace      float seconds   SIGTERM -> SIGKILL delay on a graceful teardown
+  heartbeat  float seconds   period of H records on stdout (0 = none)
+  watchdog   float seconds   teardown when no stdin byte arrives for this
+                             long (0 = off)
+
+Stdout, one record per line, TAG + payload + b"\\n", bytes as the job wrote
+them (only the line's trailing newline is removed):
+  O  a line of the job's stdout      E  a line of the job's stderr
+  H  heartbeat (empty payload)       S  a JSON status event:
+     {"event": "started", "pid": P, "pgid": G, "supervisor": SUPERVISOR_PID}
+     {"event": "error", "message": M}          the job could not be started
+     {"event": "stopping", "reason": R, "mode": "term" | "kill"}
+     {"event": "exit", "code": C}              the job's main process ended
+     {"event": "teardown", "reason": R, "signalled": [...], "killed": [...]}
+     {"event": "done", "code": C, "left": N}   always the last record
+A line longer than MAX_LINE bytes is cut into several records.
+
+Stdin, lines: every byte counts as a heartbeat from the controller; a line
+"TERM" asks for a graceful teardown, "KILL" for an immediate SIGKILL
+teardown. EOF on stdin, EOF/EPIPE on stdout, SIGTERM/SIGINT/SIGHUP to the
+supervisor and the watchdog all start a graceful teardown; a second request
+while a graceful teardown runs escalates it to SIGKILL.
+
+Job processes: every live descendant of the supervisor (it is a child
+subreaper, so orphans stay in its tree) plus every process whose initial
+environment holds TORCHHERD_RUN_ID=<run_id>, except those that carry another
+supervisor's TORCHHERD_SUPERVISOR token (they belong to a sibling supervisor
+of the same run on the same process table), the supervisor and its ancestors.
+When the job's main process exits by itself, leftovers are swept the same way.
+
+Exit status (= "code" in done): the job's exit status, 128+N when it died on
+signal N (143 after a SIGTERM teardown, 137 after SIGKILL), 137 when it could
+not be reaped after SIGKILL, 127/126 when the command was not found / not
+executable, 2 for an invalid config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Set, Tuple
+
+TAG_STDOUT = b"O"
+TAG_STDERR = b"E"
+TAG_HEARTBEAT = b"H"
+TAG_STATUS = b"S"
+
+CTRL_TERM = "TERM"
+CTRL_KILL = "KILL"
+
+RUN_ID_ENV = "TORCHHERD_RUN_ID"
+SUPERVISOR_ENV = "TORCHHERD_SUPERVISOR"
+
+EVENT_STARTED = "started"
+EVENT_ERROR = "error"
+EVENT_STOPPING = "stopping"
+EVENT_EXIT = "exit"
+EVENT_TEARDOWN = "teardown"
+EVENT_DONE = "done"
+
+EXIT_BAD_CONFIG = 2
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+EXIT_UNKILLABLE = 128 + 9
+
+READ_SIZE = 65536
+MAX_LINE = 1 << 20
+OUT_HIGH_WATER = 8 << 20
+OUT_LOW_WATER = 2 << 20
+POLL_INTERVAL = 0.05
+COALESCE_BELOW = 16384
+COALESCE_DELAY = 0.002
+KILL_TIMEOUT = 5.0
+DRAIN_IDLE_TIMEOUT = 2.0
+FINAL_FLUSH_STALL = 10.0
+PR_SET_CHILD_SUBREAPER = 36
+LEFTOVER = "leftover"
+
+
+class ConfigError(ValueError):
+    """The JSON config is malformed."""
+
+
+class Config:
+    def __init__(
+        self,
+        run_id: str,
+        argv: List[str],
+        env: Dict[str, str],
+        cwd: Optional[str],
+        grace: float,
+        heartbeat: float,
+        watchdog: float,
+    ) -> None:
+        self.run_id = run_id
+        self.argv = argv
+        self.env = env
+        self.cwd = cwd
+        self.grace = grace
+        self.heartbeat = heartbeat
+        self.watchdog = watchdog
+
+
+def _number(raw: Dict[str, object], key: str, default: float) -> float:
+    value = raw.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError("config key %r must be a number" % key)
+    if value < 0:
+        raise ConfigError("config key %r must be >= 0" % key)
+    return float(value)
+
+
+def parse_config(text: str) -> Config:
+    """Parse and validate the JSON config given as argv[1]."""
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError("config is not valid JSON: %s" % exc) from None
+    if not isinstance(raw, dict):
+        raise ConfigError("config must be a JSON object")
+    run_id = raw.get("run_id")
+    if not isinstance(run_id, str) or not run_id or "\0" in run_id:
+        raise ConfigError("config key 'run_id' must be a non-empty string")
+    argv = raw.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise ConfigError("config key 'argv' must be a non-empty list of strings")
+    env = raw.get("env") or {}
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ConfigError("config key 'env' must map strings to strings")
+    cwd = raw.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise ConfigError("config key 'cwd' must be a string or null")
+    return Config(
+        run_id=run_id,
+        argv=[str(a) for a in argv],
+        env={str(k): str(v) for k, v in env.items()},
+        cwd=cwd,
+        grace=_number(raw, "grace", 10.0),
+        heartbeat=_number(raw, "heartbeat", 5.0),
+        watchdog=_number(raw, "watchdog", 0.0),
+    )
+
+
+def status_record(event: str, **fields: object) -> bytes:
+    """One S record: TAG_STATUS + compact JSON + newline."""
+    body: Dict[str, object] = {"event": event}
+    body.update(fields)
+    return TAG_STATUS + json.dumps(body, separators=(",", ":")).encode() + b"\n"
+
+
+def exit_code_from_status(status: int) -> int:
+    """A wait() status as a shell would report it: code, or 128+signal."""
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    return 1
+
+
+class LineFramer:
+    """Cuts a byte stream into TAG-prefixed records, one per line."""
+
+    def __init__(self, tag: bytes, max_line: int = MAX_LINE) -> None:
+        self.tag = tag
+        self.max_line = max_line
+        self.partial = b""
+
+    def feed(self, data: bytes) -> bytes:
+        if not data:
+            return b""
+        if self.partial:
+            data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        out = b""
+        if lines:
+            sep = b"\n" + self.tag
+            out = self.tag + sep.join(lines) + b"\n"
+        if len(self.partial) >= self.max_line:
+            out += self.tag + self.partial + b"\n"
+            self.partial = b""
+        return out
+
+    def finish(self) -> bytes:
+        """Flush a final line that had no newline."""
+        if not self.partial:
+            return b""
+        out = self.tag + self.partial + b"\n"
+        self.partial = b""
+        return out
+
+
+# ---------------------------------------------------------------- processes
+
+ProcTable = Dict[int, Tuple[int, str]]
+
+
+def read_proc_table(proc: str = "/proc") -> ProcTable:
+    """pid -> (ppid, state letter) for every process visible in /proc."""
+    table: ProcTable = {}
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return table
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(proc + "/" + name + "/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        end = data.rfind(b")")
+        fields = data[end + 2 :].split()
+        if len(fields) < 2:
+            continue
+        try:
+            table[int(name)] = (int(fields[1]), fields[0].decode("ascii", "replace"))
+        except ValueError:
+            continue
+    return table
+
+
+def descendants(table: ProcTable, root: int) -> Set[int]:
+    children: Dict[int, List[int]] = {}
+    for pid, (ppid, _state) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: Set[int] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found and child != root:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def ancestors(table: ProcTable, pid: int) -> Set[int]:
+    found: Set[int] = set()
+    while pid in table and pid not in found:
+        found.add(pid)
+        pid = table[pid][0]
+    return found
+
+
+def environ_belongs(pid: int, run_id: str, token: Optional[str], proc: str = "/proc") -> bool:
+    """True when the process's environment marks it as part of this run.
+
+    A process that carries another supervisor's token belongs to that
+    supervisor (a sibling node of the same run sharing this process table).
+    """
+    try:
+        with open(proc + "/" + str(pid) + "/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    run_entry = (RUN_ID_ENV + "=" + run_id).encode()
+    if run_entry not in data:
+        return False
+    entries = data.split(b"\0")
+    if run_entry not in entries:
+        return False
+    if token is not None:
+        prefix = (SUPERVISOR_ENV + "=").encode()
+        mine = prefix + token.encode()
+        for entry in entries:
+            if entry.startswith(prefix) and entry != mine:
+                return False
+    return True
+
+
+def find_job_processes(
+    run_id: str, token: Optional[str], root: int, proc: str = "/proc"
+) -> Set[int]:
+    """Live processes of this run: descendants of root, plus environ matches."""
+    table = read_proc_table(proc)
+    live = {pid for pid, (_pp, state) in table.items() if state not in ("Z", "X", "x")}
+    found = descendants(table, root) & live
+    exclude = ancestors(table, root) | {root}
+    for pid in live:
+        if pid in found or pid in exclude:
+            continue
+        if environ_belongs(pid, run_id, token, proc):
+            found.add(pid)
+    return found
+
+
+def send_signal(pids: Set[int], sig: int) -> Set[int]:
+    sent: Set[int] = set()
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            continue
+        sent.add(pid)
+    return sent
+
+
+def set_child_subreaper() -> bool:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except Exception:
+        return False
+
+
+# ------------------------------------------------------------------- output
+
+
+class Output:
+    """Non-blocking writer for fd 1, so a stalled channel never stops the loop."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.chunks: List[bytes] = []
+        self.current = b""
+        self.offset = 0
+        self.size = 0
+        self.closed = False
+
+    def add(self, data: bytes) -> None:
+        if data and not self.closed:
+            self.chunks.append(data)
+            self.size += len(data)
+
+    def flush(self) -> bool:
+        """Write what the fd takes now; True when something was written."""
+        wrote = False
+        while not self.closed and self.size:
+            if self.offset >= len(self.current):
+                self.current = b"".join(self.chunks)
+                self.chunks = []
+                self.offset = 0
+            try:
+                n = os.write(self.fd, memoryview(self.current)[self.offset :])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.close()
+                break
+            wrote = wrote or n > 0
+            self.offset += n
+            self.size -= n
+        return wrote
+
+    def close(self) -> None:
+        self.closed = True
+        self.chunks = []
+        self.current = b""
+        self.offset = 0
+        self.size = 0
+
+
+# -------------------------------------------------------------- supervisor
+
+
+class Teardown:
+    def __init__(self, reason: str, kill_now: bool, now: float, grace: float) -> None:
+        self.reason = reason
+        self.kill_phase = kill_now
+        self.term_deadline = now + grace
+        self.kill_deadline = now + KILL_TIMEOUT
+        self.next_poll = now
+        self.signalled: Set[int] = set()
+        self.killed: Set[int] = set()
+        self.complete = False
+        self.gave_up = False
+        self.left = 0
+
+    def escalate(self, now: float) -> None:
+        if not self.kill_phase and not self.complete:
+            self.kill_phase = True
+            self.kill_deadline = now + KILL_TIMEOUT
+            self.next_poll = now
+
+
+class Supervisor:
+    def __init__(self, config: Config) -> None:
+        self.cfg = config
+        self.token = os.urandom(8).hex()
+        self.pid = os.getpid()
+        self.out = Output(1)
+        self.sel = selectors.PollSelector()
+        self.proc: Optional["subprocess.Popen[bytes]"] = None
+        self.code: Optional[int] = None
+        self.teardown: Optional[Teardown] = None
+        self.signals: List[int] = []
+        self.child_exited = True
+        self.got = 0
+        self.stdin_open = True
+        self.stdin_partial = b""
+        self.last_in = time.monotonic()
+        self.next_heartbeat = self.last_in + config.heartbeat
+        self.pipes: Dict[int, LineFramer] = {}
+        self.paused = False
+        self.last_data = self.last_in
+        self.writing = False
+        self.wake_r, self.wake_w = os.pipe()
+
+    # signals ------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signals.append(signum)
+
+    def _install_signals(self) -> None:
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, self._on_signal)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+
+    def _handle_signals(self, now: float) -> None:
+        pending, self.signals = self.signals, []
+        for signum in pending:
+            if signum == signal.SIGCHLD:
+                self.child_exited = True
+                continue
+            name = signal.Signals(signum).name
+            self.request_teardown("signal " + name, False, now, escalate=True)
+
+    # job ------------------------------------------------------------------
+    def _spawn(self) -> bool:
+        cfg = self.cfg
+        env = dict(os.environ)
+        env.update(cfg.env)
+        env[RUN_ID_ENV] = cfg.run_id
+        env[SUPERVISOR_ENV] = self.token
+        cwd = os.path.expanduser(cfg.cwd) if cfg.cwd else None
+        try:
+            self.proc = subprocess.Popen(
+                cfg.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                env=env,
+                cwd=cwd,
+            )
+        except OSError as exc:
+            self.code = (
+                EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
+            )
+            self.out.add(status_record(EVENT_ERROR, message="cannot start job: %s" % exc))
+            return False
+        try:
+            pgid = os.getpgid(self.proc.pid)
+        except OSError:
+            pgid = self.proc.pid
+        self.out.add(
+            status_record(EVENT_STARTED, pid=self.proc.pid, pgid=pgid, supervisor=self.pid)
+        )
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        for stream, tag in ((self.proc.stdout, TAG_STDOUT), (self.proc.stderr, TAG_STDERR)):
+            fd = stream.fileno()
+            self.pipes[fd] = LineFramer(tag)
+            self.sel.register(fd, selectors.EVENT_READ, "pipe")
+        return True
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+            if pid == 0:
+                return
+            if self.proc is not None and pid == self.proc.pid:
+                self.code = exit_code_from_status(status)
+                self.proc.returncode = self.code
+                self._drain_ready()
+                self.out.add(status_record(EVENT_EXIT, code=self.code))
+
+    def _scan(self) -> Set[int]:
+        return find_job_processes(self.cfg.run_id, self.token, self.pid)
+
+    # teardown ---------------------------------------------------------------
+    def request_teardown(
+        self,
+        reason: str,
+        kill_now: bool,
+        now: float,
+        escalate: bool = False,
+        announce: bool = True,
+    ) -> None:
+        td = self.teardown
+        if td is not None:
+            if (kill_now or escalate) and not td.complete:
+                td.escalate(now)
+            return
+        self.teardown = Teardown(reason, kill_now, now, self.cfg.grace)
+        if announce:
+            self.out.add(
+                status_record(EVENT_STOPPING, reason=reason, mode="kill" if kill_now else "term")
+            )
+
+    def _step_teardown(self, now: float) -> None:
+        td = self.teardown
+        if td is None or td.complete or now < td.next_poll:
+            return
+        td.next_poll = now + POLL_INTERVAL
+        self._reap()
+        pids = self._scan()
+        if not pids:
+            self._reap()
+            self._finish_teardown(td, 0)
+            return
+        if not td.kill_phase and now >= td.term_deadline:
+            td.kill_phase = True
+            td.kill_deadline = now + KILL_TIMEOUT
+        if td.kill_phase:
+            if now >= td.kill_deadline:
+                td.gave_up = True
+                self._finish_teardown(td, len(pids))
+                return
+            td.killed |= send_signal(pids, signal.SIGKILL)
+        else:
+            td.signalled |= send_signal(pids - td.signalled, signal.SIGTERM)
+
+    def _finish_teardown(self, td: Teardown, left: int) -> None:
+        td.complete = True
+        td.left = left
+        self.last_data = time.monotonic()
+        if td.reason != LEFTOVER or td.signalled or td.killed:
+            self.out.add(
+                status_record(
+                    EVENT_TEARDOWN,
+                    reason=td.reason,
+                    signalled=sorted(td.signalled),
+                    killed=sorted(td.killed),
+                )
+            )
+
+    # io -------------------------------------------------------------------
+    def _read_pipe(self, fd: int) -> None:
+        try:
+            data = os.read(fd, READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        framer = self.pipes[fd]
+        self.last_data = time.monotonic()
+        if data:
+            self.got += len(data)
+            self.out.add(framer.feed(data))
+            return
+        self.out.add(framer.finish())
+        self._close_pipe(fd)
+
+    def _drain_ready(self) -> None:
+        """Read what the pipes hold right now, so it goes out before "exit"."""
+        budget = OUT_HIGH_WATER
+        while self.pipes and budget > 0:
+            poller = select.poll()
+            for fd in self.pipes:
+                poller.register(fd, select.POLLIN)
+            ready = [fd for fd, _ev in poller.poll(0)]
+            if not ready:
+                return
+            for fd in ready:
+                if fd in self.pipes:
+                    before = self.out.size
+                    self._read_pipe(fd)
+                    budget -= max(1, self.out.size - before)
+
+    def _close_pipe(self, fd: int) -> None:
+        if not self.paused:
+            self.sel.unregister(fd)
+        del self.pipes[fd]
+        os.close(fd)
+
+    def _read_stdin(self, now: float) -> None:
+        try:
+            data = os.read(0, READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.stdin_open = False
+            self.sel.unregister(0)
+            self.request_teardown("stdin closed", False, now)
+            return
+        self.last_in = now
+        lines = (self.stdin_partial + data).split(b"\n")
+        self.stdin_partial = lines.pop()[-64:]
+        for line in lines:
+            word = line.strip().decode("ascii", "replace")
+            if word == CTRL_KILL:
+                self.request_teardown("control KILL", True, now)
+            elif word == CTRL_TERM:
+                self.request_teardown("control TERM", False, now)
+
+    def _update_registrations(self) -> None:
+        if not self.paused and self.out.size > OUT_HIGH_WATER:
+            self.paused = True
+            for fd in self.pipes:
+                self.sel.unregister(fd)
+        elif self.paused and self.out.size < OUT_LOW_WATER:
+            self.paused = False
+            self.last_data = time.monotonic()
+            for fd in self.pipes:
+                self.sel.register(fd, selectors.EVENT_READ, "pipe")
+        want_write = self.out.size > 0 and not self.out.closed
+        if want_write != self.writing:
+            self.writing = want_write
+            if want_write:
+                self.sel.register(1, selectors.EVENT_WRITE, "out")
+            else:
+                self.sel.unregister(1)
+
+    def _finished(self, now: float) -> bool:
+        td = self.teardown
+        if td is None or not td.complete:
+            return False
+        if self.code is None and not td.gave_up:
+            return False
+        if self.pipes and (self.paused or now - self.last_data < DRAIN_IDLE_TIMEOUT):
+            return False
+        return True
+
+    def _timeout(self, now: float) -> float:
+        deadlines: List[float] = []
+        if self.cfg.heartbeat > 0:
+            deadlines.append(self.next_heartbeat)
+        td = self.teardown
+        if td is None:
+            if self.stdin_open and self.cfg.watchdog > 0:
+                deadlines.append(self.last_in + self.cfg.watchdog)
+        elif not td.complete:
+            deadlines.append(td.next_poll)
+        elif self.pipes:
+            deadlines.append(self.last_data + DRAIN_IDLE_TIMEOUT)
+        if not deadlines:
+            return 1.0
+        return min(1.0, max(0.0, min(deadlines) - now))
+
+    def _timers(self, now: float) -> None:
+        if self.cfg.heartbeat > 0 and now >= self.next_heartbeat:
+            self.out.add(TAG_HEARTBEAT + b"\n")
+            self.next_heartbeat = now + self.cfg.heartbeat
+        if (
+            self.teardown is None
+            and self.stdin_open
+            and self.cfg.watchdog > 0
+            and now - self.last_in >= self.cfg.watchdog
+        ):
+            self.request_teardown(
+                "watchdog: no word from the controller for %gs" % self.cfg.watchdog,
+                False,
+                now,
+            )
+        if self.teardown is None and self.code is not None:
+            self.request_teardown(LEFTOVER, False, now, announce=False)
+
+    # main -----------------------------------------------------------------
+    def run(self) -> int:
+        set_child_subreaper()
+        self._install_signals()
+        try:
+            self.sel.register(0, selectors.EVENT_READ, "stdin")
+        except (OSError, ValueError):
+            self.stdin_open = False
+        if not self._spawn():
+            self.out.add(status_record(EVENT_DONE, code=self.code, left=0))
+            self._final_flush()
+            return int(self.code or 0)
+        while True:
+            now = time.monotonic()
+            if self.out.closed and self.teardown is None:
+                self.request_teardown("output closed", False, now)
+            for key, _mask in self.sel.select(self._timeout(now)):
+                now = time.monotonic()
+                if key.data == "pipe":
+                    if key.fd in self.pipes:
+                        self._read_pipe(key.fd)
+                elif key.data == "stdin":
+                    self._read_stdin(now)
+                elif key.data == "wake":
+                    try:
+                        os.read(self.wake_r, 4096)
+                    except OSError:
+                        pass
+            now = time.monotonic()
+            self._handle_signals(now)
+            if self.child_exited:
+                self.child_exited = False
+                self._reap()
+            self._timers(now)
+            self._step_teardown(now)
+            self.out.flush()
+            now = time.monotonic()
+            if self._finished(now):
+                break
+            self._update_registrations()
+            if 0 < self.got < COALESCE_BELOW and self.teardown is None:
+                # output trickles in line by line: let it pile up a moment,
+                # so that one read and one write carry many lines
+                time.sleep(COALESCE_DELAY)
+            self.got = 0
+        for fd in list(self.pipes):
+            self.out.add(self.pipes[fd].finish())
+            self._close_pipe(fd)
+        td = self.teardown
+        code = self.code if self.code is not None else EXIT_UNKILLABLE
+        left = td.left if td is not None else 0
+        self.out.add(status_record(EVENT_DONE, code=code, left=left))
+        self._final_flush()
+        return code
+
+    def _final_flush(self) -> None:
+        if self.writing:
+            self.sel.unregister(1)
+            self.writing = False
+        last_progress = time.monotonic()
+        while self.out.size and not self.out.closed:
+            if self.out.flush():
+                last_progress = time.monotonic()
+                continue
+            if time.monotonic() - last_progress > FINAL_FLUSH_STALL:
+                return
+            try:
+                select.select([], [1], [], 0.2)
+            except (OSError, ValueError):
+                time.sleep(0.05)
+
+
+def main(args: List[str]) -> int:
+    if len(args) != 1:
+        sys.stderr.write("usage: supervisor.py JSON_CONFIG\n")
+        return EXIT_BAD_CONFIG
+    try:
+        config = parse_config(args[0])
+    except ConfigError as exc:
+        record = status_record(EVENT_ERROR, message=str(exc))
+        record += status_record(EVENT_DONE, code=EXIT_BAD_CONFIG, left=0)
+        os.write(1, record)
+        return EXIT_BAD_CONFIG
+    flags = None
+    try:
+        flags = os.get_blocking(1)
+        os.set_blocking(1, False)
+    except OSError:
+        pass
+    try:
+        return Supervisor(config).run()
+    finally:
+        if flags is not None:
+            try:
+                os.set_blocking(1, flags)
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
