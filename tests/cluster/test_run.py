@@ -131,7 +131,7 @@ def test_ddp_demo_three_nodes_two_ranks_each(cluster: LocalCluster, tmp_path: Pa
         lines = [line for line in out.splitlines() if line.startswith(f"{node}:{rank} ")]
         assert lines, f"no line from {node}:{rank}:\n{out}"
         for line in lines:
-            match = re.search(r"loss[=: ]+([0-9.]+)", line)
+            match = re.search(r"step \d+ loss ([0-9.]+)", line)
             if match:
                 losses.setdefault(rank, []).append(float(match.group(1)))
     assert sorted(losses) == list(range(6)), out
