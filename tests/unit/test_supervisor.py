@@ -319,14 +319,14 @@ TREE = """
         # the job: a child in its own session, which starts a grandchild in
         # yet another session
         subprocess.Popen([sys.executable, "-c", FULL, "child"], start_new_session=True)
-        print("job", os.getpid(), flush=True)
+        os.write(1, b"job %d\\n" % os.getpid())
         time.sleep(600)
     elif sys.argv[1] == "child":
         subprocess.Popen([sys.executable, "-c", FULL, "grandchild"], start_new_session=True)
-        print("child", os.getpid(), flush=True)
+        os.write(1, b"child %d\\n" % os.getpid())
         time.sleep(600)
     else:
-        print("grandchild", os.getpid(), flush=True)
+        os.write(1, b"grandchild %d\\n" % os.getpid())
         time.sleep(600)
 """
 
