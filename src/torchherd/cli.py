@@ -94,7 +94,74 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         return EXIT_OK
     launch_options = LaunchOptions(check=not args.no_check, log_dir=Path(args.log_dir), grace=args.grace,
                                    accept_new_host_keys=args.accept_new_host_keys, fail_fast=not args.no_fail_fast)
+    if args.detach:
+        from torchherd.detach import start_detached
+
+        return start_detached(inventory, run_options, launch_options, console)
     return run_job(inventory, run_options, launch_options, console)
+
+
+def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    from torchherd.console.detach import render_runs, render_status
+    from torchherd.detach import node_states
+    from torchherd.runrecord import load, load_all
+
+    if args.run:
+        record = load(args.run)
+        render_status(console, record, node_states(record))
+    else:
+        render_runs(console, [(record, node_states(record)) for record in load_all()])
+    return EXIT_OK
+
+
+def _follow(args: argparse.Namespace, console: Console, follow: bool) -> tuple[int, bool]:
+    """Renders the run's logs; the exit code, and whether every node finished (exit 0)."""
+    from torchherd.console.detach import status_note
+    from torchherd.console.run import LiveRenderer
+    from torchherd.detach import Follow, follow_logs
+    from torchherd.runlog import Status
+    from torchherd.runrecord import load
+
+    record = load(args.run)
+    options = Follow(follow=follow, node=getattr(args, "node", None), rank=getattr(args, "rank", None))
+    renderer = LiveRenderer(console, [node.name for node in record.nodes], record.max_rank)
+    codes: dict[str, int] = {}
+
+    def on_status(status: Status) -> None:
+        if status.event == "exit":
+            codes[status.node] = int(status.fields.get("code", 1))
+        status_note(renderer, status)
+
+    follow_logs(record, renderer, options, on_status)
+    finished = len(codes) == len(record.nodes)
+    return (EXIT_OK if all(code == 0 for code in codes.values()) else EXIT_FAILED), finished
+
+
+def cmd_logs(args: argparse.Namespace, console: Console) -> int:
+    return _follow(args, console, args.follow)[0]
+
+
+def cmd_attach(args: argparse.Namespace, console: Console) -> int:
+    try:
+        code, _finished = _follow(args, console, True)
+    except KeyboardInterrupt:
+        console.print(f"detached; the run goes on (torchherd stop {args.run} stops it)", markup=False,
+                      highlight=False)
+        return EXIT_OK
+    return code
+
+
+def cmd_stop(args: argparse.Namespace, console: Console) -> int:
+    from torchherd.console.detach import render_stopped
+    from torchherd.detach import stop_run
+    from torchherd.runrecord import load
+
+    record = load(args.run)
+    if args.grace is not None:
+        from dataclasses import replace
+
+        record = replace(record, grace=args.grace)
+    return EXIT_OK if render_stopped(console, record, stop_run(record)) else EXIT_FAILED
 
 
 def _extra_env(assignments: Sequence[str], passed: Sequence[str],
@@ -169,9 +236,34 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
     run.add_argument("--accept-new-host-keys", action="store_true",
                      help="trust and record unknown SSH host keys (changed keys are always refused)")
+    run.add_argument("--detach", action="store_true",
+                     help="start the job so it outlives this command; print the run id and return")
     run.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT [ARGS...]")
     run.set_defaults(handler=cmd_run)
+    _add_detached_commands(commands)
     return parser
+
+
+def _add_detached_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    status = commands.add_parser("status", help="state of detached runs, per node")
+    status.add_argument("run", nargs="?", metavar="RUN", help="run id (default: every known run)")
+    status.set_defaults(handler=cmd_status)
+
+    logs = commands.add_parser("logs", help="a detached run's output, with node:rank prefixes")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
+    logs.add_argument("--node", metavar="N", help="only this node")
+    logs.add_argument("--rank", metavar="R", type=int, help="only this global rank")
+    logs.add_argument("run", metavar="RUN", help="run id")
+    logs.set_defaults(handler=cmd_logs)
+
+    stop = commands.add_parser("stop", help="stop a detached run on every node, and confirm nothing is left")
+    stop.add_argument("--grace", type=float, metavar="S", help="SIGTERM to SIGKILL (default: the run's)")
+    stop.add_argument("run", metavar="RUN", help="run id")
+    stop.set_defaults(handler=cmd_stop)
+
+    attach = commands.add_parser("attach", help="follow a detached run live; Ctrl-C detaches, never stops")
+    attach.add_argument("run", metavar="RUN", help="run id")
+    attach.set_defaults(handler=cmd_attach)
 
 
 def _strip_separator(args: argparse.Namespace) -> None:

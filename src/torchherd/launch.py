@@ -94,10 +94,12 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float) -> dict[str, ob
     # cwd stays None: the shell already changed into the workdir, and a `cd` in the
     # host's setup snippet must keep its effect.
     return {"run_id": run_id, "argv": list(node.argv), "env": dict(node.env), "cwd": None,
-            "grace": grace, "heartbeat": HEARTBEAT_EVERY, "watchdog": WATCHDOG}
+            "grace": grace, "heartbeat": HEARTBEAT_EVERY, "watchdog": WATCHDOG,
+            "cleanup_dir": node.remote_log_dir}
 
 
-def remote_command(node: NodePlan, run_id: str, grace: float, source: str) -> str:
+def remote_command(node: NodePlan, run_id: str, grace: float, source: str,
+                   extra: Mapping[str, object] | None = None) -> str:
     """The shell line sshd runs: workdir, the setup snippet, then the supervisor.
 
     Every value goes through shlex.quote (the workdir and python keep a leading ``~``
@@ -106,7 +108,7 @@ def remote_command(node: NodePlan, run_id: str, grace: float, source: str) -> st
     parts = [f"cd {quote_path(node.workdir)}"]
     if node.setup.strip():
         parts.append("{ " + node.setup.strip() + "\n}")
-    config = json.dumps(supervisor_config(node, run_id, grace))
+    config = json.dumps({**supervisor_config(node, run_id, grace), **(extra or {})})
     parts.append(f"exec {quote_path(node.host.python)} -u -c {shlex.quote(source)} {shlex.quote(config)}")
     return " && ".join(parts)
 

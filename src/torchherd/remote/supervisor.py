@@ -13,6 +13,24 @@ Config (argv[1], JSON object):
   heartbeat  float seconds   period of H records on stdout (0 = none)
   watchdog   float seconds   teardown when no stdin byte arrives for this
                              long (0 = off)
+  cleanup_dir  str or null   torchrun's per-rank tee directory; removed when
+                             the job is over (only a "torchherd-*" name)
+Detached mode (optional keys; with log_file set the supervisor detaches):
+  log_file   str             records go here (appended) instead of stdout; the
+                             supervisor forks into its own session, stdin from
+                             /dev/null (no EOF teardown, no watchdog), and the
+                             parent prints the child's first status record
+                             ("started" or "error") and exits
+  state_file str or null     JSON written at start and at the end:
+                             {"run_id", "node", "supervisor", "pid", "pgid",
+                              "started", "state": "running" | "exited",
+                              "code", "ended", "left"}
+  node       str             this node's name, for the coordinator
+  coordinator {"host", "port", "token"} or null: a TCP coordinator (see
+                             coordinator.py) for fail fast while detached;
+                             the supervisor says "HELLO token node", then
+                             "EXIT node code" when the job ends, and tears
+                             its job down on a "STOP reason" line
 
 Stdout, one record per line, TAG + payload + b"\\n", bytes as the job wrote
 them (only the line's trailing newline is removed):
@@ -51,7 +69,9 @@ import json
 import os
 import select
 import selectors
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -92,6 +112,10 @@ DRAIN_IDLE_TIMEOUT = 2.0
 FINAL_FLUSH_STALL = 10.0
 PR_SET_CHILD_SUBREAPER = 36
 LEFTOVER = "leftover"
+TEE_DIR_PREFIX = "torchherd-"
+COORD_CONNECT_TIMEOUT = 1.0
+COORD_RETRY = 2.0
+COORD_TRIES = 15
 
 
 class ConfigError(ValueError):
@@ -108,6 +132,11 @@ class Config:
         grace: float,
         heartbeat: float,
         watchdog: float,
+        cleanup_dir: Optional[str] = None,
+        log_file: Optional[str] = None,
+        state_file: Optional[str] = None,
+        node: str = "",
+        coordinator: Optional[Tuple[str, int, str]] = None,
     ) -> None:
         self.run_id = run_id
         self.argv = argv
@@ -116,6 +145,11 @@ class Config:
         self.grace = grace
         self.heartbeat = heartbeat
         self.watchdog = watchdog
+        self.cleanup_dir = cleanup_dir
+        self.log_file = log_file
+        self.state_file = state_file
+        self.node = node
+        self.coordinator = coordinator
 
 
 def _number(raw: Dict[str, object], key: str, default: float) -> float:
@@ -127,6 +161,25 @@ def _number(raw: Dict[str, object], key: str, default: float) -> float:
     if value < 0:
         raise ConfigError("config key %r must be >= 0" % key)
     return float(value)
+
+
+def _optional_str(raw: Dict[str, object], key: str) -> Optional[str]:
+    value = raw.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError("config key %r must be a non-empty string or null" % key)
+    return value
+
+
+def _coordinator(raw: Dict[str, object]) -> Optional[Tuple[str, int, str]]:
+    value = raw.get("coordinator")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError("config key 'coordinator' must be an object or null")
+    host, port, token = value.get("host"), value.get("port"), value.get("token")
+    if not isinstance(host, str) or not isinstance(port, int) or not isinstance(token, str):
+        raise ConfigError("config key 'coordinator' needs host (str), port (int), token (str)")
+    return host, port, token
 
 
 def parse_config(text: str) -> Config:
@@ -159,6 +212,11 @@ def parse_config(text: str) -> Config:
         grace=_number(raw, "grace", 10.0),
         heartbeat=_number(raw, "heartbeat", 5.0),
         watchdog=_number(raw, "watchdog", 0.0),
+        cleanup_dir=_optional_str(raw, "cleanup_dir"),
+        log_file=_optional_str(raw, "log_file"),
+        state_file=_optional_str(raw, "state_file"),
+        node=_optional_str(raw, "node") or "",
+        coordinator=_coordinator(raw),
     )
 
 
@@ -374,6 +432,84 @@ class Output:
         self.size = 0
 
 
+def write_json_atomic(path: str, fields: Dict[str, object]) -> None:
+    """Readers (torchherd status over SSH) never see a half-written file."""
+    path = os.path.expanduser(path)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(fields, f, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+def remove_tee_dir(path: str) -> None:
+    """Removes torchrun's per-rank tee directory; any other name is refused, so a
+    bad config can never delete something that is not the run's own."""
+    path = os.path.expanduser(path).rstrip("/")
+    if os.path.basename(path).startswith(TEE_DIR_PREFIX):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class CoordinatorLink:
+    """The supervisor's TCP line to the run's coordinator on the master node."""
+
+    def __init__(self, host: str, port: int, token: str, node: str) -> None:
+        self.address = (host, port)
+        self.hello = ("HELLO %s %s\n" % (token, node)).encode()
+        self.node = node
+        self.sock: Optional[socket.socket] = None
+        self.next_try = 0.0
+        self.tries = 0
+        self.gone = False
+        self.partial = b""
+
+    def connect(self, now: float) -> Optional[socket.socket]:
+        """One try when it is due; the connected socket, else None."""
+        if self.sock is not None or self.gone or now < self.next_try:
+            return None
+        self.tries += 1
+        self.next_try = now + COORD_RETRY
+        try:
+            sock = socket.create_connection(self.address, timeout=COORD_CONNECT_TIMEOUT)
+            sock.sendall(self.hello)
+        except OSError:
+            self.gone = self.tries >= COORD_TRIES
+            return None
+        sock.setblocking(False)
+        self.sock = sock
+        return sock
+
+    def send(self, line: str) -> None:
+        if self.sock is None:
+            return
+        try:
+            self.sock.sendall((line + "\n").encode())
+        except OSError:
+            pass
+
+    def read(self) -> List[str]:
+        """Complete lines received; [] and closed when the coordinator went away."""
+        if self.sock is None:
+            return []
+        try:
+            data = self.sock.recv(READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return []
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()[-4096:]
+        return [line.decode("utf-8", "replace").strip() for line in lines]
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = None
+        self.gone = True
+
+
 # -------------------------------------------------------------- supervisor
 
 
@@ -398,8 +534,14 @@ class Teardown:
 
 
 class Supervisor:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, notify_fd: Optional[int] = None) -> None:
         self.cfg = config
+        self.notify_fd = notify_fd
+        self.detached = config.log_file is not None
+        self.link: Optional[CoordinatorLink] = None
+        if config.coordinator is not None:
+            host, port, token = config.coordinator
+            self.link = CoordinatorLink(host, port, token, config.node)
         self.token = os.urandom(8).hex()
         self.pid = os.getpid()
         self.out = Output(1)
@@ -419,6 +561,10 @@ class Supervisor:
         self.last_data = self.last_in
         self.writing = False
         self.wake_r, self.wake_w = os.pipe()
+        self.state: Dict[str, object] = {
+            "run_id": config.run_id, "node": config.node, "supervisor": self.pid,
+            "started": time.time(), "state": "running",
+        }
 
     # signals ------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -463,13 +609,14 @@ class Supervisor:
             self.code = (
                 EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
             )
-            self.out.add(status_record(EVENT_ERROR, message="cannot start job: %s" % exc))
+            self._announce(status_record(EVENT_ERROR, message="cannot start job: %s" % exc))
             return False
         try:
             pgid = os.getpgid(self.proc.pid)
         except OSError:
             pgid = self.proc.pid
-        self.out.add(
+        self.state.update(pid=self.proc.pid, pgid=pgid)
+        self._announce(
             status_record(EVENT_STARTED, pid=self.proc.pid, pgid=pgid, supervisor=self.pid)
         )
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -478,6 +625,27 @@ class Supervisor:
             self.pipes[fd] = LineFramer(tag)
             self.sel.register(fd, selectors.EVENT_READ, "pipe")
         return True
+
+    def _announce(self, record: bytes) -> None:
+        """The first status record: to the output, the state file, and (detached)
+        to the parent that waits for it to say the job is running."""
+        self.out.add(record)
+        self._write_state()
+        if self.notify_fd is not None:
+            try:
+                os.write(self.notify_fd, record)
+            except OSError:
+                pass
+            os.close(self.notify_fd)
+            self.notify_fd = None
+
+    def _write_state(self, **fields: object) -> None:
+        self.state.update(fields)
+        if self.cfg.state_file:
+            try:
+                write_json_atomic(self.cfg.state_file, self.state)
+            except OSError:
+                pass
 
     def _reap(self) -> None:
         while True:
@@ -494,6 +662,8 @@ class Supervisor:
                 self.proc.returncode = self.code
                 self._drain_ready()
                 self.out.add(status_record(EVENT_EXIT, code=self.code))
+                if self.link is not None:
+                    self.link.send("EXIT %s %d" % (self.cfg.node, self.code))
 
     def _scan(self) -> Set[int]:
         return find_job_processes(self.cfg.run_id, self.token, self.pid)
@@ -677,16 +847,52 @@ class Supervisor:
             )
         if self.teardown is None and self.code is not None:
             self.request_teardown(LEFTOVER, False, now, announce=False)
+        self._link_connect(now)
+
+    # coordinator ------------------------------------------------------------
+    def _link_connect(self, now: float) -> None:
+        link = self.link
+        if link is None or self.code is not None and link.sock is None and link.tries:
+            return
+        sock = link.connect(now)
+        if sock is None:
+            return
+        self.sel.register(sock.fileno(), selectors.EVENT_READ, "coord")
+        if self.code is not None:
+            link.send("EXIT %s %d" % (self.cfg.node, self.code))
+
+    def _read_link(self, now: float) -> None:
+        link = self.link
+        if link is None or link.sock is None:
+            return
+        fd = link.sock.fileno()
+        for line in link.read():
+            if line.startswith("STOP"):
+                reason = line[4:].strip() or "another node failed"
+                self.request_teardown("coordinator: " + reason, False, now)
+        if link.sock is None:
+            self.sel.unregister(fd)
+
+    def _close_link(self) -> None:
+        link = self.link
+        if link is not None and link.sock is not None:
+            self.sel.unregister(link.sock.fileno())
+            link.close()
 
     # main -----------------------------------------------------------------
     def run(self) -> int:
         set_child_subreaper()
         self._install_signals()
         try:
-            self.sel.register(0, selectors.EVENT_READ, "stdin")
+            if self.detached:
+                # stdin is /dev/null: its EOF means nothing, and nobody sends heartbeats
+                self.stdin_open = False
+            else:
+                self.sel.register(0, selectors.EVENT_READ, "stdin")
         except (OSError, ValueError):
             self.stdin_open = False
         if not self._spawn():
+            self._write_state(state="exited", code=self.code, ended=time.time(), left=0)
             self.out.add(status_record(EVENT_DONE, code=self.code, left=0))
             self._final_flush()
             return int(self.code or 0)
@@ -701,6 +907,8 @@ class Supervisor:
                         self._read_pipe(key.fd)
                 elif key.data == "stdin":
                     self._read_stdin(now)
+                elif key.data == "coord":
+                    self._read_link(now)
                 elif key.data == "wake":
                     try:
                         os.read(self.wake_r, 4096)
@@ -729,8 +937,12 @@ class Supervisor:
         td = self.teardown
         code = self.code if self.code is not None else EXIT_UNKILLABLE
         left = td.left if td is not None else 0
+        self._close_link()
+        if self.cfg.cleanup_dir:
+            remove_tee_dir(self.cfg.cleanup_dir)
         self.out.add(status_record(EVENT_DONE, code=code, left=left))
         self._final_flush()
+        self._write_state(state="exited", code=code, ended=time.time(), left=left)
         return code
 
     def _final_flush(self) -> None:
@@ -750,6 +962,45 @@ class Supervisor:
                 time.sleep(0.05)
 
 
+def detach(config: Config) -> int:
+    """Forks the supervisor into its own session, writing its records to the log
+    file; returns once the job has started (or failed to), so that the SSH
+    command ends while the job runs on."""
+    log = os.path.expanduser(config.log_file or "")
+    os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
+    ready_r, ready_w = os.pipe()
+    if os.fork() > 0:
+        os.close(ready_w)
+        first = b""
+        while True:
+            chunk = os.read(ready_r, READ_SIZE)
+            if not chunk:
+                break
+            first += chunk
+        if not first:
+            first = status_record(EVENT_ERROR, message="the detached supervisor died at start")
+        os.write(1, first)
+        return 0 if first.startswith(TAG_STATUS + b'{"event":"started"') else 1
+    os.close(ready_r)
+    code = 1
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(null)
+        os.close(out)
+        code = Supervisor(config, notify_fd=ready_w).run()
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
 def main(args: List[str]) -> int:
     if len(args) != 1:
         sys.stderr.write("usage: supervisor.py JSON_CONFIG\n")
@@ -761,6 +1012,8 @@ def main(args: List[str]) -> int:
         record += status_record(EVENT_DONE, code=EXIT_BAD_CONFIG, left=0)
         os.write(1, record)
         return EXIT_BAD_CONFIG
+    if config.log_file:
+        return detach(config)
     flags = None
     try:
         flags = os.get_blocking(1)

@@ -1,0 +1,106 @@
+"""What the user sees of detached runs: the start message, ``status`` tables, and
+the notes ``logs``/``attach`` print about a node's job starting and ending."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from typing import Mapping, Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from torchherd.console.run import LiveRenderer
+from torchherd.runlog import Status
+from torchherd.runrecord import NodeState, RunRecord, describe_since
+
+STATE_STYLES = {"running": "cyan", "exited": "green", "gone": "bold red", "unreachable": "bold red",
+                "unknown": "yellow"}
+
+
+def _plain(console: Console, text: str, style: str = "") -> None:
+    console.print(Text(text, style=style), soft_wrap=True)
+
+
+def render_started(console: Console, record: RunRecord) -> None:
+    _plain(console, f"run {record.run_id}: started detached on {len(record.nodes)} nodes "
+                     f"({', '.join(node.name for node in record.nodes)})", "bold")
+    console.print(record.run_id, markup=False, highlight=False, soft_wrap=True)
+    for command in ("status", "logs -f", "attach", "stop"):
+        _plain(console, f"  torchherd {command} {record.run_id}", "dim")
+
+
+def state_text(state: NodeState) -> str:
+    if state.state == "exited":
+        return f"exited ({state.code})" if state.code is not None else "exited"
+    return state.state
+
+
+def run_state(states: Sequence[NodeState]) -> str:
+    """One word for a whole run: running, ok, failed, or unknown."""
+    if any(state.state == "running" for state in states):
+        return "running"
+    if states and all(state.state == "exited" and state.code == 0 for state in states):
+        return "ok"
+    if any(state.state in ("exited", "gone") for state in states):
+        return "failed"
+    return "unknown"
+
+
+def render_status(console: Console, record: RunRecord, states: Sequence[NodeState]) -> None:
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created))
+    table = Table(title=Text(f"run {record.run_id} ({run_state(states)}), started {started}: "
+                             + shlex.join(record.command)), title_justify="left")
+    for column in ("node", "state", "since", "detail"):
+        table.add_column(column, overflow="fold")
+    for state in states:
+        style = STATE_STYLES.get(state.state, "")
+        if state.state == "exited" and state.code != 0:
+            style = "bold red"
+        table.add_row(Text(state.node), Text(state_text(state), style=style), describe_since(state.since),
+                      Text(state.detail))
+    console.print(table)
+
+
+def render_runs(console: Console, rows: Sequence[tuple[RunRecord, Sequence[NodeState]]]) -> None:
+    if not rows:
+        _plain(console, "no detached runs")
+        return
+    table = Table(title=Text("detached runs"), title_justify="left")
+    for column in ("run", "state", "started", "nodes", "command"):
+        table.add_column(column, overflow="fold")
+    for record, states in rows:
+        nodes = ", ".join(f"{state.node} {state_text(state)}" for state in states)
+        table.add_row(Text(record.run_id), Text(run_state(states)), describe_since(record.created), Text(nodes),
+                      Text(shlex.join(record.command)))
+    console.print(table)
+
+
+def render_stopped(console: Console, record: RunRecord, left: Mapping[str, Sequence[str]]) -> bool:
+    """One line per node; True when nothing of the run is left anywhere."""
+    clean = True
+    for node, processes in left.items():
+        if processes:
+            clean = False
+            _plain(console, f"{node}: {len(processes)} left: " + "; ".join(processes), "bold red")
+        else:
+            _plain(console, f"{node}: stopped, nothing of the run is left", "green")
+    _plain(console, f"run {record.run_id}: " + ("stopped" if clean else "NOT everything could be stopped"),
+           "bold green" if clean else "bold red")
+    return clean
+
+
+def status_note(renderer: LiveRenderer, status: Status) -> None:
+    """A supervisor's status record as a torchherd note, like a live run prints them."""
+    fields = status.fields
+    if status.event == "started":
+        renderer.note(f"{status.node}: torchrun started (pid {fields.get('pid')})", "dim")
+    elif status.event == "error":
+        renderer.note(f"{status.node}: {fields.get('message', 'the job could not be started')}", "bold red")
+    elif status.event == "stopping":
+        renderer.note(f"{status.node}: stopping ({fields.get('reason', '')})", "yellow")
+    elif status.event == "exit":
+        code = fields.get("code")
+        renderer.note(f"{status.node}: " + ("finished (exit 0)" if code == 0 else f"exited with code {code}"),
+                      "green" if code == 0 else "bold red")
