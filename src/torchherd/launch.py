@@ -550,3 +550,53 @@ def _preflight(inventory: Inventory, run_options: RunOptions, options: LaunchOpt
 
     return connections, outcome.networks, close
 
+
+
+# a quiet run (check --smoke) ------------------------------------------------------
+@dataclass(frozen=True)
+class QuietRun:
+    """How a job run by ``run_quietly`` ended: per-node outcomes and every line each node printed."""
+
+    summary: RunSummary
+    lines: Mapping[str, tuple[OutputLine, ...]]
+    timed_out: bool
+
+
+class _DeadlineJob(Job):
+    """A Job that keeps every line and stops every node once ``timeout`` seconds have passed."""
+
+    def __init__(self, plan: Plan, connections: Mapping[str, Connection], options: LaunchOptions,
+                 renderer: LiveRenderer, timeout: float) -> None:
+        super().__init__(plan, connections, options, renderer)
+        self.deadline = time.monotonic() + timeout
+        self.timed_out = False
+        self.kept: dict[str, list[OutputLine]] = {name: [] for name in self.nodes}
+
+    def _render(self, batch: list[Event]) -> None:
+        for event in batch:
+            if isinstance(event, OutputLine):
+                self.kept[event.node].append(event)
+        super()._render(batch)
+
+    def _step(self) -> None:
+        super()._step()
+        if not self.timed_out and time.monotonic() > self.deadline:
+            self.timed_out = True
+            self.stop_all("TERM", "timed out")
+
+
+def run_quietly(plan: Plan, connections: Mapping[str, Connection], log_dir: Path, timeout: float,
+                grace: float = 2.0) -> QuietRun:
+    """Runs ``plan`` like ``run`` (same supervisor, fail-fast teardown) but prints nothing;
+    every node is stopped after ``timeout`` seconds."""
+    from io import StringIO
+
+    from torchherd.console import make_console
+    from torchherd.console.run import LiveRenderer
+
+    renderer = LiveRenderer(make_console(StringIO()), [node.host.name for node in plan.nodes], _max_rank(plan))
+    job = _DeadlineJob(plan, connections, LaunchOptions(log_dir=log_dir, grace=grace), renderer, timeout)
+    job.start_all()
+    job.supervise()
+    lines = {name: tuple(kept) for name, kept in job.kept.items()}
+    return QuietRun(job.summary(), lines, job.timed_out)

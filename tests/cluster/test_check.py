@@ -223,3 +223,53 @@ def test_script_missing_on_one_node(inventory: Inventory, cluster: LocalCluster)
     assert failures(results) == {("node2", "script")}
     assert "/tmp/train.py" in results[("node2", "script")].summary
     assert results[("node1", "script")].status == "pass"
+
+
+def assert_no_smoke_left(cluster: LocalCluster) -> None:
+    for name in cluster.names:
+        assert cluster.wait_no_processes(name, timeout=10.0) == [], f"smoke processes left on {name}"
+        assert "torchherd-th-smoke" not in cluster.ssh(name, "ls /tmp").stdout, f"smoke files left on {name}"
+
+
+@pytest.mark.timeout(120)
+def test_smoke_passes_on_a_healthy_cluster(inventory: Inventory, cluster: LocalCluster) -> None:
+    results = check(inventory, smoke=True)
+    assert failures(results) == set()
+    for name in cluster.names:
+        smoke = results[(name, "smoke")]
+        assert smoke.status == "pass", smoke
+        assert "2 ranks joined the 6-rank job" in smoke.summary and "all_gather" in smoke.summary
+    assert_no_smoke_left(cluster)
+
+
+@pytest.mark.timeout(60)
+def test_smoke_skipped_when_a_static_check_fails(inventory: Inventory) -> None:
+    results = check(with_host(inventory, "node2", python="/usr/bin/python3"), smoke=True,
+                    only=frozenset({"python", "smoke"}))
+    assert failures(results) == {("node2", "python")}
+    assert {results[(name, "smoke")].status for name in ("node0", "node1", "node2")} == {"skip"}
+    assert "a static check failed" in results[("node0", "smoke")].summary
+
+
+@pytest.mark.timeout(150)
+def test_smoke_names_the_workers_that_cannot_connect_to_each_other(inventory: Inventory,
+                                                                   cluster: LocalCluster) -> None:
+    """More than two new connections at once between node1 and node2 are dropped: the port probe
+    (two connections) and the firewall reading (connlimit is not modelled) pass, the job cannot form."""
+    rules = {"node2": cluster.node("node1").ip, "node1": cluster.node("node2").ip}
+    rule = ["INPUT", "-p", "tcp", "--syn", "-m", "connlimit", "--connlimit-above", "2", "-j", "DROP"]
+    for name, peer in rules.items():
+        cluster.netns_exec(name, ["iptables", "-I", *rule[:3], "-s", peer, *rule[3:]])
+    try:
+        started = time.monotonic()
+        results = check(inventory, smoke=True)
+        elapsed = time.monotonic() - started
+    finally:
+        for name, peer in rules.items():
+            cluster.netns_exec(name, ["iptables", "-D", *rule[:3], "-s", peer, *rule[3:]])
+    assert failures(results) == {("node1", "smoke"), ("node2", "smoke")}
+    assert "never joined the process group" in results[("node1", "smoke")].summary
+    assert "ip_local_port_range" in results[("node2", "smoke")].fix
+    assert results[("node0", "smoke")].status == "skip"
+    assert elapsed < 90
+    assert_no_smoke_left(cluster)

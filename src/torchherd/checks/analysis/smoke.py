@@ -1,0 +1,186 @@
+"""``smoke``: judges what the tiny real job printed (remote/smoke.py's marks) and how
+each node's part ended, and names the node(s) at fault.
+
+Blame, first rule that names anyone: nodes whose job could not start or that
+vanished; when the first failure was a timeout (someone waited for a peer) or the
+whole job timed out, the nodes whose ranks never started (they never got through
+the rendezvous), else those whose ranks never joined the process group; else the
+node that failed first by itself; else every node that did not finish.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from torchherd.inventory import Inventory
+from torchherd.results import CheckResult
+from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
+
+CHECK = "smoke"
+_MARK = re.compile(r"torchherd-smoke (start|joined|gathered|nccl|error|ok) (\d+) ?(.*)")
+_TIMEOUT_WORDS = re.compile(r"timed? ?out", re.IGNORECASE)
+_GONE = ("lost", "not started", "unresponsive")
+
+
+@dataclass(frozen=True)
+class SmokeContext:
+    inventory: Inventory
+    hostnames: Mapping[str, str]
+    """Each node's hostname, from the facts: its zlib.crc32 is what the ranks gather."""
+    backends: tuple[str, ...]
+    timeout: float
+    seconds: float
+
+
+@dataclass
+class NodeMarks:
+    """What one node's ranks printed."""
+
+    started: set[int] = field(default_factory=set)
+    joined: set[int] = field(default_factory=set)
+    ok: set[int] = field(default_factory=set)
+    nccl: set[int] = field(default_factory=set)
+    gathered: list[int] | None = None
+    errors: dict[int, str] = field(default_factory=dict)
+
+
+def parse_marks(lines: Sequence[OutputLine]) -> NodeMarks:
+    marks = NodeMarks()
+    for line in lines:
+        match = _MARK.search(line.text)
+        if match is None:
+            continue
+        step, rank, rest = match.group(1), int(match.group(2)), match.group(3).strip()
+        if step == "gathered":
+            marks.gathered = [int(value) for value in rest.split(",") if value.isdigit()]
+        elif step == "error":
+            marks.errors.setdefault(rank, rest)
+        else:
+            {"start": marks.started, "joined": marks.joined, "ok": marks.ok, "nccl": marks.nccl}[step].add(rank)
+    return marks
+
+
+@dataclass(frozen=True)
+class SmokeRun:
+    """What run_quietly returned, reduced to what the verdict reads."""
+
+    summary: RunSummary
+    lines: Mapping[str, tuple[OutputLine, ...]]
+    timed_out: bool
+
+
+def smoke_verdicts(context: SmokeContext, ran: SmokeRun) -> list[CheckResult]:
+    names = [host.name for host in context.inventory.hosts]
+    outcomes = {outcome.node: outcome for outcome in ran.summary.nodes}
+    marks = {name: parse_marks(ran.lines.get(name, ())) for name in names}
+    finished = [name for name in names if _finished(outcomes.get(name), marks[name])]
+    if len(finished) == len(names):
+        blamed = _not_gathered(context, marks)
+        if not blamed:
+            return [_passed(context, name, marks) for name in names]
+    else:
+        blamed = _blame(names, outcomes, marks, ran.timed_out, context.timeout)
+    first = ", ".join(blamed)
+    return [_failed(context, name, blamed[name], outcomes.get(name), marks[name]) if name in blamed
+            else _passed(context, name, marks) if name in finished
+            else CheckResult(name, CHECK, "skip", f"{name}: not at fault as far as the smoke job shows "
+                             f"({_progress(marks[name])}); the job failed on {first}")
+            for name in names]
+
+
+def _finished(outcome: NodeOutcome | None, marks: NodeMarks) -> bool:
+    return outcome is not None and outcome.state == "ok" and bool(marks.started) and marks.ok >= marks.started
+
+
+def crc(hostname: str) -> int:
+    return zlib.crc32(hostname.encode("utf-8"))
+
+
+def _not_gathered(context: SmokeContext, marks: Mapping[str, NodeMarks]) -> dict[str, str]:
+    gathered = next((mark.gathered for mark in marks.values() if mark.gathered is not None), None)
+    if gathered is None:
+        return {name: "no rank reported the all_gather of hostnames" for name in marks}
+    return {name: f"its hostname {context.hostnames[name]!r} (crc32 {crc(context.hostnames[name])}) is not among "
+                  f"the ones the ranks gathered ({', '.join(map(str, gathered))}): it never joined"
+            for name in marks if name in context.hostnames and crc(context.hostnames[name]) not in gathered}
+
+
+def _blame(names: list[str], outcomes: Mapping[str, NodeOutcome], marks: Mapping[str, NodeMarks],
+           timed_out: bool, timeout: float) -> dict[str, str]:
+    gone = {name: f"its part of the job {outcomes[name].state}" for name in names
+            if name in outcomes and outcomes[name].state in _GONE}
+    if gone:
+        return gone
+    failed = [name for name in names if name in outcomes and outcomes[name].state == "failed"]
+    waited = timed_out or any(_TIMEOUT_WORDS.search(_first_error(outcomes[name], marks[name])) for name in failed)
+    if waited:
+        silent = {name: "its ranks never started: it never got through the rendezvous" for name in names
+                  if not marks[name].started and (failed or timed_out)}
+        if silent and len(silent) < len(names):
+            return silent
+        unjoined = {name: "its ranks never joined the process group" for name in names
+                    if marks[name].started - marks[name].joined}
+        if unjoined and len(unjoined) < len(names):
+            return unjoined
+    if failed:
+        return {name: "it failed first" for name in failed}
+    if timed_out:
+        return {name: f"the job did not finish within {timeout:.0f} s" for name in names
+                if not _finished(outcomes.get(name), marks[name])}
+    return {name: "its part of the job did not finish" for name in names
+            if not _finished(outcomes.get(name), marks[name])}
+
+
+def _first_error(outcome: NodeOutcome | None, marks: NodeMarks) -> str:
+    if marks.errors:
+        rank = min(marks.errors)
+        return f"rank {rank}: {marks.errors[rank]}"
+    if outcome is not None and outcome.first_error:
+        return outcome.first_error
+    if outcome is not None and outcome.last_lines:
+        return outcome.last_lines[-1]
+    return ""
+
+
+def _progress(marks: NodeMarks) -> str:
+    if not marks.started:
+        return "no rank started"
+    return f"{len(marks.started)} ranks started, {len(marks.joined)} joined, {len(marks.ok)} finished"
+
+
+def _passed(context: SmokeContext, name: str, marks: Mapping[str, NodeMarks]) -> CheckResult:
+    mine = marks[name]
+    world = sum(len(mark.started) for mark in marks.values())
+    nccl = "; NCCL all_reduce right" if "nccl" in context.backends else ""
+    return CheckResult(name, CHECK, "pass",
+                       f"{len(mine.started)} ranks joined the {world}-rank job; gloo all_reduce sum right; "
+                       f"all_gather saw every node's hostname{nccl} ({context.seconds:.1f} s for the whole job)")
+
+
+def _failed(context: SmokeContext, name: str, reason: str, outcome: NodeOutcome | None,
+            marks: NodeMarks) -> CheckResult:
+    exit_part = ""
+    if outcome is not None and outcome.exit_code is not None:
+        exit_part = f", exit {outcome.exit_code}"
+    error = _first_error(outcome, marks)
+    summary = (f"{name}: {reason} ({_progress(marks)}{exit_part})" + (f": {error}" if error else ""))
+    return CheckResult(name, CHECK, "fail", summary, _fix(context, name, marks))
+
+
+def _fix(context: SmokeContext, name: str, marks: NodeMarks) -> str:
+    master = context.inventory.hosts[0].name
+    if not marks.started:
+        return (f"{name}'s torchrun did not get through the rendezvous with {master}:"
+                f"{context.inventory.cluster.port}: check its setup snippet, python and the master address "
+                f"it is given (torchherd run --dry-run shows the command), and its output above")
+    if marks.started - marks.joined:
+        return (f"the process group could not form on {name}: check GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME in its "
+                f"inventory env and setup snippet, and that every node reaches every other on the whole "
+                f"ip_local_port_range (gloo and NCCL connect all ranks pairwise on random ports)")
+    if "nccl" in context.backends and marks.joined - marks.nccl:
+        return (f"NCCL failed on {name}: rerun with --env NCCL_DEBUG=INFO via torchherd run, and compare the "
+                f"interface NCCL picks with the network check's")
+    return f"look at {name}'s output: torchherd run of a small script shows it in full"

@@ -1,0 +1,103 @@
+"""The smoke verdict: hand-made job outcomes and rank lines in, CheckResults out."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+from torchherd.checks.analysis.smoke import SmokeContext, SmokeRun, parse_marks, smoke_verdicts
+from torchherd.inventory import parse
+from torchherd.results import CheckResult
+from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
+
+NAMES = ("node0", "node1", "node2")
+INVENTORY = parse({"cluster": {"port": 29500}, "hosts": [{"name": name} for name in NAMES]}, Path("hosts.toml"))
+CONTEXT = SmokeContext(INVENTORY, {name: name for name in NAMES}, ("gloo",), 60.0, 8.0)
+CRCS = ",".join(str(zlib.crc32(name.encode())) for name in NAMES for _ in range(2))
+
+
+def mark(node: str, rank: int, text: str) -> OutputLine:
+    return OutputLine(node, rank, "out", f"torchherd-smoke {text}")
+
+
+def healthy_lines(node: str, first: int) -> list[OutputLine]:
+    lines = []
+    for rank in (first, first + 1):
+        lines += [mark(node, rank, f"start {rank} {node}"), mark(node, rank, f"joined {rank}"),
+                  mark(node, rank, f"gathered {rank} {CRCS}"), mark(node, rank, f"ok {rank}")]
+    return lines
+
+
+def outcome(node: str, state: str = "ok", code: int | None = 0, error: str | None = None) -> NodeOutcome:
+    return NodeOutcome(node, NAMES.index(node), state, code, 5.0, error, None, ())
+
+
+def verdicts(outcomes: list[NodeOutcome], lines: dict[str, list[OutputLine]],
+             timed_out: bool = False) -> dict[str, CheckResult]:
+    summary = RunSummary("smoke", 0, "", tuple(outcomes), "")
+    ran = SmokeRun(summary, {name: tuple(found) for name, found in lines.items()}, timed_out)
+    return {result.node: result for result in smoke_verdicts(CONTEXT, ran)}
+
+
+def test_parse_marks_reads_every_step() -> None:
+    marks = parse_marks(healthy_lines("node1", 2) + [mark("node1", 3, "error 3 RuntimeError: boom")])
+    assert marks.started == marks.joined == marks.ok == {2, 3}
+    assert marks.gathered is not None and len(marks.gathered) == 6
+    assert marks.errors == {3: "RuntimeError: boom"}
+
+
+def test_healthy_job_passes_every_node() -> None:
+    results = verdicts([outcome(name) for name in NAMES],
+                       {name: healthy_lines(name, 2 * index) for index, name in enumerate(NAMES)})
+    assert {result.status for result in results.values()} == {"pass"}
+    assert "2 ranks joined the 6-rank job" in results["node1"].summary
+
+
+def test_a_hostname_missing_from_the_gather_fails_that_node() -> None:
+    lines = {name: healthy_lines(name, 2 * index) for index, name in enumerate(NAMES)}
+    context_crcs = CRCS.replace(str(zlib.crc32(b"node2")), "7")
+    lines = {name: [OutputLine(line.node, line.rank, line.stream, line.text.replace(CRCS, context_crcs))
+                    for line in found] for name, found in lines.items()}
+    results = verdicts([outcome(name) for name in NAMES], lines)
+    assert results["node2"].status == "fail" and "never joined" in results["node2"].summary
+    assert results["node0"].status == "pass"
+
+
+def test_the_node_that_fails_by_itself_is_named() -> None:
+    lines = {"node0": [mark("node0", 0, "start 0 node0")], "node1": [mark("node1", 2, "start 2 node1")],
+             "node2": [mark("node2", 4, "start 4 node2"), mark("node2", 4, "error 4 RuntimeError: no device")]}
+    outcomes = [outcome("node0", "torn down", 143), outcome("node1", "torn down", 143),
+                outcome("node2", "failed", 1, "rank 4: RuntimeError: no device")]
+    results = verdicts(outcomes, lines)
+    assert {name for name, result in results.items() if result.status == "fail"} == {"node2"}
+    assert "RuntimeError: no device" in results["node2"].summary
+    assert results["node0"].status == "skip" and "node2" in results["node0"].summary
+
+
+def test_a_timeout_blames_the_nodes_that_never_joined_not_the_first_to_time_out() -> None:
+    lines = {"node0": [mark("node0", 0, "start 0 node0"), mark("node0", 0, "joined 0"),
+                       mark("node0", 0, "error 0 RuntimeError: Timed out waiting 30000ms for recv")],
+             "node1": [mark("node1", 2, "start 2 node1")], "node2": [mark("node2", 4, "start 4 node2")]}
+    outcomes = [outcome("node0", "failed", 1), outcome("node1", "torn down", 143), outcome("node2", "torn down", 143)]
+    results = verdicts(outcomes, lines)
+    assert {name for name, result in results.items() if result.status == "fail"} == {"node1", "node2"}
+    assert "never joined the process group" in results["node1"].summary
+    assert "ip_local_port_range" in results["node1"].fix
+
+
+def test_a_node_whose_ranks_never_started_is_the_one_named_after_a_timeout() -> None:
+    lines = {"node0": [mark("node0", 0, "start 0 node0")], "node1": [mark("node1", 1, "start 1 node1")],
+             "node2": []}
+    outcomes = [outcome("node0", "torn down", 143), outcome("node1", "torn down", 143),
+                outcome("node2", "torn down", 143)]
+    results = verdicts(outcomes, lines, timed_out=True)
+    assert {name for name, result in results.items() if result.status == "fail"} == {"node2"}
+    assert "never got through the rendezvous" in results["node2"].summary
+
+
+def test_a_node_that_could_not_start_is_named_first() -> None:
+    outcomes = [outcome("node0", "torn down", 143), outcome("node1", "not started", None, "cannot start the job"),
+                outcome("node2", "torn down", 143)]
+    results = verdicts(outcomes, {"node0": [], "node1": [], "node2": []})
+    assert {name for name, result in results.items() if result.status == "fail"} == {"node1"}
+    assert "cannot start the job" in results["node1"].summary
