@@ -273,3 +273,24 @@ def test_smoke_names_the_workers_that_cannot_connect_to_each_other(inventory: In
     assert results[("node0", "smoke")].status == "skip"
     assert elapsed < 90
     assert_no_smoke_left(cluster)
+
+
+@pytest.mark.timeout(60)
+def test_slow_login_shell_warns(inventory: Inventory, cluster: LocalCluster) -> None:
+    """node1's ~/.bashrc sleeps: a bind mount inside node1's own mount namespace only
+    (the real /root/.bashrc, shared with the controller, is never written)."""
+    real = Path("/root/.bashrc")
+    before = real.read_bytes()
+    cluster.write_file("node1", "/tmp/slow-bashrc", "sleep 2.5\n")
+    cluster.node_exec("node1", ["mount", "--bind", "/tmp/slow-bashrc", str(real)])
+    try:
+        results = check(inventory, only=frozenset({"ssh"}))
+    finally:
+        cluster.node_exec("node1", ["umount", str(real)])
+        cluster.ssh("node1", "rm -f /tmp/slow-bashrc")
+    assert real.read_bytes() == before
+    slow = results[("node1", "ssh")]
+    assert slow.status == "warn", slow
+    assert "the remote shell's startup is slow" in slow.summary and "took 2." in slow.summary
+    assert "~/.bashrc" in slow.fix
+    assert {results[(name, "ssh")].status for name in ("node0", "node2")} == {"pass"}

@@ -67,6 +67,8 @@ class Observed:
     probe_errors: dict[str, str] = field(default_factory=dict)
     controller_ping: dict[str, str] = field(default_factory=dict)
     """Per node: "ok", "no-reply", or "unavailable: why" (ICMP from the controller)."""
+    shell_seconds: dict[str, float] = field(default_factory=dict)
+    """Per node: the SSH round trip of a trivial command (session, login shell, exit)."""
 
     @property
     def master(self) -> Host:

@@ -5,6 +5,7 @@ in parallel with the others, never a stall."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -24,6 +25,8 @@ from torchherd.transport import Connection, connect, resolve_target
 Progress = Callable[[CheckResult], None]
 FACTS_EXTRA_SECONDS = 20.0
 """On top of ssh_timeout: importing torch on a loaded node takes seconds."""
+SHELL_EXTRA_SECONDS = 20.0
+"""On top of ssh_timeout: a slow login shell is reported (ssh warns), not cut off."""
 PROBED = frozenset({"port", "ping", "hostname", "network", "firewall"})
 
 
@@ -73,6 +76,7 @@ class _Collector:
         with self.lock:
             self.connections[host.name] = connection
             self._record_address(connection)
+        self._time_shell(connection, host)
         self._emit(CheckResult(host.name, "ssh", "pass", "connected"))
         if self.need_facts:
             self._facts(connection, host)
@@ -81,6 +85,16 @@ class _Collector:
         transport = connection.client.get_transport()
         if transport is not None and not (connection.target.proxy_jump or connection.target.proxy_command):
             self.observed.ssh_addresses[connection.node] = str(transport.getpeername()[0])
+
+    def _time_shell(self, connection: Connection, host: Host) -> None:
+        """A trivial command's round trip: what the node's shell startup costs every SSH command."""
+        started = time.monotonic()
+        try:
+            connection.run("true", timeout=self.observed.inventory.cluster.ssh_timeout + SHELL_EXTRA_SECONDS)
+        except Exception:  # paramiko errors too: the facts and probes report a broken session
+            return
+        with self.lock:
+            self.observed.shell_seconds[host.name] = time.monotonic() - started
 
     def _facts(self, connection: Connection, host: Host) -> None:
         timeout = self.observed.inventory.cluster.ssh_timeout + FACTS_EXTRA_SECONDS
