@@ -1,0 +1,238 @@
+"""Detached runs on the local cluster: ``run --detach``, ``status``, ``logs [-f]``,
+``stop``, fail fast with no controller. Real sshd, real torchrun.
+
+Every test points ``$XDG_STATE_HOME`` at its own directory (the run records), and
+the ``runs`` fixture stops every run a test started and removes its files on the
+nodes, pass or fail. Jobs are ``examples/ticker.py``: numbered lines, no
+collectives, so a count of exact lines proves nothing was lost or doubled.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from localcluster import LocalCluster
+
+from torchherd.cli import main
+from torchherd.console import make_console
+from torchherd.console.run import LiveRenderer
+from torchherd.detach import Follow, NodeFollower, follow_logs, node_states, stop_run
+from torchherd.runrecord import NodeState, load, remote_run_dir
+
+pytestmark = pytest.mark.cluster
+
+TICKER = str(Path(__file__).resolve().parents[2] / "examples" / "ticker.py")
+
+
+@pytest.fixture(autouse=True)
+def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+class Runs:
+    """Starts detached runs as a separate process (so no controller outlives the command)."""
+
+    def __init__(self, state_home: Path) -> None:
+        self.state_home = state_home
+        self.started: list[tuple[LocalCluster, str]] = []
+
+    def detach(self, cluster: LocalCluster, *args: str, inventory: Path | None = None) -> tuple[str, float]:
+        argv = [sys.executable, "-m", "torchherd", "-i", str(inventory or cluster.inventory), "run", "--detach",
+                "--no-check", "--nproc-per-node", "1", *args]
+        started = time.monotonic()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                              env={**cluster.env(), "XDG_STATE_HOME": str(self.state_home), "COLUMNS": "200"})
+        seconds = time.monotonic() - started
+        ids = re.findall(r"^(th-\S+)$", done.stdout, re.M)
+        if ids:
+            self.started.append((cluster, ids[0]))
+        assert done.returncode == 0 and len(ids) == 1, done.stdout + done.stderr
+        return ids[0], seconds
+
+    def cleanup(self) -> None:
+        for cluster, run_id in self.started:
+            try:
+                stop_run(load(run_id))
+            finally:
+                for name in cluster.names:
+                    cluster.ssh(name, f"rm -rf {remote_run_dir(run_id)}")
+
+
+@pytest.fixture
+def runs(state_home: Path) -> Iterator[Runs]:
+    made = Runs(state_home)
+    try:
+        yield made
+    finally:
+        made.cleanup()
+
+
+def cli(cluster: LocalCluster, *args: str) -> tuple[int, str]:
+    out = StringIO()
+    code = main(["-i", str(cluster.inventory), *args], console=make_console(out, width=200))
+    return code, out.getvalue()
+
+
+def wait_states(run_id: str, done: Callable[[list[NodeState]], bool], timeout: float) -> list[NodeState]:
+    deadline = time.monotonic() + timeout
+    while True:
+        states = node_states(load(run_id))
+        if done(states) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.5)
+
+
+def all_exited(states: list[NodeState]) -> bool:
+    return all(state.state == "exited" for state in states)
+
+
+def assert_clean(cluster: LocalCluster, timeout: float = 5.0) -> None:
+    for name in cluster.names:
+        assert cluster.wait_no_processes(name, timeout=timeout) == [], f"processes left on {name}"
+
+
+def ticks(out: str, node: str, rank: int) -> list[int]:
+    return [int(match) for match in re.findall(rf"^{node}:{rank}\s+│ tick {rank} (\d+)$", out, re.M)]
+
+
+def run_processes(cluster: LocalCluster, name: str, run_id: str) -> list[str]:
+    """Processes on the node whose environment or command line holds the run id."""
+    script = (f"for p in /proc/[0-9]*; do grep -qa -- {shlex.quote(run_id)} $p/environ $p/cmdline 2>/dev/null "
+              f"&& [ $p != /proc/$$ ] && echo $p; done")
+    found = cluster.node_exec(name, ["sh", "-c", script], check=False).stdout.split()
+    return [pid for pid in found if pid != "/proc/self"]
+
+
+@pytest.mark.timeout(120)
+def test_detached_run_completes_with_no_controller(cluster: LocalCluster, runs: Runs) -> None:
+    run_id, seconds = runs.detach(cluster, "--", TICKER, "30", "0.2")
+    print(f"run --detach returned in {seconds:.1f} s")
+    assert seconds < 15
+    # The command has exited: no controller is left, and the job runs on.
+    code, out = cli(cluster, "status", run_id)
+    assert code == 0, out
+    assert all(re.search(rf"│ {name}\s+│ running ", out) for name in cluster.names), out
+    assert all(cluster.processes(name) for name in cluster.names)
+    states = wait_states(run_id, all_exited, timeout=60)
+    assert [(state.state, state.code) for state in states] == [("exited", 0)] * 3, states
+    code, out = cli(cluster, "status", run_id)
+    assert all(re.search(rf"│ {name}\s+│ exited \(0\) ", out) for name in cluster.names), out
+    code, listing = cli(cluster, "status")
+    assert run_id in listing and "ok" in listing, listing
+    code, out = cli(cluster, "logs", run_id)
+    assert code == 0, out
+    for rank, name in enumerate(cluster.names):
+        assert ticks(out, name, rank) == list(range(30)), out
+        # torchrun's per-rank tee directory is gone once the job is over
+        assert cluster.ssh(name, f"test -e /tmp/torchherd-{run_id}").returncode == 1
+    code, only = cli(cluster, "logs", "--node", "node1", "--rank", "1", run_id)
+    assert ticks(only, "node1", 1) == list(range(30)) and "node0:0" not in only
+    assert_clean(cluster)
+
+
+@pytest.mark.timeout(150)
+def test_logs_follow_survives_a_cut_connection(cluster: LocalCluster, runs: Runs) -> None:
+    count = 120
+    run_id, _ = runs.detach(cluster, "--", TICKER, str(count), "0.1")
+    out = StringIO()
+    renderer = LiveRenderer(make_console(out, width=200), cluster.names, 2)
+    followers: dict[str, NodeFollower] = {}
+
+    def follow() -> None:
+        followers.update(follow_logs(load(run_id), renderer, Follow(follow=True)))
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not ticks(out.getvalue(), "node1", 1)[10:] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    cluster.cut_network("node1")
+    try:
+        time.sleep(7)
+    finally:
+        cluster.restore_network("node1")
+    thread.join(timeout=90)
+    assert not thread.is_alive(), "logs -f did not end with the run"
+    text = out.getvalue()
+    for rank, name in enumerate(cluster.names):
+        assert ticks(text, name, rank) == list(range(count)), f"{name}: lines lost or doubled"
+    assert followers["node1"].reconnects >= 1
+    print(f"node1 follower reconnected {followers['node1'].reconnects} times")
+    assert_clean(cluster, timeout=15)
+
+
+@pytest.fixture
+def other_port_inventory(cluster: LocalCluster) -> Iterator[Path]:
+    """The cluster's inventory with another master port (beside it: relative paths stay valid)."""
+    path = cluster.inventory.with_name("other-port.toml")
+    text = cluster.inventory.read_text()
+    path.write_text(re.sub(r"(?m)^port = \d+$", f"port = {cluster.master_port + 17}", text, count=1))
+    try:
+        yield path
+    finally:
+        path.unlink()
+
+
+@pytest.mark.timeout(150)
+def test_stop_leaves_nothing_and_spares_another_run(cluster: LocalCluster, runs: Runs,
+                                                    other_port_inventory: Path) -> None:
+    first, _ = runs.detach(cluster, "--", TICKER, "1000", "0.2")
+    second, _ = runs.detach(cluster, "--", TICKER, "1000", "0.2",
+                            inventory=other_port_inventory)
+    for run_id in (first, second):
+        states = wait_states(run_id, lambda states: all(s.state == "running" for s in states), timeout=30)
+        assert all(state.state == "running" for state in states), states
+    started = time.monotonic()
+    code, out = cli(cluster, "stop", first)
+    print(f"stop took {time.monotonic() - started:.1f} s")
+    assert code == 0, out
+    assert f"run {first}: stopped" in out
+    for name in cluster.names:
+        assert run_processes(cluster, name, first) == [], f"{first} left on {name}"
+        assert run_processes(cluster, name, second), f"{second} was touched on {name}"
+    assert all(state.state == "running" for state in node_states(load(second)))
+    states = node_states(load(first))
+    assert all(state.state == "exited" and state.code != 0 for state in states), states
+    code, out = cli(cluster, "stop", second)
+    assert code == 0, out
+    assert_clean(cluster, timeout=1)
+
+
+@pytest.mark.timeout(120)
+def test_fail_fast_while_detached(cluster: LocalCluster, runs: Runs) -> None:
+    run_id, _ = runs.detach(cluster, "--", TICKER, "1000", "0.2", "--exit-rank", "1", "--exit-at", "10")
+    states = wait_states(run_id, all_exited, timeout=60)
+    assert all_exited(states), states
+    by_node = {state.node: state for state in states}
+    assert by_node["node1"].code not in (0, None)
+    failed_at = by_node["node1"].since
+    assert failed_at is not None
+    spread = max(state.since or 0.0 for state in states) - failed_at
+    print(f"the other nodes ended {spread:.1f} s after node1")
+    assert spread < 8
+    for name in ("node0", "node2"):
+        assert by_node[name].code != 0
+    code, out = cli(cluster, "logs", "--node", "node1", run_id)
+    assert "node1:1 │ rank 1 exits with code 3 on purpose" in out, out
+    assert_clean(cluster)
+
+
+@pytest.mark.timeout(60)
+def test_attached_run_removes_its_tee_dir(cluster: LocalCluster, tmp_path: Path) -> None:
+    code, out = cli(cluster, "run", "--no-check", "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "1",
+                    "--", TICKER, "2", "0")
+    assert code == 0, out
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    for name in cluster.names:
+        assert cluster.ssh(name, f"test -e /tmp/torchherd-{run_dir.name}").returncode == 1
+    assert_clean(cluster)
