@@ -1,0 +1,182 @@
+"""The supervisor's detached mode and the run coordinator, run locally (no SSH).
+
+Every job carries a unique TORCHHERD_RUN_ID; the fixture SIGKILLs whatever still
+carries one at the end, pass or fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from torchherd.remote import coordinator as coord
+from torchherd.remote import supervisor as sv
+
+SOURCE = Path(sv.__file__).read_text()
+COORD_SOURCE = Path(coord.__file__).read_text()
+PY = sys.executable
+
+
+def pids_with(text: bytes) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            for part in ("environ", "cmdline"):
+                try:
+                    with open(f"/proc/{name}/{part}", "rb") as f:
+                        if text in f.read():
+                            found.append(int(name))
+                            break
+                except OSError:
+                    continue
+    return found
+
+
+def wait_until(cond: Callable[[], bool], timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+@pytest.fixture
+def run_id() -> Iterator[str]:
+    rid = "test-" + uuid.uuid4().hex
+    try:
+        yield rid
+    finally:
+        for pid in pids_with(rid.encode()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def start(run_id: str, tmp_path: Path, code: str, **extra: object) -> subprocess.CompletedProcess[bytes]:
+    config = {"run_id": run_id, "argv": [PY, "-c", code], "grace": 2, "heartbeat": 0, "node": "n0",
+              "log_file": str(tmp_path / "runs" / "n0.log"), "state_file": str(tmp_path / "runs" / "n0.state.json"),
+              **extra}
+    return subprocess.run([PY, "-u", "-c", SOURCE, json.dumps(config)], stdin=subprocess.PIPE,
+                          capture_output=True, timeout=20)
+
+
+def state(tmp_path: Path) -> dict[str, object]:
+    try:
+        return dict(json.loads((tmp_path / "runs" / "n0.state.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.timeout(30)
+def test_detached_supervisor_returns_at_once_and_the_job_runs_on(run_id: str, tmp_path: Path) -> None:
+    tee = tmp_path / "torchherd-tee"
+    (tee / "attempt_0").mkdir(parents=True)
+    started = time.monotonic()
+    # stdin is a pipe that closes right away: in detached mode that must not stop the job
+    done = start(run_id, tmp_path, "import time\nfor i in range(5):\n print('line', i); time.sleep(0.2)",
+                 cleanup_dir=str(tee))
+    assert time.monotonic() - started < 5
+    assert done.returncode == 0, done
+    first = json.loads(done.stdout[1:])
+    assert done.stdout.startswith(b"S") and first["event"] == "started"
+    assert state(tmp_path)["state"] == "running"
+    assert state(tmp_path)["supervisor"] == first["supervisor"]
+    assert wait_until(lambda: state(tmp_path).get("state") == "exited", 15)
+    assert state(tmp_path)["code"] == 0
+    records = (tmp_path / "runs" / "n0.log").read_bytes().splitlines()
+    assert [r for r in records if r.startswith(b"O")] == [b"Oline %d" % i for i in range(5)]
+    assert json.loads(records[-1][1:]) == {"event": "done", "code": 0, "left": 0}
+    assert not tee.exists()
+    assert wait_until(lambda: not pids_with(run_id.encode()), 5)
+
+
+@pytest.mark.timeout(30)
+def test_detached_start_failure_is_reported_by_the_parent(run_id: str, tmp_path: Path) -> None:
+    config = {"run_id": run_id, "argv": ["/nonexistent/torchherd-nothing"], "node": "n0",
+              "log_file": str(tmp_path / "n0.log")}
+    done = subprocess.run([PY, "-u", "-c", SOURCE, json.dumps(config)], capture_output=True, timeout=20)
+    assert done.returncode == 1
+    assert json.loads(done.stdout[1:])["event"] == "error"
+
+
+@pytest.mark.timeout(30)
+def test_tee_dir_with_another_name_is_never_removed(tmp_path: Path) -> None:
+    keep = tmp_path / "precious"
+    keep.mkdir()
+    sv.remove_tee_dir(str(keep))
+    assert keep.exists()
+    gone = tmp_path / "torchherd-run"
+    gone.mkdir()
+    sv.remove_tee_dir(str(gone) + "/")
+    assert not gone.exists()
+
+
+def start_coordinator(run_id: str, tmp_path: Path, nodes: list[str]) -> dict[str, int]:
+    config = {"run_id": run_id, "token": "secret", "nodes": nodes, "state_file": str(tmp_path / "c" / "coord.json"),
+              "wait": 10}
+    done = subprocess.run([PY, "-c", COORD_SOURCE, json.dumps(config)], capture_output=True, timeout=20)
+    assert done.returncode == 0, done
+    return dict(json.loads(done.stdout))
+
+
+def hello(port: int, node: str, token: str = "secret") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(f"HELLO {token} {node}\n".encode())
+    return sock
+
+
+@pytest.mark.timeout(30)
+def test_coordinator_stops_the_others_when_one_fails(run_id: str, tmp_path: Path) -> None:
+    reply = start_coordinator(run_id, tmp_path, ["a", "b", "c"])
+    a, b, c = (hello(reply["port"], node) for node in "abc")
+    intruder = hello(reply["port"], "x", token="wrong")
+    assert intruder.recv(100) == b""
+    b.sendall(b"EXIT b 3\n")
+    assert a.recv(100) == b"STOP b exited with code 3\n"
+    assert c.recv(100) == b"STOP b exited with code 3\n"
+    assert json.loads((tmp_path / "c" / "coord.json").read_text())["culprit"] == "b"
+    for sock, name in ((a, "a"), (c, "c")):
+        sock.sendall(f"EXIT {name} 143\n".encode())
+    for sock in (a, b, c):
+        sock.close()
+    assert wait_until(lambda: not pids_with(run_id.encode()), 5), "the coordinator did not exit"
+    assert json.loads((tmp_path / "c" / "coord.json").read_text())["state"] == "exited"
+
+
+@pytest.mark.timeout(30)
+def test_coordinator_treats_a_vanished_supervisor_as_a_failure(run_id: str, tmp_path: Path) -> None:
+    reply = start_coordinator(run_id, tmp_path, ["a", "b"])
+    a, b = hello(reply["port"], "a"), hello(reply["port"], "b")
+    time.sleep(0.2)
+    b.close()
+    assert a.recv(100) == b"STOP b vanished (its supervisor is gone)\n"
+    a.close()
+    assert wait_until(lambda: not pids_with(run_id.encode()), 5)
+
+
+@pytest.mark.timeout(40)
+def test_detached_supervisor_tears_down_on_stop_from_the_coordinator(run_id: str, tmp_path: Path) -> None:
+    reply = start_coordinator(run_id, tmp_path, ["n0", "other"])
+    other = hello(reply["port"], "other")
+    done = start(run_id, tmp_path, "import time\nwhile True: time.sleep(1)",
+                 coordinator={"host": "127.0.0.1", "port": reply["port"], "token": "secret"})
+    assert done.returncode == 0, done
+    time.sleep(1.0)
+    other.sendall(b"EXIT other 1\n")
+    assert wait_until(lambda: state(tmp_path).get("state") == "exited", 15)
+    assert state(tmp_path)["code"] == 143
+    log = (tmp_path / "runs" / "n0.log").read_text()
+    assert "coordinator: other exited with code 1" in log
+    other.close()
