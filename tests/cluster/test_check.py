@@ -294,3 +294,15 @@ def test_slow_login_shell_warns(inventory: Inventory, cluster: LocalCluster) -> 
     assert "the remote shell's startup is slow" in slow.summary and "took 2." in slow.summary
     assert "~/.bashrc" in slow.fix
     assert {results[(name, "ssh")].status for name in ("node0", "node2")} == {"pass"}
+
+
+@pytest.mark.timeout(90)
+def test_worker_name_unresolvable_on_the_master(inventory: Inventory, cluster: LocalCluster,
+                                                hosts_file: dict[str, str]) -> None:
+    kept = [line for line in hosts_file["node0"].splitlines(keepends=True) if not line.rstrip().endswith("node2")]
+    cluster.write_file("node0", "/etc/hosts", "".join(kept))
+    results = check(inventory, only=frozenset({"hostname", "port"}))
+    assert failures(results) == {("node0", "hostname")}
+    hostname = results[("node0", "hostname")]
+    assert "cannot resolve node2's hostname node2" in hostname.summary and "node1" not in hostname.summary
+    assert f"{cluster.node('node2').ip} node2" in hostname.fix and "/etc/hosts on node0" in hostname.fix

@@ -95,9 +95,13 @@ def _ping_target(observed: Observed, host: Host) -> str | None:
 
 
 def _names_to_resolve(observed: Observed, host: Host) -> list[str]:
-    """The master's own hostname and FQDN, which a c10d rendezvous may publish to the workers."""
+    """On a worker, the master's own hostname and FQDN, which a c10d rendezvous may publish
+    to the workers; on the master, every other node's hostname."""
+    if host.name == observed.master.name:
+        return sorted({str(facts.get("hostname")) for name, facts in observed.facts.items()
+                       if name != host.name and facts.get("hostname")})
     facts = observed.facts.get(observed.master.name)
-    if facts is None or host.name == observed.master.name:
+    if facts is None:
         return []
     names = {str(facts.get("hostname")), str(facts.get("fqdn"))} - {observed.master_target, "None"}
     return sorted(name for name in names if name)

@@ -20,7 +20,7 @@ def analyse(observed: Observed) -> list[CheckResult]:
 
 
 def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
-    for problem in (_own_name, _master_name, _master_fqdn):
+    for problem in (_own_name, _master_name, _master_fqdn, _peers_on_master):
         result = problem(observed, host, facts)
         if result is not None:
             return result
@@ -29,6 +29,8 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
     master_part = ""
     if not is_ip(observed.master_target) and host.name != observed.master.name:
         master_part = f"; {observed.master_target} -> {', '.join(resolved(facts, observed.master_target))}"
+    if host.name == observed.master.name and _answers_on_master(observed):
+        master_part = "; every node's hostname resolves here to that node"
     return CheckResult(host.name, CHECK, "pass", f"{name} -> {own} (an address of this node){master_part}")
 
 
@@ -97,6 +99,8 @@ def _master_name(observed: Observed, host: Host, facts: NodeFacts) -> CheckResul
 
 def _master_fqdn(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult | None:
     # c10d publishes the master's FQDN unless --local-addr is given: a warning, not a hang with torchherd.
+    if host.name == observed.master.name:
+        return None
     answers = (observed.connected.get(host.name) or {}).get("resolve") or {}
     for name, answer in answers.items():
         if "error" in answer:
@@ -105,4 +109,44 @@ def _master_fqdn(observed: Observed, host: Host, facts: NodeFacts) -> CheckResul
                                f"without --local-addr would publish that name",
                                f"add `<address> {name}` to /etc/hosts on {host.name}, or keep torchherd's "
                                f"--local-addr")
+    return None
+
+
+def _answers_on_master(observed: Observed) -> dict[str, object]:
+    return dict((observed.connected.get(observed.master.name) or {}).get("resolve") or {})
+
+
+def _peers_on_master(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult | None:
+    """On the master: every other node's hostname resolves there, to one of that node's addresses."""
+    if host.name != observed.master.name:
+        return None
+    answers = _answers_on_master(observed)
+    problems: list[str] = []
+    lines: list[str] = []
+    for peer in observed.inventory.hosts:
+        problem = _peer_problem(observed, peer, answers)
+        if problem is not None:
+            problems.append(problem[0])
+            lines.append(problem[1])
+    if not problems:
+        return None
+    return CheckResult(host.name, CHECK, "fail", f"{host.name} (the master): " + "; ".join(problems),
+                       f"add to /etc/hosts on {host.name}: " + "; ".join(f"`{line}`" for line in lines)
+                       + " (or fix DNS)")
+
+
+def _peer_problem(observed: Observed, peer: Host, answers: dict[str, object]) -> tuple[str, str] | None:
+    peer_facts = observed.facts.get(peer.name)
+    name = str(peer_facts.get("hostname")) if peer_facts is not None else ""
+    answer = answers.get(name)
+    if peer.name == observed.master.name or peer_facts is None or not isinstance(answer, dict):
+        return None
+    network = observed.networks.get(peer.name)
+    line = f"{network.address if network else '<' + peer.name + ' address>'} {name}"
+    if "error" in answer:
+        return f"cannot resolve {peer.name}'s hostname {name} ({answer['error']})", line
+    addresses = [str(address) for address in answer.get("addresses") or []]
+    if not set(addresses) & peer_facts.own_addresses():
+        return (f"resolves {peer.name}'s hostname {name} to {', '.join(addresses)}, not an address of "
+                f"{peer.name}"), line
     return None
