@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -236,3 +237,28 @@ def test_attached_run_removes_its_tee_dir(cluster: LocalCluster, tmp_path: Path)
     for name in cluster.names:
         assert cluster.ssh(name, f"test -e /tmp/torchherd-{run_dir.name}").returncode == 1
     assert_clean(cluster)
+
+
+@pytest.mark.timeout(90)
+def test_attach_shows_the_run_live_and_ctrl_c_only_detaches(cluster: LocalCluster, runs: Runs) -> None:
+    run_id, _ = runs.detach(cluster, "--", TICKER, "1000", "0.2")
+    attach = subprocess.Popen([sys.executable, "-m", "torchherd", "attach", run_id[-6:]], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                              env={**cluster.env(), "XDG_STATE_HOME": str(runs.state_home), "COLUMNS": "200"})
+    try:
+        assert attach.stdout is not None
+        for line in attach.stdout:
+            if re.match(r"node2:2\s+│ tick 2 3$", line):
+                break
+        attach.send_signal(signal.SIGINT)
+        rest = attach.communicate(timeout=20)[0]
+    finally:
+        if attach.poll() is None:
+            attach.kill()
+            attach.wait()
+    assert attach.returncode == 0, rest
+    assert f"detached; the run goes on (torchherd stop {run_id[-6:]} stops it)" in rest
+    assert all(state.state == "running" for state in node_states(load(run_id)))
+    code, out = cli(cluster, "stop", run_id)
+    assert code == 0, out
+    assert_clean(cluster, timeout=1)
