@@ -9,8 +9,9 @@ or the peers; ufw and firewalld state is reported as evidence.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
-from torchherd.checks.analysis import iptables
+from torchherd.checks.analysis import frontends, iptables
 from torchherd.checks.analysis.common import per_node
 from torchherd.checks.analysis.port import port_range
 from torchherd.checks.model import Json, NodeFacts, Observed
@@ -56,15 +57,15 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
     if readable and rules is not None:
         blocked = _iptables_block(observed, host, facts, str(rules.get("out", "")))
         if blocked is not None:
-            return blocked
+            return _with_frontends(blocked, _frontends(observed, host, facts))
         evidence.append("iptables")
     nft = _tool(facts, "nft")
     if nft is not None and nft.get("code") == 0:
         blocked = _nft_block(observed, host, str(nft.get("out", "")))
         if blocked is not None:
-            return blocked
+            return _with_frontends(blocked, _frontends(observed, host, facts))
         evidence.append("nftables")
-    evidence += _frontends(facts)
+    evidence += _frontends(observed, host, facts)
     if not evidence:
         return CheckResult(host.name, CHECK, "skip", _unreadable_reason(facts))
     return CheckResult(host.name, CHECK, "pass",
@@ -111,15 +112,22 @@ def _nft_block(observed: Observed, host: Host, text: str) -> CheckResult | None:
     return None
 
 
-def _frontends(facts: NodeFacts) -> list[str]:
+def _frontends(observed: Observed, host: Host, facts: NodeFacts) -> list[str]:
+    """ufw's and firewalld's own view, with the rules that concern the job (evidence only)."""
     notes = []
+    port = observed.port if host.name == observed.master.name else None
+    peers = [network.address for name, network in observed.networks.items() if name != host.name]
     ufw = _tool(facts, "ufw")
     if ufw is not None and ufw.get("code") == 0:
-        notes.append("ufw " + ("active" if "Status: active" in str(ufw.get("out")) else "inactive"))
+        notes.append(frontends.describe_ufw(str(ufw.get("out", "")), port, peers))
     firewalld = _tool(facts, "firewalld")
     if firewalld is not None and firewalld.get("code") == 0:
-        notes.append("firewalld running")
+        notes.append(frontends.describe_firewalld(str(firewalld.get("out", ""))))
     return notes
+
+
+def _with_frontends(result: CheckResult, notes: list[str]) -> CheckResult:
+    return replace(result, summary=f"{result.summary} ({'; '.join(notes)})") if notes else result
 
 
 def _unreadable_reason(facts: NodeFacts) -> str:

@@ -198,7 +198,7 @@ def read_text(path: str) -> Optional[str]:
 def firewall() -> Dict[str, Any]:
     tools: Dict[str, Any] = {}
     for name, argv in (("iptables", ["iptables", "-S"]), ("ip6tables", ["ip6tables", "-S"]),
-                       ("nft", ["nft", "list", "ruleset"]), ("ufw", ["ufw", "status"]),
+                       ("nft", ["nft", "list", "ruleset"]), ("ufw", ["ufw", "status", "verbose"]),
                        ("firewalld", ["firewall-cmd", "--list-all"])):
         tools[name] = run_tool(argv)
     return {"euid": os.geteuid(), "tools": tools}
