@@ -56,6 +56,8 @@ class Observed:
     master_target: str
     """The address the workers are told to reach the master at (a name or an IP)."""
     script: str | None = None
+    with_torch: bool = True
+    """Whether the facts import torch: seconds of CPU per node, only for the checks that read it."""
     ssh_errors: dict[str, TransportError] = field(default_factory=dict)
     ssh_addresses: dict[str, str] = field(default_factory=dict)
     """The IP the controller's SSH connection reached each node at."""

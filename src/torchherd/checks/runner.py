@@ -28,6 +28,7 @@ FACTS_EXTRA_SECONDS = 20.0
 SHELL_EXTRA_SECONDS = 20.0
 """On top of ssh_timeout: a slow login shell is reported (ssh warns), not cut off."""
 PROBED = frozenset({"port", "ping", "hostname", "network", "firewall"})
+NEED_TORCH = frozenset({"python", "gpu", "smoke"})
 
 
 def selected_checks(only: frozenset[str] | None, skip: frozenset[str], smoke: bool) -> tuple[str, ...]:
@@ -48,7 +49,8 @@ def facts_config(observed: Observed, host: Host) -> dict[str, object]:
     target = observed.master_target
     ssh_name = resolve_target(observed.master, observed.inventory.cluster.ssh_config).hostname
     return {"port": observed.port, "resolve": [] if is_ip(target) else [target],
-            "route_to": [target, ssh_name], "script": observed.script, "workdir": host.workdir}
+            "route_to": [target, ssh_name], "script": observed.script, "workdir": host.workdir,
+            "torch": observed.with_torch}
 
 
 class _Collector:
@@ -122,7 +124,8 @@ def _controller_pings(observed: Observed) -> None:
 
 def collect(inventory: Inventory, selected: tuple[str, ...], script: str | None, accept_new: bool,
             progress: Progress | None) -> tuple[Observed, dict[str, Connection]]:
-    observed = Observed(inventory=inventory, master_target=master_target(inventory), script=script)
+    observed = Observed(inventory=inventory, master_target=master_target(inventory), script=script,
+                        with_torch=bool(NEED_TORCH & set(selected)))
     collector = _Collector(observed, accept_new, any(check != "ssh" for check in selected), progress,
                            "ssh" in selected)
     with ThreadPoolExecutor(max_workers=max(1, len(inventory.hosts))) as pool:

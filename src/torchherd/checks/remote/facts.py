@@ -269,7 +269,8 @@ def main() -> None:
         "gpu": guarded(gpus),
         "ping": bool(shutil.which("ping")),
     }
-    facts["torch"] = torch_facts()
+    if config.get("torch", True):
+        facts["torch"] = torch_facts()
     sys.stdout.write(json.dumps(facts))
 
 
