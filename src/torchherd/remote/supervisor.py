@@ -852,7 +852,10 @@ class Supervisor:
     # coordinator ------------------------------------------------------------
     def _link_connect(self, now: float) -> None:
         link = self.link
-        if link is None or self.code is not None and link.sock is None and link.tries:
+        if link is None:
+            return
+        if self.code is not None and link.sock is None and link.tries:
+            # the job is over and the coordinator was out of reach: nobody to tell
             return
         sock = link.connect(now)
         if sock is None:
