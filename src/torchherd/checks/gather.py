@@ -7,6 +7,7 @@ import shlex
 import socket
 import time
 from importlib import resources
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from torchherd.checks.model import Json, NodeFacts
@@ -30,60 +31,117 @@ def python_command(python: str, script: str, config: Mapping[str, Any], stdlib_o
     return f"{python} {flags}-c {shlex.quote(remote_source(script))} {shlex.quote(json.dumps(config))}"
 
 
-def _interpreter_missing(result: CommandResult) -> bool:
-    return result.exit_code in (126, 127)
-
-
 def _describe_failure(result: CommandResult) -> str:
     lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
     return lines[-1] if lines else f"exit status {result.exit_code}"
 
 
-def gather_facts(connection: Connection, host: Host, config: Mapping[str, Any], timeout: float) -> NodeFacts:
-    """Runs remote/facts.py with the node's python; raises TransportError when no facts came back."""
-    sent = time.time()
-    stdlib_only = not config.get("torch", True)
-    result = connection.run(python_command(host.python, "facts.py", config, stdlib_only), timeout=timeout)
+@dataclass
+class FactsSession:
+    """What one node's facts round trip gave: the facts, how long its shell took to
+    start, and (when asked) the probes' listener, still running until ``stop``."""
+
+    facts_node: str
+    facts: NodeFacts
+    shell_seconds: float | None
+    listener: RemoteProcess | None = None
+    reader: LineReader | None = None
+    bound: Json | None = None
+
+    def stop(self) -> None:
+        if self.listener is not None:
+            stop_listener(self.listener)
+
+
+@dataclass
+class _Failed:
+    exit_code: int | None
+    stderr: str
+
+
+class LineReader:
+    """A remote process's stdout, line by line; what follows a line is kept for the next."""
+
+    def __init__(self, process: RemoteProcess) -> None:
+        self.process = process
+        self.buffer = b""
+
+    def line(self, deadline: float) -> bytes | None:
+        """The next line without its newline, or None at EOF or when the deadline passes."""
+        channel = self.process.channel
+        channel.settimeout(0.2)
+        while b"\n" not in self.buffer:
+            if time.monotonic() >= deadline:
+                return None
+            try:
+                chunk = channel.recv(65536)
+            except socket.timeout:
+                continue
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line
+
+
+def gather_facts(connection: Connection, host: Host, config: Mapping[str, Any], timeout: float) -> FactsSession:
+    """Runs remote/facts.py with the node's python (falling back to python3 so the other
+    checks still report); raises TransportError when no facts came back."""
+    outcome = _facts_round_trip(connection, host.python, config, timeout)
     python_error = ""
-    if _interpreter_missing(result):
-        python_error = f"{host.python}: {_describe_failure(result)}"
-        sent = time.time()
-        result = connection.run(python_command(FALLBACK_PYTHON, "facts.py", config, stdlib_only), timeout=timeout)
-    received = time.time()
-    try:
-        raw = json.loads(result.stdout.decode("utf-8", "replace"))
-    except ValueError:
-        reason = python_error or _describe_failure(result)
-        raise TransportError(host.name, "facts", f"{host.name}: the facts script failed: {reason}") from None
-    return NodeFacts(raw=raw, sent=sent, received=received, python_error=python_error)
+    if isinstance(outcome, _Failed) and outcome.exit_code in (126, 127):
+        python_error = f"{host.python}: {_last_line(outcome.stderr, outcome.exit_code)}"
+        outcome = _facts_round_trip(connection, FALLBACK_PYTHON, config, timeout)
+    if isinstance(outcome, _Failed):
+        reason = python_error or _last_line(outcome.stderr, outcome.exit_code)
+        raise TransportError(host.name, "facts", f"{host.name}: the facts script failed: {reason}")
+    if python_error:
+        outcome.facts = NodeFacts(outcome.facts.raw, outcome.facts.sent, outcome.facts.received, python_error)
+    return outcome
 
 
-def start_listener(connection: Connection, python: str, ports: Mapping[str, int], seconds: float,
-                   timeout: float) -> tuple[RemoteProcess, Json]:
-    """Starts remote/probe.py listening; returns the process (EOF on its stdin ends it) and what it bound."""
-    process = connection.start(python_command(python, "probe.py",
-                                              {"mode": "listen", "ports": dict(ports), "seconds": seconds}))
-    line = read_line(process, time.monotonic() + timeout)
+def _facts_round_trip(connection: Connection, python: str, config: Mapping[str, Any],
+                      timeout: float) -> FactsSession | _Failed:
+    # One SSH command does it all: the shell's first byte times its startup (a slow
+    # .bashrc costs every command), then the facts, then the listener keeps running.
+    # Every extra round trip costs a login shell on each node, which is what dominates.
+    command = python_command(python, "facts.py", config, stdlib_only=not config.get("torch", True))
+    sent, started = time.time(), time.monotonic()
+    deadline = started + timeout
+    process = connection.start(f"printf '\\n'; exec {command}")
+    reader = LineReader(process)
+    shell_seconds = time.monotonic() - started if reader.line(deadline) == b"" else None
+    facts_line, received = reader.line(deadline), time.time()
     try:
-        return process, json.loads(line)
+        raw = json.loads((facts_line or b"").decode("utf-8", "replace"))
     except ValueError:
-        process.channel.close()
+        return _failure(process)
+    session = FactsSession(connection.node, NodeFacts(raw=raw, sent=sent, received=received), shell_seconds)
+    if not config.get("listen"):
+        stop_listener(process)
+        return session
+    bound_line = reader.line(deadline)
+    try:
+        session.bound = json.loads((bound_line or b"").decode("utf-8", "replace"))
+    except ValueError:
+        stop_listener(process)
         raise TransportError(connection.node, "probe", f"{connection.node}: the listener did not start") from None
+    session.listener, session.reader = process, reader
+    return session
 
 
-def read_line(process: RemoteProcess, deadline: float) -> str:
-    channel = process.channel
-    channel.settimeout(0.2)
-    data = b""
-    while b"\n" not in data and time.monotonic() < deadline:
-        try:
-            chunk = channel.recv(4096)
-        except socket.timeout:
-            continue
-        if not chunk:
-            break
-        data += chunk
-    return data.decode("utf-8", "replace").split("\n")[0]
+def _failure(process: RemoteProcess) -> _Failed:
+    code = process.exit_code(timeout=2.0)
+    stderr = b""
+    while process.channel.recv_stderr_ready():
+        stderr += process.channel.recv_stderr(65536)
+    process.channel.close()
+    return _Failed(code, stderr.decode("utf-8", "replace"))
+
+
+def _last_line(stderr: str, exit_code: int | None) -> str:
+    lines = stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {exit_code}"
 
 
 def stop_listener(process: RemoteProcess) -> None:
@@ -94,14 +152,20 @@ def stop_listener(process: RemoteProcess) -> None:
         process.channel.close()
 
 
-def run_connector(connection: Connection, python: str, targets: list[tuple[str, str, int]],
-                  ping: str | None, timeout: float, resolve: list[str]) -> Json:
-    config = {"mode": "connect", "targets": [list(target) for target in targets], "timeout": timeout,
-              "ping": ping, "resolve": resolve}
-    result = connection.run(python_command(python, "probe.py", config), timeout=timeout + 8.0)
+def run_connector(session: FactsSession, targets: list[tuple[str, str, int]], ping: str | None,
+                  timeout: float, resolve: list[str]) -> Json:
+    """Asks the node's running facts/listener process to connect to its peers: no new
+    SSH command, so no second login shell on the node."""
+    request = {"targets": [list(target) for target in targets], "timeout": timeout, "ping": ping,
+               "resolve": resolve}
+    node = session.facts_node
+    if session.listener is None or session.reader is None:
+        raise TransportError(node, "probe", f"{node}: no listener to probe from")
+    if not session.listener.send(json.dumps(request).encode("utf-8") + b"\n"):
+        raise TransportError(node, "probe", f"{node}: the probe session closed")
+    line = session.reader.line(time.monotonic() + timeout + 8.0)
     try:
-        parsed: Json = json.loads(result.stdout.decode("utf-8", "replace"))
+        parsed: Json = json.loads((line or b"").decode("utf-8", "replace"))
     except ValueError:
-        raise TransportError(connection.node, "probe",
-                             f"{connection.node}: the probe failed: {_describe_failure(result)}") from None
+        raise TransportError(node, "probe", f"{node}: the probe did not answer") from None
     return parsed

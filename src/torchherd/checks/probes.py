@@ -6,11 +6,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping, TypeVar
 
-from torchherd.checks.gather import FALLBACK_PYTHON, run_connector, start_listener, stop_listener
-from torchherd.checks.model import Json, Observed
+from torchherd.checks.gather import FactsSession, run_connector
+from torchherd.checks.model import Observed
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
-from torchherd.transport import Connection, RemoteProcess
 
 CONNECT_TIMEOUT = 2.0
 """Long enough for a LAN handshake, short enough that a DROP rule costs little."""
@@ -19,11 +18,6 @@ LISTEN_SECONDS = 30.0
 EPHEMERAL_LABELS = ("e1", "e2")
 
 T = TypeVar("T")
-
-
-def python_for(observed: Observed, host: Host) -> str:
-    facts = observed.facts.get(host.name)
-    return FALLBACK_PYTHON if facts is not None and facts.python_error else host.python
 
 
 def parallel(hosts: list[Host], work: Callable[[Host], T]) -> dict[str, T | TransportError]:
@@ -37,23 +31,12 @@ def parallel(hosts: list[Host], work: Callable[[Host], T]) -> dict[str, T | Tran
         return dict(zip((host.name for host in hosts), pool.map(attempt, hosts)))
 
 
-def run_probes(observed: Observed, connections: Mapping[str, Connection], timeout: float) -> None:
-    live = [host for host in observed.inventory.hosts if host.name in connections and host.name in observed.facts]
-    started = parallel(live, lambda host: _listen(observed, connections[host.name], host, timeout))
-    processes: list[RemoteProcess] = []
-    for name, outcome in started.items():
-        if isinstance(outcome, TransportError):
-            observed.probe_errors[name] = str(outcome)
-        else:
-            processes.append(outcome[0])
-            observed.listened[name] = outcome[1]
-    try:
-        probed = parallel(live, lambda host: run_connector(
-            connections[host.name], python_for(observed, host), targets(observed, host), _ping_target(observed, host),
-            CONNECT_TIMEOUT, _names_to_resolve(observed, host)))
-    finally:
-        for process in processes:
-            stop_listener(process)
+def run_probes(observed: Observed, sessions: Mapping[str, FactsSession]) -> None:
+    """Every node connects, from its running facts session, to the others' listeners."""
+    live = [host for host in observed.inventory.hosts if host.name in sessions]
+    probed = parallel(live, lambda host: run_connector(
+        sessions[host.name], targets(observed, host), _ping_target(observed, host), CONNECT_TIMEOUT,
+        _names_to_resolve(observed, host)))
     for name, result in probed.items():
         if isinstance(result, TransportError):
             observed.probe_errors.setdefault(name, str(result))
@@ -61,11 +44,12 @@ def run_probes(observed: Observed, connections: Mapping[str, Connection], timeou
             observed.connected[name] = result
 
 
-def _listen(observed: Observed, connection: Connection, host: Host, timeout: float) -> tuple[RemoteProcess, Json]:
+def listen_config(observed: Observed, host: Host) -> dict[str, object]:
+    """The listener each node's facts script starts: two ephemeral ports, and the master port on the master."""
     ports = {label: 0 for label in EPHEMERAL_LABELS}
     if host.name == observed.master.name:
         ports["master"] = observed.port
-    return start_listener(connection, python_for(observed, host), ports, LISTEN_SECONDS, timeout)
+    return {"ports": ports, "seconds": LISTEN_SECONDS}
 
 
 def master_address(observed: Observed) -> str:

@@ -12,10 +12,10 @@ from typing import Callable
 from torchherd.checks.analysis.registry import ANALYSES
 from torchherd.checks.analysis.common import is_ip
 from torchherd.checks.analysis.network import compute_networks
-from torchherd.checks.gather import gather_facts
+from torchherd.checks.gather import FactsSession, gather_facts
 from torchherd.checks.icmp import echo
 from torchherd.checks.model import CHECK_IDS, Observed
-from torchherd.checks.probes import run_probes
+from torchherd.checks.probes import listen_config, run_probes
 from torchherd.checks.smoke import run_smoke
 from torchherd.errors import TransportError, UsageError
 from torchherd.inventory import Host, Inventory
@@ -45,26 +45,28 @@ def master_target(inventory: Inventory) -> str:
     return inventory.cluster.master_addr or master.local_addr or master.address
 
 
-def facts_config(observed: Observed, host: Host) -> dict[str, object]:
+def facts_config(observed: Observed, host: Host, listen: bool) -> dict[str, object]:
     target = observed.master_target
     ssh_name = resolve_target(observed.master, observed.inventory.cluster.ssh_config).hostname
     return {"port": observed.port, "resolve": [] if is_ip(target) else [target],
             "route_to": [target, ssh_name], "script": observed.script, "workdir": host.workdir,
-            "torch": observed.with_torch}
+            "torch": observed.with_torch, "listen": listen_config(observed, host) if listen else None}
 
 
 class _Collector:
     """Per-node SSH + facts, run in threads; reports each ssh result as it arrives."""
 
     def __init__(self, observed: Observed, accept_new: bool, need_facts: bool, progress: Progress | None,
-                 report_ssh: bool) -> None:
+                 report_ssh: bool, listen: bool) -> None:
         self.observed = observed
         self.accept_new = accept_new
         self.need_facts = need_facts
         self.progress = progress
         self.report_ssh = report_ssh
+        self.listen = listen
         self.lock = threading.Lock()
         self.connections: dict[str, Connection] = {}
+        self.sessions: dict[str, FactsSession] = {}
 
     def node(self, host: Host) -> None:
         cluster = self.observed.inventory.cluster
@@ -78,10 +80,11 @@ class _Collector:
         with self.lock:
             self.connections[host.name] = connection
             self._record_address(connection)
-        self._time_shell(connection, host)
         self._emit(CheckResult(host.name, "ssh", "pass", "connected"))
         if self.need_facts:
             self._facts(connection, host)
+        else:
+            self._time_shell(connection, host)
 
     def _record_address(self, connection: Connection) -> None:
         transport = connection.client.get_transport()
@@ -101,13 +104,18 @@ class _Collector:
     def _facts(self, connection: Connection, host: Host) -> None:
         timeout = self.observed.inventory.cluster.ssh_timeout + FACTS_EXTRA_SECONDS
         try:
-            facts = gather_facts(connection, host, facts_config(self.observed, host), timeout)
+            session = gather_facts(connection, host, facts_config(self.observed, host, self.listen), timeout)
         except TransportError as error:
             with self.lock:
                 self.observed.facts_errors[host.name] = str(error)
             return
         with self.lock:
-            self.observed.facts[host.name] = facts
+            self.sessions[host.name] = session
+            self.observed.facts[host.name] = session.facts
+            if session.shell_seconds is not None:
+                self.observed.shell_seconds[host.name] = session.shell_seconds
+            if session.bound is not None:
+                self.observed.listened[host.name] = session.bound
 
     def _emit(self, result: CheckResult) -> None:
         if self.progress is not None and self.report_ssh:
@@ -126,20 +134,29 @@ def collect(inventory: Inventory, selected: tuple[str, ...], script: str | None,
             progress: Progress | None) -> tuple[Observed, dict[str, Connection]]:
     observed = Observed(inventory=inventory, master_target=master_target(inventory), script=script,
                         with_torch=bool(NEED_TORCH & set(selected)))
+    probing = bool(PROBED & set(selected))
     collector = _Collector(observed, accept_new, any(check != "ssh" for check in selected), progress,
-                           "ssh" in selected)
-    with ThreadPoolExecutor(max_workers=max(1, len(inventory.hosts))) as pool:
-        list(pool.map(collector.node, inventory.hosts))
-    observed.networks = compute_networks(observed)
-    if PROBED & set(selected):
-        if "ping" in selected:
-            pinger = threading.Thread(target=_controller_pings, args=(observed,), daemon=True)
-            pinger.start()
-        run_probes(observed, collector.connections, inventory.cluster.ssh_timeout)
+                           "ssh" in selected, probing)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, len(inventory.hosts))) as pool:
+            list(pool.map(collector.node, inventory.hosts))
         observed.networks = compute_networks(observed)
-        if "ping" in selected:
-            pinger.join()
+        if probing:
+            _probe(observed, collector, "ping" in selected)
+    finally:
+        for session in collector.sessions.values():
+            session.stop()
     return observed, collector.connections
+
+
+def _probe(observed: Observed, collector: _Collector, ping: bool) -> None:
+    if ping:
+        pinger = threading.Thread(target=_controller_pings, args=(observed,), daemon=True)
+        pinger.start()
+    run_probes(observed, collector.sessions)
+    observed.networks = compute_networks(observed)
+    if ping:
+        pinger.join()
 
 
 def analyse(observed: Observed, selected: tuple[str, ...]) -> list[CheckResult]:
