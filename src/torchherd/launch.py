@@ -153,8 +153,8 @@ class NodeRun:
         self.rank_error: OutputLine | None = None
         self.other_error: OutputLine | None = None
         self.failed_rank: int | None = None
-        self.rank_tail: deque[str] = deque(maxlen=TAIL_LINES)
-        self.other_tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.rank_tail: deque[OutputLine] = deque(maxlen=TAIL_LINES)
+        self.other_tail: deque[OutputLine] = deque(maxlen=TAIL_LINES)
 
     @property
     def finished(self) -> bool:
@@ -166,7 +166,7 @@ class NodeRun:
 
     def track(self, line: OutputLine) -> None:
         """Keeps what the summary needs: the first error line, the failed rank, the tail."""
-        (self.rank_tail if line.rank is not None else self.other_tail).append(line.log_text())
+        (self.rank_tail if line.rank is not None else self.other_tail).append(line)
         rank = root_cause_rank(line)
         if rank is not None and self.failed_rank is None and self.rank_error is None:
             self.failed_rank = rank
@@ -438,7 +438,7 @@ class Job:
         else:
             state = "failed"
         seconds = None if node.started_at is None else (node.ended_at or time.monotonic()) - node.started_at
-        tail = tuple(node.rank_tail) or tuple(node.other_tail)
+        tail = tuple(line.log_text() for line in node.rank_tail or node.other_tail)
         return NodeOutcome(node.name, node.plan.node_rank, state, node.exit_code, seconds,
                            node.first_error() if state != "ok" else None,
                            node.failed_rank if state == "failed" else None, tail, node.left)

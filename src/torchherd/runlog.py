@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from torchherd.plan import RANK_PREFIX_HEAD
 
@@ -31,9 +31,8 @@ _TORCH_RANK_TAG = re.compile(r"^\[rank\d+\]:\s*")
 _EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
 
 
-@dataclass(frozen=True)
-class OutputLine:
-    """One complete line a node's job printed."""
+class OutputLine(NamedTuple):
+    """One complete line a node's job printed (a tuple: a chatty job makes millions)."""
 
     node: str
     rank: int | None
@@ -86,8 +85,10 @@ class RecordSplitter:
 def visible_text(payload: bytes) -> str:
     """What a terminal would show of the line: only the text after the last ``\\r``
     (a progress bar redraws itself), decoded without ever failing."""
-    text = payload.decode("utf-8", "replace").rstrip("\r")
-    return text.rsplit("\r", 1)[-1]
+    text = payload.decode("utf-8", "replace")
+    if "\r" not in text:
+        return text
+    return text.rstrip("\r").rsplit("\r", 1)[-1]
 
 
 def parse_output(node: str, stream: str, payload: bytes) -> OutputLine:
@@ -114,8 +115,10 @@ def parse_status(node: str, payload: bytes) -> Status:
 def is_error_line(line: OutputLine) -> bool:
     """A line worth naming as a node's first error: an exception, or any rank's stderr
     text that says error (torch's own warnings on stderr do not count)."""
+    if line.stream != STDERR:
+        return False
     text = line.text.strip()
-    if not text or line.stream != STDERR:
+    if not text:
         return False
     return bool(_EXCEPTION_LINE.match(text)) or text.lower().startswith(("error", "fatal"))
 
