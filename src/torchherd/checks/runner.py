@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from torchherd.checks.analysis.registry import ANALYSES
-from torchherd.checks.analysis.common import is_ip
+from torchherd.plan import is_ip_address as is_ip
 from torchherd.checks.analysis.network import compute_networks
 from torchherd.checks.gather import FactsSession, gather_facts
 from torchherd.checks.icmp import echo

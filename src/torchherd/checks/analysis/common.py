@@ -31,12 +31,6 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def resolved(facts: NodeFacts, name: str) -> list[str] | str:

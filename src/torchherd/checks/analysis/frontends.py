@@ -10,6 +10,8 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
+from torchherd.plan import is_ip_address
+
 _UFW_RULE = re.compile(r"^(?P<to>.+?)\s{2,}(?P<action>(?:ALLOW|DENY|REJECT|LIMIT)(?: (?:IN|OUT|FWD))?)\s+(?P<src>.+)$")
 
 
@@ -58,15 +60,7 @@ def _covers_address(spec: str, peers: list[str]) -> bool:
         network = ipaddress.ip_network(spec.split()[0], strict=False)
     except ValueError:
         return False
-    return any(ipaddress.ip_address(peer) in network for peer in peers if _is_ip(peer))
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
+    return any(ipaddress.ip_address(peer) in network for peer in peers if is_ip_address(peer))
 
 
 def relevant_ufw_rules(state: Ufw, port: int | None, peers: list[str]) -> list[UfwRule]:

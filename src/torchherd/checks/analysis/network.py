@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from torchherd.checks.analysis.common import is_ip, is_loopback, per_node, resolved
+from torchherd.checks.analysis.common import is_loopback, per_node, resolved
+from torchherd.plan import is_ip_address as is_ip
 from torchherd.checks.model import NodeFacts, Observed
 from torchherd.inventory import Host
 from torchherd.plan import NodeNetwork
