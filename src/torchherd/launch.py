@@ -30,18 +30,15 @@ from torchherd.inventory import Inventory
 from torchherd.plan import NodeNetwork, NodePlan, Plan, RunOptions, build_plan, quote_path
 from torchherd.runlog import (
     STDERR,
-    TAG_HEARTBEAT,
-    TAG_STATUS,
-    TAG_STDERR,
-    TAG_STDOUT,
     NodeOutcome,
     OutputLine,
+    OutputParser,
+    RankLines,
     RecordSplitter,
     RunSummary,
     Status,
     is_error_line,
-    parse_output,
-    parse_status,
+    parse_records,
     root_cause_rank,
     visible_text,
 )
@@ -84,6 +81,8 @@ class Closed:
 
 
 Event = Union[OutputLine, Status, Closed]
+RunEvent = Union[OutputLine, RankLines, Status, Closed]
+"""What a run's reader threads queue: ``RankLines`` carries a whole chunk of rank lines."""
 
 
 def supervisor_source() -> str:
@@ -115,18 +114,7 @@ def remote_command(node: NodePlan, run_id: str, grace: float, source: str,
 
 def records_to_events(node: str, records: Sequence[bytes]) -> list[Event]:
     """Supervisor records -> lines and status events; heartbeats carry no event."""
-    events: list[Event] = []
-    for record in records:
-        tag, payload = record[0], record[1:]
-        if tag == TAG_STDOUT:
-            events.append(parse_output(node, "out", payload))
-        elif tag == TAG_STDERR:
-            events.append(parse_output(node, STDERR, payload))
-        elif tag == TAG_STATUS:
-            events.append(parse_status(node, payload))
-        elif tag != TAG_HEARTBEAT:
-            events.append(OutputLine(node, None, "out", visible_text(record)))
-    return events
+    return list(parse_records(node, records))
 
 
 class NodeRun:
@@ -170,6 +158,17 @@ class NodeRun:
         rank = root_cause_rank(line)
         if rank is not None and self.failed_rank is None and self.rank_error is None:
             self.failed_rank = rank
+        self._track_error(line)
+
+    def track_block(self, block: RankLines) -> None:
+        """``track`` for every line of the block: only its last lines can be in the tail,
+        only its stderr lines can be errors, and none is torchrun's root-cause report."""
+        self.rank_tail.extend(block.tail(TAIL_LINES))
+        if self.rank_error is None:
+            for line in block.error_candidates():
+                self._track_error(line)
+
+    def _track_error(self, line: OutputLine) -> None:
         if is_error_line(line):
             if line.rank is not None and self.rank_error is None:
                 self.rank_error = line
@@ -186,33 +185,41 @@ class NodeRun:
         return line.described()
 
 
-def read_node(node: NodeRun, process: RemoteProcess, events: queue.Queue[list[Event]]) -> None:
+def read_node(node: NodeRun, process: RemoteProcess, events: queue.Queue[list[RunEvent]]) -> None:
     """The reader thread: every record is parsed and logged as it arrives; the queue
     only ever receives whole lines, so the terminal can never hold a node back."""
-    records, stderr_lines = RecordSplitter(), RecordSplitter()
-    with node.log_path.open("w", encoding="utf-8", errors="replace") as log:
-        def deliver(batch: list[Event]) -> None:
+    parser, stderr_lines = OutputParser(node.name), RecordSplitter()
+    with node.log_path.open("wb") as log:
+        def deliver(batch: Sequence[RunEvent]) -> None:
             node.last_seen = time.monotonic()
-            lines = [event.log_text() + "\n" for event in batch if isinstance(event, OutputLine)]
-            if lines:
-                log.write("".join(lines))
+            text = b"".join(_log_bytes(event) for event in batch)
+            if text:
+                log.write(text)
                 log.flush()
             if batch:
-                events.put(batch)
+                events.put(list(batch))
 
         def on_stdout(data: bytes) -> None:
             node.last_seen = time.monotonic()
-            deliver(records_to_events(node.name, records.feed(data)))
+            deliver(parser.feed(data))
 
         def on_stderr(data: bytes) -> None:
             # The supervisor's own stderr: the shell (a failed cd, the setup snippet).
             deliver([OutputLine(node.name, None, STDERR, visible_text(line)) for line in stderr_lines.feed(data)])
 
         process.pump(on_stdout, on_stderr)
-        deliver(records_to_events(node.name, records.finish()))
+        deliver(parser.finish())
         deliver([OutputLine(node.name, None, STDERR, visible_text(line)) for line in stderr_lines.finish()])
     node.reader_done = True
     events.put([Closed(node.name, process.exit_code(timeout=2.0))])
+
+
+def _log_bytes(event: RunEvent) -> bytes:
+    if isinstance(event, RankLines):
+        return event.log_bytes()
+    if isinstance(event, OutputLine):
+        return (event.log_text() + "\n").encode("utf-8", "replace")
+    return b""
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -230,7 +237,7 @@ class Job:
         self.renderer = renderer
         self.log_dir = options.log_dir / plan.run_id
         self.nodes = {node.host.name: NodeRun(node, self.log_dir / f"{node.host.name}.log") for node in plan.nodes}
-        self.events: queue.Queue[list[Event]] = queue.Queue()
+        self.events: queue.Queue[list[RunEvent]] = queue.Queue()
         self.stopping: str | None = None
         self.interrupted = False
         self.culprit: NodeRun | None = None
@@ -296,8 +303,8 @@ class Job:
                 self._lose(node, f"{node.name} vanished: nothing heard from it for {now - node.last_seen:.0f} s")
             self._escalate(node, now)
 
-    def _drain(self, timeout: float) -> list[Event]:
-        batch: list[Event] = []
+    def _drain(self, timeout: float) -> list[RunEvent]:
+        batch: list[RunEvent] = []
         try:
             batch.extend(self.events.get(timeout=timeout) if timeout > 0 else self.events.get_nowait())
             while len(batch) < MAX_BATCH:
@@ -306,11 +313,15 @@ class Job:
             pass
         return batch
 
-    def _render(self, batch: list[Event]) -> None:
-        lines: list[OutputLine] = []
+    def _render(self, batch: list[RunEvent]) -> None:
+        lines: list[OutputLine | RankLines] = []
         for event in batch:
             if isinstance(event, OutputLine):
                 self.nodes[event.node].track(event)
+                lines.append(event)
+                continue
+            if isinstance(event, RankLines):
+                self.nodes[event.node].track_block(event)
                 lines.append(event)
                 continue
             self.renderer.render(lines)
@@ -572,10 +583,12 @@ class _DeadlineJob(Job):
         self.timed_out = False
         self.kept: dict[str, list[OutputLine]] = {name: [] for name in self.nodes}
 
-    def _render(self, batch: list[Event]) -> None:
+    def _render(self, batch: list[RunEvent]) -> None:
         for event in batch:
             if isinstance(event, OutputLine):
                 self.kept[event.node].append(event)
+            elif isinstance(event, RankLines):
+                self.kept[event.node].extend(event.lines())
         super()._render(batch)
 
     def _step(self) -> None:

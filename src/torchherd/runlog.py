@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence, Union
 
 from torchherd.plan import RANK_PREFIX_HEAD
 
@@ -23,6 +23,17 @@ TAG_HEARTBEAT = ord("H")
 TAG_STATUS = ord("S")
 
 _RANK_PREFIX = re.compile(rb"\[torchherd-rank (\d+)\] ")
+OUT_HEAD = b"\nO" + RANK_PREFIX_HEAD
+"""How a rank's stdout record starts inside a block (every record follows a newline)."""
+ERR_HEAD = b"\nE" + RANK_PREFIX_HEAD
+_HEARTBEATS = b"\nH\n"
+# A rank prefix the bulk path must not take: not digits, a leading zero, no "] ".
+_ODD_RANK_PREFIX = re.compile(rb"\n[OE]\[torchherd-rank (?!(?:0|[1-9]\d*)\] )")
+OUT_RANKS = re.compile(rb"\nO\[torchherd-rank (\d+)\] ")
+ERR_RANKS = re.compile(rb"\nE\[torchherd-rank (\d+)\] ")
+_ERR_RECORDS = re.compile(rb"\nE[^\n]*")
+# Every line is_error_line accepts holds one of these words (in any case).
+_ERROR_WORDS = (b"error", b"fatal", b"exception", b"interrupt", b"exit")
 # torchrun's failure report names the root-cause rank as "  rank      : 3 (local_rank: 1)".
 _ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
 # The line of a Python traceback that says what went wrong ("ValueError: boom"); torch
@@ -77,6 +88,14 @@ class RecordSplitter:
         self._partial = records.pop()
         return [record for record in records if record]
 
+    def feed_block(self, data: bytes) -> bytes:
+        """The complete records in ``data`` as one bytes object, each ending in ``\\n``."""
+        if self._partial:
+            data = self._partial + data
+        end = data.rfind(b"\n") + 1
+        self._partial = data[end:]
+        return data[:end]
+
     def finish(self) -> list[bytes]:
         rest, self._partial = self._partial, b""
         return [rest] if rest else []
@@ -110,6 +129,103 @@ def parse_status(node: str, payload: bytes) -> Status:
     if not isinstance(fields, dict):
         return Status(node, "garbled", {"payload": payload.decode("utf-8", "replace")})
     return Status(node, str(fields.get("event", "")), fields)
+
+
+def parse_records(node: str, records: Sequence[bytes]) -> list[OutputLine | Status]:
+    """Supervisor records -> lines and status events, one record at a time; heartbeats
+    carry no event."""
+    events: list[OutputLine | Status] = []
+    for record in records:
+        tag, payload = record[0], record[1:]
+        if tag == TAG_STDOUT:
+            events.append(parse_output(node, STDOUT, payload))
+        elif tag == TAG_STDERR:
+            events.append(parse_output(node, STDERR, payload))
+        elif tag == TAG_STATUS:
+            events.append(parse_status(node, payload))
+        elif tag != TAG_HEARTBEAT:
+            events.append(OutputLine(node, None, STDOUT, visible_text(record)))
+    return events
+
+
+def as_log_file_text(data: bytes) -> bytes:
+    """Job bytes as the log file keeps them: valid UTF-8, bad bytes replaced."""
+    return data if data.isascii() else data.decode("utf-8", "replace").encode("utf-8")
+
+
+@dataclass(frozen=True)
+class RankLines:
+    """Consecutive lines of one node, every one printed by a rank and free of ``\\r``,
+    kept as the supervisor's O and E records, each after a newline (``b"\\nO[torchherd-rank
+    3] text\\n..."``): a whole chunk is rewritten for the log and the terminal with a
+    few bytes operations, where an object per line would cost the controller its CPU."""
+
+    node: str
+    records: bytes
+
+    def log_bytes(self) -> bytes:
+        """The lines as the node's log file holds them (``OutputLine.log_text``, each + ``\\n``)."""
+        data = self.records.replace(OUT_HEAD, b"\n[rank ")
+        for rank in self.stderr_ranks():
+            data = data.replace(b"%s%d] " % (ERR_HEAD, rank), b"\n[rank %d stderr] " % rank)
+        return as_log_file_text(data[1:])
+
+    def stderr_ranks(self) -> set[int]:
+        if ERR_HEAD not in self.records:
+            return set()
+        return {int(rank) for rank in ERR_RANKS.findall(self.records)}
+
+    def lines(self) -> list[OutputLine]:
+        return self._parse(self.records[1:-1].split(b"\n"))
+
+    def tail(self, count: int) -> list[OutputLine]:
+        return self._parse(self.records.rsplit(b"\n", count + 1)[1:-1])
+
+    def error_candidates(self) -> list[OutputLine]:
+        """The stderr lines that may be errors (a superset of what ``is_error_line`` takes)."""
+        if ERR_HEAD not in self.records or not any(word in self.records.lower() for word in _ERROR_WORDS):
+            return []
+        found = [record[1:] for record in _ERR_RECORDS.findall(self.records)
+                 if any(word in record.lower() for word in _ERROR_WORDS)]
+        return self._parse(found)
+
+    def _parse(self, records: Sequence[bytes]) -> list[OutputLine]:
+        return [parse_output(self.node, STDERR if record[0] == TAG_STDERR else STDOUT, record[1:])
+                for record in records]
+
+
+Chunk = Union[OutputLine, RankLines, Status]
+
+
+class OutputParser:
+    """One node's supervisor stdout -> events, a chunk at a time: a chunk of nothing but
+    well-formed rank lines (and heartbeats) stays one ``RankLines``; any other chunk
+    (torchrun's own lines, status records, ``\\r``, odd prefixes) is parsed line by line."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self._splitter = RecordSplitter()
+
+    def feed(self, data: bytes) -> list[Chunk]:
+        block = self._splitter.feed_block(data)
+        if not block:
+            return []
+        records = b"\n" + block
+        if _only_rank_lines(records):
+            records = records.replace(_HEARTBEATS, b"\n")
+            return [RankLines(self.node, records)] if len(records) > 1 else []
+        return list(parse_records(self.node, [record for record in block.split(b"\n") if record]))
+
+    def finish(self) -> list[Chunk]:
+        return list(parse_records(self.node, self._splitter.finish()))
+
+
+def _only_rank_lines(records: bytes) -> bool:
+    """True when every record (each after a newline) is a rank's line with a well-formed
+    prefix and no ``\\r``, or a heartbeat: each count matches one record's start only."""
+    counted = records.count(OUT_HEAD) + records.count(ERR_HEAD) + records.count(_HEARTBEATS)
+    return (counted == records.count(b"\n") - 1 and b"\r" not in records
+            and _ODD_RANK_PREFIX.search(records) is None)
 
 
 def is_error_line(line: OutputLine) -> bool:

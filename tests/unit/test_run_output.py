@@ -17,6 +17,8 @@ from torchherd.plan import RunOptions, build_plan
 from torchherd.runlog import (
     NodeOutcome,
     OutputLine,
+    OutputParser,
+    RankLines,
     RecordSplitter,
     RunSummary,
     Status,
@@ -133,3 +135,39 @@ def test_remote_command_runs_the_supervisor_with_exact_env(tmp_path: Path) -> No
     assert f"O{NASTY!r} 1 {tmp_path}".encode() in records, records
     assert json.loads(records[-1][1:]) == {"event": "done", "code": 0, "left": 0}
     assert not Path("/tmp/pwned-unit").exists()
+
+
+CHUNK = (b"O[torchherd-rank 3] step 1\nH\nE[torchherd-rank 12] [rank12]: RuntimeError: boom\n"
+         b"O[torchherd-rank 12] \xff bad utf8 \xe2\x82\nE[torchherd-rank 3] warn \xe2\x82\nO[torchherd-rank 0] \n")
+
+
+def test_a_chunk_of_rank_lines_stays_one_block_with_the_same_lines() -> None:
+    parser = OutputParser("n1")
+    assert parser.feed(CHUNK[:20]) == []
+    [block] = parser.feed(CHUNK[20:])
+    assert isinstance(block, RankLines)
+    slow = [event for event in records_to_events("n1", CHUNK.split(b"\n")[:-1]) if isinstance(event, OutputLine)]
+    assert block.lines() == slow
+    assert block.tail(2) == slow[-2:] and block.tail(8) == slow
+    assert block.log_bytes() == "".join(line.log_text() + "\n" for line in slow).encode()
+    assert [line for line in block.error_candidates() if is_error_line(line)] == [slow[1]]
+
+
+def test_other_chunks_are_parsed_line_by_line() -> None:
+    for odd in (b"Oplain\n", b"O[torchherd-rank 01] x\n", b"O[torchherd-rank 1]x\n", b"O[torchherd-rank 1] 10%\r50%\n",
+                b'S{"event":"exit","code":2}\n', b"Xodd\n", b"H\nH\n"):
+        events = OutputParser("n1").feed(b"O[torchherd-rank 1] a\n" + odd)
+        assert events == records_to_events("n1", (b"O[torchherd-rank 1] a\n" + odd).split(b"\n")[:-1]), odd
+
+
+def test_renderer_prints_a_block_as_it_prints_its_lines() -> None:
+    from rich.console import Console
+
+    [block] = OutputParser("node1").feed(CHUNK)
+    assert isinstance(block, RankLines)
+    for colour in (False, True):
+        bulk, single = StringIO(), StringIO()
+        for out, items in ((bulk, [block, block]), (single, block.lines() * 2)):
+            console = Console(file=out, force_terminal=colour, color_system="standard" if colour else None)
+            LiveRenderer(console, ["node0", "node1"], max_rank=12).render(items)
+        assert bulk.getvalue() == single.getvalue(), colour

@@ -9,8 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from torchherd.console import node_colour
-from torchherd.plan import Plan
-from torchherd.runlog import STDERR, OutputLine, RunSummary
+from torchherd.plan import RANK_PREFIX_HEAD, Plan
+from torchherd.runlog import ERR_HEAD, OUT_HEAD, OUT_RANKS, STDERR, OutputLine, RankLines, RunSummary
 
 SEPARATOR = " │ "
 STATE_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "torn down": "yellow",
@@ -44,6 +44,8 @@ class LiveRenderer:
         longest = max((len(node) for node in nodes), default=0)
         self.width = longest + 1 + len(str(max(max_rank, 0)))
         self._prefixes: dict[tuple[str, int | None], str] = {}
+        self._ranks: dict[str, set[int]] = {}
+        """Per node, the ranks whose prefix ``block_text`` rewrites."""
         self._styles = {"red": self._ansi("red"), "dim": self._ansi("dim")}
 
     def _styled(self, text: Text) -> str:
@@ -60,27 +62,60 @@ class LiveRenderer:
         label = line.node if line.rank is None else f"{line.node}:{line.rank}"
         return label.ljust(self.width)
 
-    def _styled_prefix(self, line: OutputLine) -> str:
-        key = (line.node, line.rank)
+    def _styled_prefix(self, node: str, rank: int | None) -> str:
+        key = (node, rank)
         cached = self._prefixes.get(key)
         if cached is None:
-            text = Text(self.prefix(line), style=self.colours.get(line.node, ""))
+            text = Text(self.prefix(OutputLine(node, rank, "", "")), style=self.colours.get(node, ""))
             text.append(SEPARATOR, style="dim")
             cached = self._prefixes[key] = self._styled(text)
         return cached
 
     def format(self, line: OutputLine) -> str:
         if line.stream != STDERR:
-            return self._styled_prefix(line) + line.text
+            return self._styled_prefix(line.node, line.rank) + line.text
         opened, closed = self._styles["red" if line.rank is not None else "dim"]
-        return f"{self._styled_prefix(line)}{opened}{line.text}{closed}"
+        return f"{self._styled_prefix(line.node, line.rank)}{opened}{line.text}{closed}"
 
-    def render(self, lines: Sequence[OutputLine]) -> None:
+    def render(self, lines: Sequence[OutputLine | RankLines]) -> None:
         if not lines:
             return
         file = self.console.file
-        file.write("".join(self.format(line) + "\n" for line in lines))
+        file.write("".join(self.format(line) + "\n" if isinstance(line, OutputLine) else self.block_text(line)
+                           for line in lines))
         file.flush()
+
+    def block_text(self, block: RankLines) -> str:
+        """A block's lines as ``format`` would print them, rewritten a whole block at a time."""
+        if RANK_PREFIX_HEAD in block.node.encode():
+            # A prefix that holds the record's own head would be rewritten twice.
+            return "".join(self.format(line) + "\n" for line in block.lines())
+        data = block.records
+        if ERR_HEAD in data:
+            data = self._stderr_bytes(block.node, data, block.stderr_ranks())
+        known = self._ranks.setdefault(block.node, set())
+        data = self._stdout_bytes(block.node, data, known)
+        if OUT_HEAD in data:
+            # Ranks this node has not printed before: found once, then known.
+            new = {int(rank) for rank in OUT_RANKS.findall(data)}
+            known.update(new)
+            data = self._stdout_bytes(block.node, data, new)
+        return data[1:].decode("utf-8", "replace")
+
+    def _stdout_bytes(self, node: str, data: bytes, ranks: set[int]) -> bytes:
+        for rank in ranks:
+            data = data.replace(b"%s%d] " % (OUT_HEAD, rank), b"\n" + self._styled_prefix(node, rank).encode())
+        return data
+
+    def _stderr_bytes(self, node: str, data: bytes, ranks: set[int]) -> bytes:
+        opened, closed = (style.encode() for style in self._styles["red"])
+        if closed:
+            # Close the colour where each stderr record ends, while the tags still say which.
+            parts = data.split(b"\nE")
+            data = b"\nE".join([parts[0]] + [part.replace(b"\n", closed + b"\n", 1) for part in parts[1:]])
+        for rank in ranks:
+            data = data.replace(b"%s%d] " % (ERR_HEAD, rank), b"\n" + self._styled_prefix(node, rank).encode() + opened)
+        return data
 
     def note(self, message: str, style: str = "bold") -> None:
         """A line from torchherd itself (a node started, exited, vanished)."""
