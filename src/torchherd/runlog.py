@@ -223,8 +223,11 @@ class OutputParser:
 def _only_rank_lines(records: bytes) -> bool:
     """True when every record (each after a newline) is a rank's line with a well-formed
     prefix and no ``\\r``, or a heartbeat: each count matches one record's start only."""
-    counted = records.count(OUT_HEAD) + records.count(ERR_HEAD) + records.count(_HEARTBEATS)
-    return (counted == records.count(b"\n") - 1 and b"\r" not in records
+    total = records.count(b"\n") - 1
+    counted = records.count(OUT_HEAD)
+    if counted != total:
+        counted += records.count(ERR_HEAD) + records.count(_HEARTBEATS)
+    return (counted == total and b"\r" not in records
             and _ODD_RANK_PREFIX.search(records) is None)
 
 

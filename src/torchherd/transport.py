@@ -30,7 +30,9 @@ if TYPE_CHECKING:  # paramiko is imported lazily: `torchherd --help` must stay f
     import paramiko
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
-READ_SIZE = 65536
+READ_SIZE = 1 << 22
+"""Above paramiko's channel window (2 MiB): a read takes all it holds, since a partial read
+moves the rest of its buffer to the front, costing a copy of up to the window each time."""
 
 
 @dataclass(frozen=True)
