@@ -249,12 +249,13 @@ class LineFramer:
             return b""
         if self.partial:
             data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = lines.pop()
+        end = data.rfind(b"\n") + 1
+        self.partial = data[end:]
         out = b""
-        if lines:
-            sep = b"\n" + self.tag
-            out = self.tag + sep.join(lines) + b"\n"
+        if end:
+            # one replace over the chunk, not a bytes object per line: the node's
+            # cores are the job's too
+            out = self.tag + data[: end - 1].replace(b"\n", b"\n" + self.tag) + b"\n"
         if len(self.partial) >= self.max_line:
             out += self.tag + self.partial + b"\n"
             self.partial = b""
