@@ -81,6 +81,14 @@ CONTROLLER_FILES = (
 )
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _under_any(path: str, directories: Sequence[str]) -> bool:
+    resolved = os.path.realpath(path)
+    return any(resolved == d or resolved.startswith(d.rstrip("/") + "/") for d in directories)
+
+
 class ClusterUnavailable(RuntimeError):
     """This machine cannot run a local cluster (not root, no ``ip netns``, ...)."""
 
@@ -528,6 +536,7 @@ class LocalCluster:
         master_port: int = 29500,
         nproc_per_node: int = 2,
         private_dirs: Sequence[str] = ("/tmp", "/dev/shm"),
+        shared_paths: Sequence[str] | None = None,
         ready_timeout: float = 15.0,
     ) -> None:
         if n < 1:
@@ -545,6 +554,14 @@ class LocalCluster:
         self.master_port = master_port
         self.nproc_per_node = nproc_per_node
         self.private_dirs = tuple(private_dirs)
+        # What must stay visible on the nodes although it lies under a private dir
+        # (a checkout or a venv under /tmp, as CI may clone there): the nodes share
+        # this machine's filesystem like a cluster with a shared home.
+        if shared_paths is None:
+            shared_paths = (str(REPO_ROOT), sys.prefix)
+        self.shared_paths = tuple(
+            path for path in shared_paths if _under_any(path, self.private_dirs) and os.path.isdir(path)
+        )
         self.ready_timeout = ready_timeout
 
         self.bridge = bridge_name(prefix)
@@ -934,9 +951,17 @@ class LocalCluster:
         sshd = _sshd_path()
         assert sshd is not None
         config = self._node_dir(host.name) / "sshd_config"
+        keep = [(path, self._node_dir(host.name) / f"keep{index}") for index, path in enumerate(self.shared_paths)]
+        for _, stash in keep:
+            stash.mkdir(exist_ok=True)
         mounts = " && ".join(
-            f"mount -t tmpfs -o mode=1777,nosuid,nodev {shlex.quote(self.prefix + '-' + host.name)} {d}"
-            for d in self.private_dirs
+            [f"mount --bind {shlex.quote(path)} {shlex.quote(str(stash))}" for path, stash in keep]
+            + [
+                f"mount -t tmpfs -o mode=1777,nosuid,nodev {shlex.quote(self.prefix + '-' + host.name)} {d}"
+                for d in self.private_dirs
+            ]
+            + [f"mkdir -p {shlex.quote(path)} && mount --move {shlex.quote(str(stash))} {shlex.quote(path)}"
+               for path, stash in keep]
         )
         script = f"hostname {host.name} && {mounts + ' && ' if mounts else ''}exec {sshd} -D -e -f {config}"
         with open(self.log_dir / f"{host.name}-sshd.log", "ab") as log:
