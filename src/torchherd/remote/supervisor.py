@@ -887,6 +887,17 @@ class Supervisor:
     def run(self) -> int:
         set_child_subreaper()
         self._install_signals()
+        self._register_stdin()
+        if not self._spawn():
+            self._write_state(state="exited", code=self.code, ended=time.time(), left=0)
+            self.out.add(status_record(EVENT_DONE, code=self.code, left=0))
+            self._final_flush()
+            return int(self.code or 0)
+        while not self._iterate():
+            pass
+        return self._finish()
+
+    def _register_stdin(self) -> None:
         try:
             if self.detached:
                 # stdin is /dev/null: its EOF means nothing, and nobody sends heartbeats
@@ -895,46 +906,48 @@ class Supervisor:
                 self.sel.register(0, selectors.EVENT_READ, "stdin")
         except (OSError, ValueError):
             self.stdin_open = False
-        if not self._spawn():
-            self._write_state(state="exited", code=self.code, ended=time.time(), left=0)
-            self.out.add(status_record(EVENT_DONE, code=self.code, left=0))
-            self._final_flush()
-            return int(self.code or 0)
-        while True:
-            now = time.monotonic()
-            if self.out.closed and self.teardown is None:
-                self.request_teardown("output closed", False, now)
-            for key, _mask in self.sel.select(self._timeout(now)):
-                now = time.monotonic()
-                if key.data == "pipe":
-                    if key.fd in self.pipes:
-                        self._read_pipe(key.fd)
-                elif key.data == "stdin":
-                    self._read_stdin(now)
-                elif key.data == "coord":
-                    self._read_link(now)
-                elif key.data == "wake":
-                    try:
-                        os.read(self.wake_r, 4096)
-                    except OSError:
-                        pass
-            now = time.monotonic()
-            self._handle_signals(now)
-            if self.child_exited:
-                self.child_exited = False
-                self._reap()
-            self._timers(now)
-            self._step_teardown(now)
-            self.out.flush()
-            now = time.monotonic()
-            if self._finished(now):
-                break
-            self._update_registrations()
-            if 0 < self.got < COALESCE_BELOW and self.teardown is None:
-                # output trickles in line by line: let it pile up a moment,
-                # so that one read and one write carry many lines
-                time.sleep(COALESCE_DELAY)
-            self.got = 0
+
+    def _iterate(self) -> bool:
+        """One turn of the loop: read, react, write; True once the run is over."""
+        now = time.monotonic()
+        if self.out.closed and self.teardown is None:
+            self.request_teardown("output closed", False, now)
+        for key, _mask in self.sel.select(self._timeout(now)):
+            self._dispatch(key, time.monotonic())
+        now = time.monotonic()
+        self._handle_signals(now)
+        if self.child_exited:
+            self.child_exited = False
+            self._reap()
+        self._timers(now)
+        self._step_teardown(now)
+        self.out.flush()
+        if self._finished(time.monotonic()):
+            return True
+        self._update_registrations()
+        if 0 < self.got < COALESCE_BELOW and self.teardown is None:
+            # output trickles in line by line: let it pile up a moment,
+            # so that one read and one write carry many lines
+            time.sleep(COALESCE_DELAY)
+        self.got = 0
+        return False
+
+    def _dispatch(self, key: selectors.SelectorKey, now: float) -> None:
+        if key.data == "pipe":
+            if key.fd in self.pipes:
+                self._read_pipe(key.fd)
+        elif key.data == "stdin":
+            self._read_stdin(now)
+        elif key.data == "coord":
+            self._read_link(now)
+        elif key.data == "wake":
+            try:
+                os.read(self.wake_r, 4096)
+            except OSError:
+                pass
+
+    def _finish(self) -> int:
+        """Flushes the last output, reports ``done`` and returns the exit code."""
         for fd in list(self.pipes):
             self.out.add(self.pipes[fd].finish())
             self._close_pipe(fd)
