@@ -33,12 +33,13 @@ OUT_RANKS = re.compile(rb"\nO\[torchherd-rank (\d+)\] ")
 ERR_RANKS = re.compile(rb"\nE\[torchherd-rank (\d+)\] ")
 _ERR_RECORDS = re.compile(rb"\nE[^\n]*")
 # Every line is_error_line accepts holds one of these words (in any case).
-_ERROR_WORDS = (b"error", b"fatal", b"exception", b"interrupt", b"exit")
+_ERROR_WORDS = (b"error", b"fatal", b"exception", b"interrupt", b"exit", b"[errno ")
 # torchrun's failure report names the root-cause rank as "  rank      : 3 (local_rank: 1)".
 _ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
 # The line of a Python traceback that says what went wrong ("ValueError: boom"); torch
 # repeats a rank's traceback with "[rank3]: " before each line.
 _TORCH_RANK_TAG = re.compile(r"^\[rank\d+\]:\s*")
+_OS_ERROR = re.compile(r"\[Errno \d+\]")
 _EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
 
 
@@ -239,7 +240,9 @@ def is_error_line(line: OutputLine) -> bool:
     text = line.text.strip()
     if not text:
         return False
-    return bool(_EXCEPTION_LINE.match(text)) or text.lower().startswith(("error", "fatal"))
+    # "python3: can't open file 'x.py': [Errno 2] ..." is how a missing script fails.
+    return (bool(_EXCEPTION_LINE.match(text)) or text.lower().startswith(("error", "fatal"))
+            or _OS_ERROR.search(text) is not None)
 
 
 def root_cause_rank(line: OutputLine) -> int | None:

@@ -69,6 +69,9 @@ def test_error_lines_and_root_cause() -> None:
     assert is_error_line(OutputLine("n", None, "err", "ValueError: bad"))
     assert not is_error_line(OutputLine("n", 1, "out", "ValueError: printed on stdout"))
     assert not is_error_line(OutputLine("n", 1, "err", "[rank1]:     raise RuntimeError('x')"))
+    missing = "/usr/bin/python3: can't open file '/w/train.py': [Errno 2] No such file or directory"
+    assert is_error_line(OutputLine("n", 2, "err", missing))
+    assert not is_error_line(OutputLine("n", 2, "out", missing))
     assert OutputLine("n", 1, "err", "[rank1]: RuntimeError: boom").described() == "rank 1: RuntimeError: boom"
     assert root_cause_rank(OutputLine("n", None, "err", "  rank      : 5 (local_rank: 1)")) == 5
 
