@@ -131,6 +131,8 @@ class NodeRun:
         self.exit_code: int | None = None
         self.done = False
         self.closed = False
+        self.ranks_running = False
+        """A rank has printed: the node got through the rendezvous."""
         self.reader_done = False
         """Set by the reader thread when the channel ended; its Closed event may still be queued."""
         self.lost: str | None = None
@@ -316,12 +318,17 @@ class Job:
     def _render(self, batch: list[RunEvent]) -> None:
         lines: list[OutputLine | RankLines] = []
         for event in batch:
-            if isinstance(event, OutputLine):
-                self.nodes[event.node].track(event)
-                lines.append(event)
-                continue
-            if isinstance(event, RankLines):
-                self.nodes[event.node].track_block(event)
+            if isinstance(event, (OutputLine, RankLines)):
+                node = self.nodes[event.node]
+                if not node.ranks_running and (isinstance(event, RankLines) or event.rank is not None):
+                    node.ranks_running = True
+                    self.renderer.render(lines)
+                    lines = []
+                    self.renderer.note(f"{node.name}: ranks running (through the rendezvous)", "dim")
+                if isinstance(event, OutputLine):
+                    node.track(event)
+                else:
+                    node.track_block(event)
                 lines.append(event)
                 continue
             self.renderer.render(lines)
