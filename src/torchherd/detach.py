@@ -115,6 +115,7 @@ def _remote_source(name: str) -> str:
 
 def start_detached(inventory: Inventory, run_options: RunOptions, options: LaunchOptions, console: Console) -> int:
     """``torchherd run --detach``: preflight, start every node, save the record, return."""
+    build_plan(inventory, run_options)  # a bad option is a usage error before any node is touched
     opened = _open(inventory, run_options, options, console)
     if opened is None:
         return EXIT_FAILED

@@ -466,6 +466,7 @@ def run_job(inventory: Inventory, run_options: RunOptions, options: LaunchOption
     """``torchherd run``: preflight (or just connect), launch, stream, end; the exit code."""
     from torchherd.console.run import LiveRenderer, render_summary
 
+    build_plan(inventory, run_options)  # a bad option is a usage error before any node is touched
     opened = _open(inventory, run_options, options, console)
     if opened is None:
         return EXIT_FAILED
