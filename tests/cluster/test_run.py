@@ -255,3 +255,20 @@ def test_env_values_arrive_byte_for_byte_and_run_nothing(cluster: LocalCluster, 
         assert cluster.ssh(name, f"test -e {PWNED}").returncode == 1, f"{PWNED} exists on {name}"
     assert not os.path.exists(PWNED)
     assert_clean(cluster)
+
+
+@pytest.mark.timeout(120)
+def test_c10d_rendezvous_with_an_elastic_range(cluster: LocalCluster, tmp_path: Path) -> None:
+    """c10d: the master hosts the store (is_host=1) and every rank is told the master's
+    address, not an FQDN; --nnodes MIN:MAX is accepted and the job still forms."""
+    output = StringIO()
+    code = main(["-i", str(cluster.inventory), "run", "--log-dir", str(tmp_path / "logs"), "--rdzv-backend", "c10d",
+                 "--nnodes", "1:3", "--nproc-per-node", "1", "--", str(EXAMPLES / "env_echo.py"), "MASTER_ADDR",
+                 "WORLD_SIZE"], console=make_console(output, width=200))
+    out = output.getvalue()
+    assert code == 0, out
+    master_ip = cluster.node("node0").ip
+    for name in cluster.names:
+        assert re.search(rf"^{name}:\d │ MASTER_ADDR={re.escape(repr(master_ip))}", out, re.MULTILINE), out
+        assert re.search(rf"^{name}:\d │ WORLD_SIZE='3'", out, re.MULTILINE), out
+    assert_clean(cluster)
