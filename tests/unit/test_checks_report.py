@@ -9,12 +9,10 @@ from torchherd.console.checks import render_report
 from torchherd.results import CheckReport, CheckResult
 
 EXPECTED = """\
-┏━━━━━━━┳━━━━━┳━━━━━━┳━━━━━━━━━━┓
-┃ node  ┃ ssh ┃ port ┃ firewall ┃
-┡━━━━━━━╇━━━━━╇━━━━━━╇━━━━━━━━━━┩
-│ node0 │ ok  │  ok  │   FAIL   │
-│ node1 │ ok  │ FAIL │    -     │
-└───────┴─────┴──────┴──────────┘
+node  ssh port firewall
+───────────────────────
+node0 ok   ok    FAIL  
+node1 ok  FAIL    -    
 FAIL node0 firewall: iptables rule `-A INPUT -p tcp --dport 29500 -j DROP` on node0 drops TCP 29500
   fix: on node0: `iptables -D INPUT -p tcp --dport 29500 -j DROP`
 FAIL node1 port: node1 cannot connect to node0 10.0.0.1:29500 (timed out: packets dropped)

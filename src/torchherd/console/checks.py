@@ -10,6 +10,7 @@ from typing import Callable, Iterator
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
+from rich import box
 from rich.table import Table
 from rich.text import Text
 
@@ -36,7 +37,8 @@ def _cell(result: CheckResult | None) -> Text:
 
 def _grid(nodes: list[str], columns: list[str], results: list[CheckResult] | tuple[CheckResult, ...]) -> Table:
     by_key = {(result.node, result.check): result for result in results}
-    table = Table()
+    # Columns one space apart: every check id stays whole on an 80-column terminal.
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False, collapse_padding=True)
     # The node name is the row's identity: the check headers give way first on a narrow terminal.
     table.add_column("node", no_wrap=True, min_width=max((len(node) for node in nodes), default=4))
     for check in columns:
