@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from torchherd.errors import EXIT_FAILED, EXIT_OK, TransportError
 from torchherd.inventory import Inventory
-from torchherd.launch import Event, LaunchOptions, _max_rank, _open, records_to_events, remote_command, \
+from torchherd.launch import Event, LaunchOptions, _max_rank, open_plan, records_to_events, remote_command, \
     supervisor_source
-from torchherd.plan import Plan, RunOptions, build_plan, quote_path
+from torchherd.plan import Plan, RunOptions, quote_path
 from torchherd.runlog import OutputLine, RecordSplitter, Status, parse_status
 from torchherd.runrecord import CoordinatorRecord, NodeRecord, NodeState, RunRecord, parse_node_state, \
     remote_coordinator_file, remote_log_file, remote_state_file, save
@@ -115,13 +115,11 @@ def _remote_source(name: str) -> str:
 
 def start_detached(inventory: Inventory, run_options: RunOptions, options: LaunchOptions, console: Console) -> int:
     """``torchherd run --detach``: preflight, start every node, save the record, return."""
-    build_plan(inventory, run_options)  # a bad option is a usage error before any node is touched
-    opened = _open(inventory, run_options, options, console)
+    opened = open_plan(inventory, run_options, options, console)
     if opened is None:
         return EXIT_FAILED
-    connections, networks, close = opened
+    plan, connections, close = opened
     try:
-        plan = build_plan(inventory, run_options, networks)
         coordinator = None
         if options.fail_fast and len(plan.nodes) > 1:
             coordinator = _start_coordinator(plan, connections[plan.master])

@@ -466,13 +466,11 @@ def run_job(inventory: Inventory, run_options: RunOptions, options: LaunchOption
     """``torchherd run``: preflight (or just connect), launch, stream, end; the exit code."""
     from torchherd.console.run import LiveRenderer, render_summary
 
-    build_plan(inventory, run_options)  # a bad option is a usage error before any node is touched
-    opened = _open(inventory, run_options, options, console)
+    opened = open_plan(inventory, run_options, options, console)
     if opened is None:
         return EXIT_FAILED
-    connections, networks, close = opened
+    plan, connections, close = opened
     try:
-        plan = build_plan(inventory, run_options, networks)
         renderer = LiveRenderer(console, [node.host.name for node in plan.nodes], _max_rank(plan))
         job = Job(plan, connections, options, renderer)
         renderer.note(f"run {plan.run_id}: {len(plan.nodes)} nodes, master {plan.master} at "
@@ -509,6 +507,22 @@ class _sigterm_as_interrupt:
 
 
 Opened = tuple[Mapping[str, Connection], Mapping[str, NodeNetwork], Callable[[], None]]
+
+
+def open_plan(inventory: Inventory, run_options: RunOptions, options: LaunchOptions, console: Console
+              ) -> tuple[Plan, Mapping[str, Connection], Callable[[], None]] | None:
+    """Validates the options, runs the preflight (or just connects), then plans with what
+    it found; None when a node failed (already reported). The caller closes."""
+    build_plan(inventory, run_options)  # a bad option is a usage error before any node is touched
+    opened = _open(inventory, run_options, options, console)
+    if opened is None:
+        return None
+    connections, networks, close = opened
+    try:
+        return build_plan(inventory, run_options, networks), connections, close
+    except BaseException:
+        close()
+        raise
 
 
 def _open(inventory: Inventory, run_options: RunOptions, options: LaunchOptions, console: Console) -> Opened | None:
