@@ -7,6 +7,7 @@ Nothing here touches the network or the clock; ``--dry-run`` prints what this bu
 from __future__ import annotations
 
 import ipaddress
+import re
 import shlex
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -63,12 +64,15 @@ class NodePlan:
     """Why each derived choice (address, interface, env) was made, for --dry-run."""
     remote_log_dir: str
 
-    def shell_line(self) -> str:
-        """The command a user could paste into a shell on the node to do the same by hand."""
-        parts = [f"cd {_quote_path(self.workdir)}"]
+    def shell_line(self, hide_secrets: bool = False) -> str:
+        """The command a user could paste into a shell on the node to do the same by hand;
+        with ``hide_secrets``, values of variables named like a secret are shown as ***."""
+        parts = [f"cd {quote_path(self.workdir)}"]
         if self.setup.strip():
             parts.append(self.setup.strip())
-        assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in self.env.items())
+        assignments = " ".join(
+            f"{name}={'***' if hide_secrets and looks_secret(name) else shlex.quote(value)}"
+            for name, value in self.env.items())
         parts.append(f"env {assignments} {shlex.join(self.argv)}" if assignments else shlex.join(self.argv))
         return " && ".join(parts)
 
@@ -83,6 +87,14 @@ class Plan:
     nodes: tuple[NodePlan, ...]
 
 
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+
+
+def looks_secret(name: str) -> bool:
+    """A variable whose value must never be printed (WANDB_API_KEY, HF_TOKEN, ...)."""
+    return SECRET_NAME.search(name) is not None
+
+
 def quote_path(path: str) -> str:
     """Quotes a path for a remote shell but keeps a leading ``~`` expandable."""
     if path == "~":
@@ -92,7 +104,6 @@ def quote_path(path: str) -> str:
     return shlex.quote(path)
 
 
-_quote_path = quote_path
 
 
 def is_ip_address(text: str) -> bool:

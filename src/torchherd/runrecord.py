@@ -123,7 +123,7 @@ class RunRecord:
 def save(record: RunRecord, directory: Path | None = None) -> Path:
     """Writes the record atomically (a concurrent ``status`` never reads half of it)."""
     directory = directory or runs_dir()
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # how to reach the nodes: the user's only
     path = directory / f"{record.run_id}.json"
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(record.to_json(), encoding="utf-8")

@@ -46,3 +46,15 @@ def test_dry_run_prints_every_node_and_starts_nothing(tmp_path: Path) -> None:
     assert "--node-rank 0" in text and "--node-rank 1" in text
     assert "X='a b'" in text and "train.py --lr 1" in text
     assert not (tmp_path / "torchherd-logs").exists()
+
+
+def test_dry_run_never_prints_a_secret(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.toml"
+    path.write_text(INVENTORY)
+    out = StringIO()
+    assert main(["-i", str(path), "run", "--dry-run", "--env", "WANDB_API_KEY=s3cr3t-value", "--env",
+                 "HF_TOKEN=hf_abc", "--env", "NCCL_DEBUG=INFO", "--", "train.py"],
+                console=make_console(out, width=400)) == 0
+    text = out.getvalue()
+    assert "s3cr3t-value" not in text and "hf_abc" not in text
+    assert "WANDB_API_KEY=***" in text and "HF_TOKEN=***" in text and "NCCL_DEBUG=INFO" in text

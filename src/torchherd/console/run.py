@@ -24,7 +24,7 @@ def render_plan(console: Console, plan: Plan) -> None:
     for index, node in enumerate(plan.nodes):
         head = Text(f"{node.host.name} (node_rank {node.node_rank})", style=f"bold {node_colour(index)}")
         console.print(head, soft_wrap=True)
-        console.print(Text("  $ " + node.shell_line()), soft_wrap=True)
+        console.print(Text("  $ " + node.shell_line(hide_secrets=True)), soft_wrap=True)
         for note in node.notes:
             console.print(Text(f"  - {note}", style="dim"), soft_wrap=True)
     console.print(Text("dry run: nothing was started"), soft_wrap=True)
