@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 from torchherd.errors import EXIT_FAILED, EXIT_OK, TransportError
 from torchherd.inventory import Inventory
 from torchherd.launch import Event, LaunchOptions, _max_rank, open_plan, records_to_events, remote_command, \
-    supervisor_source
+    supervisor_input, supervisor_source
 from torchherd.plan import Plan, RunOptions, quote_path
 from torchherd.runlog import OutputLine, RecordSplitter, Status, parse_status
 from torchherd.runrecord import CoordinatorRecord, NodeRecord, NodeState, RunRecord, parse_node_state, \
@@ -185,8 +185,8 @@ def _start_nodes(plan: Plan, record: RunRecord, connections: Mapping[str, Connec
         if coordinator is not None:
             extra["coordinator"] = {"host": coordinator[1], "port": coordinator[0].port, "token": coordinator[2]}
         try:
-            result = connections[node_record.name].run(remote_command(node, plan.run_id, grace, source, extra),
-                                                        timeout=START_TIMEOUT)
+            result = connections[node_record.name].run(remote_command(node, plan.run_id, source), timeout=START_TIMEOUT,
+                                                        stdin=supervisor_input(node, plan.run_id, grace, extra))
         except Exception as error:  # paramiko's own errors too: the node is reported, the others go on
             return f"{node_record.name}: cannot start the job: {error}"
         return _started(node_record, result.stdout, result.stderr)

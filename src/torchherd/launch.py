@@ -97,19 +97,24 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float) -> dict[str, ob
             "cleanup_dir": node.remote_log_dir}
 
 
-def remote_command(node: NodePlan, run_id: str, grace: float, source: str,
-                   extra: Mapping[str, object] | None = None) -> str:
-    """The shell line sshd runs: workdir, the setup snippet, then the supervisor.
+def remote_command(node: NodePlan, run_id: str, source: str) -> str:
+    """The shell line sshd runs: workdir, the setup snippet, then the supervisor, which
+    reads its config from the first line of stdin (``supervisor_input``).
 
     Every value goes through shlex.quote (the workdir and python keep a leading ``~``
     expandable); the setup snippet is the user's own shell text and runs as written.
+    The job's environment is not on this line: a node's process list is public.
     """
     parts = [f"cd {quote_path(node.workdir)}"]
     if node.setup.strip():
         parts.append("{ " + node.setup.strip() + "\n}")
-    config = json.dumps({**supervisor_config(node, run_id, grace), **(extra or {})})
-    parts.append(f"exec {quote_path(node.host.python)} -u -c {shlex.quote(source)} {shlex.quote(config)}")
+    parts.append(f"exec {quote_path(node.host.python)} -u -c {shlex.quote(source)} - {shlex.quote(run_id)}")
     return " && ".join(parts)
+
+
+def supervisor_input(node: NodePlan, run_id: str, grace: float, extra: Mapping[str, object] | None = None) -> bytes:
+    """The supervisor's config, sent as the first line of its stdin."""
+    return json.dumps({**supervisor_config(node, run_id, grace), **(extra or {})}).encode("utf-8") + b"\n"
 
 
 def records_to_events(node: str, records: Sequence[bytes]) -> list[Event]:
@@ -255,9 +260,10 @@ class Job:
         threading.Thread(target=self._heartbeat, name="torchherd-heartbeat", daemon=True).start()
 
     def _start(self, node: NodeRun, source: str) -> None:
-        command = remote_command(node.plan, self.plan.run_id, self.options.grace, source)
+        command = remote_command(node.plan, self.plan.run_id, source)
         try:
             process = self.connections[node.name].start(command)
+            process.send(supervisor_input(node.plan, self.plan.run_id, self.options.grace))
         except TransportError as error:
             node.start_error = str(error)
             self.events.put([Status(node.name, "error", {"message": str(error)})])

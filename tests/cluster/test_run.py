@@ -196,10 +196,12 @@ def test_signal_to_the_controller_stops_every_node(cluster: LocalCluster, tmp_pa
 @pytest.mark.timeout(120)
 def test_sigkill_of_the_controller_leaves_nothing(cluster: LocalCluster, tmp_path: Path,
                                                   controllers: Callable[..., Controller]) -> None:
-    controller = controllers(cluster, tmp_path / "logs", "--nproc-per-node", "1", "--",
-                             CRASH_DEMO, "--steps", "1000")
+    controller = controllers(cluster, tmp_path / "logs", "--nproc-per-node", "1", "--env", "API_TOKEN=hunter2-s3cret",
+                             "--", CRASH_DEMO, "--steps", "1000")
     controller.wait_for(r"node2:2 │ step 2 ", timeout=60)
     assert all(cluster.processes(name) for name in cluster.names)
+    # The job's environment reached it over stdin: no node's process list shows it.
+    assert not [line for name in cluster.names for line in cluster.processes(name) if "hunter2" in line]
     controller.process.kill()
     killed = time.monotonic()
     assert_clean(cluster, timeout=15)

@@ -12,7 +12,7 @@ from pathlib import Path
 from torchherd.console import make_console
 from torchherd.console.run import LiveRenderer, render_summary
 from torchherd.inventory import parse
-from torchherd.launch import records_to_events, remote_command, supervisor_source
+from torchherd.launch import records_to_events, remote_command, supervisor_input, supervisor_source
 from torchherd.plan import RunOptions, build_plan
 from torchherd.runlog import (
     NodeOutcome,
@@ -124,10 +124,13 @@ def test_remote_command_runs_the_supervisor_with_exact_env(tmp_path: Path) -> No
     node = plan.nodes[0]
     argv = (sys.executable, "-c", "import os; print(repr(os.environ['X']), os.environ['FROM_SETUP'], os.getcwd())")
     node = type(node)(**{**node.__dict__, "argv": argv})
-    command = remote_command(node, "unit-1", 1.0, supervisor_source())
+    command = remote_command(node, "unit-1", supervisor_source())
+    assert NASTY not in command and "FROM_SETUP=1" in command  # the env travels on stdin, not in `ps`
     # stdin stays open while the job runs: its EOF would mean "the controller is gone".
     shell = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert shell.stdout is not None and shell.stdin is not None
+    shell.stdin.write(supervisor_input(node, "unit-1", 1.0))
+    shell.stdin.flush()
     records = []
     for record in shell.stdout:
         records.append(record.rstrip(b"\n"))

@@ -555,6 +555,7 @@ class Supervisor:
         self.got = 0
         self.stdin_open = True
         self.stdin_partial = b""
+        self.stdin_pending = b""
         self.last_in = time.monotonic()
         self.next_heartbeat = self.last_in + config.heartbeat
         self.pipes: Dict[int, LineFramer] = {}
@@ -777,6 +778,9 @@ class Supervisor:
             self.sel.unregister(0)
             self.request_teardown("stdin closed", False, now)
             return
+        self._stdin_data(data, now)
+
+    def _stdin_data(self, data: bytes, now: float) -> None:
         self.last_in = now
         lines = (self.stdin_partial + data).split(b"\n")
         self.stdin_partial = lines.pop()[-64:]
@@ -893,6 +897,9 @@ class Supervisor:
             self.out.add(status_record(EVENT_DONE, code=self.code, left=0))
             self._final_flush()
             return int(self.code or 0)
+        if self.stdin_pending:
+            # control lines that came right behind the config line on stdin
+            self._stdin_data(self.stdin_pending, time.monotonic())
         while not self._iterate():
             pass
         return self._finish()
@@ -1018,12 +1025,28 @@ def detach(config: Config) -> int:
         os._exit(code)
 
 
+def read_config_line() -> Tuple[str, bytes]:
+    """The config as the first line of stdin, and whatever followed it. The config holds
+    the job's environment: on the command line every user of the node could read it."""
+    data = b""
+    while b"\n" not in data:
+        chunk = os.read(0, READ_SIZE)
+        if not chunk:
+            break
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    return line.decode("utf-8", "replace"), rest
+
+
 def main(args: List[str]) -> int:
-    if len(args) != 1:
-        sys.stderr.write("usage: supervisor.py JSON_CONFIG\n")
+    # "- RUN_ID": the config comes on stdin; the run id stays on the command line only
+    # so that ``status``/``stop`` can tell this run's supervisor from a reused pid.
+    if not (len(args) == 1 or (len(args) == 2 and args[0] == "-")):
+        sys.stderr.write("usage: supervisor.py JSON_CONFIG | - [RUN_ID]  (- reads the config from stdin)\n")
         return EXIT_BAD_CONFIG
+    text, pending = read_config_line() if args[0] == "-" else (args[0], b"")
     try:
-        config = parse_config(args[0])
+        config = parse_config(text)
     except ConfigError as exc:
         record = status_record(EVENT_ERROR, message=str(exc))
         record += status_record(EVENT_DONE, code=EXIT_BAD_CONFIG, left=0)
@@ -1038,7 +1061,9 @@ def main(args: List[str]) -> int:
     except OSError:
         pass
     try:
-        return Supervisor(config).run()
+        supervisor = Supervisor(config)
+        supervisor.stdin_pending = pending
+        return supervisor.run()
     finally:
         if flags is not None:
             try:
