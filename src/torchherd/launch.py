@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
 
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, TransportError
 from torchherd.inventory import Inventory
-from torchherd.plan import NodeNetwork, NodePlan, Plan, RunOptions, build_plan, quote_path
+from torchherd.plan import RANK_PREFIX_HEAD, NodeNetwork, NodePlan, Plan, RunOptions, build_plan, quote_path
 from torchherd.runlog import (
     STDERR,
     NodeOutcome,
@@ -94,7 +94,7 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float) -> dict[str, ob
     # host's setup snippet must keep its effect.
     return {"run_id": run_id, "argv": list(node.argv), "env": dict(node.env), "cwd": None,
             "grace": grace, "heartbeat": HEARTBEAT_EVERY, "watchdog": WATCHDOG,
-            "cleanup_dir": node.remote_log_dir}
+            "cleanup_dir": node.remote_log_dir, "rank_marker": RANK_PREFIX_HEAD.decode()}
 
 
 def remote_command(node: NodePlan, run_id: str, source: str) -> str:

@@ -638,3 +638,27 @@ def test_exit_code_from_status() -> None:
 def test_status_record_is_one_line() -> None:
     rec = sv.status_record("exit", code=1, note="a\nb")
     assert rec.count(b"\n") == 1 and rec.startswith(sv.TAG_STATUS)
+
+
+def test_rank_mender_joins_a_line_torchrun_tore_apart() -> None:
+    """torchrun --tee copied rank 7's half-written line, then rank 6's whole line glued
+    to it, then the rest of rank 7's line (seen in a benchmark run: one line in 800,000)."""
+    mender = sv.RankMender(b"[M ")
+    first = (b"[M 7] rank 7 line 51576 whole\n"
+             b"[M 7] rank 7 line 51577 the qu[M 6] rank 6 line 42684 the quick brown fox\n")
+    assert mender.mend(first) == b"[M 7] rank 7 line 51576 whole\n[M 6] rank 6 line 42684 the quick brown fox\n"
+    assert mender.mend(b"[M 7] ick brown fox\n[M 6] next\n") == (b"[M 7] rank 7 line 51577 the quick brown fox\n"
+                                                                 b"[M 6] next\n")
+    assert mender.mend(b"[M 5] lo[M 5] ng[M 5] er\n") == b"[M 5] longer\n"
+    assert mender.mend(b"[M 3] cut at the end[M 4] x\n") == b"[M 4] x\n"
+    assert mender.finish() == b"[M 3] cut at the end\n"
+    # a marker that is not followed by "N] " is a rank's own text, not a tear
+    assert mender.mend(b"torchrun's own\n[M 2] plain [M not a rank\n") == b"torchrun's own\n[M 2] plain [M not a rank\n"
+
+
+def test_line_framer_mends_across_chunks_and_flushes_at_the_end() -> None:
+    framer = sv.LineFramer(b"O", mender=sv.RankMender(b"[M "))
+    out = framer.feed(b"[M 1] a[M 0] b\n[M 1] c\n[M 0] d")
+    out += framer.feed(b"e\n[M 2] held[M 0] f\n")
+    out += framer.finish()
+    assert out.split(b"\n")[:-1] == [b"O[M 0] b", b"O[M 1] ac", b"O[M 0] de", b"O[M 0] f", b"O[M 2] held"]

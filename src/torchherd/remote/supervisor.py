@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import selectors
 import shutil
@@ -137,6 +138,7 @@ class Config:
         state_file: Optional[str] = None,
         node: str = "",
         coordinator: Optional[Tuple[str, int, str]] = None,
+        rank_marker: Optional[str] = None,
     ) -> None:
         self.run_id = run_id
         self.argv = argv
@@ -150,6 +152,7 @@ class Config:
         self.state_file = state_file
         self.node = node
         self.coordinator = coordinator
+        self.rank_marker = rank_marker
 
 
 def _number(raw: Dict[str, object], key: str, default: float) -> float:
@@ -217,6 +220,7 @@ def parse_config(text: str) -> Config:
         state_file=_optional_str(raw, "state_file"),
         node=_optional_str(raw, "node") or "",
         coordinator=_coordinator(raw),
+        rank_marker=_optional_str(raw, "rank_marker"),
     )
 
 
@@ -236,13 +240,58 @@ def exit_code_from_status(status: int) -> int:
     return 1
 
 
+class RankMender:
+    """Mends lines that torchrun's --tee tore apart.
+
+    torchrun copies each rank's output with one thread per rank, each reading its
+    rank's file line by line; a line the rank had not finished writing comes out
+    without its newline, and the next rank's line is glued to it:
+    ``[M 7] rank 7 li[M 6] a whole line`` ... ``[M 7] ne 12`` (M the rank marker).
+    A segment that ends at another marker instead of a newline is such a partial
+    line: it is held back and joined to the same rank's next segment."""
+
+    def __init__(self, marker: bytes) -> None:
+        self.marker = marker
+        self.prefix = re.compile(re.escape(marker) + rb"(\d+)\] ")
+        self.pending: Dict[bytes, bytes] = {}
+
+    def mend(self, lines: bytes) -> bytes:
+        """``lines``: complete lines, each ending in a newline; returns them mended."""
+        starts = lines.count(b"\n" + self.marker) + (1 if lines.startswith(self.marker) else 0)
+        if not self.pending and lines.count(self.marker) == starts:
+            return lines  # nothing torn: the common case costs two counts
+        out: List[bytes] = []
+        for line in lines[:-1].split(b"\n"):
+            prefixes = list(self.prefix.finditer(line))
+            if not prefixes or prefixes[0].start() > 0:
+                out.append(line[: prefixes[0].start()] if prefixes else line)  # torchrun's own text
+            for index, prefix in enumerate(prefixes):
+                last = index == len(prefixes) - 1
+                rank, body = prefix.group(1), line[prefix.end(): None if last else prefixes[index + 1].start()]
+                if last:
+                    out.append(self.marker + rank + b"] " + self.pending.pop(rank, b"") + body)
+                else:
+                    self._hold(rank, body)
+        return b"".join(line + b"\n" for line in out)
+
+    def _hold(self, rank: bytes, body: bytes) -> None:
+        self.pending[rank] = self.pending.get(rank, b"") + body
+
+    def finish(self) -> bytes:
+        """What was still held back when the stream ended, as lines of their own."""
+        held = [self.marker + rank + b"] " + body for rank, body in self.pending.items()]
+        self.pending = {}
+        return b"".join(line + b"\n" for line in held)
+
+
 class LineFramer:
     """Cuts a byte stream into TAG-prefixed records, one per line."""
 
-    def __init__(self, tag: bytes, max_line: int = MAX_LINE) -> None:
+    def __init__(self, tag: bytes, max_line: int = MAX_LINE, mender: Optional[RankMender] = None) -> None:
         self.tag = tag
         self.max_line = max_line
         self.partial = b""
+        self.mender = mender
 
     def feed(self, data: bytes) -> bytes:
         if not data:
@@ -252,22 +301,29 @@ class LineFramer:
         end = data.rfind(b"\n") + 1
         self.partial = data[end:]
         out = b""
-        if end:
+        complete = data[:end]
+        if complete and self.mender is not None:
+            complete = self.mender.mend(complete)
+        if complete:
             # one replace over the chunk, not a bytes object per line: the node's
             # cores are the job's too
-            out = self.tag + data[: end - 1].replace(b"\n", b"\n" + self.tag) + b"\n"
+            out = self.tag + complete[:-1].replace(b"\n", b"\n" + self.tag) + b"\n"
         if len(self.partial) >= self.max_line:
             out += self.tag + self.partial + b"\n"
             self.partial = b""
         return out
 
     def finish(self) -> bytes:
-        """Flush a final line that had no newline."""
-        if not self.partial:
-            return b""
-        out = self.tag + self.partial + b"\n"
+        """Flush a final line that had no newline, and any torn line still held back."""
+        rest = self.partial + b"\n" if self.partial else b""
         self.partial = b""
-        return out
+        if rest and self.mender is not None:
+            rest = self.mender.mend(rest)
+        if self.mender is not None:
+            rest += self.mender.finish()
+        if not rest:
+            return b""
+        return self.tag + rest[:-1].replace(b"\n", b"\n" + self.tag) + b"\n"
 
 
 # ---------------------------------------------------------------- processes
@@ -624,7 +680,8 @@ class Supervisor:
         assert self.proc.stdout is not None and self.proc.stderr is not None
         for stream, tag in ((self.proc.stdout, TAG_STDOUT), (self.proc.stderr, TAG_STDERR)):
             fd = stream.fileno()
-            self.pipes[fd] = LineFramer(tag)
+            marker = self.cfg.rank_marker
+            self.pipes[fd] = LineFramer(tag, mender=RankMender(marker.encode()) if marker else None)
             self.sel.register(fd, selectors.EVENT_READ, "pipe")
         return True
 
