@@ -7,13 +7,13 @@ import shlex
 import socket
 import time
 from importlib import resources
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from torchherd.checks.model import Json, NodeFacts
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
-from torchherd.transport import CommandResult, Connection, RemoteProcess
+from torchherd.transport import Connection, RemoteProcess
 
 FALLBACK_PYTHON = "python3"
 """Used for the facts when the configured python does not run, so the other checks still report."""
@@ -29,11 +29,6 @@ def python_command(python: str, script: str, config: Mapping[str, Any], stdlib_o
     # standard-library script never needs; it matters with hundreds of nodes per core.
     flags = "-S " if stdlib_only else ""
     return f"{python} {flags}-c {shlex.quote(remote_source(script))} {shlex.quote(json.dumps(config))}"
-
-
-def _describe_failure(result: CommandResult) -> str:
-    lines = result.stderr.decode("utf-8", "replace").strip().splitlines()
-    return lines[-1] if lines else f"exit status {result.exit_code}"
 
 
 @dataclass
@@ -96,7 +91,7 @@ def gather_facts(connection: Connection, host: Host, config: Mapping[str, Any], 
         reason = python_error or _last_line(outcome.stderr, outcome.exit_code)
         raise TransportError(host.name, "facts", f"{host.name}: the facts script failed: {reason}")
     if python_error:
-        outcome.facts = NodeFacts(outcome.facts.raw, outcome.facts.sent, outcome.facts.received, python_error)
+        outcome.facts = replace(outcome.facts, python_error=python_error)
     return outcome
 
 
