@@ -157,3 +157,20 @@ def test_ssh_config_alias_is_resolved(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["-i", str(path), "hosts", "--json"], console=make_console(StringIO())) == 0
     hosts = json.loads(capsys.readouterr().out)["hosts"]
     assert [host["ssh"] for host in hosts] == ["alice@10.9.9.9:2022", "bob@n1"]
+
+
+def test_fifty_thousand_hosts_parse_in_linear_time(tmp_path: Path) -> None:
+    """The duplicate-name check was a scan of the hosts so far: 50,000 hosts took 116 s."""
+    import time
+
+    count = 50_000
+    text = "".join(f'[[hosts]]\nname = "n{index}"\naddress = "10.{index >> 16}.{(index >> 8) & 255}.{index & 255}"\n'
+                   for index in range(count))
+    path = write(tmp_path, text)
+    started = time.monotonic()
+    inventory = load(path)
+    elapsed = time.monotonic() - started
+    assert len(inventory.hosts) == count
+    assert elapsed < 10.0, f"{count} hosts took {elapsed:.1f} s"
+    with pytest.raises(InventoryError, match=rf"hosts\[{count}\].name: duplicate host name 'n7'"):
+        load(write(tmp_path, text + '[[hosts]]\nname = "n7"\n'))
