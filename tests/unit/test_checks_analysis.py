@@ -9,7 +9,7 @@ import pytest
 
 from torchherd.checks.analysis import clock, firewall, hostname, iptables, network, port, python, script
 from torchherd.checks.analysis.network import compute_networks, ifname_matches
-from torchherd.checks.model import NodeFacts, Observed
+from torchherd.checks.model import NodeFacts, Observed, ProbePlan
 from torchherd.checks.runner import selected_checks
 from torchherd.errors import UsageError
 from torchherd.inventory import parse
@@ -92,16 +92,120 @@ def test_port_taken_names_the_process_and_a_free_port() -> None:
     assert results[0].fix == "stop it (kill 42) or set port = 29501 in [cluster]"
 
 
-@pytest.mark.parametrize(("outcome", "meaning"), [("timeout", "timed out: packets dropped"),
-                                                   ("refused", "connection refused")])
-def test_worker_connect_failure_says_dropped_or_refused(outcome: str, meaning: str) -> None:
+def attempts(*results: str) -> list[dict[str, Any]]:
+    return [{"result": result, "timeout": 2.0 * 2 ** index, "seconds": 0.1} for index, result in enumerate(results)]
+
+
+def outcome(address: str, port_number: int, *results: str) -> dict[str, Any]:
+    made = attempts(*results)
+    return {"result": results[-1], "address": address, "port": port_number, "attempts": made}
+
+
+@pytest.mark.parametrize(("results", "meaning"), [
+    (("timeout", "timeout"), "timed out: packets dropped; timed out twice: 2 s in the burst, then 4 s alone"),
+    (("refused", "refused"), "connection refused: nothing listening, or a REJECT rule; refused twice"),
+    (("unreachable", "unreachable"), "no route to host; unreachable twice"),
+    (("timeout", "refused"), "connection refused: nothing listening, or a REJECT rule; timed out, then refused"),
+])
+def test_worker_connect_failure_says_what_every_attempt_said(results: tuple[str, ...], meaning: str) -> None:
     seen = observed()
     seen.listened = {"node0": {"bound": {"master": 29500}}, "node1": {"bound": {}}}
-    seen.connected = {"node0": {}, "node1": {"node0:master": {"result": outcome, "address": "10.0.0.1",
-                                                              "port": 29500}}}
+    seen.connected = {"node0": {}, "node1": {"node0:master": outcome("10.0.0.1", 29500, *results)}}
     result = port.analyse(seen)[1]
     assert result.status == "fail"
-    assert result.summary.startswith(f"node1 cannot connect to node0 10.0.0.1:29500 ({meaning}")
+    assert result.summary == f"node1 cannot connect to node0 10.0.0.1:29500 ({meaning})"
+    assert result.fix.startswith("open TCP 29500 on node0")
+
+
+def test_one_timeout_alone_is_never_a_failure() -> None:
+    seen = observed()
+    seen.listened = {"node0": {"bound": {"master": 29500}}, "node1": {"bound": {}}}
+    for single in ({"result": "timeout", "address": "10.0.0.1", "port": 29500},
+                   outcome("10.0.0.1", 29500, "timeout"),
+                   {"result": "untried", "port": 29500, "attempts": []}):
+        seen.connected = {"node0": {}, "node1": {"node0:master": single}}
+        result = port.analyse(seen)[1]
+        assert result.status == "warn", single
+        assert "not concluded in time" in result.summary and "no failure held" in result.summary
+    assert port.verdict(outcome("10.0.0.1", 29500, "refused")) == "fail"
+
+
+def test_a_connect_that_went_through_on_the_retry_passes_and_says_so() -> None:
+    seen = observed()
+    seen.listened = {"node0": {"bound": {"master": 29500, "e1": 40001, "e2": 40002}},
+                     "node1": {"bound": {"e1": 40003, "e2": 40004}}}
+    seen.connected = {
+        "node0": {"node1:e1": outcome("10.0.0.2", 40003, "ok"), "node1:e2": outcome("10.0.0.2", 40004, "ok")},
+        "node1": {"node0:master": dict(outcome("10.0.0.1", 29500, "timeout", "ok"), source="10.0.0.2"),
+                  "node0:e1": outcome("10.0.0.1", 40001, "ok"), "node0:e2": outcome("10.0.0.1", 40002, "ok")}}
+    results = port.analyse(seen)
+    assert statuses(results) == {"node0": "pass", "node1": "pass"}
+    assert results[1].summary == ("connected to node0 10.0.0.1:29500; ephemeral ports on node0 reachable; "
+                                  "1 connect(s) went through only on the second try")
+
+
+def mesh(count: int, dropped: str | None = None, replies_dropped: bool = True) -> Observed:
+    """``count`` nodes probing each other fully; ``dropped`` drops every connect to its
+    ephemeral ports (and, like a plain --dport rule, the replies to its own connects)."""
+    names = [f"node{index}" for index in range(count)]
+    address = {name: f"10.0.0.{index + 1}" for index, name in enumerate(names)}
+    inventory = parse({"cluster": {"port": 29500}, "hosts": [{"name": name} for name in names]},
+                      Path("hosts.toml"))
+    seen = Observed(inventory=inventory, master_target="node0")
+    seen.facts = {name: NodeFacts(raw={"port_range": "32768 60999"}, sent=0.0, received=0.0) for name in names}
+    seen.listened = {name: {"bound": {"e1": 40001, "e2": 40002}} for name in names}
+    seen.listened["node0"]["bound"]["master"] = 29500
+    for prober in names:
+        answer: dict[str, Any] = {}
+        for peer in names:
+            if peer == prober:
+                continue
+            cut = dropped in (peer, prober if replies_dropped else None)
+            for label in (("master", "e1", "e2") if peer == "node0" else ("e1", "e2")):
+                port_number = 29500 if label == "master" else 40001
+                lost = cut and (label != "master" or prober == dropped)
+                answer[f"{peer}:{label}"] = outcome(address[peer], port_number,
+                                                    *(("timeout", "timeout") if lost else ("ok",)))
+        seen.connected[prober] = answer
+    return seen
+
+
+def test_a_node_that_drops_its_ephemeral_ports_is_the_one_that_fails() -> None:
+    seen = mesh(5, dropped="node3")
+    results = {result.node: result for result in port.analyse(seen)}
+    assert {node: result.status for node, result in results.items()} == {
+        "node0": "pass", "node1": "pass", "node2": "pass", "node3": "fail", "node4": "pass"}
+    assert results["node3"].summary == (
+        "node3's ephemeral ports (32768-60999) are unreachable from node0, node1, node2, node4 (timed out: "
+        "packets dropped; timed out twice: 2 s in the burst, then 4 s alone); 9 of its own 9 connects failed "
+        "too; gloo/NCCL connect every pair of nodes on random ports")
+    assert results["node3"].fix.startswith("on node3, allow TCP from the other nodes on 32768-60999")
+    assert results["node1"].summary == ("connected to node0 10.0.0.1:29500; ephemeral ports on node0, node2, "
+                                        "node4 reachable, not on node3 (see there)")
+
+
+def test_one_failing_prober_is_reported_on_the_prober() -> None:
+    seen = mesh(3)
+    seen.connected["node2"]["node1:e1"] = outcome("10.0.0.2", 40001, "refused", "refused")
+    results = {result.node: result for result in port.analyse(seen)}
+    assert {node: result.status for node, result in results.items()} == {
+        "node0": "pass", "node1": "pass", "node2": "fail"}
+    assert results["node2"].summary.startswith("node2 cannot connect to node1 10.0.0.2:40001, an ephemeral port "
+                                               "(connection refused: nothing listening, or a REJECT rule; "
+                                               "refused twice)")
+
+
+def test_the_master_summary_names_the_probe_plan() -> None:
+    seen = mesh(3)
+    seen.probe_plan = ProbePlan("full", {"node0": ("node1", "node2"), "node1": ("node2", "node0"),
+                                         "node2": ("node0", "node1")}, 1)
+    assert port.analyse(seen)[0].summary == (
+        "port 29500 is free; a real listener on it served the workers' probes; ephemeral ports on node1, node2 "
+        "reachable; probe plan: full mesh: every node probed all 2 others")
+    sampled = ProbePlan("sampled", {"a": ("b", "c", "d"), "b": ("c", "d", "a"), "c": ("d", "a", "b", "e"),
+                                    "d": ("a", "b", "c"), "e": ("a", "b", "c", "d")}, 2)
+    assert sampled.describe() == ("sampled: each node probed 3 to 4 of the 4 others, each was probed by at least "
+                                  "1, both ways between each pair of the 2 subnets (--mesh full probes every pair)")
 
 
 def test_iptables_rule_is_named_in_order() -> None:

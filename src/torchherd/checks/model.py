@@ -7,7 +7,7 @@ touching the network, so unit tests build an ``Observed`` by hand.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from torchherd.errors import TransportError
 from torchherd.inventory import Host, Inventory
@@ -48,6 +48,41 @@ class NodeFacts:
         return None
 
 
+Mesh = Literal["auto", "full"]
+"""How many peers each node probes: ``full`` every other node, ``auto`` the full mesh up
+to a threshold and a bounded, covering sample beyond it (see probes.plan_probes)."""
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """Whose ephemeral ports each node connects to (every worker probes the master port besides)."""
+
+    mode: Literal["full", "sampled"]
+    peers: Mapping[str, tuple[str, ...]]
+    """Per node, in the order it probes them."""
+    subnets: int
+    """How many distinct subnets the nodes' addresses lie in."""
+
+    def probers(self) -> dict[str, list[str]]:
+        """Per node, the nodes that probe it."""
+        found: dict[str, list[str]] = {node: [] for node in self.peers}
+        for node, peers in self.peers.items():
+            for peer in peers:
+                found.setdefault(peer, []).append(node)
+        return found
+
+    def describe(self) -> str:
+        others = max(0, len(self.peers) - 1)
+        if self.mode == "full":
+            return f"full mesh: every node probed all {others} others"
+        degrees = sorted(len(peers) for peers in self.peers.values())
+        fewest = min((len(probers) for probers in self.probers().values()), default=0)
+        spread = f"{degrees[0]}" if degrees[0] == degrees[-1] else f"{degrees[0]} to {degrees[-1]}"
+        subnets = f", both ways between each pair of the {self.subnets} subnets" if self.subnets > 1 else ""
+        return (f"sampled: each node probed {spread} of the {others} others, each was probed by at least "
+                f"{fewest}{subnets} (--mesh full probes every pair)")
+
+
 @dataclass
 class Observed:
     """Everything gathered for one preflight run."""
@@ -67,10 +102,23 @@ class Observed:
     listened: dict[str, Json] = field(default_factory=dict)
     connected: dict[str, Json] = field(default_factory=dict)
     probe_errors: dict[str, str] = field(default_factory=dict)
+    probe_plan: ProbePlan | None = None
+    """Which peers the probes covered; None when no probe ran."""
     controller_ping: dict[str, str] = field(default_factory=dict)
     """Per node: "ok", "no-reply", or "unavailable: why" (ICMP from the controller)."""
     shell_seconds: dict[str, float] = field(default_factory=dict)
     """Per node: the SSH round trip of a trivial command (session, login shell, exit)."""
+    nproc_per_node: int | str | None = None
+    """The job's processes per node (``--nproc-per-node`` included); None: the inventory's."""
+    job_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Per node, the environment the job's ranks get (inventory env and ``--env``)."""
+
+    @property
+    def nproc(self) -> int | str:
+        return self.inventory.cluster.nproc_per_node if self.nproc_per_node is None else self.nproc_per_node
+
+    def env_of(self, host: Host) -> Mapping[str, str]:
+        return self.job_env.get(host.name, host.env)
 
     @property
     def master(self) -> Host:

@@ -9,17 +9,23 @@ Standard library only, Python >= 3.8, Linux, read-only. Run as
   script    str or null    the training script, relative to workdir
   workdir   str            "~" expanded
   torch     bool           import torch for its versions and GPUs (seconds of CPU)
-  listen    object or null {"ports": {"LABEL": PORT (0 = any free port)}, "seconds": S}:
-                           after the facts, bind every port on all addresses, print
-                           {"bound": {LABEL: PORT}, "errors": {LABEL: MESSAGE}} on one line,
-                           accept and hold connections until stdin reaches EOF or S
-                           seconds pass (the probes' listener, in the same round trip).
+  listen    object or null {"ports": {"LABEL": PORT (0 = any free port)}, "seconds": S,
+                           "backlog": PEERS}: after the facts, bind every port on all
+                           addresses with a queue for PEERS connects (capped by somaxconn),
+                           print {"bound": {LABEL: PORT}, "errors": {LABEL: MESSAGE},
+                           "backlog": N} on one line, accept connections until stdin reaches
+                           EOF or S seconds pass (the probes' listener, in the same round trip).
                            Meanwhile each JSON line on stdin is a connect request:
                            {"targets": [[LABEL, HOST, PORT], ...], "timeout": T,
-                           "ping": HOST or null, "resolve": [NAME, ...]}, answered with one
-                           line {LABEL: {"result": R, "source": LOCAL_ADDRESS}, "ping": ...,
-                           "resolve": {NAME: ...}}; R is ok, refused, timeout, unreachable,
-                           unresolved or the error's text.
+                           "retry_timeout": T2, "budget": B, "concurrency": C,
+                           "ping": HOST or null, "resolve": [NAME, ...]} (T2, B and C may be
+                           left out), answered within B seconds with one line
+                           {LABEL: {"result": R, "address": A, "port": P, "source": LOCAL_ADDRESS,
+                           "attempts": [{"result": R, "timeout": T, "seconds": S}, ...]},
+                           "ping": ..., "resolve": {NAME: ...}}. At most C connects at once;
+                           each failed one is tried again after them, alone, with T2; R is
+                           the last attempt's: ok, refused, timeout, unreachable, unresolved,
+                           untried (no time left in B) or the error's text.
 Prints the facts as one JSON line.
 Every probe is wrapped: a failing one records its error and the others go on.
 """
@@ -28,6 +34,7 @@ import errno
 import fcntl
 import glob
 import hashlib
+import ipaddress
 import json
 import os
 import select
@@ -119,6 +126,11 @@ def interfaces() -> List[Dict[str, Any]]:
             entry["mtu"] = struct.unpack("i", ioctl_value(name, 0x8921, 16, 4))[0]
         except OSError:
             pass
+        try:
+            mask = socket.inet_ntoa(ioctl_value(name, 0x891B, 20, 4))
+            entry["networks"] = [str(ipaddress.ip_interface("%s/%s" % (entry["addresses"][0], mask)).network)]
+        except (OSError, IndexError, ValueError):
+            entry["networks"] = []
         found.append(entry)
     extra = run_tool(["ip", "-o", "addr", "show"])
     if extra and extra["code"] == 0:
@@ -127,9 +139,22 @@ def interfaces() -> List[Dict[str, Any]]:
             if len(words) > 3 and words[2] in ("inet", "inet6"):
                 address = words[3].split("/")[0]
                 for entry in found:
-                    if entry["name"] == words[1].split("@")[0] and address not in entry["addresses"]:
-                        entry["addresses"].append(address)
+                    if entry["name"] == words[1].split("@")[0]:
+                        add_address(entry, address, words[3])
     return found
+
+
+def add_address(entry: Dict[str, Any], address: str, with_prefix: str) -> None:
+    """``ip -o addr``'s view added to the ioctl's: every address, and its subnet (which
+    the probe plan covers pairwise)."""
+    if address not in entry["addresses"]:
+        entry["addresses"].append(address)
+    try:
+        network = str(ipaddress.ip_interface(with_prefix).network)
+    except ValueError:
+        return
+    if network not in entry["networks"]:
+        entry["networks"].append(network)
 
 
 def route(targets: List[str], port: int) -> Dict[str, Any]:
@@ -260,40 +285,70 @@ def torch_facts() -> Dict[str, Any]:
     return facts
 
 
+def listen_backlog(wanted: int) -> int:
+    # Every peer connects at most once per socket in a burst: a queue that holds them all
+    # cannot overflow, however late this process gets the CPU to accept. The kernel caps
+    # the backlog at somaxconn anyway; reading it keeps the figure honest.
+    somaxconn = read_text("/proc/sys/net/core/somaxconn")
+    ceiling = int(somaxconn) if somaxconn and somaxconn.strip().isdigit() else 4096
+    return max(64, min(wanted, ceiling))
+
+
 def listen(config: Dict[str, Any]) -> None:
-    sockets: List[socket.socket] = []
+    sockets: Dict[int, Any] = {}
+    labels: Dict[int, str] = {}
     bound: Dict[str, int] = {}
     errors: Dict[str, str] = {}
+    backlog = listen_backlog(int(config.get("backlog") or 64))
     for label, port in config["ports"].items():
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         # As torch's TCPStore does: a port with only TIME_WAIT leftovers counts as free.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("", port))
-            sock.listen(64)
+            sock.listen(backlog)
         except OSError as error:
             errors[label] = os.strerror(error.errno) if error.errno else str(error)
             sock.close()
             continue
+        sock.setblocking(False)
         bound[label] = sock.getsockname()[1]
-        sockets.append(sock)
-    sys.stdout.write(json.dumps({"bound": bound, "errors": errors}) + "\n")
+        sockets[sock.fileno()], labels[sock.fileno()] = sock, label
+    sys.stdout.write(json.dumps({"bound": bound, "errors": errors, "backlog": backlog}) + "\n")
     sys.stdout.flush()
-    # Accepted connections stay open until the end: the connecting side closes
-    # first, so no TIME_WAIT is left on the master port to block the next bind.
-    accepted: List[socket.socket] = []
+    held: List[socket.socket] = []
     pending = b""
     deadline = time.time() + config["seconds"]
     while time.time() < deadline:
-        ready: List[Any] = select.select(sockets + [sys.stdin], [], [], 0.2)[0]
+        ready: List[Any] = select.select(list(sockets.values()) + [sys.stdin], [], [], 0.2)[0]
         for sock in ready:
             if sock is sys.stdin:
                 data = os.read(sys.stdin.fileno(), 65536)
                 if not data:
                     return
                 pending = serve_requests(pending + data)
-                continue
-            accepted.append(sock.accept()[0])
+            else:
+                held += drain(sock, labels[sock.fileno()] == "master")
+
+
+def drain(sock: socket.socket, hold: bool) -> List[socket.socket]:
+    """Accepts every connection waiting on ``sock`` (one per select round let a burst of
+    peers overflow the queue). Connections to the master port stay open until the end:
+    the connecting side closes first, so no TIME_WAIT is left on the master port to block
+    the next bind. The ephemeral ports are never bound again: those close at once, which
+    keeps the descriptors few when hundreds of peers probe one node."""
+    kept: List[socket.socket] = []
+    while True:
+        try:
+            accepted = sock.accept()[0]
+        except (BlockingIOError, InterruptedError):
+            return kept
+        except OSError:  # e.g. ECONNABORTED for one connection: the others still wait
+            continue
+        if hold:
+            kept.append(accepted)
+        else:
+            accepted.close()
 
 
 def serve_requests(data: bytes) -> bytes:
@@ -340,20 +395,88 @@ def ping(host: str) -> Dict[str, Any]:
     return {"result": "ok" if done.returncode == 0 else "no-reply", "detail": " ".join(last)}
 
 
-def connect(config: Dict[str, Any]) -> None:
+CONNECTS_AT_ONCE = 32
+"""Connects in flight on one node when the request does not say: bounded, so a node with
+hundreds of targets never fires them all at once (one thread per target did, and the
+listeners' queues overflowed into false timeouts)."""
+RETRIES_AT_ONCE = 64
+NOT_RETRIED = ("ok", "unresolved", "untried")
+
+
+def attempt(host: str, port: int, timeout: float, deadline: float) -> Dict[str, Any]:
+    """One connect, only when its whole timeout fits before the deadline: a connect cut
+    short would be weaker evidence than the others."""
+    if time.monotonic() + timeout > deadline:
+        return {"result": "untried"}
+    started = time.monotonic()
+    outcome = connect_one(host, port, timeout)
+    outcome.update(timeout=timeout, seconds=round(time.monotonic() - started, 3))
+    return outcome
+
+
+def connect_all(targets: List[List[Any]], timeout: float, deadline: float, width: int) -> Dict[str, Any]:
+    """``attempt`` on every (label, host, port), ``width`` threads pulling from one list."""
     results: Dict[str, Any] = {}
+    waiting = list(reversed(targets))
+    lock = threading.Lock()
 
-    def attempt(label: str, host: str, port: int) -> None:
-        results[label] = dict(connect_one(host, port, config["timeout"]), port=port)
+    def work() -> None:
+        while True:
+            with lock:
+                if not waiting:
+                    return
+                label, host, port = waiting.pop()
+            results[label] = attempt(host, port, timeout, deadline)
 
-    threads = [threading.Thread(target=attempt, args=tuple(target)) for target in config["targets"]]
-    if config.get("ping"):
-        threads.append(threading.Thread(target=lambda: results.__setitem__("ping", ping(config["ping"]))))
-    results["resolve"] = {name: resolve(name) for name in config.get("resolve", [])}
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, min(width, len(targets))))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    return results
+
+
+def probe(config: Dict[str, Any], started: float) -> Dict[str, Any]:
+    """The burst (bounded), then every failed target again, alone: all the retries at once
+    but never with the burst, each with the longer timeout. A connect that times out
+    once may have met a full queue on a loaded node; a DROP rule fails every time."""
+    timeout = float(config["timeout"])
+    retry_timeout = float(config.get("retry_timeout") or 2 * timeout)
+    # By default three waves of timeouts in the burst, then the retries.
+    deadline = started + float(config.get("budget") or 3 * timeout + retry_timeout)
+    targets = config["targets"]
+    first = connect_all(targets, timeout, deadline, int(config.get("concurrency") or CONNECTS_AT_ONCE))
+    failed = [target for target in targets if first[target[0]]["result"] not in NOT_RETRIED]
+    # The retries get the longer timeout when it fits, at least the burst's, or none.
+    retry_timeout = max(timeout, min(retry_timeout, deadline - time.monotonic()))
+    second = connect_all(failed, retry_timeout, deadline, RETRIES_AT_ONCE) if failed else {}
+    return {label: merged([first[label], second.get(label)], port) for label, _, port in targets}
+
+
+def merged(attempts: List[Optional[Dict[str, Any]]], port: int) -> Dict[str, Any]:
+    """The last attempt's outcome, with every attempt made (result, timeout, seconds)."""
+    made = [one for one in attempts if one is not None and one["result"] != "untried"]
+    if not made:
+        return {"result": "untried", "port": port, "attempts": []}
+    outcome = dict(made[-1], port=port)
+    outcome["attempts"] = [{key: one[key] for key in ("result", "timeout", "seconds", "detail") if key in one}
+                           for one in made]
+    outcome.pop("timeout", None)
+    outcome.pop("seconds", None)
+    return outcome
+
+
+def connect(config: Dict[str, Any]) -> None:
+    started = time.monotonic()
+    results: Dict[str, Any] = {}
+    pinger = None
+    if config.get("ping"):
+        pinger = threading.Thread(target=lambda: results.__setitem__("ping", ping(config["ping"])))
+        pinger.start()
+    results["resolve"] = {name: resolve(name) for name in config.get("resolve", [])}
+    results.update(probe(config, started))
+    if pinger is not None:
+        pinger.join()
     sys.stdout.write(json.dumps(results) + "\n")
     sys.stdout.flush()
 
