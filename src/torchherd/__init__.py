@@ -1,3 +1,47 @@
-"""torchherd: run one PyTorch distributed job on many machines from one command."""
+"""torchherd: run one PyTorch distributed job on many machines from one command.
+
+The public API (``docs/api.md``)::
+
+    import torchherd
+    cluster = torchherd.Cluster.from_toml("hosts.toml")
+    run = cluster.launch(cluster.plan("train.py", nproc_per_node=2))
+    print(run.wait().headline)
+
+Names are loaded on first use, so ``torchherd --help`` stays fast and a library
+user never imports rich.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_API = {
+    "Cluster": "torchherd.api", "Run": "torchherd.api", "DetachedRun": "torchherd.api", "runs": "torchherd.api",
+    "attach": "torchherd.api", "new_run_id": "torchherd.api", "LaunchAborted": "torchherd.api",
+    "DetachedStartFailed": "torchherd.api", "Plan": "torchherd.plan", "RunSummary": "torchherd.runlog",
+    "NodeOutcome": "torchherd.runlog", "OutputLine": "torchherd.runlog", "CheckReport": "torchherd.results",
+    "CheckResult": "torchherd.results", "TorchherdError": "torchherd.errors", "UsageError": "torchherd.errors",
+    "TransportError": "torchherd.errors", "events": "torchherd.engine.events",
+}
+__all__ = sorted(_API) + ["__version__"]
+
+if TYPE_CHECKING:  # the names __getattr__ loads, for type checkers and editors
+    from torchherd.api import Cluster, DetachedRun, DetachedStartFailed, LaunchAborted, Run, attach, new_run_id, runs  # noqa: F401
+    from torchherd.engine import events  # noqa: F401
+    from torchherd.errors import TorchherdError, TransportError, UsageError  # noqa: F401
+    from torchherd.plan import Plan  # noqa: F401
+    from torchherd.results import CheckReport, CheckResult  # noqa: F401
+    from torchherd.runlog import NodeOutcome, OutputLine, RunSummary  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchherd' has no attribute {name!r}")
+    if name == "events":
+        return importlib.import_module(module)
+    return getattr(importlib.import_module(module), name)

@@ -19,7 +19,7 @@ from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from torchherd.inventory import Inventory
+    from torchherd.api import Cluster, DetachedStartFailed
 
 Handler = Callable[[argparse.Namespace, "Console"], int]
 
@@ -29,17 +29,18 @@ def _inventory_path(args: argparse.Namespace) -> Path:
     return Path(chosen).expanduser()
 
 
-def _load_inventory(args: argparse.Namespace) -> Inventory:
-    from torchherd.inventory import load
+def _cluster(args: argparse.Namespace) -> Cluster:
+    from torchherd.api import Cluster, DetachedStartFailed
 
-    return load(_inventory_path(args))
+    return Cluster.from_toml(_inventory_path(args),
+                             accept_new_host_keys=getattr(args, "accept_new_host_keys", False))
 
 
 def cmd_hosts(args: argparse.Namespace, console: Console) -> int:
     from torchherd.console.hosts import hosts_rows, render_hosts
-    from torchherd.transport import resolve_target
+    from torchherd.transport.ssh import resolve_target
 
-    inventory = _load_inventory(args)
+    inventory = _cluster(args).inventory
     targets = [resolve_target(host, inventory.cluster.ssh_config).describe() for host in inventory.hosts]
     if args.json:
         print(json.dumps({"hosts": hosts_rows(inventory, targets)}, indent=2))
@@ -55,113 +56,96 @@ def _id_list(text: str | None) -> frozenset[str] | None:
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
-    from torchherd.checks import CheckOptions, run_preflight
     from torchherd.console.checks import live_progress, render_report
 
-    inventory = _load_inventory(args)
+    cluster = _cluster(args)
     script = args.script[0] if args.script else None
-    options = CheckOptions(only=_id_list(args.only), skip=_id_list(args.skip) or frozenset(),
-                           script=script, smoke=args.smoke, accept_new_host_keys=args.accept_new_host_keys)
+    only, skip = _id_list(args.only), _id_list(args.skip) or frozenset()
     if args.json:
-        outcome = run_preflight(inventory, options)
-        print(json.dumps(outcome.report.as_json(), indent=2))
+        report = cluster.check(script, only=only, skip=skip, smoke=args.smoke)
+        print(json.dumps(report.as_json(), indent=2))
     else:
-        with live_progress(console, inventory) as progress:
-            outcome = run_preflight(inventory, options, progress=progress)
-        render_report(console, outcome.report)
-    outcome.close()
-    return EXIT_OK if outcome.report.ok else EXIT_FAILED
+        with live_progress(console, cluster.inventory) as progress:
+            report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, on_result=progress)
+        render_report(console, report)
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from torchherd.api import Run
+    from torchherd.console.observer import ConsoleObserver
     from torchherd.console.run import render_plan
-    from torchherd.launch import LaunchOptions, run_job
-    from torchherd.plan import RunOptions, build_plan, parse_env_assignments
+    from torchherd.engine.launch import sigterm_as_interrupt
+    from torchherd.plan import parse_env_assignments
 
-    inventory = _load_inventory(args)
+    cluster = _cluster(args)
     if not args.script:
         raise UsageError("run: no training script given", "torchherd run [options] -- train.py [args...]")
     script, *script_args = args.script
-    run_options = RunOptions(
-        script=script, script_args=tuple(script_args), run_id=_new_run_id(),
-        nproc_per_node=_nproc(args.nproc_per_node), nnodes=args.nnodes, module=args.module,
-        extra_env=_extra_env(args.env, args.env_pass, parse_env_assignments),
-        master_addr=args.master_addr, max_restarts=args.max_restarts,
-        monitor_interval=args.monitor_interval, rdzv_conf=args.rdzv_conf, rdzv_backend=args.rdzv_backend,
-    )
+    plan = cluster.plan(script, *script_args, nproc_per_node=_nproc(args.nproc_per_node), nnodes=args.nnodes,
+                        module=args.module, env=_extra_env(args.env, args.env_pass, parse_env_assignments),
+                        master_addr=args.master_addr, max_restarts=args.max_restarts,
+                        monitor_interval=args.monitor_interval, rdzv_conf=args.rdzv_conf,
+                        rdzv_backend=args.rdzv_backend)
     if args.dry_run:
-        render_plan(console, build_plan(inventory, run_options))
+        render_plan(console, plan)
         return EXIT_OK
-    launch_options = LaunchOptions(check=not args.no_check, log_dir=Path(args.log_dir), grace=args.grace,
-                                   accept_new_host_keys=args.accept_new_host_keys, fail_fast=not args.no_fail_fast)
-    if args.detach:
-        from torchherd.detach import start_detached
+    observer = ConsoleObserver(console)
+    launched = cluster.launch(plan, log_dir=args.log_dir, on_event=observer, check=not args.no_check,
+                              grace=args.grace, fail_fast=not args.no_fail_fast, detach=args.detach)
+    if not isinstance(launched, Run):
+        from torchherd.console.detach import render_started
 
-        return start_detached(inventory, run_options, launch_options, console)
-    return run_job(inventory, run_options, launch_options, console)
+        render_started(console, launched.record)
+        return EXIT_OK
+    with sigterm_as_interrupt():
+        return launched.wait().exit_code
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    from torchherd.api import attach, runs
     from torchherd.console.detach import render_runs, render_status
-    from torchherd.detach import node_states
-    from torchherd.runrecord import load, load_all
 
     if args.run:
-        record = load(args.run)
-        render_status(console, record, node_states(record))
+        run = attach(args.run)
+        render_status(console, run.record, run.status())
     else:
-        render_runs(console, [(record, node_states(record)) for record in load_all()])
+        render_runs(console, [(run.record, run.status()) for run in runs()])
     return EXIT_OK
 
 
-def _follow(args: argparse.Namespace, console: Console, follow: bool) -> tuple[int, bool]:
-    """Renders the run's logs; the exit code, and whether every node finished (exit 0)."""
-    from torchherd.console.detach import status_note
+def _follow(args: argparse.Namespace, console: Console, follow: bool) -> int:
+    """Renders the run's logs; 0 when every node that finished exited 0."""
+    from torchherd.api import attach
+    from torchherd.console.observer import ConsoleObserver
     from torchherd.console.run import LiveRenderer
-    from torchherd.detach import Follow, follow_logs
-    from torchherd.runlog import Status
-    from torchherd.runrecord import load
 
-    record = load(args.run)
-    options = Follow(follow=follow, node=getattr(args, "node", None), rank=getattr(args, "rank", None))
-    renderer = LiveRenderer(console, [node.name for node in record.nodes], record.max_rank)
-    codes: dict[str, int] = {}
-
-    def on_status(status: Status) -> None:
-        if status.event == "exit":
-            codes[status.node] = int(status.fields.get("code", 1))
-        status_note(renderer, status)
-
-    follow_logs(record, renderer, options, on_status)
-    finished = len(codes) == len(record.nodes)
-    return (EXIT_OK if all(code == 0 for code in codes.values()) else EXIT_FAILED), finished
+    run = attach(args.run)
+    renderer = LiveRenderer(console, [node.name for node in run.record.nodes], run.record.max_rank)
+    codes = run.follow(ConsoleObserver(console, renderer), follow=follow, node=getattr(args, "node", None),
+                       rank=getattr(args, "rank", None))
+    return EXIT_OK if all(code == 0 for code in codes.values()) else EXIT_FAILED
 
 
 def cmd_logs(args: argparse.Namespace, console: Console) -> int:
-    return _follow(args, console, args.follow)[0]
+    return _follow(args, console, args.follow)
 
 
 def cmd_attach(args: argparse.Namespace, console: Console) -> int:
     try:
-        code, _finished = _follow(args, console, True)
+        return _follow(args, console, True)
     except KeyboardInterrupt:
         console.print(f"detached; the run goes on (torchherd stop {args.run} stops it)", markup=False,
                       highlight=False)
         return EXIT_OK
-    return code
 
 
 def cmd_stop(args: argparse.Namespace, console: Console) -> int:
+    from torchherd.api import attach
     from torchherd.console.detach import render_stopped
-    from torchherd.detach import stop_run
-    from torchherd.runrecord import load
 
-    record = load(args.run)
-    if args.grace is not None:
-        from dataclasses import replace
-
-        record = replace(record, grace=args.grace)
-    return EXIT_OK if render_stopped(console, record, stop_run(record)) else EXIT_FAILED
+    run = attach(args.run)
+    return EXIT_OK if render_stopped(console, run.record, run.stop(args.grace)) else EXIT_FAILED
 
 
 def _extra_env(assignments: Sequence[str], passed: Sequence[str],
@@ -183,13 +167,6 @@ def _nproc(text: str | None) -> int | str | None:
     if text.isdigit() and int(text) > 0:
         return int(text)
     raise UsageError(f"--nproc-per-node {text!r}: expected a positive integer, gpu, cpu or auto")
-
-
-def _new_run_id() -> str:
-    import secrets
-    import time
-
-    return time.strftime("th-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -281,17 +258,35 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     except SystemExit as stop:  # argparse has printed usage and the reason
         return int(stop.code) if isinstance(stop.code, int) else EXIT_USAGE
     _strip_separator(args)
+    from torchherd.api import DetachedStartFailed, LaunchAborted  # after --help: it must stay fast
+
     console = console or make_console()
     error_console = console if console.file is not sys.stdout else make_console(stderr=True)
     handler: Handler = args.handler
     try:
         return handler(args, console)
+    except LaunchAborted:  # the observer has shown why (the report, the unreachable nodes)
+        return EXIT_FAILED
+    except DetachedStartFailed as error:
+        _render_detached_failure(error_console, error)
+        return EXIT_FAILED
     except TorchherdError as error:
         render_error(error_console, error)
         return error.exit_code
     except KeyboardInterrupt:
         error_console.print("interrupted")
         return EXIT_INTERRUPTED
+
+
+def _render_detached_failure(console: Console, error: DetachedStartFailed) -> None:
+    from rich.text import Text
+
+    for message in error.start.errors:
+        console.print(Text(message, style="bold red"), soft_wrap=True)
+    left = error.start.left or {}
+    clean = all(not processes for processes in left.values())
+    console.print(Text(str(error) + ("" if clean else " (some processes are left)"), style="bold red"),
+                  soft_wrap=True)
 
 
 def entry() -> None:

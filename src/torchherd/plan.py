@@ -16,10 +16,10 @@ from typing import Mapping, Sequence
 from torchherd.errors import UsageError
 from torchherd.inventory import Host, Inventory
 
-# torchrun writes this before every line a rank prints (with --tee); launch parses it
-# back off to know the rank, so it must be unlikely to start a line by chance.
-RANK_PREFIX_TEMPLATE = "[torchherd-rank ${rank}] "
-RANK_PREFIX_HEAD = b"[torchherd-rank "
+# torchrun writes this before every line a rank prints (with --tee); defined with the
+# rest of the protocol in wire, and still importable from here.
+from torchherd.remote.wire import RANK_PREFIX_HEAD as RANK_PREFIX_HEAD
+from torchherd.remote.wire import RANK_PREFIX_TEMPLATE as RANK_PREFIX_TEMPLATE
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,29 @@ class NodePlan:
 
 @dataclass(frozen=True)
 class Plan:
+    """The job, decided once: the preflight verifies this object, the launch executes it."""
+
     run_id: str
     master: str
     master_addr: str
     port: int
     rdzv_backend: str
     nodes: tuple[NodePlan, ...]
+    inventory: Inventory
+    options: RunOptions
+    nproc_per_node: int | str
+
+    @property
+    def script(self) -> str | None:
+        """The training script's path, as each node must find it (None for a module)."""
+        return None if self.options.module or not self.options.script else self.options.script
+
+    def with_networks(self, networks: Mapping[str, NodeNetwork]) -> Plan:
+        """The same plan with the addresses and interfaces the preflight found on the nodes
+        (a master address given by the user or the inventory is kept as it is)."""
+        if not networks:
+            return self
+        return build_plan(self.inventory, self.options, networks)
 
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
@@ -130,8 +147,10 @@ def build_plan(inventory: Inventory, options: RunOptions,
         for rank, host in enumerate(inventory.hosts)
     )
     nodes = (replace(nodes[0], notes=(master_note,) + nodes[0].notes),) + nodes[1:]
+    nproc = options.nproc_per_node if options.nproc_per_node is not None else cluster.nproc_per_node
     return Plan(run_id=options.run_id, master=master.name, master_addr=master_addr,
-                port=cluster.port, rdzv_backend=backend, nodes=nodes)
+                port=cluster.port, rdzv_backend=backend, nodes=nodes, inventory=inventory, options=options,
+                nproc_per_node=nproc)
 
 
 def _master_address(inventory: Inventory, options: RunOptions,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-STATUSES = ("pass", "warn", "fail", "skip")
+CheckStatus = Literal["pass", "warn", "fail", "skip"]
+STATUSES: tuple[CheckStatus, ...] = get_args(CheckStatus)
 CLUSTER = "cluster"
 """The ``node`` of a check about the whole set of nodes rather than one of them."""
 
@@ -13,11 +15,12 @@ CLUSTER = "cluster"
 class CheckResult:
     node: str
     check: str
-    status: str
+    status: CheckStatus
     summary: str
     fix: str = ""
 
     def __post_init__(self) -> None:
+        # The type says it to mypy; a status read from JSON or built from a string must be checked.
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
 

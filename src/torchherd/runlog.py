@@ -10,28 +10,34 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence, Union
+from typing import Any, Literal, NamedTuple, Sequence, Union
 
-from torchherd.plan import RANK_PREFIX_HEAD
+from torchherd.remote import wire
+from torchherd.remote.wire import RANK_PREFIX_END, RANK_PREFIX_HEAD, StatusEvent
 
 STDOUT = "out"
 STDERR = "err"
 
-TAG_STDOUT = ord("O")
-TAG_STDERR = ord("E")
-TAG_HEARTBEAT = ord("H")
-TAG_STATUS = ord("S")
+# A record's first byte, as an int (``record[0]``).
+TAG_STDOUT = wire.TAG_STDOUT_ORD
+TAG_STDERR = wire.TAG_STDERR_ORD
+TAG_HEARTBEAT = wire.TAG_HEARTBEAT_ORD
+TAG_STATUS = wire.TAG_STATUS_ORD
 
-_RANK_PREFIX = re.compile(rb"\[torchherd-rank (\d+)\] ")
-OUT_HEAD = b"\nO" + RANK_PREFIX_HEAD
+_HEAD = re.escape(RANK_PREFIX_HEAD)
+_END = re.escape(RANK_PREFIX_END)
+_OUT = re.escape(wire.TAG_STDOUT)
+_ERR = re.escape(wire.TAG_STDERR)
+_RANK_PREFIX = re.compile(_HEAD + rb"(\d+)" + _END)
+OUT_HEAD = b"\n" + wire.TAG_STDOUT + RANK_PREFIX_HEAD
 """How a rank's stdout record starts inside a block (every record follows a newline)."""
-ERR_HEAD = b"\nE" + RANK_PREFIX_HEAD
-_HEARTBEATS = b"\nH\n"
+ERR_HEAD = b"\n" + wire.TAG_STDERR + RANK_PREFIX_HEAD
+_HEARTBEATS = b"\n" + wire.HEARTBEAT_RECORD
 # A rank prefix the bulk path must not take: not digits, a leading zero, no "] ".
-_ODD_RANK_PREFIX = re.compile(rb"\n[OE]\[torchherd-rank (?!(?:0|[1-9]\d*)\] )")
-OUT_RANKS = re.compile(rb"\nO\[torchherd-rank (\d+)\] ")
-ERR_RANKS = re.compile(rb"\nE\[torchherd-rank (\d+)\] ")
-_ERR_RECORDS = re.compile(rb"\nE[^\n]*")
+_ODD_RANK_PREFIX = re.compile(rb"\n[" + _OUT + _ERR + rb"]" + _HEAD + rb"(?!(?:0|[1-9]\d*)" + _END + rb")")
+OUT_RANKS = re.compile(rb"\n" + _OUT + _HEAD + rb"(\d+)" + _END)
+ERR_RANKS = re.compile(rb"\n" + _ERR + _HEAD + rb"(\d+)" + _END)
+_ERR_RECORDS = re.compile(rb"\n" + _ERR + rb"[^\n]*")
 # Every line is_error_line accepts holds one of these words (in any case).
 _ERROR_WORDS = (b"error", b"fatal", b"exception", b"interrupt", b"exit", b"[errno ")
 # torchrun's failure report names the root-cause rank as "  rank      : 3 (local_rank: 1)".
@@ -67,12 +73,16 @@ class OutputLine(NamedTuple):
         return f"[rank {self.rank}{suffix}] {self.text}"
 
 
+StatusName = Union[StatusEvent, Literal["garbled"]]
+"""A status record's event; "garbled" when the record is not one the supervisor writes."""
+
+
 @dataclass(frozen=True)
 class Status:
     """One ``S`` record of a supervisor: started, exit, stopping, teardown, done, error."""
 
     node: str
-    event: str
+    event: StatusName
     fields: dict[str, Any]
 
 
@@ -129,7 +139,8 @@ def parse_status(node: str, payload: bytes) -> Status:
         fields = None
     if not isinstance(fields, dict):
         return Status(node, "garbled", {"payload": payload.decode("utf-8", "replace")})
-    return Status(node, str(fields.get("event", "")), fields)
+    event = wire.status_event(fields.get("event"))
+    return Status(node, "garbled" if event is None else event, fields)
 
 
 def parse_records(node: str, records: Sequence[bytes]) -> list[OutputLine | Status]:
@@ -253,14 +264,16 @@ def root_cause_rank(line: OutputLine) -> int | None:
     return int(match.group(1)) if match else None
 
 
+OutcomeState = Literal["ok", "failed", "torn down", "lost", "interrupted", "not started", "unresponsive"]
+
+
 @dataclass(frozen=True)
 class NodeOutcome:
     """How one node's part of the run ended, for the summary table."""
 
     node: str
     node_rank: int
-    state: str
-    """ok, failed, torn down, lost, interrupted, not started, unresponsive."""
+    state: OutcomeState
     exit_code: int | None
     seconds: float | None
     first_error: str | None

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from localcluster import LocalCluster
 
-from torchherd.checks import CheckOptions, run_preflight
+from torchherd.api import Cluster
+from torchherd.checks import CheckOptions, PreflightOutcome
+from torchherd.engine.launch import preflight
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.inventory import Inventory, load
@@ -32,8 +34,14 @@ def inventory(cluster: LocalCluster) -> Inventory:
     return load(cluster.inventory)
 
 
-def check(inventory: Inventory, **options: object) -> dict[tuple[str, str], CheckResult]:
-    outcome = run_preflight(inventory, CheckOptions(**options))  # type: ignore[arg-type]
+def run_preflight(inventory: Inventory, options: CheckOptions, script: str | None = None) -> PreflightOutcome:
+    """The preflight of a default run of ``script`` (what ``torchherd check -- SCRIPT`` runs)."""
+    cluster = Cluster(inventory=inventory)
+    return preflight(cluster.plan(script or "", run_id="check"), options, cluster.connector)
+
+
+def check(inventory: Inventory, script: str | None = None, **options: object) -> dict[tuple[str, str], CheckResult]:
+    outcome = run_preflight(inventory, CheckOptions(**options), script)  # type: ignore[arg-type]
     outcome.close()
     return {(result.node, result.check): result for result in outcome.report.results}
 

@@ -26,7 +26,8 @@ from localcluster import LocalCluster
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.run import LiveRenderer
-from torchherd.detach import Follow, NodeFollower, follow_logs, node_states, stop_run
+from torchherd.console.observer import ConsoleObserver
+from torchherd.engine.detach import Follow, NodeFollower, follow_logs, node_states, stop_run
 from torchherd.runrecord import NodeState, load, remote_run_dir
 
 pytestmark = pytest.mark.cluster
@@ -150,7 +151,7 @@ def test_logs_follow_survives_a_cut_connection(cluster: LocalCluster, runs: Runs
     followers: dict[str, NodeFollower] = {}
 
     def follow() -> None:
-        followers.update(follow_logs(load(run_id), renderer, Follow(follow=True)))
+        followers.update(follow_logs(load(run_id), ConsoleObserver(renderer.console, renderer), Follow(follow=True)))
 
     thread = threading.Thread(target=follow, daemon=True)
     thread.start()

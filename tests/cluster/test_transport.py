@@ -12,7 +12,7 @@ import pytest
 from localcluster import LocalCluster
 from torchherd.errors import TransportError
 from torchherd.inventory import Inventory, load
-from torchherd.transport import connect, connect_all, resolve_target
+from torchherd.transport.ssh import connect, connect_all, resolve_target
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,11 +19,11 @@ from typing import Callable, Iterator
 
 import pytest
 
-from torchherd.remote import coordinator as coord
+from torchherd.remote import program, wire
 from torchherd.remote import supervisor as sv
 
-SOURCE = Path(sv.__file__).read_text()
-COORD_SOURCE = Path(coord.__file__).read_text()
+SOURCE = program("supervisor.py")
+COORD_SOURCE = program("coordinator.py")
 PY = sys.executable
 
 
@@ -180,3 +180,81 @@ def test_detached_supervisor_tears_down_on_stop_from_the_coordinator(run_id: str
     log = (tmp_path / "runs" / "n0.log").read_text()
     assert "coordinator: other exited with code 1" in log
     other.close()
+
+
+# ------------------------------------------------------------------ stop
+
+STOP_SOURCE = program("stop.py")
+CHILD = "import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint(os.getpid(), flush=True)\n" \
+        "time.sleep(600)"
+PARENT = f"""
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", {CHILD!r}], start_new_session=True, stdout=subprocess.PIPE)
+print(os.getpid(), child.stdout.readline().decode().strip(), flush=True)
+time.sleep(600)
+"""
+
+
+def tree(run_id: str) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """A job's process tree, started outside any supervisor: a parent and, in a session of
+    its own, a child that ignores SIGTERM; both carry TORCHHERD_RUN_ID=run_id."""
+    proc = subprocess.Popen([PY, "-c", PARENT], env={**os.environ, wire.RUN_ID_ENV: run_id}, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    return proc, [int(pid) for pid in proc.stdout.readline().split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data[data.rfind(b")") + 2:].split()[0] not in (b"Z", b"X")
+
+
+def stop(run_id: str, supervisor: int, grace: float) -> wire.StopReply:
+    done = subprocess.run([PY, "-S", "-I", "-c", STOP_SOURCE, run_id, str(supervisor), str(grace)],
+                          capture_output=True, cwd="/", env={"PATH": os.environ["PATH"]}, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return wire.StopReply.from_json(done.stdout.decode())
+
+
+@pytest.mark.timeout(40)
+def test_stop_kills_exactly_the_runs_processes(run_id: str) -> None:
+    mine, mine_pids = tree(run_id)
+    other_id = "test-" + uuid.uuid4().hex
+    other, other_pids = tree(other_id)
+    try:
+        assert all(alive(pid) for pid in mine_pids + other_pids)
+        reply = stop(run_id, 0, 1.0)
+        assert reply == wire.StopReply(was_running=False, left=())
+        assert mine.wait(timeout=5) == -signal.SIGTERM
+        assert wait_until(lambda: not any(alive(pid) for pid in mine_pids), 5)
+        assert all(alive(pid) for pid in other_pids), "stop touched another run"
+    finally:
+        for pid in pids_with(other_id.encode()):
+            os.kill(pid, signal.SIGKILL)
+        for proc in (mine, other):
+            proc.kill()
+            proc.wait()
+            assert proc.stdout is not None
+            proc.stdout.close()
+
+
+@pytest.mark.timeout(60)
+def test_stop_ends_a_detached_supervisor_and_its_job(run_id: str, tmp_path: Path) -> None:
+    done = start(run_id, tmp_path, "import time\nwhile True: time.sleep(1)")
+    assert done.returncode == 0, done
+    supervisor = int(json.loads(done.stdout[1:])["supervisor"])
+    stray, stray_pids = tree(run_id)  # started by hand, yet carries the run id
+    try:
+        reply = stop(run_id, supervisor, 2.0)
+        assert reply == wire.StopReply(was_running=True, left=())
+        assert not alive(supervisor) and not any(alive(pid) for pid in stray_pids)
+        assert not [pid for pid in pids_with(run_id.encode()) if alive(pid)]
+        assert state(tmp_path)["state"] == "exited" and state(tmp_path)["code"] == 143
+    finally:
+        stray.kill()
+        stray.wait()
+        assert stray.stdout is not None
+        stray.stdout.close()

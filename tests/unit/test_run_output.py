@@ -12,7 +12,7 @@ from pathlib import Path
 from torchherd.console import make_console
 from torchherd.console.run import LiveRenderer, render_summary
 from torchherd.inventory import parse
-from torchherd.launch import records_to_events, remote_command, supervisor_input, supervisor_source
+from torchherd.engine.job import records_to_events, remote_command, supervisor_input, supervisor_source
 from torchherd.plan import RunOptions, build_plan
 from torchherd.runlog import (
     NodeOutcome,

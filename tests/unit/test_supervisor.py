@@ -1,7 +1,8 @@
 """Real tests of the node supervisor, run locally (no SSH).
 
-Each test starts the supervisor the way the controller does over SSH:
-``python -u -c SOURCE JSON`` with its stdin and stdout as pipes. Every
+Each test starts the supervisor the way the controller does over SSH, as the
+program shipped to the nodes: ``python -u -c PROGRAM JSON`` with its stdin and
+stdout as pipes. Every
 process a test starts carries a unique TORCHHERD_RUN_ID (or a unique marker)
 and the ``harness`` fixture SIGKILLs all of them on the way out, pass or fail.
 """
@@ -23,9 +24,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
+from torchherd.remote import program, wire
 from torchherd.remote import supervisor as sv
 
-SOURCE = Path(sv.__file__).read_text()
+SOURCE = program("supervisor.py")
 PY = sys.executable
 
 
@@ -116,7 +118,7 @@ class Run:
     def next_event(self, name: str, timeout: float) -> Dict[str, Any]:
         end = time.monotonic() + timeout
         while True:
-            ev = json.loads(self.next_record(sv.TAG_STATUS, max(0.01, end - time.monotonic())))
+            ev = json.loads(self.next_record(wire.TAG_STATUS, max(0.01, end - time.monotonic())))
             if ev["event"] == name:
                 return dict(ev)
 
@@ -131,7 +133,7 @@ class Run:
             return [p for t, p in self.records if t == tag]
 
     def status(self) -> List[Dict[str, Any]]:
-        return [json.loads(p) for p in self.payloads(sv.TAG_STATUS)]
+        return [json.loads(p) for p in self.payloads(wire.TAG_STATUS)]
 
 
 class Harness:
@@ -151,7 +153,7 @@ class Harness:
         read: bool = True,
     ) -> Run:
         run_id = "test-" + uuid.uuid4().hex
-        self.markers.append(("%s=%s" % (sv.RUN_ID_ENV, run_id)).encode())
+        self.markers.append(("%s=%s" % (wire.RUN_ID_ENV, run_id)).encode())
         config = {
             "run_id": run_id,
             "argv": argv,
@@ -242,8 +244,8 @@ def test_exit_code_passthrough(harness: Harness, code: int) -> None:
     assert events[0]["pid"] == events[0]["pgid"]
     assert events[1] == {"event": "exit", "code": code}
     assert events[2] == {"event": "done", "code": code, "left": 0}
-    assert run.payloads(sv.TAG_STDOUT) == [b"hi"]
-    assert run.records[-1][0] == sv.TAG_STATUS
+    assert run.payloads(wire.TAG_STDOUT) == [b"hi"]
+    assert run.records[-1][0] == wire.TAG_STATUS
 
 
 @pytest.mark.timeout(30)
@@ -264,12 +266,12 @@ def test_stdout_stderr_separate_and_byte_exact(harness: Harness) -> None:
     """ % (out, err)
     run = harness.start(py(code))
     assert run.wait(20) == 0
-    assert run.payloads(sv.TAG_STDOUT) == out.split(b"\n")
-    assert run.payloads(sv.TAG_STDERR) == err.split(b"\n")
+    assert run.payloads(wire.TAG_STDOUT) == out.split(b"\n")
+    assert run.payloads(wire.TAG_STDERR) == err.split(b"\n")
     # everything the job wrote came before its exit event
-    tags = [t for t, p in run.records if t != sv.TAG_HEARTBEAT]
-    exit_at = [i for i, (t, p) in enumerate(run.records) if t == sv.TAG_STATUS and b'"exit"' in p]
-    assert max(i for i, t in enumerate(tags) if t in (sv.TAG_STDOUT, sv.TAG_STDERR)) < exit_at[0]
+    tags = [t for t, p in run.records if t != wire.TAG_HEARTBEAT]
+    exit_at = [i for i, (t, p) in enumerate(run.records) if t == wire.TAG_STATUS and b'"exit"' in p]
+    assert max(i for i, t in enumerate(tags) if t in (wire.TAG_STDOUT, wire.TAG_STDERR)) < exit_at[0]
 
 
 @pytest.mark.timeout(120)
@@ -300,7 +302,7 @@ def test_many_lines_from_concurrent_children_all_arrive(harness: Harness) -> Non
     assert run.wait(100) == 0
     elapsed = time.monotonic() - t0
     seen: Dict[str, List[int]] = {str(c): [] for c in range(n_children)}
-    for payload in run.payloads(sv.TAG_STDOUT):
+    for payload in run.payloads(wire.TAG_STDOUT):
         parts = payload.split(b" ")
         assert (
             len(parts) == 5 and parts[0] == b"child" and parts[4] == b"padding-padding-padding"
@@ -339,7 +341,7 @@ def tree_argv() -> List[str]:
 def collect_pids(run: Run, names: List[str], timeout: float) -> Dict[str, int]:
     pids: Dict[str, int] = {}
     while set(names) - set(pids):
-        words = run.next_record(sv.TAG_STDOUT, timeout).split()
+        words = run.next_record(wire.TAG_STDOUT, timeout).split()
         pids[words[0].decode()] = int(words[1])
     return pids
 
@@ -373,7 +375,7 @@ def test_term_escalates_to_sigkill_after_grace(harness: Harness) -> None:
         time.sleep(600)
     """
     run = harness.start(py(code), grace=grace)
-    pid = int(run.next_record(sv.TAG_STDOUT, 30).split()[1])
+    pid = int(run.next_record(wire.TAG_STDOUT, 30).split()[1])
     t0 = time.monotonic()
     run.send("TERM")
     done = run.next_event("done", grace + 10)
@@ -396,7 +398,7 @@ def test_kill_is_immediate(harness: Harness) -> None:
         time.sleep(600)
     """
     run = harness.start(py(code), grace=30.0)
-    pid = int(run.next_record(sv.TAG_STDOUT, 30).split()[1])
+    pid = int(run.next_record(wire.TAG_STDOUT, 30).split()[1])
     t0 = time.monotonic()
     run.send("KILL")
     assert run.wait(10) == 137
@@ -418,10 +420,10 @@ def test_graceful_term_lets_the_job_exit_cleanly(harness: Harness) -> None:
         time.sleep(600)
     """
     run = harness.start(py(code), grace=10.0)
-    run.next_record(sv.TAG_STDOUT, 30)
+    run.next_record(wire.TAG_STDOUT, 30)
     run.send("TERM")
     assert run.wait(10) == 0
-    assert run.payloads(sv.TAG_STDOUT) == [b"ready", b"cleaning up"]
+    assert run.payloads(wire.TAG_STDOUT) == [b"ready", b"cleaning up"]
     assert run.status()[-1] == {"event": "done", "code": 0, "left": 0}
 
 
@@ -445,7 +447,7 @@ def test_watchdog_tears_down_when_controller_goes_quiet(harness: Harness) -> Non
     """
     watchdog = 1.0
     run = harness.start(py(code), watchdog=watchdog, grace=2.0)
-    pid = int(run.next_record(sv.TAG_STDOUT, 30).split()[1])
+    pid = int(run.next_record(wire.TAG_STDOUT, 30).split()[1])
     # controller heartbeats keep it alive well past the watchdog period
     for _ in range(8):
         run.send("")
@@ -487,7 +489,7 @@ ESCAPE = """
 @pytest.mark.timeout(60)
 def test_double_forked_escapee_is_swept_when_job_ends(harness: Harness) -> None:
     run = harness.start(py(ESCAPE), grace=5.0)
-    pid = int(run.next_record(sv.TAG_STDOUT, 30).split()[1])
+    pid = int(run.next_record(wire.TAG_STDOUT, 30).split()[1])
     assert alive(pid)
     # the subreaper keeps the escapee in the supervisor's tree
     assert wait_until(lambda: _ppid(pid) == run.proc.pid, 5)
@@ -514,12 +516,12 @@ SLEEPER = "import time; print('up', flush=True); time.sleep(600)"
 @pytest.mark.timeout(60)
 def test_environ_match_outside_tree_is_killed_other_runs_are_not(harness: Harness) -> None:
     run = harness.start(py("import time; print('ready', flush=True); time.sleep(600)"), grace=3.0)
-    run.next_record(sv.TAG_STDOUT, 30)
-    same = harness.outside(SLEEPER, {sv.RUN_ID_ENV: run.run_id})
-    other = harness.outside(SLEEPER, {sv.RUN_ID_ENV: "another-run"})
-    prefix = harness.outside(SLEEPER, {sv.RUN_ID_ENV: run.run_id + "x"})
+    run.next_record(wire.TAG_STDOUT, 30)
+    same = harness.outside(SLEEPER, {wire.RUN_ID_ENV: run.run_id})
+    other = harness.outside(SLEEPER, {wire.RUN_ID_ENV: "another-run"})
+    prefix = harness.outside(SLEEPER, {wire.RUN_ID_ENV: run.run_id + "x"})
     sibling = harness.outside(
-        SLEEPER, {sv.RUN_ID_ENV: run.run_id, sv.SUPERVISOR_ENV: "some-other-supervisor"}
+        SLEEPER, {wire.RUN_ID_ENV: run.run_id, wire.SUPERVISOR_ENV: "some-other-supervisor"}
     )
     for p in (same, other, prefix, sibling):
         assert p.stdout is not None and p.stdout.readline() == b"up\n"
@@ -569,8 +571,8 @@ def test_closed_output_channel_tears_down(harness: Harness) -> None:
 def test_heartbeats_arrive(harness: Harness) -> None:
     run = harness.start(py("import time; time.sleep(1.3)"), heartbeat=0.2)
     assert run.wait(20) == 0
-    assert len(run.payloads(sv.TAG_HEARTBEAT)) >= 4
-    assert all(p == b"" for p in run.payloads(sv.TAG_HEARTBEAT))
+    assert len(run.payloads(wire.TAG_HEARTBEAT)) >= 4
+    assert all(p == b"" for p in run.payloads(wire.TAG_HEARTBEAT))
 
 
 @pytest.mark.timeout(30)
@@ -578,7 +580,7 @@ def test_job_env_and_cwd(harness: Harness, tmp_path: Path) -> None:
     code = "import os; print(os.environ['FOO'], os.environ['TORCHHERD_RUN_ID'], os.getcwd())"
     run = harness.start(py(code), env={"FOO": "bar"}, cwd=str(tmp_path))
     assert run.wait(20) == 0
-    assert run.payloads(sv.TAG_STDOUT) == [("bar %s %s" % (run.run_id, tmp_path)).encode()]
+    assert run.payloads(wire.TAG_STDOUT) == [("bar %s %s" % (run.run_id, tmp_path)).encode()]
 
 
 @pytest.mark.timeout(30)
@@ -618,16 +620,16 @@ def test_line_framer_splits_and_flushes() -> None:
 
 
 def test_parse_config_defaults_and_errors() -> None:
-    cfg = sv.parse_config(json.dumps({"run_id": "r", "argv": ["a"]}))
+    cfg = wire.SupervisorConfig.from_json(json.dumps({"run_id": "r", "argv": ["a"]}))
     assert (cfg.env, cfg.cwd, cfg.watchdog) == ({}, None, 0.0)
-    with pytest.raises(sv.ConfigError):
-        sv.parse_config("[]")
-    with pytest.raises(sv.ConfigError):
-        sv.parse_config(json.dumps({"run_id": "", "argv": ["a"]}))
-    with pytest.raises(sv.ConfigError):
-        sv.parse_config(json.dumps({"run_id": "r", "argv": ["a"], "grace": -1}))
-    with pytest.raises(sv.ConfigError):
-        sv.parse_config(json.dumps({"run_id": "r", "argv": ["a"], "env": {"A": 1}}))
+    with pytest.raises(wire.ConfigError):
+        wire.SupervisorConfig.from_json("[]")
+    with pytest.raises(wire.ConfigError):
+        wire.SupervisorConfig.from_json(json.dumps({"run_id": "", "argv": ["a"]}))
+    with pytest.raises(wire.ConfigError):
+        wire.SupervisorConfig.from_json(json.dumps({"run_id": "r", "argv": ["a"], "grace": -1}))
+    with pytest.raises(wire.ConfigError):
+        wire.SupervisorConfig.from_json(json.dumps({"run_id": "r", "argv": ["a"], "env": {"A": 1}}))
 
 
 def test_exit_code_from_status() -> None:
@@ -636,8 +638,8 @@ def test_exit_code_from_status() -> None:
 
 
 def test_status_record_is_one_line() -> None:
-    rec = sv.status_record("exit", code=1, note="a\nb")
-    assert rec.count(b"\n") == 1 and rec.startswith(sv.TAG_STATUS)
+    rec = wire.status_record("exit", code=1, note="a\nb")
+    assert rec.count(b"\n") == 1 and rec.startswith(wire.TAG_STATUS)
 
 
 def test_rank_mender_joins_a_line_torchrun_tore_apart() -> None:

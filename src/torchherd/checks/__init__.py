@@ -1,7 +1,10 @@
 """``torchherd check``: preflight diagnostics over SSH, in parallel on every node.
 
-``run_preflight`` is what the CLI and ``run`` call; the connections that worked and
-each node's network (address and interface) are handed back for the launch to reuse.
+``run_preflight`` verifies one job's plan (its master address, port, processes per
+node, script and environment) on the nodes a connector reaches; the sessions that
+worked and each node's network (address and interface) are handed back for the
+launch to reuse. The smoke job is run by the engine (``engine.preflight``), which
+hands what it saw back to ``checks.smoke`` for the verdicts.
 """
 
 from __future__ import annotations
@@ -9,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from torchherd.checks.model import CHECK_IDS
-from torchherd.inventory import Inventory
-from torchherd.plan import NodeNetwork
+from torchherd.checks.model import CHECK_IDS, Observed
+from torchherd.plan import NodeNetwork, Plan
 from torchherd.results import CheckReport, CheckResult
-from torchherd.transport import Connection
+from torchherd.transport import Connector, Session
 
 __all__ = ["CHECK_IDS", "CheckOptions", "PreflightOutcome", "run_preflight"]
 
@@ -22,36 +24,34 @@ __all__ = ["CHECK_IDS", "CheckOptions", "PreflightOutcome", "run_preflight"]
 class CheckOptions:
     only: frozenset[str] | None = None
     skip: frozenset[str] = frozenset()
-    script: str | None = None
     smoke: bool = False
-    accept_new_host_keys: bool = False
 
 
 @dataclass
 class PreflightOutcome:
     report: CheckReport
-    connections: Mapping[str, Connection] = field(default_factory=dict)
-    """Open, authenticated connections to the nodes that answered; ``close()`` closes them."""
+    connections: Mapping[str, Session] = field(default_factory=dict)
+    """Open, authenticated sessions to the nodes that answered; ``close()`` closes them."""
     networks: Mapping[str, NodeNetwork] = field(default_factory=dict)
+    observed: Observed | None = None
+    selected: tuple[str, ...] = ()
 
     def close(self) -> None:
         for connection in self.connections.values():
             connection.close()
 
 
-def run_preflight(inventory: Inventory, options: CheckOptions,
+def run_preflight(plan: Plan, options: CheckOptions, connector: Connector,
                   progress: Callable[[CheckResult], None] | None = None) -> PreflightOutcome:
-    """Runs the selected checks on every node; raises UsageError for an unknown check id."""
+    """Runs the selected checks (all but the smoke job) on every node of ``plan``;
+    raises UsageError for an unknown check id."""
     from torchherd.checks import runner
 
     selected = runner.selected_checks(options.only, options.skip, options.smoke)
-    observed, connections = runner.collect(inventory, selected, options.script, options.accept_new_host_keys,
-                                           progress)
+    observed, connections = runner.collect(plan, selected, connector, progress)
     results = runner.analyse(observed, selected)
-    if "smoke" in selected:
-        results += runner.smoke_results(observed, connections, results)
     if progress is not None:
         for result in results:
             if result.check != "ssh":
                 progress(result)
-    return PreflightOutcome(CheckReport(tuple(results)), connections, dict(observed.networks))
+    return PreflightOutcome(CheckReport(tuple(results)), connections, dict(observed.networks), observed, selected)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 import time
 from importlib import resources
 from dataclasses import dataclass, replace
@@ -13,7 +12,7 @@ from typing import Any, Mapping
 from torchherd.checks.model import Json, NodeFacts
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
-from torchherd.transport import Connection, RemoteProcess
+from torchherd.transport import Process, Session
 
 FALLBACK_PYTHON = "python3"
 """Used for the facts when the configured python does not run, so the other checks still report."""
@@ -39,7 +38,7 @@ class FactsSession:
     facts_node: str
     facts: NodeFacts
     shell_seconds: float | None
-    listener: RemoteProcess | None = None
+    listener: Process | None = None
     reader: LineReader | None = None
     bound: Json | None = None
 
@@ -57,20 +56,17 @@ class _Failed:
 class LineReader:
     """A remote process's stdout, line by line; what follows a line is kept for the next."""
 
-    def __init__(self, process: RemoteProcess) -> None:
+    def __init__(self, process: Process) -> None:
         self.process = process
         self.buffer = b""
 
     def line(self, deadline: float) -> bytes | None:
         """The next line without its newline, or None at EOF or when the deadline passes."""
-        channel = self.process.channel
-        channel.settimeout(0.2)
         while b"\n" not in self.buffer:
             if time.monotonic() >= deadline:
                 return None
-            try:
-                chunk = channel.recv(65536)
-            except socket.timeout:
+            chunk = self.process.read(min(0.2, max(deadline - time.monotonic(), 0.0)))
+            if chunk is None:
                 continue
             if not chunk:
                 return None
@@ -79,7 +75,7 @@ class LineReader:
         return line
 
 
-def gather_facts(connection: Connection, host: Host, config: Mapping[str, Any], timeout: float) -> FactsSession:
+def gather_facts(connection: Session, host: Host, config: Mapping[str, Any], timeout: float) -> FactsSession:
     """Runs remote/facts.py with the node's python (falling back to python3 so the other
     checks still report); raises TransportError when no facts came back."""
     outcome = _facts_round_trip(connection, host.python, config, timeout)
@@ -95,7 +91,7 @@ def gather_facts(connection: Connection, host: Host, config: Mapping[str, Any], 
     return outcome
 
 
-def _facts_round_trip(connection: Connection, python: str, config: Mapping[str, Any],
+def _facts_round_trip(connection: Session, python: str, config: Mapping[str, Any],
                       timeout: float) -> FactsSession | _Failed:
     # One SSH command does it all: the shell's first byte times its startup (a slow
     # .bashrc costs every command), then the facts, then the listener keeps running.
@@ -125,12 +121,10 @@ def _facts_round_trip(connection: Connection, python: str, config: Mapping[str, 
     return session
 
 
-def _failure(process: RemoteProcess) -> _Failed:
+def _failure(process: Process) -> _Failed:
     code = process.exit_code(timeout=2.0)
-    stderr = b""
-    while process.channel.recv_stderr_ready():
-        stderr += process.channel.recv_stderr(65536)
-    process.channel.close()
+    stderr = process.read_stderr()
+    process.close()
     return _Failed(code, stderr.decode("utf-8", "replace"))
 
 
@@ -139,12 +133,12 @@ def _last_line(stderr: str, exit_code: int | None) -> str:
     return lines[-1] if lines else f"exit status {exit_code}"
 
 
-def stop_listener(process: RemoteProcess) -> None:
+def stop_listener(process: Process) -> None:
     try:
-        process.channel.shutdown_write()
+        process.close_stdin()
         process.exit_code(timeout=2.0)
     finally:
-        process.channel.close()
+        process.close()
 
 
 def run_connector(session: FactsSession, targets: list[tuple[str, str, int]], ping: str | None,

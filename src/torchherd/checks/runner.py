@@ -6,21 +6,21 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from torchherd.checks.analysis.registry import ANALYSES
-from torchherd.plan import is_ip_address as is_ip
 from torchherd.checks.analysis.network import compute_networks
+from torchherd.checks.analysis.registry import ANALYSES
 from torchherd.checks.gather import FactsSession, gather_facts
 from torchherd.checks.icmp import echo
 from torchherd.checks.model import CHECK_IDS, Observed
 from torchherd.checks.probes import listen_config, run_probes
-from torchherd.checks.smoke import run_smoke
 from torchherd.errors import TransportError, UsageError
-from torchherd.inventory import Host, Inventory
+from torchherd.inventory import Host
+from torchherd.plan import Plan
+from torchherd.plan import is_ip_address as is_ip
 from torchherd.results import CheckResult
-from torchherd.transport import Connection, connect, resolve_target
+from torchherd.transport import Connector, Session, fan_out
+from torchherd.transport.ssh import resolve_target
 
 Progress = Callable[[CheckResult], None]
 FACTS_EXTRA_SECONDS = 20.0
@@ -39,12 +39,6 @@ def selected_checks(only: frozenset[str] | None, skip: frozenset[str], smoke: bo
     return tuple(check for check in wanted if check != "smoke" or smoke)
 
 
-def master_target(inventory: Inventory) -> str:
-    """The address the workers are told, as plan.build_plan chooses it without networks."""
-    master = inventory.hosts[0]
-    return inventory.cluster.master_addr or master.local_addr or master.address
-
-
 def facts_config(observed: Observed, host: Host, listen: bool) -> dict[str, object]:
     target = observed.master_target
     ssh_name = resolve_target(observed.master, observed.inventory.cluster.ssh_config).hostname
@@ -56,22 +50,21 @@ def facts_config(observed: Observed, host: Host, listen: bool) -> dict[str, obje
 class _Collector:
     """Per-node SSH + facts, run in threads; reports each ssh result as it arrives."""
 
-    def __init__(self, observed: Observed, accept_new: bool, need_facts: bool, progress: Progress | None,
+    def __init__(self, observed: Observed, connector: Connector, need_facts: bool, progress: Progress | None,
                  report_ssh: bool, listen: bool) -> None:
         self.observed = observed
-        self.accept_new = accept_new
+        self.connector = connector
         self.need_facts = need_facts
         self.progress = progress
         self.report_ssh = report_ssh
         self.listen = listen
         self.lock = threading.Lock()
-        self.connections: dict[str, Connection] = {}
+        self.connections: dict[str, Session] = {}
         self.sessions: dict[str, FactsSession] = {}
 
     def node(self, host: Host) -> None:
-        cluster = self.observed.inventory.cluster
         try:
-            connection = connect(host, cluster.ssh_config, cluster.ssh_timeout, self.accept_new)
+            connection = self.connector.connect(host)
         except TransportError as error:
             with self.lock:
                 self.observed.ssh_errors[host.name] = error
@@ -79,29 +72,26 @@ class _Collector:
             return
         with self.lock:
             self.connections[host.name] = connection
-            self._record_address(connection)
+            address = connection.peer_address()
+            if address is not None:
+                self.observed.ssh_addresses[host.name] = address
         self._emit(CheckResult(host.name, "ssh", "pass", "connected"))
         if self.need_facts:
             self._facts(connection, host)
         else:
             self._time_shell(connection, host)
 
-    def _record_address(self, connection: Connection) -> None:
-        transport = connection.client.get_transport()
-        if transport is not None and not (connection.target.proxy_jump or connection.target.proxy_command):
-            self.observed.ssh_addresses[connection.node] = str(transport.getpeername()[0])
-
-    def _time_shell(self, connection: Connection, host: Host) -> None:
+    def _time_shell(self, connection: Session, host: Host) -> None:
         """A trivial command's round trip: what the node's shell startup costs every SSH command."""
         started = time.monotonic()
         try:
             connection.run("true", timeout=self.observed.inventory.cluster.ssh_timeout + SHELL_EXTRA_SECONDS)
-        except Exception:  # paramiko errors too: the facts and probes report a broken session
+        except TransportError:  # the facts and probes report a broken session
             return
         with self.lock:
             self.observed.shell_seconds[host.name] = time.monotonic() - started
 
-    def _facts(self, connection: Connection, host: Host) -> None:
+    def _facts(self, connection: Session, host: Host) -> None:
         timeout = self.observed.inventory.cluster.ssh_timeout + FACTS_EXTRA_SECONDS
         try:
             session = gather_facts(connection, host, facts_config(self.observed, host, self.listen), timeout)
@@ -125,21 +115,26 @@ class _Collector:
 
 def _controller_pings(observed: Observed) -> None:
     hosts = [host for host in observed.inventory.hosts if host.name in observed.ssh_addresses]
-    with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
-        answers = pool.map(lambda host: echo(observed.ssh_addresses[host.name]), hosts)
+    answers = fan_out(hosts, lambda host: echo(observed.ssh_addresses[host.name]))
     observed.controller_ping.update(zip((host.name for host in hosts), answers))
 
 
-def collect(inventory: Inventory, selected: tuple[str, ...], script: str | None, accept_new: bool,
-            progress: Progress | None) -> tuple[Observed, dict[str, Connection]]:
-    observed = Observed(inventory=inventory, master_target=master_target(inventory), script=script,
-                        with_torch=bool(NEED_TORCH & set(selected)))
+def observe(plan: Plan, selected: tuple[str, ...]) -> Observed:
+    """What the checks will verify: the plan's master address, port, processes per node,
+    script and each node's job environment (not the inventory's defaults)."""
+    return Observed(inventory=plan.inventory, master_target=plan.master_addr, script=plan.script,
+                    with_torch=bool(NEED_TORCH & set(selected)), nproc_per_node=plan.nproc_per_node,
+                    job_env={node.host.name: node.env for node in plan.nodes})
+
+
+def collect(plan: Plan, selected: tuple[str, ...], connector: Connector,
+            progress: Progress | None) -> tuple[Observed, dict[str, Session]]:
+    observed = observe(plan, selected)
     probing = bool(PROBED & set(selected))
-    collector = _Collector(observed, accept_new, any(check != "ssh" for check in selected), progress,
+    collector = _Collector(observed, connector, any(check != "ssh" for check in selected), progress,
                            "ssh" in selected, probing)
     try:
-        with ThreadPoolExecutor(max_workers=max(1, len(inventory.hosts))) as pool:
-            list(pool.map(collector.node, inventory.hosts))
+        fan_out(plan.inventory.hosts, collector.node)
         observed.networks = compute_networks(observed)
         if probing:
             _probe(observed, collector, "ping" in selected)
@@ -164,11 +159,3 @@ def analyse(observed: Observed, selected: tuple[str, ...]) -> list[CheckResult]:
     order = {host.name: index for index, host in enumerate(observed.inventory.hosts)}
     results = [result for check in selected for result in by_check.get(check, [])]
     return sorted(results, key=lambda result: (order.get(result.node, len(order)), CHECK_IDS.index(result.check)))
-
-
-def smoke_results(observed: Observed, connections: dict[str, Connection],
-                  results: list[CheckResult]) -> list[CheckResult]:
-    if any(result.status == "fail" for result in results):
-        return [CheckResult(host.name, "smoke", "skip", "not run: a static check failed")
-                for host in observed.inventory.hosts]
-    return run_smoke(observed, connections)

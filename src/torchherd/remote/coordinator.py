@@ -1,19 +1,13 @@
 """torchherd run coordinator: fail fast for a detached run, with no controller.
 
-Standard library only, Python >= 3.8. The controller starts it on the master
-node over SSH as ``PYTHON -c "<this source>" '<json config>'``. It listens on
-a free TCP port, prints one JSON line ``{"port": P, "pid": PID}`` and detaches
-(own session, stdio on /dev/null). Nodes never need SSH to each other: every
-node's supervisor connects to it instead.
+Standard library and ``wire`` only, Python >= 3.8. The controller starts it on
+the master node over SSH as ``PYTHON -c PROGRAM CONFIG`` (``torchherd.remote.program``,
+``wire.CoordinatorConfig``). It listens on a free TCP port, prints one JSON line
+(``wire.CoordinatorReply``) and detaches (own session, stdio on /dev/null). Nodes
+never need SSH to each other: every node's supervisor connects to it instead. A
+bad config is one line on stderr and exit status 2.
 
-Config (argv[1], JSON object):
-  token       str          shared secret; a connection must say it first
-  nodes       [str, ...]   the run's nodes
-  state_file  str or null  JSON written on every change:
-                           {"pid", "port", "state", "culprit", "reason"}
-  wait        float s      how long to wait for nodes that never connect
-
-Protocol, one line each way:
+Protocol (``wire``), one line each way:
   node -> coordinator   HELLO <token> <node>     EXIT <node> <code>
   coordinator -> node   STOP <reason>
 The first node that exits non-zero, or whose connection drops before it said
@@ -32,15 +26,20 @@ import sys
 import time
 from typing import Dict, List, Optional, Set
 
+# On a node this is the stand-in module the shipped program registered; see
+# torchherd/remote/__init__.py.
+from torchherd.remote import wire
+
 READ_SIZE = 4096
+EXIT_BAD_CONFIG = 2
 
 
 class Coordinator:
-    def __init__(self, raw: Dict[str, object], server: socket.socket) -> None:
-        self.token = str(raw["token"])
-        self.nodes = [str(node) for node in raw.get("nodes", [])]  # type: ignore[attr-defined]
-        self.state_file = raw.get("state_file")
-        self.deadline = time.monotonic() + float(raw.get("wait", 60.0))  # type: ignore[arg-type]
+    def __init__(self, config: wire.CoordinatorConfig, server: socket.socket) -> None:
+        self.token = config.token
+        self.nodes = list(config.nodes)
+        self.state_file = config.state_file
+        self.deadline = time.monotonic() + config.wait
         self.server = server
         self.sel = selectors.DefaultSelector()
         self.sel.register(server, selectors.EVENT_READ, None)
@@ -53,10 +52,11 @@ class Coordinator:
         self.save()
 
     def save(self) -> None:
-        if not isinstance(self.state_file, str):
+        if self.state_file is None:
             return
-        fields = {"pid": os.getpid(), "port": self.server.getsockname()[1], "state": "running",
-                  "culprit": self.culprit, "reason": self.reason}
+        fields: wire.CoordinatorStateFile = {
+            "pid": os.getpid(), "port": self.server.getsockname()[1], "state": wire.STATE_RUNNING,
+            "culprit": self.culprit, "reason": self.reason}
         path = os.path.expanduser(self.state_file)
         try:
             with open(path + ".tmp", "w") as f:
@@ -72,21 +72,21 @@ class Coordinator:
         self.save()
         for sock, name in list(self.names.items()):
             if name != culprit:
-                self.send(sock, "STOP " + reason)
+                self.send(sock, wire.stop_line(reason))
 
-    def send(self, sock: socket.socket, line: str) -> None:
+    def send(self, sock: socket.socket, line: bytes) -> None:
         try:
-            sock.sendall((line + "\n").encode())
+            sock.sendall(line)
         except OSError:
             pass
 
     def on_line(self, sock: socket.socket, words: List[str]) -> None:
-        if words[:2] == ["HELLO", self.token] and len(words) == 3:
+        if words[:2] == [wire.HELLO, self.token] and len(words) == 3:
             self.names[sock] = words[2]
             self.connected.add(words[2])
             if self.reason is not None and words[2] != self.culprit:
-                self.send(sock, "STOP " + self.reason)
-        elif sock in self.names and words[:1] == ["EXIT"] and len(words) == 3:
+                self.send(sock, wire.stop_line(self.reason))
+        elif sock in self.names and words[:1] == [wire.EXIT] and len(words) == 3:
             node = self.names[sock]
             self.ended.add(node)
             if words[2] != "0":
@@ -137,12 +137,12 @@ class Coordinator:
         self.state_file_done()
 
     def state_file_done(self) -> None:
-        if isinstance(self.state_file, str):
+        if self.state_file is not None:
             path = os.path.expanduser(self.state_file)
             try:
                 with open(path) as f:
                     fields = json.load(f)
-                fields["state"] = "exited"
+                fields["state"] = wire.STATE_EXITED
                 with open(path + ".tmp", "w") as f:
                     json.dump(fields, f)
                 os.replace(path + ".tmp", path)
@@ -151,17 +151,22 @@ class Coordinator:
 
 
 def main(args: List[str]) -> int:
-    raw = json.loads(args[0])
-    state_file = raw.get("state_file")
-    if isinstance(state_file, str):
-        os.makedirs(os.path.dirname(os.path.expanduser(state_file)) or ".", exist_ok=True)
+    try:
+        if len(args) != 1:
+            raise wire.ConfigError("usage: coordinator.py JSON_CONFIG")
+        config = wire.CoordinatorConfig.from_json(args[0])
+    except wire.ConfigError as exc:
+        sys.stderr.write("torchherd coordinator: %s\n" % exc)
+        return EXIT_BAD_CONFIG
+    if config.state_file is not None:
+        os.makedirs(os.path.dirname(os.path.expanduser(config.state_file)) or ".", exist_ok=True)
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind(("", 0))
     server.listen(64)
     pid = os.fork()
     if pid > 0:
-        sys.stdout.write(json.dumps({"port": server.getsockname()[1], "pid": pid}) + "\n")
+        sys.stdout.write(wire.CoordinatorReply(server.getsockname()[1], pid).to_json() + "\n")
         sys.stdout.flush()
         return 0
     os.setsid()
@@ -169,7 +174,7 @@ def main(args: List[str]) -> int:
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     try:
-        Coordinator(raw, server).run()
+        Coordinator(config, server).run()
     finally:
         os._exit(0)
 

@@ -1,54 +1,24 @@
 """torchherd node supervisor: runs one job on a node and leaves nothing behind.
 
-Standard library only, Python >= 3.8, Linux. The controller runs it over SSH
-(no PTY) as ``PYTHON -u -c "<this source>" '<json config>'``; stdin and stdout
-are the SSH channel.
+Standard library and ``wire`` only, Python >= 3.8, Linux. The controller runs it
+over SSH (no PTY) as ``PYTHON -u -c PROGRAM - RUN_ID`` (``torchherd.remote.program``)
+and sends its config (``wire.SupervisorConfig``) as the first line of stdin; the
+config may also be ``argv[1]``. Stdin and stdout are the SSH channel; what goes
+over them, and every config key, is defined in ``wire``.
 
-Config (argv[1], JSON object):
-  run_id     str             also exported to the job as TORCHHERD_RUN_ID
-  argv       [str, ...]      the job command (not through a shell)
-  env        {str: str}      added to os.environ for the job (optional)
-  cwd        str or null     working directory for the job; "~" is expanded
-  grace      float seconds   SIGTERM -> SIGKILL delay on a graceful teardown
-  heartbeat  float seconds   period of H records on stdout (0 = none)
-  watchdog   float seconds   teardown when no stdin byte arrives for this
-                             long (0 = off)
-  cleanup_dir  str or null   torchrun's per-rank tee directory; removed when
-                             the job is over (only a "torchherd-*" name)
-Detached mode (optional keys; with log_file set the supervisor detaches):
-  log_file   str             records go here (appended) instead of stdout; the
-                             supervisor forks into its own session, stdin from
-                             /dev/null (no EOF teardown, no watchdog), and the
-                             parent prints the child's first status record
-                             ("started" or "error") and exits
-  state_file str or null     JSON written at start and at the end:
-                             {"run_id", "node", "supervisor", "pid", "pgid",
-                              "started", "state": "running" | "exited",
-                              "code", "ended", "left"}
-  node       str             this node's name, for the coordinator
-  coordinator {"host", "port", "token"} or null: a TCP coordinator (see
-                             coordinator.py) for fail fast while detached;
-                             the supervisor says "HELLO token node", then
-                             "EXIT node code" when the job ends, and tears
-                             its job down on a "STOP reason" line
+Detached mode (``log_file`` set): records are appended to the log file instead of
+stdout; the supervisor forks into its own session, stdin from /dev/null (no EOF
+teardown, no watchdog), and the parent prints the child's first status record
+("started" or "error") and exits. A ``state_file`` is written at start and at the
+end; with a ``coordinator`` the supervisor says HELLO to it, EXIT when the job ends,
+and tears its job down on a STOP line (fail fast with no controller).
 
-Stdout, one record per line, TAG + payload + b"\\n", bytes as the job wrote
-them (only the line's trailing newline is removed):
-  O  a line of the job's stdout      E  a line of the job's stderr
-  H  heartbeat (empty payload)       S  a JSON status event:
-     {"event": "started", "pid": P, "pgid": G, "supervisor": SUPERVISOR_PID}
-     {"event": "error", "message": M}          the job could not be started
-     {"event": "stopping", "reason": R, "mode": "term" | "kill"}
-     {"event": "exit", "code": C}              the job's main process ended
-     {"event": "teardown", "reason": R, "signalled": [...], "killed": [...]}
-     {"event": "done", "code": C, "left": N}   always the last record
-A line longer than MAX_LINE bytes is cut into several records.
-
-Stdin, lines: every byte counts as a heartbeat from the controller; a line
-"TERM" asks for a graceful teardown, "KILL" for an immediate SIGKILL
-teardown. EOF on stdin, EOF/EPIPE on stdout, SIGTERM/SIGINT/SIGHUP to the
-supervisor and the watchdog all start a graceful teardown; a second request
-while a graceful teardown runs escalates it to SIGKILL.
+Stdin: every byte counts as a heartbeat from the controller; a TERM line asks for
+a graceful teardown, KILL for an immediate SIGKILL teardown. EOF on stdin,
+EOF/EPIPE on stdout, SIGTERM/SIGINT/SIGHUP to the supervisor and the watchdog all
+start a graceful teardown; a second request while a graceful teardown runs
+escalates it to SIGKILL. A line longer than MAX_LINE bytes is cut into several
+records; every record the job's output makes comes before its "exit" event.
 
 Job processes: every live descendant of the supervisor (it is a child
 subreaper, so orphans stay in its tree) plus every process whose initial
@@ -76,25 +46,11 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Set, Tuple
 
-TAG_STDOUT = b"O"
-TAG_STDERR = b"E"
-TAG_HEARTBEAT = b"H"
-TAG_STATUS = b"S"
-
-CTRL_TERM = "TERM"
-CTRL_KILL = "KILL"
-
-RUN_ID_ENV = "TORCHHERD_RUN_ID"
-SUPERVISOR_ENV = "TORCHHERD_SUPERVISOR"
-
-EVENT_STARTED = "started"
-EVENT_ERROR = "error"
-EVENT_STOPPING = "stopping"
-EVENT_EXIT = "exit"
-EVENT_TEARDOWN = "teardown"
-EVENT_DONE = "done"
+# On a node this is the stand-in module the shipped program registered; see
+# torchherd/remote/__init__.py.
+from torchherd.remote import wire
 
 EXIT_BAD_CONFIG = 2
 EXIT_NOT_EXECUTABLE = 126
@@ -119,118 +75,6 @@ COORD_RETRY = 2.0
 COORD_TRIES = 15
 
 
-class ConfigError(ValueError):
-    """The JSON config is malformed."""
-
-
-class Config:
-    def __init__(
-        self,
-        run_id: str,
-        argv: List[str],
-        env: Dict[str, str],
-        cwd: Optional[str],
-        grace: float,
-        heartbeat: float,
-        watchdog: float,
-        cleanup_dir: Optional[str] = None,
-        log_file: Optional[str] = None,
-        state_file: Optional[str] = None,
-        node: str = "",
-        coordinator: Optional[Tuple[str, int, str]] = None,
-        rank_marker: Optional[str] = None,
-    ) -> None:
-        self.run_id = run_id
-        self.argv = argv
-        self.env = env
-        self.cwd = cwd
-        self.grace = grace
-        self.heartbeat = heartbeat
-        self.watchdog = watchdog
-        self.cleanup_dir = cleanup_dir
-        self.log_file = log_file
-        self.state_file = state_file
-        self.node = node
-        self.coordinator = coordinator
-        self.rank_marker = rank_marker
-
-
-def _number(raw: Dict[str, object], key: str, default: float) -> float:
-    value = raw.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError("config key %r must be a number" % key)
-    if value < 0:
-        raise ConfigError("config key %r must be >= 0" % key)
-    return float(value)
-
-
-def _optional_str(raw: Dict[str, object], key: str) -> Optional[str]:
-    value = raw.get(key)
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ConfigError("config key %r must be a non-empty string or null" % key)
-    return value
-
-
-def _coordinator(raw: Dict[str, object]) -> Optional[Tuple[str, int, str]]:
-    value = raw.get("coordinator")
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise ConfigError("config key 'coordinator' must be an object or null")
-    host, port, token = value.get("host"), value.get("port"), value.get("token")
-    if not isinstance(host, str) or not isinstance(port, int) or not isinstance(token, str):
-        raise ConfigError("config key 'coordinator' needs host (str), port (int), token (str)")
-    return host, port, token
-
-
-def parse_config(text: str) -> Config:
-    """Parse and validate the JSON config given as argv[1]."""
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError("config is not valid JSON: %s" % exc) from None
-    if not isinstance(raw, dict):
-        raise ConfigError("config must be a JSON object")
-    run_id = raw.get("run_id")
-    if not isinstance(run_id, str) or not run_id or "\0" in run_id:
-        raise ConfigError("config key 'run_id' must be a non-empty string")
-    argv = raw.get("argv")
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        raise ConfigError("config key 'argv' must be a non-empty list of strings")
-    env = raw.get("env") or {}
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
-        raise ConfigError("config key 'env' must map strings to strings")
-    cwd = raw.get("cwd")
-    if cwd is not None and not isinstance(cwd, str):
-        raise ConfigError("config key 'cwd' must be a string or null")
-    return Config(
-        run_id=run_id,
-        argv=[str(a) for a in argv],
-        env={str(k): str(v) for k, v in env.items()},
-        cwd=cwd,
-        grace=_number(raw, "grace", 10.0),
-        heartbeat=_number(raw, "heartbeat", 5.0),
-        watchdog=_number(raw, "watchdog", 0.0),
-        cleanup_dir=_optional_str(raw, "cleanup_dir"),
-        log_file=_optional_str(raw, "log_file"),
-        state_file=_optional_str(raw, "state_file"),
-        node=_optional_str(raw, "node") or "",
-        coordinator=_coordinator(raw),
-        rank_marker=_optional_str(raw, "rank_marker"),
-    )
-
-
-def status_record(event: str, **fields: object) -> bytes:
-    """One S record: TAG_STATUS + compact JSON + newline."""
-    body: Dict[str, object] = {"event": event}
-    body.update(fields)
-    return TAG_STATUS + json.dumps(body, separators=(",", ":")).encode() + b"\n"
-
-
 def exit_code_from_status(status: int) -> int:
     """A wait() status as a shell would report it: code, or 128+signal."""
     if os.WIFSIGNALED(status):
@@ -252,7 +96,7 @@ class RankMender:
 
     def __init__(self, marker: bytes) -> None:
         self.marker = marker
-        self.prefix = re.compile(re.escape(marker) + rb"(\d+)\] ")
+        self.prefix = re.compile(re.escape(marker) + rb"(\d+)" + re.escape(wire.RANK_PREFIX_END))
         self.pending: Dict[bytes, bytes] = {}
 
     def mend(self, lines: bytes) -> bytes:
@@ -269,7 +113,7 @@ class RankMender:
                 last = index == len(prefixes) - 1
                 rank, body = prefix.group(1), line[prefix.end(): None if last else prefixes[index + 1].start()]
                 if last:
-                    out.append(self.marker + rank + b"] " + self.pending.pop(rank, b"") + body)
+                    out.append(self.marker + rank + wire.RANK_PREFIX_END + self.pending.pop(rank, b"") + body)
                 else:
                     self._hold(rank, body)
         return b"".join(line + b"\n" for line in out)
@@ -279,7 +123,7 @@ class RankMender:
 
     def finish(self) -> bytes:
         """What was still held back when the stream ended, as lines of their own."""
-        held = [self.marker + rank + b"] " + body for rank, body in self.pending.items()]
+        held = [self.marker + rank + wire.RANK_PREFIX_END + body for rank, body in self.pending.items()]
         self.pending = {}
         return b"".join(line + b"\n" for line in held)
 
@@ -390,14 +234,14 @@ def environ_belongs(pid: int, run_id: str, token: Optional[str], proc: str = "/p
             data = f.read()
     except OSError:
         return False
-    run_entry = (RUN_ID_ENV + "=" + run_id).encode()
+    run_entry = (wire.RUN_ID_ENV + "=" + run_id).encode()
     if run_entry not in data:
         return False
     entries = data.split(b"\0")
     if run_entry not in entries:
         return False
     if token is not None:
-        prefix = (SUPERVISOR_ENV + "=").encode()
+        prefix = (wire.SUPERVISOR_ENV + "=").encode()
         mine = prefix + token.encode()
         for entry in entries:
             if entry.startswith(prefix) and entry != mine:
@@ -489,7 +333,7 @@ class Output:
         self.size = 0
 
 
-def write_json_atomic(path: str, fields: Dict[str, object]) -> None:
+def write_json_atomic(path: str, fields: Mapping[str, object]) -> None:
     """Readers (torchherd status over SSH) never see a half-written file."""
     path = os.path.expanduser(path)
     tmp = "%s.%d.tmp" % (path, os.getpid())
@@ -511,7 +355,7 @@ class CoordinatorLink:
 
     def __init__(self, host: str, port: int, token: str, node: str) -> None:
         self.address = (host, port)
-        self.hello = ("HELLO %s %s\n" % (token, node)).encode()
+        self.hello = wire.hello_line(token, node)
         self.node = node
         self.sock: Optional[socket.socket] = None
         self.next_try = 0.0
@@ -535,11 +379,11 @@ class CoordinatorLink:
         self.sock = sock
         return sock
 
-    def send(self, line: str) -> None:
+    def send(self, line: bytes) -> None:
         if self.sock is None:
             return
         try:
-            self.sock.sendall((line + "\n").encode())
+            self.sock.sendall(line)
         except OSError:
             pass
 
@@ -591,14 +435,14 @@ class Teardown:
 
 
 class Supervisor:
-    def __init__(self, config: Config, notify_fd: Optional[int] = None) -> None:
+    def __init__(self, config: wire.SupervisorConfig, notify_fd: Optional[int] = None) -> None:
         self.cfg = config
         self.notify_fd = notify_fd
         self.detached = config.log_file is not None
         self.link: Optional[CoordinatorLink] = None
-        if config.coordinator is not None:
-            host, port, token = config.coordinator
-            self.link = CoordinatorLink(host, port, token, config.node)
+        coordinator = config.coordinator
+        if coordinator is not None:
+            self.link = CoordinatorLink(coordinator.host, coordinator.port, coordinator.token, config.node)
         self.token = os.urandom(8).hex()
         self.pid = os.getpid()
         self.out = Output(1)
@@ -619,9 +463,9 @@ class Supervisor:
         self.last_data = self.last_in
         self.writing = False
         self.wake_r, self.wake_w = os.pipe()
-        self.state: Dict[str, object] = {
+        self.state: wire.NodeStateFile = {
             "run_id": config.run_id, "node": config.node, "supervisor": self.pid,
-            "started": time.time(), "state": "running",
+            "started": time.time(), "state": wire.STATE_RUNNING,
         }
 
     # signals ------------------------------------------------------------
@@ -650,8 +494,8 @@ class Supervisor:
         cfg = self.cfg
         env = dict(os.environ)
         env.update(cfg.env)
-        env[RUN_ID_ENV] = cfg.run_id
-        env[SUPERVISOR_ENV] = self.token
+        env[wire.RUN_ID_ENV] = cfg.run_id
+        env[wire.SUPERVISOR_ENV] = self.token
         cwd = os.path.expanduser(cfg.cwd) if cfg.cwd else None
         try:
             self.proc = subprocess.Popen(
@@ -667,18 +511,16 @@ class Supervisor:
             self.code = (
                 EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
             )
-            self._announce(status_record(EVENT_ERROR, message="cannot start job: %s" % exc))
+            self._announce(wire.error_record("cannot start job: %s" % exc))
             return False
         try:
             pgid = os.getpgid(self.proc.pid)
         except OSError:
             pgid = self.proc.pid
-        self.state.update(pid=self.proc.pid, pgid=pgid)
-        self._announce(
-            status_record(EVENT_STARTED, pid=self.proc.pid, pgid=pgid, supervisor=self.pid)
-        )
+        self.state["pid"], self.state["pgid"] = self.proc.pid, pgid
+        self._announce(wire.started_record(self.proc.pid, pgid, self.pid))
         assert self.proc.stdout is not None and self.proc.stderr is not None
-        for stream, tag in ((self.proc.stdout, TAG_STDOUT), (self.proc.stderr, TAG_STDERR)):
+        for stream, tag in ((self.proc.stdout, wire.TAG_STDOUT), (self.proc.stderr, wire.TAG_STDERR)):
             fd = stream.fileno()
             marker = self.cfg.rank_marker
             self.pipes[fd] = LineFramer(tag, mender=RankMender(marker.encode()) if marker else None)
@@ -698,8 +540,11 @@ class Supervisor:
             os.close(self.notify_fd)
             self.notify_fd = None
 
-    def _write_state(self, **fields: object) -> None:
-        self.state.update(fields)
+    def _write_exited(self, code: int, left: int) -> None:
+        self.state.update({"state": wire.STATE_EXITED, "code": code, "ended": time.time(), "left": left})
+        self._write_state()
+
+    def _write_state(self) -> None:
         if self.cfg.state_file:
             try:
                 write_json_atomic(self.cfg.state_file, self.state)
@@ -720,9 +565,9 @@ class Supervisor:
                 self.code = exit_code_from_status(status)
                 self.proc.returncode = self.code
                 self._drain_ready()
-                self.out.add(status_record(EVENT_EXIT, code=self.code))
+                self.out.add(wire.exit_record(self.code))
                 if self.link is not None:
-                    self.link.send("EXIT %s %d" % (self.cfg.node, self.code))
+                    self.link.send(wire.exit_line(self.cfg.node, self.code))
 
     def _scan(self) -> Set[int]:
         return find_job_processes(self.cfg.run_id, self.token, self.pid)
@@ -743,9 +588,7 @@ class Supervisor:
             return
         self.teardown = Teardown(reason, kill_now, now, self.cfg.grace)
         if announce:
-            self.out.add(
-                status_record(EVENT_STOPPING, reason=reason, mode="kill" if kill_now else "term")
-            )
+            self.out.add(wire.stopping_record(reason, wire.MODE_KILL if kill_now else wire.MODE_TERM))
 
     def _step_teardown(self, now: float) -> None:
         td = self.teardown
@@ -775,14 +618,7 @@ class Supervisor:
         td.left = left
         self.last_data = time.monotonic()
         if td.reason != LEFTOVER or td.signalled or td.killed:
-            self.out.add(
-                status_record(
-                    EVENT_TEARDOWN,
-                    reason=td.reason,
-                    signalled=sorted(td.signalled),
-                    killed=sorted(td.killed),
-                )
-            )
+            self.out.add(wire.teardown_record(td.reason, td.signalled, td.killed))
 
     # io -------------------------------------------------------------------
     def _read_pipe(self, fd: int) -> None:
@@ -842,11 +678,9 @@ class Supervisor:
         lines = (self.stdin_partial + data).split(b"\n")
         self.stdin_partial = lines.pop()[-64:]
         for line in lines:
-            word = line.strip().decode("ascii", "replace")
-            if word == CTRL_KILL:
-                self.request_teardown("control KILL", True, now)
-            elif word == CTRL_TERM:
-                self.request_teardown("control TERM", False, now)
+            level = wire.parse_control(line)
+            if level is not None:
+                self.request_teardown("control " + str(level.value), level is wire.StopLevel.KILL, now)
 
     def _update_registrations(self) -> None:
         if not self.paused and self.out.size > OUT_HIGH_WATER:
@@ -894,7 +728,7 @@ class Supervisor:
 
     def _timers(self, now: float) -> None:
         if self.cfg.heartbeat > 0 and now >= self.next_heartbeat:
-            self.out.add(TAG_HEARTBEAT + b"\n")
+            self.out.add(wire.HEARTBEAT_RECORD)
             self.next_heartbeat = now + self.cfg.heartbeat
         if (
             self.teardown is None
@@ -924,7 +758,7 @@ class Supervisor:
             return
         self.sel.register(sock.fileno(), selectors.EVENT_READ, "coord")
         if self.code is not None:
-            link.send("EXIT %s %d" % (self.cfg.node, self.code))
+            link.send(wire.exit_line(self.cfg.node, self.code))
 
     def _read_link(self, now: float) -> None:
         link = self.link
@@ -932,9 +766,9 @@ class Supervisor:
             return
         fd = link.sock.fileno()
         for line in link.read():
-            if line.startswith("STOP"):
-                reason = line[4:].strip() or "another node failed"
-                self.request_teardown("coordinator: " + reason, False, now)
+            reason = wire.parse_stop(line)
+            if reason is not None:
+                self.request_teardown("coordinator: " + (reason or "another node failed"), False, now)
         if link.sock is None:
             self.sel.unregister(fd)
 
@@ -950,10 +784,11 @@ class Supervisor:
         self._install_signals()
         self._register_stdin()
         if not self._spawn():
-            self._write_state(state="exited", code=self.code, ended=time.time(), left=0)
-            self.out.add(status_record(EVENT_DONE, code=self.code, left=0))
+            code = self.code if self.code is not None else EXIT_NOT_EXECUTABLE
+            self._write_exited(code, 0)
+            self.out.add(wire.done_record(code, 0))
             self._final_flush()
-            return int(self.code or 0)
+            return code
         if self.stdin_pending:
             # control lines that came right behind the config line on stdin
             self._stdin_data(self.stdin_pending, time.monotonic())
@@ -1021,9 +856,9 @@ class Supervisor:
         self._close_link()
         if self.cfg.cleanup_dir:
             remove_tee_dir(self.cfg.cleanup_dir)
-        self.out.add(status_record(EVENT_DONE, code=code, left=left))
+        self.out.add(wire.done_record(code, left))
         self._final_flush()
-        self._write_state(state="exited", code=code, ended=time.time(), left=left)
+        self._write_exited(code, left)
         return code
 
     def _final_flush(self) -> None:
@@ -1043,7 +878,7 @@ class Supervisor:
                 time.sleep(0.05)
 
 
-def detach(config: Config) -> int:
+def detach(config: wire.SupervisorConfig) -> int:
     """Forks the supervisor into its own session, writing its records to the log
     file; returns once the job has started (or failed to), so that the SSH
     command ends while the job runs on."""
@@ -1059,9 +894,9 @@ def detach(config: Config) -> int:
                 break
             first += chunk
         if not first:
-            first = status_record(EVENT_ERROR, message="the detached supervisor died at start")
+            first = wire.error_record("the detached supervisor died at start")
         os.write(1, first)
-        return 0 if first.startswith(TAG_STATUS + b'{"event":"started"') else 1
+        return 0 if first.startswith(wire.status_head(wire.EVENT_STARTED)) else 1
     os.close(ready_r)
     code = 1
     try:
@@ -1103,10 +938,9 @@ def main(args: List[str]) -> int:
         return EXIT_BAD_CONFIG
     text, pending = read_config_line() if args[0] == "-" else (args[0], b"")
     try:
-        config = parse_config(text)
-    except ConfigError as exc:
-        record = status_record(EVENT_ERROR, message=str(exc))
-        record += status_record(EVENT_DONE, code=EXIT_BAD_CONFIG, left=0)
+        config = wire.SupervisorConfig.from_json(text)
+    except wire.ConfigError as exc:
+        record = wire.error_record(str(exc)) + wire.done_record(EXIT_BAD_CONFIG, 0)
         os.write(1, record)
         return EXIT_BAD_CONFIG
     if config.log_file:

@@ -116,7 +116,7 @@ def ifname_matches(spec: str, names: list[str]) -> list[str]:
 
 def _ifname_variables(observed: Observed, host: Host, facts: NodeFacts,
                       network: NodeNetwork) -> CheckResult | None:
-    env = {**(facts.get("env") or {}), **host.env}
+    env = {**(facts.get("env") or {}), **observed.env_of(host)}
     names = [str(item.get("name")) for item in facts.get("interfaces") or [] if isinstance(item, dict)]
     for variable in IFNAME_VARIABLES:
         if variable not in env:

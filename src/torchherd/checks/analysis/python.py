@@ -6,7 +6,7 @@ from __future__ import annotations
 from torchherd.checks.analysis.common import per_node
 from torchherd.checks.model import NodeFacts, Observed
 from torchherd.inventory import Host
-from torchherd.results import CheckResult
+from torchherd.results import CheckResult, CheckStatus
 
 CHECK = "python"
 
@@ -49,7 +49,7 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
     if reference is not None and reference[0] != host.name:
         differing = [key for key in mine if mine[key] != reference[1][key]]
         if differing:
-            status = "warn" if differing == ["python"] and _same_minor(mine, reference[1]) else "fail"
+            status: CheckStatus = "warn" if differing == ["python"] and _same_minor(mine, reference[1]) else "fail"
             return CheckResult(host.name, CHECK, status,
                                f"{shown}; differs from {reference[0]} in {', '.join(differing)} "
                                f"({', '.join(reference[1][key] for key in differing)})",

@@ -1,4 +1,4 @@
-"""The one place that speaks SSH.
+"""The SSH implementation of the transport seam (``transport.base``): the one place that speaks SSH.
 
 One ``Connection`` per node (paramiko underneath), opened with the node's resolved
 OpenSSH settings: ``~/.ssh/config`` (or the inventory's ``ssh_config``) aliases,
@@ -7,8 +7,8 @@ honoured, and the inventory's own keys win over the config, as a command-line
 ``-l``/``-p``/``-i`` would. Host keys are verified: an unknown key is refused
 unless the user asked to accept new keys, a changed key is always refused.
 
-``connect_all`` opens many connections in parallel and returns, per node, either
-the connection or the error, so one node's failure never hides the others'.
+``SshConnector`` opens them for the engine and the checks; every paramiko or socket
+error is turned into a ``TransportError`` here, where it arises.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import os
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
+from torchherd.transport.base import CommandResult, Session, connect_all as _connect_all
 
 if TYPE_CHECKING:  # paramiko is imported lazily: `torchherd --help` must stay fast.
     import paramiko
@@ -53,14 +53,6 @@ class SshTarget:
         port = f":{self.port}" if self.port != 22 else ""
         via = f" via {self.proxy_jump}" if self.proxy_jump else ""
         return f"{self.user}@{self.hostname}{port}{via}"
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-    seconds: float
 
 
 def _ssh_config_lookup(alias: str, ssh_config: Path | None) -> dict[str, Any]:
@@ -139,28 +131,51 @@ class Connection:
         """Runs ``command`` in the node's shell, feeds ``stdin``, and collects all output."""
         started = time.monotonic()
         process = self.start(command)
-        if stdin:
-            process.channel.sendall(stdin)
-        process.channel.shutdown_write()
-        stdout, stderr = bytearray(), bytearray()
-        process.pump(stdout.extend, stderr.extend, deadline=started + timeout)
-        # The exit status may arrive a moment after the streams close.
-        process.channel.status_event.wait(max(0.0, started + timeout - time.monotonic()))
-        if not process.channel.exit_status_ready():
-            process.channel.close()
-            raise TransportError(self.node, "timeout",
-                                 f"{self.node}: remote command did not finish within {timeout:g} s")
-        return CommandResult(process.channel.recv_exit_status(), bytes(stdout), bytes(stderr),
-                             time.monotonic() - started)
+        with _as_transport_error(self.node, "run"):
+            if stdin:
+                process.channel.sendall(stdin)
+            process.channel.shutdown_write()
+            stdout, stderr = bytearray(), bytearray()
+            process.pump(stdout.extend, stderr.extend, deadline=started + timeout)
+            # The exit status may arrive a moment after the streams close.
+            process.channel.status_event.wait(max(0.0, started + timeout - time.monotonic()))
+            if not process.channel.exit_status_ready():
+                process.channel.close()
+                raise TransportError(self.node, "timeout",
+                                     f"{self.node}: remote command did not finish within {timeout:g} s")
+            return CommandResult(process.channel.recv_exit_status(), bytes(stdout), bytes(stderr),
+                                 time.monotonic() - started)
 
     def start(self, command: str) -> RemoteProcess:
         """Starts ``command`` without a PTY (stdout and stderr stay apart)."""
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
             raise TransportError(self.node, "closed", f"{self.node}: SSH connection is closed")
-        channel = transport.open_session(timeout=self.timeout)
-        channel.exec_command(command)
+        with _as_transport_error(self.node, "start"):
+            channel = transport.open_session(timeout=self.timeout)
+            channel.exec_command(command)
         return RemoteProcess(self.node, channel)
+
+    def put(self, path: str, data: bytes, mode: int = 0o600) -> None:
+        """Writes a new file over SFTP, created with ``mode`` (exclusive: an existing path is refused)."""
+        with _as_transport_error(self.node, f"write {path}"):
+            sftp = self.client.open_sftp()
+            try:
+                with sftp.open(path, "wx") as remote:
+                    sftp.chmod(path, mode)
+                    remote.write(data)
+            finally:
+                sftp.close()
+
+    def peer_address(self) -> str | None:
+        """The address sshd answered on, when the node was reached directly (not through a jump)."""
+        transport = self.client.get_transport()
+        if transport is None or self.target.proxy_jump or self.target.proxy_command:
+            return None
+        try:
+            return str(transport.getpeername()[0])
+        except OSError:
+            return None
 
     def is_alive(self) -> bool:
         transport = self.client.get_transport()
@@ -188,6 +203,30 @@ class RemoteProcess:
             except Exception:  # paramiko raises several kinds once the peer is gone
                 return False
         return True
+
+    def close_stdin(self) -> None:
+        with self._send_lock, _as_transport_error(self.node, "close stdin"):
+            self.channel.shutdown_write()
+
+    def read(self, timeout: float) -> bytes | None:
+        self.channel.settimeout(timeout)
+        try:
+            return bytes(self.channel.recv(READ_SIZE))
+        except socket.timeout:
+            return None
+        except Exception as error:  # a channel torn down under us reads as EOF, said once
+            if isinstance(error, OSError) or type(error).__module__.startswith("paramiko"):
+                return b""
+            raise
+
+    def read_stderr(self) -> bytes:
+        data = bytearray()
+        while self.channel.recv_stderr_ready():
+            data += self.channel.recv_stderr(READ_SIZE)
+        return bytes(data)
+
+    def close(self) -> None:
+        self.channel.close()
 
     def pump(self, on_stdout: Callable[[bytes], None], on_stderr: Callable[[bytes], None],
              deadline: float | None = None) -> None:
@@ -334,17 +373,36 @@ def _explain(target: SshTarget, error: BaseException) -> BaseException:
     return error
 
 
+@dataclass(frozen=True)
+class SshConnector:
+    """Opens SSH sessions with one inventory's settings (``transport.base.Connector``)."""
+
+    ssh_config: Path | None = None
+    timeout: float = 10.0
+    accept_new: bool = False
+
+    def connect(self, host: Host) -> Connection:
+        return connect(host, self.ssh_config, self.timeout, self.accept_new)
+
+
 def connect_all(hosts: Iterable[Host], ssh_config: Path | None, timeout: float,
-                accept_new: bool = False) -> Mapping[str, Connection | TransportError]:
+                accept_new: bool = False) -> Mapping[str, Session | TransportError]:
     """Connects to every host in parallel; each entry is the connection or why it failed."""
-    host_list = list(hosts)
+    return _connect_all(SshConnector(ssh_config, timeout, accept_new), hosts)
 
-    def attempt(host: Host) -> Connection | TransportError:
-        try:
-            return connect(host, ssh_config, timeout, accept_new)
-        except TransportError as error:
-            return error
 
-    with ThreadPoolExecutor(max_workers=max(1, min(64, len(host_list)))) as pool:
-        results = list(pool.map(attempt, host_list))
-    return {host.name: result for host, result in zip(host_list, results)}
+class _as_transport_error:
+    """paramiko's and the socket's errors on an open connection, as one TransportError."""
+
+    def __init__(self, node: str, doing: str) -> None:
+        self.node, self.doing = node, doing
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        if error is None or isinstance(error, (TransportError, KeyboardInterrupt, SystemExit)):
+            return
+        if isinstance(error, (OSError, EOFError)) or type(error).__module__.startswith("paramiko"):
+            raise TransportError(self.node, "ssh", f"{self.node}: cannot {self.doing}: {error or type(error).__name__}") \
+                from error

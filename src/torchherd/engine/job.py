@@ -1,33 +1,44 @@
-"""Start, supervise and tear down one job on every node.
+"""One job on every node: start, supervise, tear down, summarise; events to an observer.
 
 Each node runs the standard-library supervisor (``torchherd/remote/supervisor.py``)
-over an SSH channel without a PTY; the supervisor starts torchrun, frames its output
-as records, and kills the whole job tree when told to, when its stdin closes (the
-controller died) or when the controller has been silent too long (the network
-went away). Here, one reader thread per node turns records into lines, writes them
-to the node's log file at once, and queues them for the main thread, which renders
-them in batches and decides how the run ends.
+over a transport process without a terminal; the supervisor starts torchrun, frames
+its output as records, and kills the whole job tree when told to, when its stdin
+closes (the controller died) or when the controller has been silent too long (the
+network went away). Here, one reader thread per node turns records into lines,
+writes them to the node's log file at once, and queues them for the supervising
+thread, which reports them in batches to the observer and decides how the run ends.
 """
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import queue
 import shlex
-import signal
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Mapping, Sequence, Union
 
+from torchherd.engine.events import (
+    Event,
+    Interrupted,
+    NodeExited,
+    NodeLost,
+    NodeNotStarted,
+    NodeStarted,
+    Observer,
+    Output,
+    ProcessesLeft,
+    RanksRunning,
+    RunFinished,
+    StopSent,
+)
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, TransportError
-from torchherd.inventory import Inventory
-from torchherd.plan import RANK_PREFIX_HEAD, NodeNetwork, NodePlan, Plan, RunOptions, build_plan, quote_path
+from torchherd.plan import RANK_PREFIX_HEAD, NodePlan, Plan, quote_path
+from torchherd.remote import program
+from torchherd.remote.wire import StopLevel, control_line
 from torchherd.runlog import (
     STDERR,
     NodeOutcome,
@@ -42,12 +53,10 @@ from torchherd.runlog import (
     root_cause_rank,
     visible_text,
 )
-from torchherd.transport import Connection, RemoteProcess, connect_all
+from torchherd.transport import Process, Session, fan_out
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
-    from torchherd.console.run import LiveRenderer
+    from torchherd.runlog import OutcomeState
 
 HEARTBEAT_EVERY = 1.0
 """Seconds between heartbeats, both ways."""
@@ -58,7 +67,6 @@ WATCHDOG = 10.0
 STOP_MARGIN = 10.0
 """Beyond the grace period: TERM -> KILL, and KILL -> give the node up."""
 TAIL_LINES = 8
-_STOP_ORDER = {None: 0, "TERM": 1, "KILL": 2, "GIVE UP": 3}
 MAX_BATCH = 5000
 """Queue items rendered at once; bounded so status checks run between batches."""
 
@@ -70,6 +78,8 @@ class LaunchOptions:
     grace: float = 10.0
     accept_new_host_keys: bool = False
     fail_fast: bool = True
+    timeout: float | None = None
+    """Seconds after which every node is told to stop (the smoke check); None: no limit."""
 
 
 @dataclass(frozen=True)
@@ -80,13 +90,20 @@ class Closed:
     code: int | None
 
 
-Event = Union[OutputLine, Status, Closed]
-RunEvent = Union[OutputLine, RankLines, Status, Closed]
+@dataclass(frozen=True)
+class _StopRequest:
+    """``Run.stop`` from another thread, carried to the supervising thread by the queue:
+    the first one stops every node gracefully, the next kills."""
+
+
+Record = Union[OutputLine, Status, Closed]
+RunEvent = Union[OutputLine, RankLines, Status, Closed, _StopRequest]
 """What a run's reader threads queue: ``RankLines`` carries a whole chunk of rank lines."""
 
 
 def supervisor_source() -> str:
-    return importlib.resources.files("torchherd.remote").joinpath("supervisor.py").read_text("utf-8")
+    """The supervisor as the node runs it: one self-contained ``python -c`` program."""
+    return program("supervisor.py")
 
 
 def supervisor_config(node: NodePlan, run_id: str, grace: float) -> dict[str, object]:
@@ -117,7 +134,7 @@ def supervisor_input(node: NodePlan, run_id: str, grace: float, extra: Mapping[s
     return json.dumps({**supervisor_config(node, run_id, grace), **(extra or {})}).encode("utf-8") + b"\n"
 
 
-def records_to_events(node: str, records: Sequence[bytes]) -> list[Event]:
+def records_to_events(node: str, records: Sequence[bytes]) -> list[Record]:
     """Supervisor records -> lines and status events; heartbeats carry no event."""
     return list(parse_records(node, records))
 
@@ -129,7 +146,7 @@ class NodeRun:
         self.plan = plan
         self.name = plan.host.name
         self.log_path = log_path
-        self.process: RemoteProcess | None = None
+        self.process: Process | None = None
         self.last_seen = time.monotonic()
         self.started_at: float | None = None
         self.ended_at: float | None = None
@@ -142,7 +159,7 @@ class NodeRun:
         """Set by the reader thread when the channel ended; its Closed event may still be queued."""
         self.lost: str | None = None
         self.start_error: str | None = None
-        self.stop_sent: str | None = None
+        self.stop_sent: StopLevel | None = None
         self.stop_at = 0.0
         self.left = 0
         self.rank_error: OutputLine | None = None
@@ -192,7 +209,7 @@ class NodeRun:
         return line.described()
 
 
-def read_node(node: NodeRun, process: RemoteProcess, events: queue.Queue[list[RunEvent]]) -> None:
+def read_node(node: NodeRun, process: Process, events: queue.Queue[list[RunEvent]]) -> None:
     """The reader thread: every record is parsed and logged as it arrives; the queue
     only ever receives whole lines, so the terminal can never hold a node back."""
     parser, stderr_lines = OutputParser(node.name), RecordSplitter()
@@ -229,19 +246,15 @@ def _log_bytes(event: RunEvent) -> bytes:
     return b""
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 class Job:
-    """One run across all nodes: start, supervise, end, summarise."""
+    """One run across all nodes: start, supervise, end, summarise. Reports to ``observer``."""
 
-    def __init__(self, plan: Plan, connections: Mapping[str, Connection], options: LaunchOptions,
-                 renderer: LiveRenderer) -> None:
+    def __init__(self, plan: Plan, sessions: Mapping[str, Session], options: LaunchOptions,
+                 observer: Observer) -> None:
         self.plan = plan
-        self.connections = connections
+        self.sessions = sessions
         self.options = options
-        self.renderer = renderer
+        self.emit = observer
         self.log_dir = options.log_dir / plan.run_id
         self.nodes = {node.host.name: NodeRun(node, self.log_dir / f"{node.host.name}.log") for node in plan.nodes}
         self.events: queue.Queue[list[RunEvent]] = queue.Queue()
@@ -249,29 +262,26 @@ class Job:
         self.interrupted = False
         self.culprit: NodeRun | None = None
         self.started = time.monotonic()
+        self.deadline = None if options.timeout is None else self.started + options.timeout
+        self.timed_out = False
         self._quiet = threading.Event()
 
     # starting -----------------------------------------------------------------
     def start_all(self) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         source = supervisor_source()
-        with ThreadPoolExecutor(max_workers=max(1, min(32, len(self.nodes)))) as pool:
-            list(pool.map(lambda node: self._start(node, source), self.nodes.values()))
+        fan_out(list(self.nodes.values()), lambda node: self._start(node, source))
         threading.Thread(target=self._heartbeat, name="torchherd-heartbeat", daemon=True).start()
 
     def _start(self, node: NodeRun, source: str) -> None:
         command = remote_command(node.plan, self.plan.run_id, source)
         try:
-            process = self.connections[node.name].start(command)
-            process.send(supervisor_input(node.plan, self.plan.run_id, self.options.grace))
+            process = self.sessions[node.name].start(command)
         except TransportError as error:
             node.start_error = str(error)
             self.events.put([Status(node.name, "error", {"message": str(error)})])
             return
-        except Exception as error:  # paramiko's own errors, when the session cannot open
-            node.start_error = f"{node.name}: cannot start the job: {error}"
-            self.events.put([Status(node.name, "error", {"message": node.start_error})])
-            return
+        process.send(supervisor_input(node.plan, self.plan.run_id, self.options.grace))
         node.last_seen = node.started_at = time.monotonic()
         node.process = process
         threading.Thread(target=read_node, args=(node, process, self.events), name=f"torchherd-read-{node.name}",
@@ -285,31 +295,40 @@ class Job:
                     node.process.send(b"\n")
 
     # supervising --------------------------------------------------------------
-    def supervise(self) -> None:
+    def supervise(self) -> RunSummary:
+        """Until every node has finished; then the summary (also reported as RunFinished)."""
         while not all(node.finished for node in self.nodes.values()):
-            try:
-                self._step()
-            except KeyboardInterrupt:
-                self.interrupt()
+            self._step()
         self._quiet.set()
-        self._render(self._drain(0.0))
+        self._dispatch(self._drain(0.0))
+        summary = self.summary()
+        self.emit(RunFinished(summary))
+        return summary
+
+    def request_stop(self) -> None:
+        """Thread-safe: the supervising thread stops the run as on Ctrl-C (again: kills)."""
+        self.events.put([_StopRequest()])
 
     def interrupt(self) -> None:
         if not self.interrupted:
             self.interrupted = True
-            self.renderer.note("interrupted: stopping every node (interrupt again to kill at once)", "bold yellow")
-            self.stop_all("TERM", "interrupted")
+            self.emit(Interrupted())
+            self.stop_all(StopLevel.TERM, "interrupted")
         else:
-            self.stop_all("KILL", "interrupted twice")
+            self.emit(Interrupted(again=True))
+            self.stop_all(StopLevel.KILL, "interrupted twice")
 
     def _step(self) -> None:
-        self._render(self._drain(0.1))
+        self._dispatch(self._drain(0.1))
         now = time.monotonic()
         for node in self.nodes.values():
             # A node whose channel already ended is not lost, only not yet processed.
             if node.running and not node.reader_done and now - node.last_seen > LOST_AFTER:
                 self._lose(node, f"{node.name} vanished: nothing heard from it for {now - node.last_seen:.0f} s")
             self._escalate(node, now)
+        if self.deadline is not None and not self.timed_out and now > self.deadline:
+            self.timed_out = True
+            self.stop_all(StopLevel.TERM, "timed out")
 
     def _drain(self, timeout: float) -> list[RunEvent]:
         batch: list[RunEvent] = []
@@ -321,37 +340,44 @@ class Job:
             pass
         return batch
 
-    def _render(self, batch: list[RunEvent]) -> None:
+    def _dispatch(self, batch: list[RunEvent]) -> None:
         lines: list[OutputLine | RankLines] = []
+
+        def flush() -> None:
+            if lines:
+                self.emit(Output(tuple(lines)))
+                lines.clear()
+
         for event in batch:
             if isinstance(event, (OutputLine, RankLines)):
                 node = self.nodes[event.node]
                 if not node.ranks_running and (isinstance(event, RankLines) or event.rank is not None):
                     node.ranks_running = True
-                    self.renderer.render(lines)
-                    lines = []
-                    self.renderer.note(f"{node.name}: ranks running (through the rendezvous)", "dim")
+                    flush()
+                    self.emit(RanksRunning(node.name))
                 if isinstance(event, OutputLine):
                     node.track(event)
                 else:
                     node.track_block(event)
                 lines.append(event)
                 continue
-            self.renderer.render(lines)
-            lines = []
+            flush()
             if isinstance(event, Status):
                 self._on_status(self.nodes[event.node], event)
-            else:
+            elif isinstance(event, Closed):
                 self._on_closed(self.nodes[event.node], event.code)
-        self.renderer.render(lines)
+            else:
+                self.interrupt()
+        flush()
 
     def _on_status(self, node: NodeRun, status: Status) -> None:
         fields = status.fields
         if status.event == "started":
-            self.renderer.note(f"{node.name}: torchrun started (pid {fields.get('pid')})", "dim")
+            pid = fields.get("pid")
+            self.emit(NodeStarted(node.name, int(pid) if isinstance(pid, int) else None))
         elif status.event == "error":
             node.start_error = str(fields.get("message", "the job could not be started"))
-            self.renderer.note(f"{node.name}: {node.start_error}", "bold red")
+            self.emit(NodeNotStarted(node.name, node.start_error))
             self._failed(node)
         elif status.event == "exit":
             self._on_exit(node, int(fields.get("code", 1)))
@@ -361,22 +387,21 @@ class Job:
             if node.exit_code is None:
                 self._on_exit(node, int(fields.get("code", 1)))
             if node.left:
-                self.renderer.note(f"{node.name}: {node.left} processes of the job could not be killed", "bold red")
+                self.emit(ProcessesLeft(node.name, node.left))
 
     def _on_exit(self, node: NodeRun, code: int) -> None:
         node.exit_code = code
         node.ended_at = time.monotonic()
-        if code == 0:
-            self.renderer.note(f"{node.name}: finished (exit 0)", "green")
-        elif node.stop_sent is None:
-            self.renderer.note(f"{node.name}: exited with code {code}", "bold red")
+        expected = code != 0 and node.stop_sent is not None
+        self.emit(NodeExited(node.name, code, expected))
+        if code != 0 and not expected:
             self._failed(node)
 
     def _on_closed(self, node: NodeRun, code: int | None) -> None:
         node.closed = True
         if node.done or node.lost is not None:
             return
-        if code is None and node.stop_sent != "GIVE UP":
+        if code is None and node.stop_sent is not StopLevel.GIVE_UP:
             self._lose(node, f"{node.name} vanished: its SSH channel closed without an exit status")
             return
         # The supervisor never ran (a failed cd or setup snippet): the shell's status.
@@ -384,44 +409,49 @@ class Job:
         if node.exit_code is None and code is not None:
             node.exit_code = code
             if code != 0 and node.stop_sent is None:
-                self.renderer.note(f"{node.name}: the job did not start (exit {code})", "bold red")
+                self.emit(NodeNotStarted(node.name, f"the job did not start (exit {code})", code))
                 self._failed(node)
 
     def _failed(self, node: NodeRun) -> None:
         if self.culprit is None and not self.interrupted:
             self.culprit = node
         if self.options.fail_fast:
-            self.stop_all("TERM", f"{node.name} failed")
+            self.stop_all(StopLevel.TERM, f"{node.name} failed")
 
     def _lose(self, node: NodeRun, reason: str) -> None:
         node.lost = reason
         node.ended_at = time.monotonic()
-        self.renderer.note(reason, "bold red")
+        self.emit(NodeLost(node.name, reason))
         if self.culprit is None and not self.interrupted:
             self.culprit = node
-        self.stop_all("TERM", f"{node.name} vanished")
-        connection = self.connections.get(node.name)
-        if connection is not None:
+        self.stop_all(StopLevel.TERM, f"{node.name} vanished")
+        session = self.sessions.get(node.name)
+        if session is not None:
             # Closing may wait on a dead network; the run must not.
-            threading.Thread(target=connection.close, daemon=True).start()
+            threading.Thread(target=session.close, daemon=True).start()
 
-    def stop_all(self, mode: str, reason: str) -> None:
+    def stop_all(self, level: StopLevel, reason: str) -> None:
         """TERM (graceful, SIGKILL after the grace period) or KILL to every running node."""
         self.stopping = self.stopping or reason
         now = time.monotonic()
+        told = []
         for node in self.nodes.values():
-            if node.running and node.process is not None and _STOP_ORDER[node.stop_sent] < _STOP_ORDER[mode]:
-                node.stop_sent, node.stop_at = mode, now
-                node.process.send(f"{mode}\n".encode())
+            if node.running and node.process is not None and (node.stop_sent is None or node.stop_sent < level):
+                node.stop_sent, node.stop_at = level, now
+                node.process.send(control_line(level))
+                told.append(node.name)
+        if told:
+            self.emit(StopSent(level, reason, tuple(told)))
 
     def _escalate(self, node: NodeRun, now: float) -> None:
         if not node.running or node.process is None:
             return
-        if node.stop_sent == "TERM" and now - node.stop_at > self.options.grace + STOP_MARGIN:
-            node.stop_sent, node.stop_at = "KILL", now
-            node.process.send(b"KILL\n")
-        elif node.stop_sent == "KILL" and now - node.stop_at > STOP_MARGIN:
-            node.stop_sent = "GIVE UP"
+        if node.stop_sent is StopLevel.TERM and now - node.stop_at > self.options.grace + STOP_MARGIN:
+            node.stop_sent, node.stop_at = StopLevel.KILL, now
+            node.process.send(control_line(StopLevel.KILL))
+            self.emit(StopSent(StopLevel.KILL, f"{node.name} did not stop within the grace period", (node.name,)))
+        elif node.stop_sent is StopLevel.KILL and now - node.stop_at > STOP_MARGIN:
+            node.stop_sent = StopLevel.GIVE_UP
             self._lose(node, f"{node.name} did not confirm the teardown; its processes may still run")
 
     # ending -------------------------------------------------------------------
@@ -451,193 +481,27 @@ class Job:
         return f"{node.name}{rank} failed first{code}" + (f": {error}" if error else "")
 
     def _outcome(self, node: NodeRun) -> NodeOutcome:
-        if node.lost is not None:
-            state = "unresponsive" if node.stop_sent == "GIVE UP" else "lost"
-        elif node.process is None:
-            state = "not started"
-        elif node.exit_code == 0:
-            state = "ok"
-        elif node.stop_sent is not None and node is not self.culprit:
-            state = "interrupted" if self.interrupted else "torn down"
-        else:
-            state = "failed"
+        state = self._state(node)
         seconds = None if node.started_at is None else (node.ended_at or time.monotonic()) - node.started_at
         tail = tuple(line.log_text() for line in node.rank_tail or node.other_tail)
         return NodeOutcome(node.name, node.plan.node_rank, state, node.exit_code, seconds,
                            node.first_error() if state != "ok" else None,
                            node.failed_rank if state == "failed" else None, tail, node.left)
 
-
-def run_job(inventory: Inventory, run_options: RunOptions, options: LaunchOptions, console: Console) -> int:
-    """``torchherd run``: preflight (or just connect), launch, stream, end; the exit code."""
-    from torchherd.console.run import LiveRenderer, render_summary
-
-    opened = open_plan(inventory, run_options, options, console)
-    if opened is None:
-        return EXIT_FAILED
-    plan, connections, close = opened
-    try:
-        renderer = LiveRenderer(console, [node.host.name for node in plan.nodes], _max_rank(plan))
-        job = Job(plan, connections, options, renderer)
-        renderer.note(f"run {plan.run_id}: {len(plan.nodes)} nodes, master {plan.master} at "
-                      f"{plan.master_addr}:{plan.port}; logs in {job.log_dir}", "bold")
-        with _sigterm_as_interrupt():
-            try:
-                job.start_all()
-            except KeyboardInterrupt:
-                job.interrupt()
-            job.supervise()
-        summary = job.summary()
-        render_summary(console, summary)
-        return summary.exit_code
-    finally:
-        close()
+    def _state(self, node: NodeRun) -> OutcomeState:
+        if node.lost is not None:
+            return "unresponsive" if node.stop_sent is StopLevel.GIVE_UP else "lost"
+        if node.process is None:
+            return "not started"
+        if node.exit_code == 0:
+            return "ok"
+        if node.stop_sent is not None and node is not self.culprit:
+            return "interrupted" if self.interrupted else "torn down"
+        return "failed"
 
 
-def _max_rank(plan: Plan) -> int:
-    nproc = plan.nodes[0].argv[plan.nodes[0].argv.index("--nproc-per-node") + 1]
+def max_rank(plan: Plan) -> int:
+    nproc = plan.nproc_per_node
+    if isinstance(nproc, int):
+        return len(plan.nodes) * nproc - 1
     return len(plan.nodes) * int(nproc) - 1 if nproc.isdigit() else 99
-
-
-class _sigterm_as_interrupt:
-    """SIGTERM to the controller ends the run like Ctrl-C (130, every node stopped)."""
-
-    def __enter__(self) -> None:
-        self.previous: Callable[[int, FrameType | None], object] | int | None = None
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-
-
-Opened = tuple[Mapping[str, Connection], Mapping[str, NodeNetwork], Callable[[], None]]
-
-
-def open_plan(inventory: Inventory, run_options: RunOptions, options: LaunchOptions, console: Console
-              ) -> tuple[Plan, Mapping[str, Connection], Callable[[], None]] | None:
-    """Validates the options, runs the preflight (or just connects), then plans with what
-    it found; None when a node failed (already reported). The caller closes."""
-    build_plan(inventory, run_options)  # a bad option is a usage error before any node is touched
-    opened = _open(inventory, run_options, options, console)
-    if opened is None:
-        return None
-    connections, networks, close = opened
-    try:
-        return build_plan(inventory, run_options, networks), connections, close
-    except BaseException:
-        close()
-        raise
-
-
-def _open(inventory: Inventory, run_options: RunOptions, options: LaunchOptions, console: Console) -> Opened | None:
-    if options.check:
-        return _preflight(inventory, run_options, options, console)
-    return _connect(inventory, options, console)
-
-
-def _connect(inventory: Inventory, options: LaunchOptions, console: Console) -> Opened | None:
-    from torchherd.console import render_error
-
-    results = connect_all(inventory.hosts, inventory.cluster.ssh_config, inventory.cluster.ssh_timeout,
-                          options.accept_new_host_keys)
-    connections = {name: result for name, result in results.items() if isinstance(result, Connection)}
-    failures = [result for result in results.values() if isinstance(result, TransportError)]
-
-    def close() -> None:
-        for connection in connections.values():
-            connection.close()
-
-    if failures:
-        for error in failures:
-            render_error(console, error)
-        close()
-        return None
-    return connections, {}, close
-
-
-def _preflight(inventory: Inventory, run_options: RunOptions, options: LaunchOptions,
-               console: Console) -> Opened | None:
-    from torchherd.checks import CheckOptions, run_preflight
-    from torchherd.console.checks import render_report
-
-    check_options = CheckOptions(only=None, skip=frozenset(),
-                                 script=None if run_options.module else run_options.script,
-                                 smoke=False, accept_new_host_keys=options.accept_new_host_keys)
-    outcome = run_preflight(inventory, check_options)
-    if not outcome.report.ok:
-        render_report(console, outcome.report)
-        outcome.close()
-        return None
-    warnings = [result for result in outcome.report.results if result.status == "warn"]
-    console.print(f"preflight: {len(outcome.report.results)} checks passed"
-                  + (f", {len(warnings)} warnings (torchherd check shows them)" if warnings else ""),
-                  style="dim", markup=False, highlight=False)
-    connections = dict(outcome.connections)
-    missing = [host for host in inventory.hosts if host.name not in connections]
-    extra = _connect(Inventory(inventory.path, inventory.cluster, tuple(missing)), options, console) \
-        if missing else ({}, {}, lambda: None)
-    if extra is None:
-        outcome.close()
-        return None
-    connections.update(extra[0])
-
-    def close() -> None:
-        extra[2]()
-        outcome.close()
-
-    return connections, outcome.networks, close
-
-
-
-# a quiet run (check --smoke) ------------------------------------------------------
-@dataclass(frozen=True)
-class QuietRun:
-    """How a job run by ``run_quietly`` ended: per-node outcomes and every line each node printed."""
-
-    summary: RunSummary
-    lines: Mapping[str, tuple[OutputLine, ...]]
-    timed_out: bool
-
-
-class _DeadlineJob(Job):
-    """A Job that keeps every line and stops every node once ``timeout`` seconds have passed."""
-
-    def __init__(self, plan: Plan, connections: Mapping[str, Connection], options: LaunchOptions,
-                 renderer: LiveRenderer, timeout: float) -> None:
-        super().__init__(plan, connections, options, renderer)
-        self.deadline = time.monotonic() + timeout
-        self.timed_out = False
-        self.kept: dict[str, list[OutputLine]] = {name: [] for name in self.nodes}
-
-    def _render(self, batch: list[RunEvent]) -> None:
-        for event in batch:
-            if isinstance(event, OutputLine):
-                self.kept[event.node].append(event)
-            elif isinstance(event, RankLines):
-                self.kept[event.node].extend(event.lines())
-        super()._render(batch)
-
-    def _step(self) -> None:
-        super()._step()
-        if not self.timed_out and time.monotonic() > self.deadline:
-            self.timed_out = True
-            self.stop_all("TERM", "timed out")
-
-
-def run_quietly(plan: Plan, connections: Mapping[str, Connection], log_dir: Path, timeout: float,
-                grace: float = 2.0) -> QuietRun:
-    """Runs ``plan`` like ``run`` (same supervisor, fail-fast teardown) but prints nothing;
-    every node is stopped after ``timeout`` seconds."""
-    from io import StringIO
-
-    from torchherd.console import make_console
-    from torchherd.console.run import LiveRenderer
-
-    renderer = LiveRenderer(make_console(StringIO()), [node.host.name for node in plan.nodes], _max_rank(plan))
-    job = _DeadlineJob(plan, connections, LaunchOptions(log_dir=log_dir, grace=grace), renderer, timeout)
-    job.start_all()
-    job.supervise()
-    lines = {name: tuple(kept) for name, kept in job.kept.items()}
-    return QuietRun(job.summary(), lines, job.timed_out)

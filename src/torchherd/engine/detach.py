@@ -7,37 +7,33 @@ own session, stdin from /dev/null, framed records appended to
 fast needs no controller and no SSH between nodes: a coordinator on the master
 node (standard library, shipped over SSH like the supervisor) takes a TCP
 connection from every node's supervisor and tells the others to stop when one
-fails. The local run record keeps what it takes to reconnect.
+fails. The local run record keeps what it takes to reconnect. Nothing here
+prints: starting returns a result, following reports events to an observer.
 """
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import queue
 import secrets
 import shlex
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import Mapping
 
-from torchherd.errors import EXIT_FAILED, EXIT_OK, TransportError
-from torchherd.inventory import Inventory
-from torchherd.launch import Event, LaunchOptions, _max_rank, open_plan, records_to_events, remote_command, \
+from torchherd.engine.events import NodeStatus, Observer, Output
+from torchherd.engine.job import LaunchOptions, Record, max_rank, records_to_events, remote_command, \
     supervisor_input, supervisor_source
-from torchherd.plan import Plan, RunOptions, quote_path
+from torchherd.errors import TransportError
+from torchherd.plan import Plan, quote_path
+from torchherd.remote import program
 from torchherd.runlog import OutputLine, RecordSplitter, Status, parse_status
 from torchherd.runrecord import CoordinatorRecord, NodeRecord, NodeState, RunRecord, parse_node_state, \
     remote_coordinator_file, remote_log_file, remote_state_file, save
-from torchherd.transport import Connection, connect, connect_all
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
-    from torchherd.console.run import LiveRenderer
+from torchherd.transport import Connector, Session, close_all, connect_all, fan_out
+from torchherd.transport.ssh import SshConnector
 
 FETCH_LIMIT = 4 << 20
 """Bytes of a node's log fetched at once (more than the supervisor's longest record)."""
@@ -48,103 +44,53 @@ RETRY_EVERY = 1.0
 START_TIMEOUT = 60.0
 COORDINATOR_WAIT = 120.0
 
-# Run on a node by `stop`: SIGTERM the supervisor (it tears its tree down, SIGKILL after
-# its grace), a second SIGTERM escalates, then anything still carrying the run id (in
-# its environment, or its command line: supervisor, coordinator) gets SIGKILL. Prints
-# what is left. Nothing is matched by name, so other runs are never touched.
-STOP_SCRIPT = r"""
-import json, os, signal, sys, time
-run_id, sup, grace = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-mark, env_mark = run_id.encode(), ("TORCHHERD_RUN_ID=" + run_id).encode()
-def read(pid, name):
-    try:
-        with open("/proc/%d/%s" % (pid, name), "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-def table():
-    out = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            stat = read(int(name), "stat")
-            fields = stat[stat.rfind(b")") + 2:].split()
-            if len(fields) > 1 and fields[0] not in (b"Z", b"X"):
-                out[int(name)] = int(fields[1])
-    return out
-def mine():
-    procs, skip, pid = table(), set(), os.getpid()
-    while pid in procs and pid not in skip:
-        skip.add(pid)
-        pid = procs[pid]
-    return [p for p in procs if p not in skip and (mark in read(p, "cmdline")
-            or env_mark in read(p, "environ").split(b"\0"))]
-def wait(cond, seconds):
-    end = time.time() + seconds
-    while time.time() < end and not cond():
-        time.sleep(0.1)
-    return cond()
-def sup_gone():
-    return sup <= 0 or sup not in mine()
-def kill(pids, sig):
-    for p in pids:
-        try:
-            os.kill(p, sig)
-        except OSError:
-            pass
-was_running = not sup_gone()
-if was_running:
-    kill([sup], signal.SIGTERM)
-    if not wait(sup_gone, grace + 5):
-        kill([sup], signal.SIGTERM)
-        wait(sup_gone, 6)
-kill(mine(), signal.SIGTERM)
-if not wait(lambda: not mine(), 2):
-    kill(mine(), signal.SIGKILL)
-    wait(lambda: not mine(), 3)
-left = [read(p, "cmdline").replace(b"\0", b" ").decode("utf-8", "replace")[:200] for p in mine()]
-print(json.dumps({"was_running": was_running, "left": left}))
-"""
-
-
-def _remote_source(name: str) -> str:
-    return importlib.resources.files("torchherd.remote").joinpath(name).read_text("utf-8")
-
-
 # starting ----------------------------------------------------------------------
 
 
-def start_detached(inventory: Inventory, run_options: RunOptions, options: LaunchOptions, console: Console) -> int:
-    """``torchherd run --detach``: preflight, start every node, save the record, return."""
-    opened = open_plan(inventory, run_options, options, console)
-    if opened is None:
-        return EXIT_FAILED
-    plan, connections, close = opened
-    try:
-        coordinator = None
-        if options.fail_fast and len(plan.nodes) > 1:
-            coordinator = _start_coordinator(plan, connections[plan.master])
-        record = _new_record(inventory, run_options, plan, options, coordinator)
-        save(record)
-        started = _start_nodes(plan, record, connections, options.grace, coordinator)
-        record = replace(record, nodes=tuple(_started_or(started.get(node.name), node) for node in record.nodes))
-        save(record)
-        return _report_start(console, record, started, connections)
-    finally:
-        close()
+@dataclass(frozen=True)
+class DetachedStart:
+    """How ``run --detach`` went: the saved record, and per node why it did not start
+    (empty when every node started). When one did not, the others were stopped and
+    ``left`` says what could not be."""
+
+    record: RunRecord
+    errors: tuple[str, ...] = ()
+    left: Mapping[str, list[str]] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def start_detached(plan: Plan, options: LaunchOptions, sessions: Mapping[str, Session]) -> DetachedStart:
+    """Starts every node of ``plan`` detached (the sessions come from ``launch.open_nodes``),
+    with the coordinator on the master for fail-fast; saves the record."""
+    coordinator = None
+    if options.fail_fast and len(plan.nodes) > 1:
+        coordinator = _start_coordinator(plan, sessions[plan.master])
+    record = _new_record(plan, options, coordinator)
+    save(record)
+    started = _start_nodes(plan, record, sessions, options.grace, coordinator)
+    record = replace(record, nodes=tuple(_started_or(started.get(node.name), node) for node in record.nodes))
+    save(record)
+    errors = tuple(result for result in started.values() if isinstance(result, str))
+    if not errors:
+        return DetachedStart(record)
+    return DetachedStart(record, errors, stop_nodes(record, sessions))
 
 
 def _started_or(started: NodeRecord | str | None, node: NodeRecord) -> NodeRecord:
     return started if isinstance(started, NodeRecord) else node
 
 
-def _start_coordinator(plan: Plan, connection: Connection) -> tuple[CoordinatorRecord, str, str]:
+def _start_coordinator(plan: Plan, connection: Session) -> tuple[CoordinatorRecord, str, str]:
     """Starts the coordinator on the master; its record, the address workers use, the token."""
     token = secrets.token_hex(16)
     master = plan.nodes[0]
     state_file = remote_coordinator_file(plan.run_id)
     config = {"run_id": plan.run_id, "token": token, "nodes": [node.host.name for node in plan.nodes],
               "state_file": state_file, "wait": COORDINATOR_WAIT}
-    command = (f"exec {quote_path(master.host.python)} -c {shlex.quote(_remote_source('coordinator.py'))} "
+    command = (f"exec {quote_path(master.host.python)} -c {shlex.quote(program('coordinator.py'))} "
                f"{shlex.quote(json.dumps(config))}")
     result = connection.run(command, timeout=START_TIMEOUT)
     try:
@@ -157,23 +103,24 @@ def _start_coordinator(plan: Plan, connection: Connection) -> tuple[CoordinatorR
     return record, plan.master_addr, token
 
 
-def _new_record(inventory: Inventory, run_options: RunOptions, plan: Plan, options: LaunchOptions,
-                coordinator: tuple[CoordinatorRecord, str, str] | None) -> RunRecord:
+def _new_record(plan: Plan, options: LaunchOptions, coordinator: tuple[CoordinatorRecord, str, str] | None
+                ) -> RunRecord:
     nodes = tuple(NodeRecord(name=node.host.name, address=node.host.address, user=node.host.user,
                              ssh_port=node.host.ssh_port, identity_file=node.host.identity_file,
                              python=node.host.python, workdir=node.workdir,
                              log_file=remote_log_file(plan.run_id, node.host.name),
                              state_file=remote_state_file(plan.run_id, node.host.name)) for node in plan.nodes)
+    inventory = plan.inventory
     ssh_config = inventory.cluster.ssh_config
     return RunRecord(run_id=plan.run_id, inventory=str(inventory.path.resolve()), created=time.time(),
-                     command=(run_options.script, *run_options.script_args), nodes=nodes,
-                     max_rank=_max_rank(plan), grace=options.grace,
+                     command=(plan.options.script, *plan.options.script_args), nodes=nodes,
+                     max_rank=max_rank(plan), grace=options.grace,
                      ssh_config=str(ssh_config) if ssh_config else None,
                      ssh_timeout=inventory.cluster.ssh_timeout,
                      coordinator=coordinator[0] if coordinator else None)
 
 
-def _start_nodes(plan: Plan, record: RunRecord, connections: Mapping[str, Connection], grace: float,
+def _start_nodes(plan: Plan, record: RunRecord, connections: Mapping[str, Session], grace: float,
                  coordinator: tuple[CoordinatorRecord, str, str] | None) -> dict[str, NodeRecord | str]:
     """Every node's supervisor, detached; per node its updated record or why it did not start."""
     source = supervisor_source()
@@ -187,12 +134,11 @@ def _start_nodes(plan: Plan, record: RunRecord, connections: Mapping[str, Connec
         try:
             result = connections[node_record.name].run(remote_command(node, plan.run_id, source), timeout=START_TIMEOUT,
                                                         stdin=supervisor_input(node, plan.run_id, grace, extra))
-        except Exception as error:  # paramiko's own errors too: the node is reported, the others go on
+        except TransportError as error:  # the node is reported, the others go on
             return f"{node_record.name}: cannot start the job: {error}"
         return _started(node_record, result.stdout, result.stderr)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(plan.nodes)))) as pool:
-        results = list(pool.map(start, range(len(plan.nodes))))
+    results = fan_out(list(range(len(plan.nodes))), start)
     return {node.name: result for node, result in zip(record.nodes, results)}
 
 
@@ -209,23 +155,6 @@ def _started(node: NodeRecord, stdout: bytes, stderr: bytes) -> NodeRecord | str
     return f"{node.name}: the job did not start" + (f": {text[-300:]}" if text else "")
 
 
-def _report_start(console: Console, record: RunRecord, started: Mapping[str, NodeRecord | str],
-                  connections: Mapping[str, Connection]) -> int:
-    from torchherd.console.detach import render_started
-
-    errors = [result for result in started.values() if isinstance(result, str)]
-    if errors:
-        for error in errors:
-            console.print(error, style="bold red", markup=False, highlight=False)
-        results = stop_nodes(record, connections)
-        console.print(f"run {record.run_id}: not every node started; the others were stopped"
-                      + ("" if all(not left for left in results.values()) else " (some processes are left)"),
-                      style="bold red", markup=False, highlight=False)
-        return EXIT_FAILED
-    render_started(console, record)
-    return EXIT_OK
-
-
 # reconnecting ------------------------------------------------------------------
 
 
@@ -233,8 +162,13 @@ def _ssh_config(record: RunRecord) -> Path | None:
     return Path(record.ssh_config) if record.ssh_config else None
 
 
-def connect_run(record: RunRecord) -> Mapping[str, Connection | TransportError]:
-    return connect_all([node.host() for node in record.nodes], _ssh_config(record), record.ssh_timeout)
+def connector_for(record: RunRecord, timeout: float | None = None) -> Connector:
+    """The connector the run was started with, rebuilt from its record."""
+    return SshConnector(_ssh_config(record), record.ssh_timeout if timeout is None else timeout)
+
+
+def connect_run(record: RunRecord, connector: Connector | None = None) -> Mapping[str, Session | TransportError]:
+    return connect_all(connector or connector_for(record), [node.host() for node in record.nodes])
 
 
 def _alive_test(record: RunRecord, node: NodeRecord) -> str:
@@ -243,19 +177,16 @@ def _alive_test(record: RunRecord, node: NodeRecord) -> str:
     return f"grep -qa -- {shlex.quote(record.run_id)} /proc/{pid}/cmdline 2>/dev/null"
 
 
-def node_states(record: RunRecord) -> list[NodeState]:
+def node_states(record: RunRecord, connector: Connector | None = None) -> list[NodeState]:
     """``status``: each node's state file and whether its supervisor still runs."""
-    connections = connect_run(record)
+    connections = connect_run(record, connector)
     try:
-        with ThreadPoolExecutor(max_workers=max(1, len(record.nodes))) as pool:
-            return list(pool.map(lambda node: _node_state(record, node, connections[node.name]), record.nodes))
+        return fan_out(list(record.nodes), lambda node: _node_state(record, node, connections[node.name]))
     finally:
-        for connection in connections.values():
-            if isinstance(connection, Connection):
-                connection.close()
+        close_all(connections.values())
 
 
-def _node_state(record: RunRecord, node: NodeRecord, connection: Connection | TransportError) -> NodeState:
+def _node_state(record: RunRecord, node: NodeRecord, connection: Session | TransportError) -> NodeState:
     if isinstance(connection, TransportError):
         return NodeState(node.name, "unreachable", detail=str(connection))
     command = (f"cat {quote_path(node.state_file)} 2>/dev/null; echo; echo --torchherd--; "
@@ -271,15 +202,16 @@ def _node_state(record: RunRecord, node: NodeRecord, connection: Connection | Tr
 # stopping ----------------------------------------------------------------------
 
 
-def stop_nodes(record: RunRecord, connections: Mapping[str, Connection | TransportError]) -> dict[str, list[str]]:
+def stop_nodes(record: RunRecord, connections: Mapping[str, Session | TransportError]) -> dict[str, list[str]]:
     """The same teardown as Ctrl-C, on every node at once; per node what is still left
     (``["unreachable: ..."]`` when the node could not be asked)."""
+    source = program("stop.py")
 
     def stop(node: NodeRecord) -> list[str]:
         connection = connections.get(node.name)
-        if not isinstance(connection, Connection):
+        if connection is None or isinstance(connection, TransportError):
             return [f"unreachable: {connection}"]
-        command = (f"{quote_path(node.python)} -c {shlex.quote(STOP_SCRIPT)} {shlex.quote(record.run_id)} "
+        command = (f"{quote_path(node.python)} -c {shlex.quote(source)} {shlex.quote(record.run_id)} "
                    f"{node.supervisor or 0} {record.grace:g}")
         try:
             result = connection.run(command, timeout=record.grace + 30)
@@ -288,19 +220,15 @@ def stop_nodes(record: RunRecord, connections: Mapping[str, Connection | Transpo
             return [f"unknown: {error}"]
         return [str(line) for line in reply["left"]]
 
-    with ThreadPoolExecutor(max_workers=max(1, len(record.nodes))) as pool:
-        results = list(pool.map(stop, record.nodes))
-    return {node.name: left for node, left in zip(record.nodes, results)}
+    return dict(zip((node.name for node in record.nodes), fan_out(list(record.nodes), stop)))
 
 
-def stop_run(record: RunRecord) -> dict[str, list[str]]:
-    connections = connect_run(record)
+def stop_run(record: RunRecord, connector: Connector | None = None) -> dict[str, list[str]]:
+    connections = connect_run(record, connector)
     try:
         return stop_nodes(record, connections)
     finally:
-        for connection in connections.values():
-            if isinstance(connection, Connection):
-                connection.close()
+        close_all(connections.values())
 
 
 # following ---------------------------------------------------------------------
@@ -317,13 +245,15 @@ class NodeFollower(threading.Thread):
     """Reads one node's log from a byte offset, only ever up to a complete record, so a
     dropped connection is resumed from where it was: no line twice, none missing."""
 
-    def __init__(self, record: RunRecord, node: NodeRecord, follow: bool, events: queue.Queue[list[Event]],
-                 stop: threading.Event) -> None:
+    def __init__(self, record: RunRecord, node: NodeRecord, follow: bool, events: queue.Queue[list[Record]],
+                 stop: threading.Event, connector: Connector | None = None) -> None:
         super().__init__(name=f"torchherd-follow-{node.name}", daemon=True)
         self.record, self.node, self.follow = record, node, follow
         self.events, self.stop = events, stop
+        # A dead connection must be noticed fast: following resumes on a new one.
+        self.connector = connector or connector_for(record, min(record.ssh_timeout, 5.0))
         self.offset = 0
-        self.connection: Connection | None = None
+        self.connection: Session | None = None
         self.reconnects = 0
         self.finished = False
 
@@ -358,7 +288,7 @@ class NodeFollower(threading.Thread):
                    f"{_alive_test(self.record, node)} || echo gone >&2")
         try:
             result = self.connection.run(command, timeout=FETCH_TIMEOUT)
-        except Exception:  # the connection dropped (timeout, reset): resume on a new one
+        except TransportError:  # the connection dropped (timeout, reset): resume on a new one
             self._drop()
             return None
         data = result.stdout
@@ -373,8 +303,8 @@ class NodeFollower(threading.Thread):
 
     def _connect(self) -> bool:
         try:
-            self.connection = connect(self.node.host(), _ssh_config(self.record), min(self.record.ssh_timeout, 5.0))
-        except Exception:
+            self.connection = self.connector.connect(self.node.host())
+        except TransportError:
             return False
         return True
 
@@ -386,14 +316,15 @@ class NodeFollower(threading.Thread):
             threading.Thread(target=connection.close, daemon=True).start()
 
 
-def follow_logs(record: RunRecord, renderer: LiveRenderer, options: Follow,
-                on_status: Callable[[Status], None] | None = None) -> dict[str, NodeFollower]:
-    """Fetches (and with ``follow``, follows until every node is done) the logs, rendering
-    each node's lines as a live run would. Returns the followers (offsets, reconnects)."""
+def follow_logs(record: RunRecord, observer: Observer, options: Follow,
+                connector: Connector | None = None) -> dict[str, NodeFollower]:
+    """Fetches (and with ``follow``, follows until every node is done) the logs, reporting
+    each node's lines (``Output``) and status records (``NodeStatus``) as they come.
+    Returns the followers (offsets, reconnects)."""
     nodes = [record.node(options.node)] if options.node else list(record.nodes)
-    events: queue.Queue[list[Event]] = queue.Queue()
+    events: queue.Queue[list[Record]] = queue.Queue()
     stop = threading.Event()
-    followers = {node.name: NodeFollower(record, node, options.follow, events, stop) for node in nodes}
+    followers = {node.name: NodeFollower(record, node, options.follow, events, stop, connector) for node in nodes}
     for follower in followers.values():
         follower.start()
     try:
@@ -402,21 +333,22 @@ def follow_logs(record: RunRecord, renderer: LiveRenderer, options: Follow,
                 batch = events.get(timeout=0.2)
             except queue.Empty:
                 continue
-            _render(batch, renderer, options, on_status)
+            _report(batch, observer, options)
     finally:
         stop.set()
     return followers
 
 
-def _render(batch: list[Event], renderer: LiveRenderer, options: Follow,
-            on_status: Callable[[Status], None] | None) -> None:
+def _report(batch: list[Record], observer: Observer, options: Follow) -> None:
     lines: list[OutputLine] = []
     for event in batch:
         if isinstance(event, OutputLine):
             if options.rank is None or event.rank == options.rank:
                 lines.append(event)
-        elif isinstance(event, Status) and on_status is not None:
-            renderer.render(lines)
-            lines = []
-            on_status(event)
-    renderer.render(lines)
+        elif isinstance(event, Status):
+            if lines:
+                observer(Output(tuple(lines)))
+                lines = []
+            observer(NodeStatus(event))
+    if lines:
+        observer(Output(tuple(lines)))

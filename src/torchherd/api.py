@@ -1,0 +1,200 @@
+"""The public Python API: what ``import torchherd`` gives, and what the CLI itself calls.
+
+    cluster = torchherd.Cluster.from_toml("hosts.toml")
+    report = cluster.check(script="train.py")                      # report.ok, report.results
+    plan = cluster.plan("train.py", "--lr", "3e-4", nproc_per_node=2)
+    run = cluster.launch(plan, log_dir="logs", on_event=print)      # preflight, then start
+    summary = run.wait()                                           # summary.exit_code, .nodes
+
+Nothing here prints or imports rich: a library user sees events (``on_event``) and
+results; the CLI renders the same events with its console.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+from torchherd.checks import CheckOptions
+from torchherd.engine import detach as detached
+from torchherd.engine.events import Event, NodeStatus, Observer, Output, ignore
+from torchherd.engine.job import LaunchOptions
+from torchherd.engine.launch import LaunchAborted, Run, launch, open_nodes, preflight
+from torchherd.errors import TorchherdError, UsageError
+from torchherd.inventory import Inventory, load, parse
+from torchherd.plan import Plan, RunOptions, build_plan
+from torchherd.results import CheckReport, CheckResult
+from torchherd.runlog import OutputLine, RankLines
+from torchherd.runrecord import NodeState, RunRecord
+from torchherd.runrecord import load as load_record
+from torchherd.runrecord import load_all
+from torchherd.transport import Connector
+from torchherd.transport.ssh import SshConnector
+
+__all__ = ["Cluster", "DetachedRun", "DetachedStartFailed", "LaunchAborted", "Run", "attach", "new_run_id", "runs"]
+
+
+def new_run_id() -> str:
+    """``th-<date>-<time>-<6 hex>``: sortable, and unique across laptops."""
+    return time.strftime("th-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
+class DetachedStartFailed(TorchherdError):
+    """Not every node of a detached run started; the others were stopped."""
+
+    def __init__(self, start: detached.DetachedStart) -> None:
+        super().__init__(f"run {start.record.run_id}: not every node started; the others were stopped")
+        self.start = start
+
+
+class Cluster:
+    """A set of nodes and how to reach them: an inventory, plus the way to connect.
+
+    ``Cluster(hosts=["node0", {"name": "node1", "address": "10.0.0.2"}], python="/opt/venv/bin/python",
+    nproc_per_node=2)``: hosts are names or tables of the inventory's host keys, ``defaults``
+    the ``[defaults]`` table, any other keyword a ``[cluster]`` or ``[defaults]`` key; every
+    value is validated as the TOML inventory's is.
+    """
+
+    def __init__(self, hosts: Sequence[str | Mapping[str, Any]] = (), *, inventory: Inventory | None = None,
+                 defaults: Mapping[str, Any] | None = None, connector: Connector | None = None,
+                 accept_new_host_keys: bool = False, **keys: Any) -> None:
+        if inventory is None:
+            inventory = parse(_document(hosts, defaults, keys), Path("<torchherd.Cluster>"))
+        elif hosts or defaults or keys:
+            raise UsageError("Cluster: give either an inventory or hosts and keys, not both")
+        self.inventory = inventory
+        self.accept_new_host_keys = accept_new_host_keys
+        self.connector: Connector = connector or SshConnector(
+            inventory.cluster.ssh_config, inventory.cluster.ssh_timeout, accept_new_host_keys)
+
+    @classmethod
+    def from_toml(cls, path: str | Path, *, connector: Connector | None = None,
+                  accept_new_host_keys: bool = False) -> Cluster:
+        """The cluster a TOML inventory describes (``hosts.example.toml`` shows the shape)."""
+        return cls(inventory=load(Path(path).expanduser()), connector=connector,
+                   accept_new_host_keys=accept_new_host_keys)
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(host.name for host in self.inventory.hosts)
+
+    def plan(self, script: str, *args: str, nproc_per_node: int | str | None = None,
+             env: Mapping[str, str] | None = None, master_addr: str | None = None, nnodes: str | None = None,
+             module: bool = False, rdzv_backend: str | None = None, rdzv_conf: str | None = None,
+             max_restarts: int = 0, monitor_interval: float | None = None, run_id: str | None = None) -> Plan:
+        """The job, decided: every node's exact torchrun command and environment (what
+        ``--dry-run`` prints). Raises UsageError for options that cannot work together."""
+        options = RunOptions(script=script, script_args=tuple(args), run_id=run_id or new_run_id(),
+                             nproc_per_node=nproc_per_node, nnodes=nnodes, module=module,
+                             extra_env=dict(env or {}), master_addr=master_addr, max_restarts=max_restarts,
+                             monitor_interval=monitor_interval, rdzv_conf=rdzv_conf, rdzv_backend=rdzv_backend)
+        return build_plan(self.inventory, options)
+
+    def check(self, script: str | None = None, *, plan: Plan | None = None, only: Iterable[str] | None = None,
+              skip: Iterable[str] = (), smoke: bool = False,
+              on_result: Callable[[CheckResult], None] | None = None) -> CheckReport:
+        """The preflight checks, changing nothing on the nodes. They verify ``plan`` when
+        given (its master address, port, processes per node, script, environment), else the
+        plan of a default run of ``script``."""
+        options = CheckOptions(only=frozenset(only) if only is not None else None, skip=frozenset(skip), smoke=smoke)
+        outcome = preflight(plan or self.plan(script or "", run_id="check"), options, self.connector, on_result)
+        outcome.close()
+        return outcome.report
+
+    def launch(self, plan: Plan, *, log_dir: str | Path = "torchherd-logs", on_event: Observer | None = None,
+               check: bool = True, grace: float = 10.0, fail_fast: bool = True,
+               detach: bool = False) -> Run | DetachedRun:
+        """Preflights ``plan`` (``check=False`` only connects), then starts it on every node.
+        Attached: returns the ``Run`` (``wait``, ``stop``, ``lines``); its lines also go to
+        ``log_dir/<run id>/<node>.log``. With ``detach``: the job outlives this process;
+        returns a ``DetachedRun``. Raises LaunchAborted when it could not start."""
+        options = LaunchOptions(check=check, log_dir=Path(log_dir), grace=grace,
+                                accept_new_host_keys=self.accept_new_host_keys, fail_fast=fail_fast)
+        observer = on_event or ignore
+        if not detach:
+            return launch(plan, options, self.connector, observer)
+        opened = open_nodes(plan, options, self.connector, observer)
+        try:
+            start = detached.start_detached(opened.plan, options, opened.sessions)
+        finally:
+            opened.close()
+        if not start.ok:
+            raise DetachedStartFailed(start)
+        return DetachedRun(start.record, self.connector)
+
+
+def _document(hosts: Sequence[str | Mapping[str, Any]], defaults: Mapping[str, Any] | None,
+              keys: Mapping[str, Any]) -> dict[str, Any]:
+    from torchherd.inventory import CLUSTER_KEYS
+
+    cluster = {key: value for key, value in keys.items() if key in CLUSTER_KEYS}
+    merged_defaults = {**(defaults or {}), **{key: value for key, value in keys.items() if key not in CLUSTER_KEYS}}
+    rows = [{"name": host} if isinstance(host, str) else dict(host) for host in hosts]
+    return {"cluster": cluster, "defaults": merged_defaults, "hosts": rows}
+
+
+@dataclass
+class DetachedRun:
+    """A run started with ``detach=True``, found again by id: its state per node, its
+    output, and the same teardown as Ctrl-C."""
+
+    record: RunRecord
+    connector: Connector | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.record.run_id
+
+    def status(self) -> list[NodeState]:
+        return detached.node_states(self.record, self.connector)
+
+    def follow(self, on_event: Observer, *, follow: bool = True, node: str | None = None,
+               rank: int | None = None) -> dict[str, int]:
+        """Reports the run's output (``Output``) and each node's status records (``NodeStatus``)
+        from the start; with ``follow`` until every node is done. Per node: its exit code,
+        for the nodes whose job ended."""
+        codes: dict[str, int] = {}
+
+        def observe(event: Event) -> None:
+            if isinstance(event, NodeStatus) and event.status.event == "exit":
+                codes[event.status.node] = int(event.status.fields.get("code", 1))
+            on_event(event)
+
+        detached.follow_logs(self.record, observe, detached.Follow(follow=follow, node=node, rank=rank),
+                             self.connector)
+        return codes
+
+    def lines(self, *, follow: bool = False) -> Iterator[OutputLine]:
+        """Every line the run printed so far (with ``follow``: until it ends), in order per node."""
+        collected: list[OutputLine] = []
+
+        def observe(event: Event) -> None:
+            if isinstance(event, Output):
+                for chunk in event.lines:
+                    collected.extend(chunk.lines() if isinstance(chunk, RankLines) else (chunk,))
+
+        self.follow(observe, follow=follow)
+        yield from collected
+
+    def stop(self, grace: float | None = None) -> dict[str, list[str]]:
+        """Stops the run on every node; per node what is left (empty: nothing)."""
+        record = self.record
+        if grace is not None:
+            from dataclasses import replace
+
+            record = replace(record, grace=grace)
+        return detached.stop_run(record, self.connector)
+
+
+def runs() -> list[DetachedRun]:
+    """Every detached run this user started from this machine, oldest first."""
+    return [DetachedRun(record) for record in load_all()]
+
+
+def attach(run_id: str, connector: Connector | None = None) -> DetachedRun:
+    """The detached run ``run_id`` (UsageError when no record of it is here)."""
+    return DetachedRun(load_record(run_id), connector)

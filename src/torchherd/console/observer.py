@@ -1,0 +1,95 @@
+"""The engine's events, rendered: the one observer that writes to the user's terminal.
+
+Every line the engine reports goes through ``LiveRenderer`` (batched, one write per
+batch); torchherd's own notes are prefixed ``torchherd │``; the summary table ends
+the run. The exact texts are the public face of ``torchherd run``; tests compare them.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.text import Text
+
+from torchherd.console import render_error
+from torchherd.console.checks import render_report
+from torchherd.console.detach import status_note
+from torchherd.console.run import LiveRenderer, render_summary
+from torchherd.engine.events import (
+    ConnectFailed,
+    Event,
+    Interrupted,
+    NodeExited,
+    NodeLost,
+    NodeNotStarted,
+    NodeStarted,
+    NodeStatus,
+    Output,
+    PreflightDone,
+    ProcessesLeft,
+    RanksRunning,
+    RunFinished,
+    RunStarted,
+)
+
+
+class ConsoleObserver:
+    """Renders a run's events on ``console``; ``renderer`` is given when following a
+    detached run (its nodes are known before any event), else made at ``RunStarted``."""
+
+    def __init__(self, console: Console, renderer: LiveRenderer | None = None) -> None:
+        self.console = console
+        self.renderer = renderer
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, Output):
+            self._renderer().render(event.lines)
+        elif isinstance(event, RunStarted):
+            self.renderer = LiveRenderer(self.console, event.nodes, event.max_rank)
+            self._note(f"run {event.run_id}: {len(event.nodes)} nodes, master {event.master} at "
+                       f"{event.master_addr}:{event.port}; logs in {event.log_dir}", "bold")
+        elif isinstance(event, PreflightDone):
+            self._preflight(event)
+        elif isinstance(event, ConnectFailed):
+            render_error(self.console, event.error)
+        elif isinstance(event, RunFinished):
+            render_summary(self.console, event.summary)
+        elif isinstance(event, NodeStatus):
+            status_note(self._renderer(), event.status)
+        else:
+            self._node_note(event)
+
+    def _node_note(self, event: Event) -> None:
+        if isinstance(event, RanksRunning):
+            self._note(f"{event.node}: ranks running (through the rendezvous)", "dim")
+        elif isinstance(event, NodeStarted):
+            self._note(f"{event.node}: torchrun started (pid {event.pid})", "dim")
+        elif isinstance(event, NodeNotStarted):
+            self._note(f"{event.node}: {event.message}", "bold red")
+        elif isinstance(event, NodeExited) and event.code == 0:
+            self._note(f"{event.node}: finished (exit 0)", "green")
+        elif isinstance(event, NodeExited) and not event.expected:
+            self._note(f"{event.node}: exited with code {event.code}", "bold red")
+        elif isinstance(event, NodeLost):
+            self._note(event.reason, "bold red")
+        elif isinstance(event, ProcessesLeft):
+            self._note(f"{event.node}: {event.count} processes of the job could not be killed", "bold red")
+        elif isinstance(event, Interrupted) and not event.again:
+            self._note("interrupted: stopping every node (interrupt again to kill at once)", "bold yellow")
+
+    def _preflight(self, event: PreflightDone) -> None:
+        report = event.report
+        if not report.ok:
+            render_report(self.console, report)
+            return
+        warnings = [result for result in report.results if result.status == "warn"]
+        self.console.print(Text(f"preflight: {len(report.results)} checks passed"
+                                + (f", {len(warnings)} warnings (torchherd check shows them)" if warnings else ""),
+                                style="dim"), soft_wrap=True)
+
+    def _renderer(self) -> LiveRenderer:
+        if self.renderer is None:
+            self.renderer = LiveRenderer(self.console, [], 0)
+        return self.renderer
+
+    def _note(self, message: str, style: str) -> None:
+        self._renderer().note(message, style)

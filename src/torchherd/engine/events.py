@@ -1,0 +1,157 @@
+"""What the engine reports while it works: typed events, handed to an observer.
+
+The engine never writes to a screen. The rich console (``console.observer``) is one
+observer; ``Collector`` below keeps everything (the smoke check, tests); a library
+user passes any callable. Observers are called from the engine's supervising thread,
+one event at a time, in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence, Union
+
+from torchherd.errors import TransportError
+from torchherd.remote.wire import StopLevel
+from torchherd.results import CheckReport
+from torchherd.runlog import OutputLine, RankLines, RunSummary, Status
+
+
+@dataclass(frozen=True)
+class PreflightDone:
+    """The checks ran on the plan; ``report.ok`` says whether the launch goes on."""
+
+    report: CheckReport
+
+
+@dataclass(frozen=True)
+class ConnectFailed:
+    """A node could not be reached (a run without preflight): the run does not start."""
+
+    error: TransportError
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    run_id: str
+    nodes: tuple[str, ...]
+    master: str
+    master_addr: str
+    port: int
+    log_dir: str
+    max_rank: int
+    """The highest global rank the job will have (99 when it depends on the nodes' GPUs)."""
+
+
+@dataclass(frozen=True)
+class Output:
+    """Lines the ranks (or torchrun, or the node's shell) printed, in arrival order; every
+    one is already in its node's log file."""
+
+    lines: Sequence[OutputLine | RankLines]
+
+
+@dataclass(frozen=True)
+class NodeStarted:
+    """torchrun runs on the node under its supervisor."""
+
+    node: str
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class RanksRunning:
+    """A rank of the node printed: it got through the rendezvous."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class NodeExited:
+    """The node's torchrun ended with ``code`` (0: finished)."""
+
+    node: str
+    code: int
+    expected: bool = False
+    """True when it ended because it was told to stop (not a failure of its own)."""
+
+
+@dataclass(frozen=True)
+class NodeNotStarted:
+    """The job could not start on the node: ``code`` is the shell's status (a failed cd or
+    setup snippet) or None when the supervisor said why in ``message``."""
+
+    node: str
+    message: str
+    code: int | None = None
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProcessesLeft:
+    """The node's supervisor could not kill ``count`` processes of the job."""
+
+    node: str
+    count: int
+
+
+@dataclass(frozen=True)
+class StopSent:
+    """Every running node was told to stop (TERM: graceful, KILL: at once)."""
+
+    level: StopLevel
+    reason: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """The user (Ctrl-C, SIGTERM, ``Run.stop``) ended the run; ``again``: a second time."""
+
+    again: bool = False
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """A supervisor's status record as a detached run's log holds it (``logs``, ``attach``)."""
+
+    status: Status
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    summary: RunSummary
+
+
+Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
+              NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished]
+Observer = Callable[[Event], None]
+
+
+def ignore(event: Event) -> None:
+    """The observer of a run nobody watches."""
+
+
+@dataclass
+class Collector:
+    """Keeps every event, and every line per node (the smoke check, tests)."""
+
+    events: list[Event] = field(default_factory=list)
+    lines: dict[str, list[OutputLine]] = field(default_factory=dict)
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+        if isinstance(event, Output):
+            for chunk in event.lines:
+                if isinstance(chunk, RankLines):
+                    self.lines.setdefault(chunk.node, []).extend(chunk.lines())
+                else:
+                    self.lines.setdefault(chunk.node, []).append(chunk)
+
+    def of(self, kind: type[Event]) -> list[Event]:
+        return [event for event in self.events if isinstance(event, kind)]

@@ -1,0 +1,292 @@
+"""From a plan to a running job: preflight the plan (or just connect), start it on
+every node, and hand back a ``Run`` to wait on, stop, or read lines from.
+
+The plan is built once (``plan.build_plan``); the preflight verifies that very plan,
+and the launch executes it with the addresses the preflight found on the nodes
+(``Plan.with_networks``). Everything is reported to an observer as typed events;
+nothing here prints.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Callable, Iterator, Mapping
+
+from torchherd.checks import CheckOptions, PreflightOutcome, run_preflight
+from torchherd.checks import smoke as smoke_check
+from torchherd.checks.analysis.smoke import SmokeRun
+from torchherd.engine.events import (
+    Collector,
+    ConnectFailed,
+    Event,
+    Observer,
+    Output,
+    PreflightDone,
+    RunStarted,
+    ignore,
+)
+from torchherd.engine.job import Job, LaunchOptions, max_rank
+from torchherd.errors import TorchherdError, TransportError
+from torchherd.plan import NodePlan, Plan
+from torchherd.results import CheckReport, CheckResult
+from torchherd.runlog import OutputLine, RankLines, RunSummary
+from torchherd.transport import Connector, Session, close_all, connect_all, fan_out
+
+LINE_BUFFER = 100_000
+"""Lines ``Run.lines`` holds for a reader that falls behind; older ones are dropped
+from the iterator only, never from the log files."""
+
+
+class LaunchAborted(TorchherdError):
+    """The job was not started: the preflight failed or a node could not be reached.
+    What went wrong was already reported to the observer (``PreflightDone``, ``ConnectFailed``)."""
+
+    def __init__(self, message: str, report: CheckReport | None = None,
+                 errors: tuple[TransportError, ...] = ()) -> None:
+        super().__init__(message)
+        self.report = report
+        self.errors = errors
+
+
+# preflight -----------------------------------------------------------------------
+
+
+def preflight(plan: Plan, options: CheckOptions, connector: Connector,
+              progress: Callable[[CheckResult], None] | None = None) -> PreflightOutcome:
+    """The checks on ``plan``, and with ``options.smoke`` a real tiny job run the way
+    ``run`` runs one. The caller closes the outcome."""
+    outcome = run_preflight(plan, options, connector, progress)
+    if "smoke" not in outcome.selected or outcome.observed is None:
+        return outcome
+    results = list(outcome.report.results)
+    smoke = _smoke(outcome, results)
+    if progress is not None:
+        for result in smoke:
+            progress(result)
+    outcome.report = CheckReport(tuple(results + smoke))
+    return outcome
+
+
+def _smoke(outcome: PreflightOutcome, results: list[CheckResult]) -> list[CheckResult]:
+    observed = outcome.observed
+    assert observed is not None
+    if any(result.status == "fail" for result in results):
+        return [CheckResult(host.name, "smoke", "skip", "not run: a static check failed")
+                for host in observed.inventory.hosts]
+    missing = smoke_check.unreachable(observed, set(outcome.connections))
+    if missing:
+        return missing
+    plan = smoke_check.smoke_plan(observed)
+    started = time.monotonic()
+    try:
+        with tempfile.TemporaryDirectory(prefix="torchherd-smoke-") as log_dir:
+            ran = run_quietly(plan, outcome.connections, Path(log_dir), smoke_check.JOB_TIMEOUT)
+    finally:
+        _clean_smoke(plan, outcome.connections)
+    return smoke_check.verdicts(observed, ran, time.monotonic() - started)
+
+
+def _clean_smoke(plan: Plan, sessions: Mapping[str, Session]) -> None:
+    def clean(node: NodePlan) -> None:
+        try:
+            sessions[node.host.name].run(smoke_check.cleanup_command(node), timeout=10.0)
+        except TransportError:  # a node that went away keeps its files; its verdict says why
+            pass
+
+    fan_out(list(plan.nodes), clean)
+
+
+def run_quietly(plan: Plan, sessions: Mapping[str, Session], log_dir: Path, timeout: float,
+                grace: float = 2.0) -> SmokeRun:
+    """Runs ``plan`` like ``run`` (same supervisor, fail-fast teardown), reporting nothing;
+    every node is stopped after ``timeout`` seconds. Every line each node printed is kept."""
+    collector = Collector()
+    job = Job(plan, sessions, LaunchOptions(log_dir=log_dir, grace=grace, timeout=timeout), collector)
+    job.start_all()
+    summary = job.supervise()
+    lines = {name: tuple(collector.lines.get(name, ())) for name in job.nodes}
+    return SmokeRun(summary, lines, job.timed_out)
+
+
+# opening the nodes ------------------------------------------------------------------
+
+
+@dataclass
+class Opened:
+    """The plan as it will run (networks found by the preflight) and a session per node."""
+
+    plan: Plan
+    sessions: Mapping[str, Session]
+    _close: Callable[[], None] = field(repr=False, default=lambda: None)
+
+    def close(self) -> None:
+        self._close()
+
+
+def open_nodes(plan: Plan, options: LaunchOptions, connector: Connector, observer: Observer) -> Opened:
+    """Preflights the plan (or just connects); raises LaunchAborted when a node failed."""
+    if options.check:
+        return _after_preflight(plan, connector, observer)
+    return _connect(plan, connector, observer)
+
+
+def _connect(plan: Plan, connector: Connector, observer: Observer,
+             already: Mapping[str, Session] | None = None) -> Opened:
+    already = already or {}
+    missing = [node.host for node in plan.nodes if node.host.name not in already]
+    results = connect_all(connector, missing)
+    sessions = {**already, **{name: result for name, result in results.items() if not isinstance(result, TransportError)}}
+    failures = tuple(result for result in results.values() if isinstance(result, TransportError))
+    if failures:
+        for error in failures:
+            observer(ConnectFailed(error))
+        close_all(sessions.values())
+        raise LaunchAborted(f"{len(failures)} of {len(plan.nodes)} nodes could not be reached", errors=failures)
+    return Opened(plan, sessions, lambda: close_all(sessions.values()))
+
+
+def _after_preflight(plan: Plan, connector: Connector, observer: Observer) -> Opened:
+    outcome = preflight(plan, CheckOptions(), connector)
+    observer(PreflightDone(outcome.report))
+    if not outcome.report.ok:
+        outcome.close()
+        raise LaunchAborted("the preflight checks failed", report=outcome.report)
+    try:
+        # A node the checks did not keep a session to (none today) is connected now.
+        return _connect(plan.with_networks(outcome.networks), connector, observer, outcome.connections)
+    except BaseException:
+        outcome.close()
+        raise
+
+
+# the run ------------------------------------------------------------------------------
+
+
+class Run:
+    """A job launched on every node: ``wait`` for its summary, ``stop`` it, read its ``lines``.
+
+    A supervising thread reads every node, writes the log files, reports events to the
+    observer, and tears the job down when it ends; the caller's thread stays free.
+    """
+
+    def __init__(self, job: Job, opened: Opened, observer: Observer) -> None:
+        self.job = job
+        self.plan = job.plan
+        self.run_id = job.plan.run_id
+        self.log_dir = job.log_dir
+        self._opened = opened
+        self._observer = observer
+        self._lines: queue.Queue[OutputLine | None] | None = None
+        self._summary: RunSummary | None = None
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, name="torchherd-run", daemon=True)
+
+    def _emit(self, event: Event) -> None:
+        if self._lines is not None and isinstance(event, Output):
+            for chunk in event.lines:
+                for line in chunk.lines() if isinstance(chunk, RankLines) else (chunk,):
+                    self._offer(line)
+        self._observer(event)
+
+    def _offer(self, line: OutputLine | None) -> None:
+        assert self._lines is not None
+        while True:
+            try:
+                self._lines.put_nowait(line)
+                return
+            except queue.Full:
+                try:
+                    self._lines.get_nowait()
+                except queue.Empty:
+                    pass
+
+    def _supervise(self) -> None:
+        try:
+            self._summary = self.job.supervise()
+        except BaseException as error:  # handed to wait(): a bug must not vanish in a thread
+            self._error = error
+        finally:
+            self._opened.close()
+            if self._lines is not None:
+                self._offer(None)
+            self._done.set()
+
+    def wait(self, timeout: float | None = None) -> RunSummary:
+        """The summary once every node has finished. Ctrl-C while waiting stops the run as
+        ``stop`` does (a second one kills) and waits on for the teardown."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._done.is_set():
+            try:
+                self._done.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
+            except KeyboardInterrupt:
+                self.stop()
+            if deadline is not None and time.monotonic() >= deadline and not self._done.is_set():
+                raise TimeoutError(f"run {self.run_id} still running after {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        assert self._summary is not None
+        return self._summary
+
+    def stop(self) -> None:
+        """The same teardown as Ctrl-C: every node stops gracefully; called again, at once."""
+        self.job.request_stop()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def lines(self) -> Iterator[OutputLine]:
+        """Every line of every node as it arrives, until the run ends (node, rank, stream,
+        text). Lines printed before the first call are in the log files."""
+        if self._lines is None:
+            self._lines = queue.Queue(LINE_BUFFER)
+            if self._done.is_set():
+                return
+        while True:
+            line = self._lines.get()
+            if line is None:
+                return
+            yield line
+
+
+def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: Observer = ignore) -> Run:
+    """Preflights ``plan`` (unless ``options.check`` is off), starts it on every node and
+    returns the running ``Run``. Raises LaunchAborted when it could not start."""
+    opened = open_nodes(plan, options, connector, observer)
+    holder: list[Run] = []
+    job = Job(opened.plan, opened.sessions, options, lambda event: holder[0]._emit(event))
+    run = Run(job, opened, observer)
+    holder.append(run)
+    observer(RunStarted(plan.run_id, tuple(node.host.name for node in plan.nodes), plan.master,
+                        opened.plan.master_addr, plan.port, str(job.log_dir), max_rank(plan)))
+    try:
+        job.start_all()
+    except KeyboardInterrupt:
+        job.interrupt()
+    run._thread.start()
+    return run
+
+
+class sigterm_as_interrupt:
+    """SIGTERM to the controller ends the run like Ctrl-C (130, every node stopped)."""
+
+    def __enter__(self) -> None:
+        self.previous: Callable[[int, FrameType | None], object] | int | None = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,433 @@
+"""The protocol between the controller and the scripts it runs on the nodes.
+
+Every byte, key, word and level that both sides must agree on is defined here and
+nowhere else. Standard library only, Python >= 3.8: this module travels to the
+nodes inside every program that ``torchherd.remote.program`` builds, and the node
+scripts (supervisor, coordinator, stop) import it there as they do in the checkout.
+Nothing here may change what goes over the wire: it is in logs and state files.
+
+Supervisor -> controller (the supervisor's stdout, or its log file when detached):
+one record per line, TAG + payload + ``\\n``::
+
+  O  a line of the job's stdout, as the job wrote it (its newline removed)
+  E  a line of the job's stderr
+  H  heartbeat (empty payload)
+  S  a status event, compact JSON: {"event": NAME, ...}; see the *_record builders
+
+Controller -> supervisor (its stdin): the config as the first line (JSON, see
+``SupervisorConfig``), then lines: every byte counts as a heartbeat, the word
+``TERM`` asks for a graceful teardown and ``KILL`` for SIGKILL at once.
+
+Supervisor <-> coordinator (TCP, one line each way)::
+
+  node -> coordinator   HELLO <token> <node>     EXIT <node> <code>
+  coordinator -> node   STOP <reason>
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import json
+from dataclasses import dataclass, field
+from typing import Dict, Final, Iterable, Literal, Mapping, Optional, Tuple, TypedDict
+
+# ------------------------------------------------------------------ records
+
+TAG_STDOUT: Final = b"O"
+TAG_STDERR: Final = b"E"
+TAG_HEARTBEAT: Final = b"H"
+TAG_STATUS: Final = b"S"
+
+# ``record[0]`` of a bytes record is an int: the controller's per-record path
+# compares these, not one-byte slices.
+TAG_STDOUT_ORD: Final = ord(TAG_STDOUT)
+TAG_STDERR_ORD: Final = ord(TAG_STDERR)
+TAG_HEARTBEAT_ORD: Final = ord(TAG_HEARTBEAT)
+TAG_STATUS_ORD: Final = ord(TAG_STATUS)
+
+HEARTBEAT_RECORD: Final = TAG_HEARTBEAT + b"\n"
+"""The supervisor's heartbeat, a whole record."""
+CONTROLLER_HEARTBEAT: Final = b"\n"
+"""The controller's heartbeat on the supervisor's stdin: an empty line."""
+
+# --------------------------------------------------------------- rank prefix
+
+# torchrun writes this before every line a rank prints (with --tee); the controller
+# parses it back off to know the rank, and the supervisor mends lines torchrun tore
+# apart at it, so it must be unlikely to start a line by chance.
+RANK_PREFIX_TEMPLATE: Final = "[torchherd-rank ${rank}] "
+RANK_PREFIX_HEAD: Final = b"[torchherd-rank "
+RANK_PREFIX_END: Final = b"] "
+"""What follows the rank's number."""
+
+# ------------------------------------------------------------- environment
+
+RUN_ID_ENV: Final = "TORCHHERD_RUN_ID"
+"""Every process of a job carries its run id in this variable: teardown and stop find them by it."""
+SUPERVISOR_ENV: Final = "TORCHHERD_SUPERVISOR"
+"""The token of the supervisor that started the process (sibling supervisors on one process table)."""
+
+# ------------------------------------------------------------ status events
+
+StatusEvent = Literal["started", "error", "stopping", "exit", "teardown", "done"]
+EVENT_STARTED: Final = "started"
+EVENT_ERROR: Final = "error"
+EVENT_STOPPING: Final = "stopping"
+EVENT_EXIT: Final = "exit"
+EVENT_TEARDOWN: Final = "teardown"
+EVENT_DONE: Final = "done"
+STATUS_EVENTS: Final[Tuple[StatusEvent, ...]] = (
+    EVENT_STARTED, EVENT_ERROR, EVENT_STOPPING, EVENT_EXIT, EVENT_TEARDOWN, EVENT_DONE,
+)
+
+StopMode = Literal["term", "kill"]
+"""The ``mode`` of a ``stopping`` event."""
+MODE_TERM: Final = "term"
+MODE_KILL: Final = "kill"
+
+
+def status_event(name: object) -> Optional[StatusEvent]:
+    """``name`` as a known event, or None for anything else."""
+    for event in STATUS_EVENTS:
+        if name == event:
+            return event
+    return None
+
+
+def status_record(event: str, **fields: object) -> bytes:
+    """One S record: TAG_STATUS + compact JSON + newline, ``event`` first."""
+    body: Dict[str, object] = {"event": event}
+    body.update(fields)
+    return TAG_STATUS + json.dumps(body, separators=(",", ":")).encode() + b"\n"
+
+
+def status_head(event: StatusEvent) -> bytes:
+    """How every record of ``event`` starts (``status_record`` writes ``event`` first)."""
+    return TAG_STATUS + b'{"event":"' + event.encode() + b'"'
+
+
+def started_record(pid: int, pgid: int, supervisor: int) -> bytes:
+    """The job runs: its main process, its process group, the supervisor's pid."""
+    return status_record(EVENT_STARTED, pid=pid, pgid=pgid, supervisor=supervisor)
+
+
+def error_record(message: str) -> bytes:
+    """The job could not be started (or the config was bad)."""
+    return status_record(EVENT_ERROR, message=message)
+
+
+def stopping_record(reason: str, mode: StopMode) -> bytes:
+    return status_record(EVENT_STOPPING, reason=reason, mode=mode)
+
+
+def exit_record(code: int) -> bytes:
+    """The job's main process ended with ``code`` (128+N for signal N)."""
+    return status_record(EVENT_EXIT, code=code)
+
+
+def teardown_record(reason: str, signalled: Iterable[int], killed: Iterable[int]) -> bytes:
+    return status_record(EVENT_TEARDOWN, reason=reason, signalled=sorted(signalled), killed=sorted(killed))
+
+
+def done_record(code: int, left: int) -> bytes:
+    """Always the supervisor's last record: its exit code, processes it could not kill."""
+    return status_record(EVENT_DONE, code=code, left=left)
+
+
+# --------------------------------------------------------------- stop levels
+
+
+@functools.total_ordering
+class StopLevel(enum.Enum):
+    """How hard the controller is stopping a node, mildest first. TERM and KILL are
+    sent to the supervisor as control words; GIVE UP is the controller's own verdict
+    on a node that never confirmed its teardown, and is never sent."""
+
+    TERM = "TERM"
+    KILL = "KILL"
+    GIVE_UP = "GIVE UP"
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, StopLevel):
+            return NotImplemented
+        order = list(StopLevel)
+        return order.index(self) < order.index(other)
+
+
+def control_line(level: StopLevel) -> bytes:
+    """The line that asks a supervisor for ``level`` (TERM or KILL)."""
+    if level is StopLevel.GIVE_UP:
+        raise ValueError("GIVE UP is never sent to a node")
+    return str(level.value).encode("ascii") + b"\n"
+
+
+def parse_control(line: bytes) -> Optional[StopLevel]:
+    """The level a control line asks for; None for a heartbeat or anything else."""
+    word = line.strip().decode("ascii", "replace")
+    if word == StopLevel.TERM.value:
+        return StopLevel.TERM
+    if word == StopLevel.KILL.value:
+        return StopLevel.KILL
+    return None
+
+
+# ------------------------------------------------------------ coordinator
+
+HELLO: Final = "HELLO"
+EXIT: Final = "EXIT"
+STOP: Final = "STOP"
+
+
+def hello_line(token: str, node: str) -> bytes:
+    return ("%s %s %s\n" % (HELLO, token, node)).encode()
+
+
+def exit_line(node: str, code: int) -> bytes:
+    return ("%s %s %d\n" % (EXIT, node, code)).encode()
+
+
+def stop_line(reason: str) -> bytes:
+    return ("%s %s\n" % (STOP, reason)).encode()
+
+
+def parse_stop(line: str) -> Optional[str]:
+    """The reason of a STOP line ("" when it gives none); None for any other line."""
+    if not line.startswith(STOP):
+        return None
+    return line[len(STOP):].strip()
+
+
+# ------------------------------------------------------------ state files
+
+RunState = Literal["running", "exited"]
+STATE_RUNNING: Final = "running"
+STATE_EXITED: Final = "exited"
+
+
+class NodeStateFile(TypedDict, total=False):
+    """The supervisor's state file (detached runs), read back by ``torchherd status``."""
+
+    run_id: str
+    node: str
+    supervisor: int
+    pid: int
+    pgid: int
+    started: float
+    state: RunState
+    code: Optional[int]
+    ended: float
+    left: int
+
+
+class CoordinatorStateFile(TypedDict):
+    pid: int
+    port: int
+    state: RunState
+    culprit: Optional[str]
+    reason: Optional[str]
+
+
+# ---------------------------------------------------------------- configs
+
+
+class ConfigError(ValueError):
+    """A config (or a reply) that is not what the protocol says."""
+
+
+def _load_object(text: str, what: str) -> Dict[str, object]:
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError("%s is not valid JSON: %s" % (what, exc)) from None
+    if not isinstance(raw, dict):
+        raise ConfigError("%s must be a JSON object" % what)
+    return raw
+
+
+def _number(raw: Mapping[str, object], key: str, default: float) -> float:
+    value = raw.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError("config key %r must be a number" % key)
+    if value < 0:
+        raise ConfigError("config key %r must be >= 0" % key)
+    return float(value)
+
+
+def _optional_str(raw: Mapping[str, object], key: str) -> Optional[str]:
+    value = raw.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError("config key %r must be a non-empty string or null" % key)
+    return value
+
+
+def _strings(raw: Mapping[str, object], key: str) -> Tuple[str, ...]:
+    value = raw.get(key)
+    if not isinstance(value, list) or not value or not all(isinstance(item, str) for item in value):
+        raise ConfigError("config key %r must be a non-empty list of strings" % key)
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class CoordinatorAddress:
+    """Where a detached supervisor finds its run's coordinator, and the token to say."""
+
+    host: str
+    port: int
+    token: str
+
+    def to_json_object(self) -> Dict[str, object]:
+        return {"host": self.host, "port": self.port, "token": self.token}
+
+    @classmethod
+    def from_json_object(cls, value: object) -> Optional[CoordinatorAddress]:
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ConfigError("config key 'coordinator' must be an object or null")
+        host, port, token = value.get("host"), value.get("port"), value.get("token")
+        if not isinstance(host, str) or not isinstance(port, int) or not isinstance(token, str):
+            raise ConfigError("config key 'coordinator' needs host (str), port (int), token (str)")
+        return cls(host, port, token)
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    """The supervisor's config: built by the controller, sent as the first line of the
+    supervisor's stdin (``to_line``), parsed and checked on the node (``from_json``)."""
+
+    run_id: str
+    """Also exported to the job as TORCHHERD_RUN_ID."""
+    argv: Tuple[str, ...]
+    """The job command (not through a shell)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Added to the job's environment."""
+    cwd: Optional[str] = None
+    """The job's working directory ("~" is expanded); None: the supervisor's own."""
+    grace: float = 10.0
+    """Seconds from SIGTERM to SIGKILL in a graceful teardown."""
+    heartbeat: float = 5.0
+    """Seconds between H records (0: none)."""
+    watchdog: float = 0.0
+    """Tear the job down when no stdin byte arrived for this long (0: off)."""
+    cleanup_dir: Optional[str] = None
+    """torchrun's per-rank tee directory, removed at the end (only a "torchherd-*" name)."""
+    rank_marker: Optional[str] = None
+    """The rank prefix's head (``RANK_PREFIX_HEAD``): mend lines torchrun tore apart at it."""
+    log_file: Optional[str] = None
+    """Detached: records are appended here, the supervisor forks into its own session."""
+    state_file: Optional[str] = None
+    """Detached: a ``NodeStateFile`` written at the start and at the end."""
+    node: str = ""
+    """This node's name, for the coordinator."""
+    coordinator: Optional[CoordinatorAddress] = None
+    """Detached fail fast: the run's coordinator."""
+
+    def to_json(self) -> str:
+        # ASCII JSON never holds a raw newline: the config is exactly one line.
+        return json.dumps({
+            "run_id": self.run_id, "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd,
+            "grace": self.grace, "heartbeat": self.heartbeat, "watchdog": self.watchdog,
+            "cleanup_dir": self.cleanup_dir, "rank_marker": self.rank_marker,
+            "log_file": self.log_file, "state_file": self.state_file, "node": self.node or None,
+            "coordinator": None if self.coordinator is None else self.coordinator.to_json_object(),
+        })
+
+    def to_line(self) -> bytes:
+        """The first line of the supervisor's stdin."""
+        return self.to_json().encode("ascii") + b"\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> SupervisorConfig:
+        """Parse and check; ConfigError says which key is wrong."""
+        raw = _load_object(text, "config")
+        run_id = raw.get("run_id")
+        if not isinstance(run_id, str) or not run_id or "\0" in run_id:
+            raise ConfigError("config key 'run_id' must be a non-empty string")
+        argv = _strings(raw, "argv")
+        env = raw.get("env") or {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ConfigError("config key 'env' must map strings to strings")
+        cwd = raw.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise ConfigError("config key 'cwd' must be a string or null")
+        return cls(
+            run_id=run_id, argv=argv, env=dict(env), cwd=cwd,
+            grace=_number(raw, "grace", 10.0), heartbeat=_number(raw, "heartbeat", 5.0),
+            watchdog=_number(raw, "watchdog", 0.0), cleanup_dir=_optional_str(raw, "cleanup_dir"),
+            rank_marker=_optional_str(raw, "rank_marker"), log_file=_optional_str(raw, "log_file"),
+            state_file=_optional_str(raw, "state_file"), node=_optional_str(raw, "node") or "",
+            coordinator=CoordinatorAddress.from_json_object(raw.get("coordinator")),
+        )
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """The coordinator's config, its one command-line argument."""
+
+    run_id: str
+    """Not used by the coordinator: on its command line, it lets ``stop`` find it."""
+    token: str
+    """The shared secret every node's HELLO must say."""
+    nodes: Tuple[str, ...]
+    state_file: Optional[str] = None
+    """A ``CoordinatorStateFile`` written on every change."""
+    wait: float = 60.0
+    """Seconds to wait for nodes that never connect."""
+
+    def to_json(self) -> str:
+        return json.dumps({"run_id": self.run_id, "token": self.token, "nodes": list(self.nodes),
+                           "state_file": self.state_file, "wait": self.wait})
+
+    @classmethod
+    def from_json(cls, text: str) -> CoordinatorConfig:
+        raw = _load_object(text, "config")
+        run_id, token = raw.get("run_id", ""), raw.get("token")
+        if not isinstance(run_id, str):
+            raise ConfigError("config key 'run_id' must be a string")
+        if not isinstance(token, str) or not token:
+            raise ConfigError("config key 'token' must be a non-empty string")
+        return cls(run_id=run_id, token=token, nodes=_strings(raw, "nodes"),
+                   state_file=_optional_str(raw, "state_file"), wait=_number(raw, "wait", 60.0))
+
+
+@dataclass(frozen=True)
+class CoordinatorReply:
+    """What the coordinator prints, one JSON line, once it listens."""
+
+    port: int
+    pid: int
+
+    def to_json(self) -> str:
+        return json.dumps({"port": self.port, "pid": self.pid})
+
+    @classmethod
+    def from_json(cls, text: str) -> CoordinatorReply:
+        raw = _load_object(text, "the coordinator's reply")
+        port, pid = raw.get("port"), raw.get("pid")
+        if not isinstance(port, int) or not isinstance(pid, int):
+            raise ConfigError("the coordinator's reply needs port (int) and pid (int)")
+        return cls(port, pid)
+
+
+@dataclass(frozen=True)
+class StopReply:
+    """What the stop script prints, one JSON line, once the run's processes are gone."""
+
+    was_running: bool
+    """The supervisor still ran when stop began."""
+    left: Tuple[str, ...]
+    """The command lines of the processes that could not be killed."""
+
+    def to_json(self) -> str:
+        return json.dumps({"was_running": self.was_running, "left": list(self.left)})
+
+    @classmethod
+    def from_json(cls, text: str) -> StopReply:
+        raw = _load_object(text, "the stop reply")
+        was_running, left = raw.get("was_running"), raw.get("left")
+        if not isinstance(was_running, bool) or not isinstance(left, list):
+            raise ConfigError("the stop reply needs was_running (bool) and left (list)")
+        return cls(was_running, tuple(str(line) for line in left))

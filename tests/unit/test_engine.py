@@ -1,0 +1,181 @@
+"""The engine on the local transport: real supervisors in real subprocesses on this
+machine, a stand-in torchrun (fakes/fake_torchrun.py), no SSH and no root.
+
+Each test builds a plan with ``torchherd.Cluster``, swaps torchrun's argv for the
+stand-in, launches it, and checks the events, the summary and the log files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from torchherd.api import Cluster
+from torchherd.engine.events import (
+    Collector,
+    ConnectFailed,
+    Interrupted,
+    NodeExited,
+    NodeLost,
+    NodeNotStarted,
+    NodeStarted,
+    RanksRunning,
+    RunFinished,
+    RunStarted,
+    StopSent,
+)
+from torchherd.engine.job import LaunchOptions
+from torchherd.engine.launch import LaunchAborted, Run, launch, run_quietly
+from torchherd.plan import Plan
+from torchherd.remote.wire import StopLevel
+from torchherd.transport.local import LocalConnector, LocalSession
+
+FAKE = str(Path(__file__).parent / "fakes" / "fake_torchrun.py")
+
+
+def cluster(tmp_path: Path, count: int = 2, **connector: object) -> Cluster:
+    hosts = [{"name": f"n{index}", "address": "127.0.0.1"} for index in range(count)]
+    return Cluster(hosts, python=sys.executable, workdir=str(tmp_path), nproc_per_node=2,
+                   connector=LocalConnector(**connector))  # type: ignore[arg-type]
+
+
+def faked(plan: Plan, **behaviour: str) -> Plan:
+    """The plan with each node's torchrun replaced by the stand-in, told what to do."""
+    nodes = []
+    for node in plan.nodes:
+        first = node.node_rank * 2
+        spec = [f"ranks={first},{first + 1}", *behaviour.get(node.host.name, "lines=2").split()]
+        nodes.append(replace(node, argv=(sys.executable, FAKE, *spec)))
+    return replace(plan, nodes=tuple(nodes))
+
+
+def start(tmp_path: Path, plan: Plan, collector: Collector, **options: object) -> Run:
+    settings = {"check": False, "log_dir": tmp_path / "logs", "grace": 2.0, **options}
+    connector = LocalConnector()
+    return launch(plan, LaunchOptions(**settings), connector, collector)  # type: ignore[arg-type]
+
+
+def test_a_clean_run_reports_each_step_and_logs_every_line(tmp_path: Path) -> None:
+    plan = faked(cluster(tmp_path).plan("train.py", run_id="t-clean"), n0="lines=3", n1="lines=3")
+    events = Collector()
+    summary = start(tmp_path, plan, events).wait(timeout=30)
+    assert summary.exit_code == 0
+    assert [outcome.state for outcome in summary.nodes] == ["ok", "ok"]
+    assert summary.headline.startswith("all 2 nodes finished (exit 0)")
+    kinds = [type(event) for event in events.events]
+    assert kinds[0] is RunStarted and kinds[-1] is RunFinished
+    assert {event.node for event in events.of(RanksRunning)} == {"n0", "n1"}  # type: ignore[attr-defined]
+    assert {(event.node, event.code) for event in events.of(NodeExited)} == {("n0", 0), ("n1", 0)}  # type: ignore[attr-defined]
+    assert all(isinstance(event.pid, int) for event in events.of(NodeStarted))  # type: ignore[attr-defined]
+    log = (tmp_path / "logs" / "t-clean" / "n1.log").read_text()
+    assert [line for line in log.splitlines() if line.startswith("[rank")] == [
+        f"[rank {rank}] line {index} from rank {rank}" for index in range(3) for rank in (2, 3)]
+    assert [line.text for line in events.lines["n0"]] == [
+        f"line {index} from rank {rank}" for index in range(3) for rank in (0, 1)]
+
+
+def test_one_failing_node_tears_the_others_down_and_is_blamed(tmp_path: Path) -> None:
+    plan = faked(cluster(tmp_path, 3).plan("train.py", run_id="t-fail"),
+                 n0="sleep=60", n1="stderr=ValueError:_boom exit=3", n2="sleep=60")
+    events = Collector()
+    began = time.monotonic()
+    summary = start(tmp_path, plan, events).wait(timeout=30)
+    assert time.monotonic() - began < 15, "fail fast: the sleeping nodes were stopped, not waited for"
+    assert summary.exit_code == 1
+    states = {outcome.node: outcome.state for outcome in summary.nodes}
+    assert states == {"n0": "torn down", "n1": "failed", "n2": "torn down"}
+    assert summary.headline.startswith("n1 rank 2 failed first with exit code 3: rank 2: ValueError:_boom")
+    stops = events.of(StopSent)
+    assert stops and stops[0].level is StopLevel.TERM and stops[0].reason == "n1 failed"  # type: ignore[attr-defined]
+    assert [event.node for event in events.of(NodeExited) if not event.expected and event.code] == ["n1"]  # type: ignore[attr-defined]
+
+
+def test_stop_is_the_same_teardown_as_ctrl_c(tmp_path: Path) -> None:
+    plan = faked(cluster(tmp_path).plan("train.py", run_id="t-stop"), n0="sleep=60", n1="sleep=60")
+    events = Collector()
+    run = start(tmp_path, plan, events)
+    lines = run.lines()
+    assert next(lines).text.startswith("line 0 from rank")
+    run.stop()
+    summary = run.wait(timeout=30)
+    assert summary.exit_code == 130
+    assert [outcome.state for outcome in summary.nodes] == ["interrupted", "interrupted"]
+    assert events.of(Interrupted) == [Interrupted()]
+    rest = list(lines)  # ends with the run
+    assert all(line.node in ("n0", "n1") for line in rest)
+
+
+def test_a_second_stop_kills_at_once(tmp_path: Path) -> None:
+    plan = faked(cluster(tmp_path).plan("train.py", run_id="t-kill"),
+                 n0="sleep=60 ignore_term=1", n1="sleep=60 ignore_term=1")
+    events = Collector()
+    run = start(tmp_path, plan, events, grace=30.0)
+    _wait_for(lambda: len(events.of(RanksRunning)) == 2)
+    run.stop()
+    _wait_for(lambda: bool(events.of(StopSent)))
+    run.stop()
+    summary = run.wait(timeout=20)
+    assert summary.exit_code == 130
+    assert [event.level for event in events.of(StopSent)] == [StopLevel.TERM, StopLevel.KILL]  # type: ignore[attr-defined]
+
+
+def test_an_unreachable_node_stops_the_launch_before_anything_starts(tmp_path: Path) -> None:
+    plan = faked(cluster(tmp_path).plan("train.py", run_id="t-down"))
+    events = Collector()
+    with pytest.raises(LaunchAborted) as raised:
+        launch(plan, LaunchOptions(check=False, log_dir=tmp_path / "logs"), LocalConnector(unreachable=frozenset({"n1"})),
+               events)
+    assert [event.error.node for event in events.of(ConnectFailed)] == ["n1"]  # type: ignore[attr-defined]
+    assert raised.value.errors[0].kind == "timeout"
+    assert not (tmp_path / "logs" / "t-down").exists()
+
+
+def test_a_workdir_that_does_not_exist_is_a_job_that_did_not_start(tmp_path: Path) -> None:
+    plan = faked(cluster(tmp_path).plan("train.py", run_id="t-cd"), n0="sleep=60")
+    plan = replace(plan, nodes=(plan.nodes[0], replace(plan.nodes[1], workdir=str(tmp_path / "missing"))))
+    events = Collector()
+    summary = start(tmp_path, plan, events).wait(timeout=30)
+    assert summary.exit_code == 1
+    assert [(event.node, event.code) for event in events.of(NodeNotStarted)] == [("n1", 2)]  # type: ignore[attr-defined]
+    assert "missing" in (tmp_path / "logs" / "t-cd" / "n1.log").read_text()
+
+
+def test_a_node_whose_supervisor_vanishes_is_lost_and_the_others_stop(tmp_path: Path) -> None:
+    plan = faked(cluster(tmp_path).plan("train.py", run_id="t-lost"), n0="sleep=60", n1="sleep=60")
+    events = Collector()
+    run = start(tmp_path, plan, events)
+    _wait_for(lambda: len(events.of(NodeStarted)) == 2)
+    session = run._opened.sessions["n1"]
+    assert isinstance(session, LocalSession)
+    os.kill(session.processes[0].popen.pid, signal.SIGKILL)
+    summary = run.wait(timeout=30)
+    assert summary.exit_code == 1
+    assert [event.node for event in events.of(NodeLost)] == ["n1"]  # type: ignore[attr-defined]
+    assert summary.headline.startswith("n1 vanished: its SSH channel closed without an exit status")
+    assert {outcome.node: outcome.state for outcome in summary.nodes} == {"n0": "torn down", "n1": "lost"}
+
+
+def test_a_quiet_run_keeps_every_line_and_stops_at_its_deadline(tmp_path: Path) -> None:
+    plan = faked(cluster(tmp_path).plan("train.py", run_id="t-quiet"), n0="lines=2 sleep=60", n1="lines=2 sleep=60")
+    sessions = {name: LocalSession(name) for name in ("n0", "n1")}
+    began = time.monotonic()
+    ran = run_quietly(plan, sessions, tmp_path / "logs", timeout=1.0, grace=1.0)
+    assert time.monotonic() - began < 15
+    assert ran.timed_out
+    assert [line.text for line in ran.lines["n1"] if line.rank is not None] == [
+        "line 0 from rank 2", "line 0 from rank 3", "line 1 from rank 2", "line 1 from rank 3"]
+    assert {outcome.state for outcome in ran.summary.nodes} == {"torn down"}
+
+
+def _wait_for(condition: object, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")

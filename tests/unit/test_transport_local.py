@@ -1,0 +1,91 @@
+"""The transport seam's in-process implementation behaves as an SSH channel without a
+PTY does: streams apart, stdin open until closed, exit status or None, errors as
+TransportError; and ``fan_out`` keeps order and its bound."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from torchherd.errors import TransportError
+from torchherd.inventory import Host
+from torchherd.transport import connect_all, fan_out
+from torchherd.transport.local import LocalConnector, LocalSession
+
+
+def host(name: str) -> Host:
+    return Host(name=name, address="127.0.0.1", user=None, ssh_port=None, identity_file=None, python="python3",
+                workdir="~", env={}, setup="", local_addr=None)
+
+
+def test_run_keeps_stdout_stderr_and_the_exit_status_apart() -> None:
+    result = LocalSession("n0").run("cat; echo oops >&2; exit 3", stdin=b"fed\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (3, b"fed\n", b"oops\n")
+
+
+def test_a_command_past_its_timeout_is_an_error_and_is_killed(tmp_path: Path) -> None:
+    marker = tmp_path / "late"
+    began = time.monotonic()
+    with pytest.raises(TransportError) as raised:
+        LocalSession("n0").run(f"sleep 5; touch {marker}", timeout=0.5)
+    assert raised.value.kind == "timeout" and "within 0.5 s" in str(raised.value)
+    assert time.monotonic() - began < 3
+    time.sleep(5.5)
+    assert not marker.exists(), "the timed-out command went on running"
+
+
+def test_a_started_process_reads_writes_and_ends_on_eof() -> None:
+    process = LocalSession("n0").start("while read line; do echo got $line; done; echo bye >&2")
+    assert process.read(0.05) is None, "nothing printed yet: None, not EOF"
+    assert process.send(b"one\n")
+    assert process.read(5.0) == b"got one\n"
+    process.close_stdin()
+    assert process.read(5.0) == b""
+    assert process.exit_code(timeout=5) == 0
+    assert process.read_stderr() == b"bye\n"
+    assert not process.send(b"late\n")
+
+
+def test_a_shell_killed_by_a_signal_has_no_exit_status() -> None:
+    process = LocalSession("n0").start("kill -9 $$")
+    assert process.exit_code(timeout=5) is None
+
+
+def test_put_writes_a_private_new_file_and_refuses_an_existing_one(tmp_path: Path) -> None:
+    session = LocalSession("n0")
+    target = tmp_path / "config.json"
+    session.put(str(target), b"{}", mode=0o600)
+    assert target.read_bytes() == b"{}" and (os.stat(target).st_mode & 0o777) == 0o600
+    with pytest.raises(TransportError):
+        session.put(str(target), b"again")
+
+
+def test_connect_all_reports_each_node_and_a_closed_session_refuses_work() -> None:
+    results = connect_all(LocalConnector(unreachable=frozenset({"n1"})), [host("n0"), host("n1"), host("n2")])
+    assert [type(result).__name__ for result in results.values()] == ["LocalSession", "TransportError", "LocalSession"]
+    session = results["n0"]
+    assert not isinstance(session, TransportError)
+    session.close()
+    with pytest.raises(TransportError):
+        session.start("true")
+
+
+def test_fan_out_keeps_order_and_never_exceeds_its_bound() -> None:
+    running, most, lock = [0], [0], threading.Lock()
+
+    def work(item: int) -> int:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.01)
+        with lock:
+            running[0] -= 1
+        return item * 2
+
+    assert fan_out(list(range(50)), work, limit=4) == [item * 2 for item in range(50)]
+    assert 1 < most[0] <= 4
+    assert fan_out([], work) == []

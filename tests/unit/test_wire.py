@@ -1,0 +1,367 @@
+"""Both sides of the wire agree: the real supervisor, coordinator and stop programs, as
+shipped to the nodes, fed with what the controller's helpers build and read back with
+the controller's own parsers (``runlog``, the ``wire`` reply types).
+
+The programs run in subprocesses, most of them under ``python -S -I`` from ``/`` with an
+empty environment: no torchherd on ``sys.path``, as on a node where nothing is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import string
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from torchherd import runlog
+from torchherd.remote import SCRIPTS, program, wire
+from torchherd.runlog import OutputLine, OutputParser, Status, parse_records, parse_status
+from torchherd.runrecord import parse_node_state
+
+PY = sys.executable
+BARE = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+"""The environment of a node's program: nothing that could point at the checkout."""
+
+
+def bare_python(python: str = PY) -> list[str]:
+    """An interpreter that sees only the standard library (no site, no PYTHON*, no cwd)."""
+    return [python, "-S", "-I"]
+
+
+def run_program(name: str, *args: str, stdin: bytes = b"", python: str = PY,
+                timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*bare_python(python), "-u", "-c", program(name), *args], input=stdin,
+                          capture_output=True, cwd="/", env=BARE, timeout=timeout)
+
+
+def supervise(config: wire.SupervisorConfig, python: str = PY) -> tuple[int, bytes]:
+    """Runs the supervisor program as the controller does: the config line on stdin, which
+    stays open (its EOF would mean the controller is gone) until the "done" record."""
+    proc = subprocess.Popen([*bare_python(python), "-u", "-c", program("supervisor.py"), "-", config.run_id],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/", env=BARE)
+    assert proc.stdin is not None and proc.stdout is not None
+    out = b""
+    try:
+        proc.stdin.write(config.to_line())
+        proc.stdin.flush()
+        for line in proc.stdout:
+            out += line
+            if line.startswith(wire.status_head(wire.EVENT_DONE)):
+                break
+        proc.stdin.close()
+        out += proc.stdout.read()
+        return proc.wait(timeout=20), out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def records(stdout: bytes) -> list[runlog.OutputLine | Status]:
+    return parse_records("n0", [record for record in stdout.split(b"\n") if record])
+
+
+def statuses(stdout: bytes) -> list[Status]:
+    return [event for event in records(stdout) if isinstance(event, Status)]
+
+
+def pids_with(text: bytes) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            for part in ("environ", "cmdline"):
+                try:
+                    with open(f"/proc/{name}/{part}", "rb") as f:
+                        if text in f.read():
+                            found.append(int(name))
+                            break
+                except OSError:
+                    continue
+    return found
+
+
+def wait_until(cond: Callable[[], bool], timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+@pytest.fixture
+def run_id() -> Iterator[str]:
+    rid = "wire-" + uuid.uuid4().hex
+    try:
+        yield rid
+    finally:
+        for pid in pids_with(rid.encode()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def job(code: str) -> tuple[str, ...]:
+    return (PY, "-c", code)
+
+
+# ------------------------------------------------------------ the constants
+
+
+def test_controller_tags_are_the_supervisors_bytes() -> None:
+    pairs = [(runlog.TAG_STDOUT, wire.TAG_STDOUT), (runlog.TAG_STDERR, wire.TAG_STDERR),
+             (runlog.TAG_HEARTBEAT, wire.TAG_HEARTBEAT), (runlog.TAG_STATUS, wire.TAG_STATUS)]
+    assert [(code, tag) for code, tag in pairs] == [(tag[0], tag) for _code, tag in pairs]
+    assert [tag for _code, tag in pairs] == [b"O", b"E", b"H", b"S"]
+    assert wire.HEARTBEAT_RECORD == b"H\n" and wire.CONTROLLER_HEARTBEAT == b"\n"
+    assert runlog.OUT_HEAD == b"\nO[torchherd-rank " and runlog.ERR_HEAD == b"\nE[torchherd-rank "
+
+
+def test_rank_prefix_is_unchanged_and_parses_back() -> None:
+    from torchherd import plan
+
+    assert plan.RANK_PREFIX_TEMPLATE == wire.RANK_PREFIX_TEMPLATE == "[torchherd-rank ${rank}] "
+    assert plan.RANK_PREFIX_HEAD == wire.RANK_PREFIX_HEAD == b"[torchherd-rank "
+    assert wire.RANK_PREFIX_TEMPLATE == wire.RANK_PREFIX_HEAD.decode() + "${rank}" + wire.RANK_PREFIX_END.decode()
+    # torchrun fills the template with string.Template
+    line = string.Template(wire.RANK_PREFIX_TEMPLATE).safe_substitute(rank=17) + "hello"
+    assert runlog.parse_output("n", runlog.STDOUT, line.encode()) == OutputLine("n", 17, runlog.STDOUT, "hello")
+
+
+def test_stop_levels_are_ordered_and_only_term_and_kill_are_sent() -> None:
+    term, kill, give_up = wire.StopLevel.TERM, wire.StopLevel.KILL, wire.StopLevel.GIVE_UP
+    assert [level.value for level in wire.StopLevel] == ["TERM", "KILL", "GIVE UP"]
+    assert term < kill < give_up and give_up > term and kill >= kill and sorted([give_up, term, kill]) == [
+        term, kill, give_up]
+    assert wire.control_line(term) == b"TERM\n" and wire.control_line(kill) == b"KILL\n"
+    with pytest.raises(ValueError):
+        wire.control_line(give_up)
+    assert [wire.parse_control(wire.control_line(level)) for level in (term, kill)] == [term, kill]
+    assert wire.parse_control(wire.CONTROLLER_HEARTBEAT) is None
+    assert wire.parse_control(b"GIVE UP\n") is None and wire.parse_control(b" KILL \n") is kill
+
+
+def test_every_status_builder_is_read_back_by_the_controller() -> None:
+    built: dict[wire.StatusEvent, bytes] = {wire.EVENT_STARTED: wire.started_record(10, 10, 9), wire.EVENT_ERROR: wire.error_record("no"),
+             wire.EVENT_STOPPING: wire.stopping_record("why", wire.MODE_KILL), wire.EVENT_EXIT: wire.exit_record(3),
+             wire.EVENT_TEARDOWN: wire.teardown_record("why", {5, 4}, []), wire.EVENT_DONE: wire.done_record(3, 1)}
+    assert tuple(built) == wire.STATUS_EVENTS == ("started", "error", "stopping", "exit", "teardown", "done")
+    for event, record in built.items():
+        assert record.startswith(wire.status_head(event)) and record.count(b"\n") == 1
+        assert [record[0]] == [runlog.TAG_STATUS]
+        assert parse_status("n", record[1:-1]).event == event
+    assert parse_status("n", built["teardown"][1:-1]).fields == {
+        "event": "teardown", "reason": "why", "signalled": [4, 5], "killed": []}
+    assert parse_status("n", b'{"event":"nonsense"}').event == "garbled"
+    assert parse_status("n", b"not json").event == "garbled"
+
+
+SUPERVISOR_KEYS = {"run_id", "argv", "env", "cwd", "grace", "heartbeat", "watchdog", "cleanup_dir", "rank_marker",
+                   "log_file", "state_file", "node", "coordinator"}
+
+
+def test_supervisor_config_round_trips_with_todays_keys() -> None:
+    config = wire.SupervisorConfig(
+        run_id="r", argv=("python", "-c", "x"), env={"A": "b c"}, cwd="~/w", grace=2.5, heartbeat=1.0, watchdog=10.0,
+        cleanup_dir="/tmp/torchherd-x", rank_marker=wire.RANK_PREFIX_HEAD.decode(), log_file="~/l.log",
+        state_file="~/s.json", node="n0", coordinator=wire.CoordinatorAddress("10.0.0.1", 4000, "tok"))
+    line = config.to_line()
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert set(json.loads(line)) == SUPERVISOR_KEYS
+    assert json.loads(line)["coordinator"] == {"host": "10.0.0.1", "port": 4000, "token": "tok"}
+    assert wire.SupervisorConfig.from_json(line.decode()) == config
+    attached = wire.SupervisorConfig(run_id="r", argv=("a",))
+    assert wire.SupervisorConfig.from_json(attached.to_json()) == attached
+    assert wire.SupervisorConfig.from_json('{"run_id": "r", "argv": ["a"]}') == attached
+
+
+def test_other_configs_and_replies_round_trip() -> None:
+    coordinator = wire.CoordinatorConfig("r", "tok", ("a", "b"), "~/c.json", 120.0)
+    assert set(json.loads(coordinator.to_json())) == {"run_id", "token", "nodes", "state_file", "wait"}
+    assert wire.CoordinatorConfig.from_json(coordinator.to_json()) == coordinator
+    reply = wire.CoordinatorReply(4000, 77)
+    assert json.loads(reply.to_json()) == {"port": 4000, "pid": 77}
+    assert wire.CoordinatorReply.from_json(reply.to_json()) == reply
+    stopped = wire.StopReply(True, ("python -c x",))
+    assert json.loads(stopped.to_json()) == {"was_running": True, "left": ["python -c x"]}
+    assert wire.StopReply.from_json(stopped.to_json()) == stopped
+    for bad in ("[]", "{", '{"port": "1", "pid": 2}'):
+        with pytest.raises(ValueError):
+            wire.CoordinatorReply.from_json(bad)
+
+
+def test_coordinator_words() -> None:
+    assert wire.hello_line("tok", "n0") == b"HELLO tok n0\n"
+    assert wire.exit_line("n0", 3) == b"EXIT n0 3\n"
+    assert wire.stop_line("n1 exited with code 3") == b"STOP n1 exited with code 3\n"
+    assert wire.parse_stop(wire.stop_line("why").decode().strip()) == "why"
+    assert wire.parse_stop("STOP") == "" and wire.parse_stop("HELLO x y") is None
+
+
+# ----------------------------------------------------- the shipped programs
+
+
+def test_node_programs_cannot_see_the_checkout() -> None:
+    done = subprocess.run([*bare_python(), "-c", "import torchherd"], capture_output=True, cwd="/", env=BARE)
+    assert done.returncode != 0 and b"ModuleNotFoundError" in done.stderr
+    assert set(SCRIPTS) == {"supervisor.py", "coordinator.py", "stop.py"}
+    with pytest.raises(ValueError):
+        program("wire.py")
+    for name in SCRIPTS:
+        text = program(name)
+        assert "'" not in text and "\\" not in text  # shlex.quote only wraps it
+
+
+def oldest_pythons() -> list[str]:
+    """Python 3.8 (the oldest a node may have) where this machine has one."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = [str(path) for path in sorted(root.glob("3.8*/bin/python3.8"))]
+    for python in found:
+        if subprocess.run([python, "-c", "pass"], capture_output=True, env=BARE).returncode == 0:
+            return [python]
+    return []
+
+
+PYTHONS = [PY, *oldest_pythons()]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("python", PYTHONS)
+def test_supervisor_program_answers_a_bad_config_with_its_error_record(python: str) -> None:
+    done = run_program("supervisor.py", json.dumps({"run_id": "x", "argv": "not-a-list"}), python=python)
+    assert done.returncode == 2, done.stderr
+    events = statuses(done.stdout)
+    assert [event.event for event in events] == ["error", "done"]
+    assert "argv" in events[0].fields["message"]
+    assert events[1].fields == {"event": "done", "code": 2, "left": 0}
+    done = run_program("supervisor.py", "-", "r", stdin=b"[]\n", python=python)
+    assert done.returncode == 2 and [event.event for event in statuses(done.stdout)] == ["error", "done"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("python", PYTHONS)
+def test_supervisor_program_runs_a_job_from_the_controllers_config(python: str, run_id: str) -> None:
+    """The controller's config line on stdin, as it sends it; every record read by runlog."""
+    code = ("import sys\n"
+            "print('[torchherd-rank 3] out line')\n"
+            "print('[torchherd-rank 1] err line', file=sys.stderr)\n"
+            "print('plain')\n"
+            "sys.exit(4)\n")
+    config = wire.SupervisorConfig(run_id=run_id, argv=job(code), heartbeat=0.0, grace=2.0,
+                                   rank_marker=wire.RANK_PREFIX_HEAD.decode())
+    status, out = supervise(config, python)
+    assert status == 4, out
+    events = records(out)
+    # stdout and stderr are two pipes: their lines may come in either order
+    lines = {event for event in events if isinstance(event, OutputLine)}
+    assert lines == {OutputLine("n0", 1, "err", "err line"), OutputLine("n0", 3, "out", "out line"),
+                     OutputLine("n0", None, "out", "plain")}
+    names = [event.event for event in events if isinstance(event, Status)]
+    assert names[0] == "started" and names[-2:] == ["exit", "done"]
+    started, done_event = statuses(out)[0].fields, statuses(out)[-1].fields
+    assert {type(started[key]) for key in ("pid", "pgid", "supervisor")} == {int}
+    assert done_event == {"event": "done", "code": 4, "left": 0}
+
+
+@pytest.mark.timeout(60)
+def test_control_words_and_heartbeats_between_controller_and_supervisor(run_id: str) -> None:
+    """The controller's heartbeat keeps the watchdog quiet; its TERM and KILL lines are the
+    supervisor's stop levels; the supervisor's heartbeats come back as H records."""
+    code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(60)"
+    config = wire.SupervisorConfig(run_id=run_id, argv=job(code), heartbeat=0.2, watchdog=1.0, grace=30.0)
+    proc = subprocess.Popen([*bare_python(), "-u", "-c", program("supervisor.py"), "-", run_id],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/", env=BARE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(config.to_line())
+        proc.stdin.flush()
+        assert proc.stdout.readline().startswith(wire.status_head(wire.EVENT_STARTED))
+        for _ in range(8):  # well past the watchdog
+            proc.stdin.write(wire.CONTROLLER_HEARTBEAT)
+            proc.stdin.flush()
+            time.sleep(0.25)
+        assert proc.poll() is None
+        proc.stdin.write(wire.control_line(wire.StopLevel.TERM))
+        proc.stdin.flush()
+        time.sleep(0.5)
+        proc.stdin.write(wire.control_line(wire.StopLevel.KILL))
+        proc.stdin.flush()
+        out = proc.stdout.read()
+        assert proc.wait(timeout=20) == 137
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    found = statuses(out)
+    assert [event.fields for event in found if event.event == "stopping"] == [
+        {"event": "stopping", "reason": "control TERM", "mode": wire.MODE_TERM}]
+    [teardown] = [event for event in found if event.event == "teardown"]
+    assert teardown.fields["reason"] == "control TERM" and teardown.fields["killed"]
+    assert out.count(b"\n" + wire.HEARTBEAT_RECORD) >= 3
+    assert not [event for event in records(out) if isinstance(event, Status) and event.event == "garbled"]
+
+
+def start_coordinator(config: wire.CoordinatorConfig) -> wire.CoordinatorReply:
+    done = run_program("coordinator.py", config.to_json())
+    assert done.returncode == 0, done.stderr
+    return wire.CoordinatorReply.from_json(done.stdout.decode().strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(60)
+def test_coordinator_program_answers_a_bad_config_and_speaks_the_words(run_id: str, tmp_path: Path) -> None:
+    bad = run_program("coordinator.py", json.dumps({"run_id": run_id, "nodes": ["a"]}))
+    assert bad.returncode == 2 and bad.stdout == b"" and b"token" in bad.stderr
+    state_file = tmp_path / "c" / "coordinator.json"
+    reply = start_coordinator(wire.CoordinatorConfig(run_id, "tok", ("n0", "n1"), str(state_file), 10.0))
+    n1 = socket.create_connection(("127.0.0.1", reply.port), timeout=5)
+    n1.sendall(wire.hello_line("tok", "n1"))
+    # the other node is a real detached supervisor, started with the controller's config
+    config = wire.SupervisorConfig(
+        run_id=run_id, argv=job("import time\nwhile True: time.sleep(1)"), heartbeat=0.0, grace=2.0,
+        log_file=str(tmp_path / "n0.log"), state_file=str(tmp_path / "n0.json"), node="n0",
+        coordinator=wire.CoordinatorAddress("127.0.0.1", reply.port, "tok"))
+    started = run_program("supervisor.py", "-", run_id, stdin=config.to_line())
+    assert started.returncode == 0, started
+    assert [event.event for event in statuses(started.stdout)] == ["started"]
+    time.sleep(1.0)
+    n1.sendall(wire.exit_line("n1", 1))
+
+    def state() -> wire.NodeStateFile:
+        try:
+            return json.loads((tmp_path / "n0.json").read_text())  # type: ignore[no-any-return]
+        except (OSError, ValueError):
+            return {}
+
+    assert wait_until(lambda: state().get("state") == wire.STATE_EXITED, 15)
+    assert set(state()) == set(wire.NodeStateFile.__annotations__)
+    node = parse_node_state("n0", (tmp_path / "n0.json").read_text(), alive=False)
+    assert (node.state, node.code) == ("exited", 143)
+    log = statuses((tmp_path / "n0.log").read_bytes())
+    [teardown] = [event for event in log if event.event == "teardown"]
+    assert teardown.fields["reason"] == "coordinator: n1 exited with code 1"
+    n1.close()
+    assert wait_until(lambda: json.loads(state_file.read_text())["state"] == wire.STATE_EXITED, 15)
+    coordinator_state = json.loads(state_file.read_text())
+    assert set(coordinator_state) == set(wire.CoordinatorStateFile.__annotations__)
+    assert coordinator_state["culprit"] == "n1"
+
+
+@pytest.mark.timeout(60)
+def test_stop_program_answers_bad_arguments_and_replies_in_json(run_id: str) -> None:
+    for args in ((), (run_id,), (run_id, "x", "1"), ("", "0", "1"), (run_id, "0", "1", "extra")):
+        bad = run_program("stop.py", *args)
+        assert bad.returncode == 2 and bad.stdout == b"" and b"usage" in bad.stderr, args
+    done = run_program("stop.py", run_id, "0", "1")
+    assert done.returncode == 0, done.stderr
+    assert wire.StopReply.from_json(done.stdout.decode()) == wire.StopReply(False, ())
