@@ -144,9 +144,9 @@ def test_a_connect_that_went_through_on_the_retry_passes_and_says_so() -> None:
                                   "1 connect(s) went through only on the second try")
 
 
-def mesh(count: int, dropped: str | None = None, replies_dropped: bool = True) -> Observed:
-    """``count`` nodes probing each other fully; ``dropped`` drops every connect to its
-    ephemeral ports (and, like a plain --dport rule, the replies to its own connects)."""
+def mesh(count: int, *dropped: str) -> Observed:
+    """``count`` nodes probing each other fully; each ``dropped`` node drops every connect to
+    its ephemeral ports and, like a plain --dport rule, the replies to its own connects."""
     names = [f"node{index}" for index in range(count)]
     address = {name: f"10.0.0.{index + 1}" for index, name in enumerate(names)}
     inventory = parse({"cluster": {"port": 29500}, "hosts": [{"name": name} for name in names]},
@@ -160,10 +160,9 @@ def mesh(count: int, dropped: str | None = None, replies_dropped: bool = True) -
         for peer in names:
             if peer == prober:
                 continue
-            cut = dropped in (peer, prober if replies_dropped else None)
             for label in (("master", "e1", "e2") if peer == "node0" else ("e1", "e2")):
                 port_number = 29500 if label == "master" else 40001
-                lost = cut and (label != "master" or prober == dropped)
+                lost = prober in dropped or (peer in dropped and label != "master")
                 answer[f"{peer}:{label}"] = outcome(address[peer], port_number,
                                                     *(("timeout", "timeout") if lost else ("ok",)))
         seen.connected[prober] = answer
@@ -171,7 +170,7 @@ def mesh(count: int, dropped: str | None = None, replies_dropped: bool = True) -
 
 
 def test_a_node_that_drops_its_ephemeral_ports_is_the_one_that_fails() -> None:
-    seen = mesh(5, dropped="node3")
+    seen = mesh(5, "node3")
     results = {result.node: result for result in port.analyse(seen)}
     assert {node: result.status for node, result in results.items()} == {
         "node0": "pass", "node1": "pass", "node2": "pass", "node3": "fail", "node4": "pass"}
@@ -182,6 +181,16 @@ def test_a_node_that_drops_its_ephemeral_ports_is_the_one_that_fails() -> None:
     assert results["node3"].fix.startswith("on node3, allow TCP from the other nodes on 32768-60999")
     assert results["node1"].summary == ("connected to node0 10.0.0.1:29500; ephemeral ports on node0, node2, "
                                         "node4 reachable, not on node3 (see there)")
+
+
+def test_two_dropping_nodes_fail_and_the_nodes_they_cannot_reach_do_not() -> None:
+    """node2 and node4 fail every connect out, towards everyone: each other node has two
+    failing probers, but more that reach it."""
+    results = port.analyse(mesh(7, "node2", "node4"))
+    assert statuses(results) == {"node0": "pass", "node1": "pass", "node2": "fail", "node3": "pass", "node4": "fail",
+                                 "node5": "pass", "node6": "pass"}
+    assert results[2].summary.startswith("node2's ephemeral ports (32768-60999) are unreachable from node0, node1, "
+                                         "node3, node4, node5, node6 (timed out")
 
 
 def test_one_failing_prober_is_reported_on_the_prober() -> None:

@@ -21,7 +21,6 @@ from importlib import resources
 from typing import IO, Any
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -100,13 +100,19 @@ def probes_of(observed: Observed, node: str) -> list[Probe]:
 
 def unreachable_peers(observed: Observed) -> dict[str, list[Probe]]:
     """Per node whose ephemeral ports failed (verdicts that hold) from two or more
-    probers: one failed probe per prober. One prober alone may be the broken one."""
+    probers, and from more of its probers than reached it: one failed probe per prober.
+    One prober alone may be the broken one; so may a few, when most others get through
+    (a node that drops the replies to its own connects fails them towards everyone)."""
     failed: dict[str, dict[str, Probe]] = {}
+    reached: dict[str, set[str]] = {}
     for prober in observed.connected:
         for probe in probes_of(observed, prober):
             if probe.kind != "master" and probe.verdict == "fail":
                 failed.setdefault(probe.peer, {}).setdefault(prober, probe)
-    return {peer: list(by_prober.values()) for peer, by_prober in failed.items() if len(by_prober) >= 2}
+            elif probe.kind != "master" and probe.verdict == "ok":
+                reached.setdefault(probe.peer, set()).add(prober)
+    return {peer: list(by_prober.values()) for peer, by_prober in failed.items()
+            if len(by_prober) >= 2 and len(by_prober) > len(reached.get(peer, set()) - set(by_prober))}
 
 
 def port_range(facts: NodeFacts) -> str:

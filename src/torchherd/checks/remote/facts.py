@@ -80,7 +80,7 @@ def resolve(name: str) -> Dict[str, Any]:
     except socket.gaierror as error:
         return {"error": error.strerror or str(error)}
     addresses = []
-    for family, _, _, _, sockaddr in infos:
+    for _, _, _, _, sockaddr in infos:
         if sockaddr[0] not in addresses:
             addresses.append(sockaddr[0])
     return {"addresses": addresses}
