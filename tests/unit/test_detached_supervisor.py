@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -258,3 +259,22 @@ def test_stop_ends_a_detached_supervisor_and_its_job(run_id: str, tmp_path: Path
         stray.wait()
         assert stray.stdout is not None
         stray.stdout.close()
+
+
+@pytest.mark.timeout(60)
+def test_stops_of_nodes_sharing_a_process_table_do_not_kill_each_other(run_id: str, tmp_path: Path) -> None:
+    """Two nodes of one run on one machine, stopped at once: each stop's command line holds
+    the run id, yet neither stop (nor its shell) is taken for a process of the run."""
+    supervisors = []
+    for node in ("n0", "n1"):
+        done = start(run_id, tmp_path, "import time\nwhile True: time.sleep(1)", node=node,
+                     log_file=str(tmp_path / f"{node}.log"), state_file=str(tmp_path / f"{node}.json"))
+        assert done.returncode == 0, done
+        supervisors.append(int(json.loads(done.stdout[1:])["supervisor"]))
+    command = "{} -S -I -c {} {} {} 2"  # no exec: the shell's command line holds the run id too
+    stops = [subprocess.Popen(["sh", "-c", command.format(PY, shlex.quote(STOP_SOURCE), run_id, pid)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for pid in supervisors]
+    replies = [stop.communicate(timeout=40) for stop in stops]
+    assert [stop.returncode for stop in stops] == [0, 0], replies
+    assert [wire.StopReply.from_json(out.decode()).left for out, _err in replies] == [(), ()]
+    assert not [pid for pid in pids_with(run_id.encode()) if alive(pid)]

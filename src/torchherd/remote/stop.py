@@ -11,7 +11,9 @@ there after that, which escalates. Then anything that still carries the run id,
 in its environment (TORCHHERD_RUN_ID=<run id>: the job) or on its command line
 (the supervisor, the coordinator), gets SIGTERM, then SIGKILL. Nothing is matched
 by name, so other runs are never touched; this process and its ancestors (the SSH
-session's shell, whose command line holds the run id too) are left alone.
+session's shell, whose command line holds the run id too) are left alone, and so are
+the other stops of the same run where nodes share one process table (several nodes
+on one machine, stopped at once): they must not kill each other.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import signal
 import sys
 import time
-from typing import Callable, Dict, Iterable, List
+from typing import Callable, Dict, Iterable, List, Optional
 
 # On a node this is the stand-in module the shipped program registered; see
 # torchherd/remote/__init__.py.
@@ -57,12 +59,22 @@ def live_parents() -> Dict[int, int]:
     return parents
 
 
+def own_program() -> Optional[bytes]:
+    """The text this process runs with ``python -c``, when it was started so."""
+    argv = read(os.getpid(), "cmdline").split(b"\0")
+    if b"-c" not in argv[:-1]:
+        return None
+    return argv[argv.index(b"-c") + 1] or None
+
+
 class Run:
     """The processes of one run on this node."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, program: Optional[bytes]) -> None:
         self.mark = run_id.encode()
         self.env_mark = (wire.RUN_ID_ENV + "=" + run_id).encode()
+        self.program = program
+        """A command line that holds it is another stop (or its shell), not the run's."""
 
     def processes(self) -> List[int]:
         parents, skip, pid = live_parents(), set(), os.getpid()
@@ -72,7 +84,10 @@ class Run:
         return [p for p in parents if p not in skip and self.belongs(p)]
 
     def belongs(self, pid: int) -> bool:
-        return self.mark in read(pid, "cmdline") or self.env_mark in read(pid, "environ").split(b"\0")
+        cmdline = read(pid, "cmdline")
+        if self.program is not None and self.program in cmdline:
+            return False
+        return self.mark in cmdline or self.env_mark in read(pid, "environ").split(b"\0")
 
     def gone(self) -> bool:
         return not self.processes()
@@ -99,7 +114,7 @@ def command_line(pid: int) -> str:
 
 def stop(run_id: str, supervisor: int, grace: float) -> wire.StopReply:
     """Ends every process of the run; what could not be killed is in the reply."""
-    run = Run(run_id)
+    run = Run(run_id, own_program())
 
     def supervisor_gone() -> bool:
         return supervisor <= 0 or supervisor not in run.processes()
