@@ -43,12 +43,14 @@ def run_program(name: str, *args: str, stdin: bytes = b"", python: str = PY,
                           capture_output=True, cwd="/", env=BARE, timeout=timeout)
 
 
-def supervise(config: wire.SupervisorConfig, python: str = PY) -> tuple[int, bytes]:
+def supervise(config: wire.SupervisorConfig, python: str = PY) -> tuple[int, bytes, bytes]:
     """Runs the supervisor program as the controller does: the config line on stdin, which
-    stays open (its EOF would mean the controller is gone) until the "done" record."""
+    stays open (its EOF would mean the controller is gone) until the "done" record.
+    Its exit status, stdout and stderr."""
     proc = subprocess.Popen([*bare_python(python), "-u", "-c", program("supervisor.py"), "-", config.run_id],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/", env=BARE)
-    assert proc.stdin is not None and proc.stdout is not None
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
+                            env=BARE)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     out = b""
     try:
         proc.stdin.write(config.to_line())
@@ -59,12 +61,13 @@ def supervise(config: wire.SupervisorConfig, python: str = PY) -> tuple[int, byt
                 break
         proc.stdin.close()
         out += proc.stdout.read()
-        return proc.wait(timeout=20), out
+        return proc.wait(timeout=20), out, proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         proc.stdout.close()
+        proc.stderr.close()
 
 
 def records(stdout: bytes) -> list[runlog.OutputLine | Status]:
@@ -223,17 +226,20 @@ def test_node_programs_cannot_see_the_checkout() -> None:
         assert "'" not in text and "\\" not in text  # shlex.quote only wraps it
 
 
-def oldest_pythons() -> list[str]:
-    """Python 3.8 (the oldest a node may have) where this machine has one."""
+def other_pythons() -> list[str]:
+    """The oldest Python a node may have (3.8) and the newest, where this machine has
+    them (pyenv's); nodes run whatever Python has their torch."""
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    found = [str(path) for path in sorted(root.glob("3.8*/bin/python3.8"))]
-    for python in found:
-        if subprocess.run([python, "-c", "pass"], capture_output=True, env=BARE).returncode == 0:
-            return [python]
-    return []
+    found = []
+    for pattern in ("3.8*/bin/python3.8", "3.13*/bin/python3.13"):
+        for python in sorted(root.glob(pattern)):
+            if subprocess.run([str(python), "-c", "pass"], capture_output=True, env=BARE).returncode == 0:
+                found.append(str(python))
+                break
+    return found
 
 
-PYTHONS = [PY, *oldest_pythons()]
+PYTHONS = [PY, *other_pythons()]
 
 
 @pytest.mark.timeout(60)
@@ -260,8 +266,9 @@ def test_supervisor_program_runs_a_job_from_the_controllers_config(python: str, 
             "sys.exit(4)\n")
     config = wire.SupervisorConfig(run_id=run_id, argv=job(code), heartbeat=0.0, grace=2.0,
                                    rank_marker=wire.RANK_PREFIX_HEAD.decode())
-    status, out = supervise(config, python)
+    status, out, err = supervise(config, python)
     assert status == 4, out
+    assert err == b""  # the controller shows a supervisor's stderr as the node's own lines
     events = records(out)
     # stdout and stderr are two pipes: their lines may come in either order
     lines = {event for event in events if isinstance(event, OutputLine)}

@@ -46,7 +46,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Mapping, Optional, Set, Tuple
+from typing import IO, Dict, List, Mapping, Optional, Set, Tuple
 
 # On a node this is the stand-in module the shipped program registered; see
 # torchherd/remote/__init__.py.
@@ -459,6 +459,7 @@ class Supervisor:
         self.last_in = time.monotonic()
         self.next_heartbeat = self.last_in + config.heartbeat
         self.pipes: Dict[int, LineFramer] = {}
+        self.streams: Dict[int, IO[bytes]] = {}
         self.paused = False
         self.last_data = self.last_in
         self.writing = False
@@ -524,6 +525,7 @@ class Supervisor:
             fd = stream.fileno()
             marker = self.cfg.rank_marker
             self.pipes[fd] = LineFramer(tag, mender=RankMender(marker.encode()) if marker else None)
+            self.streams[fd] = stream
             self.sel.register(fd, selectors.EVENT_READ, "pipe")
         return True
 
@@ -657,7 +659,9 @@ class Supervisor:
         if not self.paused:
             self.sel.unregister(fd)
         del self.pipes[fd]
-        os.close(fd)
+        # Closed through its file object: closing the bare fd would leave the object to
+        # close it again at exit, when the number may be another file's (3.13 says so).
+        self.streams.pop(fd).close()
 
     def _read_stdin(self, now: float) -> None:
         try:
