@@ -1,0 +1,120 @@
+"""Nodesets: ``gpu[01-16]``, ``gpu[1-3,7]``, ``a[1-2]b[1-2]``, as SLURM and pdsh write them.
+
+Pure and standard-library only. ``expand`` turns a comma-separated list of patterns
+into names, in order; each bracket group is a comma-separated list of numbers and
+ranges, and keeps the zero padding of its numbers (``[08-10]`` gives ``08 09 10``).
+Several groups in one pattern expand as a product, the leftmost varying slowest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+MAX_NAMES = 1_000_000
+"""More names than any cluster has: a typo like ``[1-10000000]`` fails instead of eating memory."""
+
+_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+class NodesetError(ValueError):
+    """The text is not a nodeset; the message says where and why (callers add the key)."""
+
+
+def split_top(text: str) -> list[str]:
+    """Splits on commas outside brackets: ``gpu[1-3,7],cpu1`` -> ``gpu[1-3,7]``, ``cpu1``."""
+    parts: list[str] = []
+    depth = 0
+    current: list[str] = []
+    for char in text:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise NodesetError(f"{text!r}: ']' without '['")
+        if char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    if depth:
+        raise NodesetError(f"{text!r}: '[' without ']'")
+    parts.append("".join(current))
+    return [part.strip() for part in parts]
+
+
+def expand(text: str) -> list[str]:
+    """Every name ``text`` stands for, in order. Raises NodesetError for empty items,
+    unbalanced brackets, a range whose end is below its start, or too many names."""
+    names: list[str] = []
+    for part in split_top(text):
+        if not part:
+            raise NodesetError(f"{text!r}: empty item (two commas, or one at an end)")
+        names.extend(expand_pattern(part))
+        if len(names) > MAX_NAMES:
+            raise NodesetError(f"{text!r}: more than {MAX_NAMES:,} names")
+    return names
+
+
+def expand_pattern(pattern: str) -> list[str]:
+    """One pattern without top-level commas: ``a[1-2]b[1-2]`` -> a1b1 a1b2 a2b1 a2b2."""
+    pieces: list[list[str]] = []
+    count = 1
+    for literal, group in _tokens(pattern):
+        if literal:
+            pieces.append([literal])
+        if group is not None:
+            values = _group(pattern, group)
+            count *= len(values)
+            if count > MAX_NAMES:
+                raise NodesetError(f"{pattern!r}: more than {MAX_NAMES:,} names")
+            pieces.append(values)
+    return ["".join(combination) for combination in itertools.product(*pieces)]
+
+
+def is_nodeset(text: str) -> bool:
+    """Whether ``text`` has a bracket group (a plain name expands to itself)."""
+    return "[" in text
+
+
+def _tokens(pattern: str) -> list[tuple[str, str | None]]:
+    """(literal text, the bracket group after it or None), left to right."""
+    tokens: list[tuple[str, str | None]] = []
+    rest = pattern
+    while rest:
+        opened = rest.find("[")
+        if opened < 0:
+            if "]" in rest:
+                raise NodesetError(f"{pattern!r}: ']' without '['")
+            tokens.append((rest, None))
+            break
+        closed = rest.find("]", opened)
+        if closed < 0:
+            raise NodesetError(f"{pattern!r}: '[' without ']'")
+        literal = rest[:opened]
+        if "]" in literal:
+            raise NodesetError(f"{pattern!r}: ']' without '['")
+        tokens.append((literal, rest[opened + 1:closed]))
+        rest = rest[closed + 1:]
+    return tokens
+
+
+def _group(pattern: str, group: str) -> list[str]:
+    values: list[str] = []
+    for item in group.split(","):
+        match = _RANGE.fullmatch(item.strip())
+        if match is None:
+            raise NodesetError(f"{pattern!r}: [{group}]: {item.strip()!r} is not a number or a range like 1-4")
+        low, high = match.group(1), match.group(2)
+        if high is None:
+            values.append(low)
+            continue
+        if int(high) < int(low):
+            raise NodesetError(f"{pattern!r}: [{group}]: the range {item.strip()} ends below its start")
+        if int(high) - int(low) >= MAX_NAMES:
+            raise NodesetError(f"{pattern!r}: [{group}]: more than {MAX_NAMES:,} names")
+        # The start's width is the padding: [08-10] -> 08 09 10, [8-10] -> 8 9 10.
+        width = len(low)
+        values.extend(str(number).zfill(width) for number in range(int(low), int(high) + 1))
+    return values
