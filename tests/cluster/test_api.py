@@ -30,6 +30,7 @@ def _inventory_in_repo(cluster: LocalCluster, directory: Path) -> Path:
     """The cluster's inventory with the checkout as every node's workdir (as scripts/demo does)."""
     text = cluster.inventory.read_text(encoding="utf-8")
     text = re.sub(r'(?m)^workdir = .*$', f'workdir = "{ROOT}"', text)
+    text = re.sub(r'(?m)^ssh_config = .*$', f'ssh_config = "{cluster.ssh_config}"', text)
     path = directory / "hosts.toml"
     path.write_text(text, encoding="utf-8")
     return path

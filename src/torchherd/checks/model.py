@@ -90,6 +90,10 @@ class Observed:
     inventory: Inventory
     master_target: str
     """The address the workers are told to reach the master at (a name or an IP)."""
+    master_given: str | None = None
+    """Where the master address came from when the user chose it (``--master-addr``,
+    ``[cluster].master_addr``); None when torchherd finds it on the master. A chosen
+    address is what the workers' probes connect to: the job will use exactly it."""
     script: str | None = None
     with_torch: bool = True
     """Whether the facts import torch: seconds of CPU per node, only for the checks that read it."""

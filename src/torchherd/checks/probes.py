@@ -102,6 +102,10 @@ def listen_config(observed: Observed, host: Host) -> dict[str, object]:
 
 
 def master_address(observed: Observed) -> str:
+    """Where the workers connect to the master port: the address the user chose, exactly
+    as the job will be told it, else the one found on the master."""
+    if observed.master_given is not None:
+        return observed.master_target
     network = observed.networks.get(observed.master.name)
     return network.address if network else observed.master_target
 

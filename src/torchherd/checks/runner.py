@@ -122,7 +122,9 @@ def _controller_pings(observed: Observed) -> None:
 def observe(plan: Plan, selected: tuple[str, ...]) -> Observed:
     """What the checks will verify: the plan's master address, port, processes per node,
     script and each node's job environment (not the inventory's defaults)."""
-    return Observed(inventory=plan.inventory, master_target=plan.master_addr, script=plan.script,
+    given = ("--master-addr" if plan.options.master_addr
+             else "[cluster].master_addr" if plan.inventory.cluster.master_addr else None)
+    return Observed(inventory=plan.inventory, master_target=plan.master_addr, master_given=given, script=plan.script,
                     with_torch=bool(NEED_TORCH & set(selected)), nproc_per_node=plan.nproc_per_node,
                     job_env={node.host.name: node.env for node in plan.nodes})
 

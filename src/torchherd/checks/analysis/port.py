@@ -189,9 +189,7 @@ def _first_failure(observed: Observed, host: Host, facts: NodeFacts, probes: lis
         if probe.kind == "master":
             return CheckResult(host.name, CHECK, "fail",
                                f"{host.name} cannot connect to {probe.peer} {address}:{observed.port} "
-                               f"({meaning(probe.outcome)})",
-                               f"open TCP {observed.port} on {probe.peer} to the other nodes (see firewall on "
-                               f"{probe.peer}), and check that nothing between them filters it")
+                               f"({meaning(probe.outcome)})", _master_fix(observed, probe.peer, address))
         return CheckResult(host.name, CHECK, "fail",
                            f"{host.name} cannot connect to {probe.peer} {address}:{probe.outcome.get('port', '?')}, "
                            f"an ephemeral port ({meaning(probe.outcome)}); gloo/NCCL connect every pair of nodes "
@@ -199,6 +197,18 @@ def _first_failure(observed: Observed, host: Host, facts: NodeFacts, probes: lis
                            f"allow TCP between all nodes on {port_range(facts)} (ip_local_port_range), "
                            f"e.g. accept everything from the nodes' subnet on {probe.peer}")
     return None
+
+
+def _master_fix(observed: Observed, master: str, address: str) -> str:
+    facts = observed.facts.get(master)
+    own = sorted(facts.own_addresses()) if facts is not None else []
+    if observed.master_given is not None and own and address not in own:
+        # The user's address is not the master's own: the usual cause is a typo or a
+        # stale address, not a firewall (a NAT that forwards it would have connected).
+        return (f"{address} (from {observed.master_given}) is not an address of {master} "
+                f"(it has {', '.join(own)}): give one of those, or leave it out and torchherd finds it")
+    return (f"open TCP {observed.port} on {master} to the other nodes (see firewall on {master}), "
+            f"and check that nothing between them filters it")
 
 
 def _unsure(host: Host, unsure: list[Probe]) -> CheckResult:
