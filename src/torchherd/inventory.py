@@ -20,18 +20,26 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from torchherd.errors import InventoryError
+from torchherd.nodeset import NodesetError, expand
 
 NPROC_WORDS = ("gpu", "cpu", "auto")
 RDZV_BACKENDS = ("static", "c10d")
+SCHEDULERS = ("ssh", "slurm")
 HOST_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 CLUSTER_KEYS = (
     "master", "port", "nproc_per_node", "rdzv_backend", "master_addr",
-    "ssh_config", "ssh_timeout",
+    "ssh_config", "ssh_timeout", "scheduler",
 )
 NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "setup")
-HOST_KEYS = ("name", "address", "local_addr") + NODE_KEYS
-TOP_KEYS = ("cluster", "defaults", "hosts")
+HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node") + NODE_KEYS
+STEP_KEYS = ("address", "local_addr")
+"""Host keys that may be nodesets too, expanding in step with the name."""
+SYNC_KEYS = ("dir", "exclude", "dest")
+TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm")
+SLURM_KEYS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_node", "time", "extra")
+SLURM_TEMPLATE_HOST = "slurm-node"
+"""The one host of a SLURM inventory without [[hosts]]: the [defaults] every node runs with."""
 
 T = TypeVar("T")
 
@@ -52,6 +60,8 @@ class Host:
     setup: str
     local_addr: str | None
     """The address the other nodes reach this node at, when not its SSH address."""
+    nproc_per_node: int | str | None = None
+    """This node's own process count (uneven GPU counts); None: the cluster's."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,39 @@ class Cluster:
     master_addr: str | None
     ssh_config: Path | None
     ssh_timeout: float
+    rdzv_backend_set: bool = False
+    """Whether the inventory chose the rendezvous itself (not the "static" default)."""
+    scheduler: str = "ssh"
+    """"ssh": torchherd starts every node itself; "slurm": SLURM does (``[slurm]``)."""
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """The ``[slurm]`` table: how the job is handed to SLURM (``--scheduler slurm``)."""
+
+    login: str | None = None
+    """The host sbatch runs on, reached over SSH like a node; None: run it on this machine."""
+    partition: str | None = None
+    account: str | None = None
+    nodes: int | None = None
+    nodelist: str | None = None
+    """A nodeset (``gpu[01-04]``); without it and ``nodes``, the [[hosts]] by name."""
+    gpus_per_node: int | None = None
+    time: str | None = None
+    extra: tuple[str, ...] = ()
+    """More sbatch options, each one as sbatch takes it (``--qos=high``)."""
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    """The ``[sync]`` table: what ``--sync`` sends, and where it goes on each node."""
+
+    dir: Path | None = None
+    """The local project (default: the enclosing git repository, else the current directory)."""
+    exclude: tuple[str, ...] = ()
+    """Patterns left out, as .gitignore writes them."""
+    dest: str | None = None
+    """Where the project goes on each node: relative to the workdir, or a path inside it."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +114,8 @@ class Inventory:
     cluster: Cluster
     hosts: tuple[Host, ...]
     """In node-rank order: the master first, then the others as the file lists them."""
+    sync: SyncSettings | None = None
+    slurm: SlurmSettings = SlurmSettings()
 
     def host(self, name: str) -> Host:
         for host in self.hosts:
@@ -125,6 +170,25 @@ class _Reader:
             return value
         self.fail(key, f"expected a positive integer or one of {', '.join(map(repr, NPROC_WORDS))}, "
                        f"got {_show(value)}")
+
+    def count(self, key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            self.fail(key, f"expected a positive integer, got {_show(value)}")
+        return int(value)
+
+    def nodeset(self, key: str, value: Any) -> str:
+        text = self.text(key, value)
+        try:
+            expand(text)
+        except NodesetError as error:
+            self.fail(key, f"not a nodeset: {error}", 'write it as SLURM does, e.g. "gpu[01-04],cpu7"')
+        return text
+
+    def options(self, key: str, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(item, str) and item.startswith("-") for item in value):
+            self.fail(key, f"expected a list of sbatch options, got {_show(value)}",
+                      'write extra = ["--qos=high", "--exclusive"]')
+        return tuple(value)
 
     def choice(self, choices: tuple[str, ...]) -> Callable[[str, Any], str]:
         def convert(key: str, value: Any) -> str:
@@ -185,11 +249,50 @@ def parse(document: Mapping[str, Any], path: Path) -> Inventory:
     _Reader(path, "", document, TOP_KEYS)
     defaults = _table(document, "defaults", path)
     cluster_table = _table(document, "cluster", path)
-    hosts = _parse_hosts(document, defaults, path)
+    slurm = parse_slurm(_table(document, "slurm", path), path, "[slurm].")
+    if _slurm_without_hosts(document, cluster_table, slurm, path):
+        hosts: tuple[Host, ...] = (_slurm_template(defaults, path),)
+    else:
+        hosts = _parse_hosts(document, defaults, path)
     cluster = _parse_cluster(cluster_table, hosts, path)
     master = next(host for host in hosts if host.name == cluster.master)
     ranked = (master,) + tuple(host for host in hosts if host is not master)
-    return Inventory(path=path, cluster=cluster, hosts=ranked)
+    sync = _parse_sync(_table(document, "sync", path), path) if "sync" in document else None
+    return Inventory(path=path, cluster=cluster, hosts=ranked, sync=sync, slurm=slurm)
+
+
+def parse_slurm(table: Mapping[str, Any], path: Path, where: str) -> SlurmSettings:
+    """The ``[slurm]`` keys (``where`` names them in errors: ``[slurm].`` in a file)."""
+    read = _Reader(path, where, table, SLURM_KEYS)
+    return SlurmSettings(
+        login=read.get("login", None, read.text),
+        partition=read.get("partition", None, read.text),
+        account=read.get("account", None, read.text),
+        nodes=read.get("nodes", None, read.count),
+        nodelist=read.get("nodelist", None, read.nodeset),
+        gpus_per_node=read.get("gpus_per_node", None, read.count),
+        time=read.get("time", None, read.text),
+        extra=read.get("extra", (), read.options),
+    )
+
+
+def _slurm_without_hosts(document: Mapping[str, Any], cluster: Mapping[str, Any], slurm: SlurmSettings,
+                         path: Path) -> bool:
+    """True for a SLURM inventory that lets SLURM pick the nodes (no [[hosts]])."""
+    if cluster.get("scheduler") != "slurm" or document.get("hosts") not in (None, []):
+        return False
+    if slurm.nodes is None and slurm.nodelist is None:
+        raise InventoryError(f"{path}: [slurm].nodes: missing: SLURM must know how many nodes, or which",
+                             'set nodes = 4 or nodelist = "gpu[01-04]" in [slurm], or list [[hosts]]')
+    if "master" in cluster:
+        raise InventoryError(f"{path}: [cluster].master: SLURM decides the nodes; the first node of the "
+                             "allocation is node_rank 0", "remove master")
+    return True
+
+
+def _slurm_template(defaults: Mapping[str, Any], path: Path) -> Host:
+    base = _read_node_keys(_Reader(path, "[defaults].", defaults, NODE_KEYS), {})
+    return _parse_host(_Reader(path, "", {"name": SLURM_TEMPLATE_HOST}, HOST_KEYS), base)
 
 
 def _table(document: Mapping[str, Any], key: str, path: Path) -> Mapping[str, Any]:
@@ -216,7 +319,26 @@ def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path
         master_addr=read.get("master_addr", None, read.text),
         ssh_config=_relative_to(path, ssh_config) if ssh_config else None,
         ssh_timeout=read.get("ssh_timeout", 10.0, read.seconds),
+        rdzv_backend_set="rdzv_backend" in table,
+        scheduler=read.get("scheduler", "ssh", read.choice(SCHEDULERS)),
     )
+
+
+def _parse_sync(table: Mapping[str, Any], path: Path) -> SyncSettings:
+    read = _Reader(path, "[sync].", table, SYNC_KEYS)
+    directory = read.get("dir", None, read.text)
+    no_patterns: list[str] = []
+    exclude = read.get("exclude", no_patterns, _patterns(read))
+    return SyncSettings(dir=_relative_to(path, directory) if directory else None, exclude=tuple(exclude),
+                        dest=read.get("dest", None, read.text))
+
+
+def _patterns(read: _Reader) -> Callable[[str, Any], list[str]]:
+    def convert(key: str, value: Any) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value):
+            read.fail(key, f"expected a list of patterns, got {_show(value)}", 'write exclude = ["data/", "*.ckpt"]')
+        return [str(item) for item in value]
+    return convert
 
 
 def _relative_to(inventory_path: Path, value: str) -> Path:
@@ -237,13 +359,43 @@ def _parse_hosts(document: Mapping[str, Any], defaults: Mapping[str, Any], path:
     hosts: list[Host] = []
     seen: set[str] = set()  # a set, not a scan of the hosts so far: 50,000 hosts parse in linear time
     for index, entry in enumerate(entries):
-        host = _parse_host(_Reader(path, f"hosts[{index}].", entry, HOST_KEYS), base)
-        if host.name in seen:
-            raise InventoryError(f"{path}: hosts[{index}].name: duplicate host name {host.name!r}",
-                                 "give every host a unique name")
-        seen.add(host.name)
-        hosts.append(host)
+        read = _Reader(path, f"hosts[{index}].", entry, HOST_KEYS)
+        for expanded in _expand_entry(read):
+            host = _parse_host(_Reader(path, f"hosts[{index}].", expanded, HOST_KEYS), base)
+            if host.name in seen:
+                raise InventoryError(f"{path}: hosts[{index}].name: duplicate host name {host.name!r}",
+                                     "give every host a unique name")
+            seen.add(host.name)
+            hosts.append(host)
     return tuple(hosts)
+
+
+def _expand_entry(read: _Reader) -> list[Mapping[str, Any]]:
+    """One ``[[hosts]]`` table per name its nodeset stands for (``name = "gpu[01-16]"``);
+    an address or local_addr nodeset expands in step with the name."""
+    if "name" not in read.table:
+        read.fail("name", "missing", 'every [[hosts]] table needs name = "..."')
+    names = _nodeset(read, "name")
+    if len(names) == 1 and not any(isinstance(read.table.get(key), str) and "[" in read.table[key]
+                                   for key in STEP_KEYS):
+        return [read.table]
+    stepped = {key: _nodeset(read, key) for key in STEP_KEYS if key in read.table}
+    for key, values in stepped.items():
+        if len(values) != len(names):
+            read.fail(key, f"{read.table[key]!r} stands for {len(values)} addresses but name "
+                           f"{read.table['name']!r} for {len(names)} hosts",
+                      f"write {key} with a range of the same length, e.g. name = \"gpu[01-04]\", "
+                      f"{key} = \"10.0.0.[1-4]\"")
+    return [{**read.table, "name": name, **{key: values[index] for key, values in stepped.items()}}
+            for index, name in enumerate(names)]
+
+
+def _nodeset(read: _Reader, key: str) -> list[str]:
+    text = read.text(key, read.table[key])
+    try:
+        return expand(text)
+    except NodesetError as error:
+        read.fail(key, f"not a host name or nodeset: {error}", 'write a name, or a range like "gpu[01-16]"')
 
 
 def _read_node_keys(read: _Reader, base: Mapping[str, Any]) -> dict[str, Any]:
@@ -276,4 +428,5 @@ def _parse_host(read: _Reader, base: Mapping[str, Any]) -> Host:
         env=MappingProxyType(dict(values.get("env", {}))),
         setup=values.get("setup", ""),
         local_addr=read.get("local_addr", None, read.text),
+        nproc_per_node=read.get("nproc_per_node", None, read.nproc),
     )
