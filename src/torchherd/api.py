@@ -28,9 +28,8 @@ from torchherd.inventory import Inventory, load, parse
 from torchherd.plan import Plan, RunOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import OutputLine, RankLines
-from torchherd.runrecord import NodeState, RunRecord
+from torchherd.runrecord import NodeState, RunRecord, load_all
 from torchherd.runrecord import load as load_record
-from torchherd.runrecord import load_all
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
 

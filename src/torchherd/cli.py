@@ -30,7 +30,7 @@ def _inventory_path(args: argparse.Namespace) -> Path:
 
 
 def _cluster(args: argparse.Namespace) -> Cluster:
-    from torchherd.api import Cluster, DetachedStartFailed
+    from torchherd.api import Cluster
 
     return Cluster.from_toml(_inventory_path(args),
                              accept_new_host_keys=getattr(args, "accept_new_host_keys", False))

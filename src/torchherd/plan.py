@@ -63,6 +63,8 @@ class NodePlan:
     notes: tuple[str, ...]
     """Why each derived choice (address, interface, env) was made, for --dry-run."""
     remote_log_dir: str
+    nproc_per_node: int | str = 1
+    """This node's own ``--nproc-per-node`` (nodes may differ: uneven GPU counts)."""
 
     def shell_line(self, hide_secrets: bool = False) -> str:
         """The command a user could paste into a shell on the node to do the same by hand;
@@ -90,6 +92,16 @@ class Plan:
     inventory: Inventory
     options: RunOptions
     nproc_per_node: int | str
+    """The processes per node asked for the whole run (``--nproc-per-node``, else
+    ``[cluster]``); each node's own count is ``NodePlan.nproc_per_node``."""
+
+    @property
+    def world_size(self) -> int | None:
+        """Every rank of the job, or None when a node's count is found there ("gpu", "auto")."""
+        counts = [node.nproc_per_node for node in self.nodes]
+        if all(isinstance(count, int) for count in counts):
+            return sum(int(count) for count in counts)
+        return None
 
     @property
     def script(self) -> str | None:
@@ -136,7 +148,7 @@ def build_plan(inventory: Inventory, options: RunOptions,
     """Every node's command, in node-rank order (the master is rank 0)."""
     networks = networks or {}
     cluster = inventory.cluster
-    backend = options.rdzv_backend or cluster.rdzv_backend
+    backend, backend_note = _rendezvous(inventory, options)
     if options.nnodes and ":" in options.nnodes and backend != "c10d":
         raise UsageError(f"--nnodes {options.nnodes}: an elastic range needs the c10d rendezvous",
                          "add --rdzv-backend c10d, or set rdzv_backend = \"c10d\" in [cluster]")
@@ -146,11 +158,39 @@ def build_plan(inventory: Inventory, options: RunOptions,
         _node_plan(inventory, options, host, rank, master_addr, networks.get(host.name), backend)
         for rank, host in enumerate(inventory.hosts)
     )
-    nodes = (replace(nodes[0], notes=(master_note,) + nodes[0].notes),) + nodes[1:]
+    head = (master_note,) + ((backend_note,) if backend_note else ())
+    nodes = (replace(nodes[0], notes=head + nodes[0].notes),) + nodes[1:]
     nproc = options.nproc_per_node if options.nproc_per_node is not None else cluster.nproc_per_node
     return Plan(run_id=options.run_id, master=master.name, master_addr=master_addr,
                 port=cluster.port, rdzv_backend=backend, nodes=nodes, inventory=inventory, options=options,
                 nproc_per_node=nproc)
+
+
+def node_nproc(inventory: Inventory, options: RunOptions, host: Host) -> int | str:
+    """``--nproc-per-node`` for every node, else the host's own count, else ``[cluster]``'s."""
+    if options.nproc_per_node is not None:
+        return options.nproc_per_node
+    return host.nproc_per_node if host.nproc_per_node is not None else inventory.cluster.nproc_per_node
+
+
+def _rendezvous(inventory: Inventory, options: RunOptions) -> tuple[str, str]:
+    """The rendezvous backend, and why when it is not the one asked for. torchrun's
+    static rendezvous needs the same process count on every node; c10d takes uneven ones."""
+    cluster = inventory.cluster
+    backend = options.rdzv_backend or cluster.rdzv_backend
+    counts = {host.name: node_nproc(inventory, options, host) for host in inventory.hosts}
+    if len(set(map(str, counts.values()))) <= 1 or backend == "c10d":
+        return backend, ""
+    shown = ", ".join(f"{name} {count}" for name, count in list(counts.items())[:6])
+    shown += ", ..." if len(counts) > 6 else ""
+    if options.rdzv_backend == "static" or (options.rdzv_backend is None and cluster.rdzv_backend_set):
+        where = "--rdzv-backend static" if options.rdzv_backend else "[cluster].rdzv_backend = \"static\""
+        raise UsageError(f"{where}: the nodes run different process counts ({shown}), which torchrun's "
+                         "static rendezvous cannot start",
+                         "use --rdzv-backend c10d (or rdzv_backend = \"c10d\"), or give every node the same "
+                         "nproc_per_node")
+    return "c10d", (f"rendezvous c10d: the nodes run different process counts ({shown}); torchrun's static "
+                    "rendezvous needs the same count everywhere")
 
 
 def _master_address(inventory: Inventory, options: RunOptions,
@@ -180,13 +220,14 @@ def _node_plan(inventory: Inventory, options: RunOptions, host: Host, rank: int,
     argv = _torchrun_argv(inventory, options, host, rank, master_addr, local_addr, backend, remote_log_dir)
     env = _node_env(host, options, network, notes)
     return NodePlan(host=host, node_rank=rank, argv=argv, env=MappingProxyType(env), workdir=host.workdir,
-                    setup=host.setup, network=network, notes=tuple(notes), remote_log_dir=remote_log_dir)
+                    setup=host.setup, network=network, notes=tuple(notes), remote_log_dir=remote_log_dir,
+                    nproc_per_node=node_nproc(inventory, options, host))
 
 
 def _torchrun_argv(inventory: Inventory, options: RunOptions, host: Host, rank: int, master_addr: str,
                    local_addr: str | None, backend: str, log_dir: str) -> tuple[str, ...]:
     cluster = inventory.cluster
-    nproc = options.nproc_per_node if options.nproc_per_node is not None else cluster.nproc_per_node
+    nproc = node_nproc(inventory, options, host)
     argv = [host.python, "-m", "torch.distributed.run",
             "--nnodes", options.nnodes or str(len(inventory.hosts)),
             "--nproc-per-node", str(nproc)]

@@ -25,8 +25,8 @@ from localcluster import LocalCluster
 
 from torchherd.cli import main
 from torchherd.console import make_console
-from torchherd.console.run import LiveRenderer
 from torchherd.console.observer import ConsoleObserver
+from torchherd.console.run import LiveRenderer
 from torchherd.engine.detach import Follow, NodeFollower, follow_logs, node_states, stop_run
 from torchherd.runrecord import NodeState, load, remote_run_dir
 

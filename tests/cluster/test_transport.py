@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
 from localcluster import LocalCluster
+
 from torchherd.errors import TransportError
 from torchherd.inventory import Inventory, load
 from torchherd.transport.ssh import connect, connect_all, resolve_target
@@ -124,8 +124,8 @@ def test_wrong_key_is_an_authentication_failure(two: LocalCluster, tmp_path: Pat
 
 def test_unreachable_address_times_out_quickly(two: LocalCluster) -> None:
     inventory = inventory_of(two)
-    from dataclasses import replace
     import time
+    from dataclasses import replace
 
     nobody = str(two.subnet.network_address + 250)  # on the bridge's subnet, but no host has it
     host = replace(inventory.host("node1"), address=nobody)

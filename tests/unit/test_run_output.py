@@ -11,8 +11,8 @@ from pathlib import Path
 
 from torchherd.console import make_console
 from torchherd.console.run import LiveRenderer, render_summary
+from torchherd.engine.job import records_to_events, remote_command, supervisor_config, supervisor_source
 from torchherd.inventory import parse
-from torchherd.engine.job import records_to_events, remote_command, supervisor_input, supervisor_source
 from torchherd.plan import RunOptions, build_plan
 from torchherd.runlog import (
     NodeOutcome,
@@ -129,7 +129,7 @@ def test_remote_command_runs_the_supervisor_with_exact_env(tmp_path: Path) -> No
     # stdin stays open while the job runs: its EOF would mean "the controller is gone".
     shell = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert shell.stdout is not None and shell.stdin is not None
-    shell.stdin.write(supervisor_input(node, "unit-1", 1.0))
+    shell.stdin.write(supervisor_config(node, "unit-1", 1.0).to_line())
     shell.stdin.flush()
     records = []
     for record in shell.stdout:

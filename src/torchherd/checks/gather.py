@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from importlib import resources
 from dataclasses import dataclass, replace
+from importlib import resources
 from typing import Any, Mapping
 
 from torchherd.checks.model import Json, NodeFacts

@@ -13,7 +13,6 @@ prints: starting returns a result, following reports events to an observer.
 
 from __future__ import annotations
 
-import json
 import queue
 import secrets
 import shlex
@@ -24,14 +23,30 @@ from pathlib import Path
 from typing import Mapping
 
 from torchherd.engine.events import NodeStatus, Observer, Output
-from torchherd.engine.job import LaunchOptions, Record, max_rank, records_to_events, remote_command, \
-    supervisor_input, supervisor_source
+from torchherd.engine.job import (
+    LaunchOptions,
+    Record,
+    max_rank,
+    records_to_events,
+    remote_command,
+    supervisor_config,
+    supervisor_source,
+)
 from torchherd.errors import TransportError
 from torchherd.plan import Plan, quote_path
-from torchherd.remote import program
+from torchherd.remote import program, wire
 from torchherd.runlog import OutputLine, RecordSplitter, Status, parse_status
-from torchherd.runrecord import CoordinatorRecord, NodeRecord, NodeState, RunRecord, parse_node_state, \
-    remote_coordinator_file, remote_log_file, remote_state_file, save
+from torchherd.runrecord import (
+    CoordinatorRecord,
+    NodeRecord,
+    NodeState,
+    RunRecord,
+    parse_node_state,
+    remote_coordinator_file,
+    remote_log_file,
+    remote_state_file,
+    save,
+)
 from torchherd.transport import Connector, Session, close_all, connect_all, fan_out
 from torchherd.transport.ssh import SshConnector
 
@@ -88,18 +103,18 @@ def _start_coordinator(plan: Plan, connection: Session) -> tuple[CoordinatorReco
     token = secrets.token_hex(16)
     master = plan.nodes[0]
     state_file = remote_coordinator_file(plan.run_id)
-    config = {"run_id": plan.run_id, "token": token, "nodes": [node.host.name for node in plan.nodes],
-              "state_file": state_file, "wait": COORDINATOR_WAIT}
+    config = wire.CoordinatorConfig(plan.run_id, token, tuple(node.host.name for node in plan.nodes), state_file,
+                                    COORDINATOR_WAIT)
     command = (f"exec {quote_path(master.host.python)} -c {shlex.quote(program('coordinator.py'))} "
-               f"{shlex.quote(json.dumps(config))}")
+               f"{shlex.quote(config.to_json())}")
     result = connection.run(command, timeout=START_TIMEOUT)
     try:
-        reply = json.loads(result.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+        reply = wire.CoordinatorReply.from_json(result.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise TransportError(master.host.name, "coordinator",
                              f"{master.host.name}: the run coordinator did not start: "
                              f"{result.stderr.decode('utf-8', 'replace').strip()[-300:]}") from None
-    record = CoordinatorRecord(master.host.name, int(reply["port"]), int(reply["pid"]), state_file)
+    record = CoordinatorRecord(master.host.name, reply.port, reply.pid, state_file)
     return record, plan.master_addr, token
 
 
@@ -127,13 +142,14 @@ def _start_nodes(plan: Plan, record: RunRecord, connections: Mapping[str, Sessio
 
     def start(index: int) -> NodeRecord | str:
         node, node_record = plan.nodes[index], record.nodes[index]
-        extra: dict[str, object] = {"log_file": node_record.log_file, "state_file": node_record.state_file,
-                                    "node": node_record.name, "heartbeat": 0, "watchdog": 0, "coordinator": None}
-        if coordinator is not None:
-            extra["coordinator"] = {"host": coordinator[1], "port": coordinator[0].port, "token": coordinator[2]}
+        config = supervisor_config(node, plan.run_id, grace)._replace(
+            log_file=node_record.log_file, state_file=node_record.state_file, node=node_record.name,
+            heartbeat=0.0, watchdog=0.0,
+            coordinator=None if coordinator is None
+            else wire.CoordinatorAddress(coordinator[1], coordinator[0].port, coordinator[2]))
         try:
             result = connections[node_record.name].run(remote_command(node, plan.run_id, source), timeout=START_TIMEOUT,
-                                                        stdin=supervisor_input(node, plan.run_id, grace, extra))
+                                                        stdin=config.to_line())
         except TransportError as error:  # the node is reported, the others go on
             return f"{node_record.name}: cannot start the job: {error}"
         return _started(node_record, result.stdout, result.stderr)
@@ -144,12 +160,12 @@ def _start_nodes(plan: Plan, record: RunRecord, connections: Mapping[str, Sessio
 
 def _started(node: NodeRecord, stdout: bytes, stderr: bytes) -> NodeRecord | str:
     for raw in RecordSplitter().feed(stdout + b"\n"):
-        status = parse_status(node.name, raw[1:]) if raw[:1] == b"S" else None
-        if status is not None and status.event == "started":
+        status = parse_status(node.name, raw[1:]) if raw[:1] == wire.TAG_STATUS else None
+        if status is not None and status.event == wire.EVENT_STARTED:
             fields = status.fields
             return replace(node, supervisor=int(fields["supervisor"]), pid=int(fields["pid"]),
                            pgid=int(fields["pgid"]))
-        if status is not None and status.event == "error":
+        if status is not None and status.event == wire.EVENT_ERROR:
             return f"{node.name}: {status.fields.get('message', 'the job did not start')}"
     text = stderr.decode("utf-8", "replace").strip()
     return f"{node.name}: the job did not start" + (f": {text[-300:]}" if text else "")
@@ -215,10 +231,10 @@ def stop_nodes(record: RunRecord, connections: Mapping[str, Session | TransportE
                    f"{node.supervisor or 0} {record.grace:g}")
         try:
             result = connection.run(command, timeout=record.grace + 30)
-            reply = json.loads(result.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+            reply = wire.StopReply.from_json(result.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
         except (TransportError, ValueError, IndexError) as error:
             return [f"unknown: {error}"]
-        return [str(line) for line in reply["left"]]
+        return list(reply.left)
 
     return dict(zip((node.name for node in record.nodes), fan_out(list(record.nodes), stop)))
 

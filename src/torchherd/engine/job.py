@@ -11,7 +11,6 @@ thread, which reports them in batches to the observer and decides how the run en
 
 from __future__ import annotations
 
-import json
 import queue
 import shlex
 import threading
@@ -22,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence, Union
 
 from torchherd.engine.events import (
-    Event,
     Interrupted,
     NodeExited,
     NodeLost,
@@ -36,8 +34,8 @@ from torchherd.engine.events import (
     StopSent,
 )
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, TransportError
-from torchherd.plan import RANK_PREFIX_HEAD, NodePlan, Plan, quote_path
-from torchherd.remote import program
+from torchherd.plan import NodePlan, Plan, quote_path
+from torchherd.remote import program, wire
 from torchherd.remote.wire import StopLevel, control_line
 from torchherd.runlog import (
     STDERR,
@@ -106,17 +104,18 @@ def supervisor_source() -> str:
     return program("supervisor.py")
 
 
-def supervisor_config(node: NodePlan, run_id: str, grace: float) -> dict[str, object]:
+def supervisor_config(node: NodePlan, run_id: str, grace: float) -> wire.SupervisorConfig:
+    """What the node's supervisor is told (the first line of its stdin, ``to_line()``)."""
     # cwd stays None: the shell already changed into the workdir, and a `cd` in the
     # host's setup snippet must keep its effect.
-    return {"run_id": run_id, "argv": list(node.argv), "env": dict(node.env), "cwd": None,
-            "grace": grace, "heartbeat": HEARTBEAT_EVERY, "watchdog": WATCHDOG,
-            "cleanup_dir": node.remote_log_dir, "rank_marker": RANK_PREFIX_HEAD.decode()}
+    return wire.SupervisorConfig(run_id=run_id, argv=node.argv, env=node.env, cwd=None, grace=grace,
+                                 heartbeat=HEARTBEAT_EVERY, watchdog=WATCHDOG, cleanup_dir=node.remote_log_dir,
+                                 rank_marker=wire.RANK_PREFIX_HEAD.decode())
 
 
 def remote_command(node: NodePlan, run_id: str, source: str) -> str:
     """The shell line sshd runs: workdir, the setup snippet, then the supervisor, which
-    reads its config from the first line of stdin (``supervisor_input``).
+    reads its config from the first line of stdin (``supervisor_config(...).to_line()``).
 
     Every value goes through shlex.quote (the workdir and python keep a leading ``~``
     expandable); the setup snippet is the user's own shell text and runs as written.
@@ -127,11 +126,6 @@ def remote_command(node: NodePlan, run_id: str, source: str) -> str:
         parts.append("{ " + node.setup.strip() + "\n}")
     parts.append(f"exec {quote_path(node.host.python)} -u -c {shlex.quote(source)} - {shlex.quote(run_id)}")
     return " && ".join(parts)
-
-
-def supervisor_input(node: NodePlan, run_id: str, grace: float, extra: Mapping[str, object] | None = None) -> bytes:
-    """The supervisor's config, sent as the first line of its stdin."""
-    return json.dumps({**supervisor_config(node, run_id, grace), **(extra or {})}).encode("utf-8") + b"\n"
 
 
 def records_to_events(node: str, records: Sequence[bytes]) -> list[Record]:
@@ -281,7 +275,7 @@ class Job:
             node.start_error = str(error)
             self.events.put([Status(node.name, "error", {"message": str(error)})])
             return
-        process.send(supervisor_input(node.plan, self.plan.run_id, self.options.grace))
+        process.send(supervisor_config(node.plan, self.plan.run_id, self.options.grace).to_line())
         node.last_seen = node.started_at = time.monotonic()
         node.process = process
         threading.Thread(target=read_node, args=(node, process, self.events), name=f"torchherd-read-{node.name}",
@@ -292,7 +286,7 @@ class Job:
         while not self._quiet.wait(HEARTBEAT_EVERY):
             for node in self.nodes.values():
                 if node.running and node.process is not None:
-                    node.process.send(b"\n")
+                    node.process.send(wire.CONTROLLER_HEARTBEAT)
 
     # supervising --------------------------------------------------------------
     def supervise(self) -> RunSummary:

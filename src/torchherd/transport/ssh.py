@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
-from torchherd.transport.base import CommandResult, Session, connect_all as _connect_all
+from torchherd.transport.base import CommandResult, Session
+from torchherd.transport.base import connect_all as _connect_all
 
 if TYPE_CHECKING:  # paramiko is imported lazily: `torchherd --help` must stay fast.
     import paramiko
