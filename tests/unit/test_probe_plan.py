@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from importlib import resources
+from pathlib import Path
 from typing import IO, Any
 
 import pytest
@@ -25,8 +26,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchherd.checks.analysis import port
-from torchherd.checks.model import ProbePlan
-from torchherd.checks.probes import FULL_MESH_MAX, SAMPLED_PROBERS, plan_probes
+from torchherd.checks.model import Observed, ProbePlan
+from torchherd.checks.probes import FULL_MESH_MAX, SAMPLED_PROBERS, listen_config, plan_probes
+from torchherd.inventory import parse
 
 
 def names(count: int) -> list[str]:
@@ -134,6 +136,20 @@ def test_subnets_the_ring_misses_get_a_probe_each_way() -> None:
     plan = plan_probes(nodes, subnets)
     check_coverage(plan, nodes, subnets)
     assert max(len(peers) for peers in plan.peers.values()) == SAMPLED_PROBERS + 1
+
+
+def test_listeners_are_sized_for_their_peers_and_outlive_the_facts() -> None:
+    """256 nodes are reached 64 at a time (4 rounds of ssh_timeout for the connect, then
+    ssh_timeout + 20 s for the facts), then probed: the first listeners must still be up."""
+    inventory = parse({"cluster": {"ssh_timeout": 10}, "hosts": [{"name": name} for name in names(256)]},
+                      Path("hosts.toml"))
+    seen = Observed(inventory=inventory, master_target="n0")
+    master, worker = listen_config(seen, inventory.hosts[0]), listen_config(seen, inventory.hosts[1])
+    assert master["ports"] == {"e1": 0, "e2": 0, "master": 29500} and worker["ports"] == {"e1": 0, "e2": 0}
+    assert master["backlog"] == 255
+    assert master["seconds"] == 4 * (2 * 10 + 20) + 10 + 5
+    few = parse({"hosts": [{"name": name} for name in names(3)]}, Path("hosts.toml"))
+    assert listen_config(Observed(inventory=few, master_target="n0"), few.hosts[0])["seconds"] == 120
 
 
 class Node:

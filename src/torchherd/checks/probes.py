@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 from torchherd.checks.gather import FactsSession
 from torchherd.checks.model import Mesh, Observed, ProbePlan
 from torchherd.inventory import Host
+from torchherd.transport import MAX_PARALLEL
 
 CONNECT_TIMEOUT = 2.0
 """Long enough for a LAN handshake, short enough that a DROP rule costs little."""
@@ -33,9 +34,12 @@ ANSWER_MARGIN = 5.0
 """How much longer than the budget the controller waits for an answer: SSH on a busy
 controller, and the ping that runs beside the connects."""
 LISTEN_SECONDS = 120.0
-"""The listener's own limit, should the controller vanish without the channel closing.
-It must outlive the slowest node's facts (ssh_timeout + 20 s by default) and the probes:
-a listener that gives up early would make its peers see 'refused'."""
+"""The least the listener waits by itself, should the controller vanish without the
+channel closing (it stops at EOF otherwise). It must outlive every node's facts and the
+probes: a listener that gave up early would make its peers see 'refused' (at 64 nodes on
+a loaded machine the facts took over 30 s, the old limit)."""
+FACTS_ALLOWANCE = 20.0
+"""What one node's facts may take on top of ssh_timeout (the runner's FACTS_EXTRA_SECONDS)."""
 EPHEMERAL_LABELS = ("e1", "e2")
 
 FULL_MESH_MAX = 32
@@ -98,7 +102,16 @@ def listen_config(observed: Observed, host: Host) -> dict[str, object]:
     ports = {label: 0 for label in EPHEMERAL_LABELS}
     if host.name == observed.master.name:
         ports["master"] = observed.port
-    return {"ports": ports, "seconds": LISTEN_SECONDS, "backlog": max(1, len(observed.inventory.hosts) - 1)}
+    return {"ports": ports, "seconds": listen_seconds(observed), "backlog": max(1, len(observed.inventory.hosts) - 1)}
+
+
+def listen_seconds(observed: Observed) -> float:
+    """Long enough for the last node's connect and facts (the nodes are reached MAX_PARALLEL
+    at a time, each within ssh_timeout, then its facts within ssh_timeout + FACTS_ALLOWANCE),
+    then the probes."""
+    rounds = -(-len(observed.inventory.hosts) // MAX_PARALLEL)
+    per_node = 2 * observed.inventory.cluster.ssh_timeout + FACTS_ALLOWANCE
+    return max(LISTEN_SECONDS, rounds * per_node + PROBE_BUDGET + ANSWER_MARGIN)
 
 
 def master_address(observed: Observed) -> str:
