@@ -1,0 +1,198 @@
+"""known_hosts as OpenSSH keeps it: what a host's presented key means.
+
+A line is ``[@marker] hosts keytype base64 [comment]``. ``hosts`` is a comma list of
+patterns (``*``, ``?``, ``!`` negation, ``[host]:port``) or one hashed name
+(``|1|salt|hmac``). ``@revoked`` keys are refused wherever they turn up;
+``@cert-authority`` lines trust a CA for host certificates.
+
+``HostKeys.verdict`` decides, as OpenSSH's ``check_key_in_hostkeys`` does, with two
+refusals more: a key of a type not on record while another type is (OpenSSH would
+offer to accept it as new), and a host pinned only through a CA (paramiko cannot
+verify host certificates). The caller turns a verdict into a connection or an error.
+
+Standard library only: keys are compared as their wire-format blobs.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import threading
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from torchherd.transport.sshconfig import match_hostname
+
+HASH_MAGIC = "|1|"
+MARKERS = {"@cert-authority": "cert-authority", "@revoked": "revoked"}
+_append_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class KnownKey:
+    """One usable line of a known_hosts file."""
+
+    path: str
+    line: int
+    marker: str
+    """``""``, ``"cert-authority"`` or ``"revoked"``."""
+    hosts: str
+    blob: bytes
+
+    @property
+    def key_type(self) -> str:
+        return key_type_of(self.blob)
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    def matches(self, name: str) -> bool:
+        """Whether this line speaks of ``name`` (``host`` or ``[host]:port``, lowercase)."""
+        if self.hosts.startswith(HASH_MAGIC):
+            return hashed_matches(self.hosts, name)
+        return match_hostname(name, self.hosts) == 1
+
+
+def key_type_of(blob: bytes) -> str:
+    """The key type named at the start of a public key's wire format."""
+    if len(blob) < 4:
+        return ""
+    length = int.from_bytes(blob[:4], "big")
+    return blob[4:4 + length].decode("ascii", "replace")
+
+
+def hash_name(name: str, salt: bytes) -> str:
+    """``|1|salt|hmac``: how ``HashKnownHosts yes`` records a name."""
+    digest = hmac.new(salt, name.encode(), hashlib.sha1).digest()
+    return f"{HASH_MAGIC}{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+
+
+def hashed_matches(field: str, name: str) -> bool:
+    parts = field[len(HASH_MAGIC):].split("|")
+    if len(parts) != 2:
+        return False
+    try:
+        salt, expected = base64.b64decode(parts[0], validate=True), base64.b64decode(parts[1], validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return hmac.compare_digest(hmac.new(salt, name.encode(), hashlib.sha1).digest(), expected)
+
+
+def host_key_name(hostname: str, port: int) -> str:
+    """The name a host is recorded under: ``host``, or ``[host]:port`` off port 22."""
+    return hostname.lower() if port == 22 else f"[{hostname.lower()}]:{port}"
+
+
+def parse(text: str, path: str) -> tuple[KnownKey, ...]:
+    """The usable lines; others are skipped, as OpenSSH skips them."""
+    keys = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        fields = raw.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        marker = ""
+        if fields[0].startswith("@"):
+            if fields[0] not in MARKERS:
+                continue
+            marker = MARKERS[fields[0]]
+            fields = fields[1:]
+        if len(fields) < 3:
+            continue
+        try:
+            blob = base64.b64decode(fields[2], validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if key_type_of(blob) != fields[1]:
+            continue
+        keys.append(KnownKey(path, number, marker, fields[0], blob))
+    return tuple(keys)
+
+
+def load(paths: Iterable[str]) -> tuple[KnownKey, ...]:
+    """Every line of every file that exists, in order (a missing file is no error)."""
+    keys: list[KnownKey] = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                keys.extend(parse(handle.read(), path))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            continue
+    return tuple(keys)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str
+    """``known`` (on record), ``revoked``, ``changed`` (another key of this type is on
+    record), ``other-type`` (only keys of other types are), ``cert-authority`` (only a CA
+    vouches for this host) or ``unknown``."""
+    entry: KnownKey | None = None
+    """The line behind the verdict: the key that matched, was revoked, or differs."""
+
+
+@dataclass(frozen=True)
+class HostKeys:
+    """Everything known_hosts says about one name."""
+
+    name: str
+    keys: tuple[KnownKey, ...]
+    """Plain keys on record for the name, revoked ones left out."""
+    revoked: tuple[KnownKey, ...]
+    authorities: tuple[KnownKey, ...]
+
+    def verdict(self, blob: bytes) -> Verdict:
+        for entry in self.revoked:
+            if entry.blob == blob:
+                return Verdict("revoked", entry)
+        kind = key_type_of(blob)
+        same_type = [entry for entry in self.keys if entry.key_type == kind]
+        for entry in same_type:
+            if entry.blob == blob:
+                return Verdict("known", entry)
+        if same_type:
+            return Verdict("changed", same_type[0])
+        if self.keys:
+            return Verdict("other-type", self.keys[0])
+        if self.authorities:
+            return Verdict("cert-authority", self.authorities[0])
+        return Verdict("unknown")
+
+
+def for_name(entries: Sequence[KnownKey], name: str) -> HostKeys:
+    matching = [entry for entry in entries if entry.matches(name)]
+    revoked = tuple(entry for entry in matching if entry.marker == "revoked")
+    revoked_blobs = {entry.blob for entry in revoked}
+    return HostKeys(
+        name=name,
+        keys=tuple(entry for entry in matching if not entry.marker and entry.blob not in revoked_blobs),
+        revoked=revoked,
+        authorities=tuple(entry for entry in matching if entry.marker == "cert-authority"),
+    )
+
+
+def entry_line(name: str, blob: bytes, hashed: bool, salt: bytes | None = None) -> str:
+    """The line that records ``blob`` for ``name`` (hashed with a fresh salt when asked)."""
+    written = hash_name(name, salt if salt is not None else os.urandom(20)) if hashed else name
+    return f"{written} {key_type_of(blob)} {base64.b64encode(blob).decode()}\n"
+
+
+def append(path: str, line: str, home: str) -> None:
+    """Adds a line to a known_hosts file. A missing ``~/.ssh`` is created 0700, as OpenSSH
+    does (no other missing directory is). Appends from threads of one process never interleave.
+    Raises OSError when the file cannot be written."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent) and parent == os.path.abspath(os.path.join(home, ".ssh")):
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+        os.chmod(parent, 0o700)
+    with _append_lock:
+        needs_newline = False
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            with open(path, "rb") as handle:
+                handle.seek(-1, os.SEEK_END)
+                needs_newline = handle.read(1) != b"\n"
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(("\n" if needs_newline else "") + line)
