@@ -15,7 +15,6 @@ import queue
 import shlex
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence, Union
@@ -33,28 +32,26 @@ from torchherd.engine.events import (
     RunFinished,
     StopSent,
 )
-from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, TransportError
+from torchherd.engine.outcome import NodeRun, summarise
+from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan, quote_path
 from torchherd.remote import program, wire
 from torchherd.remote.wire import StopLevel, control_line
 from torchherd.runlog import (
     STDERR,
-    NodeOutcome,
     OutputLine,
     OutputParser,
     RankLines,
     RecordSplitter,
     RunSummary,
     Status,
-    is_error_line,
     parse_records,
-    root_cause_rank,
     visible_text,
 )
 from torchherd.transport import Process, Session, fan_out
 
 if TYPE_CHECKING:
-    from torchherd.runlog import OutcomeState
+    pass
 
 HEARTBEAT_EVERY = 1.0
 """Seconds between heartbeats, both ways."""
@@ -64,7 +61,6 @@ WATCHDOG = 10.0
 """The supervisor tears its job down when the controller is silent this long."""
 STOP_MARGIN = 10.0
 """Beyond the grace period: TERM -> KILL, and KILL -> give the node up."""
-TAIL_LINES = 8
 MAX_BATCH = 5000
 """Queue items rendered at once; bounded so status checks run between batches."""
 
@@ -131,76 +127,6 @@ def remote_command(node: NodePlan, run_id: str, source: str) -> str:
 def records_to_events(node: str, records: Sequence[bytes]) -> list[Record]:
     """Supervisor records -> lines and status events; heartbeats carry no event."""
     return list(parse_records(node, records))
-
-
-class NodeRun:
-    """The controller's view of one node during the run."""
-
-    def __init__(self, plan: NodePlan, log_path: Path) -> None:
-        self.plan = plan
-        self.name = plan.host.name
-        self.log_path = log_path
-        self.process: Process | None = None
-        self.last_seen = time.monotonic()
-        self.started_at: float | None = None
-        self.ended_at: float | None = None
-        self.exit_code: int | None = None
-        self.done = False
-        self.closed = False
-        self.ranks_running = False
-        """A rank has printed: the node got through the rendezvous."""
-        self.reader_done = False
-        """Set by the reader thread when the channel ended; its Closed event may still be queued."""
-        self.lost: str | None = None
-        self.start_error: str | None = None
-        self.stop_sent: StopLevel | None = None
-        self.stop_at = 0.0
-        self.left = 0
-        self.rank_error: OutputLine | None = None
-        self.other_error: OutputLine | None = None
-        self.failed_rank: int | None = None
-        self.rank_tail: deque[OutputLine] = deque(maxlen=TAIL_LINES)
-        self.other_tail: deque[OutputLine] = deque(maxlen=TAIL_LINES)
-
-    @property
-    def finished(self) -> bool:
-        return self.closed or self.lost is not None or (self.process is None and self.start_error is not None)
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and not self.finished
-
-    def track(self, line: OutputLine) -> None:
-        """Keeps what the summary needs: the first error line, the failed rank, the tail."""
-        (self.rank_tail if line.rank is not None else self.other_tail).append(line)
-        rank = root_cause_rank(line)
-        if rank is not None and self.failed_rank is None and self.rank_error is None:
-            self.failed_rank = rank
-        self._track_error(line)
-
-    def track_block(self, block: RankLines) -> None:
-        """``track`` for every line of the block: only its last lines can be in the tail,
-        only its stderr lines can be errors, and none is torchrun's root-cause report."""
-        self.rank_tail.extend(block.tail(TAIL_LINES))
-        if self.rank_error is None:
-            for line in block.error_candidates():
-                self._track_error(line)
-
-    def _track_error(self, line: OutputLine) -> None:
-        if is_error_line(line):
-            if line.rank is not None and self.rank_error is None:
-                self.rank_error = line
-                # The rank that raised first is the one to name; torchrun's own report
-                # may call a peer that died of the same crash the root cause.
-                self.failed_rank = line.rank
-            elif line.rank is None and self.other_error is None:
-                self.other_error = line
-
-    def first_error(self) -> str | None:
-        line = self.rank_error or self.other_error
-        if line is None:
-            return self.lost or self.start_error
-        return line.described()
 
 
 def read_node(node: NodeRun, process: Process, events: queue.Queue[list[RunEvent]]) -> None:
@@ -450,48 +376,8 @@ class Job:
 
     # ending -------------------------------------------------------------------
     def summary(self) -> RunSummary:
-        outcomes = tuple(self._outcome(node) for node in self.nodes.values())
-        if self.interrupted:
-            code, headline = EXIT_INTERRUPTED, "interrupted: every node was told to stop"
-        elif self.culprit is not None:
-            code, headline = EXIT_FAILED, self._blame(self.culprit)
-        elif all(outcome.state == "ok" for outcome in outcomes):
-            code = EXIT_OK
-            headline = f"all {len(outcomes)} nodes finished (exit 0) in {time.monotonic() - self.started:.1f} s"
-        else:
-            code, headline = EXIT_FAILED, "the job failed on " + ", ".join(
-                outcome.node for outcome in outcomes if outcome.state != "ok")
-        left = sum(outcome.left for outcome in outcomes)
-        if left:
-            headline += f"; {left} processes could not be killed (see the table)"
-        return RunSummary(self.plan.run_id, code, headline, outcomes, str(self.log_dir))
-
-    def _blame(self, node: NodeRun) -> str:
-        if node.lost is not None:
-            return f"{node.lost}; the other nodes were torn down"
-        rank = f" rank {node.failed_rank}" if node.failed_rank is not None else ""
-        code = f" with exit code {node.exit_code}" if node.exit_code is not None else ""
-        error = node.first_error()
-        return f"{node.name}{rank} failed first{code}" + (f": {error}" if error else "")
-
-    def _outcome(self, node: NodeRun) -> NodeOutcome:
-        state = self._state(node)
-        seconds = None if node.started_at is None else (node.ended_at or time.monotonic()) - node.started_at
-        tail = tuple(line.log_text() for line in node.rank_tail or node.other_tail)
-        return NodeOutcome(node.name, node.plan.node_rank, state, node.exit_code, seconds,
-                           node.first_error() if state != "ok" else None,
-                           node.failed_rank if state == "failed" else None, tail, node.left)
-
-    def _state(self, node: NodeRun) -> OutcomeState:
-        if node.lost is not None:
-            return "unresponsive" if node.stop_sent is StopLevel.GIVE_UP else "lost"
-        if node.process is None:
-            return "not started"
-        if node.exit_code == 0:
-            return "ok"
-        if node.stop_sent is not None and node is not self.culprit:
-            return "interrupted" if self.interrupted else "torn down"
-        return "failed"
+        return summarise(self.plan.run_id, list(self.nodes.values()), self.culprit, self.interrupted,
+                         time.monotonic() - self.started, str(self.log_dir))
 
 
 def max_rank(plan: Plan) -> int:

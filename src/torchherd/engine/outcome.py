@@ -1,0 +1,142 @@
+"""Each node's part of a run as the controller sees it, and the run's summary: which
+node failed first (and which rank), which were torn down, lost or interrupted.
+
+``NodeRun`` is updated by the supervising thread only; ``summarise`` is pure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from torchherd.plan import NodePlan
+from torchherd.remote.wire import StopLevel
+from torchherd.runlog import NodeOutcome, OutputLine, RankLines, RunSummary, is_error_line, root_cause_rank
+from torchherd.transport import Process
+
+if TYPE_CHECKING:
+    from torchherd.runlog import OutcomeState
+
+TAIL_LINES = 8
+
+
+class NodeRun:
+    """The controller's view of one node during the run."""
+
+    def __init__(self, plan: NodePlan, log_path: Path) -> None:
+        self.plan = plan
+        self.name = plan.host.name
+        self.log_path = log_path
+        self.process: Process | None = None
+        self.last_seen = time.monotonic()
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.exit_code: int | None = None
+        self.done = False
+        self.closed = False
+        self.ranks_running = False
+        """A rank has printed: the node got through the rendezvous."""
+        self.reader_done = False
+        """Set by the reader thread when the channel ended; its Closed event may still be queued."""
+        self.lost: str | None = None
+        self.start_error: str | None = None
+        self.stop_sent: StopLevel | None = None
+        self.stop_at = 0.0
+        self.left = 0
+        self.rank_error: OutputLine | None = None
+        self.other_error: OutputLine | None = None
+        self.failed_rank: int | None = None
+        self.rank_tail: deque[OutputLine] = deque(maxlen=TAIL_LINES)
+        self.other_tail: deque[OutputLine] = deque(maxlen=TAIL_LINES)
+
+    @property
+    def finished(self) -> bool:
+        return self.closed or self.lost is not None or (self.process is None and self.start_error is not None)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and not self.finished
+
+    def track(self, line: OutputLine) -> None:
+        """Keeps what the summary needs: the first error line, the failed rank, the tail."""
+        (self.rank_tail if line.rank is not None else self.other_tail).append(line)
+        rank = root_cause_rank(line)
+        if rank is not None and self.failed_rank is None and self.rank_error is None:
+            self.failed_rank = rank
+        self._track_error(line)
+
+    def track_block(self, block: RankLines) -> None:
+        """``track`` for every line of the block: only its last lines can be in the tail,
+        only its stderr lines can be errors, and none is torchrun's root-cause report."""
+        self.rank_tail.extend(block.tail(TAIL_LINES))
+        if self.rank_error is None:
+            for line in block.error_candidates():
+                self._track_error(line)
+
+    def _track_error(self, line: OutputLine) -> None:
+        if is_error_line(line):
+            if line.rank is not None and self.rank_error is None:
+                self.rank_error = line
+                # The rank that raised first is the one to name; torchrun's own report
+                # may call a peer that died of the same crash the root cause.
+                self.failed_rank = line.rank
+            elif line.rank is None and self.other_error is None:
+                self.other_error = line
+
+    def first_error(self) -> str | None:
+        line = self.rank_error or self.other_error
+        if line is None:
+            return self.lost or self.start_error
+        return line.described()
+
+
+def summarise(run_id: str, nodes: list[NodeRun], culprit: NodeRun | None, interrupted: bool, seconds: float,
+              log_dir: str) -> RunSummary:
+    """The run's exit code, its one-sentence headline, and every node's outcome."""
+    outcomes = tuple(_outcome(node, culprit, interrupted) for node in nodes)
+    if interrupted:
+        code, headline = EXIT_INTERRUPTED, "interrupted: every node was told to stop"
+    elif culprit is not None:
+        code, headline = EXIT_FAILED, _blame(culprit)
+    elif all(outcome.state == "ok" for outcome in outcomes):
+        code, headline = EXIT_OK, f"all {len(outcomes)} nodes finished (exit 0) in {seconds:.1f} s"
+    else:
+        code, headline = EXIT_FAILED, "the job failed on " + ", ".join(
+            outcome.node for outcome in outcomes if outcome.state != "ok")
+    left = sum(outcome.left for outcome in outcomes)
+    if left:
+        headline += f"; {left} processes could not be killed (see the table)"
+    return RunSummary(run_id, code, headline, outcomes, log_dir)
+
+
+def _blame(node: NodeRun) -> str:
+    if node.lost is not None:
+        return f"{node.lost}; the other nodes were torn down"
+    rank = f" rank {node.failed_rank}" if node.failed_rank is not None else ""
+    code = f" with exit code {node.exit_code}" if node.exit_code is not None else ""
+    error = node.first_error()
+    return f"{node.name}{rank} failed first{code}" + (f": {error}" if error else "")
+
+
+def _outcome(node: NodeRun, culprit: NodeRun | None, interrupted: bool) -> NodeOutcome:
+    state = _state(node, culprit, interrupted)
+    seconds = None if node.started_at is None else (node.ended_at or time.monotonic()) - node.started_at
+    tail = tuple(line.log_text() for line in node.rank_tail or node.other_tail)
+    return NodeOutcome(node.name, node.plan.node_rank, state, node.exit_code, seconds,
+                       node.first_error() if state != "ok" else None,
+                       node.failed_rank if state == "failed" else None, tail, node.left)
+
+
+def _state(node: NodeRun, culprit: NodeRun | None, interrupted: bool) -> OutcomeState:
+    if node.lost is not None:
+        return "unresponsive" if node.stop_sent is StopLevel.GIVE_UP else "lost"
+    if node.process is None:
+        return "not started"
+    if node.exit_code == 0:
+        return "ok"
+    if node.stop_sent is not None and node is not culprit:
+        return "interrupted" if interrupted else "torn down"
+    return "failed"
