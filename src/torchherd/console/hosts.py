@@ -13,7 +13,8 @@ from torchherd.inventory import Inventory
 def hosts_rows(inventory: Inventory, ssh_targets: Sequence[str]) -> list[dict[str, object]]:
     cluster = inventory.cluster
     return [
-        {"name": host.name, "ssh": target, "node_rank": rank, "nproc_per_node": cluster.nproc_per_node,
+        {"name": host.name, "ssh": target, "node_rank": rank,
+         "nproc_per_node": cluster.nproc_per_node if host.nproc_per_node is None else host.nproc_per_node,
          "python": host.python, "workdir": host.workdir, "master": rank == 0}
         for rank, (host, target) in enumerate(zip(inventory.hosts, ssh_targets))
     ]
