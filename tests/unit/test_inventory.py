@@ -11,7 +11,7 @@ import pytest
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.errors import InventoryError
-from torchherd.inventory import load
+from torchherd.inventory import load, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -172,5 +172,6 @@ def test_fifty_thousand_hosts_parse_in_linear_time(tmp_path: Path) -> None:
     elapsed = time.monotonic() - started
     assert len(inventory.hosts) == count
     assert elapsed < 10.0, f"{count} hosts took {elapsed:.1f} s"
+    entries = [{"name": host.name} for host in inventory.hosts] + [{"name": "n7"}]
     with pytest.raises(InventoryError, match=rf"hosts\[{count}\].name: duplicate host name 'n7'"):
-        load(write(tmp_path, text + '[[hosts]]\nname = "n7"\n'))
+        parse({"hosts": entries}, path)
