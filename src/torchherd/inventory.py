@@ -26,6 +26,9 @@ NPROC_WORDS = ("gpu", "cpu", "auto")
 RDZV_BACKENDS = ("static", "c10d")
 SCHEDULERS = ("ssh", "slurm")
 HOST_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+ADDRESS_PATTERN = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,252}|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*)$")
+"""A host name, an IPv4 or IPv6 address, or an ssh_config alias: nothing a shell would
+read as more (an address reaches ssh_config's `Match exec` and `ProxyCommand` tokens)."""
 
 CLUSTER_KEYS = (
     "master", "port", "nproc_per_node", "rdzv_backend", "master_addr",
@@ -147,6 +150,20 @@ class _Reader:
         if not isinstance(value, str) or not value.strip():
             self.fail(key, f"expected a non-empty string, got {_show(value)}")
         return str(value)
+
+    def address(self, key: str, value: Any) -> str:
+        text = self.text(key, value)
+        if not ADDRESS_PATTERN.match(text):
+            self.fail(key, f"{text!r} is not a host name, an IP address or an ssh_config alias",
+                      "use letters, digits, '.', '-' and '_' (or an IP address); put users and ports "
+                      "in user and ssh_port")
+        return text
+
+    def existing_file(self, key: str, value: Any) -> str:
+        text = self.text(key, value)
+        if not Path(text).expanduser().is_file():
+            self.fail(key, f"{text!r}: no such file", "fix the path, or leave the key out")
+        return text
 
     def script(self, key: str, value: Any) -> str:
         if not isinstance(value, str):
@@ -310,6 +327,9 @@ def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path
         read.fail("master", f"{master!r} is not one of the hosts ({', '.join(names)})",
                   _did_you_mean(master, tuple(names)))
     ssh_config = read.get("ssh_config", None, read.text)
+    if ssh_config and not _relative_to(path, ssh_config).is_file():
+        read.fail("ssh_config", f"{str(_relative_to(path, ssh_config))!r}: no such file",
+                  "fix the path (relative to the inventory), or leave the key out to use ~/.ssh/config")
     default_nproc: int | str = 1
     return Cluster(
         master=master,
@@ -401,7 +421,7 @@ def _nodeset(read: _Reader, key: str) -> list[str]:
 
 def _read_node_keys(read: _Reader, base: Mapping[str, Any]) -> dict[str, Any]:
     values = dict(base)
-    for key, convert in (("user", read.text), ("ssh_port", read.port), ("identity_file", read.text),
+    for key, convert in (("user", read.text), ("ssh_port", read.port), ("identity_file", read.existing_file),
                          ("python", read.text), ("workdir", read.text), ("setup", read.script)):
         if key in read.table:
             values[key] = convert(key, read.table[key])
@@ -420,7 +440,7 @@ def _parse_host(read: _Reader, base: Mapping[str, Any]) -> Host:
     values = _read_node_keys(read, base)
     return Host(
         name=name,
-        address=read.get("address", name, read.text),
+        address=read.get("address", name, read.address),
         user=values.get("user"),
         ssh_port=values.get("ssh_port"),
         identity_file=values.get("identity_file"),

@@ -65,7 +65,21 @@ def test_example_inventory_is_valid() -> None:
     assert [host.name for host in inventory.hosts] == ["node0", "node1"]
 
 
+def test_addresses_that_are_names_ips_or_aliases_are_accepted(tmp_path: Path) -> None:
+    addresses = ["node-1.example.com", "10.0.0.7", "fe80::1", "2001:db8::2", "gpu_a", "GPU-7"]
+    text = "".join(f'[[hosts]]\nname = "n{index}"\naddress = "{address}"\n' for index, address in enumerate(addresses))
+    assert [host.address for host in load(write(tmp_path, text)).hosts] == addresses
+
+
+def test_an_existing_identity_file_is_kept_as_written(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("not really a key")
+    inventory = load(write(tmp_path, f'[defaults]\nidentity_file = "{key}"\n[[hosts]]\nname = "a"\n'))
+    assert inventory.hosts[0].identity_file == str(key)
+
+
 def test_ssh_config_path_is_relative_to_the_inventory(tmp_path: Path) -> None:
+    (tmp_path / "cfg").write_text("Host a\n")
     inventory = load(write(tmp_path, '[cluster]\nssh_config = "cfg"\n[[hosts]]\nname = "a"\n'))
     assert inventory.cluster.ssh_config == tmp_path / "cfg"
 
@@ -97,6 +111,17 @@ BAD = [
     ('[cluster]\nport = 1\n[[hosts]\nname = "a"\n', "TOML syntax error", "line 3"),
     ('[clusters]\nport = 1\n[[hosts]]\nname = "a"\n', "clusters: unknown key", "did you mean 'cluster'?"),
     ('[cluster]\nssh_timeout = -1\n[[hosts]]\nname = "a"\n', "[cluster].ssh_timeout: expected a positive", ""),
+    ('[[hosts]]\nname = "a"\naddress = "a;reboot"\n',
+     "hosts[0].address: 'a;reboot' is not a host name, an IP address or an ssh_config alias", "letters"),
+    ('[[hosts]]\nname = "a"\naddress = "$(id)"\n', "hosts[0].address: '$(id)' is not a host name", ""),
+    ('[[hosts]]\nname = "a"\naddress = "-oProxyCommand=x"\n', "hosts[0].address: '-oProxyCommand=x' is not", ""),
+    ('[[hosts]]\nname = "a"\naddress = "root@a"\n', "hosts[0].address: 'root@a' is not", "user and ssh_port"),
+    ('[defaults]\nidentity_file = "/nonexistent/key"\n[[hosts]]\nname = "a"\n',
+     "[defaults].identity_file: '/nonexistent/key': no such file", "fix the path"),
+    ('[[hosts]]\nname = "a"\nidentity_file = "~/no-such-torchherd-key"\n',
+     "hosts[0].identity_file: '~/no-such-torchherd-key': no such file", ""),
+    ('[cluster]\nssh_config = "no-such-ssh-config"\n[[hosts]]\nname = "a"\n',
+     "[cluster].ssh_config: ", "relative to the inventory"),
 ]
 
 

@@ -47,6 +47,11 @@ class KnownKey:
         return key_type_of(self.blob)
 
     @property
+    def fingerprint(self) -> str:
+        """As ``ssh-keygen -l`` shows it: ``SHA256:`` and the unpadded base64 digest."""
+        return "SHA256:" + base64.b64encode(hashlib.sha256(self.blob).digest()).decode().rstrip("=")
+
+    @property
     def where(self) -> str:
         return f"{self.path}:{self.line}"
 

@@ -1,44 +1,69 @@
 """The SSH implementation of the transport seam (``transport.base``): the one place that speaks SSH.
 
-One ``Connection`` per node (paramiko underneath), opened with the node's resolved
-OpenSSH settings: ``~/.ssh/config`` (or the inventory's ``ssh_config``) aliases,
-User, Port, IdentityFile, UserKnownHostsFile and ProxyJump/ProxyCommand are
-honoured, and the inventory's own keys win over the config, as a command-line
-``-l``/``-p``/``-i`` would. Host keys are verified: an unknown key is refused
-unless the user asked to accept new keys, a changed key is always refused.
+Built on fabric: one ``fabric.Connection`` per node, and one per jump host, given to
+the nodes behind it as their ``gateway``. What fabric leaves out or gets wrong for us
+is done here, on the ``paramiko.SSHClient`` every fabric Connection holds:
 
-``SshConnector`` opens them for the engine and the checks; every paramiko or socket
-error is turned into a ``TransportError`` here, where it arises.
+* ssh_config is read by ``transport.sshconfig`` (Include, Match, first value wins, as
+  ``ssh -G``), never by fabric (paramiko's reader has no Include); the inventory's own
+  keys win over the config, as ``ssh -l/-p/-i`` would.
+* host keys are checked on every hop before it opens: fabric sets paramiko's
+  ``AutoAddPolicy`` and loads no known_hosts; we load what ``transport.knownhosts``
+  finds for the host into ``connection.client`` and set our own policy. An unknown key
+  is refused unless the user (``--accept-new-host-keys``, or ``StrictHostKeyChecking
+  accept-new``/``no`` in their own config) accepts new ones; a changed or revoked key
+  is always refused.
+* all nodes behind the same jump chain (same ``user@host:port`` hops) share one
+  authenticated connection per hop, opened once, before any node uses it, and closed
+  when the last node's session closes (or ``SshConnector.close``). A bastion with
+  sshd's stock ``MaxStartups 10:30:100`` then sees one handshake, not one per node.
+* at most ``handshakes`` unauthenticated handshakes at once towards one sshd, and a
+  banner dropped or reset (sshd's ``MaxStartups`` at work) is retried with backoff and
+  jitter before it is reported.
+* commands run on raw paramiko channels (``RemoteProcess``): stdout and stderr apart,
+  no PTY, stdin open as a control line; fabric's runners merge or buffer what we stream.
+
+Every paramiko, fabric or socket error is turned into a ``TransportError`` here, where it arises.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import random
+import shlex
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
+from torchherd.transport import knownhosts, sshconfig
 from torchherd.transport.base import CommandResult, Session
 from torchherd.transport.base import connect_all as _connect_all
 
-if TYPE_CHECKING:  # paramiko is imported lazily: `torchherd --help` must stay fast.
+if TYPE_CHECKING:  # paramiko and fabric are imported lazily: `torchherd --help` must stay fast.
     import paramiko
 
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 READ_SIZE = 1 << 22
 """Above paramiko's channel window (2 MiB): a read takes all it holds, since a partial read
 moves the rest of its buffer to the front, costing a copy of up to the window each time."""
+HANDSHAKES = 4
+"""Unauthenticated handshakes at once towards one sshd: well under the 10 of sshd's stock
+``MaxStartups 10:30:100``, past which it starts dropping new connections."""
+ATTEMPTS = 5
+"""Tries of one connection whose banner or handshake is dropped or reset, the first included."""
+BACKOFF_SECONDS = 0.3
+MAX_JUMP_DEPTH = 8
+KEEPALIVE_SECONDS = 5
 
 
 @dataclass(frozen=True)
 class SshTarget:
-    """Where and how to connect to one node, after ssh_config and the inventory are merged."""
+    """Where and how to connect to one node (or jump host), ssh_config and inventory merged."""
 
     node: str
     hostname: str
@@ -46,83 +71,213 @@ class SshTarget:
     user: str
     key_files: tuple[str, ...]
     known_hosts: tuple[str, ...]
+    """The user's known_hosts files (``UserKnownHostsFile``): new keys go to the first."""
     proxy_jump: str | None
     proxy_command: str | None
+    """Tokens expanded; run with the user's shell."""
     identities_only: bool
+    global_known_hosts: tuple[str, ...] = ()
+    host_key_name: str = ""
+    """The name its key is recorded under: HostKeyAlias, ``host`` or ``[host]:port``."""
+    strict: str = "ask"
+    strict_where: str = ""
+    hash_known_hosts: bool = False
+    connect_timeout: float | None = None
+    jumps: tuple[sshconfig.Jump, ...] = ()
+    alias: str = ""
 
     def describe(self) -> str:
         port = f":{self.port}" if self.port != 22 else ""
         via = f" via {self.proxy_jump}" if self.proxy_jump else ""
         return f"{self.user}@{self.hostname}{port}{via}"
 
-
-def _ssh_config_lookup(alias: str, ssh_config: Path | None) -> dict[str, Any]:
-    import paramiko
-
-    path = ssh_config if ssh_config is not None else Path("~/.ssh/config").expanduser()
-    if not path.exists():
-        return {"hostname": alias}
-    return dict(paramiko.SSHConfig.from_path(str(path)).lookup(alias))
+    @property
+    def chain_key(self) -> tuple[str, str, int, str]:
+        return (self.user, self.hostname, self.port, self.proxy_command or "")
 
 
-def resolve_target(host: Host, ssh_config: Path | None) -> SshTarget:
-    """Merges the node's ssh_config entry with the inventory (the inventory wins)."""
-    found = _ssh_config_lookup(host.address, ssh_config)
-    key_files = [host.identity_file] if host.identity_file else list(found.get("identityfile", []))
-    known = str(found.get("userknownhostsfile", DEFAULT_KNOWN_HOSTS)).split()
+def _target(node: str, found: sshconfig.HostConfig) -> SshTarget:
+    strict = found.settings.get("stricthostkeychecking")
     return SshTarget(
-        node=host.name,
-        hostname=str(found.get("hostname", host.address)),
-        port=host.ssh_port or int(found.get("port", 22)),
-        user=host.user or str(found.get("user") or _local_user()),
-        key_files=tuple(os.path.expanduser(path) for path in key_files),
-        known_hosts=tuple(os.path.expanduser(path) for path in known),
-        proxy_jump=found.get("proxyjump"),
-        proxy_command=found.get("proxycommand"),
-        identities_only=str(found.get("identitiesonly", "no")).lower() == "yes",
+        node=node,
+        hostname=found.hostname,
+        port=found.port,
+        user=found.user,
+        key_files=found.identity_files,
+        known_hosts=found.user_known_hosts_files,
+        proxy_jump=",".join(str(hop) for hop in found.proxy_jump) or None,
+        proxy_command=found.proxy_command,
+        identities_only=found.identities_only,
+        global_known_hosts=found.global_known_hosts_files,
+        host_key_name=found.host_key_name,
+        strict=found.strict_host_key_checking,
+        strict_where=strict.where if strict is not None else "",
+        hash_known_hosts=found.hash_known_hosts,
+        connect_timeout=found.connect_timeout,
+        jumps=found.proxy_jump,
+        alias=found.original_host,
     )
 
 
-def _local_user() -> str:
-    import getpass
+def _lookup(node: str, alias: str, ssh_config: Path | None, local: sshconfig.Local, *, user: str | None = None,
+            port: int | None = None, jump: str | None = None) -> sshconfig.HostConfig:
+    try:
+        return sshconfig.lookup(alias, ssh_config, local, user=user, port=port, jump=jump)
+    except sshconfig.SshConfigError as error:
+        raise TransportError(node, "ssh-config", f"{node}: cannot read the ssh configuration: {error}",
+                             "fix the line named (`ssh -G " + shlex.quote(alias) + "` shows how ssh reads it)") \
+            from None
 
-    return getpass.getuser()
+
+def resolve_target(host: Host, ssh_config: Path | None, local: sshconfig.Local | None = None) -> SshTarget:
+    """The node's ssh_config entry merged with the inventory (the inventory wins; its
+    ``identity_file`` replaces the config's IdentityFiles). Without ``ssh_config``:
+    ``~/.ssh/config``, then ``/etc/ssh/ssh_config``, as ``ssh`` reads them."""
+    local = local or sshconfig.Local.of_this_machine()
+    target = _target(host.name, _lookup(host.name, host.address, ssh_config, local, user=host.user,
+                                        port=host.ssh_port))
+    if host.identity_file:
+        target = replace(target, key_files=(os.path.expanduser(host.identity_file),))
+    return target
 
 
-class _HostKeyPolicy:
-    """Refuses unknown host keys with a message that says how to accept them,
-    or accepts and records them when the user asked for that."""
+def jump_chain(target: SshTarget, ssh_config: Path | None, local: sshconfig.Local,
+               depth: int = 0) -> list[SshTarget]:
+    """The jump hosts in front of ``target``, first to last, each resolved as ``ssh -J`` does:
+    the first with its own ssh_config entry (its own ProxyJump or ProxyCommand included),
+    every later one reached through the hops before it."""
+    hops = target.jumps
+    if not hops or _is_itself(hops[0], target):
+        return []
+    if depth >= MAX_JUMP_DEPTH:
+        raise TransportError(target.node, "ssh-config", f"{target.node}: ProxyJump goes {MAX_JUMP_DEPTH} hops deep "
+                             f"(a loop through {hops[0]}?)",
+                             "give the jump host `ProxyJump none` in its own Host block")
+    chain: list[SshTarget] = []
+    for index, hop in enumerate(hops):
+        name = f"jump host {hop.host}"
+        before = ",".join(str(earlier) for earlier in hops[:index]) or None
+        found = _target(name, _lookup(name, hop.host, ssh_config, local, user=hop.user, port=hop.port, jump=before))
+        if index == 0:
+            chain += jump_chain(found, ssh_config, local, depth + 1)
+        chain.append(found)
+    return chain
 
-    def __init__(self, target: SshTarget, accept_new: bool) -> None:
+
+def _is_itself(hop: sshconfig.Jump, target: SshTarget) -> bool:
+    # `Host * ProxyJump bastion` also matches the bastion itself; as fabric does, a host
+    # whose first hop is itself is reached directly rather than through an endless loop.
+    return hop.host in (target.alias, target.hostname) and (hop.port is None or hop.port == target.port)
+
+
+class _HostKeyCheck:
+    """One hop's host key verification: the keys on record are loaded into paramiko (so it
+    prefers their type, and compares), and this is its missing-key policy."""
+
+    def __init__(self, target: SshTarget, accept_new: bool, home: str) -> None:
         self.target = target
         self.accept_new = accept_new
+        self.home = home
+        entries = knownhosts.load(target.known_hosts + target.global_known_hosts)
+        self.keys = knownhosts.for_name(entries, target.host_key_name or target.hostname)
+        self.note: str | None = None
+        if target.strict == "no":
+            self.note = (f"host keys not checked for new hosts: StrictHostKeyChecking no "
+                         f"({target.strict_where or 'your ssh config'}); known keys still are")
+
+    def install(self, client: paramiko.SSHClient) -> None:
+        """Loads the keys on record and this policy into ``client``, before it connects."""
+        import paramiko
+
+        name = self.target.hostname if self.target.port == 22 else f"[{self.target.hostname}]:{self.target.port}"
+        for entry in self.keys.keys:
+            try:
+                key = paramiko.PKey.from_type_string(entry.key_type, entry.blob)
+            except Exception:  # a key type paramiko cannot use (sk-*) is one it will never be shown
+                continue
+            client.get_host_keys().add(name, entry.key_type, key)
+        client.set_missing_host_key_policy(self)
+
+    def accepts_new(self) -> bool:
+        return self.accept_new or self.target.strict in ("accept-new", "no")
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        fingerprint = key.fingerprint
-        if not self.accept_new:
-            port = f" -p {self.target.port}" if self.target.port != 22 else ""
+        verdict = self.keys.verdict(key.asbytes())
+        if verdict.kind != "unknown":
+            raise self.refusal(verdict, key)
+        if not self.accepts_new():
+            target = self.target
+            port = f" -p {target.port}" if target.port != 22 else ""
             raise TransportError(
-                self.target.node, "host-key-unknown",
-                f"{self.target.node}: unknown SSH host key for {hostname} ({key.get_name()} {fingerprint})",
-                f"check the fingerprint, then trust it with `ssh{port} {self.target.user}@{self.target.hostname}` "
+                target.node, "host-key-unknown",
+                f"{target.node}: unknown SSH host key for {hostname} ({key.get_name()} {key.fingerprint})",
+                f"check the fingerprint, then trust it with `ssh{port} {target.user}@{target.hostname}` "
                 f"once, or rerun with --accept-new-host-keys",
             )
+        self.record(client, hostname, key)
+
+    def record(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        target = self.target
+        if not target.known_hosts:
+            raise TransportError(target.node, "host-key-unknown",
+                                 f"{target.node}: unknown SSH host key for {hostname}, and no known_hosts file to "
+                                 f"record it in (UserKnownHostsFile none)",
+                                 "name a UserKnownHostsFile in your ssh config, or record the key yourself")
+        path = target.known_hosts[0]
+        line = knownhosts.entry_line(target.host_key_name or hostname, key.asbytes(), target.hash_known_hosts)
+        try:
+            knownhosts.append(path, line, self.home)
+        except OSError as error:
+            raise TransportError(target.node, "host-key-unknown",
+                                 f"{target.node}: cannot record the new host key of {hostname} in {path}: "
+                                 f"{error.strerror or error}") from None
         client.get_host_keys().add(hostname, key.get_name(), key)
-        known_hosts = Path(self.target.known_hosts[0])
-        known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        with known_hosts.open("a") as file:
-            file.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        self.note = f"new host key {key.get_name()} {key.fingerprint} accepted and recorded in {path}"
+
+    def refusal(self, verdict: knownhosts.Verdict, key: paramiko.PKey) -> TransportError:
+        """Why a key that is not simply new is refused, whatever the flags say."""
+        target, entry = self.target, verdict.entry
+        node, name, now = target.node, target.host_key_name or target.hostname, f"{key.get_name()} {key.fingerprint}"
+        where = f" ({entry.where})" if entry is not None else ""
+        if verdict.kind == "revoked":
+            return TransportError(
+                node, "host-key-revoked",
+                f"{node}: SSH host key of {target.hostname} is REVOKED{where} ({now}); refusing to connect",
+                "a revoked key means the node's key was compromised or retired: do not connect until "
+                "the node has a new key you have checked")
+        if verdict.kind == "cert-authority":
+            return TransportError(
+                node, "host-key-cert",
+                f"{node}: known_hosts trusts a certificate authority for {name}{where}, but torchherd cannot "
+                f"verify SSH host certificates; refusing the host's plain key ({now})",
+                f"add the host's own key to known_hosts after checking its fingerprint (`ssh-keyscan "
+                f"{'-p ' + str(target.port) + ' ' if target.port != 22 else ''}{target.hostname}`)")
+        recorded = f"; known_hosts has {entry.key_type} {entry.fingerprint}{where}" if entry is not None else ""
+        file_hint = f" -f {shlex.quote(entry.path)}" if entry is not None else ""
+        return TransportError(
+            node, "host-key-changed",
+            f"{node}: SSH host key of {target.hostname} CHANGED (now {now}{recorded}); refusing to connect",
+            f"if the node was reinstalled, remove the old key with `ssh-keygen -R {shlex.quote(name)}{file_hint}` "
+            "and connect once to check the new one; otherwise investigate",
+        )
 
 
 class Connection:
-    """An authenticated SSH session to one node; run commands or start streamed ones."""
+    """An authenticated SSH session to one node; run commands or start streamed ones.
 
-    def __init__(self, target: SshTarget, client: paramiko.SSHClient, jump: Connection | None = None,
-                 timeout: float = 10.0) -> None:
+    ``fabric`` is the node's fabric Connection; ``client`` its paramiko client, whose
+    transport carries the raw channels. ``release`` lets go of the shared jump chain."""
+
+    def __init__(self, target: SshTarget, fabric: Any, release: Callable[[], None] | None = None,
+                 timeout: float = 10.0, host_key_note: str | None = None) -> None:
         self.target = target
-        self.client = client
+        self.fabric = fabric
+        self.client: paramiko.SSHClient = fabric.client
         self.timeout = timeout
-        self._jump = jump
+        self.host_key_note = host_key_note
+        """Said by ``check`` when the host key was not verified against a key on record."""
+        self._release = release
+        self._closed = threading.Lock()
 
     @property
     def node(self) -> str:
@@ -183,9 +338,13 @@ class Connection:
         return transport is not None and transport.is_active()
 
     def close(self) -> None:
-        self.client.close()
-        if self._jump is not None:
-            self._jump.close()
+        if not self._closed.acquire(blocking=False):
+            return  # closed already: the shared chain is released once
+        try:
+            self.fabric.close()
+        finally:
+            if self._release is not None:
+                self._release()
 
 
 class RemoteProcess:
@@ -263,30 +422,232 @@ class RemoteProcess:
         return None if code == -1 else code
 
 
+def _fabric_class() -> Any:
+    """``fabric.Connection`` whose gateway torchherd opens itself (imported on first use)."""
+    global _FABRIC_CLASS
+    if _FABRIC_CLASS is None:
+        import fabric
+        import paramiko
+
+        class GatewayedConnection(fabric.Connection):  # type: ignore[misc]
+            """fabric's own ``open_gateway`` would open a gateway that is not connected (from
+            every node's thread at once: many logins to one bastion) and waits on its channel
+            without a timeout, and re-expands ProxyCommand tokens. Here the gateway is already
+            open (``SshConnector`` opened it once), the channel has a timeout, and a
+            ProxyCommand arrives expanded, to run in the user's shell as ssh runs it."""
+
+            def open_gateway(self) -> Any:
+                if isinstance(self.gateway, str):
+                    return paramiko.ProxyCommand(self.gateway)
+                if not self.gateway.is_connected:
+                    raise EOFError("the jump host's connection is closed")
+                return self.gateway.transport.open_channel(
+                    "direct-tcpip", (self.host, int(self.port)), ("127.0.0.1", 0),
+                    timeout=self.connect_kwargs.get("timeout"))
+
+        _FABRIC_CLASS = GatewayedConnection
+    return _FABRIC_CLASS
+
+
+_FABRIC_CLASS: Any = None
+
+
+def _proxy_command_line(command: str) -> str:
+    # ssh runs ProxyCommand as `exec COMMAND` in the user's shell; paramiko splits its
+    # argument with shlex and runs it without one, so hand it the shell's own argv.
+    return shlex.join([os.environ.get("SHELL") or "/bin/sh", "-c", f"exec {command}"])
+
+
+@dataclass
+class _Chain:
+    """The jump hosts in front of some nodes: one open fabric Connection per hop, shared."""
+
+    hops: list[SshTarget]
+    connections: list[Any] = field(default_factory=list)
+    users: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    failure: tuple[float, TransportError] | None = None
+
+    def is_open(self) -> bool:
+        return len(self.connections) == len(self.hops) and all(c.is_connected for c in self.connections)
+
+    def close(self) -> None:
+        for connection in reversed(self.connections):
+            try:
+                connection.close()
+            except Exception:  # a hop already gone: nothing more to close there
+                pass
+        self.connections = []
+
+
+@dataclass
+class _Shared:
+    """What an ``SshConnector`` shares between the threads that connect through it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    chains: dict[tuple[tuple[str, str, int, str], ...], _Chain] = field(default_factory=dict)
+    gates: dict[tuple[object, ...], threading.BoundedSemaphore] = field(default_factory=dict)
+    local: sshconfig.Local | None = None
+    config: Any = None
+
+    def gate(self, key: tuple[object, ...], width: int) -> threading.BoundedSemaphore:
+        with self.lock:
+            if key not in self.gates:
+                self.gates[key] = threading.BoundedSemaphore(width)
+            return self.gates[key]
+
+    def this_machine(self) -> sshconfig.Local:
+        with self.lock:
+            if self.local is None:
+                self.local = sshconfig.Local.of_this_machine()
+            return self.local
+
+    def fabric_config(self) -> Any:
+        with self.lock:
+            if self.config is None:
+                import fabric
+                import paramiko
+
+                # An explicit, empty SSHConfig: fabric reads no ssh_config file (ours is read by
+                # transport.sshconfig); lazy: no fabric/invoke config files either.
+                self.config = fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
+            return self.config
+
+
+@dataclass(frozen=True)
+class SshConnector:
+    """Opens SSH sessions with one inventory's settings (``transport.base.Connector``).
+
+    Holds what the sessions share: the jump chains (one authenticated connection per
+    hop) and the handshake gates (at most ``handshakes`` unauthenticated connections at
+    once towards one sshd). A chain closes when the last session through it closes;
+    ``close()`` closes whatever is left."""
+
+    ssh_config: Path | None = None
+    timeout: float = 10.0
+    accept_new: bool = False
+    handshakes: int = HANDSHAKES
+    _shared: _Shared = field(default_factory=_Shared, init=False, repr=False, compare=False)
+
+    def connect(self, host: Host) -> Connection:
+        local = self._shared.this_machine()
+        target = resolve_target(host, self.ssh_config, local)
+        hops = jump_chain(target, self.ssh_config, local)
+        if not hops:
+            fabric, note = self._open(target, target.proxy_command or False, ())
+            return Connection(target, fabric, None, self.timeout, note)
+        key = tuple(hop.chain_key for hop in hops)
+        chain = self._acquire(key, hops, host.name)
+        try:
+            fabric, note = self._open(target, chain.connections[-1], key)
+        except BaseException:
+            self._release(key)
+            raise
+        return Connection(target, fabric, lambda: self._release(key), self.timeout, note)
+
+    def close(self) -> None:
+        """Closes every jump host connection still open (the sessions through them die with them)."""
+        with self._shared.lock:
+            chains = list(self._shared.chains.values())
+            self._shared.chains.clear()
+        for chain in chains:
+            with chain.lock:
+                chain.close()
+
+    def _acquire(self, key: tuple[tuple[str, str, int, str], ...], hops: list[SshTarget], node: str) -> _Chain:
+        with self._shared.lock:
+            chain = self._shared.chains.setdefault(key, _Chain(hops))
+            chain.users += 1
+        try:
+            with chain.lock:  # the first node opens the chain; the others wait, then share it
+                self._open_chain(chain, key)
+        except TransportError as error:
+            self._release(key)
+            raise TransportError(node, error.kind, f"{node}: {error}", error.hint) from None
+        except BaseException:
+            self._release(key)
+            raise
+        return chain
+
+    def _open_chain(self, chain: _Chain, key: tuple[tuple[str, str, int, str], ...]) -> None:
+        if chain.is_open():
+            return
+        if chain.failure is not None and time.monotonic() - chain.failure[0] < self.timeout:
+            raise chain.failure[1]  # every node behind a dead jump host fails at once, not one by one
+        chain.close()
+        try:
+            for index, hop in enumerate(chain.hops):
+                gateway = chain.connections[-1] if chain.connections else (hop.proxy_command or False)
+                opened, _ = self._open(hop, gateway, key[:index])
+                chain.connections.append(opened)
+        except TransportError as error:
+            chain.close()
+            chain.failure = (time.monotonic(), error)
+            raise
+        except BaseException:
+            chain.close()
+            raise
+        chain.failure = None
+
+    def _release(self, key: tuple[tuple[str, str, int, str], ...]) -> None:
+        with self._shared.lock:
+            chain = self._shared.chains.get(key)
+            if chain is None:
+                return
+            chain.users -= 1
+            if chain.users > 0:
+                return
+            del self._shared.chains[key]
+        with chain.lock:
+            chain.close()
+
+    def _open(self, target: SshTarget, gateway: Any, via: tuple[object, ...]) -> tuple[Any, str | None]:
+        """One fabric Connection, host key checked, opened through ``gateway`` (a jump host's
+        Connection, a ProxyCommand, or False), retried while sshd drops its banner."""
+        check = _HostKeyCheck(target, self.accept_new, self._shared.this_machine().home)
+        gate = self._shared.gate((via, target.hostname, target.port), self.handshakes)
+        for attempt in range(ATTEMPTS):
+            connection = self._fabric_connection(target, gateway)
+            check.install(connection.client)
+            with gate:
+                try:
+                    connection.open()
+                    break
+                except BaseException as error:
+                    connection.client.close()
+                    if attempt == ATTEMPTS - 1 or not _dropped_early(error):
+                        raise _explain(target, error, check) from None
+            # Outside the gate: the others' handshakes go on while this one waits.
+            time.sleep(BACKOFF_SECONDS * (2 ** attempt) * random.uniform(0.5, 1.5))
+        transport = connection.client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(KEEPALIVE_SECONDS)
+        return connection, check.note
+
+    def _fabric_connection(self, target: SshTarget, gateway: Any) -> Any:
+        _quiet_paramiko()
+        timeout = min(self.timeout, target.connect_timeout) if target.connect_timeout else self.timeout
+        keys = [path for path in target.key_files if os.path.isfile(path)]
+        connect_kwargs: dict[str, Any] = {
+            "allow_agent": not target.identities_only, "look_for_keys": False, "timeout": timeout,
+            "banner_timeout": self.timeout, "auth_timeout": self.timeout, "channel_timeout": self.timeout}
+        if keys:
+            connect_kwargs["key_filename"] = keys
+        if isinstance(gateway, str):
+            gateway = _proxy_command_line(gateway)
+        return _fabric_class()(target.hostname, user=target.user, port=target.port, config=self._shared.fabric_config(),
+                               gateway=gateway, connect_kwargs=connect_kwargs)
+
+
 def connect(host: Host, ssh_config: Path | None, timeout: float, accept_new: bool = False) -> Connection:
     """Opens and authenticates one connection; raises TransportError saying what went wrong."""
-    target = resolve_target(host, ssh_config)
-    jump = _open_jump(target, host, ssh_config, timeout, accept_new)
-    try:
-        client = _open_client(target, timeout, accept_new, jump)
-    except BaseException:
-        if jump is not None:
-            jump.close()
-        raise
-    return Connection(target, client, jump, timeout)
+    return SshConnector(ssh_config, timeout, accept_new).connect(host)
 
 
-def _open_jump(target: SshTarget, host: Host, ssh_config: Path | None, timeout: float,
-               accept_new: bool) -> Connection | None:
-    if not target.proxy_jump or target.proxy_jump.lower() == "none":
-        return None
-    first_hop = target.proxy_jump.split(",")[0]
-    user, _, rest = first_hop.rpartition("@")
-    address, _, port = rest.partition(":")
-    jump_host = Host(name=f"{host.name} (jump {address})", address=address, user=user or None,
-                     ssh_port=int(port) if port else None, identity_file=None, python="", workdir="",
-                     env={}, setup="", local_addr=None)
-    return connect(jump_host, ssh_config, timeout, accept_new)
+def connect_all(hosts: Iterable[Host], ssh_config: Path | None, timeout: float,
+                accept_new: bool = False) -> Mapping[str, Session | TransportError]:
+    """Connects to every host in parallel; each entry is the connection or why it failed."""
+    return _connect_all(SshConnector(ssh_config, timeout, accept_new), hosts)
 
 
 def _quiet_paramiko() -> None:
@@ -299,40 +660,21 @@ def _quiet_paramiko() -> None:
         logger.addHandler(logging.NullHandler())
 
 
-def _open_client(target: SshTarget, timeout: float, accept_new: bool, jump: Connection | None) -> paramiko.SSHClient:
+def _dropped_early(error: BaseException) -> bool:
+    """An sshd that drops or resets a connection before authentication (``MaxStartups``):
+    worth another try. A refusal, a timeout, a key or an authentication failure is not."""
     import paramiko
 
-    _quiet_paramiko()
-
-    client = paramiko.SSHClient()
-    for path in target.known_hosts:
-        if os.path.exists(path):
-            client.load_host_keys(path)
-    client.set_missing_host_key_policy(_HostKeyPolicy(target, accept_new))
-    sock: Any = None
-    if jump is not None:
-        jump_transport = jump.client.get_transport()
-        sock = jump_transport.open_channel("direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0),
-                                           timeout=timeout)
-    elif target.proxy_command:
-        sock = paramiko.ProxyCommand(target.proxy_command.replace("%h", target.hostname)
-                                     .replace("%p", str(target.port)).replace("%r", target.user))
-    try:
-        client.connect(target.hostname, port=target.port, username=target.user,
-                       key_filename=list(target.key_files) or None, timeout=timeout,
-                       banner_timeout=timeout, auth_timeout=timeout, channel_timeout=timeout,
-                       allow_agent=not target.identities_only, look_for_keys=not target.identities_only,
-                       sock=sock)
-    except BaseException as error:
-        client.close()
-        raise _explain(target, error) from None
-    transport = client.get_transport()
-    if transport is not None:
-        transport.set_keepalive(5)
-    return client
+    if isinstance(error, (EOFError, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+        return True
+    if isinstance(error, paramiko.SSHException) and not isinstance(
+            error, (paramiko.AuthenticationException, paramiko.BadHostKeyException, paramiko.ChannelException)):
+        text = str(error).lower()
+        return "banner" in text or "reset" in text or "eof" in text
+    return False
 
 
-def _explain(target: SshTarget, error: BaseException) -> BaseException:
+def _explain(target: SshTarget, error: BaseException, check: _HostKeyCheck | None = None) -> BaseException:
     """Turns a connect failure into one line that says which kind it is and what to do."""
     import paramiko
 
@@ -343,53 +685,41 @@ def _explain(target: SshTarget, error: BaseException) -> BaseException:
         return TransportError(node, "dns", f"{node}: cannot resolve {target.hostname!r} ({error.strerror})",
                               "fix the address in the inventory or ~/.ssh/config, or the controller's DNS")
     if isinstance(error, paramiko.BadHostKeyException):
-        return TransportError(
-            node, "host-key-changed",
-            f"{node}: SSH host key of {target.hostname} CHANGED (now {error.key.get_name()} "
-            f"{error.key.fingerprint}); refusing to connect",
-            "if the node was reinstalled, remove the old key with "
-            f"`ssh-keygen -R {target.hostname}` and connect once to check the new one; otherwise investigate",
-        )
+        check = check or _HostKeyCheck(target, False, "")
+        verdict = check.keys.verdict(error.key.asbytes())
+        return check.refusal(verdict if verdict.kind != "known" else knownhosts.Verdict("changed"), error.key)
     if isinstance(error, paramiko.AuthenticationException):
-        keys = ", ".join(target.key_files) or "the ssh agent and ~/.ssh/id_*"
+        keys = ", ".join(path for path in target.key_files if os.path.isfile(path)) or "the ssh agent"
         return TransportError(node, "auth", f"{node}: authentication failed for {where} (tried {keys})",
                               f"install your public key on the node: ssh-copy-id -p {target.port} "
                               f"{target.user}@{target.hostname}; or set identity_file in the inventory")
+    if isinstance(error, paramiko.ChannelException):
+        return TransportError(node, "unreachable",
+                              f"{node}: the jump host cannot reach {target.hostname}:{target.port} ({error.text})",
+                              "is the node up and its sshd running? does a firewall between the jump host and "
+                              "the node drop SSH?")
     if isinstance(error, ConnectionRefusedError) or (
             isinstance(error, paramiko.ssh_exception.NoValidConnectionsError)):
         return TransportError(node, "refused", f"{node}: connection refused by {where}",
                               "is sshd running on the node and listening on that port?")
     if isinstance(error, (socket.timeout, TimeoutError)):
         return TransportError(node, "timeout", f"{node}: no answer from {where} (timed out)",
-                              "the node is down, or a firewall drops SSH; check the address and that port 22 "
-                              "is open")
+                              "the node is down, or a firewall drops SSH; check the address and that port "
+                              f"{target.port} is open")
     if isinstance(error, OSError) and error.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
         return TransportError(node, "unreachable", f"{node}: no route to {where} ({error.strerror})",
                               "check the address and the controller's network (VPN?)")
+    if _dropped_early(error):
+        return TransportError(node, "dropped",
+                              f"{node}: {where} dropped the connection before login, {ATTEMPTS} times ({error})",
+                              "sshd's MaxStartups may be turning connections away: too many at once to one "
+                              "host (a bastion?), or it is overloaded")
     if isinstance(error, paramiko.SSHException):
         return TransportError(node, "ssh", f"{node}: SSH failed with {where}: {error}",
                               "try `ssh -v` to the node to see the same failure in detail")
     if isinstance(error, OSError):
         return TransportError(node, "network", f"{node}: cannot connect to {where}: {error.strerror or error}")
     return error
-
-
-@dataclass(frozen=True)
-class SshConnector:
-    """Opens SSH sessions with one inventory's settings (``transport.base.Connector``)."""
-
-    ssh_config: Path | None = None
-    timeout: float = 10.0
-    accept_new: bool = False
-
-    def connect(self, host: Host) -> Connection:
-        return connect(host, self.ssh_config, self.timeout, self.accept_new)
-
-
-def connect_all(hosts: Iterable[Host], ssh_config: Path | None, timeout: float,
-                accept_new: bool = False) -> Mapping[str, Session | TransportError]:
-    """Connects to every host in parallel; each entry is the connection or why it failed."""
-    return _connect_all(SshConnector(ssh_config, timeout, accept_new), hosts)
 
 
 class _as_transport_error:
