@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+from torchherd import hostspec
 from torchherd.checks import CheckOptions
 from torchherd.engine import detach as detached
 from torchherd.engine.events import Event, NodeStatus, Observer, Output, ignore
@@ -76,6 +77,56 @@ class Cluster:
         """The cluster a TOML inventory describes (``hosts.example.toml`` shows the shape)."""
         return cls(inventory=load(Path(path).expanduser()), connector=connector,
                    accept_new_host_keys=accept_new_host_keys)
+
+    @classmethod
+    def from_hosts(cls, hosts: str | Sequence[str], *, python: str | None = None, workdir: str | None = None,
+                   nproc_per_node: int | str | None = None, master: str | None = None,
+                   connector: Connector | None = None, accept_new_host_keys: bool = False) -> Cluster:
+        """The cluster of hosts given as ``-H`` takes them, without an inventory file:
+        ``Cluster.from_hosts("node0,ubuntu@node1:2222,gpu[01-04]", python="/opt/venv/bin/python")``
+        (or a list of such items). The first host is the master unless ``master`` says."""
+        text = hosts if isinstance(hosts, str) else ",".join(hosts)
+        document = hostspec.document(hostspec.host_items(text), python=python, workdir=workdir,
+                                     nproc_per_node=nproc_per_node, master=master)
+        return cls(inventory=parse(document, Path("-H")), connector=connector,
+                   accept_new_host_keys=accept_new_host_keys)
+
+    @classmethod
+    def from_nodelist(cls, nodelist: str, *, python: str | None = None, workdir: str | None = None,
+                      nproc_per_node: int | str | None = None, master: str | None = None,
+                      connector: Connector | None = None, accept_new_host_keys: bool = False) -> Cluster:
+        """The hosts of a SLURM nodelist string (``gpu[01-04],cpu1``)."""
+        document = hostspec.document(hostspec.nodelist_items(nodelist), python=python, workdir=workdir,
+                                     nproc_per_node=nproc_per_node, master=master, flag="--nodelist")
+        return cls(inventory=parse(document, Path("--nodelist")), connector=connector,
+                   accept_new_host_keys=accept_new_host_keys)
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, python: str | None = None, workdir: str | None = None,
+                  nproc_per_node: int | str | None = None, master: str | None = None,
+                  connector: Connector | None = None, accept_new_host_keys: bool = False) -> Cluster:
+        """A TOML inventory, or a DeepSpeed/MPI hostfile (``worker-1 slots=4``: slots is the
+        host's nproc_per_node). The keywords override the file for every host."""
+        inventory = hostspec.load_any(Path(path).expanduser(), python=python, workdir=workdir,
+                                      nproc_per_node=nproc_per_node, master=master)
+        return cls(inventory=inventory, connector=connector, accept_new_host_keys=accept_new_host_keys)
+
+    def select(self, include: str | None = None, exclude: str | None = None) -> Cluster:
+        """The same cluster with only the hosts ``include`` names, less those ``exclude``
+        names (names, nodesets or globs, comma-separated). A master left out gives way to
+        the first host left."""
+        return self._with(hostspec.select(self.inventory, include, exclude))
+
+    def override(self, *, python: str | None = None, workdir: str | None = None,
+                 nproc_per_node: int | str | None = None, master: str | None = None) -> Cluster:
+        """The same cluster with every host's python, workdir or process count, or another master."""
+        return self._with(hostspec.override(self.inventory, python=python, workdir=workdir,
+                                            nproc_per_node=nproc_per_node, master=master))
+
+    def _with(self, inventory: Inventory) -> Cluster:
+        if inventory is self.inventory:
+            return self
+        return Cluster(inventory=inventory, connector=self.connector, accept_new_host_keys=self.accept_new_host_keys)
 
     @property
     def hosts(self) -> tuple[str, ...]:

@@ -29,11 +29,92 @@ def _inventory_path(args: argparse.Namespace) -> Path:
     return Path(chosen).expanduser()
 
 
-def _cluster(args: argparse.Namespace) -> Cluster:
+def _hosts(args: argparse.Namespace) -> Cluster:
+    """The hosts: ``-H`` or ``--nodelist`` (no file), else the inventory or hostfile of
+    ``-i``; then ``--include``/``--exclude`` and ``--master`` for this run."""
     from torchherd.api import Cluster
 
-    return Cluster.from_toml(_inventory_path(args),
-                             accept_new_host_keys=getattr(args, "accept_new_host_keys", False))
+    hosts, nodelist = getattr(args, "hosts", None), getattr(args, "nodelist", None)
+    if hosts and nodelist:
+        raise UsageError("-H and --nodelist: give one of them", "-H also takes nodesets: -H 'gpu[01-04]'")
+    if (hosts or nodelist) and getattr(args, "inventory", None):
+        raise UsageError(f"-i {args.inventory} and {'-H' if hosts else '--nodelist'}: give the hosts one way",
+                         "drop -i to use only the hosts given, or --include to pick hosts of the inventory")
+    python, workdir = getattr(args, "python", None), getattr(args, "workdir", None)
+    nproc = _nproc(getattr(args, "nproc_per_node", None))
+    accept = bool(getattr(args, "accept_new_host_keys", False))
+    if hosts:
+        cluster = Cluster.from_hosts(hosts, python=python, workdir=workdir, nproc_per_node=nproc,
+                                     accept_new_host_keys=accept)
+    elif nodelist:
+        cluster = Cluster.from_nodelist(nodelist, python=python, workdir=workdir, nproc_per_node=nproc,
+                                        accept_new_host_keys=accept)
+    else:
+        cluster = Cluster.from_file(_inventory_path(args), python=python, workdir=workdir, nproc_per_node=nproc,
+                                    accept_new_host_keys=accept)
+    include, exclude = getattr(args, "include", None), getattr(args, "exclude", None)
+    if include is not None or exclude is not None:
+        cluster = cluster.select(include, exclude)
+    master = getattr(args, "master", None)
+    return cluster.override(master=master) if master else cluster
+
+
+def cmd_init(args: argparse.Namespace, console: Console) -> int:
+    from torchherd import hostspec
+
+    path = _inventory_path(args)
+    if path.exists():
+        raise UsageError(f"{path}: already exists; init never overwrites a file",
+                         "remove it first, or write another: torchherd -i other.toml init ...")
+    if args.hosts and args.from_ssh_config:
+        raise UsageError("-H and --from-ssh-config: give one of them")
+    source = ""
+    entries: list[hostspec.HostEntry] = []
+    if args.hosts:
+        entries, source = hostspec.host_entries(args.hosts), " from -H"
+    elif args.from_ssh_config:
+        config = Path(args.ssh_config).expanduser()
+        try:
+            text = config.read_text(encoding="utf-8")
+        except OSError as error:
+            raise UsageError(f"--ssh-config {config}: cannot read it ({error.strerror})") from None
+        names = hostspec.ssh_config_aliases(text, args.from_ssh_config)
+        if not names:
+            raise UsageError(f"--from-ssh-config {args.from_ssh_config}: no Host entry of {config} matches",
+                             "a glob over Host names, e.g. 'gpu*'")
+        entries, source = hostspec.host_entries(",".join(names), "--from-ssh-config"), f" from {config}"
+    nproc = _nproc(args.nproc_per_node)
+    text = hostspec.inventory_text(entries, python=args.python, workdir=args.workdir, nproc_per_node=nproc,
+                                   master=args.master, source=source)
+    hostspec.load_any(_written(path, text))  # what init writes must load
+    count = sum(len(entry.tables()) for entry in entries) if entries else 2
+    todo = [key for key, given in (("python", args.python), ("workdir", args.workdir),
+                                   ("nproc_per_node", nproc)) if given is None]
+    console.print(f"wrote {path}: {count} hosts" + ("" if entries else " (placeholders: node0, node1)"),
+                  markup=False, highlight=False)
+    if todo or not entries:
+        console.print(f"fill in: {', '.join(todo + ([] if entries else ['the hosts']))} (marked FILL IN)",
+                      markup=False, highlight=False)
+    console.print(f"then: torchherd {'' if path == Path('hosts.toml') else f'-i {path} '}hosts; "
+                  "torchherd check -- train.py", markup=False, highlight=False)
+    return EXIT_OK
+
+
+def _written(path: Path, text: str) -> Path:
+    """Writes a new private file (0600); an existing one is never replaced."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise UsageError(f"{path}: already exists; init never overwrites a file") from None
+    except OSError as error:
+        raise UsageError(f"{path}: cannot write it ({error.strerror})") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(text)
+    return path
+
+
+def _cluster(args: argparse.Namespace) -> Cluster:
+    return _hosts(args)
 
 
 def cmd_hosts(args: argparse.Namespace, console: Console) -> int:
@@ -169,6 +250,37 @@ def _nproc(text: str | None) -> int | str | None:
     raise UsageError(f"--nproc-per-node {text!r}: expected a positive integer, gpu, cpu or auto")
 
 
+def _add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False) -> None:
+    """Hosts without an inventory file, and the choices that override it for one run."""
+    group = parser.add_argument_group("hosts without an inventory, and choices for this run")
+    group.add_argument("-H", "--hosts", metavar="HOSTS",
+                       help="[user@]host[:port],... (nodesets: gpu[01-16]); no inventory file needed")
+    group.add_argument("--nodelist", metavar="LIST", help="hosts as a SLURM nodelist: gpu[01-04],cpu1")
+    group.add_argument("--python", metavar="PATH", help="the interpreter with torch on every node")
+    group.add_argument("--workdir", metavar="DIR", help="where the job runs on every node")
+    group.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
+    group.add_argument("--include", metavar="HOSTS", help="only these hosts (names, nodesets, globs)")
+    group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs)")
+    if nproc:
+        group.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
+
+
+def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+              inventory: argparse.ArgumentParser) -> None:
+    init = commands.add_parser("init", parents=[inventory],
+                               help="write a commented hosts.toml (from -H or ~/.ssh/config); never overwrites")
+    init.add_argument("-H", "--hosts", metavar="HOSTS", help="[user@]host[:port],... (nodesets: gpu[01-16])")
+    init.add_argument("--from-ssh-config", metavar="PATTERN",
+                      help="the Host entries of ~/.ssh/config matching this glob, e.g. 'gpu*'")
+    init.add_argument("--ssh-config", metavar="FILE", default="~/.ssh/config",
+                      help="the OpenSSH config --from-ssh-config reads (default: ~/.ssh/config)")
+    init.add_argument("--python", metavar="PATH", help="the interpreter with torch on the nodes")
+    init.add_argument("--workdir", metavar="DIR", help="where the job runs on the nodes")
+    init.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
+    init.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
+    init.set_defaults(handler=cmd_init)
+
+
 def build_parser() -> argparse.ArgumentParser:
     inventory = argparse.ArgumentParser(add_help=False)
     inventory.add_argument("-i", "--inventory", metavar="FILE", default=argparse.SUPPRESS,
@@ -182,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     hosts = commands.add_parser("hosts", parents=[inventory], help="show the resolved inventory")
     hosts.add_argument("--json", action="store_true", help="print the inventory as JSON")
     hosts.set_defaults(handler=cmd_hosts)
+    _add_host_flags(hosts, nproc=True)
 
     check = commands.add_parser("check", parents=[inventory], help="preflight checks only; changes nothing")
     check.add_argument("--json", action="store_true", help="print one JSON document on stdout")
@@ -192,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="trust and record unknown SSH host keys (changed keys are always refused)")
     check.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT: also check the training script")
     check.set_defaults(handler=cmd_check)
+    _add_host_flags(check, nproc=True)
 
     run = commands.add_parser("run", parents=[inventory], help="check, then launch the job on every node")
     run.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
@@ -217,7 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="start the job so it outlives this command; print the run id and return")
     run.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT [ARGS...]")
     run.set_defaults(handler=cmd_run)
+    _add_host_flags(run)
     _add_detached_commands(commands)
+    _add_init(commands, inventory)
     return parser
 
 

@@ -1,0 +1,176 @@
+"""Hosts without an inventory file: -H, --nodelist, DeepSpeed/MPI hostfiles, --include/--exclude,
+--master, and `torchherd init` (no node is contacted: nothing here opens a socket)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from io import StringIO
+from pathlib import Path
+
+import pytest
+
+from torchherd.api import Cluster
+from torchherd.cli import main
+from torchherd.console import make_console
+from torchherd.errors import UsageError
+from torchherd.hostspec import host_items, hostfile_items, looks_like_hostfile, ssh_config_aliases
+from torchherd.inventory import load
+
+
+def cli(*args: str, cwd: Path | None = None) -> tuple[int, str]:
+    out = StringIO()
+    previous = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        code = main(list(args), console=make_console(out, width=300))
+    finally:
+        os.chdir(previous)
+    return code, out.getvalue()
+
+
+def test_host_items_take_user_port_and_nodesets() -> None:
+    assert host_items("node0,ubuntu@node1:2222,root@gpu[01-02]:22") == [
+        {"name": "node0"}, {"name": "node1", "user": "ubuntu", "ssh_port": 2222},
+        {"name": "gpu01", "user": "root", "ssh_port": 22}, {"name": "gpu02", "user": "root", "ssh_port": 22}]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("node0,,node1", "-H: empty host"),
+    ("node0:ssh", "-H 'node0:ssh': 'ssh' is not an SSH port"),
+    ("node0:70000", "-H 'node0:70000': '70000' is not an SSH port"),
+    ("gpu[3-1]", "-H 'gpu[3-1]': [3-1]: the range 3-1 ends below its start"),
+    ("node0,node0", "-H: host 'node0' is listed twice"),
+    ("a@b@c", "-H 'a@b@c': expected [user@]host[:port]"),
+    ("[fe80::1]", "-H '[fe80::1]': an IPv6 address needs a name"),
+    ("no/slash", "-H 'no/slash': 'no/slash' is not a usable host name"),
+])
+def test_host_item_errors_name_the_flag(text: str, message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        host_items(text)
+    assert str(caught.value).startswith(message)
+
+
+def test_from_hosts_first_is_master_unless_told() -> None:
+    cluster = Cluster.from_hosts("node0,node1,node2", python="/venv/bin/python", workdir="~/proj", nproc_per_node=2)
+    assert cluster.hosts == ("node0", "node1", "node2")
+    assert {host.python for host in cluster.inventory.hosts} == {"/venv/bin/python"}
+    assert cluster.inventory.cluster.nproc_per_node == 2
+    assert Cluster.from_hosts(["node0", "node1"], master="node1").hosts == ("node1", "node0")
+    with pytest.raises(UsageError, match="--master node9: not one of the hosts given with -H"):
+        Cluster.from_hosts("node0,node1", master="node9")
+
+
+def test_hostfiles_of_deepspeed_openmpi_and_mpich(tmp_path: Path) -> None:
+    text = "# DeepSpeed\nworker-1 slots=4\nworker-2 slots=2 max_slots=8\n\ngpu[01-02]\nmpich:3\n"
+    path = tmp_path / "hostfile"
+    path.write_text(text)
+    assert looks_like_hostfile(path, text)
+    assert [(table["name"], table.get("nproc_per_node")) for table in hostfile_items(path, text)] == [
+        ("worker-1", 4), ("worker-2", 2), ("gpu01", None), ("gpu02", None), ("mpich", 3)]
+    cluster = Cluster.from_file(path, python="/venv/bin/python")
+    assert cluster.hosts[:2] == ("worker-1", "worker-2")
+    plan = cluster.plan("train.py", run_id="r1")
+    assert [node.nproc_per_node for node in plan.nodes] == [4, 2, 1, 1, 3]
+    assert plan.rdzv_backend == "c10d"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("a slots=x\n", ":1: slots=x: expected a positive integer"),
+    ("a\nb gpus=2\n", ":2: gpus: unknown key"),
+    ("a\na\n", ": host 'a' is listed twice"),
+])
+def test_hostfile_errors_name_the_line(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "hostfile"
+    path.write_text(text)
+    with pytest.raises(UsageError) as caught:
+        Cluster.from_file(path)
+    assert str(caught.value).startswith(f"{path}{message}")
+
+
+def test_toml_is_never_taken_for_a_hostfile(tmp_path: Path) -> None:
+    text = '[[hosts]]\nname = "a"\n'
+    assert not looks_like_hostfile(tmp_path / "hosts", text)
+    assert not looks_like_hostfile(tmp_path / "x.toml", "a slots=2\n")
+
+
+def test_include_exclude_and_master(tmp_path: Path) -> None:
+    cluster = Cluster.from_hosts("gpu[01-04],cpu1")
+    assert cluster.select(include="gpu[02-03],cpu*").hosts == ("gpu02", "gpu03", "cpu1")
+    assert cluster.select(exclude="gpu01").hosts == ("gpu02", "gpu03", "gpu04", "cpu1")
+    assert cluster.select(exclude="gpu01").inventory.cluster.master == "gpu02"
+    assert cluster.select(exclude="cpu1").override(master="gpu03").hosts == ("gpu03", "gpu01", "gpu02", "gpu04")
+    with pytest.raises(UsageError, match="--include gpu9: no such host") as caught:
+        cluster.select(include="gpu9")
+    assert "did you mean" in caught.value.hint
+    with pytest.raises(UsageError, match="no host is left"):
+        cluster.select(exclude="gpu*,cpu1")
+
+
+def test_cli_hosts_without_an_inventory_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _ = cli("hosts", "-H", "root@gpu[01-02]:2222,cpu1", "--python", "/v/bin/python", "--workdir", "/w",
+                    "--nproc-per-node", "2", "--master", "cpu1", "--json", cwd=tmp_path)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = json.loads(out)["hosts"]
+    assert [(row["name"], row["node_rank"], row["master"]) for row in rows] == [
+        ("cpu1", 0, True), ("gpu01", 1, False), ("gpu02", 2, False)]
+    assert {(row["python"], row["workdir"], row["nproc_per_node"]) for row in rows} == {("/v/bin/python", "/w", 2)}
+    assert "2222" in rows[1]["ssh"]
+
+
+def test_cli_dry_run_with_a_nodelist_and_exclude(tmp_path: Path) -> None:
+    code, out = cli("run", "--nodelist", "n[1-3]", "--exclude", "n2", "--dry-run", "--", "train.py", cwd=tmp_path)
+    assert code == 0, out
+    assert "n1 (node_rank 0)" in out and "n3 (node_rank 1)" in out and "n2" not in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "-H", "a", "--nodelist", "b", "--", "x.py"], "error: -H and --nodelist: give one of them"),
+    (["-i", "h.toml", "run", "-H", "a", "--", "x.py"], "error: -i h.toml and -H: give the hosts one way"),
+    (["check", "-H", "a,b", "--include", "c"], "error: --include c: no such host"),
+    (["hosts", "-H", "gpu[1-"], "error: -H 'gpu[1-': '[' without ']'"),
+])
+def test_cli_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    code, out = cli(*args, cwd=tmp_path)
+    assert code == 2
+    assert out.splitlines()[0].startswith(message), out
+
+
+def test_init_from_hosts_writes_a_private_commented_inventory_that_loads(tmp_path: Path) -> None:
+    code, out = cli("init", "-H", "root@gpu[01-04]:2222,cpu1", "--python", "/opt/venv/bin/python", cwd=tmp_path)
+    assert code == 0, out
+    path = tmp_path / "hosts.toml"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    text = path.read_text()
+    assert 'name = "gpu[01-04]"' in text and "FILL IN" in text
+    assert "wrote hosts.toml: 5 hosts" in out and "fill in: workdir, nproc_per_node" in out
+    inventory = load(path)
+    assert [host.name for host in inventory.hosts] == ["gpu01", "gpu02", "gpu03", "gpu04", "cpu1"]
+    assert inventory.hosts[0].ssh_port == 2222 and inventory.hosts[0].python == "/opt/venv/bin/python"
+    code, out = cli("init", "-H", "x", cwd=tmp_path)
+    assert code == 2 and "already exists; init never overwrites" in out
+    assert path.read_text() == text
+
+
+def test_init_from_ssh_config(tmp_path: Path) -> None:
+    config = tmp_path / "ssh_config"
+    config.write_text("Host *\n  User me\nHost gpu1 gpu2\n  HostName 10.0.0.1\nHost web\n")
+    code, out = cli("-i", "mine.toml", "init", "--from-ssh-config", "gpu*", "--ssh-config", str(config),
+                    cwd=tmp_path)
+    assert code == 0, out
+    assert [host.name for host in load(tmp_path / "mine.toml").hosts] == ["gpu1", "gpu2"]
+    assert "then: torchherd -i mine.toml hosts" in out
+    assert ssh_config_aliases(config.read_text(), "*") == ["gpu1", "gpu2", "web"]
+    code, out = cli("-i", "other.toml", "init", "--from-ssh-config", "db*", "--ssh-config", str(config),
+                    cwd=tmp_path)
+    assert code == 2 and "no Host entry" in out
+
+
+def test_init_without_hosts_writes_placeholders(tmp_path: Path) -> None:
+    code, out = cli("init", cwd=tmp_path)
+    assert code == 0, out
+    assert "placeholders" in out and "the hosts" in out
+    assert [host.name for host in load(tmp_path / "hosts.toml").hosts] == ["node0", "node1"]
