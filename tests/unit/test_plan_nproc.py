@@ -72,3 +72,22 @@ def test_forced_static_with_uneven_counts_is_refused(cluster: dict[str, Any], op
         build_plan(inventory(cluster), RunOptions(script="train.py", run_id="r1", **options))
     assert str(caught.value).startswith(f"{where}: the nodes run different process counts (a 1, b 3)")
     assert "--rdzv-backend c10d" in caught.value.hint
+
+
+def test_the_gpu_check_compares_each_node_with_its_own_count() -> None:
+    from torchherd.checks.analysis import gpu
+    from torchherd.checks.runner import observe
+
+    plan = build_plan(inventory(), RunOptions(script="train.py", run_id="r1"))
+    observed = observe(plan, ("gpu",))
+    observed.facts = {"a": {"torch": {"gpus": 1}}, "b": {"torch": {"gpus": 2}}}
+    verdicts = {result.node: result for result in gpu.analyse(observed)}
+    assert verdicts["a"].status == "pass" and "nproc_per_node = 1" in verdicts["a"].summary
+    assert verdicts["b"].status == "fail" and verdicts["b"].summary == "b sees 2 GPU(s), nproc_per_node = 3"
+
+
+def test_max_rank_is_the_sum_of_the_nodes_counts() -> None:
+    from torchherd.engine.job import max_rank
+
+    assert max_rank(build_plan(inventory(), RunOptions(script="train.py", run_id="r1"))) == 3
+    assert max_rank(build_plan(inventory(b_nproc="gpu"), RunOptions(script="train.py", run_id="r1"))) == 99

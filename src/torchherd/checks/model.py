@@ -117,9 +117,16 @@ class Observed:
     job_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """Per node, the environment the job's ranks get (inventory env and ``--env``)."""
 
+    node_nproc: Mapping[str, int | str] = field(default_factory=dict)
+    """Per node, its own ``--nproc-per-node`` as the plan gives it (nodes may differ)."""
+
     @property
     def nproc(self) -> int | str:
         return self.inventory.cluster.nproc_per_node if self.nproc_per_node is None else self.nproc_per_node
+
+    def nproc_of(self, host: Host) -> int | str:
+        """The processes ``host`` runs: its own count in the plan, else the job's."""
+        return self.node_nproc.get(host.name, self.nproc)
 
     def env_of(self, host: Host) -> Mapping[str, str]:
         return self.job_env.get(host.name, host.env)

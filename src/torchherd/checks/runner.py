@@ -126,6 +126,7 @@ def observe(plan: Plan, selected: tuple[str, ...]) -> Observed:
              else "[cluster].master_addr" if plan.inventory.cluster.master_addr else None)
     return Observed(inventory=plan.inventory, master_target=plan.master_addr, master_given=given, script=plan.script,
                     with_torch=bool(NEED_TORCH & set(selected)), nproc_per_node=plan.nproc_per_node,
+                    node_nproc={node.host.name: node.nproc_per_node for node in plan.nodes},
                     job_env={node.host.name: node.env for node in plan.nodes})
 
 

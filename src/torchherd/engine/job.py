@@ -25,6 +25,7 @@ from torchherd.engine.events import (
     NodeLost,
     NodeNotStarted,
     NodeStarted,
+    NodeStatus,
     Observer,
     Output,
     ProcessesLeft,
@@ -308,6 +309,9 @@ class Job:
                 self._on_exit(node, int(fields.get("code", 1)))
             if node.left:
                 self.emit(ProcessesLeft(node.name, node.left))
+        elif status.event in ("gpu", "progress"):
+            # Only for the live view: the GPUs sampled, a progress bar as it stands.
+            self.emit(NodeStatus(status))
 
     def _on_exit(self, node: NodeRun, code: int) -> None:
         node.exit_code = code
@@ -381,7 +385,7 @@ class Job:
 
 
 def max_rank(plan: Plan) -> int:
-    nproc = plan.nproc_per_node
-    if isinstance(nproc, int):
-        return len(plan.nodes) * nproc - 1
-    return len(plan.nodes) * int(nproc) - 1 if nproc.isdigit() else 99
+    """The highest global rank: the sum of every node's own count, less one (99 when a
+    node's count is found there: "gpu", "auto")."""
+    world = plan.world_size
+    return 99 if world is None else world - 1

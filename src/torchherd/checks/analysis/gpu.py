@@ -25,7 +25,7 @@ def gpu_count(facts: NodeFacts) -> int | None:
 
 
 def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
-    nproc = observed.nproc
+    nproc = observed.nproc_of(host)
     count = gpu_count(facts)
     if count is None:
         return CheckResult(host.name, CHECK, "skip", "neither torch nor nvidia-smi could count GPUs here")
