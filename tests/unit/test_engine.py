@@ -180,3 +180,20 @@ def _wait_for(condition: object, seconds: float = 15.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("condition not met in time")
+
+
+def test_the_preflight_runs_on_the_local_transport_and_a_failure_stops_the_launch(tmp_path: Path) -> None:
+    """The checks' gathering speaks the transport seam: on the local one, the facts script
+    really runs; a missing script fails on every node, and the launch does not start."""
+    local = cluster(tmp_path)
+    report = local.check("missing.py", only=["ssh", "script"])
+    assert not report.ok
+    assert {(result.node, result.check, result.status) for result in report.results} == {
+        ("n0", "ssh", "pass"), ("n1", "ssh", "pass"), ("n0", "script", "fail"), ("n1", "script", "fail")}
+    events = Collector()
+    plan = faked(local.plan("missing.py", run_id="t-pre"))
+    with pytest.raises(LaunchAborted) as raised:
+        launch(plan, LaunchOptions(check=True, log_dir=tmp_path / "logs"), local.connector, events)
+    assert raised.value.report is not None and not raised.value.report.ok
+    assert [type(event).__name__ for event in events.events] == ["PreflightDone"]
+    assert not (tmp_path / "logs").exists()
