@@ -7,6 +7,7 @@ Nothing here touches the network or the clock; ``--dry-run`` prints what this bu
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 import re
 import shlex
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,19 @@ class NodeNetwork:
 
 
 @dataclass(frozen=True)
+class SyncOptions:
+    """``--sync``: the local project, made identical on every node before the launch."""
+
+    source: str
+    """The local project directory, absolute."""
+    dest: str | None = None
+    """Where it goes on each node: relative to the node's workdir, or a path inside it.
+    None: the workdir itself (``~/<project name>`` when the workdir is the home directory)."""
+    exclude: tuple[str, ...] = ()
+    """Patterns left out, as .gitignore writes them (the project's .gitignore files count too)."""
+
+
+@dataclass(frozen=True)
 class RunOptions:
     script: str
     script_args: tuple[str, ...] = ()
@@ -49,6 +63,7 @@ class RunOptions:
     monitor_interval: float | None = None
     rdzv_conf: str | None = None
     rdzv_backend: str | None = None
+    sync: SyncOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,9 @@ class NodePlan:
     remote_log_dir: str
     nproc_per_node: int | str = 1
     """This node's own ``--nproc-per-node`` (nodes may differ: uneven GPU counts)."""
+    sync_within: str | None = None
+    """With ``--sync``: the workdir the inventory gave, which the destination (this
+    plan's ``workdir``) must lie in."""
 
     def shell_line(self, hide_secrets: bool = False) -> str:
         """The command a user could paste into a shell on the node to do the same by hand;
@@ -94,6 +112,12 @@ class Plan:
     nproc_per_node: int | str
     """The processes per node asked for the whole run (``--nproc-per-node``, else
     ``[cluster]``); each node's own count is ``NodePlan.nproc_per_node``."""
+    base_inventory: Inventory | None = field(default=None, repr=False, compare=False)
+    """The inventory as given, when ``--sync`` moved the workdirs to the destination."""
+
+    @property
+    def sync(self) -> SyncOptions | None:
+        return self.options.sync
 
     @property
     def world_size(self) -> int | None:
@@ -113,7 +137,7 @@ class Plan:
         (a master address given by the user or the inventory is kept as it is)."""
         if not networks:
             return self
-        return build_plan(self.inventory, self.options, networks)
+        return build_plan(self.base_inventory or self.inventory, self.options, networks)
 
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
@@ -147,6 +171,9 @@ def build_plan(inventory: Inventory, options: RunOptions,
                networks: Mapping[str, NodeNetwork] | None = None) -> Plan:
     """Every node's command, in node-rank order (the master is rank 0)."""
     networks = networks or {}
+    given = inventory
+    if options.sync is not None:
+        inventory = _synced(inventory, options.sync)
     cluster = inventory.cluster
     backend, backend_note = _rendezvous(inventory, options)
     if options.nnodes and ":" in options.nnodes and backend != "c10d":
@@ -160,10 +187,51 @@ def build_plan(inventory: Inventory, options: RunOptions,
     )
     head = (master_note,) + ((backend_note,) if backend_note else ())
     nodes = (replace(nodes[0], notes=head + nodes[0].notes),) + nodes[1:]
+    if options.sync is not None:
+        nodes = tuple(_sync_node(node, given.hosts[index], options.sync) for index, node in enumerate(nodes))
     nproc = options.nproc_per_node if options.nproc_per_node is not None else cluster.nproc_per_node
     return Plan(run_id=options.run_id, master=master.name, master_addr=master_addr,
                 port=cluster.port, rdzv_backend=backend, nodes=nodes, inventory=inventory, options=options,
-                nproc_per_node=nproc)
+                nproc_per_node=nproc, base_inventory=given if given is not inventory else None)
+
+
+def _synced(inventory: Inventory, sync: SyncOptions) -> Inventory:
+    """The inventory with every host's workdir moved to the sync destination, so the
+    checks (the ``script`` check) and the launch see the project where it was sent."""
+    hosts = tuple(replace(host, workdir=sync_dest(host.workdir, sync)[0]) for host in inventory.hosts)
+    return replace(inventory, hosts=hosts)
+
+
+def _sync_node(node: NodePlan, given: Host, sync: SyncOptions) -> NodePlan:
+    dest, why = sync_dest(given.workdir, sync)
+    note = f"workdir {dest}: the project synced from {sync.source}" + (f" ({why})" if why else "")
+    return replace(node, sync_within=given.workdir, notes=node.notes + (note,))
+
+
+def _is_home(path: str) -> bool:
+    return posixpath.normpath(path) in ("~", "~/.")
+
+
+def sync_dest(workdir: str, sync: SyncOptions) -> tuple[str, str]:
+    """Where the project goes on a node whose workdir is ``workdir``, and why when it
+    is not the workdir. Refuses (UsageError) the home directory itself and a path
+    plainly outside the workdir; the node checks again with real paths."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", posixpath.basename(sync.source.rstrip("/"))) or "project"
+    if sync.dest is None:
+        if _is_home(workdir):
+            return f"~/{name}", "the workdir is the home directory; [sync].dest or --workdir chooses another place"
+        return workdir, ""
+    dest = sync.dest if sync.dest.startswith(("/", "~")) else posixpath.join(workdir, sync.dest)
+    dest = posixpath.normpath(dest)
+    if _is_home(dest) or dest == "/":
+        raise UsageError(f"[sync].dest {sync.dest!r}: that is the {'home' if dest != '/' else 'root'} directory "
+                         "itself; a sync needs a directory of its own", 'for example dest = "~/project"')
+    limit = posixpath.normpath(workdir)
+    comparable = dest.startswith("~") == limit.startswith("~")
+    if comparable and dest != limit and not dest.startswith(limit.rstrip("/") + "/"):
+        raise UsageError(f"[sync].dest {sync.dest!r}: {dest} is outside the workdir {workdir}",
+                         "give a path inside the workdir (or relative to it), or change the workdir")
+    return dest, ""
 
 
 def node_nproc(inventory: Inventory, options: RunOptions, host: Host) -> int | str:

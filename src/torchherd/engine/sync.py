@@ -1,0 +1,308 @@
+"""``--sync``: the local project made identical on every node, before the launch, over
+the sessions the run already has (no rsync, nothing installed on a node).
+
+Per node, one command runs the receiver (``remote/receive.py``) and talks to it over its
+stdin and stdout. The controller sends the project's listing (names, sizes, mtimes:
+``tree.walk``); each node answers what it has (its manifest of content hashes); the
+controller hashes the few small files a node has without the manifest vouching for
+them, then streams what each node lacks. Every file needed anywhere is read once, by
+one producer, and its chunks go to the queue of every node that needs it (a sender
+thread per node, bounded queues: a slow node slows the producer, memory stays small).
+The nodes verify every file written by its SHA-256 and report; the observer is told
+``SyncStarted``, then per node ``NodeSynced`` or ``SyncFailed``, then ``SyncDone``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import shlex
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence, Union
+
+from torchherd import tree
+from torchherd.engine.events import NodeSynced, Observer, SyncDone, SyncFailed, SyncStarted
+from torchherd.errors import TransportError
+from torchherd.plan import NodePlan, Plan, quote_path
+from torchherd.remote import source
+from torchherd.remote.receive import CHUNK, DIGEST, HEADER
+from torchherd.transport import Process, Session, fan_out
+
+BATCH = 256 * 1024
+"""Bytes handed to a node's sender at once: few sends, and small files travel together."""
+QUEUE_DEPTH = 8
+ANSWER_SECONDS = 60.0
+"""On top of ssh_timeout: the receiver's start, and its hashing of small files to compare."""
+RESULT_SECONDS = 120.0
+"""After the last byte: the node's verification of what it received (plus 1 s per 20 MB)."""
+NO_DIGEST = bytes(DIGEST)
+"""Sent for a symbolic link (checked by its target) and for a file that could not be read here."""
+
+Batch = Union[list[bytes], None]
+
+
+def frame(message: Mapping[str, Any]) -> bytes:
+    data = json.dumps(message, separators=(",", ":")).encode("utf-8")
+    return HEADER.pack(len(data)) + data
+
+
+def receiver_command(node: NodePlan, dest: str, within: str) -> str:
+    """The receiver with the node's python; the destination travels as JSON (a ``~``
+    in it is the node's home, expanded there)."""
+    config = json.dumps({"dest": dest, "within": within})
+    return f"{quote_path(node.host.python)} -S -c {shlex.quote(source('receive.py'))} {shlex.quote(config)}"
+
+
+class _Lines:
+    """Whole lines out of a process's stdout."""
+
+    def __init__(self, process: Process) -> None:
+        self.process = process
+        self.buffer = b""
+
+    def line(self, timeout: float) -> bytes | None:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            data = self.process.read(min(left, 1.0))
+            if data is None:
+                continue
+            if not data:
+                return None
+            self.buffer += data
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line
+
+
+@dataclass
+class _Node:
+    """One node's side of the sync: its receiver, its answer, its queue and sender."""
+
+    plan: NodePlan
+    session: Session
+    process: Process | None = None
+    lines: _Lines | None = None
+    answer: tree.NodeHas | None = None
+    transfer: tree.Transfer | None = None
+    error: str | None = None
+    result: Mapping[str, Any] | None = None
+    started: float = field(default_factory=time.monotonic)
+    queue: queue.Queue[Batch] = field(default_factory=lambda: queue.Queue(QUEUE_DEPTH))
+    pending: list[bytes] = field(default_factory=list)
+    pending_bytes: int = 0
+    expected_bytes: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.plan.host.name
+
+    def ask(self, want: bytes, within: str, timeout: float) -> None:
+        """Starts the receiver, sends the listing, reads what the node has."""
+        try:
+            self.process = self.session.start(receiver_command(self.plan, self.plan.workdir, within))
+            self.lines = _Lines(self.process)
+            if not self.process.send(want):
+                self.error = "the connection closed before the listing was sent"
+                return
+            line = self.lines.line(timeout)
+        except TransportError as error:
+            self.error = str(error)
+            return
+        if line is None:
+            self.error = self._gone("gave no answer")
+            return
+        answer = json.loads(line)
+        if "error" in answer:
+            self.error = str(answer["error"])
+            return
+        self.answer = tree.NodeHas(answer["dest"], tuple(answer["need"]), dict(answer["have"]), int(answer["same"]),
+                                   tuple(answer["delete"]))
+
+    def _gone(self, what: str) -> str:
+        stderr = self.process.read_stderr().decode("utf-8", "replace").strip() if self.process else ""
+        return f"the receiver {what}" + (f": {stderr.splitlines()[-1]}" if stderr else "")
+
+    def put(self, data: bytes) -> None:
+        if self.error is not None:
+            return
+        self.pending.append(data)
+        self.pending_bytes += len(data)
+        if self.pending_bytes >= BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.queue.put(self.pending)
+            self.pending, self.pending_bytes = [], 0
+
+    def send_all(self) -> None:
+        """The sender thread: every batch to the node, then the node's verdict."""
+        assert self.process is not None and self.lines is not None
+        while True:
+            batch = self.queue.get()
+            if batch is None:
+                break
+            if self.error is None and not self.process.send(b"".join(batch)):
+                self.error = self._gone("went away while files were sent")
+        if self.error is not None:
+            return
+        line = self.lines.line(RESULT_SECONDS + self.expected_bytes / 20e6)
+        if line is None:
+            self.error = self._gone("gave no verdict")
+            return
+        self.result = json.loads(line)
+        if "error" in self.result:
+            self.error = str(self.result["error"])
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.close()
+
+
+def sync_nodes(plan: Plan, sessions: Mapping[str, Session], observer: Observer, dry_run: bool = False) -> SyncDone:
+    """Makes ``plan.sync.source`` identical under every node's workdir (or, with
+    ``dry_run``, only says what would travel). Never raises for one node's failure:
+    the ``SyncDone`` says which nodes are in sync."""
+    spec = plan.sync
+    assert spec is not None
+    started = time.monotonic()
+    listing = tree.walk(Path(spec.source), spec.exclude)
+    entries = listing.by_path()
+    observer(SyncStarted(str(listing.root), tuple(node.host.name for node in plan.nodes), len(listing.entries),
+                         listing.total_bytes, listing.skipped, dry_run))
+    nodes = [_Node(node, sessions[node.host.name]) for node in plan.nodes]
+    want = frame({"want": [entry.want() for entry in listing.entries]})
+    timeout = plan.inventory.cluster.ssh_timeout + ANSWER_SECONDS
+    try:
+        fan_out(nodes, lambda node: node.ask(want, node.plan.sync_within or node.plan.workdir, timeout))
+        answered = [node for node in nodes if node.error is None and node.answer is not None]
+        cached = _hash_small(listing.root, entries, tree.candidates(node.answer for node in answered
+                                                                   if node.answer is not None))
+        digests = {path: digest for path, (digest, _) in cached.items()}
+        for node in answered:
+            assert node.answer is not None
+            node.transfer = tree.decide(node.answer, digests)
+            node.expected_bytes = node.transfer.bytes(entries)
+        if not dry_run:
+            _stream(listing, entries, answered, cached)
+    finally:
+        for node in nodes:
+            node.close()
+    results = tuple(_outcome(node, entries, dry_run) for node in nodes)
+    for result in results:
+        observer(result)
+    done = SyncDone(str(listing.root), results, time.monotonic() - started, dry_run)
+    observer(done)
+    return done
+
+
+def _hash_small(root: Path, entries: Mapping[str, tree.Entry], paths: set[str]) -> dict[str, tuple[str, bytes]]:
+    """The content and SHA-256 of small files a node has without the manifest vouching
+    for them: read once, and kept to send where they differ."""
+    cached: dict[str, tuple[str, bytes]] = {}
+    for path in sorted(paths):
+        if path not in entries or tree.is_large(entries[path]):
+            continue
+        try:
+            data = (root / path).read_bytes()
+        except OSError:
+            continue  # sent as unreadable below, where a node needs it
+        cached[path] = (hashlib.sha256(data).hexdigest(), data)
+    return cached
+
+
+def _stream(listing: tree.Listing, entries: Mapping[str, tree.Entry], nodes: Sequence[_Node],
+            cached: Mapping[str, tuple[str, bytes]]) -> None:
+    """Tells every node to go, then reads each file needed anywhere once and queues its
+    chunks to every node that needs it; a sender thread per node does the sending."""
+    senders = []
+    for node in nodes:
+        assert node.transfer is not None
+        node.put(frame({"go": True, "files": len(node.transfer.send), "equal": list(node.transfer.equal)}))
+        thread = threading.Thread(target=node.send_all, name=f"torchherd-sync-{node.name}", daemon=True)
+        thread.start()
+        senders.append(thread)
+    try:
+        for entry in listing.entries:
+            targets = [node for node in nodes if node.transfer is not None and entry.path in node.transfer.send]
+            if targets:
+                _send_file(listing.root, entry, targets, cached.get(entry.path))
+    finally:
+        for node in nodes:
+            node.flush()
+            node.queue.put(None)
+        for thread in senders:
+            thread.join()
+
+
+def _send_file(root: Path, entry: tree.Entry, targets: Sequence[_Node], cached: tuple[str, bytes] | None) -> None:
+    header = frame({"path": entry.path, "size": entry.size, "x": entry.executable, "link": entry.link})
+    for node in targets:
+        node.put(header)
+    if entry.link is not None:
+        chunks: list[bytes] = []
+        digest = NO_DIGEST
+    elif cached is not None:
+        chunks, digest = [cached[1]], bytes.fromhex(cached[0])
+    else:
+        chunks, digest = [], b""
+    for chunk in chunks:
+        for node in targets:
+            node.put(chunk)
+    if entry.link is None and cached is None:
+        digest = _read_once(root / entry.path, entry.size, targets)
+    for node in targets:
+        node.put(digest)
+
+
+def _read_once(path: Path, size: int, targets: Sequence[_Node]) -> bytes:
+    """Streams ``size`` bytes of the file to every target as it reads them, hashing as
+    it goes; a file that shrank or vanished since the walk is padded, and its digest
+    made not to match, so the nodes report it."""
+    digest = hashlib.sha256()
+    left = size
+    try:
+        with path.open("rb") as file:
+            while left:
+                block = file.read(min(CHUNK, left))
+                if not block:
+                    break
+                digest.update(block)
+                left -= len(block)
+                for node in targets:
+                    node.put(block)
+    except OSError:
+        pass
+    if left:
+        padding = bytes(min(left, CHUNK))
+        while left:
+            piece = padding[:min(left, CHUNK)]
+            left -= len(piece)
+            for node in targets:
+                node.put(piece)
+        return NO_DIGEST
+    return digest.digest()
+
+
+def _outcome(node: _Node, entries: Mapping[str, tree.Entry], dry_run: bool) -> NodeSynced | SyncFailed:
+    seconds = time.monotonic() - node.started
+    if node.error is not None or node.answer is None or node.transfer is None:
+        return SyncFailed(node.name, node.error or "no answer", seconds)
+    transfer, answer = node.transfer, node.answer
+    sent = tuple(path for path in entries if path in transfer.send)
+    if dry_run:
+        return NodeSynced(node.name, answer.dest, sent, transfer.bytes(entries), transfer.delete,
+                          answer.same + len(transfer.equal), seconds, dry_run=True)
+    result = node.result or {}
+    failed = tuple((str(path), str(why)) for path, why in result.get("failed", []))
+    if failed:
+        shown = "; ".join(f"{path}: {why}" for path, why in failed[:3])
+        return SyncFailed(node.name, f"{len(failed)} files not in sync: {shown}", seconds, failed)
+    return NodeSynced(node.name, answer.dest, sent, int(result.get("bytes", 0)), tuple(result.get("deleted", ())),
+                      answer.same + len(transfer.equal), seconds)

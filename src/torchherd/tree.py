@@ -1,0 +1,282 @@
+"""The local project as ``--sync`` sends it: which directory, which files (``.gitignore``
+and ``exclude`` rules honoured), and what each node lacks, given its receiver's answer.
+
+Pure: reads the local tree (names and ``lstat`` only; no file's content is read here,
+so large files are read once, when they are sent), never the network.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from torchherd.remote.receive import LARGE, MANIFEST
+
+ALWAYS_LEFT_OUT = (".git",)
+"""Never sent, whatever the rules say: the repository's own database."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file (or symbolic link) of the project, as the walk found it."""
+
+    path: str
+    """Relative to the project's root, with ``/`` between parts."""
+    size: int
+    mtime_ns: int
+    executable: bool
+    link: str | None = None
+    """A symbolic link's target, kept as written (the link itself is sent, not what it points at)."""
+
+    def want(self) -> list[object]:
+        """What the node's receiver is told about it (``remote.receive``: path, size, mtime, x, link)."""
+        return [self.path, self.size, self.mtime_ns, self.executable, self.link]
+
+
+@dataclass(frozen=True)
+class Listing:
+    root: Path
+    entries: tuple[Entry, ...]
+    skipped: tuple[str, ...] = ()
+    """What the walk could not send, and why (a socket, an unreadable directory)."""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(entry.size for entry in self.entries)
+
+    def by_path(self) -> dict[str, Entry]:
+        return {entry.path: entry for entry in self.entries}
+
+
+def project_root(start: Path) -> Path:
+    """The enclosing git repository's root (a ``.git`` directory or file), else ``start``."""
+    start = start.resolve()
+    for candidate in (start, *start.parents):
+        if (candidate / ".git").exists():
+            return candidate
+    return start
+
+
+def in_git_repository(root: Path) -> bool:
+    return project_root(root) != root.resolve() or (root / ".git").exists()
+
+
+# ignore rules --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One line of a .gitignore (or one ``exclude`` pattern), for paths under ``base``."""
+
+    pattern: str
+    regex: re.Pattern[str]
+    negated: bool
+    dir_only: bool
+    anchored: bool
+    """A slash at the start or in the middle: matched against the path below ``base``;
+    else against the last part only, at any depth."""
+    base: str = ""
+
+    def matches(self, path: str, is_dir: bool) -> bool:
+        if self.dir_only and not is_dir:
+            return False
+        if self.base:
+            if not path.startswith(self.base + "/"):
+                return False
+            path = path[len(self.base) + 1:]
+        subject = path if self.anchored else path.rsplit("/", 1)[-1]
+        return self.regex.fullmatch(subject) is not None
+
+
+def parse_rules(text: str, base: str = "") -> list[Rule]:
+    """The rules of a .gitignore in directory ``base`` (relative to the root, "" for it)."""
+    rules = []
+    for line in text.splitlines():
+        rule = parse_rule(line, base)
+        if rule is not None:
+            rules.append(rule)
+    return rules
+
+
+def parse_rule(line: str, base: str = "") -> Rule | None:
+    if not line.strip() or line.startswith("#"):
+        return None
+    text = _strip_trailing_spaces(line)
+    negated = text.startswith("!")
+    if negated:
+        text = text[1:]
+    elif text.startswith("\\!") or text.startswith("\\#"):
+        text = text[1:]
+    dir_only = text.endswith("/") and not text.endswith("\\/")
+    text = text.rstrip("/") if dir_only else text
+    if not text:
+        return None
+    anchored = "/" in text
+    text = text.lstrip("/")
+    return Rule(line, re.compile(_glob_to_regex(text)), negated, dir_only, anchored, base)
+
+
+def _strip_trailing_spaces(line: str) -> str:
+    """Trailing spaces are dropped unless escaped with a backslash."""
+    stripped = line.rstrip(" ")
+    if stripped.endswith("\\") and len(stripped) < len(line):
+        return stripped[:-1] + " "
+    return stripped
+
+
+def _glob_to_regex(glob: str) -> str:
+    out: list[str] = []
+    index = 0
+    while index < len(glob):
+        if glob.startswith("**/", index) and (index == 0 or glob[index - 1] == "/"):
+            out.append("(?:.*/)?")
+            index += 3
+        elif glob.startswith("**", index) and index + 2 == len(glob) and (index == 0 or glob[index - 1] == "/"):
+            out.append(".*")
+            index += 2
+        else:
+            piece, index = _glob_piece(glob, index)
+            out.append(piece)
+    return "".join(out)
+
+
+def _glob_piece(glob: str, index: int) -> tuple[str, int]:
+    char = glob[index]
+    if char == "*":
+        return "[^/]*", index + 1
+    if char == "?":
+        return "[^/]", index + 1
+    if char == "\\" and index + 1 < len(glob):
+        return re.escape(glob[index + 1]), index + 2
+    if char == "[":
+        closing = glob.find("]", index + 2 if glob[index + 1:index + 2] in ("!", "^") else index + 1)
+        if closing > index:
+            body = glob[index + 1:closing]
+            if body[:1] in ("!", "^"):
+                body = "^" + body[1:]
+            return "[" + body.replace("\\", "\\\\") + "]", closing + 1
+    return re.escape(char), index + 1
+
+
+def ignored(rules: Sequence[Rule], path: str, is_dir: bool) -> bool:
+    """The last rule that matches decides, as in git."""
+    verdict = False
+    for rule in rules:
+        if rule.matches(path, is_dir):
+            verdict = not rule.negated
+    return verdict
+
+
+# the walk ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Walk:
+    root: Path
+    exclude: list[Rule]
+    gitignore: bool
+    entries: list[Entry] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def directory(self, relative: str, rules: list[Rule]) -> None:
+        folder = self.root / relative if relative else self.root
+        if self.gitignore:
+            rules = rules + _read_rules(folder / ".gitignore", relative)
+        try:
+            with os.scandir(folder) as scan:
+                items = sorted(scan, key=lambda item: item.name)
+        except OSError as error:
+            self.skipped.append(f"{relative or '.'}/: cannot read it ({error.strerror})")
+            return
+        for item in items:
+            self.item(item, f"{relative}/{item.name}" if relative else item.name, rules)
+
+    def item(self, item: os.DirEntry[str], path: str, rules: list[Rule]) -> None:
+        if item.name in ALWAYS_LEFT_OUT or path == MANIFEST:
+            return
+        try:
+            info = item.stat(follow_symlinks=False)
+        except OSError as error:
+            self.skipped.append(f"{path}: cannot stat it ({error.strerror})")
+            return
+        is_dir = stat.S_ISDIR(info.st_mode)
+        if ignored(rules, path, is_dir) or ignored(self.exclude, path, is_dir):
+            return
+        if is_dir:
+            self.directory(path, rules)
+        elif stat.S_ISLNK(info.st_mode):
+            self.entries.append(Entry(path, 0, info.st_mtime_ns, False, os.readlink(item.path)))
+        elif stat.S_ISREG(info.st_mode):
+            self.entries.append(Entry(path, info.st_size, info.st_mtime_ns, bool(info.st_mode & stat.S_IXUSR)))
+        else:
+            self.skipped.append(f"{path}: not a file, directory or symbolic link")
+
+
+def _read_rules(path: Path, base: str) -> list[Rule]:
+    try:
+        return parse_rules(path.read_text(encoding="utf-8", errors="replace"), base)
+    except OSError:
+        return []
+
+
+def walk(root: Path, exclude: Iterable[str] = ()) -> Listing:
+    """Every file of the project under ``root``, sorted by path. In a git repository its
+    ``.gitignore`` files (and ``.git/info/exclude``) are honoured; ``exclude`` patterns
+    (gitignore syntax, relative to the root) always are. ``.git`` is never sent."""
+    root = root.resolve()
+    gitignore = in_git_repository(root)
+    base_rules = _read_rules(root / ".git" / "info" / "exclude", "") if gitignore else []
+    walker = _Walk(root, [rule for pattern in exclude if (rule := parse_rule(pattern)) is not None], gitignore)
+    walker.directory("", base_rules)
+    return Listing(root, tuple(walker.entries), tuple(walker.skipped))
+
+
+# what a node lacks ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeHas:
+    """A node's receiver's answer: where the project goes there, and per path whether
+    the node has it already."""
+
+    dest: str
+    need: tuple[str, ...]
+    have: Mapping[str, str]
+    """Small files of the same size there, not as the manifest left them, with their SHA-256."""
+    same: int
+    """Files as the manifest left them: not sent."""
+    delete: tuple[str, ...]
+    """Files synced before that the project no longer has."""
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """What one node gets."""
+
+    send: frozenset[str]
+    equal: tuple[str, ...]
+    """Files the node had already, found equal by hash: recorded, not sent."""
+    delete: tuple[str, ...]
+
+    def bytes(self, listing: Mapping[str, Entry]) -> int:
+        return sum(listing[path].size for path in self.send)
+
+
+def candidates(answers: Iterable[NodeHas]) -> set[str]:
+    """The files to hash locally (all small) to compare with what the nodes have."""
+    return {path for answer in answers for path in answer.have}
+
+
+def decide(answer: NodeHas, local: Mapping[str, str]) -> Transfer:
+    """``local``: the SHA-256 of every file in ``candidates``."""
+    equal = tuple(sorted(path for path, digest in answer.have.items() if local.get(path) == digest))
+    differing = {path for path in answer.have if path not in equal}
+    return Transfer(frozenset(answer.need) | differing, equal, answer.delete)
+
+
+def is_large(entry: Entry) -> bool:
+    return entry.size >= LARGE

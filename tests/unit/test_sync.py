@@ -1,0 +1,209 @@
+"""--sync on the local transport: every "node" is this machine with a HOME of its own
+(``LocalConnector(env=...)``), running the real receiver script."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchherd.engine.events import Collector, NodeSynced, SyncDone, SyncFailed, SyncStarted
+from torchherd.engine.sync import sync_nodes
+from torchherd.errors import UsageError
+from torchherd.inventory import parse
+from torchherd.plan import Plan, RunOptions, SyncOptions, build_plan
+from torchherd.remote.receive import LARGE, MANIFEST
+from torchherd.transport.local import LocalConnector, LocalSession
+
+NODES = ("a", "b")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "proj"
+    (root / "pkg").mkdir(parents=True)
+    (root / "train.py").write_text("print('train')\n")
+    (root / "pkg" / "model.py").write_text("W = 1\n")
+    (root / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (root / "run.sh").chmod(0o755)
+    (root / "big.bin").write_bytes(os.urandom(LARGE + 123))
+    os.symlink("train.py", root / "main.py")
+    return root
+
+
+def homes(tmp_path: Path) -> dict[str, Path]:
+    made = {name: tmp_path / f"home-{name}" for name in NODES}
+    for home in made.values():
+        home.mkdir(exist_ok=True)
+    return made
+
+
+def plan_for(project: Path, workdir: str = "~/work", dest: str | None = None,
+             exclude: tuple[str, ...] = ()) -> Plan:
+    inventory = parse({"defaults": {"python": sys.executable, "workdir": workdir},
+                       "hosts": [{"name": name} for name in NODES]}, Path("hosts.toml"))
+    return build_plan(inventory, RunOptions(script="train.py", run_id="r1",
+                                            sync=SyncOptions(str(project), dest, exclude)))
+
+
+def sync(tmp_path: Path, plan: Plan, dry_run: bool = False) -> tuple[SyncDone, Collector]:
+    connector = LocalConnector(env={name: {"HOME": str(home)} for name, home in homes(tmp_path).items()})
+    sessions: dict[str, LocalSession] = {host.name: connector.connect(host) for host in plan.inventory.hosts}
+    collector = Collector()
+    try:
+        done = sync_nodes(plan, sessions, collector, dry_run=dry_run)
+    finally:
+        for session in sessions.values():
+            session.close()
+    return done, collector
+
+
+def node_tree(root: Path) -> dict[str, bytes | str]:
+    found: dict[str, bytes | str] = {}
+    for path in sorted(root.rglob("*")):
+        relative = str(path.relative_to(root))
+        if path.is_symlink():
+            found[relative] = "-> " + os.readlink(path)
+        elif path.is_file() and path.name != MANIFEST:
+            found[relative] = path.read_bytes()
+    return found
+
+
+def synced(done: SyncDone) -> dict[str, NodeSynced]:
+    assert done.ok, done.failed
+    return {node.node: node for node in done.nodes if isinstance(node, NodeSynced)}
+
+
+def test_first_sync_makes_every_node_identical_and_private(tmp_path: Path, project: Path) -> None:
+    done, collector = sync(tmp_path, plan_for(project))
+    expected = node_tree(project)
+    for name, home in homes(tmp_path).items():
+        work = home / "work"
+        assert node_tree(work) == expected
+        assert stat.S_IMODE((work / "train.py").stat().st_mode) == 0o600
+        assert stat.S_IMODE((work / "run.sh").stat().st_mode) == 0o700
+        assert stat.S_IMODE((work / MANIFEST).stat().st_mode) == 0o600
+        result = synced(done)[name]
+        assert result.dest == str(work)
+        assert set(result.sent) == {"big.bin", "main.py", "pkg/model.py", "run.sh", "train.py"}
+        assert result.sent_bytes == sum(len(content) for content in expected.values() if isinstance(content, bytes))
+    started = collector.of(SyncStarted)[0]
+    assert isinstance(started, SyncStarted) and started.files == 5 and started.nodes == NODES
+    assert collector.events[-1] == done
+
+
+def test_nothing_changed_sends_nothing_and_one_edit_sends_that_file(tmp_path: Path, project: Path) -> None:
+    plan = plan_for(project)
+    sync(tmp_path, plan)
+    again, _ = sync(tmp_path, plan)
+    assert {node: (result.sent, result.sent_bytes) for node, result in synced(again).items()} == {
+        "a": ((), 0), "b": ((), 0)}
+    (project / "pkg" / "model.py").write_text("W = 22\n")
+    edited, _ = sync(tmp_path, plan)
+    assert {node: (result.sent, result.sent_bytes) for node, result in synced(edited).items()} == {
+        "a": (("pkg/model.py",), 7), "b": (("pkg/model.py",), 7)}
+    assert (homes(tmp_path)["a"] / "work" / "pkg" / "model.py").read_text() == "W = 22\n"
+
+
+def test_vanished_files_are_deleted_and_nothing_else(tmp_path: Path, project: Path) -> None:
+    plan = plan_for(project)
+    sync(tmp_path, plan)
+    work = homes(tmp_path)["a"] / "work"
+    (work / "outputs").mkdir()
+    (work / "outputs" / "ckpt.pt").write_bytes(b"job output")
+    (project / "pkg" / "model.py").unlink()
+    (project / "pkg").rmdir()
+    done, _ = sync(tmp_path, plan)
+    assert synced(done)["a"].deleted == ("pkg/model.py",)
+    assert not (work / "pkg").exists()
+    assert (work / "outputs" / "ckpt.pt").read_bytes() == b"job output"
+
+
+def test_a_file_changed_on_the_node_is_sent_again(tmp_path: Path, project: Path) -> None:
+    plan = plan_for(project)
+    sync(tmp_path, plan)
+    work = homes(tmp_path)["b"] / "work"
+    (work / "train.py").write_text("print('tampered')\n")  # same size or not, the manifest no longer vouches
+    with (work / "big.bin").open("r+b") as file:
+        file.write(b"X")
+    done, _ = sync(tmp_path, plan)
+    assert synced(done)["a"].sent == ()
+    assert synced(done)["b"].sent == ("big.bin", "train.py")
+    assert node_tree(work) == node_tree(project)
+
+
+def test_a_small_file_already_there_is_compared_by_hash_not_sent(tmp_path: Path, project: Path) -> None:
+    work = homes(tmp_path)["a"] / "work"
+    (work / "pkg").mkdir(parents=True)
+    (work / "pkg" / "model.py").write_text("W = 1\n")
+    (work / "pkg" / "model.py").chmod(0o600)
+    done, _ = sync(tmp_path, plan_for(project))
+    assert "pkg/model.py" not in synced(done)["a"].sent
+    assert "pkg/model.py" in synced(done)["b"].sent
+    manifest = json.loads((work / MANIFEST).read_text())["files"]
+    assert "pkg/model.py" in manifest
+
+
+def test_exclude_and_dest(tmp_path: Path, project: Path) -> None:
+    done, _ = sync(tmp_path, plan_for(project, dest="code", exclude=("*.bin",)))
+    work = homes(tmp_path)["a"] / "work" / "code"
+    assert synced(done)["a"].dest == str(work)
+    assert "big.bin" not in node_tree(work) and "train.py" in node_tree(work)
+
+
+def test_dry_run_lists_per_node_and_writes_nothing(tmp_path: Path, project: Path) -> None:
+    done, _ = sync(tmp_path, plan_for(project), dry_run=True)
+    assert done.dry_run and done.ok
+    assert synced(done)["a"].sent == ("big.bin", "main.py", "pkg/model.py", "run.sh", "train.py")
+    assert not (homes(tmp_path)["a"] / "work").exists()
+
+
+def test_a_destination_outside_the_workdir_or_the_home_itself_is_refused(tmp_path: Path, project: Path) -> None:
+    with pytest.raises(UsageError, match="outside the workdir"):
+        plan_for(project, workdir="/srv/work", dest="/srv/other")
+    with pytest.raises(UsageError, match="home directory itself"):
+        plan_for(project, dest="~")
+    # What the controller cannot see (the workdir is the home, given as an absolute path) the node refuses.
+    outside = tmp_path / "elsewhere"
+    done, _ = sync(tmp_path, plan_for(project, workdir="~", dest=str(outside)))
+    assert not done.ok
+    assert all(isinstance(node, SyncFailed) and "outside the workdir" in node.message for node in done.nodes)
+    assert not outside.exists()
+    home_a = homes(tmp_path)["a"]
+    done, _ = sync(tmp_path, plan_for(project, workdir=str(home_a)))
+    failed = {node.node: node for node in done.failed}
+    assert "home directory itself" in failed["a"].message
+
+
+def test_the_default_destination_in_a_home_workdir_is_the_project_name(tmp_path: Path, project: Path) -> None:
+    plan = plan_for(project, workdir="~")
+    assert {node.workdir for node in plan.nodes} == {"~/proj"}
+    assert any("the workdir is the home directory" in note for note in plan.nodes[0].notes)
+    done, _ = sync(tmp_path, plan)
+    assert node_tree(homes(tmp_path)["b"] / "proj") == node_tree(project)
+
+
+def test_a_symlinked_directory_on_the_node_is_never_written_through(tmp_path: Path, project: Path) -> None:
+    work = homes(tmp_path)["a"] / "work"
+    work.mkdir(parents=True)
+    target = tmp_path / "victim"
+    target.mkdir()
+    os.symlink(target, work / "pkg")
+    done, _ = sync(tmp_path, plan_for(project))
+    failed = {node.node: node for node in done.failed}
+    assert "pkg is a symbolic link on the node" in failed["a"].message
+    assert list(target.iterdir()) == []
+    assert isinstance(done.nodes[1], NodeSynced)
+
+
+def test_a_node_without_the_python_fails_alone(tmp_path: Path, project: Path) -> None:
+    inventory = parse({"defaults": {"workdir": "~/work", "python": sys.executable},
+                       "hosts": [{"name": "a"}, {"name": "b", "python": "/nonexistent/python"}]}, Path("h.toml"))
+    plan = build_plan(inventory, RunOptions(script="train.py", sync=SyncOptions(str(project))))
+    done, _ = sync(tmp_path, plan)
+    assert isinstance(done.nodes[0], NodeSynced)
+    assert isinstance(done.nodes[1], SyncFailed) and "receiver gave no answer" in done.nodes[1].message
