@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from torchherd.api import Cluster, DetachedStartFailed
+    from torchherd.console.view import ViewOptions
 
 Handler = Callable[[argparse.Namespace, "Console"], int]
 
@@ -171,16 +172,29 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.dry_run:
         render_plan(console, plan)
         return EXIT_OK
-    observer = ConsoleObserver(console)
-    launched = cluster.launch(plan, log_dir=args.log_dir, on_event=observer, check=not args.no_check,
-                              grace=args.grace, fail_fast=not args.no_fail_fast, detach=args.detach)
-    if not isinstance(launched, Run):
-        from torchherd.console.detach import render_started
+    observer = ConsoleObserver(console, view=_view_options(args, console))
+    try:
+        launched = cluster.launch(plan, log_dir=args.log_dir, on_event=observer, check=not args.no_check,
+                                  grace=args.grace, fail_fast=not args.no_fail_fast, detach=args.detach)
+        if not isinstance(launched, Run):
+            from torchherd.console.detach import render_started
 
-        render_started(console, launched.record)
-        return EXIT_OK
-    with sigterm_as_interrupt():
-        return launched.wait().exit_code
+            render_started(console, launched.record)
+            return EXIT_OK
+        with sigterm_as_interrupt():
+            return launched.wait().exit_code
+    finally:
+        observer.close()  # the panel goes, whichever way the command leaves
+
+
+def _view_options(args: argparse.Namespace, console: Console) -> ViewOptions:
+    """The live panel on a terminal (not with --plain), duplicates collapsed where it is
+    (--collapse / --no-collapse decide), and the terminal's rank filter."""
+    from torchherd.console.collapse import parse_ranks
+    from torchherd.console.view import ViewOptions
+
+    ranks = parse_ranks(args.ranks) if args.ranks is not None else None
+    return ViewOptions.choose(console, plain=args.plain, collapse=args.collapse, ranks=ranks)
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
@@ -329,6 +343,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="trust and record unknown SSH host keys (changed keys are always refused)")
     run.add_argument("--detach", action="store_true",
                      help="start the job so it outlives this command; print the run id and return")
+    run.add_argument("--plain", action="store_true",
+                     help="plain lines, no live panel (the default when stdout is not a terminal)")
+    run.add_argument("--collapse", dest="collapse", action="store_true", default=None,
+                     help="show a line many ranks print within half a second once, with who printed it "
+                          "(the default on a terminal)")
+    run.add_argument("--no-collapse", dest="collapse", action="store_false",
+                     help="show every rank's every line on the terminal (the logs always keep them all)")
+    run.add_argument("--ranks", metavar="R,...", help="show only these global ranks on the terminal, e.g. 0,8-15 "
+                     "(the logs keep them all)")
     run.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT [ARGS...]")
     run.set_defaults(handler=cmd_run)
     _add_host_flags(run)

@@ -38,6 +38,9 @@ _ODD_RANK_PREFIX = re.compile(rb"\n[" + _OUT + _ERR + rb"]" + _HEAD + rb"(?!(?:0
 OUT_RANKS = re.compile(rb"\n" + _OUT + _HEAD + rb"(\d+)" + _END)
 ERR_RANKS = re.compile(rb"\n" + _ERR + _HEAD + rb"(\d+)" + _END)
 _ERR_RECORDS = re.compile(rb"\n" + _ERR + rb"[^\n]*")
+# Status records that only feed the live view (a bar's state, GPU samples): taken out of a
+# chunk of rank lines so that the rest stays on the bytes path.
+_SIDE_RECORDS = re.compile(rb"\n" + re.escape(wire.TAG_STATUS) + rb'\{"event":"(?:gpu|progress)"[^\n]*')
 # Every line is_error_line accepts holds one of these words (in any case).
 _ERROR_WORDS = (b"error", b"fatal", b"exception", b"interrupt", b"exit", b"[errno ")
 # torchrun's failure report names the root-cause rank as "  rank      : 3 (local_rank: 1)".
@@ -79,11 +82,42 @@ StatusName = Union[StatusEvent, Literal["garbled"]]
 
 @dataclass(frozen=True)
 class Status:
-    """One ``S`` record of a supervisor: started, exit, stopping, teardown, done, error."""
+    """One ``S`` record of a supervisor: started, exit, stopping, teardown, done, error;
+    gpu and progress for the live view (``gpu_usage``, ``progress_of``)."""
 
     node: str
     event: StatusName
     fields: dict[str, Any]
+
+
+class GpuUsage(NamedTuple):
+    """One GPU of a node as its supervisor last sampled it (``nvidia-smi``)."""
+
+    gpu: int
+    """Its index on the node."""
+    utilisation: float
+    """Percent."""
+    memory_used: float
+    """MiB."""
+    memory_total: float
+
+
+def gpu_usage(status: Status) -> tuple[GpuUsage, ...]:
+    """The GPUs of a ``gpu`` status record (none for any other record, or a garbled one)."""
+    gpus = status.fields.get("gpus") if status.event == "gpu" else None
+    found = []
+    for gpu in gpus if isinstance(gpus, list) else ():
+        if isinstance(gpu, list) and len(gpu) == 4 and all(isinstance(value, (int, float)) for value in gpu):
+            found.append(GpuUsage(int(gpu[0]), float(gpu[1]), float(gpu[2]), float(gpu[3])))
+    return tuple(found)
+
+
+def progress_of(status: Status) -> tuple[int | None, str] | None:
+    """(rank, the bar as it stands) of a ``progress`` status record, else None."""
+    text, rank = status.fields.get("text"), status.fields.get("rank")
+    if status.event != "progress" or not isinstance(text, str):
+        return None
+    return (rank if isinstance(rank, int) else None), text
 
 
 class RecordSplitter:
@@ -223,10 +257,15 @@ class OutputParser:
         if not block:
             return []
         records = b"\n" + block
+        side: list[Chunk] = []
+        if b'\nS{"event":"' in records:
+            side = list(parse_records(self.node, [record[1:] for record in _SIDE_RECORDS.findall(records)]))
+            records = _SIDE_RECORDS.sub(b"", records)
+            block = records[1:]
         if _only_rank_lines(records):
             records = records.replace(_HEARTBEATS, b"\n")
-            return [RankLines(self.node, records)] if len(records) > 1 else []
-        return list(parse_records(self.node, [record for record in block.split(b"\n") if record]))
+            return ([RankLines(self.node, records)] if len(records) > 1 else []) + side
+        return list(parse_records(self.node, [record for record in block.split(b"\n") if record])) + side
 
     def finish(self) -> list[Chunk]:
         return list(parse_records(self.node, self._splitter.finish()))

@@ -158,8 +158,11 @@ def test_stop_levels_are_ordered_and_only_term_and_kill_are_sent() -> None:
 def test_every_status_builder_is_read_back_by_the_controller() -> None:
     built: dict[wire.StatusEvent, bytes] = {wire.EVENT_STARTED: wire.started_record(10, 10, 9), wire.EVENT_ERROR: wire.error_record("no"),
              wire.EVENT_STOPPING: wire.stopping_record("why", wire.MODE_KILL), wire.EVENT_EXIT: wire.exit_record(3),
-             wire.EVENT_TEARDOWN: wire.teardown_record("why", {5, 4}, []), wire.EVENT_DONE: wire.done_record(3, 1)}
-    assert tuple(built) == wire.STATUS_EVENTS == ("started", "error", "stopping", "exit", "teardown", "done")
+             wire.EVENT_TEARDOWN: wire.teardown_record("why", {5, 4}, []), wire.EVENT_DONE: wire.done_record(3, 1),
+             wire.EVENT_GPU: wire.gpu_record([(0, 87.0, 1024.0, 81920.0)]),
+             wire.EVENT_PROGRESS: wire.progress_record(3, " 45%|####5     | 45/100")}
+    assert tuple(built) == wire.STATUS_EVENTS == ("started", "error", "stopping", "exit", "teardown", "done", "gpu",
+                                                  "progress")
     for event, record in built.items():
         assert record.startswith(wire.status_head(event)) and record.count(b"\n") == 1
         assert [record[0]] == [runlog.TAG_STATUS]
@@ -171,7 +174,7 @@ def test_every_status_builder_is_read_back_by_the_controller() -> None:
 
 
 SUPERVISOR_KEYS = {"run_id", "argv", "env", "cwd", "grace", "heartbeat", "watchdog", "cleanup_dir", "rank_marker",
-                   "log_file", "state_file", "node", "coordinator"}
+                   "log_file", "state_file", "node", "coordinator", "rank_logs", "gpu_every"}
 
 
 def test_supervisor_config_round_trips_with_todays_keys() -> None:

@@ -14,6 +14,7 @@ from torchherd.console import render_error
 from torchherd.console.checks import render_report
 from torchherd.console.detach import status_note
 from torchherd.console.run import LiveRenderer, render_summary
+from torchherd.console.view import TerminalView, ViewOptions
 from torchherd.engine.events import (
     ConnectFailed,
     Event,
@@ -36,15 +37,20 @@ class ConsoleObserver:
     """Renders a run's events on ``console``; ``renderer`` is given when following a
     detached run (its nodes are known before any event), else made at ``RunStarted``."""
 
-    def __init__(self, console: Console, renderer: LiveRenderer | None = None) -> None:
+    def __init__(self, console: Console, renderer: LiveRenderer | None = None,
+                 view: ViewOptions | None = None) -> None:
         self.console = console
         self.renderer = renderer
+        self.view = view or ViewOptions()
+        """The panel, collapsed duplicates, a rank filter (``run``); none by default."""
 
     def __call__(self, event: Event) -> None:
+        if isinstance(self.renderer, TerminalView):
+            self.renderer.observe(event)
         if isinstance(event, Output):
             self._renderer().render(event.lines)
         elif isinstance(event, RunStarted):
-            self.renderer = LiveRenderer(self.console, event.nodes, event.max_rank)
+            self.renderer = self._start_view(event)
             self._note(f"run {event.run_id}: {len(event.nodes)} nodes, master {event.master} at "
                        f"{event.master_addr}:{event.port}; logs in {event.log_dir}", "bold")
         elif isinstance(event, PreflightDone):
@@ -52,6 +58,7 @@ class ConsoleObserver:
         elif isinstance(event, ConnectFailed):
             render_error(self.console, event.error)
         elif isinstance(event, RunFinished):
+            self.close()
             render_summary(self.console, event.summary)
         elif isinstance(event, NodeStatus):
             status_note(self._renderer(), event.status)
@@ -85,6 +92,19 @@ class ConsoleObserver:
         self.console.print(Text(f"preflight: {len(report.results)} checks passed"
                                 + (f", {len(warnings)} warnings (torchherd check shows them)" if warnings else ""),
                                 style="dim"), soft_wrap=True)
+
+    def _start_view(self, event: RunStarted) -> LiveRenderer:
+        if self.view.plain:
+            return LiveRenderer(self.console, event.nodes, event.max_rank)
+        view = TerminalView(self.console, event.nodes, event.max_rank, self.view)
+        view.start()
+        return view
+
+    def close(self) -> None:
+        """Shows what the view still holds and takes the panel away (the run ended, or
+        the command is leaving); harmless when there is nothing to close."""
+        if isinstance(self.renderer, TerminalView):
+            self.renderer.close()
 
     def _renderer(self) -> LiveRenderer:
         if self.renderer is None:

@@ -78,12 +78,28 @@ class LiveRenderer:
         return f"{self._styled_prefix(line.node, line.rank)}{opened}{line.text}{closed}"
 
     def render(self, lines: Sequence[OutputLine | RankLines]) -> None:
-        if not lines:
-            return
-        file = self.console.file
-        file.write("".join(self.format(line) + "\n" if isinstance(line, OutputLine) else self.block_text(line)
-                           for line in lines))
-        file.flush()
+        if lines:
+            self.write(self.text(lines))
+
+    def text(self, lines: Sequence[OutputLine | RankLines]) -> str:
+        """The batch as the terminal shows it, every line ending in a newline."""
+        return "".join(self.format(line) + "\n" if isinstance(line, OutputLine) else self.block_text(line)
+                       for line in lines)
+
+    def write(self, text: str) -> None:
+        """One write of ready terminal text (``TerminalView`` puts its panel around it)."""
+        if text:
+            file = self.console.file
+            file.write(text)
+            file.flush()
+
+    def collapsed(self, label: str, stream: str, text: str, count: int, node: str) -> str:
+        """One line said by ``count`` ranks or nodes: ``node[0-3]:* │ text (x8)``."""
+        head = Text(label, style=self.colours.get(node, ""))
+        head.append(SEPARATOR, style="dim")
+        opened, closed = self._styles["red"] if stream == STDERR else ("", "")
+        count_opened, count_closed = self._styles["dim"]
+        return f"{self._styled(head)}{opened}{text}{closed} {count_opened}(x{count}){count_closed}"
 
     def block_text(self, block: RankLines) -> str:
         """A block's lines as ``format`` would print them, rewritten a whole block at a time."""
@@ -119,7 +135,10 @@ class LiveRenderer:
 
     def note(self, message: str, style: str = "bold") -> None:
         """A line from torchherd itself (a node started, exited, vanished)."""
-        self.console.print(Text(f"torchherd{SEPARATOR}{message}", style=style), soft_wrap=True)
+        self.write(self.note_text(message, style))
+
+    def note_text(self, message: str, style: str = "bold") -> str:
+        return self._styled(Text(f"torchherd{SEPARATOR}{message}", style=style)) + "\n"
 
 
 def render_summary(console: Console, summary: RunSummary) -> None:

@@ -69,15 +69,17 @@ SUPERVISOR_ENV: Final = "TORCHHERD_SUPERVISOR"
 
 # ------------------------------------------------------------ status events
 
-StatusEvent = Literal["started", "error", "stopping", "exit", "teardown", "done"]
+StatusEvent = Literal["started", "error", "stopping", "exit", "teardown", "done", "gpu", "progress"]
 EVENT_STARTED: Final = "started"
 EVENT_ERROR: Final = "error"
 EVENT_STOPPING: Final = "stopping"
 EVENT_EXIT: Final = "exit"
 EVENT_TEARDOWN: Final = "teardown"
 EVENT_DONE: Final = "done"
+EVENT_GPU: Final = "gpu"
+EVENT_PROGRESS: Final = "progress"
 STATUS_EVENTS: Final[Tuple[StatusEvent, ...]] = (
-    EVENT_STARTED, EVENT_ERROR, EVENT_STOPPING, EVENT_EXIT, EVENT_TEARDOWN, EVENT_DONE,
+    EVENT_STARTED, EVENT_ERROR, EVENT_STOPPING, EVENT_EXIT, EVENT_TEARDOWN, EVENT_DONE, EVENT_GPU, EVENT_PROGRESS,
 )
 
 StopMode = Literal["term", "kill"]
@@ -132,6 +134,18 @@ def teardown_record(reason: str, signalled: Iterable[int], killed: Iterable[int]
 def done_record(code: int, left: int) -> bytes:
     """Always the supervisor's last record: its exit code, processes it could not kill."""
     return status_record(EVENT_DONE, code=code, left=left)
+
+
+def gpu_record(gpus: Iterable[Tuple[int, float, float, float]]) -> bytes:
+    """The node's GPUs as ``nvidia-smi`` saw them, every few seconds: per GPU
+    [index, utilisation %, memory used MiB, memory total MiB]."""
+    return status_record(EVENT_GPU, gpus=[list(gpu) for gpu in gpus])
+
+
+def progress_record(rank: Optional[int], text: str) -> bytes:
+    """A rank's line that is still being redrawn with ``\\r`` (a progress bar), as a
+    terminal would show it now. Not a line: the line itself follows once it ends."""
+    return status_record(EVENT_PROGRESS, rank=rank, text=text)
 
 
 # --------------------------------------------------------------- stop levels
@@ -324,6 +338,11 @@ class SupervisorConfig(NamedTuple):
     """This node's name, for the coordinator."""
     coordinator: Optional[CoordinatorAddress] = None
     """Detached fail fast: the run's coordinator."""
+    rank_logs: Optional[str] = None
+    """torchrun's ``--log-dir`` when it runs with ``--redirects 3`` (no tee): the supervisor
+    reads each rank's files there itself, byte for byte, so a ``\\r`` survives."""
+    gpu_every: float = 0.0
+    """Seconds between GPU samples (``gpu`` records) where ``nvidia-smi`` exists; 0: none."""
 
     def to_json(self) -> str:
         # ASCII JSON never holds a raw newline: the config is exactly one line.
@@ -333,6 +352,7 @@ class SupervisorConfig(NamedTuple):
             "cleanup_dir": self.cleanup_dir, "rank_marker": self.rank_marker,
             "log_file": self.log_file, "state_file": self.state_file, "node": self.node or None,
             "coordinator": None if self.coordinator is None else self.coordinator.to_json_object(),
+            "rank_logs": self.rank_logs, "gpu_every": self.gpu_every,
         })
 
     def to_line(self) -> bytes:
@@ -360,6 +380,7 @@ class SupervisorConfig(NamedTuple):
             rank_marker=_optional_str(raw, "rank_marker"), log_file=_optional_str(raw, "log_file"),
             state_file=_optional_str(raw, "state_file"), node=_optional_str(raw, "node") or "",
             coordinator=CoordinatorAddress.from_json_object(raw.get("coordinator")),
+            rank_logs=_optional_str(raw, "rank_logs"), gpu_every=_number(raw, "gpu_every", 0.0),
         )
 
 
