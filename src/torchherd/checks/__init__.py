@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from torchherd.checks.model import CHECK_IDS, Observed
+from torchherd.checks.model import CHECK_IDS, Mesh, Observed
 from torchherd.plan import NodeNetwork, Plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.transport import Connector, Session
@@ -25,6 +25,8 @@ class CheckOptions:
     only: frozenset[str] | None = None
     skip: frozenset[str] = frozenset()
     smoke: bool = False
+    mesh: Mesh = "auto"
+    """"full": every node probes every other; "auto": full up to a threshold, then sampled."""
 
 
 @dataclass
@@ -48,7 +50,7 @@ def run_preflight(plan: Plan, options: CheckOptions, connector: Connector,
     from torchherd.checks import runner
 
     selected = runner.selected_checks(options.only, options.skip, options.smoke)
-    observed, connections = runner.collect(plan, selected, connector, progress)
+    observed, connections = runner.collect(plan, selected, connector, progress, options.mesh)
     results = runner.analyse(observed, selected)
     if progress is not None:
         for result in results:

@@ -133,28 +133,25 @@ def _last_line(stderr: str, exit_code: int | None) -> str:
     return lines[-1] if lines else f"exit status {exit_code}"
 
 
+def stop_listeners(sessions: list[FactsSession]) -> None:
+    """Every node's listener told to end at once, then each waited for: a few hundred
+    nodes take one listener's exit, not one after another."""
+    listeners = [session.listener for session in sessions if session.listener is not None]
+    for process in listeners:
+        try:
+            process.close_stdin()
+        except TransportError:  # already gone: nothing to stop
+            pass
+    for process in listeners:
+        try:
+            process.exit_code(timeout=2.0)
+        finally:
+            process.close()
+
+
 def stop_listener(process: Process) -> None:
     try:
         process.close_stdin()
         process.exit_code(timeout=2.0)
     finally:
         process.close()
-
-
-def run_connector(session: FactsSession, targets: list[tuple[str, str, int]], ping: str | None,
-                  timeout: float, resolve: list[str]) -> Json:
-    """Asks the node's running facts/listener process to connect to its peers: no new
-    SSH command, so no second login shell on the node."""
-    request = {"targets": [list(target) for target in targets], "timeout": timeout, "ping": ping,
-               "resolve": resolve}
-    node = session.facts_node
-    if session.listener is None or session.reader is None:
-        raise TransportError(node, "probe", f"{node}: no listener to probe from")
-    if not session.listener.send(json.dumps(request).encode("utf-8") + b"\n"):
-        raise TransportError(node, "probe", f"{node}: the probe session closed")
-    line = session.reader.line(time.monotonic() + timeout + 8.0)
-    try:
-        parsed: Json = json.loads((line or b"").decode("utf-8", "replace"))
-    except ValueError:
-        raise TransportError(node, "probe", f"{node}: the probe did not answer") from None
-    return parsed

@@ -10,9 +10,9 @@ from typing import Callable
 
 from torchherd.checks.analysis.network import compute_networks
 from torchherd.checks.analysis.registry import ANALYSES
-from torchherd.checks.gather import FactsSession, gather_facts
+from torchherd.checks.gather import FactsSession, gather_facts, stop_listeners
 from torchherd.checks.icmp import echo
-from torchherd.checks.model import CHECK_IDS, Observed
+from torchherd.checks.model import CHECK_IDS, Mesh, Observed
 from torchherd.checks.probes import listen_config, run_probes
 from torchherd.errors import TransportError, UsageError
 from torchherd.inventory import Host
@@ -130,8 +130,8 @@ def observe(plan: Plan, selected: tuple[str, ...]) -> Observed:
                     job_env={node.host.name: node.env for node in plan.nodes})
 
 
-def collect(plan: Plan, selected: tuple[str, ...], connector: Connector,
-            progress: Progress | None) -> tuple[Observed, dict[str, Session]]:
+def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progress: Progress | None,
+            mesh: Mesh = "auto") -> tuple[Observed, dict[str, Session]]:
     observed = observe(plan, selected)
     probing = bool(PROBED & set(selected))
     collector = _Collector(observed, connector, any(check != "ssh" for check in selected), progress,
@@ -140,18 +140,17 @@ def collect(plan: Plan, selected: tuple[str, ...], connector: Connector,
         fan_out(plan.inventory.hosts, collector.node)
         observed.networks = compute_networks(observed)
         if probing:
-            _probe(observed, collector, "ping" in selected)
+            _probe(observed, collector, "ping" in selected, mesh)
     finally:
-        for session in collector.sessions.values():
-            session.stop()
+        stop_listeners(list(collector.sessions.values()))
     return observed, collector.connections
 
 
-def _probe(observed: Observed, collector: _Collector, ping: bool) -> None:
+def _probe(observed: Observed, collector: _Collector, ping: bool, mesh: Mesh) -> None:
     if ping:
         pinger = threading.Thread(target=_controller_pings, args=(observed,), daemon=True)
         pinger.start()
-    run_probes(observed, collector.sessions)
+    run_probes(observed, collector.sessions, mesh)
     observed.networks = compute_networks(observed)
     if ping:
         pinger.join()

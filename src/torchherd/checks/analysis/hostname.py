@@ -8,9 +8,9 @@ and then tells the peers that address: a 127.0.1.1 line in /etc/hosts hangs the 
 from __future__ import annotations
 
 from torchherd.checks.analysis.common import is_loopback, per_node, resolved
-from torchherd.plan import is_ip_address as is_ip
 from torchherd.checks.model import NodeFacts, Observed
 from torchherd.inventory import Host
+from torchherd.plan import is_ip_address as is_ip
 from torchherd.results import CheckResult
 
 CHECK = "hostname"

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import Counter
 
 from torchherd.checks.analysis.common import is_loopback, per_node, resolved
-from torchherd.plan import is_ip_address as is_ip
 from torchherd.checks.model import NodeFacts, Observed
 from torchherd.inventory import Host
 from torchherd.plan import NodeNetwork
+from torchherd.plan import is_ip_address as is_ip
 from torchherd.results import CheckResult
 
 CHECK = "network"

@@ -5,7 +5,17 @@ from __future__ import annotations
 from typing import Callable
 
 from torchherd.checks.analysis import (
-    clock, env, firewall, gpu, hostname, network, ping, port, python, script, ssh,
+    clock,
+    env,
+    firewall,
+    gpu,
+    hostname,
+    network,
+    ping,
+    port,
+    python,
+    script,
+    ssh,
 )
 from torchherd.checks.model import Observed
 from torchherd.results import CheckResult
