@@ -21,18 +21,20 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from torchherd import hostspec
 from torchherd.checks import CheckOptions
 from torchherd.engine import detach as detached
-from torchherd.engine.events import Event, NodeStatus, Observer, Output, ignore
+from torchherd.engine.events import Event, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import LaunchAborted, Run, launch, open_nodes, preflight
+from torchherd.engine.launch import LaunchAborted, Run, launch, open_nodes, preflight, sync_first
+from torchherd.engine.sync import sync_over
 from torchherd.errors import TorchherdError, UsageError
 from torchherd.inventory import Inventory, load, parse
-from torchherd.plan import Plan, RunOptions, build_plan
+from torchherd.plan import Plan, RunOptions, SyncOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import OutputLine, RankLines
 from torchherd.runrecord import NodeState, RunRecord, load_all
 from torchherd.runrecord import load as load_record
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
+from torchherd.tree import project_root
 
 __all__ = ["Cluster", "DetachedRun", "DetachedStartFailed", "LaunchAborted", "Run", "attach", "new_run_id", "runs"]
 
@@ -135,25 +137,60 @@ class Cluster:
     def plan(self, script: str, *args: str, nproc_per_node: int | str | None = None,
              env: Mapping[str, str] | None = None, master_addr: str | None = None, nnodes: str | None = None,
              module: bool = False, rdzv_backend: str | None = None, rdzv_conf: str | None = None,
-             max_restarts: int = 0, monitor_interval: float | None = None, run_id: str | None = None) -> Plan:
+             max_restarts: int = 0, monitor_interval: float | None = None, run_id: str | None = None,
+             sync: bool | str | Path | None = None) -> Plan:
         """The job, decided: every node's exact torchrun command and environment (what
-        ``--dry-run`` prints). Raises UsageError for options that cannot work together."""
+        ``--dry-run`` prints). Raises UsageError for options that cannot work together.
+        ``sync``: the local project to make identical on every node before the launch (True:
+        ``[sync].dir``, else the enclosing git repository, else the current directory; a
+        directory; False: not even with a ``[sync]`` table); the job then runs there."""
         options = RunOptions(script=script, script_args=tuple(args), run_id=run_id or new_run_id(),
                              nproc_per_node=nproc_per_node, nnodes=nnodes, module=module,
                              extra_env=dict(env or {}), master_addr=master_addr, max_restarts=max_restarts,
-                             monitor_interval=monitor_interval, rdzv_conf=rdzv_conf, rdzv_backend=rdzv_backend)
+                             monitor_interval=monitor_interval, rdzv_conf=rdzv_conf, rdzv_backend=rdzv_backend,
+                             sync=self._sync_options(sync))
         return build_plan(self.inventory, options)
 
     def check(self, script: str | None = None, *, plan: Plan | None = None, only: Iterable[str] | None = None,
               skip: Iterable[str] = (), smoke: bool = False,
-              on_result: Callable[[CheckResult], None] | None = None) -> CheckReport:
+              on_result: Callable[[CheckResult], None] | None = None, sync: bool | str | Path | None = None,
+              on_event: Observer | None = None) -> CheckReport:
         """The preflight checks, changing nothing on the nodes. They verify ``plan`` when
         given (its master address, port, processes per node, script, environment), else the
-        plan of a default run of ``script``."""
+        plan of a default run of ``script``. With ``sync`` the project is first made
+        identical on the nodes (its events to ``on_event``; LaunchAborted if it fails)."""
         options = CheckOptions(only=frozenset(only) if only is not None else None, skip=frozenset(skip), smoke=smoke)
-        outcome = preflight(plan or self.plan(script or "", run_id="check"), options, self.connector, on_result)
+        plan = plan or self.plan(script or "", run_id="check", sync=sync)
+        connector = self.connector
+        if sync and plan.sync is not None:
+            connector = sync_first(plan, connector, on_event or ignore)
+        outcome = preflight(plan, options, connector, on_result)
         outcome.close()
         return outcome.report
+
+    def sync(self, source: bool | str | Path = True, *, plan: Plan | None = None, dry_run: bool = False,
+             on_event: Observer | None = None) -> SyncDone:
+        """Makes the local project (``source``: a directory, or True for ``[sync].dir``, else
+        the enclosing git repository, else the current directory) identical on every node,
+        or with ``dry_run`` says per node what would be sent and deleted. ``plan`` (one made
+        with ``sync``) gives the destinations. A ``SyncDone``: ``.ok``, per node ``NodeSynced``
+        or ``SyncFailed``. ``launch`` of a plan made with ``sync`` does this itself."""
+        plan = plan or self.plan("", run_id="sync", sync=source)
+        if plan.sync is None:
+            raise UsageError("sync: the plan has nothing to sync", "make it with plan(..., sync=True)")
+        return sync_over(plan, self.connector, on_event or ignore, dry_run)
+
+    def _sync_options(self, sync: bool | str | Path | None) -> SyncOptions | None:
+        """``--sync [DIR]``, with the inventory's ``[sync]`` table: None when there is nothing to sync."""
+        table = self.inventory.sync
+        if sync is False or (sync is None and table is None):
+            return None
+        chosen = (table.dir if table is not None else None) if sync is None or sync is True else Path(sync)
+        source = Path(chosen).expanduser() if chosen is not None else project_root(Path.cwd())
+        if not source.is_dir():
+            raise UsageError(f"--sync {chosen}: not a directory",
+                             "write --sync DIR -- train.py, or --sync -- train.py for the enclosing git repository")
+        return SyncOptions(str(source.resolve()), table.dest if table else None, table.exclude if table else ())
 
     def launch(self, plan: Plan, *, log_dir: str | Path = "torchherd-logs", on_event: Observer | None = None,
                check: bool = True, grace: float = 10.0, fail_fast: bool = True,

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from torchherd.api import Cluster, DetachedStartFailed
     from torchherd.console.view import ViewOptions
+    from torchherd.plan import Plan
 
 Handler = Callable[[argparse.Namespace, "Console"], int]
 
@@ -144,11 +145,16 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     script = args.script[0] if args.script else None
     only, skip = _id_list(args.only), _id_list(args.skip) or frozenset()
     if args.json:
-        report = cluster.check(script, only=only, skip=skip, smoke=args.smoke)
+        from torchherd.console import make_console
+        from torchherd.console.sync import SyncPrinter
+
+        report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, sync=args.sync,
+                               on_event=SyncPrinter(make_console(stderr=True)))  # stdout is for the JSON
         print(json.dumps(report.as_json(), indent=2))
     else:
         with live_progress(console, cluster.inventory) as progress:
-            report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, on_result=progress)
+            report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, on_result=progress,
+                                   sync=args.sync, on_event=_sync_printer(console))
         render_report(console, report)
     return EXIT_OK if report.ok else EXIT_FAILED
 
@@ -168,10 +174,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                         module=args.module, env=_extra_env(args.env, args.env_pass, parse_env_assignments),
                         master_addr=args.master_addr, max_restarts=args.max_restarts,
                         monitor_interval=args.monitor_interval, rdzv_conf=args.rdzv_conf,
-                        rdzv_backend=args.rdzv_backend)
+                        rdzv_backend=args.rdzv_backend, sync=args.sync)
     if args.dry_run:
         render_plan(console, plan)
-        return EXIT_OK
+        return _dry_sync(cluster, plan, console) if plan.sync is not None else EXIT_OK
     observer = ConsoleObserver(console, view=_view_options(args, console))
     try:
         launched = cluster.launch(plan, log_dir=args.log_dir, on_event=observer, check=not args.no_check,
@@ -185,6 +191,31 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             return launched.wait().exit_code
     finally:
         observer.close()  # the panel goes, whichever way the command leaves
+
+
+def _dry_sync(cluster: Cluster, plan: Plan, console: Console) -> int:
+    """``run --sync --dry-run``: asks every node what it has (changing nothing) and lists
+    what would be sent and deleted; 1 when a node could not answer."""
+    from torchherd.console.sync import render_sync_plan
+
+    done = cluster.sync(plan=plan, dry_run=True)
+    render_sync_plan(console, done)
+    return EXIT_OK if done.ok else EXIT_FAILED
+
+
+def _sync_printer(console: Console) -> Callable[[object], None]:
+    from torchherd.console.sync import SyncPrinter
+
+    return SyncPrinter(console)
+
+
+def _add_sync_flag(parser: argparse.ArgumentParser, run: bool) -> None:
+    parser.add_argument("--sync", nargs="?", const=True, default=None, metavar="DIR",
+                        help="first make the local project (DIR, else [sync].dir, else the enclosing git repository, "
+                             "else .) identical on every node under its workdir; only changed files travel")
+    if run:
+        parser.add_argument("--no-sync", dest="sync", action="store_const", const=False,
+                            help="do not sync, even with a [sync] table in the inventory")
 
 
 def _view_options(args: argparse.Namespace, console: Console) -> ViewOptions:
@@ -320,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT: also check the training script")
     check.set_defaults(handler=cmd_check)
     _add_host_flags(check, nproc=True)
+    _add_sync_flag(check, run=False)
 
     run = commands.add_parser("run", parents=[inventory], help="check, then launch the job on every node")
     run.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
@@ -355,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT [ARGS...]")
     run.set_defaults(handler=cmd_run)
     _add_host_flags(run)
+    _add_sync_flag(run, run=True)
     _add_detached_commands(commands)
     _add_init(commands, inventory)
     return parser

@@ -14,6 +14,7 @@ from torchherd.console import render_error
 from torchherd.console.checks import render_report
 from torchherd.console.detach import status_note
 from torchherd.console.run import LiveRenderer, render_summary
+from torchherd.console.sync import SYNC_EVENTS, sync_notes
 from torchherd.console.view import TerminalView, ViewOptions
 from torchherd.engine.events import (
     ConnectFailed,
@@ -47,6 +48,10 @@ class ConsoleObserver:
     def __call__(self, event: Event) -> None:
         if isinstance(self.renderer, TerminalView):
             self.renderer.observe(event)
+        if isinstance(event, SYNC_EVENTS):
+            for message, style in sync_notes(event):
+                self._note(message, style)
+            return
         if isinstance(event, Output):
             self._renderer().render(event.lines)
         elif isinstance(event, RunStarted):

@@ -130,8 +130,70 @@ class RunFinished:
     summary: RunSummary
 
 
+@dataclass(frozen=True)
+class SyncStarted:
+    """``--sync``: the local project ``source`` is being made identical on ``nodes``
+    (with ``dry_run``, only compared: nothing is written)."""
+
+    source: str
+    nodes: tuple[str, ...]
+    files: int
+    bytes: int
+    skipped: tuple[str, ...] = ()
+    """Local paths that cannot be sent, and why (a socket, an unreadable directory)."""
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class NodeSynced:
+    """The node has the project under ``dest``, every file written verified by its SHA-256
+    (with ``dry_run``: what would be sent and deleted)."""
+
+    node: str
+    dest: str
+    sent: tuple[str, ...]
+    """The files sent, in path order."""
+    sent_bytes: int
+    deleted: tuple[str, ...]
+    """Files an earlier sync put there that the project no longer has."""
+    unchanged: int
+    seconds: float
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class SyncFailed:
+    """The node is not in sync: the receiver refused (a destination outside the workdir),
+    the connection failed, or ``files`` could not be written or verified."""
+
+    node: str
+    message: str
+    seconds: float = 0.0
+    files: tuple[tuple[str, str], ...] = ()
+    """(path, why) for each file not in sync."""
+
+
+@dataclass(frozen=True)
+class SyncDone:
+    """Every node's outcome, in node-rank order."""
+
+    source: str
+    nodes: tuple[Union[NodeSynced, SyncFailed], ...]
+    seconds: float
+    dry_run: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return all(isinstance(node, NodeSynced) for node in self.nodes)
+
+    @property
+    def failed(self) -> tuple[SyncFailed, ...]:
+        return tuple(node for node in self.nodes if isinstance(node, SyncFailed))
+
+
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
-              NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished]
+              NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished,
+              SyncStarted, NodeSynced, SyncFailed, SyncDone]
 Observer = Callable[[Event], None]
 
 

@@ -33,7 +33,9 @@ from torchherd.engine.events import (
     ignore,
 )
 from torchherd.engine.job import Job, LaunchOptions, max_rank
+from torchherd.engine.sync import sync_nodes
 from torchherd.errors import TorchherdError, TransportError
+from torchherd.inventory import Host
 from torchherd.plan import NodePlan, Plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import OutputLine, RankLines, RunSummary
@@ -131,10 +133,42 @@ class Opened:
 
 
 def open_nodes(plan: Plan, options: LaunchOptions, connector: Connector, observer: Observer) -> Opened:
-    """Preflights the plan (or just connects); raises LaunchAborted when a node failed."""
+    """Preflights the plan (or just connects); raises LaunchAborted when a node failed.
+    With ``plan.sync`` the project is made identical on every node first, so the
+    preflight checks the files the job will run."""
+    if plan.sync is not None:
+        connector = sync_first(plan, connector, observer)
     if options.check:
         return _after_preflight(plan, connector, observer)
     return _connect(plan, connector, observer)
+
+
+def sync_first(plan: Plan, connector: Connector, observer: Observer) -> Connector:
+    """Connects to every node and syncs the project over those sessions; returns a
+    connector that hands the preflight and the launch the very same sessions. Raises
+    LaunchAborted (the sessions closed) when a node could not be reached or synced."""
+    opened = _connect(plan, connector, observer)
+    try:
+        done = sync_nodes(plan, opened.sessions, observer)
+    except BaseException:
+        opened.close()
+        raise
+    if not done.ok:
+        opened.close()
+        raise LaunchAborted(f"the project is not in sync on {len(done.failed)} of {len(plan.nodes)} nodes")
+    return _Reusing(opened.sessions, connector)
+
+
+@dataclass(frozen=True)
+class _Reusing:
+    """A connector that gives out sessions already open (the sync's), else connects."""
+
+    sessions: Mapping[str, Session]
+    fallback: Connector
+
+    def connect(self, host: Host) -> Session:
+        session = self.sessions.get(host.name)
+        return session if session is not None else self.fallback.connect(host)
 
 
 def _connect(plan: Plan, connector: Connector, observer: Observer,

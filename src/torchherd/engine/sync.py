@@ -30,7 +30,7 @@ from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan, quote_path
 from torchherd.remote import source
 from torchherd.remote.receive import CHUNK, DIGEST, HEADER
-from torchherd.transport import Process, Session, fan_out
+from torchherd.transport import Connector, Process, Session, close_all, connect_all, fan_out
 
 BATCH = 256 * 1024
 """Bytes handed to a node's sender at once: few sends, and small files travel together."""
@@ -85,7 +85,7 @@ class _Node:
     """One node's side of the sync: its receiver, its answer, its queue and sender."""
 
     plan: NodePlan
-    session: Session
+    session: Session | None
     process: Process | None = None
     lines: _Lines | None = None
     answer: tree.NodeHas | None = None
@@ -104,11 +104,13 @@ class _Node:
 
     def ask(self, want: bytes, within: str, timeout: float) -> None:
         """Starts the receiver, sends the listing, reads what the node has."""
+        if self.session is None:
+            return
         try:
             self.process = self.session.start(receiver_command(self.plan, self.plan.workdir, within))
             self.lines = _Lines(self.process)
             if not self.process.send(want):
-                self.error = "the connection closed before the listing was sent"
+                self.error = self._gone("was gone before the listing was sent")
                 return
             line = self.lines.line(timeout)
         except TransportError as error:
@@ -165,10 +167,24 @@ class _Node:
             self.process.close()
 
 
-def sync_nodes(plan: Plan, sessions: Mapping[str, Session], observer: Observer, dry_run: bool = False) -> SyncDone:
+def sync_over(plan: Plan, connector: Connector, observer: Observer, dry_run: bool = False) -> SyncDone:
+    """Connects to every node, syncs (or, with ``dry_run``, compares), and closes; a node
+    that cannot be reached is a ``SyncFailed`` saying why."""
+    results = connect_all(connector, [node.host for node in plan.nodes])
+    sessions = {name: result for name, result in results.items() if not isinstance(result, TransportError)}
+    unreachable = {name: str(result) for name, result in results.items() if isinstance(result, TransportError)}
+    try:
+        return sync_nodes(plan, sessions, observer, dry_run, unreachable)
+    finally:
+        close_all(sessions.values())
+
+
+def sync_nodes(plan: Plan, sessions: Mapping[str, Session], observer: Observer, dry_run: bool = False,
+               unreachable: Mapping[str, str] | None = None) -> SyncDone:
     """Makes ``plan.sync.source`` identical under every node's workdir (or, with
     ``dry_run``, only says what would travel). Never raises for one node's failure:
-    the ``SyncDone`` says which nodes are in sync."""
+    the ``SyncDone`` says which nodes are in sync (a node without a session fails
+    with its ``unreachable`` reason)."""
     spec = plan.sync
     assert spec is not None
     started = time.monotonic()
@@ -176,7 +192,10 @@ def sync_nodes(plan: Plan, sessions: Mapping[str, Session], observer: Observer, 
     entries = listing.by_path()
     observer(SyncStarted(str(listing.root), tuple(node.host.name for node in plan.nodes), len(listing.entries),
                          listing.total_bytes, listing.skipped, dry_run))
-    nodes = [_Node(node, sessions[node.host.name]) for node in plan.nodes]
+    nodes = [_Node(node, sessions.get(node.host.name)) for node in plan.nodes]
+    for node in nodes:
+        if node.session is None:
+            node.error = (unreachable or {}).get(node.name, "no SSH session")
     want = frame({"want": [entry.want() for entry in listing.entries]})
     timeout = plan.inventory.cluster.ssh_timeout + ANSWER_SECONDS
     try:

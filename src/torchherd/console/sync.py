@@ -1,0 +1,87 @@
+"""``--sync`` as the user sees it: one note as it starts, one per node, one at the end;
+``--dry-run`` lists per node what would be sent and deleted (nodes that would get the
+same are listed once)."""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+from rich.console import Console
+from rich.text import Text
+
+from torchherd.engine.events import NodeSynced, SyncDone, SyncFailed, SyncStarted
+
+SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone)
+LISTED = 40
+"""Paths listed per group of nodes on a dry run; the rest are counted."""
+
+
+def size(count: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
+def files(count: int) -> str:
+    return f"{count} file{'' if count == 1 else 's'}"
+
+
+def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone) -> Iterator[tuple[str, str]]:
+    """The notes (text, style) a live run shows for a sync event."""
+    if isinstance(event, SyncStarted):
+        doing = "comparing" if event.dry_run else "sending"
+        yield (f"sync: {doing} {event.source} ({files(event.files)}, {size(event.bytes)}) with "
+               f"{len(event.nodes)} nodes", "bold")
+        for skipped in event.skipped[:5]:
+            yield f"sync: left out {skipped}", "yellow"
+        if len(event.skipped) > 5:
+            yield f"sync: {len(event.skipped) - 5} more left out", "yellow"
+    elif isinstance(event, NodeSynced) and not event.dry_run:
+        yield (f"{event.node}: in sync at {event.dest}: {files(len(event.sent))} sent ({size(event.sent_bytes)}), "
+               f"{len(event.deleted)} deleted, {event.unchanged} unchanged ({event.seconds:.1f} s)", "dim")
+    elif isinstance(event, SyncFailed):
+        yield f"{event.node}: not in sync: {event.message}", "bold red"
+        for path, why in event.files[3:10]:
+            yield f"{event.node}: {path}: {why}", "red"
+    elif isinstance(event, SyncDone) and not event.dry_run:
+        good = sum(isinstance(node, NodeSynced) for node in event.nodes)
+        yield (f"sync: {good} of {len(event.nodes)} nodes in sync ({event.seconds:.1f} s)",
+               "green" if event.ok else "bold red")
+
+
+def render_sync_plan(console: Console, done: SyncDone) -> None:
+    """``--dry-run``: per node (nodes alike grouped), the files that would be sent and deleted."""
+    groups: dict[tuple[tuple[str, ...], tuple[str, ...], str], list[NodeSynced]] = {}
+    for node in done.nodes:
+        if isinstance(node, NodeSynced):
+            groups.setdefault((node.sent, node.deleted, node.dest), []).append(node)
+    for (sent, deleted, dest), nodes in groups.items():
+        first = nodes[0]
+        names = ", ".join(node.node for node in nodes)
+        console.print(Text(f"sync to {names} ({dest}): would send {files(len(sent))} ({size(first.sent_bytes)}), "
+                           f"delete {len(deleted)}, {first.unchanged} unchanged", style="bold"), soft_wrap=True)
+        _paths(console, "+", sent)
+        _paths(console, "-", deleted)
+    for failed in done.failed:
+        console.print(Text(f"sync to {failed.node}: {failed.message}", style="bold red"), soft_wrap=True)
+
+
+def _paths(console: Console, mark: str, paths: Sequence[str]) -> None:
+    for path in paths[:LISTED]:
+        console.print(Text(f"  {mark} {path}"), soft_wrap=True)
+    if len(paths) > LISTED:
+        console.print(Text(f"  {mark} ... {len(paths) - LISTED} more", style="dim"), soft_wrap=True)
+
+
+class SyncPrinter:
+    """An observer that prints the sync's notes and nothing else (``check --sync``;
+    rich's console.print keeps a live grid intact)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, SYNC_EVENTS):
+            for message, style in sync_notes(event):
+                self.console.print(Text(message, style=style), soft_wrap=True)
