@@ -5,7 +5,8 @@ Each node of a :class:`LocalCluster` is
 * a network namespace ``{prefix}-node{i}`` with loopback up and an ``eth0`` that is
   one end of a veth pair; the other end (``{prefix}-v{i}``) is a port of the
   bridge ``{prefix}-br``, which holds the ``.1`` address of the cluster's private
-  /24 subnet (the controller, this machine, reaches the nodes through it);
+  /24 subnet (a /23 or wider past 253 nodes; the controller, this machine, reaches
+  the nodes through it);
 * an ``/etc/netns/{ns}/hosts`` naming ``localhost`` and every node, which
   ``ip netns exec`` bind-mounts over ``/etc/hosts`` for everything on the node;
 * a real ``sshd -D`` started under ``ip netns exec NS unshare --uts --mount --pid
@@ -30,10 +31,12 @@ Standard library only.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import hmac
 import ipaddress
 import json
 import os
@@ -367,17 +370,50 @@ def _used_networks() -> list[ipaddress.IPv4Network]:
     return used
 
 
-def choose_subnet(prefix: str) -> ipaddress.IPv4Network:
-    """A free 10.X.Y.0/24 (X in 128..254), derived from a hash of the prefix."""
+NEIGHBOURS = Path("/proc/sys/net/ipv4/neigh/default")
+
+
+def make_room_for_neighbours(nodes: int) -> list[str]:
+    """Every network namespace on one kernel shares one neighbour (ARP) table, capped by
+    gc_thresh3 (1024 by default). A full mesh of 32 namespaces needs 32 x 31 entries;
+    past the cap the kernel drops packets ('neighbor table overflow' in dmesg), and the
+    checks' probes rightly report them as timeouts: a fault of this test rig, which real
+    nodes (a table each) never share. Raises the thresholds, never lowers them: other
+    clusters may be using the room. Returns what it changed."""
+    changed = []
+    for name, value in (("gc_thresh3", 4 * nodes * nodes), ("gc_thresh2", 2 * nodes * nodes),
+                        ("gc_thresh1", nodes * nodes)):
+        try:
+            current = int((NEIGHBOURS / name).read_text())
+            if current < value:
+                (NEIGHBOURS / name).write_text(f"{value}\n")
+                changed.append(f"{name} {current} -> {value}")
+        except OSError:  # not root, or no such knob: the small clusters still fit
+            pass
+    return changed
+
+
+def subnet_prefixlen(hosts: int) -> int:
+    """The prefix length of the smallest subnet that holds ``hosts`` nodes beside its
+    network, bridge (.1) and broadcast addresses; never narrower than a /24, so clusters
+    of up to 253 nodes keep the /24 they always had (256 nodes take a /23)."""
+    return min(24, 32 - (hosts + 2).bit_length())
+
+
+def choose_subnet(prefix: str, prefixlen: int = 24) -> ipaddress.IPv4Network:
+    """A free aligned 10.X.Y.0/prefixlen in 10.128.0.0 - 10.254.255.255, derived from a
+    hash of the prefix (for a /24, X in 128..254 as it always was)."""
     used = _used_networks()
     seed = int.from_bytes(hashlib.sha256(prefix.encode()).digest()[:8], "big")
-    space = 127 * 256
+    size = 1 << (32 - prefixlen)
+    space = 127 * 256 * 256 // size
+    base = int(ipaddress.IPv4Address("10.128.0.0"))
     for step in range(space):
         index = (seed + step * 7919) % space  # 7919 is prime: visits every slot
-        net = ipaddress.IPv4Network(f"10.{128 + index // 256}.{index % 256}.0/24")
+        net = ipaddress.IPv4Network((base + index * size, prefixlen))
         if not any(net.overlaps(other) for other in used):
             return net
-    raise ClusterError("no free 10.X.Y.0/24 subnet for a local cluster")
+    raise ClusterError(f"no free /{prefixlen} subnet in 10.128.0.0/9 for a local cluster")
 
 
 def _toml_str(value: str) -> str:
@@ -402,6 +438,27 @@ def _ssh_banner_ready(ip: str, port: int = 22, timeout: float = 0.3) -> bool:
             return sock.recv(4).startswith(b"SSH-")
     except OSError:
         return False
+
+
+def _listening(pid: int, port: int) -> bool:
+    """Whether something listens on TCP ``port`` in the network namespace of ``pid``."""
+    try:
+        table = Path(f"/proc/{pid}/net/tcp").read_text()
+    except OSError:
+        return False
+    wanted = f":{port:04X}"
+    return any(
+        fields[1].endswith(wanted) and fields[3] == "0A"  # 0A: LISTEN
+        for fields in (line.split() for line in table.splitlines()[1:])
+        if len(fields) > 3
+    )
+
+
+def _hashed(name: str) -> str:
+    """A known_hosts name as ``HashKnownHosts yes`` writes it (``|1|salt|hmac-sha1``)."""
+    salt = os.urandom(20)
+    digest = hmac.new(salt, name.encode(), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
 
 
 # --------------------------------------------------------------------------- discovery
@@ -538,16 +595,29 @@ class LocalCluster:
         private_dirs: Sequence[str] = ("/tmp", "/dev/shm"),
         shared_paths: Sequence[str] | None = None,
         ready_timeout: float = 15.0,
+        jump_hosts: int = 0,
+        include_aliases: bool = False,
     ) -> None:
         if n < 1:
             raise ValueError(f"a cluster needs at least one node, got n={n}")
-        validate_prefix(prefix, n)
+        if jump_hosts < 0:
+            raise ValueError(f"jump_hosts must be 0 or more, got {jump_hosts}")
+        validate_prefix(prefix, n + jump_hosts)
         for directory in private_dirs:
             if not directory.startswith("/") or any(c.isspace() for c in directory):
                 raise ValueError(
                     f"private directory {directory!r}: use an absolute path without spaces"
                 )
         self.n = n
+        # Jump hosts in a chain in front of the nodes: jump0 (a bastion with sshd's stock
+        # limits) takes SSH from anywhere, jump{i} only from jump{i-1}, the nodes only from
+        # the last jump host (iptables in their namespaces); the ssh_config says
+        # ProxyJump jump0[,jump1...]. Their namespaces come after the nodes'.
+        self.jump_hosts = jump_hosts
+        # The Host blocks in an Included file (ssh_config.d/nodes.conf), with hashed
+        # known_hosts entries, as Debian's stock ssh_config (Include, HashKnownHosts yes)
+        # leaves them: this machine cannot resolve "node0", only that file says where it is.
+        self.include_aliases = include_aliases
         self.prefix = prefix
         self.workdir = Path(workdir).absolute()
         self.python = python or sys.executable
@@ -570,6 +640,7 @@ class LocalCluster:
         self.known_hosts = self.workdir / "known_hosts"
         self.identity_file = self.workdir / "id_ed25519"
         self.inventory = self.workdir / "hosts.toml"
+        self.include_dir = self.workdir / "ssh_config.d"
         self.state_file = self.workdir / STATE_FILE
         self.log_dir = self.workdir / "logs"
 
@@ -618,7 +689,12 @@ class LocalCluster:
 
     @property
     def names(self) -> list[str]:
-        return [host.name for host in self.hosts]
+        """The nodes (what the inventory lists), without the jump hosts."""
+        return [host.name for host in self.hosts[: self.n]]
+
+    @property
+    def jump_names(self) -> list[str]:
+        return [host.name for host in self.hosts[self.n :]]
 
     def up(self: _Cluster) -> _Cluster:  # noqa: PYI019 (typing.Self is 3.11+)
         """Build the cluster (after removing leftovers of the same prefix)."""
@@ -650,6 +726,7 @@ class LocalCluster:
         for name in CONTROLLER_FILES:
             with contextlib.suppress(FileNotFoundError):
                 (self.workdir / name).unlink()
+        shutil.rmtree(self.include_dir, ignore_errors=True)
         self.hosts = []
         self._by_name = {}
         self._subnet = None
@@ -686,6 +763,8 @@ class LocalCluster:
             str(data["prefix"]),
             python=str(data.get("python", sys.executable)),
             private_dirs=tuple(data.get("private_dirs", ("/tmp",))),
+            jump_hosts=int(data.get("jump_hosts", 0)),
+            include_aliases=bool(data.get("include_aliases", False)),
         )
         cluster._subnet = ipaddress.IPv4Network(str(data["subnet"]))
         cluster._set_hosts([NodeInfo(**host) for host in data["hosts"]])
@@ -702,11 +781,12 @@ class LocalCluster:
         return self.state_dir / name
 
     def _build(self) -> None:
+        make_room_for_neighbours(self.n + self.jump_hosts)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
         STATE_ROOT.mkdir(mode=0o755, parents=True, exist_ok=True)
         self.state_dir.mkdir(mode=0o700)
-        names = [f"node{i}" for i in range(self.n)]
+        names = [f"node{i}" for i in range(self.n)] + [f"jump{i}" for i in range(self.jump_hosts)]
         for name in names:
             self._node_dir(name).mkdir(mode=0o700)
 
@@ -723,7 +803,7 @@ class LocalCluster:
         ]
 
         with _global_lock():
-            subnet = choose_subnet(self.prefix)
+            subnet = choose_subnet(self.prefix, subnet_prefixlen(len(names)))
             self._subnet = subnet
             _run(["ip", "link", "add", self.bridge, "type", "bridge"])
             # Bridged frames must not go through this machine's iptables FORWARD
@@ -817,9 +897,10 @@ class LocalCluster:
         self._write_controller_files()
         self._write_state()
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privsep directory
+        self._restrict_ssh()
         for host in hosts:
             self._start_sshd(host)
-        self.wait_ready(timeout=self.ready_timeout)
+        self.wait_ready([host.name for host in hosts], timeout=self.ready_timeout)
 
     @staticmethod
     def _keygen(path: Path, comment: str) -> subprocess.Popen[str]:
@@ -871,8 +952,13 @@ class LocalCluster:
                         "PrintLastLog no",
                         "X11Forwarding no",
                         "AllowTcpForwarding yes",
-                        "MaxStartups 200:30:400",
-                        "MaxSessions 100",
+                        # A jump host keeps sshd's stock limits (MaxStartups 10:30:100,
+                        # MaxSessions 10), as real bastions do.
+                        *(
+                            []
+                            if host.name in self.jump_names
+                            else ["MaxStartups 200:30:400", "MaxSessions 100"]
+                        ),
                         "LogLevel INFO",
                         "Subsystem sftp internal-sftp",
                         "",
@@ -888,31 +974,41 @@ class LocalCluster:
                 .read_text()
                 .split()
             )
-            known.append(f"{host.name},{host.ip} {key[0]} {key[1]}\n")
+            if self.include_aliases:
+                known += [f"{_hashed(name)} {key[0]} {key[1]}\n" for name in (host.name, host.ip)]
+            else:
+                known.append(f"{host.name},{host.ip} {key[0]} {key[1]}\n")
         self.known_hosts.write_text("".join(known))
-        blocks = [
-            (
-                f"# Local test cluster {self.prefix!r} ({self.subnet}); "
-                "made by tests/cluster/localcluster.py\n"
-            )
-        ]
+        header = (
+            f"# Local test cluster {self.prefix!r} ({self.subnet}); "
+            "made by tests/cluster/localcluster.py\n"
+        )
+        common = (
+            "    User root\n"
+            "    Port 22\n"
+            f"    IdentityFile {self.identity_file}\n"
+            "    IdentitiesOnly yes\n"
+            f"    UserKnownHostsFile {self.known_hosts}\n"
+            "    GlobalKnownHostsFile /dev/null\n"
+            "    StrictHostKeyChecking yes\n"
+            "    UpdateHostKeys no\n"
+            "    BatchMode yes\n"
+            "    ConnectTimeout 10\n"
+            "    LogLevel ERROR\n"
+        )
+        jumps = ",".join(self.jump_names)
+        blocks = []
         for host in self.hosts:
-            blocks.append(
-                f"\nHost {host.name}\n"
-                f"    HostName {host.ip}\n"
-                "    User root\n"
-                "    Port 22\n"
-                f"    IdentityFile {self.identity_file}\n"
-                "    IdentitiesOnly yes\n"
-                f"    UserKnownHostsFile {self.known_hosts}\n"
-                "    GlobalKnownHostsFile /dev/null\n"
-                "    StrictHostKeyChecking yes\n"
-                "    UpdateHostKeys no\n"
-                "    BatchMode yes\n"
-                "    ConnectTimeout 10\n"
-                "    LogLevel ERROR\n"
-            )
-        self.ssh_config.write_text("".join(blocks))
+            via = f"    ProxyJump {jumps}\n" if jumps and host.name in self.names else ""
+            if host.name in self.jump_names[1:]:  # reached through the hops before it
+                via = f"    ProxyJump {','.join(self.jump_names[: self.jump_names.index(host.name)])}\n"
+            blocks.append(f"\nHost {host.name}\n    HostName {host.ip}\n{via}")
+        if self.include_aliases:
+            self.include_dir.mkdir(exist_ok=True)
+            (self.include_dir / "nodes.conf").write_text(header + "".join(blocks))
+            self.ssh_config.write_text(header + f"\nInclude {self.include_dir}/*.conf\n\nHost *\n" + common)
+        else:
+            self.ssh_config.write_text(header + "".join(block + common for block in blocks))
         lines = [
             f"# torchherd inventory of local test cluster {self.prefix!r} ({self.subnet})",
             "[cluster]",
@@ -925,14 +1021,26 @@ class LocalCluster:
             f"python = {_toml_str(self.python)}",
             'workdir = "/tmp"',
         ]
-        for host in self.hosts:
+        for host in self.hosts[: self.n]:
             lines += ["", "[[hosts]]", f"name = {_toml_str(host.name)}"]
         self.inventory.write_text("\n".join(lines) + "\n")
+
+    def _restrict_ssh(self) -> None:
+        """Behind jump hosts: each machine takes SSH only from the hop in front of it."""
+        for index, host in enumerate(self.hosts):
+            if host.name == "jump0" or not self.jump_hosts:
+                continue
+            front = self.hosts[index - 1] if host.name in self.jump_names else self.hosts[-1]
+            self.netns_exec(host.name, ["iptables", "-A", "INPUT", "-p", "tcp", "--dport", "22",
+                                        "-s", front.ip, "-j", "ACCEPT"])
+            self.netns_exec(host.name, ["iptables", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP"])
 
     def _write_state(self) -> None:
         data = {
             "prefix": self.prefix,
             "n": self.n,
+            "jump_hosts": self.jump_hosts,
+            "include_aliases": self.include_aliases,
             "subnet": str(self.subnet),
             "bridge": self.bridge,
             "workdir": str(self.workdir),
@@ -1013,7 +1121,8 @@ class LocalCluster:
     def wait_ready(
         self, names: Iterable[str] | None = None, timeout: float = 15.0
     ) -> None:
-        """Wait until each node's sshd answers with its SSH banner."""
+        """Wait until each node's sshd answers with its SSH banner (probed from inside
+        its namespace, where no filter keeps the controller out)."""
         pending = {
             self.node(name) for name in (names if names is not None else self.names)
         }
@@ -1025,7 +1134,7 @@ class LocalCluster:
                     raise ClusterError(
                         f"sshd of {host.name} exited with {proc.returncode}:\n{self._sshd_log_tail(host.name)}"
                     )
-                if _ssh_banner_ready(host.ip):
+                if self._sshd_ready(host, proc):
                     pending.discard(host)
             if pending:
                 if time.monotonic() > deadline:
@@ -1034,6 +1143,12 @@ class LocalCluster:
                         + ", ".join(sorted(h.name for h in pending))
                     )
                 time.sleep(0.02)
+
+    def _sshd_ready(self, host: NodeInfo, proc: subprocess.Popen[bytes] | None) -> bool:
+        if not self.jump_hosts or host.name == "jump0":
+            return _ssh_banner_ready(host.ip)
+        # SSH from the controller is dropped here: ask the node's own TCP table instead.
+        return proc is not None and _listening(proc.pid, 22)
 
     def ssh_argv(self, name: str, command: str, *extra_options: str) -> list[str]:
         """The OpenSSH client command line that runs ``command`` on node ``name``."""
@@ -1185,12 +1300,12 @@ class LocalCluster:
 
     def cut_network(self, name: str) -> None:
         """Unplug node ``name``: its veth goes down on the bridge side."""
-        index = self.names.index(self.node(name).name)
+        index = self.hosts.index(self.node(name))
         _run(["ip", "link", "set", veth_name(self.prefix, index), "down"])
 
     def restore_network(self, name: str) -> None:
         """Plug node ``name`` back in."""
-        index = self.names.index(self.node(name).name)
+        index = self.hosts.index(self.node(name))
         _run(["ip", "link", "set", veth_name(self.prefix, index), "up"])
 
     def write_file(
