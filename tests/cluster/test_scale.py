@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-from localcluster import LocalCluster
+from localcluster import LocalCluster, make_room_for_neighbours
 
 from torchherd.checks import probes
 from torchherd.cli import main
@@ -25,26 +24,6 @@ NODES = 32
 ONLY = "ssh,ping,hostname,port,firewall"
 DROPPED = "node29"
 EPHEMERAL_DROP = ["INPUT", "-p", "tcp", "--dport", "32768:60999", "-j", "DROP"]
-NEIGHBOURS = Path("/proc/sys/net/ipv4/neigh/default")
-
-
-def make_room_for_neighbours(nodes: int) -> list[str]:
-    """Every network namespace on one kernel shares one neighbour (ARP) table, capped by
-    gc_thresh3 (1024 by default). A full mesh of 32 namespaces needs 32 x 31 entries;
-    past the cap the kernel drops packets ('neighbor table overflow' in dmesg), and the
-    probes rightly report them as timeouts: a fault of this test rig, which real nodes
-    (a table each) never share. Raise the thresholds, never lower them: other tests'
-    clusters may be using the room."""
-    changed = []
-    for name, value in (("gc_thresh3", 4 * nodes * nodes), ("gc_thresh2", 2 * nodes * nodes),
-                        ("gc_thresh1", nodes * nodes)):
-        current = int((NEIGHBOURS / name).read_text())
-        if current < value:
-            (NEIGHBOURS / name).write_text(f"{value}\n")
-            changed.append(f"{name} {current} -> {value}")
-    return changed
-
-
 def check(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[tuple[str, str], dict[str, str]], float]:
     """Exit code, every result by (node, check), and the wall time of one check --json."""
     started = time.monotonic()
