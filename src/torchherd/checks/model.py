@@ -100,6 +100,9 @@ class Observed:
     ssh_errors: dict[str, TransportError] = field(default_factory=dict)
     ssh_addresses: dict[str, str] = field(default_factory=dict)
     """The IP the controller's SSH connection reached each node at."""
+    host_key_notes: dict[str, str] = field(default_factory=dict)
+    """Per node, when its host key was not verified against one on record: a new key
+    accepted and recorded, or StrictHostKeyChecking no in the user's ssh config."""
     facts: dict[str, NodeFacts] = field(default_factory=dict)
     facts_errors: dict[str, str] = field(default_factory=dict)
     networks: dict[str, NodeNetwork] = field(default_factory=dict)

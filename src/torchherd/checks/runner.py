@@ -75,6 +75,10 @@ class _Collector:
             address = connection.peer_address()
             if address is not None:
                 self.observed.ssh_addresses[host.name] = address
+            # Only SSH sessions have host keys to speak of; other sessions have no note.
+            note = getattr(connection, "host_key_note", None)
+            if note:
+                self.observed.host_key_notes[host.name] = note
         self._emit(CheckResult(host.name, "ssh", "pass", "connected"))
         if self.need_facts:
             self._facts(connection, host)

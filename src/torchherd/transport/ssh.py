@@ -180,10 +180,10 @@ class _HostKeyCheck:
         self.home = home
         entries = knownhosts.load(target.known_hosts + target.global_known_hosts)
         self.keys = knownhosts.for_name(entries, target.host_key_name or target.hostname)
-        self.note: str | None = None
-        if target.strict == "no":
-            self.note = (f"host keys not checked for new hosts: StrictHostKeyChecking no "
-                         f"({target.strict_where or 'your ssh config'}); known keys still are")
+        self.off = (f"StrictHostKeyChecking no ({target.strict_where or 'your ssh config'}): a new host key "
+                    "would be accepted unchecked" if target.strict == "no" else "")
+        self.note: str | None = self.off or None
+        """What ``check`` says when the key was not verified against one on record."""
 
     def install(self, client: paramiko.SSHClient) -> None:
         """Loads the keys on record and this policy into ``client``, before it connects."""
@@ -232,7 +232,9 @@ class _HostKeyCheck:
                                  f"{target.node}: cannot record the new host key of {hostname} in {path}: "
                                  f"{error.strerror or error}") from None
         client.get_host_keys().add(hostname, key.get_name(), key)
-        self.note = f"new host key {key.get_name()} {key.fingerprint} accepted and recorded in {path}"
+        why = (f"StrictHostKeyChecking {target.strict} ({target.strict_where})" if target.strict in ("accept-new", "no")
+               else "--accept-new-host-keys")
+        self.note = f"new host key {key.get_name()} {key.fingerprint} accepted ({why}) and recorded in {path}"
 
     def refusal(self, verdict: knownhosts.Verdict, key: paramiko.PKey) -> TransportError:
         """Why a key that is not simply new is refused, whatever the flags say."""

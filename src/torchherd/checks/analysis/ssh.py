@@ -17,8 +17,14 @@ def analyse(observed: Observed) -> list[CheckResult]:
             results.append(CheckResult(host.name, "ssh", "fail", str(error), error.hint))
             continue
         address = observed.ssh_addresses.get(host.name, host.address)
-        results.append(_shell_speed(host.name, f"logged in to {address} non-interactively, host key verified",
-                                    observed.shell_seconds.get(host.name)))
+        note = observed.host_key_notes.get(host.name)
+        result = _shell_speed(host.name, f"logged in to {address} non-interactively, {note or 'host key verified'}",
+                              observed.shell_seconds.get(host.name))
+        if note is not None and "StrictHostKeyChecking no" in note and result.status == "pass":
+            result = CheckResult(host.name, "ssh", "warn", result.summary,
+                                 "your ssh config turns host key checking off for this node: use "
+                                 "StrictHostKeyChecking accept-new (or yes) so that a key is at least pinned")
+        results.append(result)
     return results
 
 
