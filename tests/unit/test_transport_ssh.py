@@ -1,0 +1,194 @@
+"""transport.ssh without sshds: jump chains resolved as ``ssh -J`` does, one shared
+connection per chain (opened once, closed with its last session), the handshake gate,
+and which failures are retried. The connections are fakes in place of fabric's."""
+
+from __future__ import annotations
+
+import getpass
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import paramiko
+import pytest
+
+from torchherd.errors import TransportError
+from torchherd.inventory import Host
+from torchherd.transport import connect_all, ssh
+from torchherd.transport.ssh import SshConnector, SshTarget, jump_chain, resolve_target
+from torchherd.transport.sshconfig import Local
+
+
+def host(name: str, address: str | None = None) -> Host:
+    return Host(name=name, address=address or name, user=None, ssh_port=None, identity_file=None, python="python3",
+                workdir="~", env={}, setup="", local_addr=None)
+
+
+def local(tmp_path: Path) -> Local:
+    return Local(user="me", home=str(tmp_path), uid=1000, hostname="laptop")
+
+
+def config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "ssh_config"
+    path.write_text(text)
+    return path
+
+
+def chain_of(tmp_path: Path, text: str, alias: str) -> list[str]:
+    path = config(tmp_path, text)
+    target = resolve_target(host("n", alias), path, local(tmp_path))
+    return [f"{hop.user}@{hop.hostname}:{hop.port}" for hop in jump_chain(target, path, local(tmp_path))]
+
+
+def test_every_hop_is_resolved_with_its_own_config_the_first_with_its_own_jumps(tmp_path: Path) -> None:
+    text = ("Host node\n  ProxyJump ops@a,b:2200\nHost a\n  HostName a.example\n  ProxyJump z\n"
+            "Host b\n  HostName b.example\n  User bee\n  ProxyJump ignored-for-b\nHost *\n  User default\n")
+    assert chain_of(tmp_path, text, "node") == ["default@z:22", "ops@a.example:22", "bee@b.example:2200"]
+
+
+def test_a_bastion_matched_by_its_own_wildcard_jump_is_reached_directly(tmp_path: Path) -> None:
+    text = "Host bastion\n  HostName 10.0.0.1\nHost *\n  ProxyJump bastion\n"
+    assert chain_of(tmp_path, text, "gpu1") == ["me@10.0.0.1:22"]
+    assert chain_of(tmp_path, text, "bastion") == []
+
+
+def test_a_jump_loop_is_an_error_saying_how_to_end_it(tmp_path: Path) -> None:
+    with pytest.raises(TransportError) as caught:
+        chain_of(tmp_path, "Host a\n  ProxyJump b\nHost b\n  ProxyJump a\nHost n\n  ProxyJump a\n", "n")
+    assert caught.value.kind == "ssh-config" and "ProxyJump none" in caught.value.hint
+
+
+def test_a_config_error_is_a_transport_error_naming_file_and_line(tmp_path: Path) -> None:
+    path = config(tmp_path, "Host *\n  Port 0\n")
+    with pytest.raises(TransportError) as caught:
+        resolve_target(host("n"), path, local(tmp_path))
+    assert caught.value.kind == "ssh-config" and f"{path} line 2: bad port '0'" in str(caught.value)
+
+
+def test_the_inventory_wins_over_the_config(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    path = config(tmp_path, "Host n\n  User cfg\n  Port 2200\n  IdentityFile ~/cfg_key\n")
+    plain = resolve_target(host("n"), path, local(tmp_path))
+    assert (plain.user, plain.port, plain.key_files) == ("cfg", 2200, (f"{tmp_path}/cfg_key",))
+    given = Host(name="n", address="n", user="inv", ssh_port=22, identity_file=str(key), python="p", workdir="~",
+                 env={}, setup="", local_addr=None)
+    target = resolve_target(given, path, local(tmp_path))
+    assert (target.user, target.port, target.key_files) == ("inv", 22, (str(key),))
+
+
+class FakeConnection:
+    """Stands in for a fabric Connection: opens by the script it is given."""
+
+    def __init__(self, target: SshTarget, gateway: Any, log: Log) -> None:
+        self.target, self.gateway, self.log = target, gateway, log
+        self.client = paramiko.SSHClient()
+        self.is_connected = False
+
+    def open(self) -> None:
+        self.log.opening(self.target.hostname)
+        try:
+            failure = self.log.failures.get(self.target.hostname, [])
+            if failure:
+                raise failure.pop(0)
+            self.is_connected = True
+        finally:
+            self.log.opened(self.target.hostname)
+
+    def close(self) -> None:
+        self.is_connected = False
+        self.log.closed.append(self.target.hostname)
+
+
+class Log:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.opens: dict[str, int] = {}
+        self.closed: list[str] = []
+        self.at_once = 0
+        self.most_at_once = 0
+        self.failures: dict[str, list[BaseException]] = {}
+
+    def opening(self, name: str) -> None:
+        with self.lock:
+            self.opens[name] = self.opens.get(name, 0) + 1
+            self.at_once += 1
+            self.most_at_once = max(self.most_at_once, self.at_once)
+        time.sleep(0.02)
+
+    def opened(self, name: str) -> None:
+        with self.lock:
+            self.at_once -= 1
+
+
+@pytest.fixture
+def log(monkeypatch: pytest.MonkeyPatch) -> Log:
+    made = Log()
+    monkeypatch.setattr(SshConnector, "_fabric_connection",
+                        lambda self, target, gateway: FakeConnection(target, gateway, made))
+    monkeypatch.setattr(ssh, "BACKOFF_SECONDS", 0.001)
+    return made
+
+
+BASTION = "Host bastion\n  HostName 10.0.0.1\nHost gpu*\n  ProxyJump bastion\n  HostName %h.internal\n"
+
+
+def test_nodes_behind_one_bastion_share_one_connection_closed_with_the_last_session(tmp_path: Path, log: Log) -> None:
+    connector = SshConnector(config(tmp_path, BASTION), 5.0)
+    results = connect_all(connector, [host(f"gpu{index}") for index in range(24)])
+    sessions = [result for result in results.values() if not isinstance(result, TransportError)]
+    assert len(sessions) == 24 and log.opens["10.0.0.1"] == 1
+    assert {session.fabric.gateway.target.hostname for session in sessions} == {"10.0.0.1"}  # type: ignore[attr-defined]
+    for session in sessions[:-1]:
+        session.close()
+    assert "10.0.0.1" not in log.closed
+    sessions[-1].close()
+    sessions[-1].close()  # twice: released once
+    assert log.closed.count("10.0.0.1") == 1 and connector._shared.chains == {}
+
+
+def test_no_more_than_the_gate_s_handshakes_at_once_to_one_sshd(tmp_path: Path, log: Log) -> None:
+    connector = SshConnector(config(tmp_path, "Host *\n  HostName 10.0.0.9\n"), 5.0, handshakes=3)
+    results = connect_all(connector, [host(f"alias{index}") for index in range(20)])
+    assert all(not isinstance(result, TransportError) for result in results.values())
+    assert log.most_at_once == 3
+
+
+def test_a_dropped_banner_is_retried_and_an_auth_failure_is_not(tmp_path: Path, log: Log) -> None:
+    connector = SshConnector(config(tmp_path, "Host a\n  HostName 10.0.0.2\nHost b\n  HostName 10.0.0.3\n"), 5.0)
+    log.failures["10.0.0.2"] = [paramiko.SSHException("Error reading SSH protocol banner"), ConnectionResetError()]
+    assert connector.connect(host("a")).fabric.is_connected
+    assert log.opens["10.0.0.2"] == 3
+    log.failures["10.0.0.3"] = [paramiko.AuthenticationException("no"), paramiko.AuthenticationException("no")]
+    with pytest.raises(TransportError) as caught:
+        connector.connect(host("b"))
+    assert caught.value.kind == "auth" and log.opens["10.0.0.3"] == 1
+
+
+def test_a_banner_dropped_every_time_is_reported_after_the_last_try(tmp_path: Path, log: Log) -> None:
+    connector = SshConnector(config(tmp_path, "Host a\n  HostName 10.0.0.2\n"), 5.0)
+    log.failures["10.0.0.2"] = [EOFError() for _ in range(ssh.ATTEMPTS)]
+    with pytest.raises(TransportError) as caught:
+        connector.connect(host("a"))
+    assert caught.value.kind == "dropped" and "MaxStartups" in caught.value.hint
+    assert log.opens["10.0.0.2"] == ssh.ATTEMPTS
+
+
+def test_a_dead_bastion_fails_every_node_behind_it_at_once_naming_the_hop(tmp_path: Path, log: Log) -> None:
+    connector = SshConnector(config(tmp_path, BASTION), 5.0)
+    log.failures["10.0.0.1"] = [ConnectionRefusedError(111, "refused")]
+    results = connect_all(connector, [host(f"gpu{index}") for index in range(8)])
+    assert log.opens["10.0.0.1"] == 1
+    for name, result in results.items():
+        assert isinstance(result, TransportError) and result.kind == "refused"
+        assert str(result) == f"{name}: jump host bastion: connection refused by {getpass.getuser()}@10.0.0.1"
+    assert connector._shared.chains == {}
+
+
+def test_connector_close_closes_the_shared_chains(tmp_path: Path, log: Log) -> None:
+    connector = SshConnector(config(tmp_path, BASTION), 5.0)
+    session = connector.connect(host("gpu1"))
+    connector.close()
+    assert log.closed == ["10.0.0.1"] and connector._shared.chains == {}
+    session.close()
+    assert log.closed == ["10.0.0.1", "gpu1.internal"]
