@@ -16,7 +16,10 @@ Each node of a :class:`LocalCluster` is
 
 The controller side (client key, ``known_hosts``, an OpenSSH ``ssh_config`` with
 one ``Host node{i}`` block per node, and a torchherd inventory ``hosts.toml``) is
-written into ``workdir``. The node side (sshd configs, host keys, the authorized
+written into ``workdir``. Topologies: ``jump_hosts=1`` puts a bastion ``jump0`` with
+sshd's stock limits in front of the nodes (which then drop SSH from anyone else),
+``jump_hosts=2`` a chain ``jump0,jump1``; ``include_aliases=True`` moves the Host
+blocks into an ``Include``d file and hashes ``known_hosts``. The node side (sshd configs, host keys, the authorized
 key) lives in ``/run/torchherd-cluster/{prefix}/``, outside the nodes' private
 directories, so a workdir under ``/tmp`` works.
 

@@ -178,12 +178,15 @@ class _HostKeyCheck:
         self.target = target
         self.accept_new = accept_new
         self.home = home
-        entries = knownhosts.load(target.known_hosts + target.global_known_hosts)
-        self.keys = knownhosts.for_name(entries, target.host_key_name or target.hostname)
+        self.keys = self.on_record()
         self.off = (f"StrictHostKeyChecking no ({target.strict_where or 'your ssh config'}): a new host key "
                     "would be accepted unchecked" if target.strict == "no" else "")
         self.note: str | None = self.off or None
         """What ``check`` says when the key was not verified against one on record."""
+
+    def on_record(self) -> knownhosts.HostKeys:
+        entries = knownhosts.load(self.target.known_hosts + self.target.global_known_hosts)
+        return knownhosts.for_name(entries, self.target.host_key_name or self.target.hostname)
 
     def install(self, client: paramiko.SSHClient) -> None:
         """Loads the keys on record and this policy into ``client``, before it connects."""
@@ -232,6 +235,7 @@ class _HostKeyCheck:
                                  f"{target.node}: cannot record the new host key of {hostname} in {path}: "
                                  f"{error.strerror or error}") from None
         client.get_host_keys().add(hostname, key.get_name(), key)
+        self.keys = self.on_record()  # a retry of this connection must find the key, not record it twice
         why = (f"StrictHostKeyChecking {target.strict} ({target.strict_where})" if target.strict in ("accept-new", "no")
                else "--accept-new-host-keys")
         self.note = f"new host key {key.get_name()} {key.fingerprint} accepted ({why}) and recorded in {path}"
@@ -539,13 +543,13 @@ class SshConnector:
             fabric, note = self._open(target, target.proxy_command or False, ())
             return Connection(target, fabric, None, self.timeout, note)
         key = tuple(hop.chain_key for hop in hops)
-        chain = self._acquire(key, hops, host.name)
+        chain, gateway = self._acquire(key, hops, host.name)
         try:
-            fabric, note = self._open(target, chain.connections[-1], key)
+            fabric, note = self._open(target, gateway, key)
         except BaseException:
-            self._release(key)
+            self._release(key, chain)
             raise
-        return Connection(target, fabric, lambda: self._release(key), self.timeout, note)
+        return Connection(target, fabric, lambda: self._release(key, chain), self.timeout, note)
 
     def close(self) -> None:
         """Closes every jump host connection still open (the sessions through them die with them)."""
@@ -556,20 +560,22 @@ class SshConnector:
             with chain.lock:
                 chain.close()
 
-    def _acquire(self, key: tuple[tuple[str, str, int, str], ...], hops: list[SshTarget], node: str) -> _Chain:
+    def _acquire(self, key: tuple[tuple[str, str, int, str], ...], hops: list[SshTarget],
+                 node: str) -> tuple[_Chain, Any]:
+        """The chain for ``key``, open, counted as used once more; and its last hop."""
         with self._shared.lock:
             chain = self._shared.chains.setdefault(key, _Chain(hops))
             chain.users += 1
         try:
             with chain.lock:  # the first node opens the chain; the others wait, then share it
                 self._open_chain(chain, key)
+                return chain, chain.connections[-1]
         except TransportError as error:
-            self._release(key)
+            self._release(key, chain)
             raise TransportError(node, error.kind, f"{node}: {error}", error.hint) from None
         except BaseException:
-            self._release(key)
+            self._release(key, chain)
             raise
-        return chain
 
     def _open_chain(self, chain: _Chain, key: tuple[tuple[str, str, int, str], ...]) -> None:
         if chain.is_open():
@@ -591,15 +597,13 @@ class SshConnector:
             raise
         chain.failure = None
 
-    def _release(self, key: tuple[tuple[str, str, int, str], ...]) -> None:
+    def _release(self, key: tuple[tuple[str, str, int, str], ...], chain: _Chain) -> None:
         with self._shared.lock:
-            chain = self._shared.chains.get(key)
-            if chain is None:
-                return
             chain.users -= 1
             if chain.users > 0:
                 return
-            del self._shared.chains[key]
+            if self._shared.chains.get(key) is chain:  # not already dropped by close()
+                del self._shared.chains[key]
         with chain.lock:
             chain.close()
 
