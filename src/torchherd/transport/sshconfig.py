@@ -61,8 +61,14 @@ class Local:
     def of_this_machine() -> Local:
         import getpass
 
-        return Local(user=getpass.getuser(), home=os.path.expanduser("~"), uid=os.getuid(),
-                     hostname=socket.gethostname(), environ=dict(os.environ), run=_run_in_shell)
+        try:  # as OpenSSH: the home directory of the account, not $HOME
+            import pwd
+
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        except (ImportError, KeyError):
+            home = os.path.expanduser("~")
+        return Local(user=getpass.getuser(), home=home, uid=os.getuid(), hostname=socket.gethostname(),
+                     environ=dict(os.environ), run=_run_in_shell)
 
 
 def _run_in_shell(command: str) -> bool:
