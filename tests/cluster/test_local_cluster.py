@@ -24,7 +24,9 @@ from localcluster import (
     ClusterUnavailable,
     LocalCluster,
     NodeInfo,
+    choose_subnet,
     leftovers,
+    subnet_prefixlen,
     unavailable_reason,
 )
 
@@ -490,6 +492,14 @@ def test_up_failing_halfway_leaves_nothing_behind(
     assert leftovers(broken.prefix) == []
     assert not broken.is_up and broken.hosts == []
     broken.down()
+
+
+def test_a_cluster_past_253_nodes_gets_a_wider_subnet() -> None:
+    # A /24 holds the bridge (.1) and 253 nodes (.2-.254); small clusters keep theirs.
+    assert [subnet_prefixlen(n) for n in (1, 3, 253, 254, 256, 509, 510)] == [24, 24, 24, 23, 23, 23, 22]
+    wide = choose_subnet("tcwide", 23)
+    assert wide.prefixlen == 23 and wide.subnet_of(ipaddress.IPv4Network("10.128.0.0/9"))
+    assert choose_subnet("tcwide") == choose_subnet("tcwide", 24)
 
 
 def test_bad_prefixes_are_refused(tmp_path: Path) -> None:
