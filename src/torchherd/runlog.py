@@ -259,13 +259,15 @@ class OutputParser:
         records = b"\n" + block
         side: list[Chunk] = []
         if b'\nS{"event":"' in records:
-            side = list(parse_records(self.node, [record[1:] for record in _SIDE_RECORDS.findall(records)]))
-            records = _SIDE_RECORDS.sub(b"", records)
-            block = records[1:]
+            stripped = _SIDE_RECORDS.sub(b"", records)
+            if _only_rank_lines(stripped):
+                # Only a bar's state or a GPU sample kept the chunk off the bytes path.
+                side = list(parse_records(self.node, [record[1:] for record in _SIDE_RECORDS.findall(records)]))
+                records = stripped
         if _only_rank_lines(records):
             records = records.replace(_HEARTBEATS, b"\n")
             return ([RankLines(self.node, records)] if len(records) > 1 else []) + side
-        return list(parse_records(self.node, [record for record in block.split(b"\n") if record])) + side
+        return list(parse_records(self.node, [record for record in block.split(b"\n") if record]))
 
     def finish(self) -> list[Chunk]:
         return list(parse_records(self.node, self._splitter.finish()))

@@ -64,6 +64,8 @@ STOP_MARGIN = 10.0
 """Beyond the grace period: TERM -> KILL, and KILL -> give the node up."""
 MAX_BATCH = 5000
 """Queue items rendered at once; bounded so status checks run between batches."""
+GPU_EVERY = 5.0
+"""Seconds between two GPU samples on a node that has nvidia-smi."""
 
 
 @dataclass(frozen=True)
@@ -105,9 +107,25 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float) -> wire.Supervi
     """What the node's supervisor is told (the first line of its stdin, ``to_line()``)."""
     # cwd stays None: the shell already changed into the workdir, and a `cd` in the
     # host's setup snippet must keep its effect.
-    return wire.SupervisorConfig(run_id=run_id, argv=node.argv, env=node.env, cwd=None, grace=grace,
+    argv = redirected(node.argv)
+    return wire.SupervisorConfig(run_id=run_id, argv=argv, env=node.env, cwd=None, grace=grace,
                                  heartbeat=HEARTBEAT_EVERY, watchdog=WATCHDOG, cleanup_dir=node.remote_log_dir,
-                                 rank_marker=wire.RANK_PREFIX_HEAD.decode())
+                                 rank_marker=wire.RANK_PREFIX_HEAD.decode(), gpu_every=GPU_EVERY,
+                                 rank_logs=node.remote_log_dir if argv != tuple(node.argv) else None)
+
+
+def redirected(argv: Sequence[str]) -> tuple[str, ...]:
+    """torchrun's command with ``--tee 3`` made ``--redirects 3``: the ranks write only to
+    their files, and the supervisor reads those byte for byte (``rank_logs``), where
+    torchrun's tee would read them as text, turning each ``\\r`` of a progress bar into a
+    line break, with a thread per rank that can tear lines apart. The plan keeps
+    ``--tee 3``: its command, pasted by hand, prints every rank's lines."""
+    words = list(argv)
+    for index in range(len(words) - 1):
+        if words[index] == "--tee" and words[index + 1] == "3":
+            words[index] = "--redirects"
+            break
+    return tuple(words)
 
 
 def remote_command(node: NodePlan, run_id: str, source: str) -> str:
