@@ -43,3 +43,5 @@ class TransportError(TorchherdError):
         super().__init__(message, hint)
         self.node = node
         self.kind = kind
+        if kind == "ssh-config":  # the user's file is wrong, as an inventory can be: a usage error
+            self.exit_code = EXIT_USAGE

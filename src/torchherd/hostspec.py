@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from torchherd.errors import InventoryError, UsageError
-from torchherd.inventory import HOST_NAME_PATTERN, Host, Inventory, load, parse
+from torchherd.inventory import HOST_NAME_PATTERN, Host, Inventory, loads, parse, read
 from torchherd.nodeset import NodesetError, expand, split_top
 
 if sys.version_info >= (3, 11):
@@ -193,12 +193,13 @@ def _hostfile_line(path: Path, number: int, line: str) -> list[dict[str, Any]]:
 
 def load_any(path: Path, **flags: Any) -> Inventory:
     """A TOML inventory, or a DeepSpeed/MPI hostfile (then ``flags`` give python, workdir, ...)."""
+    raw = read(path)  # read once, and never more than an inventory can be (-i /dev/zero)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return load(path)  # which says what is wrong with the file
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return loads(raw, path)  # which says what is wrong with the file
     if not looks_like_hostfile(path, text):
-        return override(load(path), **flags)
+        return override(loads(raw, path), **flags)
     return parse(document(hostfile_items(path, text), flag=str(path), **flags), path)
 
 

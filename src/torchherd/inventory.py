@@ -25,10 +25,21 @@ from torchherd.nodeset import NodesetError, expand
 NPROC_WORDS = ("gpu", "cpu", "auto")
 RDZV_BACKENDS = ("static", "c10d")
 SCHEDULERS = ("ssh", "slurm")
-HOST_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+HOST_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")  # \Z: "$" takes a final newline
 ADDRESS_PATTERN = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,252}|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*)$")
 """A host name, an IPv4 or IPv6 address, or an ssh_config alias: nothing a shell would
 read as more (an address reaches ssh_config's `Match exec` and `ProxyCommand` tokens)."""
+
+MAX_NPROC = 4096
+"""More processes than any node runs: a larger count is a typo (or 10**18)."""
+MAX_SECONDS = 3600.0
+MAX_INVENTORY_BYTES = 16 << 20
+"""Far above 50,000 hosts (3 MB); a larger "inventory" (``-i /dev/zero``) is refused."""
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+"""Never in a one-line value (a name, a path, a user): a newline or NUL there splits or
+cuts what the shell, ssh or the terminal sees."""
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+LOCAL_ADDR = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}\Z|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\Z")
 
 CLUSTER_KEYS = (
     "master", "port", "nproc_per_node", "rdzv_backend", "master_addr",
@@ -139,7 +150,8 @@ class _Reader:
                 self.fail(key, "unknown key", _did_you_mean(key, allowed))
 
     def fail(self, key: str, problem: str, hint: str = "") -> NoReturn:
-        raise InventoryError(f"{self.path}: {self.where}{key}: {problem}", hint)
+        shown = repr(key) if CONTROL.search(key) else key  # the error stays one line
+        raise InventoryError(f"{self.path}: {self.where}{shown}: {problem}", hint)
 
     def get(self, key: str, default: T, convert: Callable[[str, Any], T]) -> T:
         if key not in self.table:
@@ -149,7 +161,16 @@ class _Reader:
     def text(self, key: str, value: Any) -> str:
         if not isinstance(value, str) or not value.strip():
             self.fail(key, f"expected a non-empty string, got {_show(value)}")
+        if CONTROL.search(value):
+            self.fail(key, f"{value!r} holds a control character (a newline, a NUL, ...)", "write it on one line")
         return str(value)
+
+    def local_addr(self, key: str, value: Any) -> str:
+        text = self.text(key, value)
+        if not LOCAL_ADDR.match(text):
+            self.fail(key, f"{text!r} is not an IP address or a host name",
+                      "the address the other nodes reach this node at, e.g. 10.0.0.5")
+        return text
 
     def address(self, key: str, value: Any) -> str:
         text = self.text(key, value)
@@ -168,6 +189,8 @@ class _Reader:
     def script(self, key: str, value: Any) -> str:
         if not isinstance(value, str):
             self.fail(key, f"expected a string, got {_show(value)}")
+        if "\0" in value:
+            self.fail(key, "holds a NUL character, which no shell can run")
         return str(value)
 
     def port(self, key: str, value: Any) -> int:
@@ -176,16 +199,16 @@ class _Reader:
         return int(value)
 
     def seconds(self, key: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            self.fail(key, f"expected a positive number of seconds, got {_show(value)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
+            self.fail(key, f"expected a positive number of seconds (at most {MAX_SECONDS:g}), got {_show(value)}")
         return float(value)
 
     def nproc(self, key: str, value: Any) -> int | str:
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_NPROC:
             return value
         if isinstance(value, str) and value in NPROC_WORDS:
             return value
-        self.fail(key, f"expected a positive integer or one of {', '.join(map(repr, NPROC_WORDS))}, "
+        self.fail(key, f"expected a positive integer (at most {MAX_NPROC}) or one of {', '.join(map(repr, NPROC_WORDS))}, "
                        f"got {_show(value)}")
 
     def count(self, key: str, value: Any) -> int:
@@ -220,10 +243,13 @@ class _Reader:
                       'write env = { NCCL_DEBUG = "WARN" }')
         result: dict[str, str] = {}
         for name, item in value.items():
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                self.fail(f"{key}.{name}", "not a valid environment variable name")
+            if not ENV_NAME.match(name):
+                self.fail(f"{key}.{name!r}", "not a valid environment variable name",
+                          "letters, digits and '_', not starting with a digit")
             if isinstance(item, bool) or not isinstance(item, (str, int, float)):
                 self.fail(f"{key}.{name}", f"expected a string, got {_show(item)}", "quote the value")
+            if "\0" in str(item):
+                self.fail(f"{key}.{name}", "holds a NUL character, which no environment can")
             result[name] = str(item)
         return result
 
@@ -244,18 +270,34 @@ def _show(value: Any) -> str:
 
 def load(path: Path) -> Inventory:
     """Reads and validates the inventory at ``path``; raises InventoryError naming file and key."""
+    return loads(read(path), path)
+
+
+def read(path: Path) -> bytes:
+    """The file's bytes, at most MAX_INVENTORY_BYTES (``-i /dev/zero`` must not eat the memory)."""
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as file:
+            raw = file.read(MAX_INVENTORY_BYTES + 1)
     except FileNotFoundError:
         raise InventoryError(f"{path}: inventory file not found",
                              "pass one with -i FILE, set TORCHHERD_INVENTORY, or copy hosts.example.toml "
                              "to hosts.toml") from None
     except OSError as error:
         raise InventoryError(f"{path}: cannot read the inventory: {error.strerror}") from None
+    if len(raw) > MAX_INVENTORY_BYTES:
+        raise InventoryError(f"{path}: larger than {MAX_INVENTORY_BYTES >> 20} MiB: not an inventory",
+                             "pass the TOML inventory file with -i")
+    return raw
+
+
+def loads(raw: bytes, path: Path) -> Inventory:
+    """The inventory in ``raw`` (the bytes of ``path``, which errors name)."""
     try:
         document = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise InventoryError(f"{path}: not UTF-8 text", "save the inventory as UTF-8") from None
+    except RecursionError:  # tomllib recurses once per level of nesting
+        raise InventoryError(f"{path}: TOML nested too deeply", "an inventory is a few flat tables") from None
     except tomllib.TOMLDecodeError as error:
         raise InventoryError(f"{path}: TOML syntax error: {error}",
                              "fix the line named; see hosts.example.toml") from None
@@ -448,6 +490,6 @@ def _parse_host(read: _Reader, base: Mapping[str, Any]) -> Host:
         workdir=values.get("workdir", "~"),
         env=MappingProxyType(dict(values.get("env", {}))),
         setup=values.get("setup", ""),
-        local_addr=read.get("local_addr", None, read.text),
+        local_addr=read.get("local_addr", None, read.local_addr),
         nproc_per_node=read.get("nproc_per_node", None, read.nproc),
     )

@@ -15,7 +15,8 @@ from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from torchherd.errors import UsageError
-from torchherd.inventory import Host, Inventory
+from torchherd.inventory import CONTROL, ENV_NAME, MAX_NPROC, NPROC_WORDS, Host, Inventory
+from torchherd.remote import wire
 
 # torchrun writes this before every line a rank prints (with --tee); defined with the
 # rest of the protocol in wire, and still importable from here.
@@ -170,6 +171,8 @@ def is_ip_address(text: str) -> bool:
 def build_plan(inventory: Inventory, options: RunOptions,
                networks: Mapping[str, NodeNetwork] | None = None) -> Plan:
     """Every node's command, in node-rank order (the master is rank 0)."""
+    _check_options(options)
+    _check_hosts(inventory)
     networks = networks or {}
     given = inventory
     if options.sync is not None:
@@ -346,7 +349,63 @@ def parse_env_assignments(assignments: Sequence[str]) -> dict[str, str]:
     env: dict[str, str] = {}
     for assignment in assignments:
         name, sep, value = assignment.partition("=")
-        if not sep or not name.isidentifier():
-            raise UsageError(f"--env {assignment!r}: expected NAME=VALUE", "for example --env NCCL_DEBUG=INFO")
+        # ENV_NAME, not str.isidentifier: that takes "ÄÖ", which no shell takes as a name
+        if not sep or not ENV_NAME.match(name) or "\0" in value:
+            raise UsageError(f"--env {assignment!r}: expected NAME=VALUE (NAME: ASCII letters, digits, '_')",
+                             "for example --env NCCL_DEBUG=INFO")
         env[name] = value
     return env
+
+
+# validation: whatever reaches a node (from the inventory, the API or the CLI) is checked here once
+
+
+def check_nnodes(text: str) -> str:
+    """torchrun's ``--nnodes``: N, or MIN:MAX with 1 <= MIN <= MAX; ValueError says why not."""
+    parts = text.split(":")
+    numbers = [int(part) for part in parts if part.isascii() and part.isdigit()]
+    if len(parts) > 2 or len(numbers) != len(parts) or numbers[0] < 1 or numbers != sorted(numbers):
+        raise ValueError(f"expected N or MIN:MAX (1 <= MIN <= MAX), got {text!r}")
+    return text
+
+
+def _check_options(options: RunOptions) -> None:
+    if not wire.is_run_id(options.run_id):
+        raise UsageError(f"run id {options.run_id!r}: only letters, digits and '-' (not first), "
+                         f"at most {wire.RUN_ID_MAX} characters", "leave it out: torchherd makes one")
+    for value in (options.script, *options.script_args):
+        if "\0" in value:
+            raise UsageError(f"script {value!r}: holds a NUL character, which no command line can")
+    if options.nnodes is not None:
+        try:
+            check_nnodes(options.nnodes)
+        except ValueError as error:
+            raise UsageError(f"--nnodes: {error}") from None
+    restarts = options.max_restarts
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise UsageError(f"max_restarts {restarts!r}: expected an integer of 0 or more")
+    interval = options.monitor_interval
+    if interval is not None and not (isinstance(interval, (int, float)) and 0 < interval <= 86400):
+        raise UsageError(f"monitor_interval {interval!r}: expected seconds above 0")
+    nproc = options.nproc_per_node
+    if nproc is not None and not (nproc in NPROC_WORDS if isinstance(nproc, str) else
+                                  not isinstance(nproc, bool) and isinstance(nproc, int) and 1 <= nproc <= MAX_NPROC):
+        raise UsageError(f"nproc_per_node {nproc!r}: expected an integer from 1 to {MAX_NPROC}, gpu, cpu or auto")
+    for name, value in options.extra_env.items():
+        if not ENV_NAME.match(name) or "\0" in value:
+            raise UsageError(f"env {name!r}: expected an ASCII variable name and a value without NUL")
+    for key, text in (("master_addr", options.master_addr), ("rdzv_conf", options.rdzv_conf)):
+        if text is not None and CONTROL.search(text):
+            raise UsageError(f"{key} {text!r}: holds a control character")
+
+
+def _check_hosts(inventory: Inventory) -> None:
+    """What ``--python``/``--workdir`` or a ``Cluster(...)`` gave, checked as the file's values are."""
+    for host in inventory.hosts:
+        for key, text in (("python", host.python), ("workdir", host.workdir), ("user", host.user or "")):
+            if CONTROL.search(text):
+                raise UsageError(f"{host.name}: {key} {text!r}: holds a control character (a newline, a NUL, ...)")
+        for name, value in host.env.items():
+            if not ENV_NAME.match(name) or "\0" in value:
+                raise UsageError(f"{host.name}: env {name!r}: expected an ASCII variable name and a value "
+                                 "without NUL")

@@ -9,15 +9,21 @@ inventory to reconnect even when the inventory file changed or moved.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn, TypeVar
 
 from torchherd.errors import UsageError
 from torchherd.inventory import Host
+from torchherd.remote.wire import is_run_id
+
+T = TypeVar("T")
+MAX_RECORD_BYTES = 16 << 20
 
 REMOTE_RUNS_DIR = "~/.torchherd/runs"
 """On each node: ``<this>/<run-id>/<node>.log`` and ``<node>.state.json``. The node's
@@ -109,15 +115,119 @@ class RunRecord:
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> RunRecord:
-        data = json.loads(text)
-        coordinator = data.get("coordinator")
-        return cls(run_id=data["run_id"], inventory=data["inventory"], created=float(data["created"]),
-                   command=tuple(data["command"]), nodes=tuple(NodeRecord(**node) for node in data["nodes"]),
-                   max_rank=int(data["max_rank"]), grace=float(data["grace"]), ssh_config=data.get("ssh_config"),
-                   ssh_timeout=float(data.get("ssh_timeout", 10.0)),
-                   coordinator=CoordinatorRecord(**coordinator) if coordinator else None,
-                   extra=dict(data.get("extra") or {}))
+    def from_json(cls, text: str, source: str = "run record") -> RunRecord:
+        """Parses and checks every field (RecordError names ``source`` and the key): a
+        record's values reach remote shells and file paths, so nothing is taken on trust."""
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            raise RecordError(f"{source}: not valid JSON", _DAMAGED) from None
+        read = _Fields(source, "", data)
+        nodes = read.value("nodes", list)
+        if not nodes:
+            read.fail("nodes", "no nodes")
+        records = tuple(_node(_Fields(source, f"nodes[{index}].", node)) for index, node in enumerate(nodes))
+        coordinator = read.optional("coordinator", dict)
+        return cls(run_id=read.run_id("run_id"), inventory=read.text("inventory"), created=read.number("created"),
+                   command=read.texts("command"), nodes=records, max_rank=read.integer("max_rank", low=-1),
+                   grace=read.number("grace"), ssh_config=read.optional_text("ssh_config"),
+                   ssh_timeout=read.number("ssh_timeout", 10.0, positive=True),
+                   coordinator=None if coordinator is None else _coordinator(
+                       _Fields(source, "coordinator.", coordinator), records),
+                   extra=read.optional("extra", dict) or {})
+
+
+class RecordError(UsageError):
+    """A run record that is not what torchherd writes (damaged, or written by hand)."""
+
+
+_DAMAGED = "the run record is damaged: remove the file (torchherd status lists the other runs)"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class _Fields:
+    """Typed reads out of one JSON object of a record, naming the file and the key."""
+
+    def __init__(self, source: str, where: str, data: object) -> None:
+        self.source, self.where = source, where
+        if not isinstance(data, dict):
+            raise RecordError(f"{source}: {where or 'the record'} is not a JSON object", _DAMAGED)
+        self.data: dict[str, object] = data
+
+    def fail(self, key: str, problem: str) -> NoReturn:
+        raise RecordError(f"{self.source}: {self.where}{key}: {problem}", _DAMAGED)
+
+    def value(self, key: str, kind: type[T]) -> T:
+        value = self.data.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+            self.fail(key, f"expected {kind.__name__}, got {type(value).__name__}")
+        return value
+
+    def optional(self, key: str, kind: type[T]) -> T | None:
+        return None if self.data.get(key) is None else self.value(key, kind)
+
+    def text(self, key: str) -> str:
+        value = self.value(key, str)
+        if _CONTROL.search(value):
+            self.fail(key, "holds a control character")
+        return value
+
+    def optional_text(self, key: str) -> str | None:
+        return None if self.data.get(key) is None else self.text(key)
+
+    def texts(self, key: str) -> tuple[str, ...]:
+        values = self.value(key, list)
+        if not all(isinstance(value, str) and "\0" not in value for value in values):
+            self.fail(key, "expected a list of strings")
+        return tuple(values)
+
+    def name(self, key: str) -> str:
+        value = self.value(key, str)
+        if not _NAME.match(value):
+            self.fail(key, f"{value!r} is not a host name")
+        return value
+
+    def run_id(self, key: str) -> str:
+        value = self.value(key, str)
+        if not is_run_id(value):
+            self.fail(key, f"{value!r} is not a run id")
+        return value
+
+    def integer(self, key: str, low: int = 1, high: int = 1 << 62) -> int:
+        value = self.value(key, int)
+        if not low <= value <= high:
+            self.fail(key, f"{value} is out of range")
+        return value
+
+    def optional_integer(self, key: str, low: int = 1, high: int = 1 << 62) -> int | None:
+        return None if self.data.get(key) is None else self.integer(key, low, high)
+
+    def number(self, key: str, default: float | None = None, positive: bool = False) -> float:
+        if default is not None and self.data.get(key) is None:
+            return default
+        value = self.data.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
+                value <= 0 if positive else value < 0):
+            self.fail(key, f"expected a number{' above 0' if positive else ''}, got {value!r}")
+        return float(value)
+
+
+def _node(read: _Fields) -> NodeRecord:
+    return NodeRecord(name=read.name("name"), address=read.text("address"), user=read.optional_text("user"),
+                      ssh_port=read.optional_integer("ssh_port", 1, 65535),
+                      identity_file=read.optional_text("identity_file"), python=read.text("python"),
+                      workdir=read.text("workdir"), log_file=read.text("log_file"),
+                      state_file=read.text("state_file"), supervisor=read.optional_integer("supervisor"),
+                      pid=read.optional_integer("pid"), pgid=read.optional_integer("pgid"))
+
+
+def _coordinator(read: _Fields, nodes: tuple[NodeRecord, ...]) -> CoordinatorRecord:
+    node = read.name("node")
+    if node not in {record.name for record in nodes}:
+        read.fail("node", f"{node!r} is not a node of the run")
+    return CoordinatorRecord(node=node, port=read.integer("port", 1, 65535), pid=read.integer("pid"),
+                             state_file=read.text("state_file"))
 
 
 def save(record: RunRecord, directory: Path | None = None) -> Path:
@@ -133,17 +243,32 @@ def save(record: RunRecord, directory: Path | None = None) -> Path:
 
 def load(run_id: str, directory: Path | None = None) -> RunRecord:
     """The record of ``run_id``; a unique prefix (or the last characters) is enough."""
+    if not is_run_id(run_id):  # never a path: "../../x" must not name a file
+        raise UsageError(f"run id {run_id!r}: not a run id (letters, digits and '-')",
+                         "torchherd status lists the known runs")
     directory = directory or runs_dir()
     exact = directory / f"{run_id}.json"
     if exact.is_file():
-        return RunRecord.from_json(exact.read_text(encoding="utf-8"))
-    matches = [path for path in _record_files(directory) if run_id and run_id in path.stem]
+        return read_record(exact)
+    matches = [path for path in _record_files(directory) if run_id in path.stem]
     if len(matches) == 1:
-        return RunRecord.from_json(matches[0].read_text(encoding="utf-8"))
+        return read_record(matches[0])
     if matches:
         raise UsageError(f"run id {run_id!r} is ambiguous: " + ", ".join(path.stem for path in matches),
                          "give more of the run id")
     raise UsageError(f"no detached run {run_id!r} in {directory}", "torchherd status lists the known runs")
+
+
+def read_record(path: Path) -> RunRecord:
+    """The record in ``path``; RecordError (exit 2) names the file and what is wrong."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_RECORD_BYTES + 1)
+    except OSError as error:
+        raise RecordError(f"{path}: cannot read the run record: {error.strerror}") from None
+    if len(data) > MAX_RECORD_BYTES:
+        raise RecordError(f"{path}: larger than {MAX_RECORD_BYTES >> 20} MiB: not a run record", _DAMAGED)
+    return RunRecord.from_json(data.decode("utf-8", "replace"), str(path))
 
 
 def load_all(directory: Path | None = None) -> list[RunRecord]:
@@ -151,8 +276,8 @@ def load_all(directory: Path | None = None) -> list[RunRecord]:
     records = []
     for path in _record_files(directory or runs_dir()):
         try:
-            records.append(RunRecord.from_json(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, KeyError, TypeError):
+            records.append(read_record(path))
+        except RecordError:
             continue
     return sorted(records, key=lambda record: record.created)
 

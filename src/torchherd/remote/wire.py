@@ -60,6 +60,19 @@ RANK_PREFIX_HEAD: Final = b"[torchherd-rank "
 RANK_PREFIX_END: Final = b"] "
 """What follows the rank's number."""
 
+# ----------------------------------------------------------------- run ids
+
+RUN_ID_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
+RUN_ID_MAX: Final = 100
+
+
+def is_run_id(text: object) -> bool:
+    """Letters, digits and '-' only: a run id names files and directories, reaches shells,
+    and is matched in process environments, so nothing in it may mean more."""
+    return (isinstance(text, str) and 0 < len(text) <= RUN_ID_MAX and not text.startswith("-")
+            and all(char in RUN_ID_CHARS for char in text))
+
+
 # ------------------------------------------------------------- environment
 
 RUN_ID_ENV: Final = "TORCHHERD_RUN_ID"

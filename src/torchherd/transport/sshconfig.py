@@ -260,8 +260,14 @@ def parse_lines(text: str, file: str) -> tuple[Line, ...]:
 
 @lru_cache(maxsize=256)
 def _parsed_file(path: str, stamp: tuple[int, int]) -> tuple[Line, ...]:
-    with open(path, encoding="utf-8", errors="surrogateescape") as handle:
-        return parse_lines(handle.read(), path)
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:  # undecodable bytes would reach ssh and the terminal as they are
+        line = data.count(b"\n", 0, error.start) + 1
+        raise SshConfigError(f"{path} line {line}: not UTF-8 text") from None
+    return parse_lines(text, path)
 
 
 def read_lines(path: str) -> tuple[Line, ...] | None:

@@ -1,0 +1,148 @@
+"""Bad input on the command line or in an inventory: exit 2, one line naming the
+file, the key or the flag, a hint, and never a traceback (issue 11)."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+from pathlib import Path
+
+import pytest
+
+from torchherd.cli import main
+from torchherd.console import make_console
+
+# 192.0.2.0/24 is TEST-NET-1: nothing answers there, so touching a node would hang.
+HOSTS = '[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n[[hosts]]\nname = "b"\naddress = "192.0.2.2"\n'
+DRY_RUN = ["run", "--dry-run", "--", "train.py"]
+
+
+def run_cli(tmp_path: Path, inventory: str | bytes, args: list[str]) -> tuple[int, str]:
+    path = tmp_path / "hosts.toml"
+    if isinstance(inventory, bytes):
+        path.write_bytes(inventory)
+    else:
+        path.write_text(inventory, encoding="utf-8")
+    out = StringIO()
+    code = main(["-i", str(path), *args], console=make_console(out, width=400))
+    return code, out.getvalue()
+
+
+def assert_one_line(code: int, output: str, named: str) -> None:
+    assert code == 2, output
+    assert "Traceback" not in output
+    lines = output.splitlines()
+    errors = [line for line in lines if not line.startswith("  hint:")]
+    assert len(errors) == 1, output
+    assert errors[0].startswith("error: "), output
+    assert named in errors[0], output
+
+
+def cluster(line: str) -> str:
+    return f"[cluster]\n{line}\n" + HOSTS
+
+
+def defaults(line: str) -> str:
+    return f"[defaults]\n{line}\n" + HOSTS
+
+
+INVENTORIES = [
+    pytest.param('[[hosts]]\nname = "node0\\n"\n', "hosts[0].name", id="host-name-newline"),
+    pytest.param(defaults('env = { "A\\n" = "1" }'), "[defaults].env.'A\\n'", id="env-key-newline"),
+    pytest.param(cluster("nproc_per_node = 1000000000000000000"), "[cluster].nproc_per_node", id="nproc-huge"),
+    pytest.param(cluster("ssh_timeout = nan"), "[cluster].ssh_timeout", id="ssh-timeout-nan"),
+    pytest.param(cluster("ssh_timeout = inf"), "[cluster].ssh_timeout", id="ssh-timeout-inf"),
+    pytest.param(defaults('env = { A = "x\\u0000y" }'), "[defaults].env.A", id="env-value-nul"),
+    pytest.param(defaults('workdir = "/w\\u0000x"'), "[defaults].workdir", id="workdir-nul"),
+    pytest.param(defaults('python = "/py\\u0000x"'), "[defaults].python", id="python-nul"),
+    pytest.param(defaults('user = "bob\\nroot"'), "[defaults].user", id="user-newline"),
+    pytest.param('[[hosts]]\nname = "a"\nlocal_addr = "not an ip;x"\n', "hosts[0].local_addr", id="local-addr"),
+    pytest.param("a = " + "[" * 100_000 + "]" * 100_000 + "\n", "hosts.toml", id="toml-deep"),
+    pytest.param(b'[[hosts]]\nname = "\xff"\n', "hosts.toml", id="not-utf8"),
+]
+
+
+@pytest.mark.parametrize("inventory,named", INVENTORIES)
+def test_a_bad_inventory_is_one_line_naming_the_key(tmp_path: Path, inventory: str | bytes, named: str) -> None:
+    assert_one_line(*run_cli(tmp_path, inventory, DRY_RUN), named)
+
+
+SSH_CONFIGS = [
+    pytest.param(None, id="directory"),
+    pytest.param(b"Host *\n  Port\n", id="bad-syntax"),
+    pytest.param(b"Host *\n  User \xff\n", id="not-utf8"),
+    pytest.param(b"Host *\n  Port abc\n", id="port-abc"),
+]
+
+
+@pytest.mark.parametrize("content", SSH_CONFIGS)
+def test_a_bad_ssh_config_is_one_line_naming_it(tmp_path: Path, content: bytes | None) -> None:
+    config = tmp_path / "ssh_config"
+    if content is None:
+        config.mkdir()
+    else:
+        config.write_bytes(content)
+    assert_one_line(*run_cli(tmp_path, cluster('ssh_config = "ssh_config"'), ["hosts"]), "ssh_config")
+
+
+def test_an_endless_inventory_file_is_refused(tmp_path: Path) -> None:
+    out = StringIO()
+    code = main(["-i", "/dev/zero", *DRY_RUN], console=make_console(out, width=400))
+    assert_one_line(code, out.getvalue(), "/dev/zero")
+
+
+FLAGS = [
+    pytest.param(["run", "--grace", "-1", "--dry-run", "--", "t.py"], "--grace", id="grace-negative"),
+    pytest.param(["run", "--grace", "nan", "--dry-run", "--", "t.py"], "--grace", id="grace-nan"),
+    pytest.param(["run", "--grace", "inf", "--dry-run", "--", "t.py"], "--grace", id="grace-inf"),
+    pytest.param(["run", "--monitor-interval", "nan", "--dry-run", "--", "t.py"], "--monitor-interval",
+                 id="monitor-interval-nan"),
+    pytest.param(["run", "--max-restarts", "-5", "--dry-run", "--", "t.py"], "--max-restarts", id="max-restarts"),
+    pytest.param(["run", "--max-restarts", "x", "--dry-run", "--", "t.py"], "--max-restarts",
+                 id="max-restarts-word"),
+    pytest.param(["run", "--nnodes", "abc", "--dry-run", "--", "t.py"], "--nnodes", id="nnodes-abc"),
+    pytest.param(["run", "--nnodes", "3:1", "--rdzv-backend", "c10d", "--dry-run", "--", "t.py"], "--nnodes",
+                 id="nnodes-backwards"),
+    pytest.param(["run", "--env", "ÄÖ=2", "--dry-run", "--", "t.py"], "--env", id="env-unicode"),
+    pytest.param(["run", "--env", "A=x\0y", "--dry-run", "--", "t.py"], "--env", id="env-nul"),
+    pytest.param(["run", "--nproc-per-node", "²", "--dry-run", "--", "t.py"], "--nproc-per-node",
+                 id="nproc-superscript"),
+    pytest.param(["run", "--nproc-per-node", "99999999999", "--dry-run", "--", "t.py"], "--nproc-per-node",
+                 id="nproc-huge"),
+    pytest.param(["run", "--dry-run", "--", "t\0.py"], "script", id="script-nul"),
+    pytest.param(["stop", "--grace", "nan", "th-x"], "--grace", id="stop-grace-nan"),
+    pytest.param(["logs", "--rank", "x", "th-x"], "--rank", id="logs-rank-word"),
+    pytest.param(["status", "../../etc/x"], "run id", id="status-path"),
+    pytest.param(["run", "--bogus"], "--bogus", id="unknown-flag"),
+]
+
+
+@pytest.mark.parametrize("args,named", FLAGS)
+def test_a_bad_flag_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str],
+                                          named: str) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert_one_line(*run_cli(tmp_path, HOSTS, args), named)
+
+
+@pytest.mark.parametrize("command", [["stop"], ["logs"], ["status"], ["attach"]])
+@pytest.mark.parametrize("content", [
+    pytest.param("{", id="not-json"),
+    pytest.param("[]", id="not-an-object"),
+    pytest.param('{"run_id": "th-x"}', id="missing-keys"),
+    pytest.param(None, id="hostile-supervisor"),
+])
+def test_a_corrupt_run_record_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    command: list[str], content: str | None) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    runs = tmp_path / "state" / "torchherd" / "runs"
+    runs.mkdir(parents=True)
+    if content is None:
+        node = {"name": "a", "address": "192.0.2.1", "user": None, "ssh_port": None, "identity_file": None,
+                "python": "python3", "workdir": "~", "log_file": "~/.torchherd/runs/th-x/a.log",
+                "state_file": "~/.torchherd/runs/th-x/a.state.json", "supervisor": "1; touch /tmp/x",
+                "pid": None, "pgid": None}
+        content = json.dumps({"run_id": "th-x", "inventory": "/h.toml", "created": 1.0, "command": ["t.py"],
+                              "nodes": [node], "max_rank": 0, "grace": 1.0})
+    (runs / "th-x.json").write_text(content)
+    code, output = run_cli(tmp_path, HOSTS, [*command, "th-x"])
+    assert_one_line(code, output, "th-x.json")
