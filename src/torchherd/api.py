@@ -12,6 +12,7 @@ results; the CLI renders the same events with its console.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from torchherd import hostspec
-from torchherd.checks import CheckOptions
+from torchherd.checks import CheckOptions, PreflightOutcome
+from torchherd.checks.analysis import port as port_check
 from torchherd.engine import detach as detached
 from torchherd.engine.events import Event, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.job import LaunchOptions
@@ -28,7 +30,7 @@ from torchherd.engine.sync import sync_over
 from torchherd.errors import TorchherdError, UsageError
 from torchherd.inventory import Inventory, load, parse
 from torchherd.plan import Plan, RunOptions, SyncOptions, build_plan
-from torchherd.results import CheckReport, CheckResult
+from torchherd.results import CheckReport, CheckResult, ProbeResult
 from torchherd.runlog import OutputLine, RankLines
 from torchherd.runrecord import NodeState, RunRecord, load_all
 from torchherd.runrecord import load as load_record
@@ -166,7 +168,7 @@ class Cluster:
             connector = sync_first(plan, connector, on_event or ignore)
         outcome = preflight(plan, options, connector, on_result)
         outcome.close()
-        return outcome.report
+        return _with_probes(outcome)
 
     def sync(self, source: bool | str | Path = True, *, plan: Plan | None = None, dry_run: bool = False,
              on_event: Observer | None = None) -> SyncDone:
@@ -212,6 +214,17 @@ class Cluster:
         if not start.ok:
             raise DetachedStartFailed(start)
         return DetachedRun(start.record, self.connector)
+
+
+def _with_probes(outcome: PreflightOutcome) -> CheckReport:
+    """The report, with every cross-node connect the probes made (``check``'s matrix)."""
+    report, observed = outcome.report, outcome.observed
+    if observed is None:
+        return report
+    probes = [ProbeResult(probe.prober, probe.peer, probe.kind, str(probe.outcome.get("result")),
+                          probe.verdict == "fail")
+              for prober in observed.connected for probe in port_check.probes_of(observed, prober)]
+    return dataclasses.replace(report, probes=tuple(probes))
 
 
 def _document(hosts: Sequence[str | Mapping[str, Any]], defaults: Mapping[str, Any] | None,

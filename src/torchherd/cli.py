@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from torchherd import __version__
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, TorchherdError, UsageError
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
     from torchherd.api import Cluster, DetachedStartFailed
     from torchherd.console.view import ViewOptions
     from torchherd.plan import Plan
+    from torchherd.results import CheckReport
 
 Handler = Callable[[argparse.Namespace, "Console"], int]
 
@@ -157,7 +157,22 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
             report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, on_result=progress,
                                    sync=args.sync, on_event=_sync_printer(console))
         render_report(console, report)
+        _render_matrix(console, cluster, report, args.matrix)
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _render_matrix(console: Console, cluster: Cluster, report: CheckReport, always: bool) -> None:
+    """Under the report, the probes as a node x node matrix: when a cross-node connect
+    failed, or always with --matrix."""
+    from torchherd.console.matrix import failed, render_matrix
+
+    if report.probes and (always or failed(report.probes)):
+        hosts = cluster.inventory.hosts
+        render_matrix(console, report.probes, [host.name for host in hosts], hosts[0].name,
+                      cluster.inventory.cluster.port)
+    elif always:
+        console.print("no cross-node probes ran (the port check was not selected, or no node was reached)",
+                      markup=False, highlight=False)
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -287,62 +302,13 @@ def _extra_env(assignments: Sequence[str], passed: Sequence[str],
 
 
 def _nproc(text: str | None) -> int | str | None:
-    from torchherd.inventory import MAX_NPROC
-
     if text is None:
         return None
     if text in ("gpu", "cpu", "auto"):
         return text
-    # isascii: "²".isdigit() is True, and int("²") raises
-    if text.isascii() and text.isdigit() and 0 < int(text) <= MAX_NPROC:
+    if text.isdigit() and int(text) > 0:
         return int(text)
-    raise UsageError(f"--nproc-per-node {text!r}: expected a positive integer (at most {MAX_NPROC}), gpu, cpu or auto")
-
-
-MAX_GRACE = 86400.0
-
-
-def _grace(text: str) -> float:
-    """Seconds from SIGTERM to SIGKILL: finite, 0 or more ("nan" and "-1" parse as floats)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= MAX_GRACE:
-        raise argparse.ArgumentTypeError(f"expected seconds from 0 to {MAX_GRACE:g}, got {text!r}")
-    return value
-
-
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= MAX_GRACE:
-        raise argparse.ArgumentTypeError(f"expected seconds above 0, at most {MAX_GRACE:g}, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or int(text) > 1_000_000:
-        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 1000000, got {text!r}")
-    return int(text)
-
-
-def _nnodes(text: str) -> str:
-    from torchherd.plan import check_nnodes
-
-    try:
-        return check_nnodes(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse's own errors as the CLI's others: one line and a hint, exit 2 (``main``)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message}", f"{self.prog} --help lists the options")
+    raise UsageError(f"--nproc-per-node {text!r}: expected a positive integer, gpu, cpu or auto")
 
 
 def _add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False) -> None:
@@ -380,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     inventory = argparse.ArgumentParser(add_help=False)
     inventory.add_argument("-i", "--inventory", metavar="FILE", default=argparse.SUPPRESS,
                            help="host inventory (default: $TORCHHERD_INVENTORY, then ./hosts.toml)")
-    parser: argparse.ArgumentParser = _Parser(  # its subparsers are _Parsers too
+    parser = argparse.ArgumentParser(
         prog="torchherd", parents=[inventory],
         description="Run one PyTorch distributed job on many machines: check, launch, stream, tear down.")
     parser.add_argument("--version", action="version", version=f"torchherd {__version__}")
@@ -398,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--smoke", action="store_true", help="also run a tiny real all_reduce on every node")
     check.add_argument("--accept-new-host-keys", action="store_true",
                        help="trust and record unknown SSH host keys (changed keys are always refused)")
+    check.add_argument("--matrix", action="store_true",
+                       help="always show the probes as a node x node matrix (shown anyway when one failed)")
     check.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT: also check the training script")
     check.set_defaults(handler=cmd_check)
     _add_host_flags(check, nproc=True)
@@ -411,14 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--env", metavar="K=V", action="append", default=[], help="set a variable on every rank")
     run.add_argument("--env-pass", metavar="NAME", action="append", default=[],
                      help="pass this variable from the controller's environment")
-    run.add_argument("--grace", type=_grace, default=10.0, metavar="S", help="SIGTERM to SIGKILL, in seconds")
+    run.add_argument("--grace", type=float, default=10.0, metavar="S", help="SIGTERM to SIGKILL, in seconds")
     run.add_argument("--no-fail-fast", action="store_true",
                      help="let the other nodes go on when one fails (default: tear them down at once)")
     run.add_argument("--master-addr", metavar="ADDR", help="address the workers reach the master at")
     run.add_argument("--rdzv-backend", choices=("static", "c10d"), help="override [cluster].rdzv_backend")
-    run.add_argument("--nnodes", type=_nnodes, metavar="N|MIN:MAX", help="torchrun --nnodes (MIN:MAX: elastic, c10d)")
-    run.add_argument("--max-restarts", type=_count, default=0, metavar="N", help="torchrun --max-restarts")
-    run.add_argument("--monitor-interval", type=_interval, metavar="S", help="torchrun --monitor-interval")
+    run.add_argument("--nnodes", metavar="N|MIN:MAX", help="torchrun --nnodes (MIN:MAX: elastic, c10d)")
+    run.add_argument("--max-restarts", type=int, default=0, metavar="N", help="torchrun --max-restarts")
+    run.add_argument("--monitor-interval", type=float, metavar="S", help="torchrun --monitor-interval")
     run.add_argument("--rdzv-conf", metavar="K=V,...", help="torchrun --rdzv-conf")
     run.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
     run.add_argument("--accept-new-host-keys", action="store_true",
@@ -451,12 +419,12 @@ def _add_detached_commands(commands: argparse._SubParsersAction[argparse.Argumen
     logs = commands.add_parser("logs", help="a detached run's output, with node:rank prefixes")
     logs.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
     logs.add_argument("--node", metavar="N", help="only this node")
-    logs.add_argument("--rank", metavar="R", type=_count, help="only this global rank")
+    logs.add_argument("--rank", metavar="R", type=int, help="only this global rank")
     logs.add_argument("run", metavar="RUN", help="run id")
     logs.set_defaults(handler=cmd_logs)
 
     stop = commands.add_parser("stop", help="stop a detached run on every node, and confirm nothing is left")
-    stop.add_argument("--grace", type=_grace, metavar="S", help="SIGTERM to SIGKILL (default: the run's)")
+    stop.add_argument("--grace", type=float, metavar="S", help="SIGTERM to SIGKILL (default: the run's)")
     stop.add_argument("run", metavar="RUN", help="run id")
     stop.set_defaults(handler=cmd_stop)
 
@@ -477,16 +445,13 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as stop:  # --help, --version
+    except SystemExit as stop:  # argparse has printed usage and the reason
         return int(stop.code) if isinstance(stop.code, int) else EXIT_USAGE
-    except UsageError as error:
-        render_error(_error_console(console), error)
-        return EXIT_USAGE
     _strip_separator(args)
     from torchherd.api import DetachedStartFailed, LaunchAborted  # after --help: it must stay fast
 
     console = console or make_console()
-    error_console = _error_console(console)
+    error_console = console if console.file is not sys.stdout else make_console(stderr=True)
     handler: Handler = args.handler
     try:
         return handler(args, console)
@@ -501,20 +466,6 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     except KeyboardInterrupt:
         error_console.print("interrupted")
         return EXIT_INTERRUPTED
-    except Exception as error:  # a bug: one line, never a traceback (TORCHHERD_DEBUG=1 shows it)
-        if os.environ.get("TORCHHERD_DEBUG"):
-            raise
-        render_error(error_console, TorchherdError(f"internal error: {type(error).__name__}: {error}",
-                                                   "rerun with TORCHHERD_DEBUG=1 and report the traceback"))
-        return EXIT_FAILED
-
-
-def _error_console(console: Console | None) -> Console:
-    from torchherd.console import make_console
-
-    if console is not None and console.file is not sys.stdout:
-        return console
-    return make_console(stderr=True)
 
 
 def _render_detached_failure(console: Console, error: DetachedStartFailed) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 CheckStatus = Literal["pass", "warn", "fail", "skip"]
@@ -30,8 +30,25 @@ class CheckResult:
 
 
 @dataclass(frozen=True)
+class ProbeResult:
+    """One real TCP connect of the preflight between two nodes (``check`` draws them as a
+    matrix): ``prober`` connected to ``peer``'s ``port``, ``master`` for the master port,
+    else one of its ephemeral ports (``e1``, ``e2``)."""
+
+    prober: str
+    peer: str
+    port: str
+    result: str
+    """ok, refused, timeout, unreachable, unresolved, or untried (no time was left)."""
+    holds: bool
+    """Whether a failure is a verdict: retried, or one a retry would not change."""
+
+
+@dataclass(frozen=True)
 class CheckReport:
     results: tuple[CheckResult, ...]
+    probes: tuple[ProbeResult, ...] = field(default=(), compare=False)
+    """The cross-node connects behind ``port`` (``Cluster.check``); not in ``as_json``."""
 
     @property
     def ok(self) -> bool:
