@@ -5,6 +5,7 @@ and which failures are retried. The connections are fakes in place of fabric's."
 from __future__ import annotations
 
 import getpass
+import sys
 import threading
 import time
 from pathlib import Path
@@ -192,3 +193,31 @@ def test_connector_close_closes_the_shared_chains(tmp_path: Path, log: Log) -> N
     assert log.closed == ["10.0.0.1"] and connector._shared.chains == {}
     session.close()
     assert log.closed == ["10.0.0.1", "gpu1.internal"]
+
+
+def test_connections_made_in_many_threads_at_once_each_see_a_whole_config(tmp_path: Path) -> None:
+    # fabric's Connection writes into its config, which is empty while it re-merges: with
+    # one config shared by the connecting threads, most Connections here raised
+    # AttributeError ('forward_agent'), as one did at 256 nodes on a loaded machine.
+    connector = SshConnector(config(tmp_path, "Host n1\n  HostName 10.0.0.1\n"), 5.0)
+    target = resolve_target(host("n1"), connector.ssh_config, local(tmp_path))
+    errors: list[BaseException] = []
+
+    def make() -> None:
+        for _ in range(20):
+            try:
+                connector._fabric_connection(target, False)
+            except AttributeError as error:
+                errors.append(error)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # a thread switch every few bytecodes, as under load
+    try:
+        threads = [threading.Thread(target=make) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []

@@ -494,7 +494,6 @@ class _Shared:
     chains: dict[tuple[tuple[str, str, int, str], ...], _Chain] = field(default_factory=dict)
     gates: dict[tuple[object, ...], threading.BoundedSemaphore] = field(default_factory=dict)
     local: sshconfig.Local | None = None
-    config: Any = None
 
     def gate(self, key: tuple[object, ...], width: int) -> threading.BoundedSemaphore:
         with self.lock:
@@ -508,16 +507,18 @@ class _Shared:
                 self.local = sshconfig.Local.of_this_machine()
             return self.local
 
-    def fabric_config(self) -> Any:
-        with self.lock:
-            if self.config is None:
-                import fabric
-                import paramiko
+    @staticmethod
+    def fabric_config() -> Any:
+        """A config of its own for every fabric Connection: ``Connection.__init__`` writes
+        into its config (``inline_ssh_env``), and each write re-merges it, empty for a
+        moment; shared by the connecting threads, another thread's Connection then found
+        no keys at all (AttributeError: 'forward_agent', seen at 256 nodes)."""
+        import fabric
+        import paramiko
 
-                # An explicit, empty SSHConfig: fabric reads no ssh_config file (ours is read by
-                # transport.sshconfig); lazy: no fabric/invoke config files either.
-                self.config = fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
-            return self.config
+        # An explicit, empty SSHConfig: fabric reads no ssh_config file (ours is read by
+        # transport.sshconfig); lazy: no fabric/invoke config files either.
+        return fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
 
 
 @dataclass(frozen=True)
