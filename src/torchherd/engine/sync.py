@@ -70,7 +70,10 @@ class _Lines:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            data = self.process.read(min(left, 1.0))
+            # One long read, not short polls: over SSH the channel keeps the last read's
+            # timeout, and the sends that follow (the files) time out by it too; a node's
+            # receiver stalled a second on a busy machine must not read as gone.
+            data = self.process.read(left)
             if data is None:
                 continue
             if not data:
