@@ -287,7 +287,9 @@ def _node_plan(inventory: Inventory, options: RunOptions, host: Host, rank: int,
         local_addr = host.address
     if local_addr:
         notes.append(f"--local-addr {local_addr}" + (f": {network.reason}" if network and network.reason else ""))
-    remote_log_dir = f"/tmp/torchherd-{options.run_id}"
+    # One per node (nodes may share a /tmp); the supervisor creates it, 0700, and refuses
+    # one that exists: the name is guessable, and another user could have made it first.
+    remote_log_dir = f"/tmp/torchherd-{options.run_id}-{host.name}"
     argv = _torchrun_argv(inventory, options, host, rank, master_addr, local_addr, backend, remote_log_dir)
     env = _node_env(host, options, network, notes)
     return NodePlan(host=host, node_rank=rank, argv=argv, env=MappingProxyType(env), workdir=host.workdir,

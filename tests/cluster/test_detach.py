@@ -136,7 +136,7 @@ def test_detached_run_completes_with_no_controller(cluster: LocalCluster, runs: 
     for rank, name in enumerate(cluster.names):
         assert ticks(out, name, rank) == list(range(30)), out
         # torchrun's per-rank tee directory is gone once the job is over
-        assert cluster.ssh(name, f"test -e /tmp/torchherd-{run_id}").returncode == 1
+        assert cluster.ssh(name, f"test -e /tmp/torchherd-{run_id}-{name}").returncode == 1
     code, only = cli(cluster, "logs", "--node", "node1", "--rank", "1", run_id)
     assert ticks(only, "node1", 1) == list(range(30)) and "node0:0" not in only
     assert_clean(cluster)
@@ -236,7 +236,7 @@ def test_attached_run_removes_its_tee_dir(cluster: LocalCluster, tmp_path: Path)
     assert code == 0, out
     (run_dir,) = (tmp_path / "logs").iterdir()
     for name in cluster.names:
-        assert cluster.ssh(name, f"test -e /tmp/torchherd-{run_dir.name}").returncode == 1
+        assert cluster.ssh(name, f"test -e /tmp/torchherd-{run_dir.name}-{name}").returncode == 1
     assert_clean(cluster)
 
 

@@ -82,8 +82,7 @@ def state(tmp_path: Path) -> dict[str, object]:
 
 @pytest.mark.timeout(30)
 def test_detached_supervisor_returns_at_once_and_the_job_runs_on(run_id: str, tmp_path: Path) -> None:
-    tee = tmp_path / "torchherd-tee"
-    (tee / "attempt_0").mkdir(parents=True)
+    tee = tmp_path / "torchherd-tee"  # the supervisor makes it, and removes it at the end
     started = time.monotonic()
     # stdin is a pipe that closes right away: in detached mode that must not stop the job
     done = start(run_id, tmp_path, "import time\nfor i in range(5):\n print('line', i); time.sleep(0.2)",

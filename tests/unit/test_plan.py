@@ -40,7 +40,7 @@ def test_static_command_line_is_exact() -> None:
     assert plan.nodes[1].argv == (
         "/opt/venv/bin/python", "-m", "torch.distributed.run", "--nnodes", "3", "--nproc-per-node", "2",
         "--node-rank", "1", "--master-addr", "10.0.0.2", "--master-port", "29511",
-        "--local-addr", "10.0.0.1", "--max-restarts", "0", "--tee", "3", "--log-dir", "/tmp/torchherd-r1",
+        "--local-addr", "10.0.0.1", "--max-restarts", "0", "--tee", "3", "--log-dir", "/tmp/torchherd-r1-a",
         "train.py", "--lr", "0.1")
 
 

@@ -56,22 +56,31 @@ def _hostnames(observed: Observed) -> dict[str, str]:
 def smoke_plan(observed: Observed) -> Plan:
     """``run``'s plan for the smoke script, each node writing the script first."""
     run_id = time.strftime("th-smoke-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-    script = f"/tmp/torchherd-{run_id}/smoke.py"
-    options = RunOptions(script=script, script_args=(str(INIT_TIMEOUT), ",".join(backends(observed))),
-                         run_id=run_id, rdzv_conf=f"join_timeout={INIT_TIMEOUT},read_timeout={INIT_TIMEOUT}")
+    args = (str(INIT_TIMEOUT), ",".join(backends(observed)))
+    options = RunOptions(script="smoke.py", script_args=args, run_id=run_id,
+                         rdzv_conf=f"join_timeout={INIT_TIMEOUT},read_timeout={INIT_TIMEOUT}")
     plan = build_plan(observed.inventory, options, observed.networks)
-    return replace(plan, nodes=tuple(_writing_script(node, script) for node in plan.nodes))
+    return replace(plan, nodes=tuple(_writing_script(node, len(args)) for node in plan.nodes))
 
 
-def _writing_script(node: NodePlan, script: str) -> NodePlan:
-    directory = script.rsplit("/", 1)[0]
-    # mkdir without -p: a directory another user made first (to swap the script) is refused.
+def script_dir(node: NodePlan) -> str:
+    """Where the node's copy of the script goes: its own directory (nodes may share a /tmp)."""
+    return f"{node.remote_log_dir}-smoke"
+
+
+def _writing_script(node: NodePlan, arg_count: int) -> NodePlan:
+    """The node writes the script first, into a directory only it can have made, and runs that copy."""
+    directory = script_dir(node)
+    script = f"{directory}/smoke.py"
+    # mkdir without -p, mode 0700: a directory another user made first (to swap the script) is refused.
     write = (f"mkdir -m 700 {shlex.quote(directory)} && "
              f"printf '%s' {shlex.quote(remote_source('smoke.py'))} > {shlex.quote(script)}")
     setup = f"{node.setup.strip()}\n{write}" if node.setup.strip() else write
-    return replace(node, setup=setup)
+    argv = list(node.argv)
+    argv[len(argv) - arg_count - 1] = script  # the script's place: just before its arguments
+    return replace(node, setup=setup, argv=tuple(argv))
 
 
 def cleanup_command(node: NodePlan) -> str:
-    """Removes what the smoke job left on the node (its script and torchrun's tee files)."""
-    return f"rm -rf {shlex.quote(node.remote_log_dir)}"
+    """Removes the smoke script's directory (the supervisor removes torchrun's own, which it made)."""
+    return f"rm -rf {shlex.quote(script_dir(node))}"

@@ -349,6 +349,24 @@ def write_json_atomic(path: str, fields: Mapping[str, object]) -> None:
     os.replace(tmp, path)
 
 
+def make_private_dir(path: str) -> Optional[str]:
+    """Creates torchrun's log directory, mode 0700; None when done, else why not. One that
+    already exists is refused: its name is guessable (the run id is in every process
+    list), and another user who made it first could read the ranks' output, or plant
+    files the supervisor would report as theirs."""
+    path = os.path.expanduser(path).rstrip("/")
+    if not os.path.basename(path).startswith(TEE_DIR_PREFIX):
+        return "%s: not a torchherd directory name" % path
+    try:
+        os.mkdir(path, 0o700)  # atomic: it is ours, or it fails
+    except FileExistsError:
+        return ("%s already exists (another user's, or left by a run): refusing to use it; "
+                "remove it if it is yours" % path)
+    except OSError as exc:
+        return "%s: cannot create it: %s" % (path, exc.strerror)
+    return None
+
+
 def remove_tee_dir(path: str) -> None:
     """Removes torchrun's per-rank tee directory; any other name is refused, so a
     bad config can never delete something that is not the run's own."""
@@ -746,6 +764,7 @@ class Supervisor:
         self.last_data = self.last_in
         self.writing = False
         self.wake_r, self.wake_w = os.pipe()
+        self.made_dir = False
         # The ranks' own files (torchrun --redirects) and GPU samples; progress bars and
         # GPUs only feed a live view, so a detached run's log is spared them.
         self.ranks = RankFiles(config.rank_logs, self.pid, not self.detached) if config.rank_logs else None
@@ -779,6 +798,13 @@ class Supervisor:
     # job ------------------------------------------------------------------
     def _spawn(self) -> bool:
         cfg = self.cfg
+        if cfg.cleanup_dir:
+            refused = make_private_dir(cfg.cleanup_dir)
+            if refused is not None:
+                self.code = 1
+                self._announce(wire.error_record("cannot start job: torchrun's log directory " + refused))
+                return False
+            self.made_dir = True
         env = dict(os.environ)
         env.update(cfg.env)
         env[wire.RUN_ID_ENV] = cfg.run_id
@@ -1163,7 +1189,7 @@ class Supervisor:
         code = self.code if self.code is not None else EXIT_UNKILLABLE
         left = td.left if td is not None else 0
         self._close_link()
-        if self.cfg.cleanup_dir:
+        if self.cfg.cleanup_dir and self.made_dir:  # never one this supervisor did not make
             remove_tee_dir(self.cfg.cleanup_dir)
         self.out.add(wire.done_record(code, left))
         self._final_flush()

@@ -340,7 +340,9 @@ class SupervisorConfig(NamedTuple):
     watchdog: float = 0.0
     """Tear the job down when no stdin byte arrived for this long (0: off)."""
     cleanup_dir: Optional[str] = None
-    """torchrun's per-rank tee directory, removed at the end (only a "torchherd-*" name)."""
+    """torchrun's log directory (only a "torchherd-*" name): the supervisor creates it, mode
+    0700, before the job starts, refuses to start when it already exists, and removes it
+    at the end."""
     rank_marker: Optional[str] = None
     """The rank prefix's head (``RANK_PREFIX_HEAD``): mend lines torchrun tore apart at it."""
     log_file: Optional[str] = None
