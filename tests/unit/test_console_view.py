@@ -127,6 +127,17 @@ def test_torchruns_banner_is_shown_once_and_notes_keep_their_place() -> None:
         "node1:3 │ RuntimeError: boom\ntorchherd │ node1: exited with code 1\n")
 
 
+def test_torchs_timestamped_warnings_collapse_and_torchruns_blank_line_goes_with_its_banner() -> None:
+    clock = Clock()
+    view, _ = collapser(["node0", "node1"], 4, clock)
+    warning = "socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3"
+    view.add([OutputLine("node0", None, "err", ""), OutputLine("node1", None, "err", ""),
+              chunk("node0", (0, f"[W1123 12:18:13.870269108 {warning}"), (1, f"[W1123 12:18:13.961 {warning}")),
+              chunk("node1", (2, f"[W1123 12:18:14.0001 {warning}"), (3, f"[W1123 12:18:15.1 {warning}"))])
+    clock.now = 0.5
+    assert view.take() == f"node0   │ \nnode[0-1]:* │ [W1123 12:18:13.870269108 {warning} (x4)\n"
+
+
 def test_torchruns_own_lines_collapse_across_nodes() -> None:
     clock = Clock()
     view, _ = collapser(["node0", "node1", "node2"], 6, clock)
@@ -157,7 +168,8 @@ def test_status_records_for_the_view_keep_a_chunk_on_the_bytes_path() -> None:
 
 def panel_model() -> PanelModel:
     model = PanelModel(["node0", "node1", "node2"])
-    model.state("node0", "rendezvous")
+    model.state("node0", "running")
+    model.state("node1", "running")
     model.lines([chunk("node0", (0, "step 1"), (1, "step 1"))], 1.0)
     model.lines([OutputLine("node1", 2, "out", "step 1 loss 0.5")], 1.0)
     model.bar("node1", 3, " 45%|####5     | 45/100 [00:04<00:05,  9.80it/s]", 2.0)
@@ -181,6 +193,7 @@ def test_the_panel_shows_every_node() -> None:
 def test_nodes_that_do_not_fit_are_grouped_by_state_and_a_quiet_node_stands_out() -> None:
     model = PanelModel([f"node{index}" for index in range(6)])
     for index in range(6):
+        model.state(f"node{index}", "running")
         model.lines([OutputLine(f"node{index}", index, "out", "tick")], 0.0)
     for index in (0, 1, 2, 4, 5):
         model.lines([OutputLine(f"node{index}", index, "out", "tock")], 40.0)

@@ -30,6 +30,9 @@ WINDOW = 0.5
 
 # A rank line's record without its rank: b"\nO[torchherd-rank 3] text" -> b"\nOtext".
 _RANK_TAG = re.compile(rb"\n([OE])" + re.escape(RANK_PREFIX_HEAD) + rb"\d+\] ")
+# torch's C++ warnings start with their own time (glog: "[W1123 12:18:13.870269108 socket.cpp:207]");
+# the same warning from many ranks differs only there, so it is compared without it.
+_GLOG_TIME = re.compile(rb"(\n[OEoe]\[[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ ")
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
 _BANNER_RULE = re.compile(r"^\*{20,}\s*$")
 _BANNER_TEXT = "Setting OMP_NUM_THREADS environment variable for each process"
@@ -121,8 +124,10 @@ class RankFilter:
 
 
 def is_banner(line: OutputLine) -> bool:
-    """torchrun's warning that it set OMP_NUM_THREADS, and the rules of stars around it."""
-    return line.rank is None and (line.text.startswith(_BANNER_TEXT) or _BANNER_RULE.match(line.text) is not None)
+    """torchrun's warning that it set OMP_NUM_THREADS, the rules of stars around it, and
+    the empty line it starts with."""
+    return line.rank is None and (line.text.startswith(_BANNER_TEXT) or _BANNER_RULE.match(line.text) is not None
+                                  or not line.text.strip())
 
 
 # ------------------------------------------------------------------ the held lines
@@ -206,7 +211,7 @@ class Collapser:
         return node == self._banner_from
 
     def _add_chunk(self, block: RankLines, now: float) -> None:
-        keys = _RANK_TAG.sub(rb"\n\1", block.records)[1:-1].split(b"\n")
+        keys = _GLOG_TIME.sub(rb"\1", _RANK_TAG.sub(rb"\n\1", block.records))[1:-1].split(b"\n")
         unique = frozenset(keys)
         if len(unique) == len(keys) and self._chunk_keys.isdisjoint(unique) and self._open.keys().isdisjoint(unique):
             order = self._next()
@@ -321,4 +326,5 @@ def _key(line: OutputLine) -> bytes:
     """What makes two lines the same: the text and stream, and whether a rank said it
     (the tag letters of the records: a rank's lines compare with a chunk's texts)."""
     tag = b"E" if line.stream == STDERR else b"O"
-    return (tag if line.rank is not None else tag.lower()) + line.text.encode("utf-8", "replace")
+    key = b"\n" + (tag if line.rank is not None else tag.lower()) + line.text.encode("utf-8", "replace")
+    return _GLOG_TIME.sub(rb"\1", key)[1:]

@@ -110,8 +110,6 @@ class PanelModel:
                 view.last_line = chunk.text
                 if chunk.rank is not None:
                     view.ranks.add(chunk.rank)
-            if view.state in ("connecting", "rendezvous"):
-                view.state = "running"
 
     def state(self, name: str, state: str, code: int | None = None) -> None:
         view = self.node(name)
@@ -124,8 +122,6 @@ class PanelModel:
         view = self.node(name)
         if view.bar_rank is None or rank is None or rank <= view.bar_rank or now - view.bar_at >= BAR_FRESH:
             view.bar, view.bar_rank, view.bar_at = text, rank, now
-        if view.last_output is None or view.state in ("connecting", "rendezvous"):
-            view.state = "running"
         view.last_output = now
 
     def gpus(self, name: str, gpus: tuple[GpuUsage, ...]) -> None:
