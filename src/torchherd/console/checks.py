@@ -7,10 +7,10 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
-from rich import box
 from rich.table import Table
 from rich.text import Text
 
@@ -26,16 +26,19 @@ def _columns(results: list[CheckResult] | tuple[CheckResult, ...]) -> list[str]:
     from torchherd.checks import CHECK_IDS
 
     present = {result.check for result in results}
-    return [check for check in CHECK_IDS if check in present]
+    # Ids of another kind of check (SLURM's view) follow, in the order they came.
+    others = [check for check in dict.fromkeys(result.check for result in results) if check not in CHECK_IDS]
+    return [check for check in CHECK_IDS if check in present] + others
 
 
-def _cell(result: CheckResult | None) -> Text:
+def _cell(result: CheckResult | None, missing: str) -> Text:
     if result is None:
-        return Text(PENDING, style="dim")
+        return Text(missing, style="dim")
     return Text(SYMBOLS[result.status], style=STATUS_STYLES[result.status])
 
 
-def _grid(nodes: list[str], columns: list[str], results: list[CheckResult] | tuple[CheckResult, ...]) -> Table:
+def _grid(nodes: list[str], columns: list[str], results: list[CheckResult] | tuple[CheckResult, ...],
+          missing: str = "") -> Table:
     by_key = {(result.node, result.check): result for result in results}
     # Columns one space apart: every check id stays whole on an 80-column terminal.
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False, collapse_padding=True)
@@ -44,7 +47,7 @@ def _grid(nodes: list[str], columns: list[str], results: list[CheckResult] | tup
     for check in columns:
         table.add_column(check, justify="center")
     for node in nodes:
-        table.add_row(node, *(_cell(by_key.get((node, check))) for check in columns))
+        table.add_row(node, *(_cell(by_key.get((node, check)), missing) for check in columns))
     return table
 
 
@@ -91,7 +94,7 @@ def live_progress(console: Console, inventory: Inventory) -> Iterator[Callable[[
     lock = threading.Lock()
 
     def view() -> Group:
-        return Group(Text("torchherd check: running on every node...", style="bold"), _grid(nodes, columns, results))
+        return Group(Text("torchherd check: running on every node...", style="bold"), _grid(nodes, columns, results, PENDING))
 
     with Live(view(), console=console, refresh_per_second=8, transient=True) as live:
         def progress(result: CheckResult) -> None:

@@ -24,8 +24,11 @@ def _plain(console: Console, text: str, style: str = "") -> None:
 
 
 def render_started(console: Console, record: RunRecord) -> None:
-    _plain(console, f"run {record.run_id}: started detached on {len(record.nodes)} nodes "
-                     f"({', '.join(node.name for node in record.nodes)})", "bold")
+    if record.extra.get("scheduler") == "slurm":
+        _plain(console, f"run {record.run_id}: submitted as SLURM job {record.extra.get('job_id')}", "bold")
+    else:
+        _plain(console, f"run {record.run_id}: started detached on {len(record.nodes)} nodes "
+                         f"({', '.join(node.name for node in record.nodes)})", "bold")
     console.print(record.run_id, markup=False, highlight=False, soft_wrap=True)
     for command in ("status", "logs -f", "attach", "stop"):
         _plain(console, f"  torchherd {command} {record.run_id}", "dim")

@@ -20,6 +20,7 @@ from torchherd.engine.events import (
     ConnectFailed,
     Event,
     Interrupted,
+    JobQueued,
     NodeExited,
     NodeLost,
     NodeNotStarted,
@@ -67,6 +68,9 @@ class ConsoleObserver:
             render_summary(self.console, event.summary)
         elif isinstance(event, NodeStatus):
             status_note(self._renderer(), event.status)
+        elif isinstance(event, JobQueued):
+            reason = f" ({event.reason})" if event.reason else ""
+            self._note(f"SLURM job {event.job_id}: {event.state.lower()}{reason}", "dim")
         else:
             self._node_note(event)
 
@@ -74,7 +78,8 @@ class ConsoleObserver:
         if isinstance(event, RanksRunning):
             self._note(f"{event.node}: ranks running (through the rendezvous)", "dim")
         elif isinstance(event, NodeStarted):
-            self._note(f"{event.node}: torchrun started (pid {event.pid})", "dim")
+            pid = f" (pid {event.pid})" if event.pid is not None else ""
+            self._note(f"{event.node}: torchrun started{pid}", "dim")
         elif isinstance(event, NodeNotStarted):
             self._note(f"{event.node}: {event.message}", "bold red")
         elif isinstance(event, NodeExited) and event.code == 0:

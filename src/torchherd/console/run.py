@@ -11,6 +11,7 @@ from rich.text import Text
 from torchherd.console import node_colour
 from torchherd.plan import RANK_PREFIX_HEAD, Plan
 from torchherd.runlog import ERR_HEAD, OUT_HEAD, OUT_RANKS, STDERR, OutputLine, RankLines, RunSummary
+from torchherd.slurm import BatchJob, shown_script
 
 SEPARATOR = " │ "
 STATE_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "torn down": "yellow",
@@ -28,6 +29,16 @@ def render_plan(console: Console, plan: Plan) -> None:
         for note in node.notes:
             console.print(Text(f"  - {note}", style="dim"), soft_wrap=True)
     console.print(Text("dry run: nothing was started"), soft_wrap=True)
+
+
+def render_batch_script(console: Console, job: BatchJob) -> None:
+    """The batch script SLURM would get (secrets as ***), and why each choice was made."""
+    console.print(Text(f"run {job.run_id}: SLURM batch script ({job.run_dir}/job.sbatch), "
+                       "submitted with sbatch --parsable", style="bold"), soft_wrap=True)
+    console.print(Text(shown_script(job).rstrip("\n")), soft_wrap=True)
+    for note in job.notes:
+        console.print(Text(f"  - {note}", style="dim"), soft_wrap=True)
+    console.print(Text("dry run: nothing was submitted"), soft_wrap=True)
 
 
 class LiveRenderer:

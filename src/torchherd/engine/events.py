@@ -131,6 +131,15 @@ class RunFinished:
 
 
 @dataclass(frozen=True)
+class JobQueued:
+    """A scheduler holds the job (SLURM: submitted, or still waiting for nodes, and why)."""
+
+    job_id: str
+    state: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class SyncStarted:
     """``--sync``: the local project ``source`` is being made identical on ``nodes``
     (with ``dry_run``, only compared: nothing is written)."""
@@ -192,7 +201,7 @@ class SyncDone:
 
 
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
-              NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished,
+              NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished, JobQueued,
               SyncStarted, NodeSynced, SyncFailed, SyncDone]
 Observer = Callable[[Event], None]
 

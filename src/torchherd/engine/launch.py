@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Protocol
 
 from torchherd.checks import CheckOptions, PreflightOutcome, run_preflight
 from torchherd.checks import smoke as smoke_check
@@ -203,6 +203,17 @@ def _after_preflight(plan: Plan, connector: Connector, observer: Observer) -> Op
 # the run ------------------------------------------------------------------------------
 
 
+class Supervised(Protocol):
+    """What ``Run`` drives in its thread: an SSH ``Job``, or a SLURM job (``engine.slurm``)."""
+
+    plan: Plan
+    log_dir: Path
+
+    def supervise(self) -> RunSummary: ...
+
+    def request_stop(self) -> None: ...
+
+
 class Run:
     """A job launched on every node: ``wait`` for its summary, ``stop`` it, read its ``lines``.
 
@@ -210,7 +221,7 @@ class Run:
     observer, and tears the job down when it ends; the caller's thread stays free.
     """
 
-    def __init__(self, job: Job, opened: Opened, observer: Observer) -> None:
+    def __init__(self, job: Supervised, opened: Opened, observer: Observer) -> None:
         self.job = job
         self.plan = job.plan
         self.run_id = job.plan.run_id
