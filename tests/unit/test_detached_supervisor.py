@@ -123,17 +123,22 @@ def test_tee_dir_with_another_name_is_never_removed(tmp_path: Path) -> None:
     assert not gone.exists()
 
 
+def token(node: str) -> str:
+    return f"secret-of-{node}-0123456789"
+
+
 def start_coordinator(run_id: str, tmp_path: Path, nodes: list[str]) -> dict[str, int]:
-    config = {"run_id": run_id, "token": "secret", "nodes": nodes, "state_file": str(tmp_path / "c" / "coord.json"),
-              "wait": 10}
-    done = subprocess.run([PY, "-c", COORD_SOURCE, json.dumps(config)], capture_output=True, timeout=20)
+    config = wire.CoordinatorConfig(run_id, {node: token(node) for node in nodes}, "127.0.0.1",
+                                    str(tmp_path / "c" / "coord.json"), 10)
+    done = subprocess.run([PY, "-c", COORD_SOURCE, "-", run_id], input=config.to_line(), capture_output=True,
+                          timeout=20)
     assert done.returncode == 0, done
     return dict(json.loads(done.stdout))
 
 
-def hello(port: int, node: str, token: str = "secret") -> socket.socket:
+def hello(port: int, node: str, secret: str | None = None) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-    sock.sendall(f"HELLO {token} {node}\n".encode())
+    sock.sendall(f"HELLO {secret or token(node)} {node}\n".encode())
     return sock
 
 
@@ -141,7 +146,7 @@ def hello(port: int, node: str, token: str = "secret") -> socket.socket:
 def test_coordinator_stops_the_others_when_one_fails(run_id: str, tmp_path: Path) -> None:
     reply = start_coordinator(run_id, tmp_path, ["a", "b", "c"])
     a, b, c = (hello(reply["port"], node) for node in "abc")
-    intruder = hello(reply["port"], "x", token="wrong")
+    intruder = hello(reply["port"], "x", "wrong")
     assert intruder.recv(100) == b""
     b.sendall(b"EXIT b 3\n")
     assert a.recv(100) == b"STOP b exited with code 3\n"
@@ -171,7 +176,7 @@ def test_detached_supervisor_tears_down_on_stop_from_the_coordinator(run_id: str
     reply = start_coordinator(run_id, tmp_path, ["n0", "other"])
     other = hello(reply["port"], "other")
     done = start(run_id, tmp_path, "import time\nwhile True: time.sleep(1)",
-                 coordinator={"host": "127.0.0.1", "port": reply["port"], "token": "secret"})
+                 coordinator={"host": "127.0.0.1", "port": reply["port"], "token": token("n0")})
     assert done.returncode == 0, done
     time.sleep(1.0)
     other.sendall(b"EXIT other 1\n")
@@ -195,10 +200,12 @@ time.sleep(600)
 """
 
 
-def tree(run_id: str) -> tuple[subprocess.Popen[bytes], list[int]]:
+def tree(run_id: str, token: str | None = None) -> tuple[subprocess.Popen[bytes], list[int]]:
     """A job's process tree, started outside any supervisor: a parent and, in a session of
-    its own, a child that ignores SIGTERM; both carry TORCHHERD_RUN_ID=run_id."""
-    proc = subprocess.Popen([PY, "-c", PARENT], env={**os.environ, wire.RUN_ID_ENV: run_id}, stdout=subprocess.PIPE)
+    its own, a child that ignores SIGTERM; both carry TORCHHERD_RUN_ID=run_id, and with a
+    ``token`` TORCHHERD_SUPERVISOR=token, as a job's processes that left their supervisor's tree do."""
+    env = {**os.environ, wire.RUN_ID_ENV: run_id, **({wire.SUPERVISOR_ENV: token} if token else {})}
+    proc = subprocess.Popen([PY, "-c", PARENT], env=env, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     return proc, [int(pid) for pid in proc.stdout.readline().split()]
 
@@ -212,29 +219,34 @@ def alive(pid: int) -> bool:
     return data[data.rfind(b")") + 2:].split()[0] not in (b"Z", b"X")
 
 
-def stop(run_id: str, supervisor: int, grace: float) -> wire.StopReply:
-    done = subprocess.run([PY, "-S", "-I", "-c", STOP_SOURCE, run_id, str(supervisor), str(grace)],
+def stop(run_id: str, state_file: Path, grace: float) -> wire.StopReply:
+    done = subprocess.run([PY, "-S", "-I", "-c", STOP_SOURCE, run_id, str(grace), str(state_file)],
                           capture_output=True, cwd="/", env={"PATH": os.environ["PATH"]}, timeout=30)
     assert done.returncode == 0, done.stderr
     return wire.StopReply.from_json(done.stdout.decode())
 
 
 @pytest.mark.timeout(40)
-def test_stop_kills_exactly_the_runs_processes(run_id: str) -> None:
-    mine, mine_pids = tree(run_id)
+def test_stop_kills_exactly_the_runs_processes(run_id: str, tmp_path: Path) -> None:
+    state_file = tmp_path / "n0.state.json"  # its supervisor gone, its job's processes left
+    state_file.write_text(json.dumps({"run_id": run_id, "supervisor": 1, "start": -1, "token": "t0ken"}))
+    mine, mine_pids = tree(run_id, "t0ken")
     other_id = "test-" + uuid.uuid4().hex
-    other, other_pids = tree(other_id)
+    other, other_pids = tree(other_id, "t0ken")
+    same_run, same_run_pids = tree(run_id)  # the run id alone is a name, not a token
     try:
-        assert all(alive(pid) for pid in mine_pids + other_pids)
-        reply = stop(run_id, 0, 1.0)
+        assert all(alive(pid) for pid in mine_pids + other_pids + same_run_pids)
+        reply = stop(run_id, state_file, 1.0)
         assert reply == wire.StopReply(was_running=False, left=())
         assert mine.wait(timeout=5) == -signal.SIGTERM
         assert wait_until(lambda: not any(alive(pid) for pid in mine_pids), 5)
         assert all(alive(pid) for pid in other_pids), "stop touched another run"
+        assert all(alive(pid) for pid in same_run_pids), "stop touched a process without the token"
+        assert alive(1), "pid 1 did not start at the recorded time: not the supervisor"
     finally:
-        for pid in pids_with(other_id.encode()):
+        for pid in pids_with(other_id.encode()) + same_run_pids:
             os.kill(pid, signal.SIGKILL)
-        for proc in (mine, other):
+        for proc in (mine, other, same_run):
             proc.kill()
             proc.wait()
             assert proc.stdout is not None
@@ -246,9 +258,10 @@ def test_stop_ends_a_detached_supervisor_and_its_job(run_id: str, tmp_path: Path
     done = start(run_id, tmp_path, "import time\nwhile True: time.sleep(1)")
     assert done.returncode == 0, done
     supervisor = int(json.loads(done.stdout[1:])["supervisor"])
-    stray, stray_pids = tree(run_id)  # started by hand, yet carries the run id
+    token = str(state(tmp_path)["token"])
+    stray, stray_pids = tree(run_id, token)  # outside the supervisor's tree, yet carries its token
     try:
-        reply = stop(run_id, supervisor, 2.0)
+        reply = stop(run_id, tmp_path / "runs" / "n0.state.json", 2.0)
         assert reply == wire.StopReply(was_running=True, left=())
         assert not alive(supervisor) and not any(alive(pid) for pid in stray_pids)
         assert not [pid for pid in pids_with(run_id.encode()) if alive(pid)]
@@ -270,9 +283,10 @@ def test_stops_of_nodes_sharing_a_process_table_do_not_kill_each_other(run_id: s
                      log_file=str(tmp_path / f"{node}.log"), state_file=str(tmp_path / f"{node}.json"))
         assert done.returncode == 0, done
         supervisors.append(int(json.loads(done.stdout[1:])["supervisor"]))
-    command = "{} -S -I -c {} {} {} 2"  # no exec: the shell's command line holds the run id too
-    stops = [subprocess.Popen(["sh", "-c", command.format(PY, shlex.quote(STOP_SOURCE), run_id, pid)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for pid in supervisors]
+    command = "{} -S -I -c {} {} 2 {}"  # no exec: the shell's command line holds the run id too
+    stops = [subprocess.Popen(["sh", "-c", command.format(PY, shlex.quote(STOP_SOURCE), run_id,
+                                                          tmp_path / f"{node}.json")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for node in ("n0", "n1")]
     replies = [stop.communicate(timeout=40) for stop in stops]
     assert [stop.returncode for stop in stops] == [0, 0], replies
     assert [wire.StopReply.from_json(out.decode()).left for out, _err in replies] == [(), ()]

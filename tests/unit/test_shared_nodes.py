@@ -9,9 +9,13 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -131,3 +135,179 @@ def test_another_user_who_made_the_log_directory_first_gets_nothing(other_user: 
         assert pwd.getpwuid(os.stat(log_dir).st_uid).pw_name == other_user, "theirs, left as it was"
     finally:
         subprocess.run(["rm", "-rf", log_dir], check=False)
+
+
+# items 2 and 3: the detached run's coordinator --------------------------------------------
+
+COORDINATOR = program("coordinator.py")
+TOKENS = {"a": "a" * 32, "b": "b" * 32, "c": "c" * 32}
+
+
+@pytest.fixture
+def coordinator(tmp_path: Path) -> Iterator[int]:
+    """A coordinator for nodes a, b, c on 127.0.0.1; its port. Killed afterwards."""
+    run_id = "tc-" + uuid.uuid4().hex[:8]
+    config = wire.CoordinatorConfig(run_id, TOKENS, "127.0.0.1", str(tmp_path / "coordinator.json"), 30.0)
+    done = subprocess.run([PY, "-c", COORDINATOR, "-", run_id], input=config.to_line(), capture_output=True,
+                          timeout=30)
+    assert done.returncode == 0, done
+    reply = wire.CoordinatorReply.from_json(done.stdout.decode())
+    try:
+        yield reply.port
+    finally:
+        try:
+            os.kill(reply.pid, 9)
+        except OSError:
+            pass
+
+
+def connect(port: int, host: str = "127.0.0.1") -> socket.socket:
+    return socket.create_connection((host, port), timeout=10)
+
+
+def said_hello(port: int, node: str, token: str | None = None) -> socket.socket:
+    sock = connect(port)
+    sock.sendall(wire.hello_line(token or TOKENS[node], node))
+    return sock
+
+
+def closed(sock: socket.socket, within: float) -> bool:
+    sock.settimeout(within)
+    try:
+        return sock.recv(100) == b""
+    except (socket.timeout, ConnectionResetError):
+        return False
+
+
+def test_the_coordinator_tokens_never_reach_a_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_engine import faked  # noqa: PLC0415 - the engine tests' stand-in torchrun
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    home = tmp_path / "home"
+    home.mkdir()
+    connector = LocalConnector(env={"*": {"HOME": str(home)}})
+    cluster = Cluster([{"name": f"n{index}", "address": "127.0.0.1"} for index in range(2)], python=PY,
+                      workdir=str(tmp_path), nproc_per_node=2, connector=connector)
+    run_id = "tk-" + uuid.uuid4().hex[:8]
+    run = cluster.launch(faked(cluster.plan("train.py", run_id=run_id), n0="sleep=30", n1="sleep=30"),
+                         check=False, detach=True, grace=1.0)
+    try:
+        pid = run.record.coordinator.pid  # type: ignore[union-attr]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert run_id.encode() in cmdline
+        assert b"token" not in cmdline and not re.search(rb"[0-9a-f]{32}", cmdline)
+    finally:
+        run.stop()  # type: ignore[union-attr]
+
+
+def test_a_hello_counts_only_with_the_node_own_token_once(coordinator: int) -> None:
+    a, b = said_hello(coordinator, "a"), said_hello(coordinator, "b")
+    time.sleep(0.3)
+    for node, token in (("a", TOKENS["a"]), ("a", TOKENS["b"]), ("x", TOKENS["a"]), ("c", TOKENS["a"])):
+        impostor = said_hello(coordinator, node, token)
+        assert closed(impostor, 5), f"HELLO {node} with {token[:1]}'s token was taken"
+        impostor.close()  # an accepted impostor that leaves would read as "a vanished": STOP to all
+    time.sleep(0.5)
+    for sock in (a, b):
+        sock.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            sock.recv(100)  # nobody was told to stop
+    b.sendall(wire.exit_line("b", 3))
+    a.settimeout(5)
+    assert a.recv(100) == b"STOP b exited with code 3\n"
+
+
+def test_the_coordinator_listens_on_the_master_address_only(coordinator: int) -> None:
+    with pytest.raises(ConnectionRefusedError):
+        connect(coordinator, "127.0.0.2")  # a local address, but not the master's
+
+
+def test_a_silent_connection_is_closed_and_strangers_are_capped(coordinator: int) -> None:
+    silent = connect(coordinator)
+    assert closed(silent, 10), "a connection that never said HELLO was kept"
+    crowd = [connect(coordinator) for _ in range(100)]
+    assert closed(crowd[0], 5), "the oldest stranger makes room"
+    a = said_hello(coordinator, "a")
+    b = said_hello(coordinator, "b")
+    b.sendall(wire.exit_line("b", 1))
+    a.settimeout(5)
+    assert a.recv(100) == b"STOP b exited with code 1\n"
+    for sock in crowd:
+        sock.close()
+
+
+def test_a_peer_that_never_reads_cannot_freeze_the_coordinator(coordinator: int) -> None:
+    a = connect(coordinator)
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    a.sendall(wire.hello_line(TOKENS["a"], "a"))
+    b = said_hello(coordinator, "b")
+    time.sleep(0.3)
+    b.sendall(wire.exit_line("b", 1))
+    time.sleep(0.3)
+    # a never reads, and asks again and again: each answer would be a STOP line to it
+    flood = wire.hello_line(TOKENS["a"], "a") * 300000
+    sender = threading.Thread(target=lambda: a.sendall(flood), daemon=True)
+    sender.start()
+    time.sleep(2.0)
+    c = said_hello(coordinator, "c")
+    c.settimeout(5)
+    assert c.recv(100) == b"STOP b exited with code 1\n", "the coordinator still answers the others"
+
+
+# item 4: stop ends what the run started, nothing by name ------------------------------------
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:].split()[0] not in (b"Z", b"X")
+
+
+def test_stop_never_kills_a_process_that_only_names_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_engine import faked  # noqa: PLC0415 - the engine tests' stand-in torchrun
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    home = tmp_path / "home"
+    home.mkdir()
+    cluster = Cluster([{"name": "n0", "address": "127.0.0.1"}, {"name": "n1", "address": "127.0.0.1"}], python=PY,
+                      workdir=str(tmp_path), nproc_per_node=2, connector=LocalConnector(env={"*": {"HOME": str(home)}}))
+    run_id = "ts-" + uuid.uuid4().hex[:8]
+    run = cluster.launch(faked(cluster.plan("train.py", run_id=run_id), n0="sleep=60", n1="sleep=60"),
+                         check=False, detach=True, grace=1.0)
+    log = home / ".torchherd" / "runs" / run_id / "n0.log"
+    bystanders = [
+        subprocess.Popen(["tail", "-f", str(log)], stdout=subprocess.DEVNULL),  # someone following the log
+        subprocess.Popen([PY, "-c", "import time; time.sleep(120)", f"notes-{run_id}.md"]),  # a name only
+        subprocess.Popen(["sleep", "120"], env={**os.environ, wire.RUN_ID_ENV: run_id}),  # the run id, no token
+    ]
+    job = [int(pid) for pid in subprocess.run(["pgrep", "-f", "fake_torchrun"], capture_output=True,
+                                              text=True).stdout.split()]
+    try:
+        assert run.stop() == {"n0": [], "n1": []}  # type: ignore[union-attr]
+        assert all(process.poll() is None for process in bystanders), "stop killed a bystander"
+        assert not [pid for pid in job if alive(pid) and run_id.encode() in Path(f"/proc/{pid}/environ").read_bytes()]
+        coordinator = run.record.coordinator  # type: ignore[union-attr]
+        assert coordinator is not None and not alive(coordinator.pid)
+    finally:
+        for process in bystanders:
+            process.kill()
+            process.wait()
+
+
+def test_stop_as_root_spares_another_users_process_named_after_the_run(other_user: str, tmp_path: Path) -> None:
+    run_id = "tu-" + uuid.uuid4().hex[:8]
+    theirs = subprocess.Popen(["runuser", "-u", other_user, "--", "env", f"{wire.RUN_ID_ENV}={run_id}", "sh", "-c",
+                               "sleep 120", f"vim notes-{run_id}.md"], cwd="/")
+    try:
+        time.sleep(0.5)
+        state_file = tmp_path / "n0.state.json"
+        state_file.write_text(json.dumps({"run_id": run_id, "supervisor": theirs.pid, "start": 1, "token": "x"}))
+        done = subprocess.run([PY, "-c", program("stop.py"), run_id, "1", str(state_file)], capture_output=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert theirs.poll() is None, "stop killed another user's process"
+    finally:
+        theirs.kill()
+        theirs.wait()

@@ -517,23 +517,27 @@ SLEEPER = "import time; print('up', flush=True); time.sleep(600)"
 def test_environ_match_outside_tree_is_killed_other_runs_are_not(harness: Harness) -> None:
     run = harness.start(py("import time; print('ready', flush=True); time.sleep(600)"), grace=3.0)
     run.next_record(wire.TAG_STDOUT, 30)
-    same = harness.outside(SLEEPER, {wire.RUN_ID_ENV: run.run_id})
-    other = harness.outside(SLEEPER, {wire.RUN_ID_ENV: "another-run"})
-    prefix = harness.outside(SLEEPER, {wire.RUN_ID_ENV: run.run_id + "x"})
+    job = next(e for e in run.status() if e["event"] == "started")["pid"]
+    token = dict(entry.split(b"=", 1) for entry in proc_environ(job).split(b"\0") if b"=" in entry)[
+        wire.SUPERVISOR_ENV.encode()].decode()
+    # outside the supervisor's tree, yet started by its job: it carries the supervisor's token
+    same = harness.outside(SLEEPER, {wire.RUN_ID_ENV: run.run_id, wire.SUPERVISOR_ENV: token})
+    named = harness.outside(SLEEPER, {wire.RUN_ID_ENV: run.run_id})  # the run id alone is only a name
+    other = harness.outside(SLEEPER, {wire.RUN_ID_ENV: "another-run", wire.SUPERVISOR_ENV: token})
+    prefix = harness.outside(SLEEPER, {wire.RUN_ID_ENV: run.run_id + "x", wire.SUPERVISOR_ENV: token})
     sibling = harness.outside(
         SLEEPER, {wire.RUN_ID_ENV: run.run_id, wire.SUPERVISOR_ENV: "some-other-supervisor"}
     )
-    for p in (same, other, prefix, sibling):
+    for p in (same, named, other, prefix, sibling):
         assert p.stdout is not None and p.stdout.readline() == b"up\n"
     run.send("TERM")
     assert run.wait(20) == 143
     assert same.wait(5) == -signal.SIGTERM
-    assert other.poll() is None and alive(other.pid)
-    assert prefix.poll() is None and alive(prefix.pid)
-    assert sibling.poll() is None and alive(sibling.pid)
+    for spared in (named, other, prefix, sibling):
+        assert spared.poll() is None and alive(spared.pid)
     td = [e for e in run.status() if e["event"] == "teardown"][0]
     assert same.pid in td["signalled"]
-    assert not {other.pid, prefix.pid, sibling.pid} & set(td["signalled"] + td["killed"])
+    assert not {named.pid, other.pid, prefix.pid, sibling.pid} & set(td["signalled"] + td["killed"])
 
 
 @pytest.mark.timeout(60)

@@ -24,7 +24,7 @@ import pytest
 
 from torchherd import runlog
 from torchherd.remote import SCRIPTS, program, wire
-from torchherd.runlog import OutputLine, OutputParser, Status, parse_records, parse_status
+from torchherd.runlog import OutputLine, Status, parse_records, parse_status
 from torchherd.runrecord import parse_node_state
 
 PY = sys.executable
@@ -193,8 +193,9 @@ def test_supervisor_config_round_trips_with_todays_keys() -> None:
 
 
 def test_other_configs_and_replies_round_trip() -> None:
-    coordinator = wire.CoordinatorConfig("r", "tok", ("a", "b"), "~/c.json", 120.0)
-    assert set(json.loads(coordinator.to_json())) == {"run_id", "token", "nodes", "state_file", "wait"}
+    coordinator = wire.CoordinatorConfig("r", {"a": "a" * 32, "b": "b" * 32}, "10.0.0.1", "~/c.json", 120.0)
+    assert set(json.loads(coordinator.to_json())) == {"run_id", "tokens", "host", "state_file", "wait"}
+    assert coordinator.nodes == ("a", "b") and coordinator.to_line().count(b"\n") == 1
     assert wire.CoordinatorConfig.from_json(coordinator.to_json()) == coordinator
     reply = wire.CoordinatorReply(4000, 77)
     assert json.loads(reply.to_json()) == {"port": 4000, "pid": 77}
@@ -323,24 +324,25 @@ def test_control_words_and_heartbeats_between_controller_and_supervisor(run_id: 
 
 
 def start_coordinator(config: wire.CoordinatorConfig) -> wire.CoordinatorReply:
-    done = run_program("coordinator.py", config.to_json())
+    done = run_program("coordinator.py", "-", config.run_id, stdin=config.to_line())
     assert done.returncode == 0, done.stderr
     return wire.CoordinatorReply.from_json(done.stdout.decode().strip().splitlines()[-1])
 
 
 @pytest.mark.timeout(60)
 def test_coordinator_program_answers_a_bad_config_and_speaks_the_words(run_id: str, tmp_path: Path) -> None:
-    bad = run_program("coordinator.py", json.dumps({"run_id": run_id, "nodes": ["a"]}))
-    assert bad.returncode == 2 and bad.stdout == b"" and b"token" in bad.stderr
+    bad = run_program("coordinator.py", "-", run_id, stdin=json.dumps({"run_id": run_id, "nodes": ["a"]}).encode())
+    assert bad.returncode == 2 and bad.stdout == b"" and b"tokens" in bad.stderr
     state_file = tmp_path / "c" / "coordinator.json"
-    reply = start_coordinator(wire.CoordinatorConfig(run_id, "tok", ("n0", "n1"), str(state_file), 10.0))
+    tokens = {"n0": "0" * 32, "n1": "1" * 32}
+    reply = start_coordinator(wire.CoordinatorConfig(run_id, tokens, "127.0.0.1", str(state_file), 10.0))
     n1 = socket.create_connection(("127.0.0.1", reply.port), timeout=5)
-    n1.sendall(wire.hello_line("tok", "n1"))
+    n1.sendall(wire.hello_line(tokens["n1"], "n1"))
     # the other node is a real detached supervisor, started with the controller's config
     config = wire.SupervisorConfig(
         run_id=run_id, argv=job("import time\nwhile True: time.sleep(1)"), heartbeat=0.0, grace=2.0,
         log_file=str(tmp_path / "n0.log"), state_file=str(tmp_path / "n0.json"), node="n0",
-        coordinator=wire.CoordinatorAddress("127.0.0.1", reply.port, "tok"))
+        coordinator=wire.CoordinatorAddress("127.0.0.1", reply.port, tokens["n0"]))
     started = run_program("supervisor.py", "-", run_id, stdin=config.to_line())
     assert started.returncode == 0, started
     assert [event.event for event in statuses(started.stdout)] == ["started"]
@@ -369,9 +371,10 @@ def test_coordinator_program_answers_a_bad_config_and_speaks_the_words(run_id: s
 
 @pytest.mark.timeout(60)
 def test_stop_program_answers_bad_arguments_and_replies_in_json(run_id: str) -> None:
-    for args in ((), (run_id,), (run_id, "x", "1"), ("", "0", "1"), (run_id, "0", "1", "extra")):
+    for args in ((), (run_id,), (run_id, "x", "/s.json"), ("", "0", "/s.json"), ("../x", "1", "/s.json"),
+                 (run_id, "1", ""), (run_id, "1", "/s.json", "/c.json", "extra")):
         bad = run_program("stop.py", *args)
         assert bad.returncode == 2 and bad.stdout == b"" and b"usage" in bad.stderr, args
-    done = run_program("stop.py", run_id, "0", "1")
+    done = run_program("stop.py", run_id, "1", "/nonexistent/s.json")
     assert done.returncode == 0, done.stderr
     assert wire.StopReply.from_json(done.stdout.decode()) == wire.StopReply(False, ())

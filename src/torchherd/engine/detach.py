@@ -98,16 +98,17 @@ def _started_or(started: NodeRecord | str | None, node: NodeRecord) -> NodeRecor
     return started if isinstance(started, NodeRecord) else node
 
 
-def _start_coordinator(plan: Plan, connection: Session) -> tuple[CoordinatorRecord, str, str]:
-    """Starts the coordinator on the master; its record, the address workers use, the token."""
-    token = secrets.token_hex(16)
+def _start_coordinator(plan: Plan, connection: Session) -> tuple[CoordinatorRecord, str, dict[str, str]]:
+    """Starts the coordinator on the master; its record, the address workers use, and each
+    node's own token. The config (with the tokens) goes on stdin: the master's process list
+    is public, and with a token anyone could announce a node and stop the run."""
+    tokens = {node.host.name: secrets.token_hex(16) for node in plan.nodes}
     master = plan.nodes[0]
     state_file = remote_coordinator_file(plan.run_id)
-    config = wire.CoordinatorConfig(plan.run_id, token, tuple(node.host.name for node in plan.nodes), state_file,
-                                    COORDINATOR_WAIT)
+    config = wire.CoordinatorConfig(plan.run_id, tokens, plan.master_addr, state_file, COORDINATOR_WAIT)
     command = (f"exec {quote_path(master.host.python)} -c {shlex.quote(program('coordinator.py'))} "
-               f"{shlex.quote(config.to_json())}")
-    result = connection.run(command, timeout=START_TIMEOUT)
+               f"- {shlex.quote(plan.run_id)}")
+    result = connection.run(command, stdin=config.to_line(), timeout=START_TIMEOUT)
     try:
         reply = wire.CoordinatorReply.from_json(result.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -115,10 +116,10 @@ def _start_coordinator(plan: Plan, connection: Session) -> tuple[CoordinatorReco
                              f"{master.host.name}: the run coordinator did not start: "
                              f"{result.stderr.decode('utf-8', 'replace').strip()[-300:]}") from None
     record = CoordinatorRecord(master.host.name, reply.port, reply.pid, state_file)
-    return record, plan.master_addr, token
+    return record, plan.master_addr, tokens
 
 
-def _new_record(plan: Plan, options: LaunchOptions, coordinator: tuple[CoordinatorRecord, str, str] | None
+def _new_record(plan: Plan, options: LaunchOptions, coordinator: tuple[CoordinatorRecord, str, dict[str, str]] | None
                 ) -> RunRecord:
     nodes = tuple(NodeRecord(name=node.host.name, address=node.host.address, user=node.host.user,
                              ssh_port=node.host.ssh_port, identity_file=node.host.identity_file,
@@ -136,7 +137,7 @@ def _new_record(plan: Plan, options: LaunchOptions, coordinator: tuple[Coordinat
 
 
 def _start_nodes(plan: Plan, record: RunRecord, connections: Mapping[str, Session], grace: float,
-                 coordinator: tuple[CoordinatorRecord, str, str] | None) -> dict[str, NodeRecord | str]:
+                 coordinator: tuple[CoordinatorRecord, str, dict[str, str]] | None) -> dict[str, NodeRecord | str]:
     """Every node's supervisor, detached; per node its updated record or why it did not start."""
     source = supervisor_source()
 
@@ -146,7 +147,7 @@ def _start_nodes(plan: Plan, record: RunRecord, connections: Mapping[str, Sessio
             log_file=node_record.log_file, state_file=node_record.state_file, node=node_record.name,
             heartbeat=0.0, watchdog=0.0,
             coordinator=None if coordinator is None
-            else wire.CoordinatorAddress(coordinator[1], coordinator[0].port, coordinator[2]))
+            else wire.CoordinatorAddress(coordinator[1], coordinator[0].port, coordinator[2][node_record.name]))
         try:
             result = connections[node_record.name].run(remote_command(node, plan.run_id, source), timeout=START_TIMEOUT,
                                                         stdin=config.to_line())
@@ -227,8 +228,10 @@ def stop_nodes(record: RunRecord, connections: Mapping[str, Session | TransportE
         connection = connections.get(node.name)
         if connection is None or isinstance(connection, TransportError):
             return [f"unreachable: {connection}"]
+        coordinator = record.coordinator
         command = (f"{quote_path(node.python)} -c {shlex.quote(source)} {shlex.quote(record.run_id)} "
-                   f"{node.supervisor or 0} {record.grace:g}")
+                   f"{record.grace:g} {quote_path(node.state_file)}"
+                   + (f" {quote_path(coordinator.state_file)}" if coordinator and coordinator.node == node.name else ""))
         try:
             result = connection.run(command, timeout=record.grace + 30)
             reply = wire.StopReply.from_json(result.stdout.decode("utf-8", "replace").strip().splitlines()[-1])

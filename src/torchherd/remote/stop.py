@@ -1,23 +1,27 @@
 """torchherd stop: ends one detached run's processes on a node.
 
 Standard library and ``wire`` only, Python >= 3.8, Linux. ``torchherd stop`` runs
-it on every node as ``PYTHON -c PROGRAM RUN_ID SUPERVISOR_PID GRACE``
+it on every node as ``PYTHON -c PROGRAM RUN_ID GRACE STATE_FILE [COORDINATOR_FILE]``
 (``torchherd.remote.program``) and reads one JSON line back (``wire.StopReply``).
 Bad arguments are one line on stderr and exit status 2.
 
 It does what Ctrl-C does to an attached run: SIGTERM to the supervisor, which tears
 its job down (SIGKILL after its grace period); a second SIGTERM if it is still
-there after that, which escalates. Then anything that still carries the run id,
-in its environment (TORCHHERD_RUN_ID=<run id>: the job) or on its command line
-(the supervisor, the coordinator), gets SIGTERM, then SIGKILL. Nothing is matched
-by name, so other runs are never touched; this process and its ancestors (the SSH
-session's shell, whose command line holds the run id too) are left alone, and so are
-the other stops of the same run where nodes share one process table (several nodes
-on one machine, stopped at once): they must not kill each other.
+there after that, which escalates. Then every process that carries the supervisor's
+own token in its environment (``TORCHHERD_SUPERVISOR``: the job, orphans included)
+gets SIGTERM, then SIGKILL; on the master, the run's coordinator too.
+
+Only what the run itself started is touched: the supervisor and the coordinator by
+the pid *and* start time their state files recorded (a pid reused since is another
+process), the job by the token, which only the supervisor's state file (private to
+the user) and its own children know. Nothing is matched by name or command line: a
+``tail -f`` of the run's log, a concurrent ``attach`` or ``stop``, or another user's
+``vim notes-<run id>.md`` are never killed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -47,36 +51,57 @@ def read(pid: int, name: str) -> bytes:
         return b""
 
 
+def stat_fields(pid: int) -> List[bytes]:
+    """/proc/PID/stat after the command name: [state, ppid, ...]; [] when it is gone."""
+    stat = read(pid, "stat")
+    return stat[stat.rfind(b")") + 2:].split()
+
+
 def live_parents() -> Dict[int, int]:
     """pid -> parent pid of every process that is not a zombie."""
     parents: Dict[int, int] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
-            stat = read(int(name), "stat")
-            fields = stat[stat.rfind(b")") + 2:].split()
+            fields = stat_fields(int(name))
             if len(fields) > 1 and fields[0] not in (b"Z", b"X"):
                 parents[int(name)] = int(fields[1])
     return parents
 
 
-def own_program() -> Optional[bytes]:
-    """The text this process runs with ``python -c``, when it was started so."""
-    argv = read(os.getpid(), "cmdline").split(b"\0")
-    if b"-c" not in argv[:-1]:
-        return None
-    return argv[argv.index(b"-c") + 1] or None
+def is_process(pid: Optional[int], start: Optional[int]) -> bool:
+    """``pid`` still runs and is the process that started at ``start`` (``wire.process_start``)."""
+    if pid is None or pid <= 0 or start is None:
+        return False
+    fields = stat_fields(pid)
+    return len(fields) > 1 and fields[0] not in (b"Z", b"X") and wire.process_start(pid) == start
+
+
+def number(value: object) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def load_state(path: Optional[str]) -> Dict[str, object]:
+    """A state file the run's own supervisor or coordinator wrote ({} when there is none)."""
+    if not path:
+        return {}
+    try:
+        with open(os.path.expanduser(path)) as f:
+            fields = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return fields if isinstance(fields, dict) else {}
 
 
 class Run:
-    """The processes of one run on this node."""
+    """The processes of one run on this node: those carrying its supervisor's token."""
 
-    def __init__(self, run_id: str, program: Optional[bytes]) -> None:
-        self.mark = run_id.encode()
-        self.env_mark = (wire.RUN_ID_ENV + "=" + run_id).encode()
-        self.program = program
-        """A command line that holds it is another stop (or its shell), not the run's."""
+    def __init__(self, run_id: str, token: Optional[str]) -> None:
+        self.mark = None if not token else (wire.SUPERVISOR_ENV + "=" + token).encode()
+        self.run_mark = (wire.RUN_ID_ENV + "=" + run_id).encode()
 
     def processes(self) -> List[int]:
+        if self.mark is None:
+            return []
         parents, skip, pid = live_parents(), set(), os.getpid()
         while pid in parents and pid not in skip:
             skip.add(pid)
@@ -84,10 +109,8 @@ class Run:
         return [p for p in parents if p not in skip and self.belongs(p)]
 
     def belongs(self, pid: int) -> bool:
-        cmdline = read(pid, "cmdline")
-        if self.program is not None and self.program in cmdline:
-            return False
-        return self.mark in cmdline or self.env_mark in read(pid, "environ").split(b"\0")
+        entries = read(pid, "environ").split(b"\0")
+        return self.mark in entries and self.run_mark in entries
 
     def gone(self) -> bool:
         return not self.processes()
@@ -112,12 +135,26 @@ def command_line(pid: int) -> str:
     return read(pid, "cmdline").replace(b"\0", b" ").decode("utf-8", "replace")[:COMMAND_SHOWN]
 
 
-def stop(run_id: str, supervisor: int, grace: float) -> wire.StopReply:
+def end_process(pid: int, start: int, term_wait: float) -> bool:
+    """SIGTERM, then SIGKILL, to the one process ``pid`` started at ``start``; True when gone."""
+    kill([pid], signal.SIGTERM)
+    if wait(lambda: not is_process(pid, start), term_wait):
+        return True
+    kill([pid], signal.SIGKILL)
+    return wait(lambda: not is_process(pid, start), SWEEP_KILL_WAIT)
+
+
+def stop(run_id: str, grace: float, state_file: str, coordinator_file: Optional[str] = None) -> wire.StopReply:
     """Ends every process of the run; what could not be killed is in the reply."""
-    run = Run(run_id, own_program())
+    state = load_state(state_file)
+    if state.get("run_id") not in (None, run_id):
+        state = {}  # another run's file: nothing in it is ours to kill
+    token = state.get("token")
+    run = Run(run_id, token if isinstance(token, str) else None)
+    supervisor, start = number(state.get("supervisor")) or 0, number(state.get("start"))
 
     def supervisor_gone() -> bool:
-        return supervisor <= 0 or supervisor not in run.processes()
+        return not is_process(supervisor, start)
 
     was_running = not supervisor_gone()
     if was_running:
@@ -129,19 +166,25 @@ def stop(run_id: str, supervisor: int, grace: float) -> wire.StopReply:
     if not wait(run.gone, SWEEP_TERM_WAIT):
         kill(run.processes(), signal.SIGKILL)
         wait(run.gone, SWEEP_KILL_WAIT)
-    return wire.StopReply(was_running, tuple(command_line(pid) for pid in run.processes()))
+    left = [command_line(pid) for pid in run.processes()]
+    if not supervisor_gone():
+        left.append(command_line(supervisor))
+    coordinator = load_state(coordinator_file)
+    pid, started = number(coordinator.get("pid")) or 0, number(coordinator.get("start"))
+    if started is not None and is_process(pid, started) and not end_process(pid, started, SWEEP_TERM_WAIT):
+        left.append(command_line(pid))
+    return wire.StopReply(was_running, tuple(left))
 
 
 def main(args: List[str]) -> int:
     try:
-        # An empty run id would be in every command line: refuse it, never stop everything.
-        if len(args) != 3 or not args[0]:
-            raise ValueError("three arguments, the first not empty")
-        run_id, supervisor, grace = args[0], int(args[1]), float(args[2])
+        if len(args) not in (3, 4) or not wire.is_run_id(args[0]) or not args[2]:
+            raise ValueError("a run id, the grace period, the state file")
+        run_id, grace = args[0], float(args[1])
     except ValueError:
-        sys.stderr.write("usage: stop.py RUN_ID SUPERVISOR_PID GRACE_SECONDS\n")
+        sys.stderr.write("usage: stop.py RUN_ID GRACE_SECONDS STATE_FILE [COORDINATOR_STATE_FILE]\n")
         return EXIT_BAD_ARGS
-    sys.stdout.write(stop(run_id, supervisor, grace).to_json() + "\n")
+    sys.stdout.write(stop(run_id, grace, args[2], args[3] if len(args) == 4 else None).to_json() + "\n")
     return 0
 
 

@@ -22,9 +22,10 @@ records; every record the job's output makes comes before its "exit" event.
 
 Job processes: every live descendant of the supervisor (it is a child
 subreaper, so orphans stay in its tree) plus every process whose initial
-environment holds TORCHHERD_RUN_ID=<run_id>, except those that carry another
-supervisor's TORCHHERD_SUPERVISOR token (they belong to a sibling supervisor
-of the same run on the same process table), the supervisor and its ancestors.
+environment holds TORCHHERD_RUN_ID=<run_id> and this supervisor's own
+TORCHHERD_SUPERVISOR token (which only the processes it started inherit: a run
+id alone is a name anyone can set, and another token is a sibling supervisor's
+of the same run on the same process table), less the supervisor and its ancestors.
 When the job's main process exits by itself, leftovers are swept the same way.
 
 Exit status (= "code" in done): the job's exit status, 128+N when it died on
@@ -231,10 +232,10 @@ def ancestors(table: ProcTable, pid: int) -> Set[int]:
 
 
 def environ_belongs(pid: int, run_id: str, token: Optional[str], proc: str = "/proc") -> bool:
-    """True when the process's environment marks it as part of this run.
-
-    A process that carries another supervisor's token belongs to that
-    supervisor (a sibling node of the same run sharing this process table).
+    """True when the process's environment marks it as this supervisor's job: the run id
+    and, given a ``token``, this supervisor's own token (TORCHHERD_SUPERVISOR), which only
+    the processes it started inherit. The run id alone is a name anyone can put in an
+    environment; another supervisor's token is a sibling node's on this process table.
     """
     try:
         with open(proc + "/" + str(pid) + "/environ", "rb") as f:
@@ -248,11 +249,7 @@ def environ_belongs(pid: int, run_id: str, token: Optional[str], proc: str = "/p
     if run_entry not in entries:
         return False
     if token is not None:
-        prefix = (wire.SUPERVISOR_ENV + "=").encode()
-        mine = prefix + token.encode()
-        for entry in entries:
-            if entry.startswith(prefix) and entry != mine:
-                return False
+        return (wire.SUPERVISOR_ENV + "=" + token).encode() in entries
     return True
 
 
@@ -771,6 +768,7 @@ class Supervisor:
         self.gpus = GpuSampler(0.0 if self.detached else config.gpu_every)
         self.state: wire.NodeStateFile = {
             "run_id": config.run_id, "node": config.node, "supervisor": self.pid,
+            "start": wire.process_start(self.pid), "token": self.token,
             "started": time.time(), "state": wire.STATE_RUNNING,
         }
 

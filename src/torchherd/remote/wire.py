@@ -226,6 +226,19 @@ def parse_stop(line: str) -> Optional[str]:
 
 # ------------------------------------------------------------ state files
 
+
+def process_start(pid: int) -> Optional[int]:
+    """When the process started (clock ticks since boot, field 22 of /proc/PID/stat); None
+    when it is gone. A pid and its start name one process, never a later one that reuses
+    the pid: state files record both, and ``stop`` kills only what still matches."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(b")") + 2:].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 RunState = Literal["running", "exited"]
 STATE_RUNNING: Final = "running"
 STATE_EXITED: Final = "exited"
@@ -237,6 +250,10 @@ class NodeStateFile(TypedDict, total=False):
     run_id: str
     node: str
     supervisor: int
+    start: Optional[int]
+    """The supervisor's ``process_start``: ``stop`` signals that pid only while it matches."""
+    token: str
+    """The supervisor's TORCHHERD_SUPERVISOR: ``stop`` ends the processes that carry it."""
     pid: int
     pgid: int
     started: float
@@ -248,6 +265,8 @@ class NodeStateFile(TypedDict, total=False):
 
 class CoordinatorStateFile(TypedDict):
     pid: int
+    start: Optional[int]
+    """The coordinator's start time (clock ticks since boot): ``stop`` kills that pid only if it matches."""
     port: int
     state: RunState
     culprit: Optional[str]
@@ -400,32 +419,46 @@ class SupervisorConfig(NamedTuple):
 
 
 class CoordinatorConfig(NamedTuple):
-    """The coordinator's config, its one command-line argument."""
+    """The coordinator's config: the first line of its stdin (``to_line``), never its command
+    line, which every user of the master can read."""
 
     run_id: str
-    """Not used by the coordinator: on its command line, it lets ``stop`` find it."""
-    token: str
-    """The shared secret every node's HELLO must say."""
-    nodes: Tuple[str, ...]
+    """On its command line (``- RUN_ID``): it names the process, nothing more."""
+    tokens: Mapping[str, str]
+    """node -> that node's own secret: its HELLO must say it, and only once."""
+    host: str = ""
+    """The address to listen on: the master address the workers reach ("": every interface)."""
     state_file: Optional[str] = None
     """A ``CoordinatorStateFile`` written on every change."""
     wait: float = 60.0
     """Seconds to wait for nodes that never connect."""
 
+    @property
+    def nodes(self) -> Tuple[str, ...]:
+        return tuple(self.tokens)
+
     def to_json(self) -> str:
-        return json.dumps({"run_id": self.run_id, "token": self.token, "nodes": list(self.nodes),
+        return json.dumps({"run_id": self.run_id, "tokens": dict(self.tokens), "host": self.host,
                            "state_file": self.state_file, "wait": self.wait})
+
+    def to_line(self) -> bytes:
+        """The first line of the coordinator's stdin."""
+        return self.to_json().encode("ascii") + b"\n"
 
     @classmethod
     def from_json(cls, text: str) -> CoordinatorConfig:
         raw = _load_object(text, "config")
-        run_id, token = raw.get("run_id", ""), raw.get("token")
+        run_id, tokens, host = raw.get("run_id", ""), raw.get("tokens"), raw.get("host") or ""
         if not isinstance(run_id, str):
             raise ConfigError("config key 'run_id' must be a string")
-        if not isinstance(token, str) or not token:
-            raise ConfigError("config key 'token' must be a non-empty string")
-        return cls(run_id=run_id, token=token, nodes=_strings(raw, "nodes"),
-                   state_file=_optional_str(raw, "state_file"), wait=_number(raw, "wait", 60.0))
+        if not isinstance(tokens, dict) or not tokens or not all(
+                isinstance(node, str) and node and isinstance(token, str) and len(token) >= 16
+                for node, token in tokens.items()):
+            raise ConfigError("config key 'tokens' must map node names to tokens of 16 characters or more")
+        if not isinstance(host, str):
+            raise ConfigError("config key 'host' must be a string")
+        return cls(run_id=run_id, tokens=dict(tokens), host=host, state_file=_optional_str(raw, "state_file"),
+                   wait=_number(raw, "wait", 60.0))
 
 
 class CoordinatorReply(NamedTuple):
