@@ -264,23 +264,21 @@ def _stream(listing: tree.Listing, entries: Mapping[str, tree.Entry], nodes: Seq
 
 
 def _send_file(root: Path, entry: tree.Entry, targets: Sequence[_Node], cached: tuple[str, bytes] | None) -> None:
-    header = frame({"path": entry.path, "size": entry.size, "x": entry.executable, "link": entry.link})
-    for node in targets:
-        node.put(header)
+    """One file's frame to every node that needs it: header, content, SHA-256."""
+    _to_all(targets, frame({"path": entry.path, "size": entry.size, "x": entry.executable, "link": entry.link}))
     if entry.link is not None:
-        chunks: list[bytes] = []
-        digest = NO_DIGEST
+        digest = NO_DIGEST  # a link has no content; the node checks its target
     elif cached is not None:
-        chunks, digest = [cached[1]], bytes.fromhex(cached[0])
+        _to_all(targets, cached[1])
+        digest = bytes.fromhex(cached[0])
     else:
-        chunks, digest = [], b""
-    for chunk in chunks:
-        for node in targets:
-            node.put(chunk)
-    if entry.link is None and cached is None:
         digest = _read_once(root / entry.path, entry.size, targets)
+    _to_all(targets, digest)
+
+
+def _to_all(targets: Sequence[_Node], data: bytes) -> None:
     for node in targets:
-        node.put(digest)
+        node.put(data)
 
 
 def _read_once(path: Path, size: int, targets: Sequence[_Node]) -> bytes:
@@ -297,8 +295,7 @@ def _read_once(path: Path, size: int, targets: Sequence[_Node]) -> bytes:
                     break
                 digest.update(block)
                 left -= len(block)
-                for node in targets:
-                    node.put(block)
+                _to_all(targets, block)
     except OSError:
         pass
     if left:
@@ -306,8 +303,7 @@ def _read_once(path: Path, size: int, targets: Sequence[_Node]) -> bytes:
         while left:
             piece = padding[:min(left, CHUNK)]
             left -= len(piece)
-            for node in targets:
-                node.put(piece)
+            _to_all(targets, piece)
         return NO_DIGEST
     return digest.digest()
 
