@@ -233,10 +233,12 @@ def _coordinator(read: _Fields, nodes: tuple[NodeRecord, ...]) -> CoordinatorRec
 def save(record: RunRecord, directory: Path | None = None) -> Path:
     """Writes the record atomically (a concurrent ``status`` never reads half of it)."""
     directory = directory or runs_dir()
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # how to reach the nodes: the user's only
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.chmod(0o700)  # how to reach the nodes: the user's only, however it was made
     path = directory / f"{record.run_id}.json"
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(record.to_json(), encoding="utf-8")
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as file:
+        file.write(record.to_json())
     os.replace(tmp, path)
     return path
 

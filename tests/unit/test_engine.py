@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,7 +51,10 @@ def faked(plan: Plan, **behaviour: str) -> Plan:
     for node in plan.nodes:
         first = node.node_rank * 2
         spec = [f"ranks={first},{first + 1}", *behaviour.get(node.host.name, "lines=2").split()]
-        nodes.append(replace(node, argv=(sys.executable, FAKE, *spec)))
+        # A log directory of its own: the supervisor refuses one that exists, and a fixed run
+        # id would meet the directory of another run of this test (concurrent, or killed).
+        log_dir = f"/tmp/torchherd-test-{uuid.uuid4().hex}"
+        nodes.append(replace(node, argv=(sys.executable, FAKE, *spec), remote_log_dir=log_dir))
     return replace(plan, nodes=tuple(nodes))
 
 

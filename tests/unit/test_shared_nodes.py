@@ -311,3 +311,57 @@ def test_stop_as_root_spares_another_users_process_named_after_the_run(other_use
     finally:
         theirs.kill()
         theirs.wait()
+
+
+# item 5: everything a run writes is private to its user ---------------------------------------
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)  # the usual umask: files 0644, directories 0755 unless told otherwise
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def test_a_detached_run_writes_only_private_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   umask_022: None) -> None:
+    from test_engine import faked  # noqa: PLC0415 - the engine tests' stand-in torchrun
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "state" / "torchherd" / "runs").mkdir(parents=True, mode=0o755)  # as an older version left it
+    home = tmp_path / "home"
+    (home / ".torchherd" / "runs").mkdir(parents=True, mode=0o755)
+    run_id = "tm-" + uuid.uuid4().hex[:8]
+    (home / ".torchherd" / "runs" / run_id).mkdir(mode=0o755)  # e.g. another node's, on a shared home
+    cluster = Cluster([{"name": "n0", "address": "127.0.0.1"}, {"name": "n1", "address": "127.0.0.1"}], python=PY,
+                      workdir=str(tmp_path), nproc_per_node=2, connector=LocalConnector(env={"*": {"HOME": str(home)}}))
+    run = cluster.launch(faked(cluster.plan("train.py", run_id=run_id), n0="lines=2", n1="lines=2"), check=False,
+                         detach=True, grace=1.0)
+    try:
+        run_dir = home / ".torchherd" / "runs" / run_id
+        assert mode(run_dir) == 0o700
+        for name in ("n0.log", "n0.state.json", "n1.log", "n1.state.json", "coordinator.json"):
+            assert mode(run_dir / name) == 0o600, name
+        records = tmp_path / "state" / "torchherd" / "runs"
+        assert mode(records) == 0o700 and mode(records / f"{run_id}.json") == 0o600
+    finally:
+        run.stop()  # type: ignore[union-attr]
+
+
+def test_an_attached_run_writes_only_private_logs(tmp_path: Path, umask_022: None) -> None:
+    from test_engine import faked  # noqa: PLC0415 - the engine tests' stand-in torchrun
+
+    cluster = Cluster([{"name": "n0", "address": "127.0.0.1"}], python=PY, workdir=str(tmp_path), nproc_per_node=2,
+                      connector=LocalConnector())
+    plan = faked(cluster.plan("train.py", run_id="ta-" + uuid.uuid4().hex[:8]), n0="lines=2")
+    summary = launch(plan, LaunchOptions(check=False, log_dir=tmp_path / "logs", grace=1.0), LocalConnector(),
+                     Collector()).wait(timeout=60)
+    assert summary.exit_code == 0
+    run_dir = tmp_path / "logs" / plan.run_id
+    assert mode(run_dir) == 0o700 and mode(run_dir / "n0.log") == 0o600

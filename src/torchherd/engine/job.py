@@ -11,6 +11,7 @@ thread, which reports them in batches to the observer and decides how the run en
 
 from __future__ import annotations
 
+import os
 import queue
 import shlex
 import threading
@@ -152,7 +153,8 @@ def read_node(node: NodeRun, process: Process, events: queue.Queue[list[RunEvent
     """The reader thread: every record is parsed and logged as it arrives; the queue
     only ever receives whole lines, so the terminal can never hold a node back."""
     parser, stderr_lines = OutputParser(node.name), RecordSplitter()
-    with node.log_path.open("wb") as log:
+    # 0600: a run's output is its user's only (a umask of 022 would make it 0644)
+    with os.fdopen(os.open(node.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:
         def deliver(batch: Sequence[RunEvent]) -> None:
             node.last_seen = time.monotonic()
             text = b"".join(_log_bytes(event) for event in batch)

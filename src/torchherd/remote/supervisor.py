@@ -341,9 +341,23 @@ def write_json_atomic(path: str, fields: Mapping[str, object]) -> None:
     """Readers (torchherd status over SSH) never see a half-written file."""
     path = os.path.expanduser(path)
     tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "w") as f:
+    # 0600: it holds the supervisor's token. Modes are given per file, not by umask: the
+    # job inherits the supervisor's umask, and its own files are the user's business.
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         json.dump(fields, f, separators=(",", ":"))
     os.replace(tmp, path)
+
+
+def make_private_dirs(path: str, run_id: str) -> None:
+    """``os.makedirs`` with every directory it makes 0700; ``path`` itself is made 0700 when
+    it is the run's own directory (named after the run id), whoever made it."""
+    old = os.umask(0o077)
+    try:
+        os.makedirs(path, exist_ok=True)
+    finally:
+        os.umask(old)
+    if os.path.basename(path.rstrip("/")) == run_id:
+        os.chmod(path, 0o700)
 
 
 def make_private_dir(path: str) -> Optional[str]:
@@ -1216,7 +1230,8 @@ def detach(config: wire.SupervisorConfig) -> int:
     file; returns once the job has started (or failed to), so that the SSH
     command ends while the job runs on."""
     log = os.path.expanduser(config.log_file or "")
-    os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
+    if os.path.dirname(log):
+        make_private_dirs(os.path.dirname(log), config.run_id)
     ready_r, ready_w = os.pipe()
     if os.fork() > 0:
         os.close(ready_w)
@@ -1235,7 +1250,7 @@ def detach(config: wire.SupervisorConfig) -> int:
     try:
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(null, 0)
         os.dup2(out, 1)
         os.dup2(out, 2)
