@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -23,17 +23,19 @@ from torchherd import hostspec
 from torchherd.checks import CheckOptions, PreflightOutcome
 from torchherd.checks.analysis import port as port_check
 from torchherd.engine import detach as detached
+from torchherd.engine import slurm as slurm_engine
 from torchherd.engine.events import Event, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Run, launch, open_nodes, preflight, sync_first
 from torchherd.engine.sync import sync_over
 from torchherd.errors import TorchherdError, UsageError
-from torchherd.inventory import Inventory, load, parse
+from torchherd.inventory import SCHEDULERS, SLURM_KEYS, Inventory, load, parse, parse_slurm
 from torchherd.plan import Plan, RunOptions, SyncOptions, build_plan
 from torchherd.results import CheckReport, CheckResult, ProbeResult
 from torchherd.runlog import OutputLine, RankLines
 from torchherd.runrecord import NodeState, RunRecord, load_all
 from torchherd.runrecord import load as load_record
+from torchherd.slurm import BatchJob, batch_job
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
 from torchherd.tree import project_root
@@ -65,10 +67,10 @@ class Cluster:
 
     def __init__(self, hosts: Sequence[str | Mapping[str, Any]] = (), *, inventory: Inventory | None = None,
                  defaults: Mapping[str, Any] | None = None, connector: Connector | None = None,
-                 accept_new_host_keys: bool = False, **keys: Any) -> None:
+                 accept_new_host_keys: bool = False, slurm: Mapping[str, Any] | None = None, **keys: Any) -> None:
         if inventory is None:
-            inventory = parse(_document(hosts, defaults, keys), Path("<torchherd.Cluster>"))
-        elif hosts or defaults or keys:
+            inventory = parse(_document(hosts, defaults, keys, slurm), Path("<torchherd.Cluster>"))
+        elif hosts or defaults or keys or slurm:
             raise UsageError("Cluster: give either an inventory or hosts and keys, not both")
         self.inventory = inventory
         self.accept_new_host_keys = accept_new_host_keys
@@ -136,6 +138,36 @@ class Cluster:
     def hosts(self) -> tuple[str, ...]:
         return tuple(host.name for host in self.inventory.hosts)
 
+    @property
+    def scheduler(self) -> str:
+        """"ssh" (torchherd starts every node) or "slurm" (SLURM does; see docs/slurm.md)."""
+        return self.inventory.cluster.scheduler
+
+    def using(self, scheduler: str | None = None, slurm: Mapping[str, Any] | None = None) -> Cluster:
+        """The same cluster with another scheduler and ``[slurm]`` keys (the command line's
+        ``--scheduler`` and ``--slurm-*``), validated as the file's are."""
+        inventory = self.inventory
+        if scheduler is not None:
+            if scheduler not in SCHEDULERS:
+                raise UsageError(f"--scheduler {scheduler!r}: expected one of {', '.join(SCHEDULERS)}")
+            inventory = replace(inventory, cluster=replace(inventory.cluster, scheduler=scheduler))
+        given = {key: value for key, value in (slurm or {}).items() if value is not None}
+        if given:
+            if inventory.cluster.scheduler != "slurm":
+                flag = "--slurm-" + next(iter(given)).replace("_", "-")
+                raise UsageError(f"{flag}: only for SLURM runs", 'add --scheduler slurm, or set scheduler = "slurm" '
+                                 "in [cluster]")
+            parsed = parse_slurm(given, Path("command line"), "--slurm-")
+            inventory = replace(inventory, slurm=replace(inventory.slurm, **{
+                key: getattr(parsed, key) for key in SLURM_KEYS if key in given}))
+        if inventory is self.inventory:
+            return self
+        return Cluster(inventory=inventory, connector=self.connector, accept_new_host_keys=self.accept_new_host_keys)
+
+    def batch_script(self, plan: Plan, *, fail_fast: bool = True) -> BatchJob:
+        """The SLURM batch script ``plan`` becomes (what ``run --dry-run`` prints for SLURM)."""
+        return batch_job(plan, self.inventory.slurm, fail_fast)
+
     def plan(self, script: str, *args: str, nproc_per_node: int | str | None = None,
              env: Mapping[str, str] | None = None, master_addr: str | None = None, nnodes: str | None = None,
              module: bool = False, rdzv_backend: str | None = None, rdzv_conf: str | None = None,
@@ -163,6 +195,8 @@ class Cluster:
         identical on the nodes (its events to ``on_event``; LaunchAborted if it fails)."""
         options = CheckOptions(only=frozenset(only) if only is not None else None, skip=frozenset(skip), smoke=smoke)
         plan = plan or self.plan(script or "", run_id="check", sync=sync)
+        if self.scheduler == "slurm":
+            return slurm_engine.check(plan, options, self.connector, on_result)
         connector = self.connector
         if sync and plan.sync is not None:
             connector = sync_first(plan, connector, on_event or ignore)
@@ -204,6 +238,11 @@ class Cluster:
         options = LaunchOptions(check=check, log_dir=Path(log_dir), grace=grace,
                                 accept_new_host_keys=self.accept_new_host_keys, fail_fast=fail_fast)
         observer = on_event or ignore
+        if self.scheduler == "slurm":
+            if detach:
+                return DetachedRun(slurm_engine.start_detached(plan, options, self.connector, observer),
+                                   self.connector)
+            return slurm_engine.launch(plan, options, self.connector, observer)
         if not detach:
             return launch(plan, options, self.connector, observer)
         opened = open_nodes(plan, options, self.connector, observer)
@@ -228,13 +267,16 @@ def _with_probes(outcome: PreflightOutcome) -> CheckReport:
 
 
 def _document(hosts: Sequence[str | Mapping[str, Any]], defaults: Mapping[str, Any] | None,
-              keys: Mapping[str, Any]) -> dict[str, Any]:
+              keys: Mapping[str, Any], slurm: Mapping[str, Any] | None = None) -> dict[str, Any]:
     from torchherd.inventory import CLUSTER_KEYS
 
     cluster = {key: value for key, value in keys.items() if key in CLUSTER_KEYS}
     merged_defaults = {**(defaults or {}), **{key: value for key, value in keys.items() if key not in CLUSTER_KEYS}}
     rows = [{"name": host} if isinstance(host, str) else dict(host) for host in hosts]
-    return {"cluster": cluster, "defaults": merged_defaults, "hosts": rows}
+    document = {"cluster": cluster, "defaults": merged_defaults, "hosts": rows}
+    if slurm is not None:
+        document["slurm"] = dict(slurm)
+    return document
 
 
 @dataclass
@@ -250,6 +292,8 @@ class DetachedRun:
         return self.record.run_id
 
     def status(self) -> list[NodeState]:
+        if slurm_engine.is_slurm(self.record):
+            return slurm_engine.job_status(self.record, self.connector)
         return detached.node_states(self.record, self.connector)
 
     def follow(self, on_event: Observer, *, follow: bool = True, node: str | None = None,
@@ -264,6 +308,9 @@ class DetachedRun:
                 codes[event.status.node] = int(event.status.fields.get("code", 1))
             on_event(event)
 
+        if slurm_engine.is_slurm(self.record):
+            slurm_engine.follow_job(self.record, observe, follow, node, rank, self.connector)
+            return codes
         detached.follow_logs(self.record, observe, detached.Follow(follow=follow, node=node, rank=rank),
                              self.connector)
         return codes
@@ -283,9 +330,9 @@ class DetachedRun:
     def stop(self, grace: float | None = None) -> dict[str, list[str]]:
         """Stops the run on every node; per node what is left (empty: nothing)."""
         record = self.record
+        if slurm_engine.is_slurm(record):  # SLURM's KillWait is the grace period
+            return slurm_engine.stop_job(record, self.connector)
         if grace is not None:
-            from dataclasses import replace
-
             record = replace(record, grace=grace)
         return detached.stop_run(record, self.connector)
 

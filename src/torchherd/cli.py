@@ -117,7 +117,9 @@ def _written(path: Path, text: str) -> Path:
 
 
 def _cluster(args: argparse.Namespace) -> Cluster:
-    return _hosts(args)
+    cluster = _hosts(args)
+    slurm = {key: getattr(args, f"slurm_{key}", None) for key in SLURM_FLAGS}
+    return cluster.using(getattr(args, "scheduler", None), slurm)
 
 
 def cmd_hosts(args: argparse.Namespace, console: Console) -> int:
@@ -152,6 +154,9 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
         report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, sync=args.sync,
                                on_event=SyncPrinter(make_console(stderr=True)))  # stdout is for the JSON
         print(json.dumps(report.as_json(), indent=2))
+    elif cluster.scheduler == "slurm":  # SLURM answers at once: no live grid
+        report = cluster.check(script, only=only, skip=skip, smoke=args.smoke)
+        render_report(console, report)
     else:
         with live_progress(console, cluster.inventory) as progress:
             report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, on_result=progress,
@@ -191,6 +196,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                         master_addr=args.master_addr, max_restarts=args.max_restarts,
                         monitor_interval=args.monitor_interval, rdzv_conf=args.rdzv_conf,
                         rdzv_backend=args.rdzv_backend, sync=args.sync)
+    if args.dry_run and cluster.scheduler == "slurm":
+        from torchherd.console.run import render_batch_script
+
+        render_batch_script(console, cluster.batch_script(plan, fail_fast=not args.no_fail_fast))
+        return EXIT_OK
     if args.dry_run:
         render_plan(console, plan)
         return _dry_sync(cluster, plan, console) if plan.sync is not None else EXIT_OK
@@ -342,6 +352,33 @@ def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     init.set_defaults(handler=cmd_init)
 
 
+SLURM_FLAGS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_node", "time", "extra")
+"""Every [slurm] key, as --slurm-KEY on the command line."""
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def _scheduler_flags() -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(add_help=False)
+    group = flags.add_argument_group("SLURM (docs/slurm.md); each --slurm-KEY overrides [slurm].KEY")
+    group.add_argument("--scheduler", choices=("ssh", "slurm"),
+                       help="who starts the job on the nodes (default: [cluster].scheduler, else ssh)")
+    group.add_argument("--slurm-login", metavar="HOST", help="submit on this host over SSH (default: here)")
+    group.add_argument("--slurm-partition", metavar="NAME", help="sbatch --partition")
+    group.add_argument("--slurm-account", metavar="NAME", help="sbatch --account")
+    group.add_argument("--slurm-nodes", metavar="N", type=_positive, help="sbatch --nodes")
+    group.add_argument("--slurm-nodelist", metavar="NODESET", help="sbatch --nodelist, e.g. 'gpu[01-04]'")
+    group.add_argument("--slurm-gpus-per-node", metavar="N", type=_positive, help="sbatch --gpus-per-node")
+    group.add_argument("--slurm-time", metavar="LIMIT", help="sbatch --time")
+    group.add_argument("--slurm-extra", metavar="OPTION", action="append",
+                       help="one more sbatch option, e.g. --slurm-extra=--qos=high (repeatable)")
+    return flags
+
+
 def build_parser() -> argparse.ArgumentParser:
     inventory = argparse.ArgumentParser(add_help=False)
     inventory.add_argument("-i", "--inventory", metavar="FILE", default=argparse.SUPPRESS,
@@ -357,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.set_defaults(handler=cmd_hosts)
     _add_host_flags(hosts, nproc=True)
 
-    check = commands.add_parser("check", parents=[inventory], help="preflight checks only; changes nothing")
+    scheduler = _scheduler_flags()
+    check = commands.add_parser("check", parents=[inventory, scheduler], help="preflight checks only; changes nothing")
     check.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     check.add_argument("--only", metavar="ID,...", help="run only these checks")
     check.add_argument("--skip", metavar="ID,...", help="skip these checks")
@@ -371,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_host_flags(check, nproc=True)
     _add_sync_flag(check, run=False)
 
-    run = commands.add_parser("run", parents=[inventory], help="check, then launch the job on every node")
+    run = commands.add_parser("run", parents=[inventory, scheduler], help="check, then launch the job on every node")
     run.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
     run.add_argument("--no-check", action="store_true", help="skip the preflight checks")
     run.add_argument("--dry-run", action="store_true", help="print each node's command; start nothing")

@@ -582,8 +582,15 @@ def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: O
     return run
 
 
+def _no_sync(plan: Plan) -> None:
+    if plan.sync is not None:
+        raise UsageError("--sync: not for SLURM runs (torchherd does not reach SLURM's nodes itself)",
+                         "keep the project on the cluster's shared filesystem, or sync it to the login host first")
+
+
 def _submitted(plan: Plan, options: LaunchOptions, connector: Connector,
                observer: Observer) -> tuple[Session, slurm.BatchJob, str]:
+    _no_sync(plan)
     batch = slurm.batch_job(plan, plan.inventory.slurm, options.fail_fast)
     session = frontend(plan.inventory, connector)
     try:
@@ -621,6 +628,7 @@ def check(plan: Plan, options: CheckOptions, connector: Connector,
           progress: Callable[[CheckResult], None] | None = None) -> CheckReport:
     """``check`` for a SLURM cluster: SLURM's own view (partition, nodes, GRES, a dry
     submission), reported as the SSH checks are."""
+    _no_sync(plan)
     batch = slurm.batch_job(plan, plan.inventory.slurm)
     try:
         session = frontend(plan.inventory, connector)

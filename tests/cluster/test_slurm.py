@@ -1,0 +1,242 @@
+"""``torchherd run`` / ``check`` / detached runs with ``scheduler = "slurm"`` on the local
+cluster running a real SLURM (slurmcluster.py): munged and slurmctld on the controller
+side, one slurmd per node. Real sbatch, srun, squeue, scancel; torch on CPU with gloo.
+
+Every test ends with the queue empty and nothing of its job on any node. The box has
+two cores shared with other tests: small jobs, short runs, generous timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from localcluster import LocalCluster
+from slurmcluster import SlurmCluster, slurm_unavailable_reason
+
+from torchherd.cli import main
+from torchherd.console import make_console
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+DDP_DEMO = str(EXAMPLES / "ddp_demo.py")
+CRASH_DEMO = str(EXAMPLES / "crash_demo.py")
+TICKER = str(EXAMPLES / "ticker.py")
+RUNS = Path.home() / ".torchherd" / "runs"
+
+
+@pytest.fixture(scope="module")
+def slurm(cluster: LocalCluster) -> Iterator[SlurmCluster]:
+    reason = slurm_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    made = SlurmCluster(cluster).up()
+    try:
+        yield made
+    finally:
+        made.down()
+
+
+@pytest.fixture
+def inventory(slurm: SlurmCluster, tmp_path: Path) -> Path:
+    return slurm.inventory(tmp_path / "slurm.toml")
+
+
+@pytest.fixture(autouse=True)
+def _one_test(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """SLURM found through SLURM_CONF; run records of the test's own; afterwards no job
+    in the queue, nothing on any node, and the run directories gone."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    before = set(RUNS.iterdir()) if RUNS.is_dir() else set()
+    yield
+    try:
+        left = slurm.queue()
+        if left:
+            slurm.client("scancel", "--full", "--signal=KILL", *left, check=False)
+        slurm.wait_idle()
+        assert not left, f"jobs left in the queue: {left}"
+        assert_clean(slurm.cluster)
+    finally:
+        for path in (set(RUNS.iterdir()) if RUNS.is_dir() else set()) - before:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def assert_clean(cluster: LocalCluster, timeout: float = 30.0) -> None:
+    """Nothing of any job on any node (slurmd itself is the node's, not the job's)."""
+    for name in cluster.names:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = [cmd for cmd in cluster.processes(name) if not cmd.startswith(("slurmd ", "/usr/sbin/slurmd"))]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert left == [], f"processes left on {name}: {left}"
+
+
+def torchherd(inventory: Path, *args: str) -> tuple[int, str]:
+    """``torchherd -i INVENTORY ARGS`` in this process: the exit code and all it printed."""
+    out = StringIO()
+    code = main(["-i", str(inventory), *args], console=make_console(out, width=200))
+    return code, out.getvalue()
+
+
+def run(inventory: Path, log_dir: Path, *args: str) -> tuple[int, str]:
+    return torchherd(inventory, "run", "--log-dir", str(log_dir), *args)
+
+
+@pytest.mark.timeout(300)
+def test_ddp_demo_three_nodes_two_ranks_through_slurm(slurm: SlurmCluster, inventory: Path, tmp_path: Path) -> None:
+    started = time.monotonic()
+    code, out = run(inventory, tmp_path / "logs", "--nproc-per-node", "2", "--", DDP_DEMO, "--steps", "20")
+    print(f"ddp_demo 3x2 through SLURM took {time.monotonic() - started:.1f} s")
+    assert code == 0, out
+    assert re.search(r"torchherd │ SLURM job \d+: submitted", out), out
+    losses: dict[int, list[float]] = {}
+    for rank in range(6):
+        node = slurm.cluster.names[rank // 2]  # SLURM_NODEID follows the sorted nodelist
+        lines = [line for line in out.splitlines() if line.startswith(f"{node}:{rank} ")]
+        assert lines, f"no line from {node}:{rank}:\n{out}"
+        for line in lines:
+            assert re.match(rf"{node}:{rank} +│ ", line), line
+            match = re.search(rf"rank {rank}/6 host {node} step \d+ loss ([0-9.]+)", line)
+            if match:
+                losses.setdefault(rank, []).append(float(match.group(1)))
+    assert sorted(losses) == list(range(6)), out
+    for rank, values in losses.items():
+        assert values[-1] < values[0], f"rank {rank}: loss did not fall: {values}"
+    assert len({tuple(round(value, 5) for value in values) for values in losses.values()}) == 1, losses
+    assert "all 3 nodes finished (exit 0)" in out
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    assert "[rank 1] rank 1/6 host node0 step 1 loss" in (run_dir / "node0.log").read_text()
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_crash_ends_the_job_and_names_the_node(slurm: SlurmCluster, inventory: Path, tmp_path: Path) -> None:
+    # Rank 1 (node1) raises at step 3; the others hang outside any collective, so only
+    # SLURM's --kill-on-bad-exit can end them.
+    code, out = run(inventory, tmp_path / "logs", "--nproc-per-node", "1", "--",
+                    CRASH_DEMO, "--steps", "1000", "--crash-rank", "1", "--crash-step", "3", "--hang")
+    assert code == 1, out
+    assert "node1 rank 1 failed first with exit code 1: rank 1: RuntimeError: crash_demo: rank 1 crashes" in out
+    assert re.search(r"│ node1 │ failed \(rank 1\)\s+│ 1 ", out), out
+    assert re.search(r"│ node0 │ torn down ", out), out
+    assert re.search(r"│ node2 │ torn down ", out), out
+    assert re.search(r"slurm +│ srun: error: node1: task 1: Exited with exit code 1", out), out
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_cancels_the_job_and_leaves_the_queue_empty(slurm: SlurmCluster, inventory: Path,
+                                                           tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "torchherd", "-i", str(inventory), "run", "--no-check", "--log-dir",
+            str(tmp_path / "logs"), "--nproc-per-node", "1", "--", CRASH_DEMO, "--steps", "100000"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               text=True, env={**slurm.env(), "XDG_STATE_HOME": str(tmp_path / "state"),
+                                               "COLUMNS": "200"})
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in process.stdout or ()),
+                              daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 150
+        while not any(re.match(r"node2:2 +│ step 2 ", line) for line in lines):
+            assert process.poll() is None and time.monotonic() < deadline, "\n".join(lines[-40:])
+            time.sleep(0.2)
+        assert slurm.queue(), "the job is not in the queue while it runs"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == 130, "\n".join(lines[-40:])
+    finally:
+        if process.poll() is None:
+            process.kill()
+    reader.join(timeout=5)
+    out = "\n".join(lines)
+    assert "interrupted: stopping every node" in out
+    assert re.search(r"interrupted: SLURM job \d+ was cancelled, and it has left the queue", out), out
+    assert re.search(r"│ node1 │ interrupted ", out), out
+    assert slurm.queue() == []
+    assert_clean(slurm.cluster)
+
+
+def _detach(inventory: Path, *args: str) -> tuple[str, str]:
+    code, out = torchherd(inventory, "run", "--detach", "--no-check", "--nproc-per-node", "1", "--", TICKER, *args)
+    assert code == 0, out
+    (run_id,) = re.findall(r"^(th-\S+)$", out, re.M)
+    (job_id,) = re.findall(r"submitted as SLURM job (\d+)", out)
+    return run_id, job_id
+
+
+@pytest.mark.timeout(300)
+def test_detach_then_status_logs_and_stop(slurm: SlurmCluster, inventory: Path) -> None:
+    # A short run: logs -f follows it to its end, status then says every node exited 0.
+    run_id, _ = _detach(inventory, "5", "0.2")
+    code, out = torchherd(inventory, "logs", "-f", run_id)
+    assert code == 0, out
+    for rank, node in enumerate(slurm.cluster.names):
+        ticks = re.findall(rf"^{node}:{rank} +│ tick {rank} (\d)$", out, re.M)
+        assert ticks == [str(index) for index in range(5)], out
+    code, out = torchherd(inventory, "status", run_id)
+    assert code == 0
+    for node in slurm.cluster.names:
+        assert re.search(rf"│ {node}\s+│ exited \(0\)", out), out
+
+    # A long one: status says running, stop cancels it and confirms it left the queue.
+    run_id, job_id = _detach(inventory, "100000", "0.2")
+    deadline = time.monotonic() + 120
+    while "running" not in torchherd(inventory, "status", run_id)[1]:
+        assert time.monotonic() < deadline, torchherd(inventory, "status", run_id)[1]
+        time.sleep(1)
+    while "tick 2 3" not in (logs := torchherd(inventory, "logs", run_id, "--node", "node2")[1]):
+        assert time.monotonic() < deadline, logs
+        time.sleep(1)
+    assert "node0" not in logs
+    code, out = torchherd(inventory, "stop", run_id)
+    assert code == 0, out
+    assert f"SLURM job {job_id}: stopped, nothing of the run is left" in out
+    assert job_id not in slurm.queue()
+    assert_clean(slurm.cluster)
+
+
+@pytest.mark.timeout(120)
+def test_check_reports_a_drained_node_with_slurms_reason(slurm: SlurmCluster, inventory: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    def check() -> tuple[int, dict[str, list[dict[str, str]]]]:
+        code, _ = torchherd(inventory, "check", "--json")
+        return code, json.loads(capsys.readouterr().out)
+
+    code, report = check()
+    assert code == 0, report
+    assert any("partition main is up: 3 nodes (3 usable)" in item["summary"] for item in report["checks"]), report
+    slurm.drain("node1", "fan failure, ticket 42")
+    try:
+        code, report = check()
+        _, human = torchherd(inventory, "check")
+    finally:
+        slurm.resume("node1")
+    assert code == 1, report
+    failed = [item for item in report["checks"] if item["status"] == "fail"]
+    assert any(item["node"] == "node1" and item["check"] == "slurm-node" and "drained" in item["summary"]
+               and "fan failure, ticket 42" in item["summary"] for item in failed), failed
+    assert not any(item["node"] in ("node0", "node2") for item in failed), failed
+    assert "FAIL node1 slurm-node: node1 is drained (fan failure, ticket 42)" in human, human
+
+
+@pytest.mark.timeout(300)
+def test_submit_through_a_login_host_over_ssh(slurm: SlurmCluster, tmp_path: Path) -> None:
+    # node0 is the login host: sbatch, squeue and the output files are reached over SSH
+    # (node0 sees the config at /etc/slurm; this test's own SLURM_CONF is not used there).
+    inventory = slurm.inventory(tmp_path / "login.toml", login="node0")
+    code, out = run(inventory, tmp_path / "logs", "--nproc-per-node", "1", "--", TICKER, "3", "0.1")
+    assert code == 0, out
+    for rank, node in enumerate(slurm.cluster.names):
+        assert re.findall(rf"^{node}:{rank} +│ tick {rank} (\d)$", out, re.M) == ["0", "1", "2"], out
