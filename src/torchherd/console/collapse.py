@@ -28,11 +28,12 @@ from torchherd.runlog import STDERR, OutputLine, RankLines
 WINDOW = 0.5
 """Seconds a line waits for the same text from other ranks before it is shown."""
 
-# A rank line's record without its rank: b"\nO[torchherd-rank 3] text" -> b"\nOtext".
-_RANK_TAG = re.compile(rb"\n([OE])" + re.escape(RANK_PREFIX_HEAD) + rb"\d+\] ")
+_ANY_RANK = re.compile(rb"\n[OE]" + re.escape(RANK_PREFIX_HEAD) + rb"(\d+)\] ")
 # torch's C++ warnings start with their own time (glog: "[W1123 12:18:13.870269108 socket.cpp:207]");
-# the same warning from many ranks differs only there, so it is compared without it.
-_GLOG_TIME = re.compile(rb"(\n[OEoe]\[[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ ")
+# the same warning from many ranks differs only there, so it is compared without it. Looked
+# for first with a pattern that starts with a plain "[" (fast), replaced only where found.
+_GLOG_PROBE = re.compile(rb"\[[IWEF]\d{4} \d\d:\d\d:\d\d\.")
+_GLOG_TIME = re.compile(rb"(?<=\n[OEoe]\[[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ ")
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
 _BANNER_RULE = re.compile(r"^\*{20,}\s*$")
 _BANNER_TEXT = "Setting OMP_NUM_THREADS environment variable for each process"
@@ -210,8 +211,25 @@ class Collapser:
         self._banner_from = self._banner_from or node
         return node == self._banner_from
 
+    def _chunk_texts(self, block: RankLines) -> list[bytes]:
+        """Each record of the chunk as ``_key`` makes it: its rank taken off with one bytes
+        replace per rank of the node (a regular expression would cost a call per line)."""
+        ranks = self._ranks.setdefault(block.node, set())
+        data = block.records
+        for rank in ranks:
+            head = RANK_PREFIX_HEAD + b"%d] " % rank
+            data = data.replace(b"\nO" + head, b"\nO")
+            if b"\nE" + head in data:
+                data = data.replace(b"\nE" + head, b"\nE")
+        if RANK_PREFIX_HEAD in data:  # ranks not seen on this node before: found once, then known
+            ranks.update(int(rank) for rank in set(_ANY_RANK.findall(data)))
+            return self._chunk_texts(block)
+        if _GLOG_PROBE.search(data):
+            data = _GLOG_TIME.sub(b"", data)
+        return data[1:-1].split(b"\n")
+
     def _add_chunk(self, block: RankLines, now: float) -> None:
-        keys = _GLOG_TIME.sub(rb"\1", _RANK_TAG.sub(rb"\n\1", block.records))[1:-1].split(b"\n")
+        keys = self._chunk_texts(block)
         unique = frozenset(keys)
         if len(unique) == len(keys) and self._chunk_keys.isdisjoint(unique) and self._open.keys().isdisjoint(unique):
             order = self._next()
@@ -327,4 +345,4 @@ def _key(line: OutputLine) -> bytes:
     (the tag letters of the records: a rank's lines compare with a chunk's texts)."""
     tag = b"E" if line.stream == STDERR else b"O"
     key = b"\n" + (tag if line.rank is not None else tag.lower()) + line.text.encode("utf-8", "replace")
-    return _GLOG_TIME.sub(rb"\1", key)[1:]
+    return _GLOG_TIME.sub(b"", key)[1:]

@@ -206,8 +206,8 @@ def render_panel(model: PanelModel, now: float, limit: int = 16) -> Table:
     for index, header in enumerate(headers):
         # Every column but the last line keeps its width: only that one gives way.
         width = max([len(header)] + [len(row[index]) for row in cells])
-        table.add_column(header, no_wrap=True, min_width=width, justify="right" if 2 <= index <= 4 else "left")
-    table.add_column("last line", overflow="ellipsis")
+        table.add_column(Text(header), no_wrap=True, min_width=width, justify="right" if 2 <= index <= 4 else "left")
+    table.add_column(Text("last line"), overflow="ellipsis")
     for row, line in zip(cells, shown):
         table.add_row(*row[:len(headers)], Text(line.line, overflow="ellipsis", no_wrap=True))
     return table

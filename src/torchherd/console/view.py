@@ -35,8 +35,9 @@ from torchherd.engine.events import (
 )
 from torchherd.runlog import OutputLine, RankLines, gpu_usage, progress_of
 
-REDRAW = 0.25
-"""Seconds between two renders of the panel."""
+REDRAW = 0.5
+"""Seconds between two renders of the panel (about 4 ms each: twice a second is enough
+for a person, and leaves the cores to the job)."""
 TICK = 0.1
 """How often the view's thread looks for held lines whose time has come."""
 UNKNOWN_RANKS = 99
