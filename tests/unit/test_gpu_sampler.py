@@ -1,0 +1,61 @@
+"""The supervisor's GPU samples, with a stand-in ``nvidia-smi`` on the PATH (this machine
+has no GPU): every few seconds a ``gpu`` record, never a blocked loop, nothing where
+there is no nvidia-smi."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from torchherd.remote import supervisor as sv
+from torchherd.runlog import GpuUsage, OutputParser, Status, gpu_usage
+
+QUERY_ANSWER = "0, 87, 12000, 81920\n1, [N/A], 0, 81920\n2, 15, 100, 40960\n"
+
+
+@pytest.fixture
+def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    script = tmp_path / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\nprintf '{QUERY_ANSWER}'\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    return script
+
+
+def sample(sampler: sv.GpuSampler, seconds: float) -> bytes:
+    records = b""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        records += sampler.poll(time.monotonic())
+        time.sleep(0.01)
+    return records
+
+
+def test_a_sample_every_few_seconds_and_boards_without_a_reading_left_out(fake_smi: Path) -> None:
+    sampler = sv.GpuSampler(0.3)
+    records = sample(sampler, 1.0)
+    sampler.stop()
+    parsed = [chunk for chunk in OutputParser("node0").feed(records) if isinstance(chunk, Status)]
+    assert 2 <= len(parsed) <= 4, records
+    assert gpu_usage(parsed[0]) == (GpuUsage(0, 87.0, 12000.0, 81920.0), GpuUsage(2, 15.0, 100.0, 40960.0))
+
+
+def test_no_nvidia_smi_no_samples(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    sampler = sv.GpuSampler(0.1)
+    assert sampler.path is None and sample(sampler, 0.3) == b""
+    assert sv.GpuSampler(0.0).path is None
+
+
+def test_a_query_that_hangs_is_killed_and_gives_no_sample(fake_smi: Path) -> None:
+    fake_smi.write_text("#!/bin/sh\nexec sleep 30\n")
+    sampler = sv.GpuSampler(0.1)
+    started = time.monotonic()
+    assert sampler.poll(started) == b""
+    assert sampler.proc is not None
+    assert sampler.poll(started + sv.GPU_QUERY_TIMEOUT + 1) == b""
+    assert sampler.proc is None and time.monotonic() - started < 5
