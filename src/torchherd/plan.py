@@ -85,17 +85,22 @@ class NodePlan:
     """With ``--sync``: the workdir the inventory gave, which the destination (this
     plan's ``workdir``) must lie in."""
 
+    def shell_prefix(self) -> list[str]:
+        """What the node's shell does before the job, as the launch sends it: change into
+        the workdir, then the setup snippet, on lines of its own (a ``# comment`` in it ends
+        there), its output on stderr (never in the supervisor's record stream)."""
+        parts = [f"cd {shell_dir(self.workdir)}"]
+        if self.setup.strip():
+            parts.append("{ " + self.setup.strip() + "\n} >&2")
+        return parts
+
     def shell_line(self, hide_secrets: bool = False) -> str:
         """The command a user could paste into a shell on the node to do the same by hand;
-        with ``hide_secrets``, values of variables named like a secret are shown as ***."""
-        parts = [f"cd {quote_path(self.workdir)}"]
-        if self.setup.strip():
-            parts.append(self.setup.strip())
-        assignments = " ".join(
-            f"{name}={'***' if hide_secrets and looks_secret(name) else shlex.quote(value)}"
-            for name, value in self.env.items())
-        parts.append(f"env {assignments} {shlex.join(self.argv)}" if assignments else shlex.join(self.argv))
-        return " && ".join(parts)
+        with ``hide_secrets``, values that look like secrets (by name or by shape) are ***."""
+        assignments = " ".join(f"{name}={shown_value(name, value) if hide_secrets else shlex.quote(value)}"
+                               for name, value in self.env.items())
+        command = " ".join([quote_path(self.argv[0]), *map(shlex.quote, self.argv[1:])])
+        return " && ".join([*self.shell_prefix(), f"env {assignments} {command}" if assignments else command])
 
 
 @dataclass(frozen=True)
@@ -142,11 +147,24 @@ class Plan:
 
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/:@\s]*:)[^@\s]*(?P<at>@)")
+"""scheme://user:PASSWORD@host: a DATABASE_URL names no secret, yet holds one."""
+TOKEN_SHAPE = re.compile(r"\b(?:hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}"
+                         r"|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})")
+"""Well-known token formats (Hugging Face, GitHub, OpenAI-style, Slack, AWS keys)."""
 
 
 def looks_secret(name: str) -> bool:
     """A variable whose value must never be printed (WANDB_API_KEY, HF_TOKEN, ...)."""
     return SECRET_NAME.search(name) is not None
+
+
+def shown_value(name: str, value: str) -> str:
+    """The value as ``--dry-run`` may show it, shell-quoted: *** for a variable named like a
+    secret or a value shaped like a token, a URL's password as ***."""
+    if looks_secret(name) or TOKEN_SHAPE.search(value):
+        return "***"
+    return shlex.quote(URL_PASSWORD.sub(r"\g<head>***\g<at>", value))
 
 
 def quote_path(path: str) -> str:
@@ -156,6 +174,11 @@ def quote_path(path: str) -> str:
     if path.startswith("~/"):
         return "~/" + shlex.quote(path[2:])
     return shlex.quote(path)
+
+
+def shell_dir(path: str) -> str:
+    """``quote_path`` for ``cd``: a relative path starting with "-" would be read as an option."""
+    return quote_path("./" + path if path.startswith("-") else path)
 
 
 
@@ -325,7 +348,7 @@ def _torchrun_argv(inventory: Inventory, options: RunOptions, host: Host, rank: 
     argv += ["--tee", "3", "--log-dir", log_dir]
     if options.module:
         argv.append("-m")
-    argv.append(options.script)
+    argv += ["--", options.script]  # "--": a script named "-x" is not an option of torchrun
     argv += options.script_args
     return tuple(argv)
 

@@ -166,14 +166,24 @@ def parse_output(node: str, stream: str, payload: bytes) -> OutputLine:
     return OutputLine(node, rank, stream, visible_text(payload))
 
 
+_INTEGER_FIELDS: dict[str, tuple[str, ...]] = {
+    wire.EVENT_STARTED: ("pid", "pgid", "supervisor"), wire.EVENT_EXIT: ("code",), wire.EVENT_DONE: ("code", "left")}
+"""The fields the controller counts on, per event: a record without them is garbled."""
+
+
 def parse_status(node: str, payload: bytes) -> Status:
+    """One S record; "garbled" for anything the supervisor does not write (a shell's output
+    can land in the record stream, ``S{"event":"exit","code":"x"}`` included)."""
     try:
         fields = json.loads(payload.decode("utf-8", "replace"))
-    except ValueError:
+    except (ValueError, RecursionError):
         fields = None
     if not isinstance(fields, dict):
         return Status(node, "garbled", {"payload": payload.decode("utf-8", "replace")})
     event = wire.status_event(fields.get("event"))
+    if event is not None and not all(isinstance(fields.get(key), int) and not isinstance(fields.get(key), bool)
+                                     for key in _INTEGER_FIELDS.get(event, ())):
+        event = None
     return Status(node, "garbled" if event is None else event, fields)
 
 

@@ -41,7 +41,7 @@ def test_static_command_line_is_exact() -> None:
         "/opt/venv/bin/python", "-m", "torch.distributed.run", "--nnodes", "3", "--nproc-per-node", "2",
         "--node-rank", "1", "--master-addr", "10.0.0.2", "--master-port", "29511",
         "--local-addr", "10.0.0.1", "--max-restarts", "0", "--tee", "3", "--log-dir", "/tmp/torchherd-r1-a",
-        "train.py", "--lr", "0.1")
+        "--", "train.py", "--lr", "0.1")
 
 
 def test_c10d_master_hosts_the_store() -> None:
@@ -109,7 +109,8 @@ def test_render_plan_shows_every_command_and_note() -> None:
     text = out.getvalue()
     assert text.splitlines()[0] == "run r1: 3 nodes, master b at 10.0.0.2:29511, rendezvous static"
     assert "b (node_rank 0)" in text and "a (node_rank 1)" in text and "c (node_rank 2)" in text
-    assert "  $ cd ~/'proj dir' && source ~/venv/bin/activate && env NCCL_DEBUG=WARN " in text
+    # the setup on lines of its own, its output to stderr, exactly as the launch sends it
+    assert "  $ cd ~/'proj dir' && { source ~/venv/bin/activate\n} >&2 && env NCCL_DEBUG=WARN " in text
     assert "  - master address 10.0.0.2: the master's SSH address" in text
     assert "  - --local-addr 10.0.0.1" in text
     assert text.rstrip().endswith("dry run: nothing was started")

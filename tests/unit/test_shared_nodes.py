@@ -365,3 +365,11 @@ def test_an_attached_run_writes_only_private_logs(tmp_path: Path, umask_022: Non
     assert summary.exit_code == 0
     run_dir = tmp_path / "logs" / plan.run_id
     assert mode(run_dir) == 0o700 and mode(run_dir / "n0.log") == 0o600
+
+
+def test_a_job_that_cannot_start_leaves_no_log_directory(tmp_path: Path) -> None:
+    log_dir = tmp_path / "torchherd-t6-n0"
+    records = supervise(wire.SupervisorConfig(run_id="t6", argv=("/nonexistent/python",), heartbeat=0,
+                                              cleanup_dir=str(log_dir)))
+    assert status(records, "done")["code"] == 127
+    assert not log_dir.exists()

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from torchherd.checks.model import Json, NodeFacts
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
+from torchherd.plan import quote_path
 from torchherd.transport import Process, Session
 
 FALLBACK_PYTHON = "python3"
@@ -23,11 +24,12 @@ def remote_source(name: str) -> str:
 
 
 def python_command(python: str, script: str, config: Mapping[str, Any], stdlib_only: bool = True) -> str:
-    # The python is written as configured, unquoted: it may start with ~ or be a wrapper command.
+    # The python by the one rule ``run`` follows too: a path (or a name on PATH), quoted,
+    # a leading ~/ expanded; never shell text (a ";" in it must not run during the check).
     # -S skips site-packages (.pth files can cost 100+ ms of CPU per start), which a
     # standard-library script never needs; it matters with hundreds of nodes per core.
     flags = "-S " if stdlib_only else ""
-    return f"{python} {flags}-c {shlex.quote(remote_source(script))} {shlex.quote(json.dumps(config))}"
+    return f"{quote_path(python)} {flags}-c {shlex.quote(remote_source(script))} {shlex.quote(json.dumps(config))}"
 
 
 @dataclass

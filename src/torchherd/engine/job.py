@@ -137,9 +137,7 @@ def remote_command(node: NodePlan, run_id: str, source: str) -> str:
     expandable); the setup snippet is the user's own shell text and runs as written.
     The job's environment is not on this line: a node's process list is public.
     """
-    parts = [f"cd {quote_path(node.workdir)}"]
-    if node.setup.strip():
-        parts.append("{ " + node.setup.strip() + "\n}")
+    parts = node.shell_prefix()  # the setup's output goes to stderr: stdout is the record stream
     parts.append(f"exec {quote_path(node.host.python)} -u -c {shlex.quote(source)} - {shlex.quote(run_id)}")
     return " && ".join(parts)
 

@@ -822,9 +822,12 @@ class Supervisor:
         env[wire.RUN_ID_ENV] = cfg.run_id
         env[wire.SUPERVISOR_ENV] = self.token
         cwd = os.path.expanduser(cfg.cwd) if cfg.cwd else None
+        argv = list(cfg.argv)
+        if argv[0] == "~" or argv[0].startswith("~/"):  # the python, by the rule every command follows
+            argv[0] = os.path.expanduser(argv[0])
         try:
             self.proc = subprocess.Popen(
-                cfg.argv,
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -1128,6 +1131,8 @@ class Supervisor:
         self._register_stdin()
         if not self._spawn():
             code = self.code if self.code is not None else EXIT_NOT_EXECUTABLE
+            if self.cfg.cleanup_dir and self.made_dir:
+                remove_tee_dir(self.cfg.cleanup_dir)
             self._write_exited(code, 0)
             self.out.add(wire.done_record(code, 0))
             self._final_flush()

@@ -347,7 +347,8 @@ class SupervisorConfig(NamedTuple):
     run_id: str
     """Also exported to the job as TORCHHERD_RUN_ID."""
     argv: Tuple[str, ...]
-    """The job command (not through a shell)."""
+    """The job command (not through a shell); a leading "~/" of argv[0] is expanded, as the
+    shell expands the python of every other command torchherd runs on the node."""
     env: Mapping[str, str] = {}
     """Added to the job's environment."""
     cwd: Optional[str] = None
