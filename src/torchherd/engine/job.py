@@ -109,10 +109,14 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float) -> wire.Supervi
     # cwd stays None: the shell already changed into the workdir, and a `cd` in the
     # host's setup snippet must keep its effect.
     argv = redirected(node.argv)
+    files = argv != tuple(node.argv)
+    # Reading the ranks' files, the supervisor writes every rank prefix itself, at the start
+    # of a line; torchrun's own output then holds none to mend, and a marker in the middle
+    # of a line is text (the mender would give the rest of the line to that rank).
     return wire.SupervisorConfig(run_id=run_id, argv=argv, env=node.env, cwd=None, grace=grace,
                                  heartbeat=HEARTBEAT_EVERY, watchdog=WATCHDOG, cleanup_dir=node.remote_log_dir,
-                                 rank_marker=wire.RANK_PREFIX_HEAD.decode(), gpu_every=GPU_EVERY,
-                                 rank_logs=node.remote_log_dir if argv != tuple(node.argv) else None)
+                                 rank_marker=None if files else wire.RANK_PREFIX_HEAD.decode(), gpu_every=GPU_EVERY,
+                                 rank_logs=node.remote_log_dir if files else None)
 
 
 def redirected(argv: Sequence[str]) -> tuple[str, ...]:
