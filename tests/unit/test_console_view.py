@@ -190,6 +190,16 @@ def test_the_panel_shows_every_node() -> None:
         "node2   exited 1       0         0       -                                                          \n")
 
 
+def test_a_bar_gives_way_once_its_rank_ends_its_line() -> None:
+    model = panel_model()
+    (block,) = OutputParser("node1").feed(b"E[torchherd-rank 3]  100%|##########| 100/100\n")
+    model.lines([block], 4.0)
+    assert model.nodes["node1"].shown_line(4.0) == " 100%|##########| 100/100"
+    model.bar("node1", 3, " 10%|#", 5.0)
+    model.lines([OutputLine("node1", 2, "err", "a warning of another rank")], 5.0)
+    assert model.nodes["node1"].shown_line(5.0) == "[3]  10%|#"
+
+
 def test_nodes_that_do_not_fit_are_grouped_by_state_and_a_quiet_node_stands_out() -> None:
     model = PanelModel([f"node{index}" for index in range(6)])
     for index in range(6):

@@ -23,7 +23,7 @@ from rich.text import Text
 
 from torchherd.console import node_colour
 from torchherd.console.collapse import fold_names
-from torchherd.runlog import GpuUsage, OutputLine, RankLines
+from torchherd.runlog import ERR_HEAD, STDERR, GpuUsage, OutputLine, RankLines
 
 RATE_WINDOW = 3.0
 """Seconds over which lines per second are counted."""
@@ -105,11 +105,15 @@ class PanelModel:
                     view.last_line = last[0].text
                     if last[0].rank is not None:
                         view.ranks.add(last[0].rank)
+                if view.bar and ERR_HEAD + b"%d] " % (view.bar_rank or 0) in chunk.records:
+                    view.bar = ""  # its line ended: the bar's last state scrolls with the lines
             else:
                 view.printed(1, now)
                 view.last_line = chunk.text
                 if chunk.rank is not None:
                     view.ranks.add(chunk.rank)
+                if view.bar and chunk.stream == STDERR and chunk.rank == view.bar_rank:
+                    view.bar = ""
 
     def state(self, name: str, state: str, code: int | None = None) -> None:
         view = self.node(name)
