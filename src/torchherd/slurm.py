@@ -364,7 +364,7 @@ def parse_job_id(stdout: str) -> str:
 
 def parse_hostnames(stdout: str) -> tuple[str, ...]:
     """``scontrol show hostnames``: one host per line."""
-    return tuple(line.strip() for line in stdout.splitlines() if line.strip())
+    return tuple(line.strip() for line in stdout.split("\n") if line.strip())
 
 
 @dataclass(frozen=True)
@@ -386,11 +386,11 @@ class JobState:
 
 def parse_squeue(stdout: str, job_id: str) -> JobState | None:
     """The job's line of ``squeue -o SQUEUE_FORMAT``; None when it is not (or no longer) there."""
-    for line in stdout.splitlines():
+    for line in stdout.split("\n"):
         fields = line.strip().split("|", 4)
         if len(fields) == 5 and fields[0] == job_id:
             nodelist = "" if fields[3] in ("", "(null)") else fields[3]
-            reason = "" if fields[4] in ("None", "(null)") else fields[4]
+            reason = "" if fields[4].strip() in ("None", "(null)") else fields[4].strip()
             return JobState(job_id, fields[1], reason, nodelist)
     return None
 
@@ -403,7 +403,7 @@ def parse_exit_code(text: str) -> tuple[int | None, int | None]:
 
 def parse_sacct(stdout: str, job_id: str) -> JobState | None:
     """The allocation's line of ``sacct -P -X -o SACCT_FIELDS``."""
-    for line in stdout.splitlines():
+    for line in stdout.split("\n"):
         fields = line.strip().split("|")
         if len(fields) >= 3 and fields[0] == job_id:
             code, signal = parse_exit_code(fields[2])
@@ -475,7 +475,7 @@ class NodeInfo:
 
 def parse_sinfo(stdout: str) -> list[NodeInfo]:
     rows = []
-    for line in stdout.splitlines():
+    for line in stdout.split("\n"):
         fields = line.strip().split("|", 6)
         if len(fields) != 7 or not fields[0]:
             continue
