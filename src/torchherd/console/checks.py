@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from torchherd.console import STATUS_STYLES
+from torchherd.console import STATUS_STYLES, printable
 from torchherd.inventory import Inventory
 from torchherd.results import CheckReport, CheckResult
 
@@ -75,9 +75,9 @@ def render_report(console: Console, report: CheckReport) -> None:
 def _block(console: Console, result: CheckResult) -> None:
     style = STATUS_STYLES[result.status]
     console.print(f"[{style}]{result.status.upper()}[/] {escape(result.node)} {escape(result.check)}: "
-                  f"{escape(result.summary)}", soft_wrap=True)
+                  f"{escape(printable(result.summary))}", soft_wrap=True)
     if result.fix:
-        console.print(f"  [dim]fix:[/] {escape(result.fix)}", soft_wrap=True)
+        console.print(f"  [dim]fix:[/] {escape(printable(result.fix))}", soft_wrap=True)
 
 
 @contextmanager

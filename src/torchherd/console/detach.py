@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from torchherd.console import printable
 from torchherd.console.run import LiveRenderer
 from torchherd.runlog import Status
 from torchherd.runrecord import NodeState, RunRecord, describe_since
@@ -20,7 +21,7 @@ STATE_STYLES = {"running": "cyan", "exited": "green", "gone": "bold red", "unrea
 
 
 def _plain(console: Console, text: str, style: str = "") -> None:
-    console.print(Text(text, style=style), soft_wrap=True)
+    console.print(Text(printable(text), style=style), soft_wrap=True)
 
 
 def render_started(console: Console, record: RunRecord) -> None:
@@ -53,8 +54,8 @@ def run_state(states: Sequence[NodeState]) -> str:
 
 def render_status(console: Console, record: RunRecord, states: Sequence[NodeState]) -> None:
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created))
-    table = Table(title=Text(f"run {record.run_id} ({run_state(states)}), started {started}: "
-                             + shlex.join(record.command)), title_justify="left")
+    table = Table(title=Text(printable(f"run {record.run_id} ({run_state(states)}), started {started}: "
+                                       + shlex.join(record.command))), title_justify="left")
     for column in ("node", "state", "since", "detail"):
         table.add_column(column, overflow="fold")
     for state in states:
@@ -62,7 +63,7 @@ def render_status(console: Console, record: RunRecord, states: Sequence[NodeStat
         if state.state == "exited" and state.code != 0:
             style = "bold red"
         table.add_row(Text(state.node), Text(state_text(state), style=style), describe_since(state.since),
-                      Text(state.detail))
+                      Text(printable(state.detail)))
     console.print(table)
 
 
@@ -76,7 +77,7 @@ def render_runs(console: Console, rows: Sequence[tuple[RunRecord, Sequence[NodeS
     for record, states in rows:
         nodes = ", ".join(f"{state.node} {state_text(state)}" for state in states)
         table.add_row(Text(record.run_id), Text(run_state(states)), describe_since(record.created), Text(nodes),
-                      Text(shlex.join(record.command)))
+                      Text(printable(shlex.join(record.command))))
     console.print(table)
 
 

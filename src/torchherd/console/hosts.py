@@ -6,7 +6,9 @@ from typing import Sequence
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from torchherd.console import printable
 from torchherd.inventory import Inventory
 
 
@@ -21,13 +23,15 @@ def hosts_rows(inventory: Inventory, ssh_targets: Sequence[str]) -> list[dict[st
 
 
 def render_hosts(console: Console, inventory: Inventory, ssh_targets: Sequence[str]) -> None:
+    # Text, never markup: a workdir like "~/p[/]" is a path, not a closing tag; every value
+    # comes from the inventory or ssh_config, so control characters are shown escaped.
     cluster = inventory.cluster
-    table = Table(title=f"{inventory.path}: {len(inventory.hosts)} hosts, master {cluster.master}:"
-                        f"{cluster.port}, rendezvous {cluster.rdzv_backend}", title_justify="left")
+    table = Table(title=Text(printable(f"{inventory.path}: {len(inventory.hosts)} hosts, master {cluster.master}:"
+                                       f"{cluster.port}, rendezvous {cluster.rdzv_backend}")), title_justify="left")
     for column in ("name", "SSH target", "node_rank", "nproc", "python", "workdir"):
         table.add_column(column, overflow="fold")
     for row in hosts_rows(inventory, ssh_targets):
         name = f"{row['name']} (master)" if row["master"] else str(row["name"])
-        table.add_row(name, str(row["ssh"]), str(row["node_rank"]), str(row["nproc_per_node"]),
-                      str(row["python"]), str(row["workdir"]))
+        table.add_row(*(Text(printable(str(value))) for value in (
+            name, row["ssh"], row["node_rank"], row["nproc_per_node"], row["python"], row["workdir"])))
     console.print(table)

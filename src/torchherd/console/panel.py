@@ -21,7 +21,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from torchherd.console import node_colour
+from torchherd.console import node_colour, printable
 from torchherd.console.collapse import fold_names
 from torchherd.runlog import ERR_HEAD, STDERR, GpuUsage, OutputLine, RankLines
 
@@ -213,5 +213,5 @@ def render_panel(model: PanelModel, now: float, limit: int = 16) -> Table:
         table.add_column(Text(header), no_wrap=True, min_width=width, justify="right" if 2 <= index <= 4 else "left")
     table.add_column(Text("last line"), overflow="ellipsis")
     for row, line in zip(cells, shown):
-        table.add_row(*row[:len(headers)], Text(line.line, overflow="ellipsis", no_wrap=True))
+        table.add_row(*row[:len(headers)], Text(printable(line.line), overflow="ellipsis", no_wrap=True))
     return table

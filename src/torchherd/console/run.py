@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from torchherd.console import node_colour
+from torchherd.console import node_colour, printable
 from torchherd.plan import RANK_PREFIX_HEAD, Plan
 from torchherd.runlog import ERR_HEAD, OUT_HEAD, OUT_RANKS, STDERR, OutputLine, RankLines, RunSummary
 from torchherd.slurm import BatchJob, shown_script
 
 SEPARATOR = " │ "
+_CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]")
+"""A control character in UTF-8 (C0 but tab and newline, DEL, C1)."""
 STATE_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "torn down": "yellow",
                 "interrupted": "yellow", "not started": "bold red", "unresponsive": "bold red"}
 
@@ -25,9 +28,10 @@ def render_plan(console: Console, plan: Plan) -> None:
     for index, node in enumerate(plan.nodes):
         head = Text(f"{node.host.name} (node_rank {node.node_rank})", style=f"bold {node_colour(index)}")
         console.print(head, soft_wrap=True)
-        console.print(Text("  $ " + node.shell_line(hide_secrets=True)), soft_wrap=True)
+        # every line of the command as it is sent (a setup snippet spans lines), escapes shown
+        console.print(Text("  $ " + printable(node.shell_line(hide_secrets=True), lines=True)), soft_wrap=True)
         for note in node.notes:
-            console.print(Text(f"  - {note}", style="dim"), soft_wrap=True)
+            console.print(Text(f"  - {printable(note)}", style="dim"), soft_wrap=True)
     console.print(Text("dry run: nothing was started"), soft_wrap=True)
 
 
@@ -83,10 +87,11 @@ class LiveRenderer:
         return cached
 
     def format(self, line: OutputLine) -> str:
+        text = printable(line.text)  # the job's bytes never act on the terminal
         if line.stream != STDERR:
-            return self._styled_prefix(line.node, line.rank) + line.text
+            return self._styled_prefix(line.node, line.rank) + text
         opened, closed = self._styles["red" if line.rank is not None else "dim"]
-        return f"{self._styled_prefix(line.node, line.rank)}{opened}{line.text}{closed}"
+        return f"{self._styled_prefix(line.node, line.rank)}{opened}{text}{closed}"
 
     def render(self, lines: Sequence[OutputLine | RankLines]) -> None:
         if lines:
@@ -110,12 +115,13 @@ class LiveRenderer:
         head.append(SEPARATOR, style="dim")
         opened, closed = self._styles["red"] if stream == STDERR else ("", "")
         count_opened, count_closed = self._styles["dim"]
-        return f"{self._styled(head)}{opened}{text}{closed} {count_opened}(x{count}){count_closed}"
+        return f"{self._styled(head)}{opened}{printable(text)}{closed} {count_opened}(x{count}){count_closed}"
 
     def block_text(self, block: RankLines) -> str:
         """A block's lines as ``format`` would print them, rewritten a whole block at a time."""
-        if RANK_PREFIX_HEAD in block.node.encode():
-            # A prefix that holds the record's own head would be rewritten twice.
+        if RANK_PREFIX_HEAD in block.node.encode() or _CONTROL_BYTES.search(block.records):
+            # A prefix that holds the record's own head would be rewritten twice; control
+            # characters are escaped line by line (``format``): the common block has none.
             return "".join(self.format(line) + "\n" for line in block.lines())
         data = block.records
         if ERR_HEAD in data:
@@ -149,7 +155,7 @@ class LiveRenderer:
         self.write(self.note_text(message, style))
 
     def note_text(self, message: str, style: str = "bold") -> str:
-        return self._styled(Text(f"torchherd{SEPARATOR}{message}", style=style)) + "\n"
+        return self._styled(Text(f"torchherd{SEPARATOR}{printable(message)}", style=style)) + "\n"
 
 
 def render_summary(console: Console, summary: RunSummary) -> None:
@@ -164,13 +170,13 @@ def render_summary(console: Console, summary: RunSummary) -> None:
         if outcome.left:
             state += f", {outcome.left} left running"
         table.add_row(Text(outcome.node), Text(state, style=STATE_STYLES.get(outcome.state, "")), code, seconds,
-                      Text(outcome.first_error or ""))
+                      Text(printable(outcome.first_error or "")))
     console.print(table)
     for outcome in summary.nodes:
         if outcome.state in ("failed", "lost", "not started", "unresponsive") and outcome.last_lines:
             console.print(Text(f"last lines of {outcome.node}:", style="bold"), soft_wrap=True)
             for text in outcome.last_lines:
-                console.print(Text(f"  {text}"), soft_wrap=True)
+                console.print(Text(f"  {printable(text)}"), soft_wrap=True)
     style = "bold green" if summary.exit_code == 0 else "bold red"
-    console.print(Text(summary.headline, style=style), soft_wrap=True)
+    console.print(Text(printable(summary.headline), style=style), soft_wrap=True)
     console.print(Text(f"logs: {summary.log_dir}", style="dim"), soft_wrap=True)
