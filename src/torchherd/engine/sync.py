@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence, Union, cast
 
 from torchherd import tree
 from torchherd.engine.events import NodeSynced, Observer, SyncDone, SyncFailed, SyncStarted
@@ -105,13 +105,23 @@ class _Node:
     def name(self) -> str:
         return self.plan.host.name
 
-    def ask(self, want: bytes, within: str, timeout: float) -> None:
-        """Starts the receiver, sends the listing, reads what the node has."""
+    def open(self) -> None:
+        """Starts the receiver (it waits for the listing)."""
         if self.session is None:
             return
         try:
-            self.process = self.session.start(receiver_command(self.plan, self.plan.workdir, within))
-            self.lines = _Lines(self.process)
+            self.process = self.session.start(receiver_command(self.plan, self.plan.workdir,
+                                                               self.plan.sync_within or self.plan.workdir))
+        except TransportError as error:
+            self.error = str(error)
+            return
+        self.lines = _Lines(self.process)
+
+    def ask(self, want: bytes, timeout: float) -> None:
+        """Sends the listing and reads what the node has."""
+        if self.process is None or self.lines is None or self.error is not None:
+            return
+        try:
             if not self.process.send(want):
                 self.error = self._gone("was gone before the listing was sent")
                 return
@@ -153,7 +163,10 @@ class _Node:
             batch = self.queue.get()
             if batch is None:
                 break
-            if self.error is None and not self.process.send(b"".join(batch)):
+            # A memoryview (both transports write any buffer): paramiko's sendall slices what
+            # is left after each 32 kB packet, and slicing bytes copies the rest every time.
+            data = cast(bytes, memoryview(b"".join(batch)))
+            if self.error is None and not self.process.send(data):
                 self.error = self._gone("went away while files were sent")
         if self.error is not None:
             return
@@ -191,18 +204,23 @@ def sync_nodes(plan: Plan, sessions: Mapping[str, Session], observer: Observer, 
     spec = plan.sync
     assert spec is not None
     started = time.monotonic()
-    listing = tree.walk(Path(spec.source), spec.exclude)
-    entries = listing.by_path()
-    observer(SyncStarted(str(listing.root), tuple(node.host.name for node in plan.nodes), len(listing.entries),
-                         listing.total_bytes, listing.skipped, dry_run))
     nodes = [_Node(node, sessions.get(node.host.name)) for node in plan.nodes]
     for node in nodes:
         if node.session is None:
             node.error = (unreachable or {}).get(node.name, "no SSH session")
-    want = frame({"want": [entry.want() for entry in listing.entries]})
-    timeout = plan.inventory.cluster.ssh_timeout + ANSWER_SECONDS
+    # The receivers start (a shell and a Python on every node) while the project is walked here.
+    opening = threading.Thread(target=fan_out, args=(nodes, _Node.open), name="torchherd-sync-open", daemon=True)
+    opening.start()
     try:
-        fan_out(nodes, lambda node: node.ask(want, node.plan.sync_within or node.plan.workdir, timeout))
+        try:
+            listing = tree.walk(Path(spec.source), spec.exclude)
+        finally:
+            opening.join()
+        entries = listing.by_path()
+        observer(SyncStarted(str(listing.root), tuple(node.host.name for node in plan.nodes), len(listing.entries),
+                             listing.total_bytes, listing.skipped, dry_run))
+        want = frame({"want": [entry.want() for entry in listing.entries]})
+        fan_out(nodes, lambda node: node.ask(want, plan.inventory.cluster.ssh_timeout + ANSWER_SECONDS))
         answered = [node for node in nodes if node.error is None and node.answer is not None]
         cached = _hash_small(listing.root, entries, tree.candidates(node.answer for node in answered
                                                                    if node.answer is not None))
