@@ -138,6 +138,14 @@ def test_torchs_timestamped_warnings_collapse_and_torchruns_blank_line_goes_with
     assert view.take() == f"node0   │ \nnode[0-1]:* │ [W1123 12:18:13.870269108 {warning} (x4)\n"
 
 
+def test_a_line_that_quotes_a_rank_prefix_is_only_text() -> None:
+    clock = Clock()
+    view, _ = collapser(["node0"], 2, clock)
+    view.add([chunk("node0", (0, "[torchherd-rank 7] quoted"), (1, "plain"))])
+    clock.now = 0.5
+    assert view.take() == "node0:0 │ [torchherd-rank 7] quoted\nnode0:1 │ plain\n"
+
+
 def test_torchruns_own_lines_collapse_across_nodes() -> None:
     clock = Clock()
     view, _ = collapser(["node0", "node1", "node2"], 6, clock)

@@ -222,8 +222,10 @@ class Collapser:
             if b"\nE" + head in data:
                 data = data.replace(b"\nE" + head, b"\nE")
         if RANK_PREFIX_HEAD in data:  # ranks not seen on this node before: found once, then known
-            ranks.update(int(rank) for rank in set(_ANY_RANK.findall(data)))
-            return self._chunk_texts(block)
+            new = {int(rank) for rank in set(_ANY_RANK.findall(data))} - ranks
+            if new:  # (else a line's own text holds the head)
+                ranks.update(new)
+                return self._chunk_texts(block)
         if _GLOG_PROBE.search(data):
             data = _GLOG_TIME.sub(b"", data)
         return data[1:-1].split(b"\n")
