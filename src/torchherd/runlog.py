@@ -120,29 +120,55 @@ def progress_of(status: Status) -> tuple[int | None, str] | None:
     return (rank if isinstance(rank, int) else None), text
 
 
-class RecordSplitter:
-    """Cuts a supervisor's stdout into complete records (TAG + payload), across chunks."""
+MAX_RECORD = 4 << 20
+"""Bytes a record may hold before it is cut (the supervisor's own are at most 1 MiB): a
+stream without newlines (a shell's output, a hostile node) must not grow without bound."""
 
-    def __init__(self) -> None:
-        self._partial = b""
+
+class RecordSplitter:
+    """Cuts a supervisor's stdout into complete records (TAG + payload), across chunks.
+
+    A record still incomplete is kept as a list of its chunks, joined once its newline
+    comes: joining on every chunk made a long line quadratic (20 MB without a newline
+    took seconds). One longer than ``limit`` is cut into records of ``limit`` bytes."""
+
+    def __init__(self, limit: int = MAX_RECORD) -> None:
+        self.limit = limit
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def _take(self, data: bytes) -> bytes:
+        """``data`` with the held part of its first record in front of it."""
+        if not self._parts:
+            return data
+        self._parts.append(data)
+        data, self._parts, self._size = b"".join(self._parts), [], 0
+        return data
+
+    def _hold(self, rest: bytes) -> bytes:
+        """Keeps ``rest`` (no newline in it) for later; the part beyond ``limit``, as whole records."""
+        if rest:
+            self._parts.append(rest)
+            self._size += len(rest)
+        if self._size < self.limit:
+            return b""
+        held = b"".join(self._parts)
+        cut = len(held) - len(held) % self.limit
+        self._parts, self._size = ([held[cut:]], len(held) - cut) if cut < len(held) else ([], 0)
+        return b"".join(held[start:start + self.limit] + b"\n" for start in range(0, cut, self.limit))
 
     def feed(self, data: bytes) -> list[bytes]:
-        if self._partial:
-            data = self._partial + data
-        records = data.split(b"\n")
-        self._partial = records.pop()
-        return [record for record in records if record]
+        return [record for record in self.feed_block(data).split(b"\n") if record]
 
     def feed_block(self, data: bytes) -> bytes:
         """The complete records in ``data`` as one bytes object, each ending in ``\\n``."""
-        if self._partial:
-            data = self._partial + data
         end = data.rfind(b"\n") + 1
-        self._partial = data[end:]
-        return data[:end]
+        if not end:
+            return self._hold(data)
+        return self._take(data[:end]) + self._hold(data[end:])
 
     def finish(self) -> list[bytes]:
-        rest, self._partial = self._partial, b""
+        rest, self._parts, self._size = b"".join(self._parts), [], 0
         return [rest] if rest else []
 
 

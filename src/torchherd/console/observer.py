@@ -21,6 +21,7 @@ from torchherd.engine.events import (
     Event,
     Interrupted,
     JobQueued,
+    LinesDropped,
     NodeExited,
     NodeLost,
     NodeNotStarted,
@@ -75,7 +76,10 @@ class ConsoleObserver:
             self._node_note(event)
 
     def _node_note(self, event: Event) -> None:
-        if isinstance(event, RanksRunning):
+        if isinstance(event, LinesDropped):
+            self._note(f"{event.count} lines not shown: the terminal fell behind (every line is in the log files)",
+                       "yellow")
+        elif isinstance(event, RanksRunning):
             self._note(f"{event.node}: ranks running (through the rendezvous)", "dim")
         elif isinstance(event, NodeStarted):
             pid = f" (pid {event.pid})" if event.pid is not None else ""

@@ -48,6 +48,7 @@ from torchherd.runrecord import (
     save,
 )
 from torchherd.transport import Connector, Session, close_all, connect_all, fan_out
+from torchherd.transport.base import MAX_PARALLEL
 from torchherd.transport.ssh import SshConnector
 
 FETCH_LIMIT = 4 << 20
@@ -260,13 +261,13 @@ class Follow:
     rank: int | None = None
 
 
-class NodeFollower(threading.Thread):
+class NodeFollower:
     """Reads one node's log from a byte offset, only ever up to a complete record, so a
-    dropped connection is resumed from where it was: no line twice, none missing."""
+    dropped connection is resumed from where it was: no line twice, none missing. Driven
+    by ``follow_logs``'s workers, a step (one fetch) at a time."""
 
     def __init__(self, record: RunRecord, node: NodeRecord, follow: bool, events: queue.Queue[list[Record]],
                  stop: threading.Event, connector: Connector | None = None) -> None:
-        super().__init__(name=f"torchherd-follow-{node.name}", daemon=True)
         self.record, self.node, self.follow = record, node, follow
         self.events, self.stop = events, stop
         # A dead connection must be noticed fast: following resumes on a new one.
@@ -275,27 +276,34 @@ class NodeFollower(threading.Thread):
         self.connection: Session | None = None
         self.reconnects = 0
         self.finished = False
+        self.last_round = False
 
-    def run(self) -> None:
-        try:
-            last_round = False
-            while not self.stop.is_set():
-                fetched = self._fetch()
-                if fetched is None:
-                    self.stop.wait(RETRY_EVERY)
-                    continue
-                size, done, gone = fetched
-                if done or (size < FETCH_LIMIT and (not self.follow or last_round)):
-                    return
-                # The supervisor may write its last records between the read and the check.
-                last_round = gone
-                if size == 0:
-                    self.stop.wait(POLL_EVERY)
-        finally:
-            self.finished = True
-            self.events.put([])
-            if self.connection is not None:
-                self.connection.close()
+    def step(self) -> float | None:
+        """One fetch; the seconds until the next one is due, or None when this node is done."""
+        fetched = self._fetch()
+        if fetched is None:
+            return RETRY_EVERY
+        size, done, gone = fetched
+        if done or (size < FETCH_LIMIT and (not self.follow or self.last_round)):
+            return None
+        # The supervisor may write its last records between the read and the check.
+        self.last_round = gone
+        return POLL_EVERY if size == 0 else 0.0
+
+    def end(self) -> None:
+        self.finished = True
+        self._put([])
+        if self.connection is not None:
+            self.connection.close()
+
+    def _put(self, events: list[Record]) -> None:
+        """Queues a batch; waits while the queue is full (the observer is behind), not forever."""
+        while not self.stop.is_set():
+            try:
+                self.events.put(events, timeout=0.2)
+                return
+            except queue.Full:
+                continue
 
     def _fetch(self) -> tuple[int, bool, bool] | None:
         """One read: (bytes read, a "done" record seen, the supervisor is gone); None on a failure."""
@@ -316,7 +324,7 @@ class NodeFollower(threading.Thread):
         records = RecordSplitter().feed(complete)
         events = records_to_events(node.name, records)
         if events:
-            self.events.put(events)
+            self._put(events)
         done = any(isinstance(event, Status) and event.event == "done" for event in events)
         return len(data), done, b"gone" in result.stderr
 
@@ -335,17 +343,41 @@ class NodeFollower(threading.Thread):
             threading.Thread(target=connection.close, daemon=True).start()
 
 
+def _follow_group(followers: list[NodeFollower], stop: threading.Event) -> None:
+    """One worker: steps each of its followers when it is due, until all are done."""
+    due = {follower: 0.0 for follower in followers}
+    try:
+        while due and not stop.is_set():
+            now = time.monotonic()
+            for follower in [follower for follower, at in due.items() if at <= now]:
+                delay = follower.step()
+                if delay is None:
+                    del due[follower]
+                    follower.end()
+                else:
+                    due[follower] = time.monotonic() + delay
+            if due:
+                stop.wait(max(0.0, min(due.values()) - time.monotonic()))
+    finally:
+        for follower in due:
+            follower.end()
+
+
 def follow_logs(record: RunRecord, observer: Observer, options: Follow,
                 connector: Connector | None = None) -> dict[str, NodeFollower]:
     """Fetches (and with ``follow``, follows until every node is done) the logs, reporting
     each node's lines (``Output``) and status records (``NodeStatus``) as they come.
-    Returns the followers (offsets, reconnects)."""
+    Returns the followers (offsets, reconnects). At most MAX_PARALLEL threads follow, each
+    a share of the nodes, and a bounded queue holds what the observer has not taken yet:
+    5,000 nodes are not 5,000 threads, and a slow terminal slows the reads, not the memory."""
     nodes = [record.node(options.node)] if options.node else list(record.nodes)
-    events: queue.Queue[list[Record]] = queue.Queue()
+    workers = max(1, min(MAX_PARALLEL, len(nodes)))
+    events: queue.Queue[list[Record]] = queue.Queue(maxsize=4 * workers)
     stop = threading.Event()
     followers = {node.name: NodeFollower(record, node, options.follow, events, stop, connector) for node in nodes}
-    for follower in followers.values():
-        follower.start()
+    shares = [list(followers.values())[index::workers] for index in range(workers)]
+    for share in shares:
+        threading.Thread(target=_follow_group, args=(share, stop), name="torchherd-follow", daemon=True).start()
     try:
         while not all(follower.finished for follower in followers.values()) or not events.empty():
             try:

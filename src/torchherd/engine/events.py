@@ -2,12 +2,15 @@
 
 The engine never writes to a screen. The rich console (``console.observer``) is one
 observer; ``Collector`` below keeps everything (the smoke check, tests); a library
-user passes any callable. Observers are called from the engine's supervising thread,
-one event at a time, in order.
+user passes any callable. Observers are called one event at a time, in order: from the
+run's ``Relay`` thread during a launched run (never from the supervising thread, which
+a slow observer must not hold), else from the calling thread.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, Union
 
@@ -131,6 +134,14 @@ class RunFinished:
 
 
 @dataclass(frozen=True)
+class LinesDropped:
+    """The observer fell behind (a terminal that stopped reading): ``count`` lines were not
+    handed to it. Every one of them is in the log files."""
+
+    count: int
+
+
+@dataclass(frozen=True)
 class JobQueued:
     """A scheduler holds the job (SLURM: submitted, or still waiting for nodes, and why)."""
 
@@ -202,8 +213,77 @@ class SyncDone:
 
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
               NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished, JobQueued,
-              SyncStarted, NodeSynced, SyncFailed, SyncDone]
+              SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped]
 Observer = Callable[[Event], None]
+
+MAX_PENDING_LINES = 50_000
+"""Lines a ``Relay`` holds for an observer that fell behind; beyond, they are dropped from it."""
+
+
+def line_count(event: Output) -> int:
+    return sum(chunk.records.count(b"\n") - 1 if isinstance(chunk, RankLines) else 1 for chunk in event.lines)
+
+
+class Relay:
+    """Hands events to an observer from a thread of its own, in order. The supervising
+    thread only queues them: a terminal that stops reading (Ctrl-S, a full pipe) never
+    holds it, so fail-fast and teardowns go on. Lines beyond ``max_lines`` waiting are
+    dropped (the observer gets one ``LinesDropped`` for them); every other event is kept."""
+
+    def __init__(self, observer: Observer, max_lines: int | None = None) -> None:
+        self.observer = observer
+        self.max_lines = MAX_PENDING_LINES if max_lines is None else max_lines
+        self.error: BaseException | None = None
+        self._events: deque[Event] = deque()
+        self._lines = 0
+        self._dropped = 0
+        self._closed = False
+        self._ready = threading.Condition()
+        self._thread = threading.Thread(target=self._deliver, name="torchherd-observer", daemon=True)
+        self._thread.start()
+
+    def __call__(self, event: Event) -> None:
+        with self._ready:
+            if isinstance(event, Output):
+                count = line_count(event)
+                if self._lines + count > self.max_lines:
+                    self._dropped += count
+                    return
+                self._lines += count
+            self._events.append(event)
+            self._ready.notify()
+
+    def close(self, timeout: float | None = None) -> bool:
+        """No more events; True once every queued one was delivered (within ``timeout``)."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _next(self) -> tuple[Event | None, int]:
+        with self._ready:
+            while not self._events and not self._closed:
+                self._ready.wait()
+            dropped, self._dropped = self._dropped, 0
+            if not self._events:
+                return None, dropped
+            event = self._events.popleft()
+            if isinstance(event, Output):
+                self._lines -= line_count(event)
+            return event, dropped
+
+    def _deliver(self) -> None:
+        while True:
+            event, dropped = self._next()
+            try:
+                if dropped:
+                    self.observer(LinesDropped(dropped))
+                if event is None:
+                    return
+                self.observer(event)
+            except BaseException as error:  # handed to Run.wait(): a bug must not vanish in a thread
+                self.error = self.error or error
 
 
 def ignore(event: Event) -> None:

@@ -29,6 +29,7 @@ from torchherd.engine.events import (
     Observer,
     Output,
     PreflightDone,
+    Relay,
     RunStarted,
     ignore,
 )
@@ -217,8 +218,9 @@ class Supervised(Protocol):
 class Run:
     """A job launched on every node: ``wait`` for its summary, ``stop`` it, read its ``lines``.
 
-    A supervising thread reads every node, writes the log files, reports events to the
-    observer, and tears the job down when it ends; the caller's thread stays free.
+    A supervising thread reads every node, writes the log files, and tears the job down
+    when it ends; the caller's thread stays free. The observer gets its events from a
+    ``Relay`` thread: a terminal that stops reading never holds the supervising thread.
     """
 
     def __init__(self, job: Supervised, opened: Opened, observer: Observer) -> None:
@@ -227,7 +229,7 @@ class Run:
         self.run_id = job.plan.run_id
         self.log_dir = job.log_dir
         self._opened = opened
-        self._observer = observer
+        self._observer = Relay(observer)
         self._lines: queue.Queue[OutputLine | None] | None = None
         self._summary: RunSummary | None = None
         self._error: BaseException | None = None
@@ -275,10 +277,23 @@ class Run:
                 self.stop()
             if deadline is not None and time.monotonic() >= deadline and not self._done.is_set():
                 raise TimeoutError(f"run {self.run_id} still running after {timeout:g} s")
+        self._delivered()
         if self._error is not None:
             raise self._error
         assert self._summary is not None
         return self._summary
+
+    def _delivered(self) -> None:
+        """Waits until the observer has had every event (the summary included): the run is
+        over, only a terminal that stopped reading can hold this, or a Ctrl-C end it."""
+        while True:
+            try:
+                if self._observer.close(0.2):
+                    break
+            except KeyboardInterrupt:
+                break
+        if self._observer.error is not None and self._error is None:
+            self._error = self._observer.error
 
     def stop(self) -> None:
         """The same teardown as Ctrl-C: every node stops gracefully; called again, at once."""

@@ -71,6 +71,8 @@ FINAL_FLUSH_STALL = 10.0
 PR_SET_CHILD_SUBREAPER = 36
 LEFTOVER = "leftover"
 TEE_DIR_PREFIX = "torchherd-"
+MAX_HELD_RANKS = 4096
+"""Ranks with a torn line held at once (a node runs far fewer); beyond, all are let go."""
 COORD_CONNECT_TIMEOUT = 1.0
 COORD_RETRY = 2.0
 COORD_TRIES = 15
@@ -105,7 +107,9 @@ class RankMender:
     def __init__(self, marker: bytes) -> None:
         self.marker = marker
         self.prefix = re.compile(re.escape(marker) + rb"(\d+)" + re.escape(wire.RANK_PREFIX_END))
-        self.pending: Dict[bytes, bytes] = {}
+        self.pending: Dict[bytes, List[bytes]] = {}
+        """Per rank, its torn segments (joined once, when its line goes out)."""
+        self.held: Dict[bytes, int] = {}
 
     def mend(self, lines: bytes) -> bytes:
         """``lines``: complete lines, each ending in a newline; returns them mended."""
@@ -121,18 +125,28 @@ class RankMender:
                 last = index == len(prefixes) - 1
                 rank, body = prefix.group(1), line[prefix.end(): None if last else prefixes[index + 1].start()]
                 if last:
-                    out.append(self.marker + rank + wire.RANK_PREFIX_END + self.pending.pop(rank, b"") + body)
+                    out.append(self.marker + rank + wire.RANK_PREFIX_END + self._release(rank) + body)
                 else:
-                    self._hold(rank, body)
+                    self._hold(rank, body, out)
         return b"".join(line + b"\n" for line in out)
 
-    def _hold(self, rank: bytes, body: bytes) -> None:
-        self.pending[rank] = self.pending.get(rank, b"") + body
+    def _hold(self, rank: bytes, body: bytes, out: List[bytes]) -> None:
+        """Holds a torn segment for its rank's next one; at MAX_LINE it goes out as a line of
+        its own, as the framer cuts a long line: one rank must not make the mender hold 20 MB."""
+        self.pending.setdefault(rank, []).append(body)
+        self.held[rank] = self.held.get(rank, 0) + len(body) + len(rank)
+        if self.held[rank] >= MAX_LINE:
+            out.append(self.marker + rank + wire.RANK_PREFIX_END + self._release(rank))
+        if len(self.held) > MAX_HELD_RANKS or sum(self.held.values()) >= 4 * MAX_LINE:
+            out.extend(self.finish()[:-1].split(b"\n"))  # many ranks torn at once: none held
+
+    def _release(self, rank: bytes) -> bytes:
+        self.held.pop(rank, None)
+        return b"".join(self.pending.pop(rank, ()))
 
     def finish(self) -> bytes:
         """What was still held back when the stream ended, as lines of their own."""
-        held = [self.marker + rank + wire.RANK_PREFIX_END + body for rank, body in self.pending.items()]
-        self.pending = {}
+        held = [self.marker + rank + wire.RANK_PREFIX_END + self._release(rank) for rank in list(self.pending)]
         return b"".join(line + b"\n" for line in held)
 
 
