@@ -88,8 +88,10 @@ CONTROLLER_FILES = (
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PRIVATE_COPIES = (Path("/root/.pyenv/shims"),)
-"""Directories of the shared home that each node gets a private copy of. pyenv's
+PRIVATE_COPIES = ((Path("/root/.pyenv/shims"), ".pyenv-shim"),)
+"""Directories of the shared home that each node gets a private copy of, and the lock
+file in each that the copy leaves out (one held or left stale at the moment of the copy
+would never be released there: every shell on the node would wait 60 s). pyenv's
 ``rehash``, which a ``.bashrc`` with ``pyenv init`` runs in every shell (every SSH
 command), takes a lock in its shims directory and waits up to 60 s for it: nodes sharing
 one home queued every SSH command behind each other's (64 parallel ``ssh nodeN true``
@@ -1114,13 +1116,14 @@ class LocalCluster:
         """Shell commands that give the node its own copy of each of PRIVATE_COPIES (a
         tmpfs over it, filled from the original), so a lock taken there is the node's."""
         commands = []
-        for index, path in enumerate(path for path in PRIVATE_COPIES if path.is_dir()):
+        for index, (path, lock) in enumerate((path, lock) for path, lock in PRIVATE_COPIES if path.is_dir()):
             stash = self._node_dir(host.name) / f"original{index}"
             stash.mkdir(exist_ok=True)
             original, copy = shlex.quote(str(stash)), shlex.quote(str(path))
             commands.append(f"mount --bind {copy} {original} && mount -t tmpfs -o mode=755 "
                             f"{shlex.quote(f'{self.prefix}-{host.name}-copy{index}')} {copy} && "
-                            f"cp -a {original}/. {copy}/ && umount {original}")
+                            f"cp -a {original}/. {copy}/ && umount {original} && "
+                            f"rm -f {shlex.quote(str(path / lock))}")
         return commands
 
     # ------------------------------------------------------------------ nodes
