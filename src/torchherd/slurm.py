@@ -77,6 +77,8 @@ class BatchJob:
     run_dir: str
     placement: Placement
     notes: tuple[str, ...]
+    options: tuple[str, ...] = ()
+    """The script's ``#SBATCH`` options (an allocation for check asks for the same)."""
 
 
 def run_dir(run_id: str) -> str:
@@ -112,7 +114,7 @@ def batch_job(plan: Plan, settings: SlurmSettings, fail_fast: bool = True) -> Ba
             f'--output="${DIR_VAR}/%N{OUT}"', f'--error="${DIR_VAR}/%N{ERR}"', "bash", "-c",
             shlex.quote(node_command(plan, nodes))]
     lines.append(" ".join(srun))
-    return BatchJob(plan.run_id, "\n".join(lines) + "\n", run_dir(plan.run_id), where, tuple(notes))
+    return BatchJob(plan.run_id, "\n".join(lines) + "\n", run_dir(plan.run_id), where, tuple(notes), tuple(options))
 
 
 def _describe(where: Placement) -> str:
@@ -268,6 +270,34 @@ def submit_command(job: BatchJob) -> str:
     directory = quote_path(job.run_dir)
     return (f"umask 077 && mkdir -p {directory} && cd {directory} && set -C && cat > {BATCH_SCRIPT} && "
             f"sbatch --parsable {BATCH_SCRIPT}")
+
+
+ALLOCATION_TIME = "5"
+"""Minutes an allocation for check asks for, when [slurm].time says nothing."""
+
+
+def salloc_command(job: BatchJob, wait: int) -> str:
+    """An allocation like the job's own (same nodes, partition, account, GPUs), with no
+    shell, for ``check``'s steps; SLURM gives up after ``wait`` seconds (--immediate)."""
+    kept = [option for option in job.options if not option.startswith(("--job-name=", "--output="))]
+    if not any(option.startswith(("--time=", "-t")) for option in kept):
+        kept.append(f"--time={ALLOCATION_TIME}")
+    return shlex.join(["salloc", "--no-shell", f"--immediate={int(wait)}", f"--job-name=torchherd-check-{job.run_id}",
+                       *kept])
+
+
+def parse_salloc(stderr: str) -> str | None:
+    """The job id of ``salloc: Granted job allocation 42``; None when none was granted."""
+    match = re.search(r"Granted job allocation (\d+)", stderr)
+    return match.group(1) if match else None
+
+
+def step_command(job_id: str, node: str, command: str, unbuffered: bool = False) -> str:
+    """``command`` as a step of allocation ``job_id`` on ``node``, beside its other steps."""
+    flags = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--quiet"]
+    if unbuffered:
+        flags.append("--unbuffered")
+    return shlex.join([*flags, "bash", "-c", command])
 
 
 def squeue_command(job_id: str) -> str:

@@ -207,7 +207,7 @@ def test_detach_then_status_logs_and_stop(slurm: SlurmCluster, inventory: Path) 
     assert_clean(slurm.cluster)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_check_reports_a_drained_node_with_slurms_reason(slurm: SlurmCluster, inventory: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     def check() -> tuple[int, dict[str, list[dict[str, str]]]]:
@@ -217,6 +217,12 @@ def test_check_reports_a_drained_node_with_slurms_reason(slurm: SlurmCluster, in
     code, report = check()
     assert code == 0, report
     assert any("partition main is up: 3 nodes (3 usable)" in item["summary"] for item in report["checks"]), report
+    # The node checks ran as steps of an allocation, which is gone again.
+    ran = {(item["node"], item["check"]): item["status"] for item in report["checks"]}
+    for node in slurm.cluster.names:
+        for check_id in ("hostname", "port", "firewall", "python"):
+            assert ran.get((node, check_id)) == "pass", (node, check_id, report)
+    assert slurm.queue() == []
     slurm.drain("node1", "fan failure, ticket 42")
     try:
         code, report = check()
@@ -240,3 +246,19 @@ def test_submit_through_a_login_host_over_ssh(slurm: SlurmCluster, tmp_path: Pat
     assert code == 0, out
     for rank, node in enumerate(slurm.cluster.names):
         assert re.findall(rf"^{node}:{rank} +│ tick {rank} (\d)$", out, re.M) == ["0", "1", "2"], out
+
+
+@pytest.mark.timeout(180)
+def test_check_inside_an_allocation_finds_a_blocked_port(slurm: SlurmCluster, inventory: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    rule = ["iptables", "-I", "INPUT", "-p", "tcp", "--dport", "29500", "-j", "DROP"]
+    slurm.cluster.netns_exec("node0", rule)
+    try:
+        code, _ = torchherd(inventory, "check", "--json", "--only", "port,firewall")
+    finally:
+        slurm.cluster.netns_exec("node0", ["iptables", "-D", *rule[2:]])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1
+    failed = {(item["node"], item["check"]) for item in report["checks"] if item["status"] == "fail"}
+    assert ("node0", "firewall") in failed and ("node1", "port") in failed, report
+    assert slurm.queue() == []

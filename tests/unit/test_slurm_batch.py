@@ -341,3 +341,20 @@ def test_node_info_is_frozen() -> None:
     row = NodeInfo("n", "p", True, "up", "idle", 2, 0, "")
     with pytest.raises(AttributeError):
         row.state = "down"  # type: ignore[misc]
+
+
+def test_checks_allocation_is_shaped_like_the_job_and_its_steps_overlap() -> None:
+    from torchherd.slurm import parse_salloc, salloc_command, step_command
+
+    job = batch_job(plan(2), SlurmSettings(partition="main", account="ml"))
+    command = shlex.split(salloc_command(job, 30))
+    assert command[:4] == ["salloc", "--no-shell", "--immediate=30", "--job-name=torchherd-check-th-test"]
+    assert "--partition=main" in command and "--account=ml" in command and "--nodelist=node0,node1" in command
+    assert "--time=5" in command and not any(item.startswith("--output=") for item in command)
+    timed = batch_job(plan(2), SlurmSettings(time="1:00"))
+    assert "--time=5" not in salloc_command(timed, 30) and "--time=1:00" in salloc_command(timed, 30)
+    assert parse_salloc("salloc: Granted job allocation 43\n") == "43"
+    assert parse_salloc("salloc: error: Unable to allocate resources: Requested nodes are busy\n") is None
+    step = shlex.split(step_command("43", "node1", "echo 'a b'", unbuffered=True))
+    assert step[:7] == ["srun", "--jobid=43", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=node1", "--quiet"]
+    assert step[-4:] == ["--unbuffered", "bash", "-c", "echo 'a b'"]

@@ -28,6 +28,11 @@ FAKES = {
     "scontrol": 'case "$2" in hostnames) cat "$FAKE_SLURM/hostnames" ;; job) cat "$FAKE_SLURM/final" ;; esac',
     "sacct": 'echo "Slurm accounting storage is disabled" >&2; exit 1',
     "scancel": 'echo "$@" >> "$FAKE_SLURM/scancel.log"; sed -i "s/|RUNNING|/|CANCELLED|/" "$FAKE_SLURM/state"',
+    "sinfo": 'printf "n0|main*|up|idle|2|(null)|none\\nn1|main*|up|idle|2|(null)|none\\n"',
+    "salloc": 'echo "$@" > "$FAKE_SLURM/salloc"; echo "42|RUNNING|2|n[0-1]|None" > "$FAKE_SLURM/state"; '
+              'echo "salloc: Granted job allocation 42" >&2',
+    # A step runs here, as the node would run it; which node is in the log.
+    "srun": 'echo "$@" >> "$FAKE_SLURM/srun.log"; while [ "$1" != bash ]; do shift; done; exec "$@"',
 }
 
 
@@ -178,3 +183,27 @@ def test_no_sbatch_here_and_no_login_host_is_a_usage_error(fake: FakeSlurm, monk
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(slurm_engine.UsageError, match="sbatch is not on this machine's PATH"):
         slurm_engine.frontend(cluster().inventory, LocalConnector())
+
+
+def test_check_runs_the_node_checks_as_steps_of_an_allocation(fake: FakeSlurm, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    made = Cluster(["n0", "n1"], scheduler="slurm", python="python3", workdir=str(tmp_path),
+                   connector=LocalConnector(), slurm={"partition": "main"})
+    report = made.check(str(script), only=["slurm", "slurm-node", "sbatch", "script"])
+    by = {(result.node, result.check): result.status for result in report.results}
+    assert by == {("cluster", "slurm"): "pass", ("n0", "slurm-node"): "pass", ("n1", "slurm-node"): "pass",
+                  ("cluster", "sbatch"): "pass", ("n0", "script"): "pass", ("n1", "script"): "pass"}, report
+    assert "--no-shell" in (fake.dir / "salloc").read_text()
+    steps = (fake.dir / "srun.log").read_text()
+    assert "--jobid=42 --overlap" in steps and "--nodelist=n0" in steps and "--nodelist=n1" in steps
+    assert (fake.dir / "scancel.log").read_text() == "42\n"  # the allocation, whatever happened
+
+
+def test_check_without_node_checks_takes_no_allocation(fake: FakeSlurm) -> None:
+    made = Cluster(["n0", "n1"], scheduler="slurm", python="python3", connector=LocalConnector())
+    report = made.check("train.py", only=["slurm", "gres"])
+    assert {result.check for result in report.results} == {"slurm", "gres"} and report.ok
+    assert not (fake.dir / "salloc").exists()
+    with pytest.raises(slurm_engine.UsageError, match="unknown check id nope"):
+        made.check("train.py", only=["nope"])

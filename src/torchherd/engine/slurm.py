@@ -627,27 +627,11 @@ def slurm_view(session: Session, plan: Plan, batch: slurm.BatchJob) -> list[Chec
 def check(plan: Plan, options: CheckOptions, connector: Connector,
           progress: Callable[[CheckResult], None] | None = None) -> CheckReport:
     """``check`` for a SLURM cluster: SLURM's own view (partition, nodes, GRES, a dry
-    submission), reported as the SSH checks are."""
+    submission), then the node checks as steps of an allocation (``engine.slurm_check``)."""
+    from torchherd.engine import slurm_check
+
     _no_sync(plan)
-    batch = slurm.batch_job(plan, plan.inventory.slurm)
-    try:
-        session = frontend(plan.inventory, connector)
-    except TransportError as error:
-        results = [CheckResult(CLUSTER, "slurm", "fail", str(error), error.hint)]
-    else:
-        try:
-            results = slurm_view(session, plan, batch)
-        finally:
-            session.close()
-    chosen = [result for result in results if _selected(result.check, options)]
-    if progress is not None:
-        for result in chosen:
-            progress(result)
-    return CheckReport(tuple(chosen))
-
-
-def _selected(check_id: str, options: CheckOptions) -> bool:
-    return (options.only is None or check_id in options.only) and check_id not in options.skip
+    return slurm_check.check(plan, options, connector, progress)
 
 
 # detached runs ---------------------------------------------------------------------------------
