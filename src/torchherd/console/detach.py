@@ -17,7 +17,7 @@ from torchherd.runlog import Status
 from torchherd.runrecord import NodeState, RunRecord, describe_since
 
 STATE_STYLES = {"running": "cyan", "exited": "green", "gone": "bold red", "unreachable": "bold red",
-                "unknown": "yellow"}
+                "unknown": "yellow", "pending": "cyan"}
 
 
 def _plain(console: Console, text: str, style: str = "") -> None:
@@ -42,9 +42,11 @@ def state_text(state: NodeState) -> str:
 
 
 def run_state(states: Sequence[NodeState]) -> str:
-    """One word for a whole run: running, ok, failed, or unknown."""
+    """One word for a whole run: pending (SLURM holds it), running, ok, failed, or unknown."""
     if any(state.state == "running" for state in states):
         return "running"
+    if any(state.state == "pending" for state in states):
+        return "pending"
     if states and all(state.state == "exited" and state.code == 0 for state in states):
         return "ok"
     if any(state.state in ("exited", "gone") for state in states):
