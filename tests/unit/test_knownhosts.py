@@ -153,3 +153,13 @@ def test_hashed_names_match_exactly_themselves(name: str, salt: bytes, port: int
     entry = parse(knownhosts.entry_line(recorded, ED1, hashed=True, salt=salt), "kh")[0]
     assert entry.matches(recorded)
     assert not entry.matches(recorded + "x")
+
+
+def test_a_file_is_read_again_once_a_key_is_recorded_in_it(tmp_path: Path) -> None:
+    # load() keeps each file parsed while it is unchanged (every node's connection loads it).
+    path = tmp_path / "known_hosts"
+    path.write_text(line("node1", ED1))
+    assert [entry.hosts for entry in load([str(path)])] == ["node1"]
+    knownhosts.append(str(path), line("node2", ED2), str(tmp_path))
+    assert [entry.hosts for entry in load([str(path)])] == ["node1", "node2"]
+    assert for_name(load([str(path)]), "node2").verdict(ED2).kind == "known"

@@ -22,6 +22,7 @@ import hmac
 import os
 import threading
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 from torchherd.transport.sshconfig import match_hostname
@@ -59,6 +60,8 @@ class KnownKey:
         """Whether this line speaks of ``name`` (``host`` or ``[host]:port``, lowercase)."""
         if self.hosts.startswith(HASH_MAGIC):
             return hashed_matches(self.hosts, name)
+        if not any(char in self.hosts for char in "*?!"):  # plain names: the glob is equality
+            return name.lower() in self.hosts.lower().split(",")
         return match_hostname(name, self.hosts) == 1
 
 
@@ -122,11 +125,23 @@ def load(paths: Iterable[str]) -> tuple[KnownKey, ...]:
     keys: list[KnownKey] = []
     for path in paths:
         try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                keys.extend(parse(handle.read(), path))
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            status = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
             continue
+        keys.extend(_parsed_file(path, (status.st_mtime_ns, status.st_size)))
     return tuple(keys)
+
+
+@lru_cache(maxsize=64)
+def _parsed_file(path: str, stamp: tuple[int, int]) -> tuple[KnownKey, ...]:
+    """A file parsed once while it stays unchanged: every node's connection loads the same
+    files, and at 256 nodes parsing them anew each time cost several ms per node. A key
+    recorded since (accept-new) changes the stamp."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return parse(handle.read(), path)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return ()
 
 
 @dataclass(frozen=True)

@@ -458,6 +458,25 @@ def _fabric_class() -> Any:
 _FABRIC_CLASS: Any = None
 
 
+def _transport_class() -> Any:
+    """paramiko's Transport, its thread woken once a second instead of ten times: when idle
+    the thread only checks whether it was closed or owes a keepalive (every 5 s), and at
+    256 nodes ten wake-ups a second per connection cost the controller 0.09 s of CPU per
+    second (0.02 s with one). Data is read as it arrives either way."""
+    global _TRANSPORT_CLASS
+    if _TRANSPORT_CLASS is None:
+        import paramiko
+
+        class CalmTransport(paramiko.Transport):  # type: ignore[misc]
+            _active_check_timeout = 1.0
+
+        _TRANSPORT_CLASS = CalmTransport
+    return _TRANSPORT_CLASS
+
+
+_TRANSPORT_CLASS: Any = None
+
+
 def _proxy_command_line(command: str) -> str:
     # ssh runs ProxyCommand as `exec COMMAND` in the user's shell; paramiko splits its
     # argument with shlex and runs it without one, so hand it the shell's own argv.
@@ -637,7 +656,8 @@ class SshConnector:
         keys = [path for path in target.key_files if os.path.isfile(path)]
         connect_kwargs: dict[str, Any] = {
             "allow_agent": not target.identities_only, "look_for_keys": False, "timeout": timeout,
-            "banner_timeout": self.timeout, "auth_timeout": self.timeout, "channel_timeout": self.timeout}
+            "banner_timeout": self.timeout, "auth_timeout": self.timeout, "channel_timeout": self.timeout,
+            "transport_factory": _transport_class()}
         if keys:
             connect_kwargs["key_filename"] = keys
         if isinstance(gateway, str):
