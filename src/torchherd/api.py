@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 from torchherd import hostspec
 from torchherd.checks import CheckOptions, PreflightOutcome
 from torchherd.checks.analysis import port as port_check
+from torchherd.checks.model import Mesh
 from torchherd.engine import detach as detached
 from torchherd.engine import slurm as slurm_engine
 from torchherd.engine.events import Event, NodeStatus, Observer, Output, SyncDone, ignore
@@ -186,14 +187,15 @@ class Cluster:
         return build_plan(self.inventory, options)
 
     def check(self, script: str | None = None, *, plan: Plan | None = None, only: Iterable[str] | None = None,
-              skip: Iterable[str] = (), smoke: bool = False,
+              skip: Iterable[str] = (), smoke: bool = False, mesh: Mesh = "auto",
               on_result: Callable[[CheckResult], None] | None = None, sync: bool | str | Path | None = None,
               on_event: Observer | None = None) -> CheckReport:
         """The preflight checks, changing nothing on the nodes. They verify ``plan`` when
         given (its master address, port, processes per node, script, environment), else the
         plan of a default run of ``script``. With ``sync`` the project is first made
         identical on the nodes (its events to ``on_event``; LaunchAborted if it fails)."""
-        options = CheckOptions(only=frozenset(only) if only is not None else None, skip=frozenset(skip), smoke=smoke)
+        options = CheckOptions(only=frozenset(only) if only is not None else None, skip=frozenset(skip), smoke=smoke,
+                               mesh=mesh)
         plan = plan or self.plan(script or "", run_id="check", sync=sync)
         if self.scheduler == "slurm":
             return slurm_engine.check(plan, options, self.connector, on_result)

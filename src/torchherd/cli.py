@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
 from torchherd import __version__
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, TorchherdError, UsageError
@@ -151,15 +152,15 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
         from torchherd.console import make_console
         from torchherd.console.sync import SyncPrinter
 
-        report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, sync=args.sync,
+        report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
                                on_event=SyncPrinter(make_console(stderr=True)))  # stdout is for the JSON
         print(json.dumps(report.as_json(), indent=2))
     elif cluster.scheduler == "slurm":  # SLURM answers at once: no live grid
-        report = cluster.check(script, only=only, skip=skip, smoke=args.smoke)
+        report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh)
         render_report(console, report)
     else:
         with live_progress(console, cluster.inventory) as progress:
-            report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, on_result=progress,
+            report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, on_result=progress,
                                    sync=args.sync, on_event=_sync_printer(console))
         render_report(console, report)
         _render_matrix(console, cluster, report, args.matrix)
@@ -312,13 +313,89 @@ def _extra_env(assignments: Sequence[str], passed: Sequence[str],
 
 
 def _nproc(text: str | None) -> int | str | None:
+    from torchherd.inventory import MAX_NPROC
+
     if text is None:
         return None
     if text in ("gpu", "cpu", "auto"):
         return text
-    if text.isdigit() and int(text) > 0:
+    # isascii: "²".isdigit() is True, and int("²") raises
+    if text.isascii() and text.isdigit() and 0 < int(text) <= MAX_NPROC:
         return int(text)
-    raise UsageError(f"--nproc-per-node {text!r}: expected a positive integer, gpu, cpu or auto")
+    raise UsageError(f"--nproc-per-node {text!r}: expected a positive integer (at most {MAX_NPROC}), gpu, cpu or auto")
+
+
+MAX_GRACE = 86400.0
+
+
+def _grace(text: str) -> float:
+    """Seconds from SIGTERM to SIGKILL: finite, 0 or more ("nan" and "-1" parse as floats)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= MAX_GRACE:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 to {MAX_GRACE:g}, got {text!r}")
+    return value
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_GRACE:
+        raise argparse.ArgumentTypeError(f"expected seconds above 0, at most {MAX_GRACE:g}, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) > 1_000_000:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 1000000, got {text!r}")
+    return int(text)
+
+
+def _nnodes(text: str) -> str:
+    from torchherd.plan import check_nnodes
+
+    try:
+        return check_nnodes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's own errors as the CLI's others: one line and a hint, exit 2 (``main``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}", f"{self.prog} --help lists the options")
+
+
+SLURM_FLAGS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_node", "time", "extra")
+"""Every [slurm] key, as --slurm-KEY on the command line."""
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def _scheduler_flags() -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(add_help=False)
+    group = flags.add_argument_group("SLURM (docs/slurm.md); each --slurm-KEY overrides [slurm].KEY")
+    group.add_argument("--scheduler", choices=("ssh", "slurm"),
+                       help="who starts the job on the nodes (default: [cluster].scheduler, else ssh)")
+    group.add_argument("--slurm-login", metavar="HOST", help="submit on this host over SSH (default: here)")
+    group.add_argument("--slurm-partition", metavar="NAME", help="sbatch --partition")
+    group.add_argument("--slurm-account", metavar="NAME", help="sbatch --account")
+    group.add_argument("--slurm-nodes", metavar="N", type=_positive, help="sbatch --nodes")
+    group.add_argument("--slurm-nodelist", metavar="NODESET", help="sbatch --nodelist, e.g. 'gpu[01-04]'")
+    group.add_argument("--slurm-gpus-per-node", metavar="N", type=_positive, help="sbatch --gpus-per-node")
+    group.add_argument("--slurm-time", metavar="LIMIT", help="sbatch --time")
+    group.add_argument("--slurm-extra", metavar="OPTION", action="append",
+                       help="one more sbatch option, e.g. --slurm-extra=--qos=high (repeatable)")
+    return flags
 
 
 def _add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False) -> None:
@@ -352,38 +429,11 @@ def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     init.set_defaults(handler=cmd_init)
 
 
-SLURM_FLAGS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_node", "time", "extra")
-"""Every [slurm] key, as --slurm-KEY on the command line."""
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
-
-
-def _scheduler_flags() -> argparse.ArgumentParser:
-    flags = argparse.ArgumentParser(add_help=False)
-    group = flags.add_argument_group("SLURM (docs/slurm.md); each --slurm-KEY overrides [slurm].KEY")
-    group.add_argument("--scheduler", choices=("ssh", "slurm"),
-                       help="who starts the job on the nodes (default: [cluster].scheduler, else ssh)")
-    group.add_argument("--slurm-login", metavar="HOST", help="submit on this host over SSH (default: here)")
-    group.add_argument("--slurm-partition", metavar="NAME", help="sbatch --partition")
-    group.add_argument("--slurm-account", metavar="NAME", help="sbatch --account")
-    group.add_argument("--slurm-nodes", metavar="N", type=_positive, help="sbatch --nodes")
-    group.add_argument("--slurm-nodelist", metavar="NODESET", help="sbatch --nodelist, e.g. 'gpu[01-04]'")
-    group.add_argument("--slurm-gpus-per-node", metavar="N", type=_positive, help="sbatch --gpus-per-node")
-    group.add_argument("--slurm-time", metavar="LIMIT", help="sbatch --time")
-    group.add_argument("--slurm-extra", metavar="OPTION", action="append",
-                       help="one more sbatch option, e.g. --slurm-extra=--qos=high (repeatable)")
-    return flags
-
-
 def build_parser() -> argparse.ArgumentParser:
     inventory = argparse.ArgumentParser(add_help=False)
     inventory.add_argument("-i", "--inventory", metavar="FILE", default=argparse.SUPPRESS,
                            help="host inventory (default: $TORCHHERD_INVENTORY, then ./hosts.toml)")
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = _Parser(  # its subparsers are _Parsers too
         prog="torchherd", parents=[inventory],
         description="Run one PyTorch distributed job on many machines: check, launch, stream, tear down.")
     parser.add_argument("--version", action="version", version=f"torchherd {__version__}")
@@ -400,6 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--only", metavar="ID,...", help="run only these checks")
     check.add_argument("--skip", metavar="ID,...", help="skip these checks")
     check.add_argument("--smoke", action="store_true", help="also run a tiny real all_reduce on every node")
+    check.add_argument("--mesh", choices=("auto", "full"), default="auto",
+                       help="probe every pair of nodes (full), or beyond 32 nodes a sampled set that still "
+                            "covers every node and subnet (auto, the default)")
     check.add_argument("--accept-new-host-keys", action="store_true",
                        help="trust and record unknown SSH host keys (changed keys are always refused)")
     check.add_argument("--matrix", action="store_true",
@@ -417,14 +470,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--env", metavar="K=V", action="append", default=[], help="set a variable on every rank")
     run.add_argument("--env-pass", metavar="NAME", action="append", default=[],
                      help="pass this variable from the controller's environment")
-    run.add_argument("--grace", type=float, default=10.0, metavar="S", help="SIGTERM to SIGKILL, in seconds")
+    run.add_argument("--grace", type=_grace, default=10.0, metavar="S", help="SIGTERM to SIGKILL, in seconds")
     run.add_argument("--no-fail-fast", action="store_true",
                      help="let the other nodes go on when one fails (default: tear them down at once)")
     run.add_argument("--master-addr", metavar="ADDR", help="address the workers reach the master at")
     run.add_argument("--rdzv-backend", choices=("static", "c10d"), help="override [cluster].rdzv_backend")
-    run.add_argument("--nnodes", metavar="N|MIN:MAX", help="torchrun --nnodes (MIN:MAX: elastic, c10d)")
-    run.add_argument("--max-restarts", type=int, default=0, metavar="N", help="torchrun --max-restarts")
-    run.add_argument("--monitor-interval", type=float, metavar="S", help="torchrun --monitor-interval")
+    run.add_argument("--nnodes", type=_nnodes, metavar="N|MIN:MAX", help="torchrun --nnodes (MIN:MAX: elastic, c10d)")
+    run.add_argument("--max-restarts", type=_count, default=0, metavar="N", help="torchrun --max-restarts")
+    run.add_argument("--monitor-interval", type=_interval, metavar="S", help="torchrun --monitor-interval")
     run.add_argument("--rdzv-conf", metavar="K=V,...", help="torchrun --rdzv-conf")
     run.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
     run.add_argument("--accept-new-host-keys", action="store_true",
@@ -457,12 +510,12 @@ def _add_detached_commands(commands: argparse._SubParsersAction[argparse.Argumen
     logs = commands.add_parser("logs", help="a detached run's output, with node:rank prefixes")
     logs.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
     logs.add_argument("--node", metavar="N", help="only this node")
-    logs.add_argument("--rank", metavar="R", type=int, help="only this global rank")
+    logs.add_argument("--rank", metavar="R", type=_count, help="only this global rank")
     logs.add_argument("run", metavar="RUN", help="run id")
     logs.set_defaults(handler=cmd_logs)
 
     stop = commands.add_parser("stop", help="stop a detached run on every node, and confirm nothing is left")
-    stop.add_argument("--grace", type=float, metavar="S", help="SIGTERM to SIGKILL (default: the run's)")
+    stop.add_argument("--grace", type=_grace, metavar="S", help="SIGTERM to SIGKILL (default: the run's)")
     stop.add_argument("run", metavar="RUN", help="run id")
     stop.set_defaults(handler=cmd_stop)
 
@@ -483,13 +536,16 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as stop:  # argparse has printed usage and the reason
+    except SystemExit as stop:  # --help, --version
         return int(stop.code) if isinstance(stop.code, int) else EXIT_USAGE
+    except UsageError as error:
+        render_error(_error_console(console), error)
+        return EXIT_USAGE
     _strip_separator(args)
     from torchherd.api import DetachedStartFailed, LaunchAborted  # after --help: it must stay fast
 
     console = console or make_console()
-    error_console = console if console.file is not sys.stdout else make_console(stderr=True)
+    error_console = _error_console(console)
     handler: Handler = args.handler
     try:
         return handler(args, console)
@@ -504,6 +560,20 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     except KeyboardInterrupt:
         error_console.print("interrupted")
         return EXIT_INTERRUPTED
+    except Exception as error:  # a bug: one line, never a traceback (TORCHHERD_DEBUG=1 shows it)
+        if os.environ.get("TORCHHERD_DEBUG"):
+            raise
+        render_error(error_console, TorchherdError(f"internal error: {type(error).__name__}: {error}",
+                                                   "rerun with TORCHHERD_DEBUG=1 and report the traceback"))
+        return EXIT_FAILED
+
+
+def _error_console(console: Console | None) -> Console:
+    from torchherd.console import make_console
+
+    if console is not None and console.file is not sys.stdout:
+        return console
+    return make_console(stderr=True)
 
 
 def _render_detached_failure(console: Console, error: DetachedStartFailed) -> None:

@@ -117,6 +117,13 @@ def bastion_topology(make_cluster: Callable[..., LocalCluster], tmp_path: Path,
     assert_clean(document, cluster.names)
     assert logins(cluster, "jump0") == before + 1, "every node's session should share one login to the bastion"
     assert dropped(cluster, "jump0") == 0
+    # The nodes' facts scripts outlive `check` by seconds (their torch import runs on to its
+    # end after the session is gone); 48 of them on this 2-core machine would starve the
+    # run's first heartbeats. Real nodes each have their own CPUs: wait them out here.
+    started = time.monotonic()
+    for name in cluster.names:
+        cluster.wait_no_processes(name, timeout=120)
+    timings["check's node processes gone"] = time.monotonic() - started
     timings["3x2 run"], _ = run_ddp(first_nodes(cluster, 3, tmp_path / "three.toml"), tmp_path / "logs")
     assert logins(cluster, "jump0") == before + 2
     for name in cluster.names:

@@ -51,6 +51,28 @@ def test_slow_shell_warns_with_the_time() -> None:
     assert "took 3.7 s" in results["node1"].summary and "~/.bashrc" in results["node1"].fix
 
 
+def test_a_shell_slow_only_because_the_node_is_busy_passes_saying_so() -> None:
+    busy = {"pressure": 97.0, "load": 30.0, "cpus": 2}
+    seen = observed(node0=facts("node0", shell_cpu_seconds=0.15, cpu_contention=busy),
+                    node1=facts("node1", shell_cpu_seconds=2.5, cpu_contention=busy))
+    seen.shell_seconds = {"node0": 4.2, "node1": 4.2}
+    results = {result.node: result for result in ssh.analyse(seen)}
+    assert results["node0"].status == "pass"
+    assert "used 0.15 s of CPU, while the node's CPUs were busy (a task waited for a CPU 97% of the last 10 s)" \
+        in results["node0"].summary
+    assert results["node1"].status == "warn"  # its startup files burn the CPU themselves
+
+
+def test_without_pressure_figures_the_load_tells_a_busy_node() -> None:
+    idle, loaded = {"load": 0.5, "cpus": 8}, {"load": 9.0, "cpus": 8}
+    seen = observed(node0=facts("node0", shell_cpu_seconds=0.1, cpu_contention=idle),
+                    node1=facts("node1", shell_cpu_seconds=0.1, cpu_contention=loaded))
+    seen.shell_seconds = {"node0": 3.0, "node1": 3.0}
+    results = {result.node: result for result in ssh.analyse(seen)}
+    assert results["node0"].status == "warn"  # idle, yet slow: the startup files wait on something
+    assert results["node1"].status == "pass" and "load 9.0 on 8 CPUs" in results["node1"].summary
+
+
 def test_shell_not_timed_still_passes() -> None:
     assert {result.status for result in ssh.analyse(observed())} == {"pass"}
 

@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchherd.checks.analysis import port
+from torchherd.checks.gather import LineReader, facts_command
 from torchherd.checks.model import Observed, ProbePlan
 from torchherd.checks.probes import FULL_MESH_MAX, SAMPLED_PROBERS, listen_config, plan_probes
 from torchherd.inventory import parse
@@ -139,15 +140,15 @@ def test_subnets_the_ring_misses_get_a_probe_each_way() -> None:
 
 
 def test_listeners_are_sized_for_their_peers_and_outlive_the_facts() -> None:
-    """256 nodes are reached 64 at a time (4 rounds of ssh_timeout for the connect, then
-    ssh_timeout + 20 s for the facts), then probed: the first listeners must still be up."""
+    """256 nodes are connected 24 at a time (11 rounds of ssh_timeout), the last one's facts
+    take up to ssh_timeout + 20 s, then they are probed: the first listeners must still be up."""
     inventory = parse({"cluster": {"ssh_timeout": 10}, "hosts": [{"name": name} for name in names(256)]},
                       Path("hosts.toml"))
     seen = Observed(inventory=inventory, master_target="n0")
     master, worker = listen_config(seen, inventory.hosts[0]), listen_config(seen, inventory.hosts[1])
     assert master["ports"] == {"e1": 0, "e2": 0, "master": 29500} and worker["ports"] == {"e1": 0, "e2": 0}
     assert master["backlog"] == 255
-    assert master["seconds"] == 4 * (2 * 10 + 20) + 10 + 5
+    assert master["seconds"] == 11 * 10 + (10 + 20) + 10 + 5
     few = parse({"hosts": [{"name": name} for name in names(3)]}, Path("hosts.toml"))
     assert listen_config(Observed(inventory=few, master_target="n0"), few.hosts[0])["seconds"] == 120
 
@@ -253,3 +254,33 @@ def test_a_listener_takes_a_crowd_of_connects(node: Node) -> None:
     answer, _ = node.ask([(f"p{index}:e{1 + index % 2}", bound[f"e{1 + index % 2}"]) for index in range(400)],
                          timeout=2.0, ping=None, resolve=[])
     assert {answer[f"p{index}:e{1 + index % 2}"]["result"] for index in range(400)} == {"ok"}
+
+
+class Answered:
+    """A node's stdout whose whole answer had arrived before the controller read it."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read(self, timeout: float) -> bytes | None:
+        data, self.data = self.data, b""
+        return data or None
+
+
+def test_an_answer_read_after_its_deadline_still_counts() -> None:
+    # The controller reads the nodes' facts one after the other: by the time it reaches a
+    # node its deadline may have passed, though the answer came in time.
+    reader = LineReader(Answered(b'{"facts": 1}\n{"bound": {}}\n'))  # type: ignore[arg-type]
+    past = time.monotonic() - 1
+    assert reader.line(past) == b'{"facts": 1}' and reader.line(past) == b'{"bound": {}}'
+    assert reader.line(past) is None
+
+
+def test_the_shell_startup_is_timed_on_the_node() -> None:
+    # The login shell execs the facts script: the time since that process started is the
+    # shell's startup, whenever the controller gets to read the answer.
+    config = {"port": 1, "resolve": [], "route_to": ["127.0.0.1"], "script": None, "workdir": "~", "torch": False,
+              "listen": None}
+    done = subprocess.run(["sh", "-c", f"sleep 0.5; {facts_command(sys.executable, config)}"], capture_output=True,
+                          check=True, timeout=60)
+    assert 0.5 <= json.loads(done.stdout)["shell_seconds"] < 10

@@ -15,6 +15,12 @@ from torchherd.inventory import Host
 from torchherd.plan import quote_path
 from torchherd.transport import Process, Session
 
+NODES_AT_ONCE = 24
+"""Nodes the checks connect to at once (one thread each, beside paramiko's thread per
+connection). A thread only connects and starts the node's facts: the facts are read
+after, by one thread, while every node's script runs. The handshakes are mostly the
+controller's CPU (key exchange, signatures): 24 at once overlap one's round trips with
+the others' CPU even at WAN latencies, and more would only add threads."""
 FALLBACK_PYTHON = "python3"
 """Used for the facts when the configured python does not run, so the other checks still report."""
 
@@ -63,12 +69,15 @@ class LineReader:
         self.buffer = b""
 
     def line(self, deadline: float) -> bytes | None:
-        """The next line without its newline, or None at EOF or when the deadline passes."""
+        """The next line without its newline, or None at EOF or when the deadline passes
+        without one; what has arrived by then counts even when it is read later (the nodes'
+        answers are read one after the other)."""
         while b"\n" not in self.buffer:
-            if time.monotonic() >= deadline:
-                return None
-            chunk = self.process.read(min(0.2, max(deadline - time.monotonic(), 0.0)))
+            left = deadline - time.monotonic()
+            chunk = self.process.read(min(0.2, max(left, 0.0)))
             if chunk is None:
+                if left <= 0:
+                    return None
                 continue
             if not chunk:
                 return None
@@ -77,14 +86,49 @@ class LineReader:
         return line
 
 
+@dataclass
+class StartedFacts:
+    """A node's facts command, started; ``finish_facts`` reads its answer."""
+
+    connection: Session
+    config: Mapping[str, Any]
+    timeout: float
+    process: Process
+    reader: LineReader
+    sent: float
+    deadline: float
+
+
+def facts_command(python: str, config: Mapping[str, Any]) -> str:
+    # One SSH command does it all: the facts (the shell's startup time among them), then
+    # the listener keeps running. Every extra round trip costs a login shell on each
+    # node, which is what dominates.
+    return "exec " + python_command(python, "facts.py", config, stdlib_only=not config.get("torch", True))
+
+
+def start_facts(connection: Session, config: Mapping[str, Any], timeout: float, python: str) -> StartedFacts:
+    """Starts remote/facts.py with ``python``, answering within ``timeout``; raises
+    TransportError when the command cannot start. Started on every node first and read
+    after, the scripts run at once and no controller thread waits on a node."""
+    sent, started = time.time(), time.monotonic()
+    process = connection.start(facts_command(python, config))
+    return StartedFacts(connection, config, timeout, process, LineReader(process), sent, started + timeout)
+
+
 def gather_facts(connection: Session, host: Host, config: Mapping[str, Any], timeout: float) -> FactsSession:
-    """Runs remote/facts.py with the node's python (falling back to python3 so the other
-    checks still report); raises TransportError when no facts came back."""
-    outcome = _facts_round_trip(connection, host.python, config, timeout)
+    """Runs remote/facts.py with the node's python and waits for its facts."""
+    return finish_facts(start_facts(connection, config, timeout, host.python), host)
+
+
+def finish_facts(started: StartedFacts, host: Host) -> FactsSession:
+    """The facts a started command printed (run again with python3 when the node's python
+    does not run, so the other checks still report); raises TransportError when no facts
+    came back."""
+    outcome = _answer(started)
     python_error = ""
     if isinstance(outcome, _Failed) and outcome.exit_code in (126, 127):
         python_error = f"{host.python}: {_last_line(outcome.stderr, outcome.exit_code)}"
-        outcome = _facts_round_trip(connection, FALLBACK_PYTHON, config, timeout)
+        outcome = _answer(start_facts(started.connection, started.config, started.timeout, FALLBACK_PYTHON))
     if isinstance(outcome, _Failed):
         reason = python_error or _last_line(outcome.stderr, outcome.exit_code)
         raise TransportError(host.name, "facts", f"{host.name}: the facts script failed: {reason}")
@@ -93,22 +137,16 @@ def gather_facts(connection: Session, host: Host, config: Mapping[str, Any], tim
     return outcome
 
 
-def _facts_round_trip(connection: Session, python: str, config: Mapping[str, Any],
-                      timeout: float) -> FactsSession | _Failed:
-    # One SSH command does it all: the shell's first byte times its startup (a slow
-    # .bashrc costs every command), then the facts, then the listener keeps running.
-    # Every extra round trip costs a login shell on each node, which is what dominates.
-    command = python_command(python, "facts.py", config, stdlib_only=not config.get("torch", True))
-    sent, started = time.time(), time.monotonic()
-    deadline = started + timeout
-    process = connection.start(f"printf '\\n'; exec {command}")
-    reader = LineReader(process)
-    shell_seconds = time.monotonic() - started if reader.line(deadline) == b"" else None
+def _answer(started: StartedFacts) -> FactsSession | _Failed:
+    connection, config, reader, process = started.connection, started.config, started.reader, started.process
+    deadline, sent = started.deadline, started.sent
     facts_line, received = reader.line(deadline), time.time()
     try:
         raw = json.loads((facts_line or b"").decode("utf-8", "replace"))
     except ValueError:
         return _failure(process)
+    shell = raw.get("shell_seconds") if isinstance(raw, dict) else None
+    shell_seconds = float(shell) if isinstance(shell, (int, float)) else None
     session = FactsSession(connection.node, NodeFacts(raw=raw, sent=sent, received=received), shell_seconds)
     if not config.get("listen"):
         stop_listener(process)

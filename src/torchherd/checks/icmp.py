@@ -1,4 +1,4 @@
-"""One ICMP echo from the controller, in Python (the controller has no `ping` to rely on).
+"""ICMP echoes from the controller, in Python (the controller has no `ping` to rely on).
 
 Unprivileged ICMP sockets (SOCK_DGRAM, macOS and Linux within ping_group_range) are
 tried first, raw sockets (root) second; with neither, the answer says why.
@@ -11,6 +11,7 @@ import select
 import socket
 import struct
 import time
+from typing import Sequence
 
 
 def _checksum(data: bytes) -> int:
@@ -34,31 +35,52 @@ def _open() -> socket.socket | str:
 
 def echo(address: str, timeout: float = 1.0) -> str:
     """"ok", "no-reply", or "unavailable: why"."""
+    return echo_all([address], timeout)[address]
+
+
+def echo_all(addresses: Sequence[str], timeout: float = 1.0) -> dict[str, str]:
+    """One echo to every address from one socket, in one thread (no thread per node), then
+    the replies as they come: "ok", "no-reply" or "unavailable: why" for each. An address
+    still silent after ``timeout`` gets a second echo: among hundreds of replies at once, a
+    busy controller's socket buffer may drop one."""
     sock = _open()
     if isinstance(sock, str):
-        return sock
+        return {address: sock for address in addresses}
+    results = {address: "no-reply" for address in addresses}
     with sock:
         ident = os.getpid() & 0xFFFF
-        header = struct.pack("!BBHHH", 8, 0, 0, ident, 1)
-        payload = b"torchherd"
-        packet = struct.pack("!BBHHH", 8, 0, _checksum(header + payload), ident, 1) + payload
-        try:
-            sock.sendto(packet, (address, 0))
-        except OSError as error:
-            return f"no-reply ({error.strerror})"
-        return _wait_reply(sock, address, timeout)
+        pending = set(addresses)
+        for sequence in (1, 2):
+            for address in [address for address in addresses if address in pending]:
+                try:
+                    sock.sendto(_packet(ident, sequence), (address, 0))
+                except OSError as error:
+                    results[address] = f"no-reply ({error.strerror})"
+                    pending.discard(address)
+                _take_replies(sock, pending, results, 0.0)  # read as it goes: the buffer stays small
+            _take_replies(sock, pending, results, timeout)
+            if not pending:
+                break
+    return results
 
 
-def _wait_reply(sock: socket.socket, address: str, timeout: float) -> str:
+def _packet(ident: int, sequence: int) -> bytes:
+    payload = b"torchherd"
+    header = struct.pack("!BBHHH", 8, 0, 0, ident, sequence)
+    return struct.pack("!BBHHH", 8, 0, _checksum(header + payload), ident, sequence) + payload
+
+
+def _take_replies(sock: socket.socket, pending: set[str], results: dict[str, str], timeout: float) -> None:
+    """Echo replies from pending addresses, until none is pending or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while pending:
         if not select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            break
+            return
         data, sender = sock.recvfrom(2048)
-        if sender[0] != address:
+        if sender[0] not in pending:
             continue  # a raw socket sees every ICMP packet to this machine
         # Raw sockets include the IP header; datagram ICMP sockets do not.
         offset = (data[0] & 0x0F) * 4 if sock.type == socket.SOCK_RAW else 0
         if len(data) > offset and data[offset] == 0:
-            return "ok"
-    return "no-reply"
+            results[sender[0]] = "ok"
+            pending.discard(sender[0])

@@ -15,10 +15,9 @@ import time
 from collections import Counter
 from typing import Mapping, Sequence
 
-from torchherd.checks.gather import FactsSession
+from torchherd.checks.gather import NODES_AT_ONCE, FactsSession
 from torchherd.checks.model import Mesh, Observed, ProbePlan
 from torchherd.inventory import Host
-from torchherd.transport import MAX_PARALLEL
 
 CONNECT_TIMEOUT = 2.0
 """Long enough for a LAN handshake, short enough that a DROP rule costs little."""
@@ -106,12 +105,12 @@ def listen_config(observed: Observed, host: Host) -> dict[str, object]:
 
 
 def listen_seconds(observed: Observed) -> float:
-    """Long enough for the last node's connect and facts (the nodes are reached MAX_PARALLEL
-    at a time, each within ssh_timeout, then its facts within ssh_timeout + FACTS_ALLOWANCE),
-    then the probes."""
-    rounds = -(-len(observed.inventory.hosts) // MAX_PARALLEL)
-    per_node = 2 * observed.inventory.cluster.ssh_timeout + FACTS_ALLOWANCE
-    return max(LISTEN_SECONDS, rounds * per_node + PROBE_BUDGET + ANSWER_MARGIN)
+    """Long enough for the last node's connect and facts (the nodes are connected
+    NODES_AT_ONCE at a time, each within ssh_timeout; the last one's facts started then
+    answer within ssh_timeout + FACTS_ALLOWANCE), then the probes."""
+    rounds = -(-len(observed.inventory.hosts) // NODES_AT_ONCE)
+    timeout = observed.inventory.cluster.ssh_timeout
+    return max(LISTEN_SECONDS, rounds * timeout + timeout + FACTS_ALLOWANCE + PROBE_BUDGET + ANSWER_MARGIN)
 
 
 def master_address(observed: Observed) -> str:

@@ -4,14 +4,15 @@ in parallel with the others, never a stall."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Callable
 
 from torchherd.checks.analysis.network import compute_networks
 from torchherd.checks.analysis.registry import ANALYSES
-from torchherd.checks.gather import FactsSession, gather_facts, stop_listeners
-from torchherd.checks.icmp import echo
+from torchherd.checks.gather import NODES_AT_ONCE, FactsSession, StartedFacts, finish_facts, start_facts, stop_listeners
+from torchherd.checks.icmp import echo_all
 from torchherd.checks.model import CHECK_IDS, Mesh, Observed
 from torchherd.checks.probes import listen_config, run_probes
 from torchherd.errors import TransportError, UsageError
@@ -39,9 +40,11 @@ def selected_checks(only: frozenset[str] | None, skip: frozenset[str], smoke: bo
     return tuple(check for check in wanted if check != "smoke" or smoke)
 
 
-def facts_config(observed: Observed, host: Host, listen: bool) -> dict[str, object]:
+def facts_config(observed: Observed, host: Host, listen: bool, master_ssh_name: str | None = None) -> dict[str, object]:
+    """What ``host``'s facts script is asked; ``master_ssh_name`` (the master's SSH host
+    name) is looked up in the ssh_config when not given (once per run is enough)."""
     target = observed.master_target
-    ssh_name = resolve_target(observed.master, observed.inventory.cluster.ssh_config).hostname
+    ssh_name = master_ssh_name or resolve_target(observed.master, observed.inventory.cluster.ssh_config).hostname
     return {"port": observed.port, "resolve": [] if is_ip(target) else [target],
             "route_to": [target, ssh_name], "script": observed.script, "workdir": host.workdir,
             "torch": observed.with_torch, "listen": listen_config(observed, host) if listen else None}
@@ -61,6 +64,9 @@ class _Collector:
         self.lock = threading.Lock()
         self.connections: dict[str, Session] = {}
         self.sessions: dict[str, FactsSession] = {}
+        self.started: dict[str, StartedFacts] = {}
+        """In the order they were started."""
+        self.master_ssh_name: str | None = None
 
     def node(self, host: Host) -> None:
         try:
@@ -81,7 +87,7 @@ class _Collector:
                 self.observed.host_key_notes[host.name] = note
         self._emit(CheckResult(host.name, "ssh", "pass", "connected"))
         if self.need_facts:
-            self._facts(connection, host)
+            self._start(connection, host)
         else:
             self._time_shell(connection, host)
 
@@ -95,21 +101,34 @@ class _Collector:
         with self.lock:
             self.observed.shell_seconds[host.name] = time.monotonic() - started
 
-    def _facts(self, connection: Session, host: Host) -> None:
+    def _start(self, connection: Session, host: Host) -> None:
         timeout = self.observed.inventory.cluster.ssh_timeout + FACTS_EXTRA_SECONDS
         try:
-            session = gather_facts(connection, host, facts_config(self.observed, host, self.listen), timeout)
+            config = facts_config(self.observed, host, self.listen, self.master_ssh_name)
+            started = start_facts(connection, config, timeout, host.python)
         except TransportError as error:
             with self.lock:
                 self.observed.facts_errors[host.name] = str(error)
             return
         with self.lock:
-            self.sessions[host.name] = session
-            self.observed.facts[host.name] = session.facts
+            self.started[host.name] = started
+
+    def finish(self) -> None:
+        """Every started node's facts, read in the order they were started: the nodes' scripts
+        ran at once meanwhile, and no thread waited on a node."""
+        by_name = {host.name: host for host in self.observed.inventory.hosts}
+        for name, started in list(self.started.items()):
+            try:
+                session = finish_facts(started, by_name[name])
+            except TransportError as error:
+                self.observed.facts_errors[name] = str(error)
+                continue
+            self.sessions[name] = session
+            self.observed.facts[name] = session.facts
             if session.shell_seconds is not None:
-                self.observed.shell_seconds[host.name] = session.shell_seconds
+                self.observed.shell_seconds[name] = session.shell_seconds
             if session.bound is not None:
-                self.observed.listened[host.name] = session.bound
+                self.observed.listened[name] = session.bound
 
     def _emit(self, result: CheckResult) -> None:
         if self.progress is not None and self.report_ssh:
@@ -119,8 +138,8 @@ class _Collector:
 
 def _controller_pings(observed: Observed) -> None:
     hosts = [host for host in observed.inventory.hosts if host.name in observed.ssh_addresses]
-    answers = fan_out(hosts, lambda host: echo(observed.ssh_addresses[host.name]))
-    observed.controller_ping.update(zip((host.name for host in hosts), answers))
+    answers = echo_all([observed.ssh_addresses[host.name] for host in hosts])
+    observed.controller_ping.update((host.name, answers[observed.ssh_addresses[host.name]]) for host in hosts)
 
 
 def observe(plan: Plan, selected: tuple[str, ...]) -> Observed:
@@ -140,13 +159,19 @@ def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progres
     probing = bool(PROBED & set(selected))
     collector = _Collector(observed, connector, any(check != "ssh" for check in selected), progress,
                            "ssh" in selected, probing)
+    with contextlib.suppress(TransportError):  # else each node looks it up, and says why it cannot
+        collector.master_ssh_name = resolve_target(observed.master, plan.inventory.cluster.ssh_config).hostname
     try:
-        fan_out(plan.inventory.hosts, collector.node)
+        fan_out(plan.inventory.hosts, collector.node, NODES_AT_ONCE)
+        collector.finish()
         observed.networks = compute_networks(observed)
         if probing:
             _probe(observed, collector, "ping" in selected, mesh)
     finally:
         stop_listeners(list(collector.sessions.values()))
+        for name, started in collector.started.items():
+            if name not in collector.sessions:  # interrupted before its answer was read
+                started.process.close()
     return observed, collector.connections
 
 

@@ -36,7 +36,8 @@ def packets(observed: Observed, host: Host, facts: NodeFacts) -> list[tuple[str,
     own = observed.networks.get(host.name)
     destination = own.address if own else ""
     interface = own.interface if own else None
-    ephemeral = int(port_range(facts).split("-")[0])
+    ports = port_range(facts)  # once per node: this runs for every pair of nodes
+    ephemeral = int(ports.split("-")[0])
     found = []
     for peer in observed.inventory.hosts:
         network = observed.networks.get(peer.name)
@@ -45,7 +46,7 @@ def packets(observed: Observed, host: Host, facts: NodeFacts) -> list[tuple[str,
         if host.name == observed.master.name:
             found.append((f"TCP {observed.port} from {peer.name} ({network.address})",
                           iptables.Packet(network.address, destination, observed.port, interface)))
-        found.append((f"TCP {port_range(facts)} from {peer.name} ({network.address})",
+        found.append((f"TCP {ports} from {peer.name} ({network.address})",
                       iptables.Packet(network.address, destination, ephemeral, interface)))
     return found
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from torchherd.checks.model import Observed
+from torchherd.checks.model import NodeFacts, Observed
 from torchherd.results import CheckResult
 
 SLOW_SHELL_SECONDS = 2.0
 """A trivial command taking longer than this over SSH means a slow login shell."""
+BUSY_PRESSURE = 50.0
+"""Percent of the last 10 s in which some task on the node waited for a CPU (PSI) above
+which its CPUs count as busy: a shell slow to start that used little CPU itself spent
+the time waiting for them, and its startup files are not what to fix."""
 
 
 def analyse(observed: Observed) -> list[CheckResult]:
@@ -19,7 +23,7 @@ def analyse(observed: Observed) -> list[CheckResult]:
         address = observed.ssh_addresses.get(host.name, host.address)
         note = observed.host_key_notes.get(host.name)
         result = _shell_speed(host.name, f"logged in to {address} non-interactively, {note or 'host key verified'}",
-                              observed.shell_seconds.get(host.name))
+                              observed.shell_seconds.get(host.name), observed.facts.get(host.name))
         if note is not None and "StrictHostKeyChecking no" in note and result.status == "pass":
             result = CheckResult(host.name, "ssh", "warn", result.summary,
                                  "your ssh config turns host key checking off for this node: use "
@@ -28,12 +32,18 @@ def analyse(observed: Observed) -> list[CheckResult]:
     return results
 
 
-def _shell_speed(node: str, logged_in: str, seconds: float | None) -> CheckResult:
+def _shell_speed(node: str, logged_in: str, seconds: float | None, facts: NodeFacts | None) -> CheckResult:
     """``warn`` when a trivial command's round trip shows a slow remote shell startup."""
     if seconds is None:
         return CheckResult(node, "ssh", "pass", logged_in)
     if seconds <= SLOW_SHELL_SECONDS:
         return CheckResult(node, "ssh", "pass", f"{logged_in}; a trivial command's round trip took {seconds:.2f} s")
+    cpu = facts.get("shell_cpu_seconds") if facts is not None else None
+    busy = _busy(facts)
+    if busy is not None and isinstance(cpu, (int, float)) and cpu < SLOW_SHELL_SECONDS:
+        return CheckResult(node, "ssh", "pass",
+                           f"{logged_in}; its shell took {seconds:.1f} s to start but used {cpu:.2f} s of CPU, "
+                           f"while the node's CPUs were busy ({busy}): a busy node, not slow startup files")
     return CheckResult(node, "ssh", "warn",
                        f"{logged_in}, but a trivial command (`true`) took {seconds:.1f} s over SSH (over "
                        f"{SLOW_SHELL_SECONDS:g} s): the remote shell's startup is slow, and every command "
@@ -42,3 +52,16 @@ def _shell_speed(node: str, logged_in: str, seconds: float | None) -> CheckResul
                        f"(~/.bashrc is read even by `ssh host cmd`: put `case $- in *i*) ;; *) return;; esac` "
                        f"above conda/module/nvm init, network-mounted paths and similar); time it with "
                        f"`time ssh {node} true`")
+
+
+def _busy(facts: NodeFacts | None) -> str | None:
+    """What shows the node's CPUs were busy when the facts ran, or None."""
+    found = facts.get("cpu_contention") if facts is not None else None
+    if not isinstance(found, dict):
+        return None
+    pressure, load, cpus = found.get("pressure"), found.get("load"), found.get("cpus")
+    if isinstance(pressure, (int, float)):
+        return f"a task waited for a CPU {pressure:.0f}% of the last 10 s" if pressure >= BUSY_PRESSURE else None
+    if isinstance(load, (int, float)) and isinstance(cpus, int) and cpus > 0 and load >= cpus:
+        return f"load {load:.1f} on {cpus} CPUs"
+    return None

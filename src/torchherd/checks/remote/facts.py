@@ -48,6 +48,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 STARTED = time.time()
+CPU_AT_START = sum(os.times()[:4])
+"""This process's CPU and its waited-for children's: the login shell's (it exec'd Python)."""
 ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "MASTER_", "PET_", "TORCHELASTIC_")
 ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "CUDA_VISIBLE_DEVICES",
              "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")
@@ -103,6 +105,28 @@ def gloo_address(hostname: str) -> Dict[str, Any]:
             continue
         return {"address": sockaddr[0]}
     return {"error": "no result can be bound"}
+
+
+def shell_seconds() -> float:
+    """How long this process ran before the script started. The command sshd gave the
+    login shell execs Python, so that is the shell's startup (its startup files) plus
+    Python's own, a few tens of ms: measured here, it does not depend on when the
+    controller reads the answer."""
+    with open("/proc/self/stat") as file:
+        fields = file.read().rpartition(")")[2].split()
+    started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime: ticks after boot
+    return round(time.clock_gettime(time.CLOCK_BOOTTIME) - started - (time.time() - STARTED), 3)
+
+
+def cpu_contention() -> Dict[str, Any]:
+    """How contended the node's CPUs are: PSI's share of the last 10 s in which some task
+    waited for a CPU (Linux 4.20+), and the 1-minute load against the usable CPUs."""
+    found: Dict[str, Any] = {"load": os.getloadavg()[0], "cpus": len(os.sched_getaffinity(0))}
+    for word in (read_text("/proc/pressure/cpu") or "").split():
+        if word.startswith("avg10="):
+            found["pressure"] = float(word[len("avg10="):])
+            break
+    return found
 
 
 def ioctl_value(name: str, request: int, offset: int, size: int) -> bytes:
@@ -486,6 +510,9 @@ def main() -> None:
     hostname = socket.gethostname()
     facts = {
         "time": STARTED,
+        "shell_seconds": guarded(shell_seconds),
+        "shell_cpu_seconds": round(CPU_AT_START, 3),
+        "cpu_contention": guarded(cpu_contention),
         "hostname": hostname,
         "fqdn": guarded(socket.getfqdn),
         "hostname_resolution": resolve(hostname),
