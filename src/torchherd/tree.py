@@ -265,6 +265,11 @@ class Transfer:
     def bytes(self, listing: Mapping[str, Entry]) -> int:
         return sum(listing[path].size for path in self.send)
 
+    @property
+    def empty(self) -> bool:
+        """Nothing to send, record or delete: the node is in sync."""
+        return not (self.send or self.equal or self.delete)
+
 
 def candidates(answers: Iterable[NodeHas]) -> set[str]:
     """The files to hash locally (all small) to compare with what the nodes have."""

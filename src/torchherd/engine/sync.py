@@ -230,7 +230,11 @@ def sync_nodes(plan: Plan, sessions: Mapping[str, Session], observer: Observer, 
             node.transfer = tree.decide(node.answer, digests)
             node.expected_bytes = node.transfer.bytes(entries)
         if not dry_run:
-            _stream(listing, entries, answered, cached)
+            # A node with nothing to get is in sync already: no second round trip.
+            idle = [node for node in answered if node.transfer is not None and node.transfer.empty]
+            for node in idle:
+                node.result = {"ok": True, "bytes": 0, "deleted": [], "failed": []}
+            _stream(listing, entries, [node for node in answered if node not in idle], cached)
     finally:
         for node in nodes:
             node.close()

@@ -72,9 +72,12 @@ def resolve(dest: str, within: str) -> str:
     return real
 
 
+UNSAFE_PARTS = frozenset(("", ".", ".."))
+
+
 def safe_parts(path: str) -> List[str]:
     parts = path.split("/")
-    if not path or path.startswith("/") or any(part in ("", ".", "..") for part in parts) or "\0" in path:
+    if not path or path[0] == "/" or "\0" in path or not UNSAFE_PARTS.isdisjoint(parts):
         raise ValueError(f"refused path {path!r}")
     if parts[0] == MANIFEST:
         raise ValueError(f"refused path {path!r}: the manifest's own name")
@@ -87,6 +90,8 @@ class Tree:
     def __init__(self, root: str) -> None:
         self.root = root
         self.dirs: Set[str] = {root}
+        self.folders: Dict[str, Optional[str]] = {}
+        """Per directory part of a path (``a/b``), its real directory here, None when missing."""
         self.counter = 0
 
     def parent(self, parts: List[str], create: bool) -> Optional[str]:
@@ -111,19 +116,25 @@ class Tree:
         return current
 
     def lstat(self, path: str) -> Optional[os.stat_result]:
+        """The file as it is here; None when it, or a directory on its way, is missing
+        or not a real directory. Each directory is checked once (thousands of files)."""
         parts = safe_parts(path)
-        try:
-            folder = self.parent(parts, create=False)
-        except ValueError:
-            return None
+        where = path.rpartition("/")[0]
+        if where not in self.folders:
+            try:
+                self.folders[where] = self.parent(parts, create=False)
+            except ValueError:
+                self.folders[where] = None
+        folder = self.folders[where]
         if folder is None:
             return None
         try:
-            return os.lstat(os.path.join(folder, parts[-1]))
+            return os.lstat(folder + "/" + parts[-1])
         except OSError:
             return None
 
     def temporary(self, parts: List[str]) -> Tuple[str, str]:
+        self.folders.clear()  # directories may be made now
         folder = self.parent(parts, create=True)
         assert folder is not None
         target = os.path.join(folder, parts[-1])
@@ -136,6 +147,7 @@ class Tree:
         return target, os.path.join(folder, f".{parts[-1]}.torchherd-{os.getpid()}-{self.counter}")
 
     def delete(self, path: str) -> bool:
+        self.folders.clear()  # directories may go now
         parts = safe_parts(path)
         folder = self.parent(parts, create=False)
         if folder is None:
@@ -335,7 +347,10 @@ def main() -> int:
         found = classify(tree, want, load_manifest(root) if os.path.isdir(root) else {})
         reply({"dest": root, "need": found["need"], "have": found["have"], "same": len(found["same"]),
                "delete": found["delete"]})
-        go = read_message(stream)
+        try:
+            go = read_message(stream)
+        except EOFError:  # the controller needs nothing more: in sync already, or a dry run
+            return 0
         if not go.get("go"):
             return 0
         os.makedirs(root, 0o700, exist_ok=True)
