@@ -82,7 +82,7 @@ def test_sync_runs_a_project_only_the_controller_has_then_sends_only_the_edit(
     assert code == 0, out
     assert {node: [line[:4] for line in lines] for node, lines in ranks(out).items()} == {
         name: [(rank, 3, 0, 3)] for rank, name in enumerate(cluster.names)}, out
-    assert "node1: in sync at /tmp/work: 3 files sent" in out  # train.py, helper.py, .gitignore
+    assert "node0, node1, node2: in sync at /tmp/work: 3 files sent" in out  # train.py, helper.py, .gitignore
     for name in cluster.names:
         assert cluster.read_file(name, "/tmp/work/helper.py") == "GREETING = 'v1'\n"
         assert cluster.ssh(name, "test -e /tmp/work/noise.log").returncode != 0

@@ -242,3 +242,16 @@ def test_check_with_sync_finds_the_script_it_sent(tmp_path: Path, project: Path)
     report = cluster.check("train.py", only=["script"], sync=str(project), on_event=events)
     assert report.ok, [result.summary for result in report.results]
     assert isinstance(events.events[-1], SyncDone) and events.events[-1].ok
+
+
+def test_the_console_tells_alike_nodes_on_one_line() -> None:
+    from torchherd.console.sync import sync_notes
+
+    nodes = tuple(NodeSynced(f"node{index}", "/w", ("a.py",), 10, (), 5, 0.5) for index in range(8))
+    odd = SyncFailed("node8", "the receiver gave no answer")
+    notes = list(sync_notes(SyncDone("/proj", nodes + (odd,), 1.25)))
+    assert notes == [
+        ("node0, node1, node2, node3, node4, ... node7 (8 nodes): in sync at /w: 1 file sent (10 B), 0 deleted, "
+         "5 unchanged (0.5 s)", "dim"),
+        ("sync: 8 of 9 nodes in sync (1.2 s)", "bold red")]
+    assert list(sync_notes(odd)) == [("node8: not in sync: the receiver gave no answer", "bold red")]

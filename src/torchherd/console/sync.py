@@ -4,7 +4,7 @@ same are listed once)."""
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from rich.console import Console
 from rich.text import Text
@@ -28,7 +28,8 @@ def files(count: int) -> str:
 
 
 def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone) -> Iterator[tuple[str, str]]:
-    """The notes (text, style) a live run shows for a sync event."""
+    """The notes (text, style) a live run shows for a sync event. Nodes in sync are told
+    at the end, alike nodes on one line (a run on 256 nodes is not 256 lines of it)."""
     if isinstance(event, SyncStarted):
         doing = "comparing" if event.dry_run else "sending"
         yield (f"sync: {doing} {event.source} ({files(event.files)}, {size(event.bytes)}) with "
@@ -37,17 +38,34 @@ def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone) -> Itera
             yield f"sync: left out {skipped}", "yellow"
         if len(event.skipped) > 5:
             yield f"sync: {len(event.skipped) - 5} more left out", "yellow"
-    elif isinstance(event, NodeSynced) and not event.dry_run:
-        yield (f"{event.node}: in sync at {event.dest}: {files(len(event.sent))} sent ({size(event.sent_bytes)}), "
-               f"{len(event.deleted)} deleted, {event.unchanged} unchanged ({event.seconds:.1f} s)", "dim")
     elif isinstance(event, SyncFailed):
         yield f"{event.node}: not in sync: {event.message}", "bold red"
         for path, why in event.files[3:10]:
             yield f"{event.node}: {path}: {why}", "red"
     elif isinstance(event, SyncDone) and not event.dry_run:
+        yield from _in_sync(event)
         good = sum(isinstance(node, NodeSynced) for node in event.nodes)
         yield (f"sync: {good} of {len(event.nodes)} nodes in sync ({event.seconds:.1f} s)",
                "green" if event.ok else "bold red")
+
+
+def _in_sync(done: SyncDone) -> Iterator[tuple[str, str]]:
+    groups: dict[str, list[NodeSynced]] = {}
+    for node in done.nodes:
+        if isinstance(node, NodeSynced):
+            what = (f"in sync at {node.dest}: {files(len(node.sent))} sent ({size(node.sent_bytes)}), "
+                    f"{len(node.deleted)} deleted, {node.unchanged} unchanged")
+            groups.setdefault(what, []).append(node)
+    for what, nodes in groups.items():
+        slowest = max(node.seconds for node in nodes)
+        yield f"{names(node.node for node in nodes)}: {what} ({slowest:.1f} s)", "dim"
+
+
+def names(nodes: Iterable[str], shown: int = 6) -> str:
+    listed = list(nodes)
+    if len(listed) <= shown:
+        return ", ".join(listed)
+    return f"{', '.join(listed[:shown - 1])}, ... {listed[-1]} ({len(listed)} nodes)"
 
 
 def render_sync_plan(console: Console, done: SyncDone) -> None:
@@ -58,8 +76,7 @@ def render_sync_plan(console: Console, done: SyncDone) -> None:
             groups.setdefault((node.sent, node.deleted, node.dest), []).append(node)
     for (sent, deleted, dest), nodes in groups.items():
         first = nodes[0]
-        names = ", ".join(node.node for node in nodes)
-        console.print(Text(f"sync to {names} ({dest}): would send {files(len(sent))} ({size(first.sent_bytes)}), "
+        console.print(Text(f"sync to {names(node.node for node in nodes)} ({dest}): would send {files(len(sent))} ({size(first.sent_bytes)}), "
                            f"delete {len(deleted)}, {first.unchanged} unchanged", style="bold"), soft_wrap=True)
         _paths(console, "+", sent)
         _paths(console, "-", deleted)
