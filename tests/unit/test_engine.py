@@ -7,6 +7,7 @@ stand-in, launches it, and checks the events, the summary and the log files."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -162,6 +163,8 @@ def test_a_node_whose_supervisor_vanishes_is_lost_and_the_others_stop(tmp_path: 
     assert [event.node for event in events.of(NodeLost)] == ["n1"]  # type: ignore[attr-defined]
     assert summary.headline.startswith("n1 vanished: its SSH channel closed without an exit status")
     assert {outcome.node: outcome.state for outcome in summary.nodes} == {"n0": "torn down", "n1": "lost"}
+    for node in plan.nodes:  # the killed supervisor could not remove its log directory
+        shutil.rmtree(node.remote_log_dir, ignore_errors=True)
 
 
 def test_a_quiet_run_keeps_every_line_and_stops_at_its_deadline(tmp_path: Path) -> None:
