@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import stat
 import sys
@@ -144,7 +145,7 @@ def test_a_small_file_already_there_is_compared_by_hash_not_sent(tmp_path: Path,
     done, _ = sync(tmp_path, plan_for(project))
     assert "pkg/model.py" not in synced(done)["a"].sent
     assert "pkg/model.py" in synced(done)["b"].sent
-    manifest = json.loads((work / MANIFEST).read_text())["files"]
+    manifest = marshal.loads((work / MANIFEST).read_bytes())["files"]
     assert "pkg/model.py" in manifest
 
 
@@ -255,3 +256,16 @@ def test_the_console_tells_alike_nodes_on_one_line() -> None:
          "5 unchanged (0.5 s)", "dim"),
         ("sync: 8 of 9 nodes in sync (1.2 s)", "bold red")]
     assert list(sync_notes(odd)) == [("node8: not in sync: the receiver gave no answer", "bold red")]
+
+
+@pytest.mark.parametrize("value", [
+    {"need": ["a b.py", 'q"uote', "back\\slash", "tab\tnew\nline", "\x01\x7f", "é", "\udcff", "🐍"],
+     "same": 3, "ok": True, "error": None, "seconds": 0.25},
+    [], {}, "", 0, -7,
+])
+def test_the_receivers_json_is_json(value: object) -> None:
+    from torchherd.remote.receive import to_json
+
+    text = to_json(value)
+    assert text.isascii()
+    assert json.loads(text) == value

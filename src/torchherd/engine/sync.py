@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import queue
 import shlex
 import threading
@@ -29,7 +30,7 @@ from torchherd.engine.events import NodeSynced, Observer, SyncDone, SyncFailed, 
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan, quote_path
 from torchherd.remote import source
-from torchherd.remote.receive import CHUNK, DIGEST, HEADER
+from torchherd.remote.receive import CHUNK, DIGEST, HEADER, MARSHAL_VERSION
 from torchherd.transport import Connector, Process, Session, close_all, connect_all, fan_out
 
 BATCH = 256 * 1024
@@ -46,15 +47,16 @@ Batch = Union[list[bytes], None]
 
 
 def frame(message: Mapping[str, Any]) -> bytes:
-    data = json.dumps(message, separators=(",", ":")).encode("utf-8")
+    """A message to a receiver: its length, then marshal (the receiver imports no json)."""
+    data = marshal.dumps(dict(message), MARSHAL_VERSION)
     return HEADER.pack(len(data)) + data
 
 
 def receiver_command(node: NodePlan, dest: str, within: str) -> str:
-    """The receiver with the node's python; the destination travels as JSON (a ``~``
-    in it is the node's home, expanded there)."""
-    config = json.dumps({"dest": dest, "within": within})
-    return f"{quote_path(node.host.python)} -S -c {shlex.quote(source('receive.py'))} {shlex.quote(config)}"
+    """The receiver with the node's python; a ``~`` in the destination is the node's
+    home, expanded there (by the receiver, not the shell)."""
+    return (f"{quote_path(node.host.python)} -S -c {shlex.quote(source('receive.py'))} "
+            f"{shlex.quote(dest)} {shlex.quote(within)}")
 
 
 class _Lines:

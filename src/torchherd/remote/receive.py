@@ -1,8 +1,11 @@
 """torchherd --sync, on the node: makes a directory the same as the controller's project.
 
 Standard library only, Python >= 3.8. The controller runs it as
-``PYTHON -S -c SOURCE CONFIG`` (CONFIG: JSON with ``dest`` and ``within``) and talks
-to it over stdin and stdout; nothing is installed on the node.
+``PYTHON -S -c SOURCE DEST WITHIN`` and talks to it over stdin (length-prefixed
+``marshal`` frames, version 4: the controller is trusted, it sends this very code) and
+stdout (one JSON line per answer); nothing is installed on the node. It imports
+neither ``json`` nor ``typing`` nor, until it hashes, ``hashlib``: on every node, at
+every run, their import would cost more than the work of a sync with nothing changed.
 
 1. The controller sends what the project holds (``want``: path, size, mtime, executable
    bit, symlink target). This script answers, per path, whether the node already has it:
@@ -21,16 +24,20 @@ Only paths inside the destination are ever written or deleted: no absolute path,
 
 from __future__ import annotations
 
-import hashlib
-import json
+import marshal
 import os
 import stat
 import struct
 import sys
 import time
-from typing import IO, Any, Dict, List, Optional, Set, Tuple
 
-MANIFEST = ".torchherd-sync.json"
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Any, Dict, List, Optional, Set, Tuple
+
+MANIFEST = ".torchherd-sync"
+MARSHAL_VERSION = 4
+"""Readable by every Python from 3.4 on, whichever wrote it."""
 LARGE = 1 << 20
 """From this size on a file is not hashed to compare it: the controller would have to
 read it twice (once to compare, once to send); it is sent when it is not as the
@@ -50,11 +57,42 @@ def read_exact(stream: IO[bytes], size: int) -> bytes:
 
 def read_message(stream: IO[bytes]) -> Dict[str, Any]:
     (size,) = HEADER.unpack(read_exact(stream, HEADER.size))
-    return dict(json.loads(read_exact(stream, size).decode("utf-8")))
+    return dict(marshal.loads(read_exact(stream, size)))
+
+
+def to_json(value: Any) -> str:
+    """JSON of dicts, lists, strings, numbers, booleans and None (what the answers hold),
+    ASCII only whatever the node's locale."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{to_json(str(key))}:{to_json(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(to_json(item) for item in value) + "]"
+    if isinstance(value, str):
+        if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+            return f'"{value}"'
+        return '"' + "".join(map(json_char, value)) + '"'
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return repr(value)
+
+
+ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def json_char(char: str) -> str:
+    if char in ESCAPES:
+        return ESCAPES[char]
+    if " " <= char <= "~":
+        return char
+    code = ord(char)
+    if code > 0xFFFF:  # a surrogate pair, as JSON writes it
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"
 
 
 def reply(message: Dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message, separators=(",", ":")) + "\n")
+    sys.stdout.write(to_json(message) + "\n")
     sys.stdout.flush()
 
 
@@ -171,6 +209,8 @@ class Tree:
 
 
 def file_hash(path: str) -> str:
+    import hashlib  # only a sync that hashes pays for OpenSSL's start
+
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         while True:
@@ -184,8 +224,8 @@ def load_manifest(root: str) -> Dict[str, List[Any]]:
     """path -> [sha256 or "link:TARGET", source size, source mtime_ns, node size, node mtime_ns]."""
     try:
         with open(os.path.join(root, MANIFEST), "rb") as file:
-            data = json.loads(file.read().decode("utf-8"))
-    except (OSError, ValueError):
+            data = marshal.loads(file.read())
+    except (OSError, ValueError, EOFError, TypeError):
         return {}
     files = data.get("files") if isinstance(data, dict) else None
     return dict(files) if isinstance(files, dict) else {}
@@ -290,8 +330,8 @@ def record(tree: Tree, manifest: Dict[str, List[Any]], entry: List[Any], digest:
 
 def write_manifest(root: str, files: Dict[str, List[Any]]) -> None:
     temporary = os.path.join(root, f".{MANIFEST}.{os.getpid()}")
-    with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
-        json.dump({"version": 1, "files": files}, file, separators=(",", ":"))
+    with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
+        file.write(marshal.dumps({"version": 1, "files": files}, MARSHAL_VERSION))
     os.replace(temporary, os.path.join(root, MANIFEST))
 
 
@@ -334,10 +374,9 @@ def apply(tree: Tree, stream: IO[bytes], want: List[List[Any]], found: Dict[str,
 
 
 def main() -> int:
-    config = json.loads(sys.argv[1])
     stream = sys.stdin.buffer
     try:
-        root = resolve(config["dest"], config["within"])
+        root = resolve(sys.argv[1], sys.argv[2])
     except ValueError as error:
         reply({"error": str(error)})
         return EXIT_REFUSED
