@@ -16,6 +16,7 @@ from torchherd.api import Cluster
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.engine.events import Collector, NodeSynced
+from torchherd.transport import sshconfig
 
 pytestmark = pytest.mark.cluster
 
@@ -63,11 +64,12 @@ def ranks(out: str) -> dict[str, list[tuple[int, int, int, int, str]]]:
 
 
 def home_with_ssh_config(cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """-H and hostfiles have no inventory to name an ssh_config: ~/.ssh/config is read, as ssh does."""
+    """-H and hostfiles have no inventory to name an ssh_config: ~/.ssh/config is read, as ssh does,
+    from the account's home (not $HOME), which the test points at a directory of its own."""
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "config").write_text(cluster.ssh_config.read_text())
-    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(sshconfig, "account_home", lambda: str(home))
 
 
 @pytest.mark.timeout(240)

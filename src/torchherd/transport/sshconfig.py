@@ -61,14 +61,18 @@ class Local:
     def of_this_machine() -> Local:
         import getpass
 
-        try:  # as OpenSSH: the home directory of the account, not $HOME
-            import pwd
-
-            home = pwd.getpwuid(os.getuid()).pw_dir
-        except (ImportError, KeyError):
-            home = os.path.expanduser("~")
-        return Local(user=getpass.getuser(), home=home, uid=os.getuid(), hostname=socket.gethostname(),
+        return Local(user=getpass.getuser(), home=account_home(), uid=os.getuid(), hostname=socket.gethostname(),
                      environ=dict(os.environ), run=_run_in_shell)
+
+
+def account_home() -> str:
+    """The home directory of the account, not $HOME: OpenSSH reads ~/.ssh/config from there."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError):
+        return os.path.expanduser("~")
 
 
 def _run_in_shell(command: str) -> bool:
