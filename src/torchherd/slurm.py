@@ -182,6 +182,9 @@ def node_command(plan: Plan, nodes: Sequence[NodePlan]) -> str:
     count from SLURM), then its exit status into ``<node>.exit`` for the controller."""
     first = nodes[0]
     parts = ["\n".join(_nproc_case(nodes))] if _uneven(nodes) else []
+    # torchrun would take an existing directory as its own: on a shared /tmp another user
+    # could have made it first. mkdir without -p is atomic: ours, private, or the task fails.
+    parts.append(f"mkdir -m 700 {shlex.quote(first.remote_log_dir)} && logs_made=1")
     parts.append(f"cd {quote_path(first.workdir)}")
     if first.setup.strip():
         parts.append("{ " + first.setup.strip() + "\n}")
@@ -190,7 +193,7 @@ def node_command(plan: Plan, nodes: Sequence[NodePlan]) -> str:
         "phase=setup",
         " && ".join(parts),
         "code=$?",
-        f"rm -rf {shlex.quote(first.remote_log_dir)}",
+        f'if [ -n "${{logs_made-}}" ]; then rm -rf {shlex.quote(first.remote_log_dir)}; fi',  # only ours
         f'printf "%s %s %s\\n" "$phase" "$code" "$(date +%s.%N)" > "${DIR_VAR}/$SLURMD_NODENAME{EXIT}"',
         'exit "$code"'])
 

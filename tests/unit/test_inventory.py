@@ -114,6 +114,7 @@ BAD = [
     ('[[hosts]]\nname = "a"\naddress = "a;reboot"\n',
      "hosts[0].address: 'a;reboot' is not a host name, an IP address or an ssh_config alias", "letters"),
     ('[[hosts]]\nname = "a"\naddress = "$(id)"\n', "hosts[0].address: '$(id)' is not a host name", ""),
+    ('[[hosts]]\nname = "a"\naddress = "node0\\n"\n', "hosts[0].address: 'node0\\n' holds a control character", "one line"),
     ('[[hosts]]\nname = "a"\naddress = "-oProxyCommand=x"\n', "hosts[0].address: '-oProxyCommand=x' is not", ""),
     ('[[hosts]]\nname = "a"\naddress = "root@a"\n', "hosts[0].address: 'root@a' is not", "user and ssh_port"),
     ('[defaults]\nidentity_file = "/nonexistent/key"\n[[hosts]]\nname = "a"\n',

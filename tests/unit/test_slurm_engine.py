@@ -119,6 +119,7 @@ def test_a_crash_on_one_node_is_named_and_the_other_is_torn_down(fake: FakeSlurm
         (line.node, line.rank, line.text) for line in lines]
     log = (tmp_path / "logs" / "th-fake" / "n0.log").read_text()
     assert log == "[rank 0] hello\n[rank 0] still here\n"
+    assert stat.S_IMODE((tmp_path / "logs" / "th-fake" / "n0.log").stat().st_mode) == 0o600
 
 
 def test_every_node_exiting_zero_is_a_clean_run(fake: FakeSlurm, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ prints; ``slurm`` (the pure module) renders the commands and parses the answers.
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
 import shlex
 import shutil
@@ -453,7 +454,9 @@ class SlurmJob:
         for item in lines:
             log = self._logs.get(item.node)
             if log is None:
-                log = self._logs[item.node] = (self.log_dir / f"{item.node}.log").open("ab")
+                # 0600 and appended to (a reattached follow goes on in the same file)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                log = self._logs[item.node] = os.fdopen(os.open(self.log_dir / f"{item.node}.log", flags, 0o600), "ab")
             log.write(_log_bytes(item))
         for log in self._logs.values():
             log.flush()
