@@ -184,18 +184,26 @@ def node_command(plan: Plan, nodes: Sequence[NodePlan]) -> str:
     parts = ["\n".join(_nproc_case(nodes))] if _uneven(nodes) else []
     # torchrun would take an existing directory as its own: on a shared /tmp another user
     # could have made it first. mkdir without -p is atomic: ours, private, or the task fails.
-    parts.append(f"mkdir -m 700 {shlex.quote(first.remote_log_dir)} && logs_made=1")
+    parts.append('mkdir -m 700 "$logs" && logs_made=1')
     parts.append(f"cd {quote_path(first.workdir)}")
     if first.setup.strip():
         parts.append("{ " + first.setup.strip() + "\n}")
     parts.append("{ phase=job; " + " ".join(torchrun_words(plan, first)) + "; }")
     return "\n".join([
         "phase=setup",
+        f"logs={_log_dir_word(first)}",
         " && ".join(parts),
         "code=$?",
-        f'if [ -n "${{logs_made-}}" ]; then rm -rf {shlex.quote(first.remote_log_dir)}; fi',  # only ours
+        'if [ -n "${logs_made-}" ]; then rm -rf "$logs"; fi',  # only the directory it made
         f'printf "%s %s %s\\n" "$phase" "$code" "$(date +%s.%N)" > "${DIR_VAR}/$SLURMD_NODENAME{EXIT}"',
         'exit "$code"'])
+
+
+def _log_dir_word(node: NodePlan) -> str:
+    """The plan's torchrun log directory with the node's name as SLURM gives it: nodes
+    that share a /tmp (the test cluster, a node with several tasks) each have their own."""
+    prefix = node.remote_log_dir.removesuffix(node.host.name)
+    return shlex.quote(prefix) + '"$SLURMD_NODENAME"'
 
 
 def _uneven(nodes: Sequence[NodePlan]) -> bool:
@@ -238,6 +246,8 @@ def _replace(plan: Plan, option: str, value: str) -> tuple[str, ...] | None:
     given_master = bool(plan.options.master_addr or plan.inventory.cluster.master_addr)
     if option == "--local-addr":
         return ()
+    if option == "--log-dir":
+        return option, '"$logs"'
     if option == "--nnodes" and not plan.options.nnodes:
         return option, '"$SLURM_JOB_NUM_NODES"'
     if option == "--nproc-per-node" and _uneven(plan.nodes):
