@@ -16,9 +16,10 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
+from processes import killed_after, pids_with, wait_until
 
 from torchherd.remote import program, wire
 from torchherd.remote import supervisor as sv
@@ -28,41 +29,9 @@ COORD_SOURCE = program("coordinator.py")
 PY = sys.executable
 
 
-def pids_with(text: bytes) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            for part in ("environ", "cmdline"):
-                try:
-                    with open(f"/proc/{name}/{part}", "rb") as f:
-                        if text in f.read():
-                            found.append(int(name))
-                            break
-                except OSError:
-                    continue
-    return found
-
-
-def wait_until(cond: Callable[[], bool], timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
 @pytest.fixture
 def run_id() -> Iterator[str]:
-    rid = "test-" + uuid.uuid4().hex
-    try:
-        yield rid
-    finally:
-        for pid in pids_with(rid.encode()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+    yield from killed_after("test-")
 
 
 def start(run_id: str, tmp_path: Path, code: str, **extra: object) -> subprocess.CompletedProcess[bytes]:

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import string
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
+from processes import killed_after, wait_until
 
 from torchherd import runlog
 from torchherd.remote import SCRIPTS, program, wire
@@ -78,41 +77,9 @@ def statuses(stdout: bytes) -> list[Status]:
     return [event for event in records(stdout) if isinstance(event, Status)]
 
 
-def pids_with(text: bytes) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            for part in ("environ", "cmdline"):
-                try:
-                    with open(f"/proc/{name}/{part}", "rb") as f:
-                        if text in f.read():
-                            found.append(int(name))
-                            break
-                except OSError:
-                    continue
-    return found
-
-
-def wait_until(cond: Callable[[], bool], timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
 @pytest.fixture
 def run_id() -> Iterator[str]:
-    rid = "wire-" + uuid.uuid4().hex
-    try:
-        yield rid
-    finally:
-        for pid in pids_with(rid.encode()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+    yield from killed_after("wire-")
 
 
 def job(code: str) -> tuple[str, ...]:
