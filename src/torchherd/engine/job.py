@@ -293,15 +293,9 @@ class Job:
 
         for event in batch:
             if isinstance(event, (OutputLine, RankLines)):
-                node = self.nodes[event.node]
-                if not node.ranks_running and (isinstance(event, RankLines) or event.rank is not None):
-                    node.ranks_running = True
+                if self.nodes[event.node].take(event):
                     flush()
-                    self.emit(RanksRunning(node.name))
-                if isinstance(event, OutputLine):
-                    node.track(event)
-                else:
-                    node.track_block(event)
+                    self.emit(RanksRunning(event.node))
                 lines.append(event)
                 continue
             flush()

@@ -23,42 +23,28 @@ if TYPE_CHECKING:
 TAIL_LINES = 8
 
 
-class NodeRun:
-    """The controller's view of one node during the run."""
+class OutputTrack:
+    """What a run's summary needs of one node's output: whether a rank has printed, the
+    first error line, the failed rank, the last lines. Shared by SSH and SLURM runs."""
 
-    def __init__(self, plan: NodePlan, log_path: Path) -> None:
-        self.plan = plan
-        self.name = plan.host.name
-        self.log_path = log_path
-        self.process: Process | None = None
-        self.last_seen = time.monotonic()
-        self.started_at: float | None = None
-        self.ended_at: float | None = None
-        self.exit_code: int | None = None
-        self.done = False
-        self.closed = False
+    def __init__(self) -> None:
         self.ranks_running = False
         """A rank has printed: the node got through the rendezvous."""
-        self.reader_done = False
-        """Set by the reader thread when the channel ended; its Closed event may still be queued."""
-        self.lost: str | None = None
-        self.start_error: str | None = None
-        self.stop_sent: StopLevel | None = None
-        self.stop_at = 0.0
-        self.left = 0
         self.rank_error: OutputLine | None = None
         self.other_error: OutputLine | None = None
         self.failed_rank: int | None = None
         self.rank_tail: deque[OutputLine] = deque(maxlen=TAIL_LINES)
         self.other_tail: deque[OutputLine] = deque(maxlen=TAIL_LINES)
 
-    @property
-    def finished(self) -> bool:
-        return self.closed or self.lost is not None or (self.process is None and self.start_error is not None)
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and not self.finished
+    def take(self, item: OutputLine | RankLines) -> bool:
+        """Tracks a line or block; True when it is the first a rank printed on this node."""
+        first = not self.ranks_running and (isinstance(item, RankLines) or item.rank is not None)
+        self.ranks_running = self.ranks_running or first
+        if isinstance(item, RankLines):
+            self.track_block(item)
+        else:
+            self.track(item)
+        return first
 
     def track(self, line: OutputLine) -> None:
         """Keeps what the summary needs: the first error line, the failed rank, the tail."""
@@ -86,11 +72,44 @@ class NodeRun:
             elif line.rank is None and self.other_error is None:
                 self.other_error = line
 
-    def first_error(self) -> str | None:
+    def error_line(self) -> str | None:
         line = self.rank_error or self.other_error
-        if line is None:
-            return self.lost or self.start_error
-        return line.described()
+        return None if line is None else line.described()
+
+
+class NodeRun(OutputTrack):
+    """The controller's view of one node during the run."""
+
+    def __init__(self, plan: NodePlan, log_path: Path) -> None:
+        super().__init__()
+        self.plan = plan
+        self.name = plan.host.name
+        self.log_path = log_path
+        self.process: Process | None = None
+        self.last_seen = time.monotonic()
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.exit_code: int | None = None
+        self.done = False
+        self.closed = False
+        self.reader_done = False
+        """Set by the reader thread when the channel ended; its Closed event may still be queued."""
+        self.lost: str | None = None
+        self.start_error: str | None = None
+        self.stop_sent: StopLevel | None = None
+        self.stop_at = 0.0
+        self.left = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.closed or self.lost is not None or (self.process is None and self.start_error is not None)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and not self.finished
+
+    def first_error(self) -> str | None:
+        return self.error_line() or self.lost or self.start_error
 
 
 def summarise(run_id: str, nodes: list[NodeRun], culprit: NodeRun | None, interrupted: bool, seconds: float,

@@ -18,7 +18,6 @@ import shlex
 import shutil
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Callable, Iterator, Sequence, Union
@@ -42,6 +41,7 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Opened, Run
+from torchherd.engine.outcome import OutputTrack
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, TorchherdError, TransportError, UsageError
 from torchherd.inventory import Host, Inventory
 from torchherd.plan import RANK_PREFIX_HEAD, Plan
@@ -58,8 +58,6 @@ from torchherd.runlog import (
     RankLines,
     RunSummary,
     Status,
-    is_error_line,
-    root_cause_rank,
 )
 from torchherd.runrecord import NodeRecord, NodeState, RunRecord, save
 from torchherd.transport import Connector, Session
@@ -236,52 +234,23 @@ class RunFiles:
 # the attached run -------------------------------------------------------------------------
 
 
-class SlurmNode:
-    """What the summary needs of one node: its first error, failed rank, tail, exit."""
+class SlurmNode(OutputTrack):
+    """What the summary needs of one node: its output (first error, failed rank, tail), its exit."""
 
     def __init__(self, name: str, rank: int, log_path: Path) -> None:
+        super().__init__()
         self.name = name
         self.rank = rank
         self.log_path = log_path
         self.started_at = time.monotonic()
         self.ended_at: float | None = None
         self.exit: slurm.NodeExit | None = None
-        self.ranks_running = False
-        self.rank_error: OutputLine | None = None
-        self.other_error: OutputLine | None = None
-        self.failed_rank: int | None = None
-        self.rank_tail: deque[OutputLine] = deque(maxlen=TAIL_LINES)
-        self.other_tail: deque[OutputLine] = deque(maxlen=TAIL_LINES)
-
-    def track(self, line: OutputLine) -> None:
-        (self.rank_tail if line.rank is not None else self.other_tail).append(line)
-        cause = root_cause_rank(line)
-        if cause is not None and self.failed_rank is None and self.rank_error is None:
-            self.failed_rank = cause
-        self._track_error(line)
-
-    def track_block(self, block: RankLines) -> None:
-        self.rank_tail.extend(block.tail(TAIL_LINES))
-        if self.rank_error is None:
-            for line in block.error_candidates():
-                self._track_error(line)
-
-    def _track_error(self, line: OutputLine) -> None:
-        if not is_error_line(line):
-            return
-        if line.rank is not None and self.rank_error is None:
-            # The rank that raised first is the one to name, as in an SSH run.
-            self.rank_error, self.failed_rank = line, line.rank
-        elif line.rank is None and self.other_error is None:
-            self.other_error = line
 
     def first_error(self) -> str | None:
-        line = self.rank_error or self.other_error
-        if line is not None:
-            return line.described()
-        if self.exit is not None and self.exit.phase == "setup" and self.exit.code:
+        found = self.error_line()
+        if found is None and self.exit is not None and self.exit.phase == "setup" and self.exit.code:
             return f"the job did not start (exit {self.exit.code})"
-        return None
+        return found
 
 
 def _log_bytes(item: OutputLine | RankLines) -> bytes:
@@ -437,16 +406,9 @@ class SlurmJob:
                 flush()
                 self._on_exit(item)
                 continue
-            if item.node != BATCH_NODE:
-                node = self._node(item.node)
-                if not node.ranks_running and (isinstance(item, RankLines) or item.rank is not None):
-                    node.ranks_running = True
-                    flush()
-                    self.emit(RanksRunning(node.name))
-                if isinstance(item, RankLines):
-                    node.track_block(item)
-                else:
-                    node.track(item)
+            if item.node != BATCH_NODE and self._node(item.node).take(item):
+                flush()
+                self.emit(RanksRunning(item.node))
             lines.append(item)
         flush()
 
