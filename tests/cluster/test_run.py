@@ -159,7 +159,9 @@ def test_log_files_hold_every_line(cluster: LocalCluster, tmp_path: Path) -> Non
             assert [line for line in lines if line.startswith(f"[rank {rank}] chatty ")] == expected
             # the \r progress line keeps only what a terminal would show last
             assert f"[rank {rank}] progress 100%" in lines
-    assert f"{cluster.names[2]}:5 │ chatty 5 {LINES_PER_RANK - 1}" in out
+    # the terminal may skip lines when it falls behind (it says so); the logs never do
+    assert (f"{cluster.names[2]}:5 │ chatty 5 {LINES_PER_RANK - 1}" in out
+            or "lines not shown: the terminal fell behind" in out), out[-3000:]
     assert_clean(cluster)
 
 
@@ -270,7 +272,10 @@ def test_c10d_rendezvous_with_an_elastic_range(cluster: LocalCluster, tmp_path: 
     out = output.getvalue()
     assert code == 0, out
     master_ip = cluster.node("node0").ip
+    # c10d hands out node ranks at the rendezvous: a rank that ends before its supervisor
+    # has read its environment (this one prints two lines) keeps its local rank's label.
     for name in cluster.names:
-        assert re.search(rf"^{name}:\d │ MASTER_ADDR={re.escape(repr(master_ip))}", out, re.MULTILINE), out
-        assert re.search(rf"^{name}:\d │ WORLD_SIZE='3'", out, re.MULTILINE), out
+        who = rf"^(?:{name}:\d │ |{name}\s+│ \[local rank 0\] )"
+        assert re.search(rf"{who}MASTER_ADDR={re.escape(repr(master_ip))}", out, re.MULTILINE), out
+        assert re.search(rf"{who}WORLD_SIZE='3'", out, re.MULTILINE), out
     assert_clean(cluster)

@@ -21,12 +21,14 @@ from torchherd.runlog import OutputLine, OutputParser, RankLines, Status, progre
 FAKE = Path(__file__).parent / "fakes" / "fake_redirects.py"
 
 
-def supervise(tmp_path: Path, *spec: str, run_id: str = "rf-test") -> tuple[list[bytes], list[OutputLine | Status]]:
+def supervise(tmp_path: Path, *spec: str, run_id: str = "rf-test", rank_base: int | None = None,
+              ) -> tuple[list[bytes], list[OutputLine | Status]]:
     """Runs the real supervisor on the stand-in; its records, and what the controller
     makes of them."""
     log_dir = tmp_path / "torchherd-ranks"
     config = wire.SupervisorConfig(run_id=run_id, argv=(sys.executable, str(FAKE), str(log_dir), *spec),
-                                   heartbeat=0, rank_logs=str(log_dir), cleanup_dir=str(log_dir))
+                                   heartbeat=0, rank_logs=str(log_dir), cleanup_dir=str(log_dir),
+                                   rank_base=rank_base)
     process = subprocess.Popen([sys.executable, "-u", "-c", program("supervisor.py"), "-", run_id],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert process.stdin is not None and process.stdout is not None
@@ -78,6 +80,29 @@ def test_a_rank_never_seen_alive_keeps_its_lines_under_its_local_rank(tmp_path: 
     texts = [line.text for line in parsed if isinstance(line, OutputLine)]
     assert "[local rank 0] line 0 from rank ?" in texts and "[local rank 0] line 1 from rank ?" in texts
     assert all(line.rank is None for line in parsed if isinstance(line, OutputLine))
+
+
+def test_a_rank_gone_before_it_was_seen_is_named_by_the_controllers_base(tmp_path: Path) -> None:
+    # anonymous: no worker environment to learn from, as when a short rank has ended
+    # before the supervisor looked; a static rendezvous fixes the base beforehand.
+    _, parsed = supervise(tmp_path, "nproc=2", "lines=2", "anonymous=1", "linger=0", rank_base=6)
+    lines = [line for line in parsed if isinstance(line, OutputLine)]
+    assert [(line.rank, line.text) for line in lines if line.rank == 7][:2] == [
+        (7, "line 0 from rank ?"), (7, "line 1 from rank ?")]
+    assert {line.rank for line in lines if "from rank" in line.text} == {6, 7}
+
+
+@pytest.mark.parametrize(("backend", "nproc", "node", "base"), [
+    ("static", 4, 2, 8), ("static", "gpu", 1, None), ("c10d", 2, 1, None)])
+def test_the_rank_base_is_given_where_torchruns_options_fix_it(backend: str, nproc: object, node: int,
+                                                               base: int | None) -> None:
+    inventory = parse({"cluster": {"nproc_per_node": nproc, "rdzv_backend": backend},
+                       "defaults": {"python": "python3"},
+                       "hosts": [{"name": f"node{index}"} for index in range(3)]}, Path("hosts.toml"))
+    plan = build_plan(inventory, RunOptions(script="train.py", script_args=("--node-rank", "9"), run_id="r1"))
+    config = supervisor_config(plan.nodes[node], "r1", 10.0)
+    assert config.rank_base == base
+    assert wire.SupervisorConfig.from_json(config.to_json()).rank_base == base
 
 
 def test_redraws_are_compacted_to_what_a_terminal_shows() -> None:

@@ -141,7 +141,7 @@ def test_every_status_builder_is_read_back_by_the_controller() -> None:
 
 
 SUPERVISOR_KEYS = {"run_id", "argv", "env", "cwd", "grace", "heartbeat", "watchdog", "cleanup_dir", "rank_marker",
-                   "log_file", "state_file", "node", "coordinator", "rank_logs", "gpu_every"}
+                   "log_file", "state_file", "node", "coordinator", "rank_logs", "gpu_every", "rank_base"}
 
 
 def test_supervisor_config_round_trips_with_todays_keys() -> None:

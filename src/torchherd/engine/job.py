@@ -116,7 +116,19 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float) -> wire.Supervi
     return wire.SupervisorConfig(run_id=run_id, argv=argv, env=node.env, cwd=None, grace=grace,
                                  heartbeat=HEARTBEAT_EVERY, watchdog=WATCHDOG, cleanup_dir=node.remote_log_dir,
                                  rank_marker=None if files else wire.RANK_PREFIX_HEAD.decode(), gpu_every=GPU_EVERY,
-                                 rank_logs=node.remote_log_dir if files else None)
+                                 rank_logs=node.remote_log_dir if files else None, rank_base=rank_base(node.argv))
+
+
+def rank_base(argv: Sequence[str]) -> int | None:
+    """The node's first global rank where torchrun's own options fix it (static
+    rendezvous: ``--node-rank`` x a numeric ``--nproc-per-node``); None for c10d, where
+    the rendezvous hands out node ranks, and for ``gpu``/``auto`` process counts."""
+    own = list(argv[:argv.index("--")]) if "--" in argv else list(argv)  # the script's own arguments are not
+    options = dict(zip(own, own[1:]))
+    node_rank, nproc = options.get("--node-rank", ""), options.get("--nproc-per-node", "")
+    if "--rdzv-backend" in options or not (node_rank.isdigit() and nproc.isdigit()):
+        return None
+    return int(node_rank) * int(nproc)
 
 
 def redirected(argv: Sequence[str]) -> tuple[str, ...]:

@@ -589,12 +589,14 @@ class RankFiles:
     in the file), and at the end, when no worker of its attempt was ever seen, its
     lines go out with their local rank."""
 
-    def __init__(self, log_dir: str, root: int, progress: bool) -> None:
+    def __init__(self, log_dir: str, root: int, progress: bool, base: Optional[int] = None) -> None:
         self.log_dir = os.path.expanduser(log_dir)
         self.root = root
         self.with_progress = progress
         self.streams: Dict[str, RankStream] = {}
         self.bases: Dict[int, int] = {}
+        self.base = base
+        """Every attempt's first global rank when the controller knew it (static rendezvous)."""
         self.next_look = 0.0
 
     def poll(self, now: float, budget: int = OUT_HIGH_WATER) -> bytes:
@@ -660,14 +662,15 @@ class RankFiles:
         return found
 
     def _learn_ranks(self) -> None:
-        """Each attempt's first global rank, from the workers now alive."""
-        table = read_proc_table()
-        for pid in descendants(table, self.root):
-            ranks = worker_ranks(pid)
-            if ranks is not None:
-                self.bases.setdefault(ranks[0], ranks[1] - ranks[2])
+        """Each attempt's first global rank: the controller's, else from the workers now alive."""
+        if self.base is None:
+            table = read_proc_table()
+            for pid in descendants(table, self.root):
+                ranks = worker_ranks(pid)
+                if ranks is not None:
+                    self.bases.setdefault(ranks[0], ranks[1] - ranks[2])
         for stream in self.streams.values():
-            base = self.bases.get(stream.attempt)
+            base = self.bases.get(stream.attempt, self.base)
             if stream.head is None and base is not None:
                 stream.name(base + stream.local_rank)
 
@@ -792,7 +795,8 @@ class Supervisor:
         self.made_dir = False
         # The ranks' own files (torchrun --redirects) and GPU samples; progress bars and
         # GPUs only feed a live view, so a detached run's log is spared them.
-        self.ranks = RankFiles(config.rank_logs, self.pid, not self.detached) if config.rank_logs else None
+        self.ranks = (RankFiles(config.rank_logs, self.pid, not self.detached, config.rank_base)
+                      if config.rank_logs else None)
         self.gpus = GpuSampler(0.0 if self.detached else config.gpu_every)
         self.state: wire.NodeStateFile = {
             "run_id": config.run_id, "node": config.node, "supervisor": self.pid,

@@ -304,6 +304,13 @@ def _number(raw: Mapping[str, object], key: str, default: float) -> float:
     return float(value)
 
 
+def _optional_count(raw: Mapping[str, object], key: str) -> Optional[int]:
+    value = raw.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConfigError("config key %r must be an integer >= 0 or null" % key)
+    return value
+
+
 def _optional_str(raw: Mapping[str, object], key: str) -> Optional[str]:
     value = raw.get(key)
     if value is not None and (not isinstance(value, str) or not value):
@@ -378,6 +385,10 @@ class SupervisorConfig(NamedTuple):
     reads each rank's files there itself, byte for byte, so a ``\\r`` survives."""
     gpu_every: float = 0.0
     """Seconds between GPU samples (``gpu`` records) where ``nvidia-smi`` exists; 0: none."""
+    rank_base: Optional[int] = None
+    """The node's first global rank, when the controller knows it (static rendezvous:
+    node rank x processes per node): the ranks' files are named at once, even a rank that
+    ends before the supervisor sees its environment. None (c10d): learned from a worker."""
 
     def to_json(self) -> str:
         # ASCII JSON never holds a raw newline: the config is exactly one line.
@@ -387,7 +398,7 @@ class SupervisorConfig(NamedTuple):
             "cleanup_dir": self.cleanup_dir, "rank_marker": self.rank_marker,
             "log_file": self.log_file, "state_file": self.state_file, "node": self.node or None,
             "coordinator": None if self.coordinator is None else self.coordinator.to_json_object(),
-            "rank_logs": self.rank_logs, "gpu_every": self.gpu_every,
+            "rank_logs": self.rank_logs, "gpu_every": self.gpu_every, "rank_base": self.rank_base,
         })
 
     def to_line(self) -> bytes:
@@ -416,6 +427,7 @@ class SupervisorConfig(NamedTuple):
             state_file=_optional_str(raw, "state_file"), node=_optional_str(raw, "node") or "",
             coordinator=CoordinatorAddress.from_json_object(raw.get("coordinator")),
             rank_logs=_optional_str(raw, "rank_logs"), gpu_every=_number(raw, "gpu_every", 0.0),
+            rank_base=_optional_count(raw, "rank_base"),
         )
 
 
