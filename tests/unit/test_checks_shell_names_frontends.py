@@ -73,6 +73,34 @@ def test_without_pressure_figures_the_load_tells_a_busy_node() -> None:
     assert results["node1"].status == "pass" and "load 9.0 on 8 CPUs" in results["node1"].summary
 
 
+def test_a_shell_slow_only_among_every_nodes_logins_passes_once_timed_again() -> None:
+    seen = observed()  # no pressure or load figures: only the second timing can tell
+    seen.shell_seconds = {"node0": 3.4, "node1": 3.6}
+    seen.shell_alone = {"node0": 0.31, "node1": 3.1}
+    results = {result.node: result for result in ssh.analyse(seen)}
+    assert results["node0"].status == "pass"
+    assert "took 3.4 s to start among every node's logins, 0.31 s timed again after them" in results["node0"].summary
+    assert results["node1"].status == "warn"
+    assert "took 3.6 s over SSH (over 2 s), and 3.1 s timed again after the other nodes' logins" \
+        in results["node1"].summary
+
+
+def test_slow_shells_are_timed_again_and_only_those() -> None:
+    from torchherd.checks.runner import confirm_slow_shells
+    from torchherd.transport.local import LocalConnector
+
+    seen = observed()
+    seen.shell_seconds = {"node0": 0.05, "node1": 3.0}
+    connector = LocalConnector()
+    connections = {host.name: connector.connect(host) for host in seen.inventory.hosts}
+    try:
+        confirm_slow_shells(seen, connections)
+    finally:
+        for connection in connections.values():
+            connection.close()
+    assert list(seen.shell_alone) == ["node1"] and 0 < seen.shell_alone["node1"] < 2.0
+
+
 def test_shell_not_timed_still_passes() -> None:
     assert {result.status for result in ssh.analyse(observed())} == {"pass"}
 

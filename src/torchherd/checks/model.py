@@ -115,6 +115,9 @@ class Observed:
     """Per node: "ok", "no-reply", or "unavailable: why" (ICMP from the controller)."""
     shell_seconds: dict[str, float] = field(default_factory=dict)
     """Per node: the SSH round trip of a trivial command (session, login shell, exit)."""
+    shell_alone: dict[str, float] = field(default_factory=dict)
+    """Per node whose shell was slow among every node's logins: a trivial command's round
+    trip timed again, after the burst, with few others at once (a slow verdict confirmed)."""
     nproc_per_node: int | str | None = None
     """The job's processes per node (``--nproc-per-node`` included); None: the inventory's."""
     job_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)

@@ -11,6 +11,7 @@ from typing import Callable
 
 from torchherd.checks.analysis.network import compute_networks
 from torchherd.checks.analysis.registry import ANALYSES
+from torchherd.checks.analysis.ssh import SLOW_SHELL_SECONDS
 from torchherd.checks.gather import NODES_AT_ONCE, FactsSession, StartedFacts, finish_facts, start_facts, stop_listeners
 from torchherd.checks.icmp import echo_all
 from torchherd.checks.model import CHECK_IDS, Mesh, Observed
@@ -26,6 +27,9 @@ from torchherd.transport.ssh import resolve_target
 Progress = Callable[[CheckResult], None]
 FACTS_EXTRA_SECONDS = 20.0
 """On top of ssh_timeout: importing torch on a loaded node takes seconds."""
+SHELLS_AT_ONCE_AGAIN = 4
+"""Slow shells timed again this many at a time (not alone: 256 slow nodes one by one would
+take minutes, and four logins at once are no burst)."""
 SHELL_EXTRA_SECONDS = 20.0
 """On top of ssh_timeout: a slow login shell is reported (ssh warns), not cut off."""
 PROBED = frozenset({"port", "ping", "hostname", "network", "firewall"})
@@ -93,13 +97,10 @@ class _Collector:
 
     def _time_shell(self, connection: Session, host: Host) -> None:
         """A trivial command's round trip: what the node's shell startup costs every SSH command."""
-        started = time.monotonic()
-        try:
-            connection.run("true", timeout=self.observed.inventory.cluster.ssh_timeout + SHELL_EXTRA_SECONDS)
-        except TransportError:  # the facts and probes report a broken session
-            return
-        with self.lock:
-            self.observed.shell_seconds[host.name] = time.monotonic() - started
+        seconds = time_trivial_command(connection, self.observed.inventory.cluster.ssh_timeout)
+        if seconds is not None:
+            with self.lock:
+                self.observed.shell_seconds[host.name] = seconds
 
     def _start(self, connection: Session, host: Host) -> None:
         timeout = self.observed.inventory.cluster.ssh_timeout + FACTS_EXTRA_SECONDS
@@ -134,6 +135,33 @@ class _Collector:
         if self.progress is not None and self.report_ssh:
             with self.lock:
                 self.progress(result)
+
+
+def time_trivial_command(connection: Session, ssh_timeout: float) -> float | None:
+    """Seconds ``true`` takes over the session; None when the session broke (the facts and
+    probes report that)."""
+    started = time.monotonic()
+    try:
+        connection.run("true", timeout=ssh_timeout + SHELL_EXTRA_SECONDS)
+    except TransportError:
+        return None
+    return time.monotonic() - started
+
+
+def confirm_slow_shells(observed: Observed, connections: dict[str, Session]) -> None:
+    """Times a trivial command again on each node whose shell was slow to start, after the
+    burst and a few at a time: every node's login shell starting at once on busy CPUs is
+    slow for that reason alone, and a warning must hold when the node is not that busy."""
+    slow = [name for name, seconds in observed.shell_seconds.items()
+            if seconds > SLOW_SHELL_SECONDS and name in connections]
+    timeout = observed.inventory.cluster.ssh_timeout
+
+    def again(name: str) -> None:
+        seconds = time_trivial_command(connections[name], timeout)
+        if seconds is not None:
+            observed.shell_alone[name] = seconds
+
+    fan_out(slow, again, SHELLS_AT_ONCE_AGAIN)
 
 
 def _controller_pings(observed: Observed) -> None:
@@ -172,6 +200,8 @@ def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progres
         for name, started in collector.started.items():
             if name not in collector.sessions:  # interrupted before its answer was read
                 started.process.close()
+    if "ssh" in selected:
+        confirm_slow_shells(observed, collector.connections)
     return observed, collector.connections
 
 
