@@ -11,7 +11,7 @@ from typing import Callable
 
 from torchherd.checks.analysis.network import compute_networks
 from torchherd.checks.analysis.registry import ANALYSES
-from torchherd.checks.analysis.ssh import SLOW_SHELL_SECONDS
+from torchherd.checks.analysis.ssh import SLOW_SHELL_SECONDS, busy_node_explains
 from torchherd.checks.gather import NODES_AT_ONCE, FactsSession, StartedFacts, finish_facts, start_facts, stop_listeners
 from torchherd.checks.icmp import echo_all
 from torchherd.checks.model import CHECK_IDS, Mesh, Observed
@@ -27,9 +27,9 @@ from torchherd.transport.ssh import resolve_target
 Progress = Callable[[CheckResult], None]
 FACTS_EXTRA_SECONDS = 20.0
 """On top of ssh_timeout: importing torch on a loaded node takes seconds."""
-SHELLS_AT_ONCE_AGAIN = 4
+SHELLS_AT_ONCE_AGAIN = 8
 """Slow shells timed again this many at a time (not alone: 256 slow nodes one by one would
-take minutes, and four logins at once are no burst)."""
+take minutes, and eight logins at once are no burst)."""
 SHELL_EXTRA_SECONDS = 20.0
 """On top of ssh_timeout: a slow login shell is reported (ssh warns), not cut off."""
 PROBED = frozenset({"port", "ping", "hostname", "network", "firewall"})
@@ -149,11 +149,12 @@ def time_trivial_command(connection: Session, ssh_timeout: float) -> float | Non
 
 
 def confirm_slow_shells(observed: Observed, connections: dict[str, Session]) -> None:
-    """Times a trivial command again on each node whose shell was slow to start, after the
-    burst and a few at a time: every node's login shell starting at once on busy CPUs is
+    """Times a trivial command again on each node whose shell was slow to start (and not
+    already explained by busy CPUs), after the burst and a few at a time: every node's login shell starting at once on busy CPUs is
     slow for that reason alone, and a warning must hold when the node is not that busy."""
     slow = [name for name, seconds in observed.shell_seconds.items()
-            if seconds > SLOW_SHELL_SECONDS and name in connections]
+            if seconds > SLOW_SHELL_SECONDS and name in connections
+            and not busy_node_explains(observed.facts.get(name))]
     timeout = observed.inventory.cluster.ssh_timeout
 
     def again(name: str) -> None:

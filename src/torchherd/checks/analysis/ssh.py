@@ -41,16 +41,15 @@ def _shell_speed(node: str, logged_in: str, seconds: float | None, facts: NodeFa
         return CheckResult(node, "ssh", "pass", logged_in)
     if seconds <= SLOW_SHELL_SECONDS:
         return CheckResult(node, "ssh", "pass", f"{logged_in}; a trivial command's round trip took {seconds:.2f} s")
+    if facts is not None and busy_node_explains(facts):
+        return CheckResult(node, "ssh", "pass",
+                           f"{logged_in}; its shell took {seconds:.1f} s to start but used "
+                           f"{facts.get('shell_cpu_seconds'):.2f} s of CPU, while the node's CPUs were busy "
+                           f"({_busy(facts)}): a busy node, not slow startup files")
     if alone is not None and alone <= SLOW_SHELL_SECONDS:
         return CheckResult(node, "ssh", "pass",
                            f"{logged_in}; its shell took {seconds:.1f} s to start among every node's logins, "
                            f"{alone:.2f} s timed again after them: a busy moment, not slow startup files")
-    cpu = facts.get("shell_cpu_seconds") if facts is not None else None
-    busy = _busy(facts)
-    if busy is not None and isinstance(cpu, (int, float)) and cpu < SLOW_SHELL_SECONDS:
-        return CheckResult(node, "ssh", "pass",
-                           f"{logged_in}; its shell took {seconds:.1f} s to start but used {cpu:.2f} s of CPU, "
-                           f"while the node's CPUs were busy ({busy}): a busy node, not slow startup files")
     again = "" if alone is None else f", and {alone:.1f} s timed again after the other nodes' logins"
     return CheckResult(node, "ssh", "warn",
                        f"{logged_in}, but a trivial command (`true`) took {seconds:.1f} s over SSH (over "
@@ -60,6 +59,12 @@ def _shell_speed(node: str, logged_in: str, seconds: float | None, facts: NodeFa
                        f"(~/.bashrc is read even by `ssh host cmd`: put `case $- in *i*) ;; *) return;; esac` "
                        f"above conda/module/nvm init, network-mounted paths and similar); time it with "
                        f"`time ssh {node} true`")
+
+
+def busy_node_explains(facts: NodeFacts | None) -> bool:
+    """A shell slow to start that used little CPU itself while the node's CPUs were busy."""
+    cpu = facts.get("shell_cpu_seconds") if facts is not None else None
+    return _busy(facts) is not None and isinstance(cpu, (int, float)) and cpu < SLOW_SHELL_SECONDS
 
 
 def _busy(facts: NodeFacts | None) -> str | None:
