@@ -312,12 +312,17 @@ def _node_plan(inventory: Inventory, options: RunOptions, host: Host, rank: int,
         notes.append(f"--local-addr {local_addr}" + (f": {network.reason}" if network and network.reason else ""))
     # One per node (nodes may share a /tmp); the supervisor creates it, 0700, and refuses
     # one that exists: the name is guessable, and another user could have made it first.
-    remote_log_dir = f"/tmp/torchherd-{options.run_id}-{host.name}"
+    remote_log_dir = node_log_dir(options.run_id, host.name)
     argv = _torchrun_argv(inventory, options, host, rank, master_addr, local_addr, backend, remote_log_dir)
     env = _node_env(host, options, network, notes)
     return NodePlan(host=host, node_rank=rank, argv=argv, env=MappingProxyType(env), workdir=host.workdir,
                     setup=host.setup, network=network, notes=tuple(notes), remote_log_dir=remote_log_dir,
                     nproc_per_node=node_nproc(inventory, options, host))
+
+
+def node_log_dir(run_id: str, node: str) -> str:
+    """torchrun's log directory on a node (made private and atomically where it is used)."""
+    return f"/tmp/torchherd-{run_id}-{node}"
 
 
 def _torchrun_argv(inventory: Inventory, options: RunOptions, host: Host, rank: int, master_addr: str,

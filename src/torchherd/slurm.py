@@ -18,7 +18,7 @@ from torchherd.errors import UsageError
 from torchherd.inventory import SlurmSettings
 from torchherd.nodeset import NodesetError
 from torchherd.nodeset import expand as expand_nodeset
-from torchherd.plan import NodePlan, Plan, looks_secret, quote_path
+from torchherd.plan import NodePlan, Plan, looks_secret, node_log_dir, quote_path
 from torchherd.results import CLUSTER, CheckResult, CheckStatus
 
 BATCH_SCRIPT = "job.sbatch"
@@ -191,7 +191,7 @@ def node_command(plan: Plan, nodes: Sequence[NodePlan]) -> str:
     parts.append("{ phase=job; " + " ".join(torchrun_words(plan, first)) + "; }")
     return "\n".join([
         "phase=setup",
-        f"logs={_log_dir_word(first)}",
+        f"logs={_log_dir_word(plan)}",
         " && ".join(parts),
         "code=$?",
         'if [ -n "${logs_made-}" ]; then rm -rf "$logs"; fi',  # only the directory it made
@@ -199,11 +199,10 @@ def node_command(plan: Plan, nodes: Sequence[NodePlan]) -> str:
         'exit "$code"'])
 
 
-def _log_dir_word(node: NodePlan) -> str:
+def _log_dir_word(plan: Plan) -> str:
     """The plan's torchrun log directory with the node's name as SLURM gives it: nodes
     that share a /tmp (the test cluster, a node with several tasks) each have their own."""
-    prefix = node.remote_log_dir.removesuffix(node.host.name)
-    return shlex.quote(prefix) + '"$SLURMD_NODENAME"'
+    return shlex.quote(node_log_dir(plan.run_id, "")) + '"$SLURMD_NODENAME"'
 
 
 def _uneven(nodes: Sequence[NodePlan]) -> bool:

@@ -150,8 +150,9 @@ def time_trivial_command(connection: Session, ssh_timeout: float) -> float | Non
 
 def confirm_slow_shells(observed: Observed, connections: dict[str, Session]) -> None:
     """Times a trivial command again on each node whose shell was slow to start (and not
-    already explained by busy CPUs), after the burst and a few at a time: every node's login shell starting at once on busy CPUs is
-    slow for that reason alone, and a warning must hold when the node is not that busy."""
+    already explained by busy CPUs), after the burst and a few at a time: every node's
+    login shell starting at once on busy CPUs is slow for that reason alone, and a warning
+    must hold when the node is not that busy."""
     slow = [name for name, seconds in observed.shell_seconds.items()
             if seconds > SLOW_SHELL_SECONDS and name in connections
             and not busy_node_explains(observed.facts.get(name))]

@@ -123,7 +123,8 @@ def rank_base(argv: Sequence[str]) -> int | None:
     """The node's first global rank where torchrun's own options fix it (static
     rendezvous: ``--node-rank`` x a numeric ``--nproc-per-node``); None for c10d, where
     the rendezvous hands out node ranks, and for ``gpu``/``auto`` process counts."""
-    own = list(argv[:argv.index("--")]) if "--" in argv else list(argv)  # the script's own arguments are not
+    # torchrun's own options only: after "--" come the script's arguments
+    own = list(argv[:argv.index("--")]) if "--" in argv else list(argv)
     options = dict(zip(own, own[1:]))
     node_rank, nproc = options.get("--node-rank", ""), options.get("--nproc-per-node", "")
     if "--rdzv-backend" in options or not (node_rank.isdigit() and nproc.isdigit()):
