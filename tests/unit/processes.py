@@ -1,12 +1,17 @@
 """Process helpers the node-program tests share: find what a run left, wait for a state,
-and a run id whose processes are killed after the test whatever happened."""
+a run id whose processes are killed after the test whatever happened, and the real
+supervisor run to its end as the controller runs it."""
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from typing import Callable, Iterator
+
+from torchherd.remote import program, wire
 
 
 def pids_with(text: bytes) -> list[int]:
@@ -45,3 +50,20 @@ def killed_after(prefix: str) -> Iterator[str]:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def run_supervisor(config: wire.SupervisorConfig, timeout: float = 60) -> tuple[int, bytes]:
+    """The supervisor program with ``config`` on its stdin, which stays open (its end would
+    tear the job down) until the supervisor has ended: its exit status and every record."""
+    process = subprocess.Popen([sys.executable, "-u", "-c", program("supervisor.py"), "-", config.run_id],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(config.to_line())
+    process.stdin.flush()
+    try:
+        out = process.stdout.read()
+        return process.wait(timeout=timeout), out
+    finally:
+        process.kill()
+        process.stdin.close()
+        process.stdout.close()

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from processes import run_supervisor
 
 from torchherd.api import Cluster
 from torchherd.engine.events import Collector
@@ -147,7 +148,6 @@ def test_a_script_starting_with_a_dash_is_torchruns_script(tmp_path: Path) -> No
 
 def test_a_marker_in_the_middle_of_a_line_is_text(tmp_path: Path) -> None:
     from torchherd.engine.job import supervisor_config  # noqa: PLC0415
-    from torchherd.remote import program  # noqa: PLC0415
     from torchherd.runlog import OutputParser, RankLines  # noqa: PLC0415
 
     node = one_node(tmp_path).plan("train.py", run_id="tmid").nodes[0]
@@ -155,17 +155,7 @@ def test_a_marker_in_the_middle_of_a_line_is_text(tmp_path: Path) -> None:
     config = supervisor_config(node, "tmid", 1.0)._replace(
         argv=(PY, "-c", f"print({said!r})"), heartbeat=0.0, watchdog=0.0, gpu_every=0.0,
         cleanup_dir=str(tmp_path / "torchherd-mid"), rank_logs=str(tmp_path / "torchherd-mid"))
-    process = subprocess.Popen([PY, "-u", "-c", program("supervisor.py"), "-", "tmid"], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE)
-    assert process.stdin is not None and process.stdout is not None
-    process.stdin.write(config.to_line())
-    process.stdin.flush()
-    try:
-        out = process.stdout.read()
-        process.wait(timeout=60)
-    finally:
-        process.kill()
-        process.stdin.close()
+    _, out = run_supervisor(config)
     parser = OutputParser("n0")
     lines = [line for chunk in parser.feed(out) + parser.finish()
              for line in (chunk.lines() if isinstance(chunk, RankLines) else [chunk]) if isinstance(line, OutputLine)]

@@ -5,16 +5,16 @@ write those files as torch's do."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from processes import run_supervisor
 
 from torchherd.engine.job import redirected, supervisor_config
 from torchherd.inventory import parse
 from torchherd.plan import RunOptions, build_plan
-from torchherd.remote import program, wire
+from torchherd.remote import wire
 from torchherd.remote.supervisor import compact_redraws, visible_now
 from torchherd.runlog import OutputLine, OutputParser, RankLines, Status, progress_of
 
@@ -29,17 +29,8 @@ def supervise(tmp_path: Path, *spec: str, run_id: str = "rf-test", rank_base: in
     config = wire.SupervisorConfig(run_id=run_id, argv=(sys.executable, str(FAKE), str(log_dir), *spec),
                                    heartbeat=0, rank_logs=str(log_dir), cleanup_dir=str(log_dir),
                                    rank_base=rank_base)
-    process = subprocess.Popen([sys.executable, "-u", "-c", program("supervisor.py"), "-", run_id],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert process.stdin is not None and process.stdout is not None
-    process.stdin.write(config.to_line())
-    process.stdin.flush()  # and kept open: its end would tear the job down
-    try:
-        out = process.stdout.read()
-        assert process.wait(timeout=60) == 0, out[-2000:]
-    finally:
-        process.kill()
-        process.stdin.close()
+    code, out = run_supervisor(config)
+    assert code == 0, out[-2000:]
     parser = OutputParser("node1")
     parsed: list[OutputLine | Status] = []
     for chunk in parser.feed(out) + parser.finish():

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from processes import run_supervisor
 
 from torchherd.api import Cluster
 from torchherd.engine.events import Collector, NodeNotStarted
@@ -30,24 +31,12 @@ from torchherd.remote import program, wire
 from torchherd.transport.local import LocalConnector
 
 PY = sys.executable
-SUPERVISOR = program("supervisor.py")
 FAKE = str(Path(__file__).parent / "fakes" / "fake_torchrun.py")
 
 
 def supervise(config: wire.SupervisorConfig, timeout: float = 30) -> list[bytes]:
     """The supervisor's records, run to the end with its stdin open (the controller's way)."""
-    process = subprocess.Popen([PY, "-u", "-c", SUPERVISOR, "-", config.run_id], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE)
-    assert process.stdin is not None and process.stdout is not None
-    process.stdin.write(config.to_line())
-    process.stdin.flush()
-    try:
-        out = process.stdout.read()
-        process.wait(timeout=timeout)
-    finally:
-        process.kill()
-        process.stdin.close()
-    return out.splitlines()
+    return run_supervisor(config, timeout)[1].splitlines()
 
 
 def status(records: list[bytes], event: str) -> dict[str, object]:
