@@ -201,6 +201,114 @@ def test_a_symlinked_directory_on_the_node_is_never_written_through(tmp_path: Pa
     assert isinstance(done.nodes[1], NodeSynced)
 
 
+def test_a_workdir_others_can_write_is_refused_and_nothing_is_written(tmp_path: Path, project: Path) -> None:
+    # Another user who made the workdir (or any directory on the way to it) writable
+    # could swap a synced file or plant a symbolic link in its place: refused, as
+    # OpenSSH's StrictModes refuses such a home.
+    home_a = homes(tmp_path)["a"]
+    (home_a / "work").mkdir()
+    (home_a / "work").chmod(0o777)
+    victim = tmp_path / "victim-bin"
+    victim.mkdir()
+    os.symlink(victim, home_a / "work" / "proj")  # "a symlink planted in its place"
+    done, _ = sync(tmp_path, plan_for(project, dest="proj"))
+    failed = {node.node: node for node in done.failed}
+    assert set(failed) == {"a"}
+    assert f"{home_a / 'work'} cannot hold a sync: it is writable by group or others (chmod go-w" \
+        in failed["a"].message
+    assert list(victim.iterdir()) == []
+    # A directory above the workdir that others can write is refused as well.
+    (home_a / "work").chmod(0o700)
+    home_a.chmod(0o757)
+    done, _ = sync(tmp_path, plan_for(project, dest="proj"))
+    assert f"{home_a} cannot hold a sync" in done.failed[0].message
+    assert list(victim.iterdir()) == []
+    # The destination's own subdirectories too: a file synced into one could be swapped.
+    home_a.chmod(0o700)
+    os.unlink(home_a / "work" / "proj")
+    (home_a / "work" / "proj" / "pkg").mkdir(parents=True)
+    (home_a / "work" / "proj" / "pkg").chmod(0o775)
+    done, _ = sync(tmp_path, plan_for(project, dest="proj"))
+    assert "pkg cannot hold a sync: it is writable by group or others" in done.failed[0].message
+    assert not (home_a / "work" / "proj" / "pkg" / "model.py").exists()
+
+
+def test_a_symbolic_link_the_user_made_is_followed_within_the_workdir(tmp_path: Path, project: Path) -> None:
+    # A link in a directory only the user can write is the user's own: followed (a
+    # workdir on another disk), and still held to the workdir.
+    home_a = homes(tmp_path)["a"]
+    (home_a / "work" / "real").mkdir(parents=True)
+    os.symlink("real", home_a / "work" / "proj")
+    done, _ = sync(tmp_path, plan_for(project, dest="proj"))
+    assert synced(done)["a"].dest == str(home_a / "work" / "real")
+    assert node_tree(home_a / "work" / "real") == node_tree(project)
+    os.unlink(home_a / "work" / "proj")
+    os.symlink(tmp_path / "elsewhere", home_a / "work" / "proj")
+    done, _ = sync(tmp_path, plan_for(project, dest="proj"))
+    assert "outside the workdir" in done.failed[0].message and not (tmp_path / "elsewhere").exists()
+
+
+def test_a_file_swapped_with_the_same_size_and_mtime_is_sent_again(tmp_path: Path, project: Path) -> None:
+    plan = plan_for(project)
+    sync(tmp_path, plan)
+    work = homes(tmp_path)["b"] / "work"
+    for name in ("train.py", "big.bin"):  # a small file and one the manifest alone vouched for
+        before = (work / name).stat()
+        data = (work / name).read_bytes()
+        (work / name).write_bytes(bytes([data[0] ^ 1]) + data[1:])
+        os.utime(work / name, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert (work / name).stat().st_size == before.st_size
+    done, _ = sync(tmp_path, plan)
+    assert synced(done)["b"].sent == ("big.bin", "train.py")
+    assert node_tree(work) == node_tree(project)
+    # Touched but not changed (a chmod back and forth): its content vouches, nothing travels.
+    (work / "big.bin").chmod(0o644)
+    (work / "big.bin").chmod(0o600)
+    done, _ = sync(tmp_path, plan)
+    assert synced(done)["b"].sent == () and synced(done)["b"].unchanged == 5
+
+
+def test_the_temporary_manifest_is_never_opened_through_a_planted_link(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchherd.remote import receive
+
+    root = tmp_path / "dest"
+    root.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    # The name a pid gave it once, and (had it been guessed) the random one itself.
+    os.symlink(victim, root / f".{MANIFEST}.{os.getpid()}")
+    receive.write_manifest(str(root), {})
+    assert victim.read_text() == "precious\n"
+    monkeypatch.setattr(receive, "TOKEN", "guessed")
+    os.symlink(victim, root / f".{MANIFEST}.guessed")
+    with pytest.raises(FileExistsError):
+        receive.write_manifest(str(root), {})
+    assert victim.read_text() == "precious\n"
+    assert marshal.loads((root / MANIFEST).read_bytes()) == {"version": 2, "files": {}}
+
+
+@pytest.mark.parametrize("files", [
+    {1: ["0" * 64, 6, 1, 6, 1]},  # a key that is not a path (what crashed every later sync)
+    {"train.py": ["0" * 64, 6, 1, 6, 1, 1, 1], 2: ["0" * 64, 6, 1, 6, 1, 1, 1]},
+    {"train.py": ["0" * 64, 6, 1, 6, 1]},  # a line of version 1
+    {"train.py": ["0" * 64, "6", 1, 6, 1, 1, 1]},
+    {"train.py": None},
+    [],
+])
+def test_a_damaged_manifest_is_no_manifest(tmp_path: Path, project: Path, files: object) -> None:
+    plan = plan_for(project)
+    sync(tmp_path, plan)
+    work = homes(tmp_path)["a"] / "work"
+    (work / MANIFEST).write_bytes(marshal.dumps({"version": 2, "files": files}))
+    (work / "train.py").write_text("print('train!')\n")  # not as the manifest had it: found by hashing again
+    done, _ = sync(tmp_path, plan)
+    assert synced(done)["a"].sent == ("big.bin", "main.py", "train.py")  # vouched for by nothing now
+    assert node_tree(work) == node_tree(project)
+    again, _ = sync(tmp_path, plan)
+    assert synced(again)["a"].sent == ()
+
+
 def test_a_node_without_the_python_fails_alone(tmp_path: Path, project: Path) -> None:
     inventory = parse({"defaults": {"workdir": "~/work", "python": sys.executable},
                        "hosts": [{"name": "a"}, {"name": "b", "python": "/nonexistent/python"}]}, Path("h.toml"))

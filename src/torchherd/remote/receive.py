@@ -9,21 +9,26 @@ every run, their import would cost more than the work of a sync with nothing cha
 
 1. The controller sends what the project holds (``want``: path, size, mtime, executable
    bit, symlink target). This script answers, per path, whether the node already has it:
-   by the manifest kept in the destination (``MANIFEST``: the content hash and both
-   sides' size and mtime of every file synced before) when the file is as the manifest
-   left it, else by hashing a small file of the same size. Nothing is changed yet, so
-   ``--dry-run`` ends here.
+   by the manifest kept in the destination (``MANIFEST``: the content hash, both sides'
+   size and mtime, and the node's ctime and inode of every file synced before) when the
+   file is as the manifest left it (its content hashed again when only its ctime or
+   inode differ), else by hashing a small file of the same size. Nothing is changed
+   yet, so ``--dry-run`` ends here.
 2. On ``go``: files the manifest lists that the project no longer has are deleted (only
    those, and only inside the destination); then every file sent is written beside its
    place and renamed over it; then every file written is read back and its SHA-256
    compared with the controller's; then the new manifest replaces the old.
 
 Only paths inside the destination are ever written or deleted: no absolute path, no
-``..``, no symbolic link on the way to a file.
+``..``, no symbolic link on the way to a file. The destination, and every directory on
+the way to it, is one that no other user can change (``walk``): the user's own, not
+writable by group or others (above it, root's too), so nothing checked here can be
+swapped or redirected afterwards.
 """
 
 from __future__ import annotations
 
+import errno
 import marshal
 import os
 import stat
@@ -33,9 +38,11 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any, Dict, List, Optional, Set, Tuple
+    from typing import IO, Any, Dict, Iterable, List, Optional, Set, Tuple
 
 MANIFEST = ".torchherd-sync"
+MANIFEST_VERSION = 2
+"""Version 1's lines had no ctime and inode: they vouch for nothing now."""
 MARSHAL_VERSION = 4
 """Readable by every Python from 3.4 on, whichever wrote it."""
 LARGE = 1 << 20
@@ -46,6 +53,9 @@ CHUNK = 1 << 20
 HEADER = struct.Struct(">I")
 DIGEST = 32
 EXIT_REFUSED = 2
+TOKEN = os.urandom(8).hex()
+"""In the names of this receiver's temporary files: not guessable, so no file of the
+project (a symbolic link synced just before) can be named as one of them."""
 
 
 def read_exact(stream: IO[bytes], size: int) -> bytes:
@@ -96,10 +106,155 @@ def reply(message: Dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def resolve(dest: str, within: str) -> str:
-    """The destination's real path; refuses one outside ``within`` (the workdir), the
-    home directory itself, and the root."""
-    real = os.path.realpath(os.path.expanduser(dest))
+DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+LINKS = 40
+"""Symbolic links followed on the way to the destination at most (the kernel's own limit)."""
+
+
+def owner(uid: int) -> str:
+    import pwd  # only to say whose a refused directory is
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def distrust(path: str, info: os.stat_result, inside: bool) -> Optional[str]:
+    """Why nobody but the user (and root) is known to control what ``path`` holds, or
+    None. Above the destination a directory of root's that no one else can write, or a
+    sticky one (``/tmp``: others may add entries there, never replace ours), is fine, as
+    OpenSSH's StrictModes has it; at the destination and inside it only the user's own
+    directories that group and others cannot write are."""
+    uid = os.geteuid()
+    writable = info.st_mode & 0o022
+    if not inside and info.st_uid == 0 and (not writable or info.st_mode & stat.S_ISVTX):
+        return None
+    if info.st_uid == uid and not writable:
+        return None
+    if info.st_uid == uid:
+        why = f"writable by group or others (chmod go-w {path})"
+    elif info.st_uid == 0:
+        why = "root's and writable by group or others"
+    else:
+        why = f"{owner(info.st_uid)}'s, not yours"
+    return (f"{path} cannot hold a sync: it is {why} (mode {stat.S_IMODE(info.st_mode):04o}); another user "
+            "could swap or redirect what is synced (use a workdir only you can write)")
+
+
+def trusted_link(holder: os.stat_result, link: os.stat_result) -> bool:
+    """A symbolic link in a trusted directory was put there by the user or root; in a
+    sticky one (``/tmp``) only when it is theirs (as the kernel's protected_symlinks)."""
+    return not holder.st_mode & 0o022 or link.st_uid in (os.geteuid(), 0)
+
+
+class Walk:
+    """The directories walked so far, each open (O_NOFOLLOW) and checked."""
+
+    def __init__(self) -> None:
+        self.fds: List[int] = []
+        self.names: List[str] = []
+        self.infos: List[os.stat_result] = []
+        self.links = 0
+        try:
+            self.enter("/", os.open("/", DIRECTORY))
+        except ValueError:
+            self.close()
+            raise
+
+    def enter(self, name: str, fd: int) -> None:
+        self.fds.append(fd)
+        if name != "/":
+            self.names.append(name)
+        self.infos.append(os.fstat(fd))
+        problem = distrust(self.path(), self.infos[-1], inside=False)
+        if problem:
+            raise ValueError(problem)
+
+    def up(self) -> None:
+        if self.names:
+            os.close(self.fds.pop())
+            self.names.pop()
+            self.infos.pop()
+
+    def path(self, *more: str) -> str:
+        return "/" + "/".join(self.names + list(more))
+
+    def link(self, name: str) -> List[str]:
+        """The components a symbolic link here stands for; refused where it is not the
+        user's (or root's) own doing. An absolute target starts again at the root."""
+        info = os.stat(name, dir_fd=self.fds[-1], follow_symlinks=False)
+        if not stat.S_ISLNK(info.st_mode):
+            raise ValueError(f"{self.path(name)} is a file on the node, not a directory")
+        self.links += 1
+        if self.links > LINKS or not trusted_link(self.infos[-1], info):
+            raise ValueError(f"{self.path(name)} is a symbolic link that another user could have put there: "
+                             "refused, not followed")
+        target = os.readlink(name, dir_fd=self.fds[-1])
+        if target.startswith("/"):
+            while self.names:
+                self.up()
+        return [part for part in target.split("/") if part not in ("", ".")]
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+
+
+def walk(path: str, create: bool) -> Tuple[str, bool]:
+    """The destination's path with its symbolic links followed, and whether it exists;
+    with ``create``, its missing directories made (0700). Walked from the root one
+    directory at a time through file descriptors opened with O_NOFOLLOW: a directory
+    on the way that someone other than the user (or root, above the destination) could
+    change is refused before anything in it is used, and a symbolic link is followed
+    only where it lies in such a trusted directory (so no other user can have put it
+    there). Every directory of the path returned is trusted: no one else can swap
+    anything in it afterwards, and the sync then works on that path."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    parts.reverse()  # a stack: the next component last
+    where = Walk()
+    try:
+        while parts:
+            name = parts.pop()
+            if name == "..":
+                where.up()
+                continue
+            try:
+                fd = os.open(name, DIRECTORY, dir_fd=where.fds[-1])
+            except FileNotFoundError:
+                if not create:
+                    return lexical(where.names + [name], reversed(parts)), False
+                os.mkdir(name, 0o700, dir_fd=where.fds[-1])
+                fd = os.open(name, DIRECTORY, dir_fd=where.fds[-1])
+            except OSError as error:
+                if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                parts.extend(reversed(where.link(name)))
+                continue
+            where.enter(name, fd)
+        problem = distrust(where.path(), where.infos[-1], inside=True)  # the destination itself: the user's own
+        if problem:
+            raise ValueError(problem)
+        return where.path(), True
+    finally:
+        where.close()
+
+
+def lexical(names: List[str], rest: Iterable[str]) -> str:
+    """The path of a destination not made yet: its missing part taken as written."""
+    names = list(names)
+    for name in rest:
+        if name != "..":
+            names.append(name)
+        elif names:
+            names.pop()
+    return "/" + "/".join(names)
+
+
+def resolve(dest: str, within: str, create: bool = False) -> Tuple[str, bool]:
+    """The destination, checked and walked (``walk``), and whether it exists; refuses
+    one outside ``within`` (the workdir), the home directory itself, and the root."""
+    real, exists = walk(os.path.abspath(os.path.expanduser(dest)), create)
     limit = os.path.realpath(os.path.expanduser(within))
     home = os.path.realpath(os.path.expanduser("~"))
     if real == "/" or real == home:
@@ -107,7 +262,7 @@ def resolve(dest: str, within: str) -> str:
                          "a sync needs a directory of its own")
     if real != limit and not real.startswith(limit.rstrip("/") + "/"):
         raise ValueError(f"{dest} ({real}) is outside the workdir {within} ({limit})")
-    return real
+    return real, exists
 
 
 UNSAFE_PARTS = frozenset(("", ".", ".."))
@@ -150,6 +305,9 @@ class Tree:
             if not stat.S_ISDIR(info.st_mode):
                 kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "a file"
                 raise ValueError(f"{os.path.relpath(current, self.root)} is {kind} on the node, not a directory")
+            problem = distrust(current, info, inside=True)
+            if problem:
+                raise ValueError(problem)
             self.dirs.add(current)
         return current
 
@@ -182,7 +340,7 @@ class Tree:
         except FileNotFoundError:
             pass
         self.counter += 1
-        return target, os.path.join(folder, f".{parts[-1]}.torchherd-{os.getpid()}-{self.counter}")
+        return target, os.path.join(folder, f".{parts[-1]}.torchherd-{TOKEN}-{self.counter}")
 
     def delete(self, path: str) -> bool:
         self.folders.clear()  # directories may go now
@@ -212,7 +370,7 @@ def file_hash(path: str) -> str:
     import hashlib  # only a sync that hashes pays for OpenSSL's start
 
     digest = hashlib.sha256()
-    with open(path, "rb") as file:
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as file:
         while True:
             block = file.read(CHUNK)
             if not block:
@@ -220,18 +378,37 @@ def file_hash(path: str) -> str:
             digest.update(block)
 
 
+LINE_TYPES = (str, int, int, int, int, int, int)
+"""A manifest line: sha256 or "link:TARGET", the controller's size and mtime_ns, the
+node's size, mtime_ns, ctime_ns and inode."""
+
+
 def load_manifest(root: str) -> Dict[str, List[Any]]:
-    """path -> [sha256 or "link:TARGET", source size, source mtime_ns, node size, node mtime_ns]."""
+    """path -> the manifest's line (``LINE_TYPES``). A manifest that is not exactly what
+    this script writes (damaged, hand-edited, another version's, not the user's own
+    private file) is no manifest: every file is compared again, and a damaged file never
+    stops a sync."""
     try:
-        with open(os.path.join(root, MANIFEST), "rb") as file:
+        fd = os.open(os.path.join(root, MANIFEST), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            return {}
+        try:
             data = marshal.loads(file.read())
-    except (OSError, ValueError, EOFError, TypeError):
+        except (OSError, ValueError, EOFError, TypeError):
+            return {}
+    files = data.get("files") if isinstance(data, dict) and data.get("version") == MANIFEST_VERSION else None
+    if not isinstance(files, dict) or not all(is_line(path, line) for path, line in files.items()):
         return {}
-    files = data.get("files") if isinstance(data, dict) else None
-    if not isinstance(files, dict):
-        return {}
-    # A line that is not what this script writes vouches for nothing: its file is compared again.
-    return {path: known for path, known in files.items() if isinstance(known, list) and len(known) == 5}
+    return files
+
+
+def is_line(path: Any, line: Any) -> bool:
+    return (isinstance(path, str) and isinstance(line, list) and len(line) == len(LINE_TYPES)
+            and all(type(value) is kind for value, kind in zip(line, LINE_TYPES)))
 
 
 def classify(tree: Tree, want: List[List[Any]], manifest: Dict[str, List[Any]]) -> Dict[str, Any]:
@@ -243,8 +420,9 @@ def classify(tree: Tree, want: List[List[Any]], manifest: Dict[str, List[Any]]) 
     for path, size, mtime, executable, link in want:
         info = tree.lstat(path)
         known = manifest.get(path)
-        if info is not None and known is not None and is_unchanged(info, known, size, mtime, executable, link):
-            same[path] = known
+        if info is not None and known is not None and is_unchanged(tree, path, info, known, size, mtime, executable,
+                                                                   link):
+            same[path] = known[:5] + [info.st_ctime_ns, info.st_ino]
         elif link is None and info is not None and stat.S_ISREG(info.st_mode) and info.st_size == size < LARGE \
                 and bool(info.st_mode & stat.S_IXUSR) == bool(executable):
             have[path] = file_hash(os.path.join(tree.root, path))
@@ -252,15 +430,30 @@ def classify(tree: Tree, want: List[List[Any]], manifest: Dict[str, List[Any]]) 
             need.append(path)
     wanted = {entry[0] for entry in want}
     stale = sorted(path for path in manifest if path not in wanted)
-    return {"need": need, "have": have, "same": same, "delete": stale}
+    return {"need": need, "have": have, "same": same, "delete": stale,
+            "refreshed": any(same[path][5:] != manifest[path][5:] for path in same)}
 
 
-def is_unchanged(info: os.stat_result, known: List[Any], size: int, mtime: int, executable: bool,
-                 link: Optional[str]) -> bool:
+def is_unchanged(tree: Tree, path: str, info: os.stat_result, known: List[Any], size: int, mtime: int,
+                 executable: bool, link: Optional[str]) -> bool:
+    """Whether the node's file is the one the manifest recorded for this source file.
+    Size and mtime alone do not say it: another hand can write a file and set its mtime
+    back. Its ctime and inode do (no one but root can set a ctime, and a file put in its
+    place is another inode): when they are as recorded the file is untouched; when only
+    they differ (a chmod, a copy back, a restore), its content decides."""
     if link is not None:
-        return stat.S_ISLNK(info.st_mode) and known[0] == "link:" + link
-    return (stat.S_ISREG(info.st_mode) and known[1:5] == [size, mtime, info.st_size, info.st_mtime_ns]
-            and bool(info.st_mode & stat.S_IXUSR) == bool(executable) and not str(known[0]).startswith("link:"))
+        return stat.S_ISLNK(info.st_mode) and known[0] == "link:" + link \
+            and os.readlink(os.path.join(tree.root, path)) == link
+    if not (stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+            and known[1:5] == [size, mtime, info.st_size, info.st_mtime_ns]
+            and bool(info.st_mode & stat.S_IXUSR) == bool(executable) and not known[0].startswith("link:")):
+        return False
+    if known[5:] == [info.st_ctime_ns, info.st_ino]:
+        return True
+    try:
+        return file_hash(os.path.join(tree.root, path)) == str(known[0])
+    except OSError:
+        return False
 
 
 def receive_file(tree: Tree, stream: IO[bytes], header: Dict[str, Any]) -> Tuple[str, str, Optional[str]]:
@@ -327,15 +520,26 @@ def record(tree: Tree, manifest: Dict[str, List[Any]], entry: List[Any], digest:
     info = tree.lstat(path)
     if info is None:
         return "gone after writing"
-    manifest[path] = [digest if link is None else "link:" + link, size, mtime, info.st_size, info.st_mtime_ns]
+    manifest[path] = [digest if link is None else "link:" + link, size, mtime, info.st_size, info.st_mtime_ns,
+                      info.st_ctime_ns, info.st_ino]
     return None
 
 
 def write_manifest(root: str, files: Dict[str, List[Any]]) -> None:
-    temporary = os.path.join(root, f".{MANIFEST}.{os.getpid()}")
-    with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
-        file.write(marshal.dumps({"version": 1, "files": files}, MARSHAL_VERSION))
-    os.replace(temporary, os.path.join(root, MANIFEST))
+    """Written beside the manifest under a name no one can guess, created (never opened
+    through a symbolic link or over a file already there), then renamed over it."""
+    temporary = os.path.join(root, f".{MANIFEST}.{TOKEN}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        with os.fdopen(os.open(temporary, flags, 0o600), "wb") as file:
+            file.write(marshal.dumps({"version": MANIFEST_VERSION, "files": files}, MARSHAL_VERSION))
+        os.replace(temporary, os.path.join(root, MANIFEST))
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
 
 
 def apply(tree: Tree, stream: IO[bytes], want: List[List[Any]], found: Dict[str, Any],
@@ -370,7 +574,7 @@ def apply(tree: Tree, stream: IO[bytes], want: List[List[Any]], found: Dict[str,
         problem = record(tree, manifest, by_path[path], found["have"][path])
         if problem is not None:
             failed.append([path, problem])
-    if written or deleted or go["equal"] or failed:
+    if written or deleted or go["equal"] or failed or found["refreshed"]:
         write_manifest(tree.root, manifest)
     return {"ok": not failed, "written": len(written), "bytes": received, "deleted": deleted,
             "failed": failed, "verify_seconds": round(time.monotonic() - started, 3)}
@@ -379,14 +583,14 @@ def apply(tree: Tree, stream: IO[bytes], want: List[List[Any]], found: Dict[str,
 def main() -> int:
     stream = sys.stdin.buffer
     try:
-        root = resolve(sys.argv[1], sys.argv[2])
-    except ValueError as error:
+        root, exists = resolve(sys.argv[1], sys.argv[2])
+    except (OSError, ValueError) as error:
         reply({"error": str(error)})
         return EXIT_REFUSED
     try:
         want = read_message(stream)["want"]
         tree = Tree(root)
-        found = classify(tree, want, load_manifest(root) if os.path.isdir(root) else {})
+        found = classify(tree, want, load_manifest(root) if exists else {})
         reply({"dest": root, "need": found["need"], "have": found["have"], "same": len(found["same"]),
                "delete": found["delete"]})
         try:
@@ -395,7 +599,8 @@ def main() -> int:
             return 0
         if not go.get("go"):
             return 0
-        os.makedirs(root, 0o700, exist_ok=True)
+        if resolve(sys.argv[1], sys.argv[2], create=True)[0] != root:
+            raise ValueError(f"{sys.argv[1]} changed on the node during the sync")
         reply(apply(tree, stream, want, found, go))
     except EOFError:
         return 1  # the controller went away or stopped (a dry run closes without "go")
