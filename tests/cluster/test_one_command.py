@@ -5,7 +5,11 @@ inventory file, a DeepSpeed hostfile with uneven process counts."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
 
@@ -113,6 +117,44 @@ def test_check_sync_and_dry_run_list_what_would_travel(cluster: LocalCluster, tm
                     "train.py")
     assert code == 0, out
     assert cluster.read_file("node2", "/tmp/dry/train.py") == TRAIN
+
+
+@pytest.fixture
+def other_user() -> Iterator[str]:
+    """A second account on every node (the nodes share this machine's /etc/passwd), removed afterwards."""
+    if shutil.which("useradd") is None or shutil.which("runuser") is None:
+        pytest.skip("needs useradd and runuser")
+    name = "th" + uuid.uuid4().hex[:10]
+    subprocess.run(["useradd", "-M", "-s", "/bin/sh", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+@pytest.mark.timeout(240)
+def test_sync_refuses_a_workdir_another_user_made(cluster: LocalCluster, tmp_path: Path, other_user: str) -> None:
+    # node1: another user made the workdir first (theirs, 0755: they could swap any file
+    # synced into it); node2: theirs and open to all (0777), with a link planted where the
+    # project goes. node0's workdir is the user's own. Each node's /tmp is its own (sticky).
+    made = {"node1": "mkdir -m 755 /tmp/shared",
+            "node2": "mkdir -m 777 /tmp/shared && ln -s /tmp/shared/bin /tmp/shared/proj && mkdir /tmp/shared/bin"}
+    for name, command in made.items():
+        done = cluster.ssh(name, f"runuser -u {other_user} -- sh -c '{command}'")
+        assert done.returncode == 0, done.stderr
+    source = project(tmp_path / "proj")
+    code, out = cli("-i", str(cluster.inventory), "run", "--dry-run", "--workdir", "/tmp/shared/proj", "--sync",
+                    str(source), "--", "train.py")
+    assert code == 1, out
+    assert "sync to node0 (/tmp/shared/proj): would send 3 files" in out
+    for name in made:
+        assert f"sync to {name}: /tmp/shared cannot hold a sync: it is {other_user}'s, not yours" in out, out
+    done = Cluster.from_toml(cluster.inventory).override(workdir="/tmp/shared/proj").sync(source)
+    assert [node.node for node in done.failed] == ["node1", "node2"]
+    assert cluster.read_file("node0", "/tmp/shared/proj/helper.py") == "GREETING = 'v1'\n"
+    for name in made:
+        assert cluster.ssh(name, "ls -A /tmp/shared/bin 2>/dev/null; test -e /tmp/shared/proj/train.py"
+                           ).stdout == "", "nothing written on a refused node"
 
 
 @pytest.mark.timeout(240)
