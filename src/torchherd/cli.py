@@ -579,11 +579,13 @@ def _error_console(console: Console | None) -> Console:
 def _render_detached_failure(console: Console, error: DetachedStartFailed) -> None:
     from rich.text import Text
 
-    for message in error.start.errors:
-        console.print(Text(message, style="bold red"), soft_wrap=True)
+    from torchherd.console import printable
+
+    for message in error.start.errors:  # what the nodes said: escapes shown, never acted on
+        console.print(Text(printable(message), style="bold red"), soft_wrap=True)
     left = error.start.left or {}
     clean = all(not processes for processes in left.values())
-    console.print(Text(str(error) + ("" if clean else " (some processes are left)"), style="bold red"),
+    console.print(Text(printable(str(error)) + ("" if clean else " (some processes are left)"), style="bold red"),
                   soft_wrap=True)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from io import StringIO
 from pathlib import Path
 
+from rich.console import Console
+
 from torchherd.cli import main
 from torchherd.console import make_console, printable, render_error
 from torchherd.console.detach import render_status
@@ -79,3 +81,63 @@ def test_errors_summaries_and_status_stay_one_escaped_line() -> None:
     assert not raw(text), repr(text)
     assert text.splitlines()[0].startswith("error: n0: refused\\n\\x1b]52")
     assert text.splitlines()[1] == "  hint: try\\nagain"
+
+
+def terminal() -> Console:
+    """A console as on a real terminal (colours on), recording what it prints: its
+    export holds what the content put there, without the console's own styling."""
+    return Console(file=StringIO(), record=True, force_terminal=True, color_system="truecolor", width=300)
+
+
+OSC = "\x1b]0;owned\x1b\\"
+"""A title change ended by ``ESC \\`` (ST), not BEL: rich's Text drops BEL, keeps ESC."""
+SHOWN = "\\x1b]0;owned\\x1b\\"
+
+
+def test_sync_listings_and_failures_never_reach_the_terminal_raw() -> None:
+    from torchherd.console.sync import SyncPrinter, render_sync_plan
+    from torchherd.engine.events import NodeSynced, SyncDone, SyncFailed, SyncStarted
+
+    console = terminal()
+    failed = SyncFailed("n1", f"the receiver said {OSC}", 1.0,
+                        tuple((f"f{index}{OSC}.py", f"why {OSC}") for index in range(5)))
+    synced = NodeSynced("n0", f"/w/{OSC}", (f"a{OSC}.py",), 3, (f"gone{OSC}.py",), 1, 0.5)
+    printer = SyncPrinter(console)
+    printer(SyncStarted(f"/proj{OSC}", ("n0", "n1"), 1, 3, (f"sock{OSC}: a socket",)))
+    printer(failed)
+    printer(SyncDone("/proj", (synced, failed), 1.0))
+    render_sync_plan(console, SyncDone("/proj", (synced, failed), 1.0, dry_run=True))
+    text = console.export_text()
+    assert "\x1b" not in text, repr(text)
+    assert text.count(SHOWN) == 12, text
+    assert f"  + a{SHOWN}.py" in text and f"n1: f4{SHOWN}.py: why {SHOWN}" in text
+
+
+def test_a_detached_start_failure_is_shown_escaped() -> None:
+    from torchherd.api import DetachedStartFailed
+    from torchherd.cli import _render_detached_failure
+    from torchherd.engine.detach import DetachedStart
+
+    console = terminal()
+    node = NodeRecord("n0", "a", None, None, None, "python3", "~", "~/l", "~/s")
+    record = RunRecord("r", "/h.toml", 1.0, ("t.py",), (node,), 1, 1.0)
+    _render_detached_failure(console, DetachedStartFailed(DetachedStart(record, (f"n0: supervisor said {OSC}",),
+                                                                        {"n0": []})))
+    text = console.export_text()
+    assert "\x1b" not in text, repr(text)
+    assert f"n0: supervisor said {SHOWN}\n" in text
+
+
+def test_the_slurm_dry_run_shows_the_jobs_arguments_and_environment_escaped() -> None:
+    from torchherd.api import Cluster
+    from torchherd.console.run import render_batch_script
+    from torchherd.slurm import batch_job
+
+    cluster = Cluster(["node0", "node1"], scheduler="slurm", python="/opt/venv/bin/python", workdir="~/proj",
+                      slurm={"partition": "main"}, env={"BANNER": OSC})
+    job = batch_job(cluster.plan("train.py", f"--name={OSC}", run_id="th-test"), cluster.inventory.slurm)
+    console = terminal()
+    render_batch_script(console, job)
+    text = console.export_text()
+    assert "\x1b" not in text, repr(text)
+    assert f"'--name={SHOWN}'" in text and f"export BANNER='{SHOWN}'" in text, text

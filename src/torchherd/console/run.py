@@ -39,9 +39,10 @@ def render_batch_script(console: Console, job: BatchJob) -> None:
     """The batch script SLURM would get (secrets as ***), and why each choice was made."""
     console.print(Text(f"run {job.run_id}: SLURM batch script ({job.run_dir}/job.sbatch), "
                        "submitted with sbatch --parsable", style="bold"), soft_wrap=True)
-    console.print(Text(shown_script(job).rstrip("\n")), soft_wrap=True)
+    # The script holds the job's arguments and environment as given: escapes shown, lines kept.
+    console.print(Text(printable(shown_script(job).rstrip("\n"), lines=True)), soft_wrap=True)
     for note in job.notes:
-        console.print(Text(f"  - {note}", style="dim"), soft_wrap=True)
+        console.print(Text(f"  - {printable(note)}", style="dim"), soft_wrap=True)
     console.print(Text("dry run: nothing was submitted"), soft_wrap=True)
 
 

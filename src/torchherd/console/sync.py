@@ -1,6 +1,7 @@
 """``--sync`` as the user sees it: one note as it starts, one per node, one at the end;
 ``--dry-run`` lists per node what would be sent and deleted (nodes that would get the
-same are listed once)."""
+same are listed once). File names and what the nodes say are shown through
+``printable``: a file named with an escape sequence never acts on the terminal."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Iterable, Iterator, Sequence
 from rich.console import Console
 from rich.text import Text
 
+from torchherd.console import printable
 from torchherd.engine.events import NodeSynced, SyncDone, SyncFailed, SyncStarted
 
 SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone)
@@ -32,16 +34,16 @@ def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone) -> Itera
     at the end, alike nodes on one line (a run on 256 nodes is not 256 lines of it)."""
     if isinstance(event, SyncStarted):
         doing = "comparing" if event.dry_run else "sending"
-        yield (f"sync: {doing} {event.source} ({files(event.files)}, {size(event.bytes)}) with "
+        yield (f"sync: {doing} {printable(event.source)} ({files(event.files)}, {size(event.bytes)}) with "
                f"{len(event.nodes)} nodes", "bold")
         for skipped in event.skipped[:5]:
-            yield f"sync: left out {skipped}", "yellow"
+            yield f"sync: left out {printable(skipped)}", "yellow"
         if len(event.skipped) > 5:
             yield f"sync: {len(event.skipped) - 5} more left out", "yellow"
     elif isinstance(event, SyncFailed):
-        yield f"{event.node}: not in sync: {event.message}", "bold red"
+        yield f"{printable(event.node)}: not in sync: {printable(event.message)}", "bold red"
         for path, why in event.files[3:10]:
-            yield f"{event.node}: {path}: {why}", "red"
+            yield f"{printable(event.node)}: {printable(path)}: {printable(why)}", "red"
     elif isinstance(event, SyncDone) and not event.dry_run:
         yield from _in_sync(event)
         good = sum(isinstance(node, NodeSynced) for node in event.nodes)
@@ -53,7 +55,7 @@ def _in_sync(done: SyncDone) -> Iterator[tuple[str, str]]:
     groups: dict[str, list[NodeSynced]] = {}
     for node in done.nodes:
         if isinstance(node, NodeSynced):
-            what = (f"in sync at {node.dest}: {files(len(node.sent))} sent ({size(node.sent_bytes)}), "
+            what = (f"in sync at {printable(node.dest)}: {files(len(node.sent))} sent ({size(node.sent_bytes)}), "
                     f"{len(node.deleted)} deleted, {node.unchanged} unchanged")
             groups.setdefault(what, []).append(node)
     for what, nodes in groups.items():
@@ -64,8 +66,8 @@ def _in_sync(done: SyncDone) -> Iterator[tuple[str, str]]:
 def names(nodes: Iterable[str], shown: int = 6) -> str:
     listed = list(nodes)
     if len(listed) <= shown:
-        return ", ".join(listed)
-    return f"{', '.join(listed[:shown - 1])}, ... {listed[-1]} ({len(listed)} nodes)"
+        return printable(", ".join(listed))
+    return printable(f"{', '.join(listed[:shown - 1])}, ... {listed[-1]} ({len(listed)} nodes)")
 
 
 def render_sync_plan(console: Console, done: SyncDone) -> None:
@@ -76,17 +78,18 @@ def render_sync_plan(console: Console, done: SyncDone) -> None:
             groups.setdefault((node.sent, node.deleted, node.dest), []).append(node)
     for (sent, deleted, dest), nodes in groups.items():
         first = nodes[0]
-        console.print(Text(f"sync to {names(node.node for node in nodes)} ({dest}): would send {files(len(sent))} ({size(first.sent_bytes)}), "
+        console.print(Text(f"sync to {names(node.node for node in nodes)} ({printable(dest)}): would send {files(len(sent))} ({size(first.sent_bytes)}), "
                            f"delete {len(deleted)}, {first.unchanged} unchanged", style="bold"), soft_wrap=True)
         _paths(console, "+", sent)
         _paths(console, "-", deleted)
     for failed in done.failed:
-        console.print(Text(f"sync to {failed.node}: {failed.message}", style="bold red"), soft_wrap=True)
+        console.print(Text(f"sync to {printable(failed.node)}: {printable(failed.message)}", style="bold red"),
+                      soft_wrap=True)
 
 
 def _paths(console: Console, mark: str, paths: Sequence[str]) -> None:
     for path in paths[:LISTED]:
-        console.print(Text(f"  {mark} {path}"), soft_wrap=True)
+        console.print(Text(f"  {mark} {printable(path)}"), soft_wrap=True)
     if len(paths) > LISTED:
         console.print(Text(f"  {mark} ... {len(paths) - LISTED} more", style="dim"), soft_wrap=True)
 
