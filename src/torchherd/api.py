@@ -38,7 +38,7 @@ from torchherd.runrecord import NodeState, RunRecord, load_all
 from torchherd.runrecord import load as load_record
 from torchherd.slurm import BatchJob, batch_job
 from torchherd.transport import Connector
-from torchherd.transport.ssh import SshConnector
+from torchherd.transport.ssh import SshConnector, ssh_hostnames
 from torchherd.tree import project_root
 
 __all__ = ["Cluster", "DetachedRun", "DetachedStartFailed", "LaunchAborted", "Run", "attach", "new_run_id", "runs"]
@@ -184,7 +184,14 @@ class Cluster:
                              extra_env=dict(env or {}), master_addr=master_addr, max_restarts=max_restarts,
                              monitor_interval=monitor_interval, rdzv_conf=rdzv_conf, rdzv_backend=rdzv_backend,
                              sync=self._sync_options(sync))
-        return build_plan(self.inventory, options)
+        return build_plan(self.inventory, options, ssh_hostnames=self._ssh_hostnames())
+
+    def _ssh_hostnames(self) -> dict[str, str]:
+        """What the ssh_config makes of each host's address (an alias's HostName), for the
+        master address the workers are told: they cannot resolve the controller's aliases."""
+        if self.scheduler != "ssh" or not isinstance(self.connector, SshConnector):
+            return {}
+        return ssh_hostnames(self.inventory.hosts, self.connector.ssh_config)
 
     def check(self, script: str | None = None, *, plan: Plan | None = None, only: Iterable[str] | None = None,
               skip: Iterable[str] = (), smoke: bool = False, mesh: Mesh = "auto",

@@ -120,6 +120,10 @@ class Plan:
     ``[cluster]``); each node's own count is ``NodePlan.nproc_per_node``."""
     base_inventory: Inventory | None = field(default=None, repr=False, compare=False)
     """The inventory as given, when ``--sync`` moved the workdirs to the destination."""
+    ssh_hostnames: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    """Per host, the HostName its SSH address resolves to in the ssh_config (what
+    ``ssh -G`` prints), where it differs from the address: an alias is the controller's
+    name for a node, and the other nodes cannot resolve it."""
 
     @property
     def sync(self) -> SyncOptions | None:
@@ -143,7 +147,7 @@ class Plan:
         (a master address given by the user or the inventory is kept as it is)."""
         if not networks:
             return self
-        return build_plan(self.base_inventory or self.inventory, self.options, networks)
+        return build_plan(self.base_inventory or self.inventory, self.options, networks, self.ssh_hostnames)
 
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
@@ -191,12 +195,16 @@ def is_ip_address(text: str) -> bool:
     return True
 
 
-def build_plan(inventory: Inventory, options: RunOptions,
-               networks: Mapping[str, NodeNetwork] | None = None) -> Plan:
-    """Every node's command, in node-rank order (the master is rank 0)."""
+def build_plan(inventory: Inventory, options: RunOptions, networks: Mapping[str, NodeNetwork] | None = None,
+               ssh_hostnames: Mapping[str, str] | None = None) -> Plan:
+    """Every node's command, in node-rank order (the master is rank 0). ``networks``: what
+    the preflight found on the nodes; ``ssh_hostnames``: per host, the HostName its SSH
+    address resolves to in the ssh_config (the transport reads it; the plan reads no file)."""
     _check_options(options)
     _check_hosts(inventory)
     networks = networks or {}
+    ssh_hostnames = {name: hostname for name, hostname in (ssh_hostnames or {}).items()
+                     if hostname and not CONTROL.search(hostname)}
     given = inventory
     if options.sync is not None:
         inventory = _synced(inventory, options.sync)
@@ -206,9 +214,10 @@ def build_plan(inventory: Inventory, options: RunOptions,
         raise UsageError(f"--nnodes {options.nnodes}: an elastic range needs the c10d rendezvous",
                          "add --rdzv-backend c10d, or set rdzv_backend = \"c10d\" in [cluster]")
     master = inventory.hosts[0]
-    master_addr, master_note = _master_address(inventory, options, networks)
+    master_addr, master_note = _master_address(inventory, options, networks, ssh_hostnames)
     nodes = tuple(
-        _node_plan(inventory, options, host, rank, master_addr, networks.get(host.name), backend)
+        _node_plan(inventory, options, host, rank, master_addr, networks.get(host.name), backend,
+                   ssh_hostnames.get(host.name))
         for rank, host in enumerate(inventory.hosts)
     )
     head = (master_note,) + ((backend_note,) if backend_note else ())
@@ -218,7 +227,8 @@ def build_plan(inventory: Inventory, options: RunOptions,
     nproc = options.nproc_per_node if options.nproc_per_node is not None else cluster.nproc_per_node
     return Plan(run_id=options.run_id, master=master.name, master_addr=master_addr,
                 port=cluster.port, rdzv_backend=backend, nodes=nodes, inventory=inventory, options=options,
-                nproc_per_node=nproc, base_inventory=given if given is not inventory else None)
+                nproc_per_node=nproc, base_inventory=given if given is not inventory else None,
+                ssh_hostnames=MappingProxyType(ssh_hostnames))
 
 
 def _synced(inventory: Inventory, sync: SyncOptions) -> Inventory:
@@ -287,8 +297,8 @@ def _rendezvous(inventory: Inventory, options: RunOptions) -> tuple[str, str]:
                     "rendezvous needs the same count everywhere")
 
 
-def _master_address(inventory: Inventory, options: RunOptions,
-                    networks: Mapping[str, NodeNetwork]) -> tuple[str, str]:
+def _master_address(inventory: Inventory, options: RunOptions, networks: Mapping[str, NodeNetwork],
+                    ssh_hostnames: Mapping[str, str]) -> tuple[str, str]:
     master = inventory.hosts[0]
     if options.master_addr:
         return options.master_addr, "master address from --master-addr"
@@ -299,15 +309,35 @@ def _master_address(inventory: Inventory, options: RunOptions,
         return network.address, f"master address {network.address}: {network.reason or 'found on the master'}"
     if master.local_addr:
         return master.local_addr, "master address from the master's local_addr"
+    hostname = ssh_hostnames.get(master.name)
+    if hostname is not None and hostname.lower() != master.address.lower():
+        note = (f"master address {hostname}: the HostName of the master's ssh_config alias {master.address} "
+                f"(as `ssh -G {master.address}` prints it; the other nodes cannot resolve the alias)")
+        if is_loopback_name(hostname):
+            note += ("; it is loopback (a port forward?): `check` and `run` look for the master's own address, "
+                     "`run --no-check` needs master_addr or the master's local_addr")
+        return hostname, note
     return master.address, f"master address {master.address}: the master's SSH address"
 
 
-def _node_plan(inventory: Inventory, options: RunOptions, host: Host, rank: int,
-               master_addr: str, network: NodeNetwork | None, backend: str) -> NodePlan:
+def is_loopback_name(text: str) -> bool:
+    """A loopback address or ``localhost``: an address no other node reaches this one at."""
+    if text.lower() in ("localhost", "localhost.localdomain") or text.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        return False
+
+
+def _node_plan(inventory: Inventory, options: RunOptions, host: Host, rank: int, master_addr: str,
+               network: NodeNetwork | None, backend: str, ssh_hostname: str | None) -> NodePlan:
     notes: list[str] = []
     local_addr = network.address if network else host.local_addr
     if local_addr is None and is_ip_address(host.address):
         local_addr = host.address
+    if local_addr is None and ssh_hostname and is_ip_address(ssh_hostname) and not is_loopback_name(ssh_hostname):
+        local_addr = ssh_hostname  # an alias's HostName, as an address written in the inventory is
     if local_addr:
         notes.append(f"--local-addr {local_addr}" + (f": {network.reason}" if network and network.reason else ""))
     # One per node (nodes may share a /tmp); the supervisor creates it, 0700, and refuses

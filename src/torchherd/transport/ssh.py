@@ -141,6 +141,23 @@ def resolve_target(host: Host, ssh_config: Path | None, local: sshconfig.Local |
     return target
 
 
+def ssh_hostnames(hosts: Iterable[Host], ssh_config: Path | None,
+                  local: sshconfig.Local | None = None) -> dict[str, str]:
+    """Per host whose address the ssh_config resolves to another HostName (an alias), that
+    HostName, as ``ssh -G`` prints it. A host whose config cannot be read is left out: its
+    connection says why."""
+    local = local or sshconfig.Local.of_this_machine()
+    found: dict[str, str] = {}
+    for host in hosts:
+        try:
+            hostname = resolve_target(host, ssh_config, local).hostname
+        except TransportError:
+            continue
+        if hostname != host.address.lower():
+            found[host.name] = hostname
+    return found
+
+
 def jump_chain(target: SshTarget, ssh_config: Path | None, local: sshconfig.Local,
                depth: int = 0) -> list[SshTarget]:
     """The jump hosts in front of ``target``, first to last, each resolved as ``ssh -J`` does:
