@@ -350,6 +350,11 @@ def _host_line(line: Line, host: str) -> bool:
     return active
 
 
+MATCH_VALUE_CRITERIA = ("host", "originalhost", "user", "localuser", "exec", "localnetwork", "version", "tagged",
+                        "command")
+"""The criteria OpenSSH also takes as one ``criterion=value`` word (``Match host=b``)."""
+
+
 def _match_line(line: Line, state: _State, run: _Pass, never: bool) -> bool:
     """One ``Match`` line: every criterion must hold (OpenSSH's ``match_cfg_line``)."""
     where = f"{line.file} line {line.number}"
@@ -361,39 +366,52 @@ def _match_line(line: Line, state: _State, run: _Pass, never: bool) -> bool:
         criterion = args.pop(0)
         if criterion.startswith("#"):
             break
-        seen += 1
         negate = criterion.startswith("!")
-        name = criterion[1:].lower() if negate else criterion.lower()
-        if name == "all":
-            if seen > 1 or (args and not args[0].startswith("#")):
+        name = criterion[1:] if negate else criterion
+        if name.lower() == "all":
+            # As OpenSSH: one criterion may come before it ("Match canonical all"), none after.
+            if seen > 1 or (args and args[0] and not args[0].startswith("#")):
                 raise SshConfigError(f"{where}: 'all' cannot be combined with other Match attributes")
             return result and not negate
-        if name in ("canonical", "final"):
+        seen += 1
+        name, equals, value = name.partition("=")
+        name = name.lower()
+        if name in ("canonical", "final") and not equals:
             state.want_final = state.want_final or (name == "final" and not negate)
             result = result and (run.final != negate)
             continue
-        if not args or not args[0] or args[0].startswith("#"):
+        if not equals or name not in MATCH_VALUE_CRITERIA:
+            if equals:
+                name = f"{name}={value}"
+            if not args or not args[0] or args[0].startswith("#"):
+                raise SshConfigError(f"{where}: missing Match criteria for {name}")
+            value = args.pop(0)
+        elif not value:
             raise SshConfigError(f"{where}: missing Match criteria for {name}")
-        value = args.pop(0)
-        if name == "host":
-            matched = match_hostname(host, value) == 1
-        elif name == "originalhost":
-            matched = match_hostname(run.original, value) == 1
-        elif name == "user":
-            matched = match_pattern_list(user, value) == 1
-        elif name == "localuser":
-            matched = match_pattern_list(run.local.user, value) == 1
-        elif name == "exec":
-            if not result or never:
-                continue  # OpenSSH skips the command once an earlier criterion failed
-            command = expand_tokens(value, _exec_tokens(state, run, host, user), where)
-            matched = run.local.run(command)
-        else:
-            raise SshConfigError(f"{where}: unsupported Match attribute {name}")
-        result = result and (matched != negate)
+        matched = _criterion(name, value, state, run, host, user, where, result and not never)
+        if matched is not None:
+            result = result and (matched != negate)
     if seen == 0:
         raise SshConfigError(f"{where}: one or more attributes required for Match")
     return result
+
+
+def _criterion(name: str, value: str, state: _State, run: _Pass, host: str, user: str, where: str,
+               may_run: bool) -> bool | None:
+    """Whether one criterion holds; None for an ``exec`` not run (an earlier one failed)."""
+    if name == "host":
+        return match_hostname(host, value) == 1
+    if name == "originalhost":
+        return match_hostname(run.original, value) == 1
+    if name == "user":
+        return match_pattern_list(user, value) == 1
+    if name == "localuser":
+        return match_pattern_list(run.local.user, value) == 1
+    if name == "exec":
+        if not may_run:
+            return None  # OpenSSH skips the command once an earlier criterion failed
+        return run.local.run(expand_tokens(value, _exec_tokens(state, run, host, user), where))
+    raise SshConfigError(f"{where}: unsupported Match attribute {name}")
 
 
 def _match_host(state: _State, run: _Pass) -> str:
