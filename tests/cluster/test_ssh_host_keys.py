@@ -169,3 +169,57 @@ def test_accept_new_in_the_users_config_records_and_says_so(behind: LocalCluster
     assert main(["check", "-i", str(inventory.path), "--json", "--only", "ssh"]) == 0
     (entry,) = json.loads(capsys.readouterr().out)["checks"]
     assert "host key verified" in entry["summary"]
+
+
+def real_ssh(inventory: Inventory) -> subprocess.CompletedProcess[str]:
+    """OpenSSH itself with the same config: the oracle for what it refuses."""
+    config = str(inventory.cluster.ssh_config)
+    return subprocess.run(["ssh", "-F", config, inventory.hosts[0].address, "true"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("form", ["key-list", "krl"])
+def test_a_key_listed_in_revoked_host_keys_is_refused_as_ssh_refuses_it(behind: LocalCluster, tmp_path: Path,
+                                                                        form: str) -> None:
+    keys = Keys(behind)
+    public = behind.state_dir / "node0" / "ssh_host_ed25519_key.pub"
+    revoked = tmp_path / "revoked"
+    if form == "krl":
+        subprocess.run(["ssh-keygen", "-q", "-k", "-f", str(revoked), str(public)], check=True, capture_output=True)
+    else:
+        revoked.write_text("# retired keys\n" + public.read_text())
+    known = keys.line(keys.ip("jump0"), "jump0") + keys.line(keys.ip("node0"), "node0")  # on record, and good
+    inventory = variant(behind, tmp_path, known, f"    RevokedHostKeys {revoked}")
+    openssh = real_ssh(inventory)
+    assert openssh.returncode == 255 and "revoked by file" in openssh.stderr, openssh.stderr
+    for accept_new in (False, True):
+        error = connect(inventory, accept_new)
+        assert error is not None and error.kind == "host-key-revoked"
+        assert str(error).startswith(f"node0: SSH host key of {keys.ip('node0')} (ssh-ed25519 SHA256:")
+        assert f"is revoked by file {revoked} (RevokedHostKeys)" in str(error)
+
+
+def test_a_bastion_key_in_revoked_host_keys_stops_the_node_behind_it(behind: LocalCluster, tmp_path: Path) -> None:
+    keys = Keys(behind)
+    revoked = tmp_path / "revoked"
+    revoked.write_text((behind.state_dir / "jump0" / "ssh_host_ed25519_key.pub").read_text())
+    known = keys.line(keys.ip("jump0"), "jump0") + keys.line(keys.ip("node0"), "node0")
+    inventory = variant(behind, tmp_path, known, f"    RevokedHostKeys {revoked}")
+    assert "revoked by file" in real_ssh(inventory).stderr
+    error = connect(inventory)
+    assert error is not None and error.kind == "host-key-revoked"
+    assert str(error).startswith(f"node0: jump host jump0: SSH host key of {keys.ip('jump0')} (")
+    assert "revoked by file" in str(error)
+
+
+def test_a_revoked_host_keys_file_that_cannot_be_read_refuses_the_connection(behind: LocalCluster,
+                                                                            tmp_path: Path) -> None:
+    keys = Keys(behind)
+    known = keys.line(keys.ip("jump0"), "jump0") + keys.line(keys.ip("node0"), "node0")
+    inventory = variant(behind, tmp_path, known, f"    RevokedHostKeys {tmp_path / 'no-such-krl'}")
+    openssh = real_ssh(inventory)
+    assert openssh.returncode == 255 and "revoked keys file" in openssh.stderr, openssh.stderr
+    error = connect(inventory)
+    assert error is not None and error.kind == "host-key-revoked"
+    assert "cannot check the host key" in str(error) and "no-such-krl" in str(error)
+    assert "refusing to connect" in str(error)

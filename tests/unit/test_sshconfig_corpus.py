@@ -78,6 +78,7 @@ def openssh_view(values: dict[str, list[str]]) -> dict[str, object]:
         "stricthostkeychecking": STRICT[one("stricthostkeychecking") or "ask"],
         "hashknownhosts": one("hashknownhosts") == "yes",
         "batchmode": one("batchmode") == "yes",
+        "revokedhostkeys": tuple((one("revokedhostkeys") or "").split()),
     }
 
 
@@ -97,6 +98,7 @@ def torchherd_view(found: HostConfig) -> dict[str, object]:
         "stricthostkeychecking": found.strict_host_key_checking,
         "hashknownhosts": found.hash_known_hosts,
         "batchmode": found.batch_mode,
+        "revokedhostkeys": found.revoked_host_keys,
     }
 
 

@@ -152,6 +152,8 @@ class Verdict:
     vouches for this host) or ``unknown``."""
     entry: KnownKey | None = None
     """The line behind the verdict: the key that matched, was revoked, or differs."""
+    revoked_by: str = ""
+    """For ``revoked-file``: the ``RevokedHostKeys`` file that lists the key."""
 
 
 @dataclass(frozen=True)
@@ -216,3 +218,114 @@ def append(path: str, line: str, home: str) -> None:
                 needs_newline = handle.read(1) != b"\n"
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(("\n" if needs_newline else "") + line)
+
+
+# ---------------------------------------------------------------- RevokedHostKeys
+
+KRL_MAGIC = b"SSHKRL\n\0"
+KRL_EXPLICIT_KEY, KRL_SHA1, KRL_SIGNATURE, KRL_SHA256, KRL_EXTENSION = 2, 3, 4, 5, 255
+KRL_CERTIFICATES = 1
+
+
+class RevokedKeysError(ValueError):
+    """A ``RevokedHostKeys`` file that cannot be read: OpenSSH then refuses the connection."""
+
+
+@dataclass(frozen=True)
+class RevokedKeys:
+    """One ``RevokedHostKeys`` file: a KRL (``ssh-keygen -k``) or public keys, one a line."""
+
+    path: str
+    blobs: frozenset[bytes]
+    sha1: frozenset[bytes] = frozenset()
+    sha256: frozenset[bytes] = frozenset()
+
+    def revokes(self, blob: bytes) -> bool:
+        return (blob in self.blobs or hashlib.sha1(blob).digest() in self.sha1
+                or hashlib.sha256(blob).digest() in self.sha256)
+
+
+def load_revoked(path: str) -> RevokedKeys:
+    """The keys a ``RevokedHostKeys`` file revokes; RevokedKeysError when it cannot be read
+    (missing, unreadable, or not a KRL nor a list of keys), as OpenSSH's ``sshkey_check_revoked``."""
+    try:
+        status = os.stat(path)
+        return _revoked_file(path, (status.st_mtime_ns, status.st_size))
+    except OSError as error:
+        raise RevokedKeysError(f"{path}: {error.strerror or error}") from None
+
+
+@lru_cache(maxsize=16)
+def _revoked_file(path: str, stamp: tuple[int, int]) -> RevokedKeys:
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if data.startswith(KRL_MAGIC):
+        return _parse_krl(data, path)
+    return _parse_key_list(data, path)
+
+
+def _parse_key_list(data: bytes, path: str) -> RevokedKeys:
+    blobs = set()
+    for number, raw in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
+        fields = raw.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        # As sshkey_read: a line that is no public key makes the whole file unusable.
+        try:
+            blob = base64.b64decode(fields[1], validate=True) if len(fields) > 1 else b""
+        except (binascii.Error, ValueError):
+            blob = b""
+        if not blob or key_type_of(blob) != fields[0]:
+            raise RevokedKeysError(f"{path} line {number}: not a public key")
+        blobs.add(blob)
+    return RevokedKeys(path, frozenset(blobs))
+
+
+class _Reader:
+    """SSH wire format: uint32/uint64 big-endian, strings with a uint32 length."""
+
+    def __init__(self, data: bytes, path: str) -> None:
+        self.data, self.offset, self.path = data, 0, path
+
+    def take(self, size: int) -> bytes:
+        if self.offset + size > len(self.data):
+            raise RevokedKeysError(f"{self.path}: truncated KRL")
+        chunk = self.data[self.offset:self.offset + size]
+        self.offset += size
+        return chunk
+
+    def integer(self, size: int) -> int:
+        return int.from_bytes(self.take(size), "big")
+
+    def string(self) -> bytes:
+        return self.take(self.integer(4))
+
+    def done(self) -> bool:
+        return self.offset >= len(self.data)
+
+
+def _parse_krl(data: bytes, path: str) -> RevokedKeys:
+    """PROTOCOL.krl: the plain-key sections (explicit keys, SHA1 and SHA256 fingerprints);
+    certificate sections are skipped (torchherd verifies no host certificates), a signature
+    or a critical extension refuses the file (OpenSSH 9.4 and later refuse KRL signatures)."""
+    reader = _Reader(data, path)
+    reader.take(len(KRL_MAGIC))
+    if reader.integer(4) != 1:
+        raise RevokedKeysError(f"{path}: unsupported KRL format version")
+    reader.take(8 + 8 + 8)  # krl_version, generated_date, flags
+    reader.string(), reader.string()  # reserved, comment
+    found: dict[int, set[bytes]] = {KRL_EXPLICIT_KEY: set(), KRL_SHA1: set(), KRL_SHA256: set()}
+    while not reader.done():
+        kind, section = reader.integer(1), _Reader(reader.string(), path)
+        if kind in found:
+            while not section.done():
+                found[kind].add(section.string())
+        elif kind == KRL_EXTENSION:
+            section.string()
+            if section.integer(1):
+                raise RevokedKeysError(f"{path}: a critical KRL extension torchherd does not know")
+        elif kind != KRL_CERTIFICATES:
+            raise RevokedKeysError(f"{path}: KRL section {kind} is not supported" +
+                                   (" (a signature)" if kind == KRL_SIGNATURE else ""))
+    return RevokedKeys(path, frozenset(found[KRL_EXPLICIT_KEY]), frozenset(found[KRL_SHA1]),
+                       frozenset(found[KRL_SHA256]))

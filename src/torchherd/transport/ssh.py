@@ -85,6 +85,8 @@ class SshTarget:
     connect_timeout: float | None = None
     jumps: tuple[sshconfig.Jump, ...] = ()
     alias: str = ""
+    revoked_host_keys: tuple[str, ...] = ()
+    """``RevokedHostKeys`` files: a key they list is refused; one that cannot be read refuses the host."""
 
     def describe(self) -> str:
         port = f":{self.port}" if self.port != 22 else ""
@@ -116,6 +118,7 @@ def _target(node: str, found: sshconfig.HostConfig) -> SshTarget:
         connect_timeout=found.connect_timeout,
         jumps=found.proxy_jump,
         alias=found.original_host,
+        revoked_host_keys=found.revoked_host_keys,
     )
 
 
@@ -196,6 +199,7 @@ class _HostKeyCheck:
         self.accept_new = accept_new
         self.home = home
         self.keys = self.on_record()
+        self.revoked, self.revoked_error = self.revoked_files()
         self.off = (f"StrictHostKeyChecking no ({target.strict_where or 'your ssh config'}): a new host key "
                     "would be accepted unchecked" if target.strict == "no" else "")
         self.note: str | None = self.off or None
@@ -205,12 +209,40 @@ class _HostKeyCheck:
         entries = knownhosts.load(self.target.known_hosts + self.target.global_known_hosts)
         return knownhosts.for_name(entries, self.target.host_key_name or self.target.hostname)
 
+    def revoked_files(self) -> tuple[tuple[knownhosts.RevokedKeys, ...], TransportError | None]:
+        """The ``RevokedHostKeys`` files, or why one cannot be read (OpenSSH then refuses)."""
+        found = []
+        for path in self.target.revoked_host_keys:
+            try:
+                found.append(knownhosts.load_revoked(path))
+            except knownhosts.RevokedKeysError as error:
+                target = self.target
+                return (), TransportError(
+                    target.node, "host-key-revoked",
+                    f"{target.node}: cannot check the host key of {target.hostname} against RevokedHostKeys "
+                    f"({error}); refusing to connect, as ssh does",
+                    "fix or remove that file, or the RevokedHostKeys line in your ssh config")
+        return tuple(found), None
+
+    def verdict(self, blob: bytes) -> knownhosts.Verdict:
+        """What the presented key is: a RevokedHostKeys file first (as OpenSSH checks it
+        before known_hosts), then known_hosts."""
+        for revoked in self.revoked:
+            if revoked.revokes(blob):
+                return knownhosts.Verdict("revoked-file", revoked_by=revoked.path)
+        return self.keys.verdict(blob)
+
     def install(self, client: paramiko.SSHClient) -> None:
-        """Loads the keys on record and this policy into ``client``, before it connects."""
+        """Loads the keys on record and this policy into ``client``, before it connects.
+        A key a RevokedHostKeys file lists is left out, so paramiko asks the policy."""
         import paramiko
 
+        if self.revoked_error is not None:
+            raise self.revoked_error
         name = self.target.hostname if self.target.port == 22 else f"[{self.target.hostname}]:{self.target.port}"
         for entry in self.keys.keys:
+            if any(revoked.revokes(entry.blob) for revoked in self.revoked):
+                continue
             try:
                 key = paramiko.PKey.from_type_string(entry.key_type, entry.blob)
             except Exception:  # a key type paramiko cannot use (sk-*) is one it will never be shown
@@ -222,7 +254,7 @@ class _HostKeyCheck:
         return self.accept_new or self.target.strict in ("accept-new", "no")
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        verdict = self.keys.verdict(key.asbytes())
+        verdict = self.verdict(key.asbytes())
         if verdict.kind != "unknown":
             raise self.refusal(verdict, key)
         if not self.accepts_new():
@@ -262,6 +294,13 @@ class _HostKeyCheck:
         target, entry = self.target, verdict.entry
         node, name, now = target.node, target.host_key_name or target.hostname, f"{key.get_name()} {key.fingerprint}"
         where = f" ({entry.where})" if entry is not None else ""
+        if verdict.kind == "revoked-file":
+            return TransportError(
+                node, "host-key-revoked",
+                f"{node}: SSH host key of {target.hostname} ({now}) is revoked by file {verdict.revoked_by} "
+                "(RevokedHostKeys); refusing to connect",
+                "a revoked key means the node's key was compromised or retired: do not connect until "
+                "the node has a new key you have checked")
         if verdict.kind == "revoked":
             return TransportError(
                 node, "host-key-revoked",
@@ -730,7 +769,7 @@ def _explain(target: SshTarget, error: BaseException, check: _HostKeyCheck | Non
                               "fix the address in the inventory or ~/.ssh/config, or the controller's DNS")
     if isinstance(error, paramiko.BadHostKeyException):
         check = check or _HostKeyCheck(target, False, "")
-        verdict = check.keys.verdict(error.key.asbytes())
+        verdict = check.verdict(error.key.asbytes())
         return check.refusal(verdict if verdict.kind != "known" else knownhosts.Verdict("changed"), error.key)
     if isinstance(error, paramiko.AuthenticationException):
         keys = ", ".join(path for path in target.key_files if os.path.isfile(path)) or "the ssh agent"

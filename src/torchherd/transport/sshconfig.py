@@ -56,13 +56,15 @@ class Local:
     environ: Mapping[str, str] = field(default_factory=dict)
     run: Callable[[str], bool] = field(default=lambda command: False, compare=False)
     """Runs a ``Match exec`` command in the local shell: True when it exits 0."""
+    resolves: Callable[[str], bool] = field(default=lambda name: False, compare=False)
+    """Whether a name resolves (``getaddrinfo``), for ``CanonicalizeHostname``."""
 
     @staticmethod
     def of_this_machine() -> Local:
         import getpass
 
         return Local(user=getpass.getuser(), home=account_home(), uid=os.getuid(), hostname=socket.gethostname(),
-                     environ=dict(os.environ), run=_run_in_shell)
+                     environ=dict(os.environ), run=_run_in_shell, resolves=_resolves)
 
 
 def account_home() -> str:
@@ -73,6 +75,13 @@ def account_home() -> str:
         return pwd.getpwuid(os.getuid()).pw_dir
     except (ImportError, KeyError):
         return os.path.expanduser("~")
+
+
+def _resolves(name: str) -> bool:
+    try:
+        return bool(socket.getaddrinfo(name, 22, type=socket.SOCK_STREAM))
+    except (OSError, UnicodeError):
+        return False
 
 
 def _run_in_shell(command: str) -> bool:
@@ -135,6 +144,8 @@ class HostConfig:
     """``yes``, ``ask`` (the default; refuses unknown keys without a terminal), ``accept-new`` or ``no``."""
     hash_known_hosts: bool
     batch_mode: bool
+    revoked_host_keys: tuple[str, ...] = ()
+    """``RevokedHostKeys`` files (``~``, ``${VAR}`` and tokens expanded): a key they list is refused."""
     settings: Mapping[str, Setting] = field(default_factory=dict, compare=False)
     """Every option that a line set (first value wins), with the file and line it came from."""
 
@@ -258,8 +269,17 @@ def parse_lines(text: str, file: str) -> tuple[Line, ...]:
             args = tuple(split_args(rest))
         except ValueError:
             raise SshConfigError(f"{file} line {number}: invalid quotes") from None
+        if keyword == "canonicaldomains":  # checked on every line, applied or not, as OpenSSH does
+            _check_domains(args, f"{file} line {number}")
         lines.append(Line(keyword, args, rest, file, number))
     return tuple(lines)
+
+
+def _check_domains(args: tuple[str, ...], where: str) -> None:
+    for domain in args:
+        if domain.lower() == "none" and len(args) > 1:
+            raise SshConfigError(f"{where}: CanonicalDomains \"none\" must appear alone")
+        check_domain(domain, where)
 
 
 @lru_cache(maxsize=256)
@@ -299,6 +319,8 @@ class _State:
     proxy_jump: Setting | None = None
     proxy_command: Setting | None = None
     want_final: bool = False
+    final_hostname: str | None = None
+    """The host name the second pass matched (canonicalized): what ``ssh -G`` prints."""
 
     def first(self, keyword: str) -> str | None:
         setting = self.settings.get(keyword)
@@ -476,20 +498,125 @@ def evaluate(alias: str, config_file: str | None, local: Local, *, user: str | N
         state.settings["port"] = Setting((str(port),), "command line", 0)
     if jump is not None:
         state.proxy_jump = Setting((jump,), "command line", 0)
-    host = alias
-    for final in (False, True):
-        run = _Pass(host, alias, local, final, reader, lister)
-        if config_file is not None:
-            if not _read(config_file, state, run, True, False, 0, True):
-                raise SshConfigError(f"{config_file}: ssh_config file not found")
-        else:
-            _read(expand_tilde("~/.ssh/config", local.home), state, run, True, False, 0, True)
-            if system_file is not None:
-                _read(system_file, state, run, True, False, 0, False)
-        if final or not state.want_final:
-            break
-        host = _hostname(state, alias)
+    _read_files(config_file, state, _Pass(alias, alias, local, False, reader, lister), system_file)
+    host = state.final_hostname = _canonical_host(state, alias, local)
+    if state.want_final or _canonicalize(state) != "no":
+        # As OpenSSH: a second pass, its Host lines matched against the host name so far
+        # (canonicalized), which stays the HostName whatever a later line says.
+        _read_files(config_file, state, _Pass(host, alias, local, True, reader, lister), system_file)
     return state
+
+
+def _read_files(config_file: str | None, state: _State, run: _Pass, system_file: str | None) -> None:
+    if config_file is not None:
+        if not _read(config_file, state, run, True, False, 0, True):
+            raise SshConfigError(f"{config_file}: ssh_config file not found")
+        return
+    _read(expand_tilde("~/.ssh/config", run.local.home), state, run, True, False, 0, True)
+    if system_file is not None:
+        _read(system_file, state, run, True, False, 0, False)
+
+
+# ---------------------------------------------------------------- canonicalization
+
+CANONICALIZE_VALUES = {"yes": "yes", "true": "yes", "no": "no", "false": "no", "always": "always"}
+
+
+def _canonicalize(state: _State) -> str:
+    setting = state.settings.get("canonicalizehostname")
+    if setting is None:
+        return "no"
+    value = _single(setting).lower()
+    if value not in CANONICALIZE_VALUES:
+        raise SshConfigError(f"{setting.where}: CanonicalizeHostname must be yes, no or always, got {value!r}")
+    return CANONICALIZE_VALUES[value]
+
+
+def _is_address_shaped(name: str) -> bool:
+    """OpenSSH's ``is_addr_fast``: a name that can only be an address."""
+    return "%" in name or ":" in name or all(char in "0123456789." for char in name)
+
+
+def numeric_address(name: str) -> str | None:
+    """The address ``name`` spells (``10.1`` is 10.0.0.1), as ``getnameinfo`` writes it;
+    None when it is not one address."""
+    try:
+        found = socket.getaddrinfo(name, 22, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV)
+        if len(found) != 1:
+            return None
+        return socket.getnameinfo(found[0][4], socket.NI_NUMERICHOST)[0]
+    except (OSError, UnicodeError, ValueError):
+        return None
+
+
+def _canonical_host(state: _State, alias: str, local: Local) -> str:
+    """The host name after the first pass, as ssh.c's main() makes it: HostName (``%h``
+    expanded), lowercased unless an address, an address written the one way
+    (``10.1`` is 10.0.0.1), and with ``CanonicalizeHostname`` a name found in the
+    ``CanonicalDomains`` (OpenSSH's ``resolve_canonicalize``)."""
+    written = state.first("hostname")
+    host = expand_tokens(written, {"h": alias}, "HostName") if written else alias
+    address = _is_address_shaped(host) or numeric_address(host) is not None
+    if address:
+        canonical = numeric_address(host)
+        return canonical if canonical is not None and canonical.lower() != host.lower() else host
+    host = host.lower()
+    mode = _canonicalize(state)
+    direct = state.proxy_command is None and _jump_host(state) is None
+    if mode == "no" or (not direct and mode != "always"):
+        return host
+    if host.endswith("."):
+        if local.resolves(host):
+            return host[:-1]
+    elif host.count(".") > _max_dots(state):
+        return host
+    else:
+        for domain in _domains(state):
+            if local.resolves(f"{host}.{domain}."):
+                return f"{host}.{domain}"
+    if not _flag(state.settings.get("canonicalizefallbacklocal"), True):
+        raise SshConfigError(f"Could not resolve host {host!r} (CanonicalizeHostname with "
+                             "CanonicalizeFallbackLocal no)")
+    return host
+
+
+def _jump_host(state: _State) -> str | None:
+    if state.proxy_jump is None or state.proxy_jump.args[0].lower() == "none":
+        return None
+    return state.proxy_jump.args[0]
+
+
+def _max_dots(state: _State) -> int:
+    setting = state.settings.get("canonicalizemaxdots")
+    if setting is None:
+        return 1
+    value = _single(setting)
+    if not value.isdigit():
+        raise SshConfigError(f"{setting.where}: CanonicalizeMaxDots must be a number, got {value!r}")
+    return int(value)
+
+
+def _domains(state: _State) -> list[str]:
+    """``CanonicalDomains`` up to a ``none`` (checked, lowercased, without a final dot)."""
+    setting = state.settings.get("canonicaldomains")
+    domains = []
+    for domain in setting.args if setting is not None else ():
+        if domain.lower() == "none":
+            break
+        domains.append(domain.lower().removesuffix("."))
+    return domains
+
+
+def check_domain(domain: str, where: str) -> None:
+    """OpenSSH's ``valid_domain``, as it checks every ``CanonicalDomains`` value."""
+    lowered = domain.lower()
+    if not lowered or not lowered[0].isascii() or not lowered[0].isalnum():
+        raise SshConfigError(f"{where}: domain name {domain!r} starts with invalid character")
+    if ".." in lowered:
+        raise SshConfigError(f"{where}: domain name {domain!r} contains consecutive separators")
+    if any(not (char.isascii() and (char.isalnum() or char in ".-_")) for char in lowered):
+        raise SshConfigError(f"{where}: domain name {domain!r} contains invalid characters")
 
 
 # ---------------------------------------------------------------- resolution
@@ -539,11 +666,15 @@ def resolve(alias: str, state: _State, local: Local) -> HostConfig:
         strict_host_key_checking=_strict(settings.get("stricthostkeychecking")),
         hash_known_hosts=_flag(settings.get("hashknownhosts"), False),
         batch_mode=_flag(settings.get("batchmode"), False),
+        revoked_host_keys=tuple(expand_path(path, tokens, local, "RevokedHostKeys")
+                                for path in _file_list(settings.get("revokedhostkeys"), ())),
         settings=dict(settings),
     )
 
 
 def _hostname(state: _State, alias: str) -> str:
+    if state.final_hostname is not None:
+        return state.final_hostname
     written = state.first("hostname")
     hostname = expand_tokens(written, {"h": alias}, "HostName") if written else alias
     return hostname.lower()
