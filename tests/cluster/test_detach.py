@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from localcluster import LocalCluster
+from processes import default_signals
 
 from torchherd.cli import main
 from torchherd.console import make_console
@@ -245,7 +246,8 @@ def test_attach_shows_the_run_live_and_ctrl_c_only_detaches(cluster: LocalCluste
     run_id, _ = runs.detach(cluster, "--", TICKER, "1000", "0.2")
     attach = subprocess.Popen([sys.executable, "-m", "torchherd", "attach", run_id[-6:]], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                              env={**cluster.env(), "XDG_STATE_HOME": str(runs.state_home), "COLUMNS": "200"})
+                              env={**cluster.env(), "XDG_STATE_HOME": str(runs.state_home), "COLUMNS": "200"},
+                              preexec_fn=default_signals(signal.SIGINT))
     try:
         assert attach.stdout is not None
         for line in attach.stdout:

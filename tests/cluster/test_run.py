@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from localcluster import LocalCluster
+from processes import default_signals
 
 from torchherd.cli import main
 from torchherd.console import make_console
@@ -55,7 +56,8 @@ class Controller:
         argv = [sys.executable, "-m", "torchherd", "-i", str(cluster.inventory), "run", "--no-check",
                 "--log-dir", str(log_dir), *args]
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, text=True, env={**cluster.env(), "COLUMNS": "200"})
+                                        stdin=subprocess.DEVNULL, text=True, env={**cluster.env(), "COLUMNS": "200"},
+                                        preexec_fn=default_signals(signal.SIGINT, signal.SIGTERM))
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

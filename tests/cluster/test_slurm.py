@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from localcluster import LocalCluster
+from processes import default_signals
 from slurmcluster import SlurmCluster, slurm_unavailable_reason
 
 from torchherd.cli import main
@@ -143,7 +144,7 @@ def test_ctrl_c_cancels_the_job_and_leaves_the_queue_empty(slurm: SlurmCluster, 
             str(tmp_path / "logs"), "--nproc-per-node", "1", "--", CRASH_DEMO, "--steps", "100000"]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                text=True, env={**slurm.env(), "XDG_STATE_HOME": str(tmp_path / "state"),
-                                               "COLUMNS": "200"})
+                                               "COLUMNS": "200"}, preexec_fn=default_signals(signal.SIGINT))
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in process.stdout or ()),
                               daemon=True)

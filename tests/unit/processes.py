@@ -30,6 +30,21 @@ def pids_with(text: bytes) -> list[int]:
     return found
 
 
+def default_signals(*signums: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that gives the child the default disposition of ``signums``. A
+    test that signals a process it starts sets that signal's disposition there: started
+    from a shell that ignores SIGINT (``nohup``, a background job of a script, some CI
+    runners), pytest's children inherit the ignore, Python then installs no
+    KeyboardInterrupt handler, and the signal would do nothing (as torchherd means it to
+    when a user started it that way)."""
+
+    def reset() -> None:
+        for signum in signums:
+            signal.signal(signum, signal.SIG_DFL)
+
+    return reset
+
+
 def wait_until(cond: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

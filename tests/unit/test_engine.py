@@ -204,3 +204,22 @@ def test_the_preflight_runs_on_the_local_transport_and_a_failure_stops_the_launc
     assert raised.value.report is not None and not raised.value.report.ok
     assert [type(event).__name__ for event in events.events] == ["PreflightDone"]
     assert not (tmp_path / "logs").exists()
+
+
+def test_an_inherited_ignore_of_sigterm_is_kept() -> None:
+    # Started with SIGTERM ignored, the controller keeps ignoring it (as Python keeps an
+    # ignored SIGINT); otherwise SIGTERM ends the run like Ctrl-C.
+    import signal
+
+    from torchherd.engine.launch import sigterm_as_interrupt
+
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with sigterm_as_interrupt():
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with sigterm_as_interrupt():
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -336,11 +336,14 @@ def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: O
 
 
 class sigterm_as_interrupt:
-    """SIGTERM to the controller ends the run like Ctrl-C (130, every node stopped)."""
+    """SIGTERM to the controller ends the run like Ctrl-C (130, every node stopped),
+    unless the controller was started with SIGTERM ignored: an inherited ignore is kept,
+    as Python keeps an ignored SIGINT (docs/run.md)."""
 
     def __enter__(self) -> None:
         self.previous: Callable[[int, FrameType | None], object] | int | None = None
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGTERM) != signal.SIG_IGN:
             self.previous = signal.signal(signal.SIGTERM, _raise_interrupt)
 
     def __exit__(self, *exc: object) -> None:
