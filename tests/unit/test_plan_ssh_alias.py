@@ -103,3 +103,25 @@ def test_the_master_address_is_what_ssh_dash_g_prints(tmp_path: Path) -> None:
         cluster = Cluster(hosts=[{"name": "hn", "address": alias}], ssh_config=str(config),
                           python="/opt/venv/bin/python", workdir="/tmp")
         assert cluster.plan("train.py").master_addr == hostname
+
+
+def test_a_master_addr_given_as_an_alias_fails_the_hostname_check_with_the_hostname_as_fix() -> None:
+    from torchherd.checks.analysis import hostname
+    from torchherd.checks.model import NodeFacts, Observed
+
+    def facts(name: str, address: str, resolve: dict[str, object]) -> NodeFacts:
+        return NodeFacts(raw={"hostname": name, "gloo": {"address": address}, "etc_hosts": "", "resolve": resolve,
+                              "interfaces": [{"name": "eth0", "addresses": [address]}]}, sent=0.0, received=0.0)
+
+    plan = build_plan(inventory(master_addr="gpu-a"), RunOptions(script="train.py"), ssh_hostnames=HOSTNAMES)
+    assert plan.master_addr == "gpu-a"  # the user's choice is kept, and checked
+    seen = Observed(inventory=plan.inventory, master_target=plan.master_addr, master_given="[cluster].master_addr",
+                    ssh_hostnames=plan.ssh_hostnames)
+    seen.facts = {"hn1": facts("hn1", "10.1.2.3", {"gpu-a": {"error": "Name or service not known"}}),
+                  "hn2": facts("hn2", "10.1.2.4", {"gpu-a": {"error": "Name or service not known"}})}
+    result = hostname.analyse(seen)[1]
+    assert (result.node, result.status) == ("hn2", "fail")
+    assert "it is an ssh_config alias, which only the controller knows" in result.summary
+    assert result.fix == 'give its HostName instead: master_addr = "10.1.2.3" in [cluster] (or --master-addr ' \
+                         '10.1.2.3), or leave master_addr out'
+    assert "/etc/hosts" not in result.fix

@@ -106,6 +106,8 @@ class Observed:
     facts: dict[str, NodeFacts] = field(default_factory=dict)
     facts_errors: dict[str, str] = field(default_factory=dict)
     networks: dict[str, NodeNetwork] = field(default_factory=dict)
+    ssh_hostnames: Mapping[str, str] = field(default_factory=dict)
+    """Per host reached by an ssh_config alias, the alias's HostName (``Plan.ssh_hostnames``)."""
     listened: dict[str, Json] = field(default_factory=dict)
     connected: dict[str, Json] = field(default_factory=dict)
     probe_errors: dict[str, str] = field(default_factory=dict)

@@ -180,7 +180,7 @@ def observe(plan: Plan, selected: tuple[str, ...]) -> Observed:
     return Observed(inventory=plan.inventory, master_target=plan.master_addr, master_given=given, script=plan.script,
                     with_torch=bool(NEED_TORCH & set(selected)), nproc_per_node=plan.nproc_per_node,
                     node_nproc={node.host.name: node.nproc_per_node for node in plan.nodes},
-                    job_env={node.host.name: node.env for node in plan.nodes})
+                    job_env={node.host.name: node.env for node in plan.nodes}, ssh_hostnames=plan.ssh_hostnames)
 
 
 def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progress: Progress | None,

@@ -59,7 +59,7 @@ def smoke_plan(observed: Observed) -> Plan:
     args = (str(INIT_TIMEOUT), ",".join(backends(observed)))
     options = RunOptions(script="smoke.py", script_args=args, run_id=run_id,
                          rdzv_conf=f"join_timeout={INIT_TIMEOUT},read_timeout={INIT_TIMEOUT}")
-    plan = build_plan(observed.inventory, options, observed.networks)
+    plan = build_plan(observed.inventory, options, observed.networks, observed.ssh_hostnames)
     return replace(plan, nodes=tuple(_writing_script(node, len(args)) for node in plan.nodes))
 
 

@@ -85,6 +85,13 @@ def _master_name(observed: Observed, host: Host, facts: NodeFacts) -> CheckResul
     master_facts = observed.facts.get(observed.master.name)
     master_ip = observed.networks.get(observed.master.name)
     line = f"{master_ip.address if master_ip else '<master address>'} {target}"
+    alias_of = _alias_hostname(observed, target)
+    if isinstance(answer, str) and alias_of is not None:
+        return CheckResult(host.name, CHECK, "fail",
+                           f"{host.name} cannot resolve the master's name {target} ({answer}): it is an ssh_config "
+                           f"alias, which only the controller knows",
+                           f"give its HostName instead: master_addr = \"{alias_of}\" in [cluster] "
+                           f"(or --master-addr {alias_of}), or leave master_addr out")
     if isinstance(answer, str):
         return CheckResult(host.name, CHECK, "fail",
                            f"{host.name} cannot resolve the master's name {target} ({answer})",
@@ -95,6 +102,15 @@ def _master_name(observed: Observed, host: Host, facts: NodeFacts) -> CheckResul
                            f"{host.name} resolves the master's name {target} to {', '.join(answer)}, "
                            f"which is not an address of {observed.master.name}",
                            f"fix DNS or /etc/hosts on {host.name}: {line}")
+    return None
+
+
+def _alias_hostname(observed: Observed, target: str) -> str | None:
+    """The HostName when ``target`` is a host's ssh_config alias (the controller's name for it)."""
+    for host in observed.inventory.hosts:
+        hostname = observed.ssh_hostnames.get(host.name)
+        if hostname is not None and host.address.lower() == target.lower():
+            return hostname
     return None
 
 
