@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
 
@@ -26,15 +27,18 @@ pytestmark = pytest.mark.cluster
 ALIASES = ("gpu-a", "gpu-b", "gpu-c")
 
 
-def aliased_inventory(cluster: LocalCluster, directory: Path, include: bool) -> Path:
+def aliased_inventory(cluster: LocalCluster, directory: Path, include: bool, bastion: bool = False) -> Path:
     """An inventory whose hosts are reached as gpu-a..gpu-c, aliases of the cluster's nodes
-    that only the ssh_config (or a file it includes) defines."""
+    that only the ssh_config (or a file it includes) defines; with ``bastion``, through jump0."""
     directory.mkdir(parents=True, exist_ok=True)
     common = (f"    User root\n    IdentityFile {cluster.identity_file}\n    IdentitiesOnly yes\n"
               f"    UserKnownHostsFile {cluster.known_hosts}\n    GlobalKnownHostsFile /dev/null\n"
               "    StrictHostKeyChecking yes\n    BatchMode yes\n    ConnectTimeout 10\n")
-    blocks = "".join(f"Host {alias}\n    HostName {cluster.node(name).ip}\n\n"
+    via = "    ProxyJump jump0\n" if bastion else ""
+    blocks = "".join(f"Host {alias}\n    HostName {cluster.node(name).ip}\n{via}\n"
                      for alias, name in zip(ALIASES, cluster.names))
+    if bastion:
+        blocks += f"Host jump0\n    HostName {cluster.node('jump0').ip}\n\n"
     config = directory / "ssh_config"
     if include:
         (directory / "conf.d").mkdir(exist_ok=True)
@@ -70,6 +74,13 @@ def assert_trained(code: int, out: str) -> None:
     assert "all 3 nodes finished (exit 0)" in out
 
 
+def assert_dry_run_names_the_hostname(inventory: Path, master_ip: str) -> None:
+    code, out = cli("-i", str(inventory), "run", "--dry-run", "--", DDP_DEMO)
+    assert code == 0, out
+    assert f"at {master_ip}:29500" in out and "gpu-a:" not in out, out
+    assert "--master-addr gpu-a" not in out and "--rdzv-endpoint gpu-a" not in out, out
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("include", [False, True], ids=["in-config", "included"])
 def test_aliased_hosts_check_clean_and_run_with_and_without_the_checks(
@@ -77,12 +88,7 @@ def test_aliased_hosts_check_clean_and_run_with_and_without_the_checks(
     inventory = aliased_inventory(cluster, tmp_path / "conf", include)
     for alias in ALIASES:  # the nodes cannot resolve an alias: only the controller's config names it
         assert cluster.ssh("node1", f"getent hosts {alias}").returncode != 0
-    master_ip = cluster.node("node0").ip
-
-    code, out = cli("-i", str(inventory), "run", "--dry-run", "--", DDP_DEMO)
-    assert code == 0, out
-    assert f"at {master_ip}:29500" in out and "gpu-a:" not in out, out
-    assert "--master-addr gpu-a" not in out and "--rdzv-endpoint gpu-a" not in out, out
+    assert_dry_run_names_the_hostname(inventory, cluster.node("node0").ip)
 
     code = main(["check", "-i", str(inventory), "--json"])
     document = json.loads(capsys.readouterr().out)
@@ -92,5 +98,22 @@ def test_aliased_hosts_check_clean_and_run_with_and_without_the_checks(
         document
 
     assert_trained(*cli("-i", str(inventory), "run", "--log-dir", str(tmp_path / "logs"), "--", DDP_DEMO))
+    assert_trained(*cli("-i", str(inventory), "run", "--no-check", "--log-dir", str(tmp_path / "logs"),
+                        "--", DDP_DEMO))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_aliased_hosts_behind_a_bastion_run_without_the_checks(
+        make_cluster: Callable[..., LocalCluster], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Behind a bastion the HostName is the bastion's view of the node: the nodes' private
+    address, which the nodes behind it share, so the workers reach the master there."""
+    cluster = make_cluster(3, jump_hosts=1)
+    inventory = aliased_inventory(cluster, tmp_path / "conf", include=False, bastion=True)
+    assert_dry_run_names_the_hostname(inventory, cluster.node("node0").ip)
+    code = main(["check", "-i", str(inventory), "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert_clean(document, cluster.names)
+    assert code == 0
     assert_trained(*cli("-i", str(inventory), "run", "--no-check", "--log-dir", str(tmp_path / "logs"),
                         "--", DDP_DEMO))
