@@ -152,3 +152,10 @@ def test_paramiko_match_host_canonicalized_and_exec_per_pass(tmp_path: Path) -> 
     found = lookup("www", config, local)
     assert (found.hostname, found.user, found.port, ran) == ("www.paramiko.org", "defenseless", 8007,
                                                              ["uncanonicalized", "canonicalized"])
+
+
+def test_proxycommand_none_is_a_direct_connection(tmp_path: Path) -> None:
+    found, _ = resolve(tmp_path, "ProxyCommand none\n" + CANONICAL, "web", {"web.lab.example."})
+    assert found.hostname == "web.lab.example"
+    found, _ = resolve(tmp_path, "ProxyCommand nc %h %p\n" + CANONICAL, "web", {"web.lab.example."})
+    assert found.hostname == "web"

@@ -4,13 +4,15 @@
 would print for the options torchherd uses: ``Include`` (globs, relative paths from
 ``~/.ssh``, an Include under a non-matching ``Host`` read but never applied),
 ``Host`` patterns with ``!``, ``Match`` (``all``, ``host``, ``originalhost``,
-``user``, ``localuser``, ``exec``, ``canonical``/``final``; any of them negated),
-first value wins, ``IdentityFile`` accumulating, ``ProxyJump`` lists and ``none``,
-and the ``%`` tokens and ``${VAR}`` of the options that take them.
+``user``, ``localuser``, ``exec``, ``canonical``/``final``; any of them negated,
+``host b`` or ``host=b``), first value wins, ``IdentityFile`` accumulating,
+``ProxyJump`` lists and ``none``, ``CanonicalizeHostname`` and the second pass it
+triggers, ``RevokedHostKeys``, and the ``%`` tokens and ``${VAR}`` of the options that
+take them.
 
 Standard library only, and no state: the caller says who the local user is
-(``Local``) and how ``Match exec`` runs, so the parser is testable without a
-machine behind it. Unknown keywords are skipped (``ssh`` itself refuses them;
+(``Local``), how ``Match exec`` runs and what a name resolves to, so the parser is
+testable without a machine behind it. Unknown keywords are skipped (``ssh`` itself refuses them;
 torchherd only needs the options below, and must not break on a newer keyword).
 """
 
@@ -557,13 +559,13 @@ def _canonical_host(state: _State, alias: str, local: Local) -> str:
     ``CanonicalDomains`` (OpenSSH's ``resolve_canonicalize``)."""
     written = state.first("hostname")
     host = expand_tokens(written, {"h": alias}, "HostName") if written else alias
-    address = _is_address_shaped(host) or numeric_address(host) is not None
-    if address:
-        canonical = numeric_address(host)
-        return canonical if canonical is not None and canonical.lower() != host.lower() else host
-    host = host.lower()
     mode = _canonicalize(state)
-    direct = state.proxy_command is None and _jump_host(state) is None
+    numeric = numeric_address(host)
+    if numeric is not None or _is_address_shaped(host):
+        return numeric if numeric is not None and numeric.lower() != host.lower() else host
+    host = host.lower()
+    command = state.proxy_command.args[0].lower() if state.proxy_command is not None else "none"
+    direct = command == "none" and _jump_host(state) is None
     if mode == "no" or (not direct and mode != "always"):
         return host
     if host.endswith("."):
