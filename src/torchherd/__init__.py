@@ -23,17 +23,29 @@ _API = {
     "DetachedStartFailed": "torchherd.api", "Plan": "torchherd.plan", "RunSummary": "torchherd.runlog",
     "NodeOutcome": "torchherd.runlog", "OutputLine": "torchherd.runlog", "CheckReport": "torchherd.results",
     "CheckResult": "torchherd.results", "TorchherdError": "torchherd.errors", "UsageError": "torchherd.errors",
-    "TransportError": "torchherd.errors", "events": "torchherd.engine.events",
+    "TransportError": "torchherd.errors", "events": "torchherd.engine.events", "Recovery": "torchherd.inventory",
+    "RecoveringRun": "torchherd.api", "AttemptRecord": "torchherd.runlog",
 }
 __all__ = sorted(_API) + ["__version__"]
 
 if TYPE_CHECKING:  # the names __getattr__ loads, for type checkers and editors
-    from torchherd.api import Cluster, DetachedRun, DetachedStartFailed, LaunchAborted, Run, attach, new_run_id, runs  # noqa: F401
+    from torchherd.api import (  # noqa: F401
+        Cluster,
+        DetachedRun,
+        DetachedStartFailed,
+        LaunchAborted,
+        RecoveringRun,  # noqa: F401
+        Run,
+        attach,
+        new_run_id,
+        runs,
+    )
     from torchherd.engine import events  # noqa: F401
     from torchherd.errors import TorchherdError, TransportError, UsageError  # noqa: F401
+    from torchherd.inventory import Recovery  # noqa: F401
     from torchherd.plan import Plan  # noqa: F401
     from torchherd.results import CheckReport, CheckResult  # noqa: F401
-    from torchherd.runlog import NodeOutcome, OutputLine, RunSummary  # noqa: F401
+    from torchherd.runlog import AttemptRecord, NodeOutcome, OutputLine, RunSummary  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -28,9 +28,11 @@ from torchherd.engine import slurm as slurm_engine
 from torchherd.engine.events import Event, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Run, launch, open_nodes, preflight, sync_first
+from torchherd.engine.recovery import RecoveringRun
 from torchherd.engine.sync import sync_over
 from torchherd.errors import TorchherdError, UsageError
-from torchherd.inventory import SCHEDULERS, SLURM_KEYS, Inventory, load, parse, parse_slurm
+from torchherd.inventory import SCHEDULERS, SLURM_KEYS, Inventory, Recovery, load, parse, parse_slurm, with_spares
+from torchherd.nodeset import NodesetError, expand
 from torchherd.plan import Plan, RunOptions, SyncOptions, build_plan
 from torchherd.results import CheckReport, CheckResult, ProbeResult
 from torchherd.runlog import OutputLine, RankLines
@@ -41,7 +43,8 @@ from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector, ssh_hostnames
 from torchherd.tree import project_root
 
-__all__ = ["Cluster", "DetachedRun", "DetachedStartFailed", "LaunchAborted", "Run", "attach", "new_run_id", "runs"]
+__all__ = ["Cluster", "DetachedRun", "DetachedStartFailed", "LaunchAborted", "RecoveringRun", "Recovery", "Run", "attach",
+           "new_run_id", "runs"]
 
 
 def new_run_id() -> str:
@@ -129,6 +132,24 @@ class Cluster:
         """The same cluster with every host's python, workdir or process count, or another master."""
         return self._with(hostspec.override(self.inventory, python=python, workdir=workdir,
                                             nproc_per_node=nproc_per_node, master=master))
+
+    def with_spares(self, spares: str) -> Cluster:
+        """The same cluster with the hosts ``spares`` names (a nodeset: ``node[4-5]``) set
+        aside as spare hosts: checked, not launched, until a run with retries needs one."""
+        try:
+            names = frozenset(expand(spares))
+        except NodesetError as error:
+            raise UsageError(f"--spares {spares!r}: {error}", "write host names or a nodeset: node4,gpu[05-06]") from None
+        return self._with(with_spares(self.inventory, names))
+
+    @property
+    def spares(self) -> tuple[str, ...]:
+        return tuple(host.name for host in self.inventory.spares)
+
+    @property
+    def recovery(self) -> Recovery:
+        """The inventory's ``[recovery]`` table (no retries without one)."""
+        return self.inventory.recovery
 
     def _with(self, inventory: Inventory) -> Cluster:
         if inventory is self.inventory:
@@ -239,14 +260,26 @@ class Cluster:
 
     def launch(self, plan: Plan, *, log_dir: str | Path = "torchherd-logs", on_event: Observer | None = None,
                check: bool = True, grace: float = 10.0, fail_fast: bool = True,
-               detach: bool = False) -> Run | DetachedRun:
+               detach: bool = False, recovery: Recovery | None = None) -> Run | DetachedRun | RecoveringRun:
         """Preflights ``plan`` (``check=False`` only connects), then starts it on every node.
         Attached: returns the ``Run`` (``wait``, ``stop``, ``lines``); its lines also go to
         ``log_dir/<run id>/<node>.log``. With ``detach``: the job outlives this process;
-        returns a ``DetachedRun``. Raises LaunchAborted when it could not start."""
+        returns a ``DetachedRun``. Raises LaunchAborted when it could not start.
+        ``recovery`` (default: the inventory's ``[recovery]``) with ``retries`` > 0: a failed
+        attempt is followed by triage and another, on the spares where nodes were excluded;
+        returns a ``RecoveringRun`` (``wait``, ``stop``; ``summary.attempts``)."""
         options = LaunchOptions(check=check, log_dir=Path(log_dir), grace=grace,
                                 accept_new_host_keys=self.accept_new_host_keys, fail_fast=fail_fast)
         observer = on_event or ignore
+        recovery = recovery if recovery is not None else self.recovery
+        if recovery.retries > 0:
+            if detach:
+                raise UsageError("--retries with --detach: a detached run does not recover (yet)",
+                                 "leave out --detach to recover, or --retries to detach")
+            if self.scheduler == "slurm":
+                raise UsageError("--retries: not for SLURM runs (yet): SLURM's own --requeue resubmits a job",
+                                 "leave --retries out, or run over SSH")
+            return RecoveringRun(_SshAttempts(self.connector), plan, options, recovery, observer).start()
         if self.scheduler == "slurm":
             if detach:
                 return DetachedRun(slurm_engine.start_detached(plan, options, self.connector, observer),
@@ -262,6 +295,23 @@ class Cluster:
         if not start.ok:
             raise DetachedStartFailed(start)
         return DetachedRun(start.record, self.connector)
+
+
+@dataclass(frozen=True)
+class _SshAttempts:
+    """What a recovering run needs to check and start its attempts over SSH."""
+
+    connector: Connector
+
+    def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
+              on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:
+        connector = sync_first(plan, self.connector, on_event) if sync and plan.sync is not None else self.connector
+        outcome = preflight(plan, options, connector, on_result)
+        outcome.close()
+        return outcome.report
+
+    def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
+        return launch(plan, options, self.connector, observer)
 
 
 def _with_probes(outcome: PreflightOutcome) -> CheckReport:

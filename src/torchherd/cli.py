@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from torchherd.api import Cluster, DetachedStartFailed
     from torchherd.console.view import ViewOptions
+    from torchherd.inventory import Recovery
     from torchherd.plan import Plan
     from torchherd.results import CheckReport
 
@@ -182,13 +183,15 @@ def _render_matrix(console: Console, cluster: Cluster, report: CheckReport, alwa
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from torchherd.api import Run
+    from torchherd.api import DetachedRun
     from torchherd.console.observer import ConsoleObserver
     from torchherd.console.run import render_plan
     from torchherd.engine.launch import sigterm_as_interrupt
     from torchherd.plan import parse_env_assignments
 
     cluster = _cluster(args)
+    if args.spares is not None:
+        cluster = cluster.with_spares(args.spares)
     if not args.script:
         raise UsageError("run: no training script given", "torchherd run [options] -- train.py [args...]")
     script, *script_args = args.script
@@ -205,11 +208,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.dry_run:
         render_plan(console, plan)
         return _dry_sync(cluster, plan, console) if plan.sync is not None else EXIT_OK
+    recovery = _recovery(args, cluster)
     observer = ConsoleObserver(console, view=_view_options(args, console))
     try:
         launched = cluster.launch(plan, log_dir=args.log_dir, on_event=observer, check=not args.no_check,
-                                  grace=args.grace, fail_fast=not args.no_fail_fast, detach=args.detach)
-        if not isinstance(launched, Run):
+                                  grace=args.grace, fail_fast=not args.no_fail_fast, detach=args.detach,
+                                  recovery=recovery)
+        if isinstance(launched, DetachedRun):
             from torchherd.console.detach import render_started
 
             render_started(console, launched.record)
@@ -218,6 +223,16 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             return launched.wait().exit_code
     finally:
         observer.close()  # the panel goes, whichever way the command leaves
+
+
+def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
+    """The inventory's [recovery] table, each flag given overriding its key."""
+    from dataclasses import replace
+
+    recovery = cluster.recovery
+    given = {key: value for key, value in (("retries", args.retries), ("final_exit_codes", args.final_exit_codes),
+                                           ("min_nodes", args.min_nodes)) if value is not None}
+    return replace(recovery, **given) if given else recovery
 
 
 def _dry_sync(cluster: Cluster, plan: Plan, console: Console) -> int:
@@ -353,6 +368,33 @@ def _count(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or int(text) > 1_000_000:
         raise argparse.ArgumentTypeError(f"expected an integer from 0 to 1000000, got {text!r}")
     return int(text)
+
+
+def _exit_codes(text: str) -> tuple[int, ...]:
+    codes = [item.strip() for item in text.split(",")]
+    if not all(code.isascii() and code.isdigit() and 1 <= int(code) <= 255 for code in codes):
+        raise argparse.ArgumentTypeError(f"expected exit codes from 1 to 255, comma-separated (2,3), got {text!r}")
+    return tuple(int(code) for code in codes)
+
+
+def _retries(text: str) -> int:
+    from torchherd.inventory import MAX_RETRIES
+
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_RETRIES:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {MAX_RETRIES}, got {text!r}")
+    return int(text)
+
+
+def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
+    group = run.add_argument_group("recovery (docs/run.md, Recovery); each flag overrides [recovery]")
+    group.add_argument("--retries", type=_retries, metavar="N",
+                       help="after a failed attempt, triage the nodes and try again, up to N times (default 0)")
+    group.add_argument("--final-exit-codes", type=_exit_codes, metavar="CODE,...",
+                       help="exit codes that end the run at once, without a retry (e.g. 2 for bad arguments)")
+    group.add_argument("--spares", metavar="NODESET",
+                       help="these hosts are spares: checked, not launched, until one takes an excluded node's place")
+    group.add_argument("--min-nodes", type=_positive, metavar="K",
+                       help="with no spare left, go on with fewer nodes, down to K (default: never shrink)")
 
 
 def _nnodes(text: str) -> str:
@@ -495,6 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "(the logs keep them all)")
     run.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT [ARGS...]")
     run.set_defaults(handler=cmd_run)
+    _add_recovery_flags(run)
     _add_host_flags(run)
     _add_sync_flag(run, run=True)
     _add_detached_commands(commands)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NoReturn, TypeVar
@@ -46,11 +46,14 @@ CLUSTER_KEYS = (
     "ssh_config", "ssh_timeout", "scheduler",
 )
 NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "setup")
-HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node") + NODE_KEYS
+HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare") + NODE_KEYS
 STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
 SYNC_KEYS = ("dir", "exclude", "dest")
-TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm")
+TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery")
+RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes")
+MAX_RETRIES = 1000
+"""More attempts than any run makes: a larger count is a typo."""
 SLURM_KEYS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_node", "time", "extra")
 SLURM_TEMPLATE_HOST = "slurm-node"
 """The one host of a SLURM inventory without [[hosts]]: the [defaults] every node runs with."""
@@ -76,6 +79,8 @@ class Host:
     """The address the other nodes reach this node at, when not its SSH address."""
     nproc_per_node: int | str | None = None
     """This node's own process count (uneven GPU counts); None: the cluster's."""
+    spare: bool = False
+    """Checked in the first preflight, not launched: it takes the place of an excluded node."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,19 @@ class SyncSettings:
 
 
 @dataclass(frozen=True)
+class Recovery:
+    """The ``[recovery]`` table, ``run --retries`` and friends, ``Cluster.launch(recovery=...)``
+    (docs/run.md, Recovery). The default, no retries, is a run as it always was."""
+
+    retries: int = 0
+    """New attempts after a failed one (a rank failed, a node lost), each after triage."""
+    final_exit_codes: tuple[int, ...] = ()
+    """Exit codes that end the run at once (a bad-arguments exit is no node's fault)."""
+    min_nodes: int | None = None
+    """With no spare left, go on with fewer nodes, down to this many; None: never shrink."""
+
+
+@dataclass(frozen=True)
 class Inventory:
     path: Path
     cluster: Cluster
@@ -130,6 +148,10 @@ class Inventory:
     """In node-rank order: the master first, then the others as the file lists them."""
     sync: SyncSettings | None = None
     slurm: SlurmSettings = SlurmSettings()
+    spares: tuple[Host, ...] = ()
+    """Hosts marked ``spare = true`` (or named by ``[recovery].spares``), in file order: not in
+    ``hosts``, never launched unless recovery takes one."""
+    recovery: Recovery = Recovery()
 
     def host(self, name: str) -> Host:
         for host in self.hosts:
@@ -215,6 +237,23 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             self.fail(key, f"expected a positive integer, got {_show(value)}")
         return int(value)
+
+    def flag(self, key: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            self.fail(key, f"expected true or false, got {_show(value)}")
+        return value
+
+    def retries(self, key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
+            self.fail(key, f"expected an integer from 0 to {MAX_RETRIES}, got {_show(value)}")
+        return int(value)
+
+    def exit_codes(self, key: str, value: Any) -> tuple[int, ...]:
+        if not isinstance(value, list) or not all(
+                isinstance(code, int) and not isinstance(code, bool) and 1 <= code <= 255 for code in value):
+            self.fail(key, f"expected a list of exit codes from 1 to 255, got {_show(value)}",
+                      "write final_exit_codes = [2]")
+        return tuple(int(code) for code in value)
 
     def nodeset(self, key: str, value: Any) -> str:
         text = self.text(key, value)
@@ -309,15 +348,57 @@ def parse(document: Mapping[str, Any], path: Path) -> Inventory:
     defaults = _table(document, "defaults", path)
     cluster_table = _table(document, "cluster", path)
     slurm = parse_slurm(_table(document, "slurm", path), path, "[slurm].")
+    recovery, spare_names = _parse_recovery(_table(document, "recovery", path), path)
     if _slurm_without_hosts(document, cluster_table, slurm, path):
         hosts: tuple[Host, ...] = (_slurm_template(defaults, path),)
     else:
-        hosts = _parse_hosts(document, defaults, path)
-    cluster = _parse_cluster(cluster_table, hosts, path)
+        hosts = _spares_marked(_parse_hosts(document, defaults, path), spare_names, path)
+    spares = tuple(host for host in hosts if host.spare)
+    hosts = tuple(host for host in hosts if not host.spare)
+    if not hosts:
+        raise InventoryError(f"{path}: hosts: every host is a spare", "a run needs at least one host that is not")
+    cluster = _parse_cluster(cluster_table, hosts, path, tuple(host.name for host in spares))
     master = next(host for host in hosts if host.name == cluster.master)
     ranked = (master,) + tuple(host for host in hosts if host is not master)
     sync = _parse_sync(_table(document, "sync", path), path) if "sync" in document else None
-    return Inventory(path=path, cluster=cluster, hosts=ranked, sync=sync, slurm=slurm)
+    return Inventory(path=path, cluster=cluster, hosts=ranked, sync=sync, slurm=slurm, spares=spares,
+                     recovery=recovery)
+
+
+def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, frozenset[str]]:
+    """The ``[recovery]`` table, and the host names its ``spares`` nodeset stands for."""
+    read = _Reader(path, "[recovery].", table, RECOVERY_KEYS)
+    spares = read.get("spares", None, read.nodeset)
+    min_nodes = read.get("min_nodes", None, read.count)
+    recovery = Recovery(retries=read.get("retries", 0, read.retries),
+                        final_exit_codes=read.get("final_exit_codes", (), read.exit_codes), min_nodes=min_nodes)
+    return recovery, frozenset(expand(spares) if spares else ())
+
+
+def _spares_marked(hosts: tuple[Host, ...], names: frozenset[str], path: Path) -> tuple[Host, ...]:
+    unknown = sorted(names - {host.name for host in hosts})
+    if unknown:
+        raise InventoryError(f"{path}: [recovery].spares: {unknown[0]!r} is not one of the hosts",
+                             "list the spare under [[hosts]] too, or mark it there with spare = true")
+    return tuple(replace(host, spare=True) if host.name in names else host for host in hosts)
+
+
+def with_spares(inventory: Inventory, names: frozenset[str], where: str = "--spares") -> Inventory:
+    """The inventory with the hosts ``names`` set aside as spares (after those it has);
+    the master gives way to the first host left when it is one of them."""
+    known = {host.name for host in inventory.hosts} | {host.name for host in inventory.spares}
+    unknown = sorted(names - known)
+    if unknown:
+        raise InventoryError(f"{where}: {unknown[0]!r} is not one of the hosts",
+                             f"the hosts are {', '.join(sorted(known))}")
+    hosts = tuple(host for host in inventory.hosts if host.name not in names)
+    if not hosts:
+        raise InventoryError(f"{where}: every host would be a spare", "a run needs at least one host that is not")
+    spares = inventory.spares + tuple(replace(host, spare=True) for host in inventory.hosts if host.name in names)
+    cluster = inventory.cluster
+    if cluster.master in names:
+        cluster = replace(cluster, master=hosts[0].name)
+    return replace(inventory, hosts=hosts, spares=spares, cluster=cluster)
 
 
 def parse_slurm(table: Mapping[str, Any], path: Path, where: str) -> SlurmSettings:
@@ -361,10 +442,14 @@ def _table(document: Mapping[str, Any], key: str, path: Path) -> Mapping[str, An
     return value
 
 
-def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path) -> Cluster:
+def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path,
+                   spares: tuple[str, ...] = ()) -> Cluster:
     read = _Reader(path, "[cluster].", table, CLUSTER_KEYS)
     names = [host.name for host in hosts]
     master = read.get("master", names[0], read.text)
+    if master in spares:
+        read.fail("master", f"{master!r} is a spare: a spare is not launched until a node is excluded",
+                  "choose another master, or drop spare = true from that host")
     if master not in names:
         read.fail("master", f"{master!r} is not one of the hosts ({', '.join(names)})",
                   _did_you_mean(master, tuple(names)))
@@ -492,4 +577,5 @@ def _parse_host(read: _Reader, base: Mapping[str, Any]) -> Host:
         setup=values.get("setup", ""),
         local_addr=read.get("local_addr", None, read.local_addr),
         nproc_per_node=read.get("nproc_per_node", None, read.nproc),
+        spare=read.get("spare", False, read.flag),
     )

@@ -360,6 +360,32 @@ class NodeOutcome:
     """Processes the supervisor could not kill (0 when the node is clean)."""
 
 
+AttemptEnd = Literal["ok", "failed", "lost", "interrupted"]
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt of a run with retries (``run --retries``), for the summary's table."""
+
+    number: int
+    """1 for the first attempt."""
+    nodes: tuple[str, ...]
+    """In node-rank order: the master first."""
+    ended: AttemptEnd
+    headline: str
+    """The attempt's own one-sentence end (the node and rank that ended it)."""
+    seconds: float
+    triage: tuple[str, ...] = ()
+    """What the triage after it found, one line per node that failed a check; empty: all passed
+    (or none ran)."""
+    next: str = ""
+    """What followed: the nodes of the next attempt, or why the run ended here."""
+
+    def as_json(self) -> dict[str, object]:
+        return {"attempt": self.number, "nodes": list(self.nodes), "ended": self.ended, "headline": self.headline,
+                "seconds": round(self.seconds, 3), "triage": list(self.triage), "next": self.next}
+
+
 @dataclass(frozen=True)
 class RunSummary:
     run_id: str
@@ -368,3 +394,7 @@ class RunSummary:
     """One sentence: what happened, naming the node (and rank) that ended the run."""
     nodes: tuple[NodeOutcome, ...]
     log_dir: str
+    culprit: str | None = None
+    """The node that failed first or was lost, when one ended the run."""
+    attempts: tuple[AttemptRecord, ...] = ()
+    """Every attempt of a run with retries, the last one's ``nodes`` above; empty without retries."""

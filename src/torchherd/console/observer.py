@@ -13,10 +13,13 @@ from rich.text import Text
 from torchherd.console import render_error
 from torchherd.console.checks import render_report
 from torchherd.console.detach import status_note
+from torchherd.console.recovery import RecoveryEvent, recovery_note, render_attempts
 from torchherd.console.run import LiveRenderer, render_summary
 from torchherd.console.sync import SYNC_EVENTS, sync_notes
 from torchherd.console.view import TerminalView, ViewOptions
 from torchherd.engine.events import (
+    RECOVERY_EVENTS,
+    AttemptFailed,
     ConnectFailed,
     Event,
     Interrupted,
@@ -54,7 +57,9 @@ class ConsoleObserver:
             for message, style in sync_notes(event):
                 self._note(message, style)
             return
-        if isinstance(event, Output):
+        if isinstance(event, RECOVERY_EVENTS):
+            self._recovery(event)
+        elif isinstance(event, Output):
             self._renderer().render(event.lines)
         elif isinstance(event, RunStarted):
             self.renderer = self._start_view(event)
@@ -67,6 +72,7 @@ class ConsoleObserver:
         elif isinstance(event, RunFinished):
             self.close()
             render_summary(self.console, event.summary)
+            render_attempts(self.console, event.summary.attempts)
         elif isinstance(event, NodeStatus):
             status_note(self._renderer(), event.status)
         elif isinstance(event, JobQueued):
@@ -96,6 +102,14 @@ class ConsoleObserver:
             self._note(f"{event.node}: {event.count} processes of the job could not be killed", "bold red")
         elif isinstance(event, Interrupted) and not event.again:
             self._note("interrupted: stopping every node (interrupt again to kill at once)", "bold yellow")
+
+    def _recovery(self, event: RecoveryEvent) -> None:
+        if isinstance(event, AttemptFailed):
+            # The attempt's panel goes; the next attempt's RunStarted makes another.
+            self.close()
+            self.renderer = LiveRenderer(self.console, [], 0)
+        message, style = recovery_note(event)
+        self._note(message, style)
 
     def _preflight(self, event: PreflightDone) -> None:
         report = event.report

@@ -211,9 +211,74 @@ class SyncDone:
         return tuple(node for node in self.nodes if isinstance(node, SyncFailed))
 
 
+@dataclass(frozen=True)
+class AttemptStarted:
+    """A run with retries (``run --retries``) starts attempt ``number`` on ``nodes``
+    (node-rank order, its master first)."""
+
+    number: int
+    of: int
+    """The most attempts the run may make (retries + 1)."""
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AttemptFailed:
+    """Attempt ``number`` ended without success; ``headline`` says how (as a run's summary would)."""
+
+    number: int
+    headline: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TriageDone:
+    """The fast node checks ran on ``nodes`` before the next attempt; ``failed``: per
+    node that failed them, why."""
+
+    nodes: tuple[str, ...]
+    failed: tuple[tuple[str, str], ...]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class NodeExcluded:
+    """``node`` takes no part in the next attempts, and why."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SpareTaken:
+    """The spare host ``spare`` takes the place of the excluded ``replacing``."""
+
+    spare: str
+    replacing: str
+
+
+@dataclass(frozen=True)
+class RunShrunk:
+    """No spare was left: the next attempt runs on fewer nodes (``--min-nodes``)."""
+
+    nodes: int
+    was: int
+
+
+@dataclass(frozen=True)
+class RecoveryEnded:
+    """The run ends after a failed attempt without another: why (retries used up, the same
+    error twice, a final exit code, no spare left)."""
+
+    message: str
+
+
+RECOVERY_EVENTS = (AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded)
+
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
               NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished, JobQueued,
-              SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped]
+              SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptFailed, TriageDone,
+              NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000

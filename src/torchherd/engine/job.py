@@ -78,6 +78,9 @@ class LaunchOptions:
     fail_fast: bool = True
     timeout: float | None = None
     """Seconds after which every node is told to stop (the smoke check); None: no limit."""
+    attempt: int = 0
+    """A run with retries: the attempt's number (from 1); its node logs are written on
+    after a marker line. 0: a run without retries (each log written afresh)."""
 
 
 @dataclass(frozen=True)
@@ -164,12 +167,22 @@ def records_to_events(node: str, records: Sequence[bytes]) -> list[Record]:
     return list(parse_records(node, records))
 
 
-def read_node(node: NodeRun, process: Process, events: queue.Queue[list[RunEvent]]) -> None:
+def attempt_marker(attempt: int, nodes: Sequence[str]) -> bytes:
+    """The line that opens an attempt's part of a node log (``run --retries``)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    return f"==== torchherd: attempt {attempt} at {stamp} on {','.join(nodes)} ====\n".encode()
+
+
+def read_node(node: NodeRun, process: Process, events: queue.Queue[list[RunEvent]], marker: bytes = b"") -> None:
     """The reader thread: every record is parsed and logged as it arrives; the queue
-    only ever receives whole lines, so the terminal can never hold a node back."""
+    only ever receives whole lines, so the terminal can never hold a node back. With a
+    ``marker`` (an attempt of a run with retries) the log is written on after it."""
     parser, stderr_lines = OutputParser(node.name), RecordSplitter()
     # 0600: a run's output is its user's only (a umask of 022 would make it 0644)
-    with os.fdopen(os.open(node.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:
+    mode = os.O_APPEND if marker else os.O_TRUNC
+    with os.fdopen(os.open(node.log_path, os.O_WRONLY | os.O_CREAT | mode, 0o600), "wb") as log:
+        if marker:
+            log.write(marker)
         def deliver(batch: Sequence[RunEvent]) -> None:
             node.last_seen = time.monotonic()
             text = b"".join(_log_bytes(event) for event in batch)
@@ -240,8 +253,9 @@ class Job:
         process.send(supervisor_config(node.plan, self.plan.run_id, self.options.grace).to_line())
         node.last_seen = node.started_at = time.monotonic()
         node.process = process
-        threading.Thread(target=read_node, args=(node, process, self.events), name=f"torchherd-read-{node.name}",
-                         daemon=True).start()
+        marker = attempt_marker(self.options.attempt, list(self.nodes)) if self.options.attempt else b""
+        threading.Thread(target=read_node, args=(node, process, self.events, marker),
+                         name=f"torchherd-read-{node.name}", daemon=True).start()
 
     def _heartbeat(self) -> None:
         """Any line tells the supervisor the controller is still there."""

@@ -128,7 +128,7 @@ def summarise(run_id: str, nodes: list[NodeRun], culprit: NodeRun | None, interr
     left = sum(outcome.left for outcome in outcomes)
     if left:
         headline += f"; {left} processes could not be killed (see the table)"
-    return RunSummary(run_id, code, headline, outcomes, log_dir)
+    return RunSummary(run_id, code, headline, outcomes, log_dir, culprit.name if culprit is not None else None)
 
 
 def _blame(node: NodeRun) -> str:

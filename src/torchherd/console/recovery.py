@@ -1,0 +1,59 @@
+"""A run with retries, rendered: one note per recovery event, and the attempts table
+under the summary (``run --retries``)."""
+
+from __future__ import annotations
+
+from typing import Union
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from torchherd.console import printable
+from torchherd.engine.events import (
+    AttemptFailed,
+    AttemptStarted,
+    NodeExcluded,
+    RecoveryEnded,
+    RunShrunk,
+    SpareTaken,
+    TriageDone,
+)
+from torchherd.runlog import AttemptRecord
+
+RecoveryEvent = Union[AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded]
+ENDED_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "interrupted": "yellow"}
+
+
+def recovery_note(event: RecoveryEvent) -> tuple[str, str]:
+    """The note for one recovery event, and its style."""
+    if isinstance(event, AttemptStarted):
+        return f"attempt {event.number} of {event.of} on {len(event.nodes)} nodes: {', '.join(event.nodes)}", "bold"
+    if isinstance(event, AttemptFailed):
+        return f"attempt {event.number} failed after {event.seconds:.1f} s: {event.headline}", "bold red"
+    if isinstance(event, TriageDone):
+        if not event.failed:
+            return f"triage: {len(event.nodes)} nodes passed the checks in {event.seconds:.1f} s", "dim"
+        failed = ", ".join(node for node, _ in event.failed)
+        return f"triage: {failed} failed the checks ({len(event.nodes)} nodes, {event.seconds:.1f} s)", "bold yellow"
+    if isinstance(event, NodeExcluded):
+        return f"{event.node} excluded: {event.reason}", "bold yellow"
+    if isinstance(event, SpareTaken):
+        return f"spare {event.spare} takes the place of {event.replacing}", "bold"
+    if isinstance(event, RunShrunk):
+        return f"no spare left: the run goes on with {event.nodes} nodes instead of {event.was}", "bold yellow"
+    return f"no further attempt: {event.message}", "bold red"
+
+
+def render_attempts(console: Console, attempts: tuple[AttemptRecord, ...]) -> None:
+    """The attempts as a short table (nothing for a run without retries)."""
+    if not attempts:
+        return
+    table = Table(title=Text("attempts"), title_justify="left")
+    for column in ("#", "nodes", "ended", "time", "triage", "then"):
+        table.add_column(column, overflow="fold")
+    for attempt in attempts:
+        table.add_row(str(attempt.number), Text(",".join(attempt.nodes)),
+                      Text(attempt.ended, style=ENDED_STYLES.get(attempt.ended, "")), f"{attempt.seconds:.1f}s",
+                      Text(printable("; ".join(attempt.triage) or "-")), Text(printable(attempt.next or "-")))
+    console.print(table)

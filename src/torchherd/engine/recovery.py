@@ -1,0 +1,321 @@
+"""A run that survives a bad node (``run --retries N``): attempts, triage, spares.
+
+Each attempt is an ordinary run of the same plan (the same run id, ``TORCHHERD_ATTEMPT``
+in the job's environment, the same node logs written on after a marker line), started
+and supervised by the backend. After a failed attempt the pure policy
+(``recovery_policy``) decides whether the run ends; if not, the fast node checks run on
+the next attempt's nodes (the triage), nodes that fail them are excluded, spares take
+their places, and the next attempt starts. Ctrl-C or SIGTERM (``stop``) never retries.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Protocol, Sequence
+
+from torchherd.checks import CheckOptions
+from torchherd.engine.events import (
+    AttemptFailed,
+    AttemptStarted,
+    Event,
+    Interrupted,
+    NodeExcluded,
+    Observer,
+    RecoveryEnded,
+    RunFinished,
+    RunShrunk,
+    SpareTaken,
+    TriageDone,
+    ignore,
+)
+from torchherd.engine.job import LaunchOptions
+from torchherd.engine.launch import LaunchAborted, Run
+from torchherd.engine.recovery_policy import (
+    TRIAGE_CHECKS,
+    Attempt,
+    End,
+    NextNodes,
+    attempt_of,
+    cooldown,
+    next_nodes,
+    triage_failures,
+    verdict,
+)
+from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, UsageError
+from torchherd.inventory import Recovery
+from torchherd.plan import NodeNetwork, Plan, build_plan
+from torchherd.results import CheckReport, CheckResult
+from torchherd.runlog import AttemptRecord, RunSummary
+
+ATTEMPT_VARIABLE = "TORCHHERD_ATTEMPT"
+TRIAGE_ROUNDS = 4
+"""Triage rounds before an attempt at most: a round that excluded a node, or whose
+cross-node checks could not count, is followed by one on the new set of nodes."""
+
+
+class Backendish(Protocol):
+    """What recovery needs of a backend (``engine.backend.Backend`` has it)."""
+
+    def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
+              on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport: ...
+
+    def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run: ...
+
+
+def attempt_plan(base: Plan, nodes: Sequence[str], attempt: int,
+                 networks: Mapping[str, NodeNetwork] | None = None) -> Plan:
+    """``base`` on ``nodes`` (names of its hosts or spares; the first is the master), with
+    the attempt's number in the job's environment. A fixed ``--nnodes`` follows the count."""
+    inventory = base.base_inventory or base.inventory
+    known = {host.name: host for host in inventory.hosts + inventory.spares}
+    hosts = tuple(replace(known[name], spare=False) for name in nodes)
+    chosen = replace(inventory, hosts=hosts, spares=(), cluster=replace(inventory.cluster, master=nodes[0]))
+    nnodes = base.options.nnodes
+    if nnodes is not None and ":" not in nnodes:
+        nnodes = str(len(nodes))
+    options = replace(base.options, nnodes=nnodes,
+                      extra_env={**base.options.extra_env, ATTEMPT_VARIABLE: str(attempt)})
+    return build_plan(chosen, options, networks)
+
+
+def check_recovery(plan: Plan, recovery: Recovery) -> None:
+    """Refuses (UsageError, exit 2) what cannot work with this plan."""
+    if recovery.min_nodes is not None and recovery.min_nodes > len(plan.nodes):
+        raise UsageError(f"--min-nodes {recovery.min_nodes}: more than the {len(plan.nodes)} nodes of the run",
+                         f"give at most {len(plan.nodes)}")
+
+
+@dataclass(frozen=True)
+class _Triaged:
+    """The next attempt's nodes (or the run's end), and what the triage found."""
+
+    outcome: NextNodes | End
+    found: tuple[str, ...]
+
+
+class RecoveringRun:
+    """A run with retries: ``wait`` for the summary of the whole run (every attempt in
+    ``RunSummary.attempts``), ``stop`` it (never retried). The attempts run in a thread
+    of their own; the observer gets each attempt's events and the recovery's own."""
+
+    def __init__(self, backend: Backendish, plan: Plan, options: LaunchOptions, recovery: Recovery,
+                 observer: Observer = ignore) -> None:
+        check_recovery(plan, recovery)
+        self.backend = backend
+        self.plan = plan
+        self.run_id = plan.run_id
+        self.log_dir = options.log_dir / plan.run_id
+        self.options = options
+        self.recovery = recovery
+        self.emit = observer
+        self.spares = [host.name for host in (plan.base_inventory or plan.inventory).spares]
+        self.records: list[AttemptRecord] = []
+        self.attempts: list[Attempt] = []
+        self.networks: dict[str, NodeNetwork] = {}
+        self._lock = threading.Lock()
+        self._stopping = 0
+        self._current: Run | None = None
+        self._summary: RunSummary | None = None
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._aborted = ""
+        """Why the last attempt could not start (``LaunchAborted``), when it could not."""
+
+    # the caller's side ------------------------------------------------------------------
+    def start(self) -> RecoveringRun:
+        """Checks the spares (with the preflight), starts the first attempt (raising
+        LaunchAborted as a run without retries would), then goes on in its thread."""
+        if self.options.check and self.spares:
+            self._check_spares()
+        first = self._launch(1, tuple(node.host.name for node in self.plan.nodes), self.options)
+        threading.Thread(target=self._loop, args=(first,), name="torchherd-recovery", daemon=True).start()
+        return self
+
+    def wait(self, timeout: float | None = None) -> RunSummary:
+        """The summary once the last attempt ended. Ctrl-C while waiting stops the run as
+        ``stop`` does (a second one kills) and waits on for the teardown."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._done.is_set():
+            try:
+                self._done.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
+            except KeyboardInterrupt:
+                self.stop()
+            if deadline is not None and time.monotonic() >= deadline and not self._done.is_set():
+                raise TimeoutError(f"run {self.run_id} still running after {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        assert self._summary is not None
+        return self._summary
+
+    def stop(self) -> None:
+        """Ends the run without another attempt: the current one stops as on Ctrl-C
+        (called again: killed at once)."""
+        with self._lock:
+            self._stopping += 1
+            current = self._current
+        if current is not None:
+            current.stop()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def stopping(self) -> bool:
+        with self._lock:
+            return self._stopping > 0
+
+    # the attempts ------------------------------------------------------------------------
+    def _launch(self, number: int, nodes: tuple[str, ...], options: LaunchOptions) -> Run:
+        plan = attempt_plan(self.plan, nodes, number, self.networks)
+        self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes))
+        run = self.backend.launch(plan, replace(options, attempt=number), self._relay)
+        with self._lock:
+            self._current = run
+            stopping = self._stopping
+        for _ in range(stopping):  # stopped while it was starting: it stops now
+            run.stop()
+        # The addresses the preflight found stay the nodes' own in later attempts.
+        self.networks.update({node.host.name: node.network for node in run.plan.nodes if node.network is not None})
+        return run
+
+    def _relay(self, event: Event) -> None:
+        """An attempt's events go on to the observer; its RunFinished is the recovery's to give."""
+        if not isinstance(event, RunFinished):
+            self.emit(event)
+
+    def _loop(self, first: Run) -> None:
+        try:
+            self._summary = self._attempts(first)
+            self.emit(RunFinished(self._summary))
+        except BaseException as error:  # handed to wait(): a bug must not vanish in a thread
+            self._error = error
+        finally:
+            self._done.set()
+
+    def _attempts(self, run: Run | None) -> RunSummary:
+        number = 1
+        nodes = tuple(node.host.name for node in self.plan.nodes)
+        later = replace(self.options, check=False)  # the triage checked the nodes
+        while True:
+            started = time.monotonic()
+            summary = self._finish(run, number, nodes)
+            seconds = time.monotonic() - started
+            attempt = attempt_of(number, nodes, summary)
+            if attempt.ended in ("ok", "interrupted") or self.stopping:
+                self.records.append(AttemptRecord(number, nodes, attempt.ended, summary.headline, seconds))
+                return self._final(summary, None if attempt.ended == "ok" else "interrupted")
+            self.emit(AttemptFailed(number, summary.headline, seconds))
+            end = verdict(attempt, self.attempts, self.recovery)
+            triaged = _Triaged(end, ()) if end is not None else self._triage(attempt)
+            self.attempts.append(attempt)
+            if self.stopping:
+                self.records.append(AttemptRecord(number, nodes, attempt.ended, summary.headline, seconds,
+                                                  triaged.found, "interrupted"))
+                self.emit(Interrupted())
+                return self._final(summary, "interrupted")
+            if isinstance(triaged.outcome, End):
+                self.records.append(AttemptRecord(number, nodes, attempt.ended, summary.headline, seconds,
+                                                  triaged.found, triaged.outcome.message))
+                self.emit(RecoveryEnded(triaged.outcome.message))
+                return self._final(summary, triaged.outcome.message)
+            following = triaged.outcome
+            self.records.append(AttemptRecord(number, nodes, attempt.ended, summary.headline, seconds,
+                                              triaged.found, _described(number + 1, following)))
+            number, nodes = number + 1, following.nodes
+            run = self._try_launch(number, nodes, later)
+
+    def _try_launch(self, number: int, nodes: tuple[str, ...], options: LaunchOptions) -> Run | None:
+        """The attempt's run; None when it could not start (its ``_finish`` says so)."""
+        try:
+            return self._launch(number, nodes, options)
+        except LaunchAborted as error:
+            self._aborted = str(error)
+            return None
+
+    def _finish(self, run: Run | None, number: int, nodes: tuple[str, ...]) -> RunSummary:
+        if run is not None:
+            summary = run.wait()
+            with self._lock:
+                self._current = None
+            return summary
+        message = f"attempt {number} could not start: {self._aborted}"
+        return RunSummary(self.run_id, EXIT_FAILED, message, (), str(self.log_dir))
+
+    def _final(self, summary: RunSummary, why: str | None) -> RunSummary:
+        """The run's summary: the last attempt's nodes, every attempt, and why it ended."""
+        headline = summary.headline
+        code = summary.exit_code
+        if why == "interrupted":
+            code = EXIT_INTERRUPTED
+            if summary.exit_code != EXIT_INTERRUPTED:  # stopped between two attempts
+                headline = f"interrupted after attempt {len(self.records)}: no further attempt was started"
+        elif why is not None:
+            headline = f"{why}; attempt {len(self.records)}: {summary.headline}"
+        elif len(self.records) > 1:
+            headline = f"{summary.headline} (attempt {len(self.records)})"
+        return replace(summary, exit_code=code, headline=headline, attempts=tuple(self.records))
+
+    # triage ------------------------------------------------------------------------------
+    def _check_spares(self) -> None:
+        """The spares in the first preflight: the fast checks with the master; a spare that
+        fails them is dropped (the run goes on without it)."""
+        master = self.plan.nodes[0].host.name
+        checked = (master, *self.spares)
+        started = time.monotonic()
+        report = self.backend.check(attempt_plan(self.plan, checked, 1), CheckOptions(only=TRIAGE_CHECKS),
+                                    sync=self.plan.sync is not None)
+        failed = {node: why for node, why in triage_failures(report.results, self.spares).items()}
+        self.emit(TriageDone(checked, tuple(failed.items()), time.monotonic() - started))
+        for spare, why in failed.items():
+            self.spares.remove(spare)
+            self.emit(NodeExcluded(spare, f"spare dropped: {why}"))
+
+    def _triage(self, attempt: Attempt) -> _Triaged:
+        """The fast checks on the next attempt's nodes (and the unchecked spares), round
+        after round until one excludes nobody."""
+        excluded: dict[str, str] = {}
+        found: list[str] = []
+        again = cooldown(attempt, self.attempts)
+        if again is not None:
+            excluded[again] = "its ranks failed first in two attempts in a row"
+            self.emit(NodeExcluded(again, excluded[again]))
+            found.append(f"{again}: {excluded[again]}")
+        for _ in range(TRIAGE_ROUNDS):
+            if self.stopping:
+                break
+            proposal = next_nodes(attempt.nodes, list(excluded), self.spares, attempt.nodes[0], self.recovery)
+            if isinstance(proposal, End):
+                return _Triaged(proposal, tuple(found))
+            checked = proposal.nodes + tuple(spare for spare in self.spares if spare not in proposal.nodes)
+            started = time.monotonic()
+            report = self.backend.check(attempt_plan(self.plan, checked, attempt.number + 1),
+                                        CheckOptions(only=TRIAGE_CHECKS))
+            failed = triage_failures(report.results, checked)
+            self.emit(TriageDone(checked, tuple(failed.items()), time.monotonic() - started))
+            for node, why in failed.items():
+                excluded[node] = why
+                found.append(f"{node}: {why}")
+                if node in self.spares:
+                    self.spares.remove(node)
+                self.emit(NodeExcluded(node, why))
+            if not failed:
+                return _Triaged(self._take(proposal, len(attempt.nodes)), tuple(found))
+        return _Triaged(End("no node left", f"the triage still excluded nodes after {TRIAGE_ROUNDS} rounds"),
+                        tuple(found))
+
+    def _take(self, proposal: NextNodes, was: int) -> NextNodes:
+        for spare, replacing in proposal.taken:
+            self.spares.remove(spare)
+            self.emit(SpareTaken(spare, replacing))
+        if proposal.shrunk:
+            self.emit(RunShrunk(len(proposal.nodes), was))
+        return proposal
+
+
+def _described(number: int, following: NextNodes) -> str:
+    taken = "".join(f"; {spare} for {replacing}" for spare, replacing in following.taken)
+    shrunk = f"; {len(following.nodes)} nodes" if following.shrunk else ""
+    return f"attempt {number} on {','.join(following.nodes)}{taken}{shrunk}"

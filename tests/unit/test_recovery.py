@@ -1,0 +1,404 @@
+"""Recovery (``run --retries``): the ``[recovery]`` table and flags, the pure policy, and
+the loop of attempts driven by a fake backend (the real one: tests/cluster/test_recovery.py)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from io import StringIO
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from torchherd.checks import CheckOptions
+from torchherd.cli import main
+from torchherd.console import make_console
+from torchherd.console.observer import ConsoleObserver
+from torchherd.engine.events import (
+    AttemptFailed,
+    AttemptStarted,
+    Collector,
+    NodeExcluded,
+    Observer,
+    RecoveryEnded,
+    RunFinished,
+    RunShrunk,
+    SpareTaken,
+    ignore,
+)
+from torchherd.engine.job import LaunchOptions
+from torchherd.engine.launch import Opened, Run
+from torchherd.engine.recovery import RecoveringRun, attempt_plan
+from torchherd.engine.recovery_policy import (
+    Attempt,
+    End,
+    NextNodes,
+    cooldown,
+    error_key,
+    next_nodes,
+    triage_failures,
+    verdict,
+)
+from torchherd.errors import InventoryError
+from torchherd.inventory import Recovery, parse, with_spares
+from torchherd.plan import Plan, RunOptions, build_plan
+from torchherd.results import CheckReport, CheckResult
+from torchherd.runlog import NodeOutcome, RunSummary
+
+HOSTS = "".join(f'[[hosts]]\nname = "node{index}"\naddress = "192.0.2.{index + 1}"\n' for index in range(4))
+
+
+def inventory(text: str) -> object:
+    import tomllib
+
+    return parse(tomllib.loads(text), Path("hosts.toml"))
+
+
+# the inventory and the flags -------------------------------------------------------------
+
+
+def test_recovery_table_and_spare_hosts() -> None:
+    text = HOSTS + '[[hosts]]\nname = "node4"\nspare = true\n[recovery]\nretries = 3\nfinal_exit_codes = [2, 3]\n' \
+        'min_nodes = 2\nspares = "node3"\n'
+    parsed = inventory(text)
+    assert [host.name for host in parsed.hosts] == ["node0", "node1", "node2"]  # type: ignore[attr-defined]
+    assert [host.name for host in parsed.spares] == ["node3", "node4"]  # type: ignore[attr-defined]
+    assert parsed.recovery == Recovery(retries=3, final_exit_codes=(2, 3), min_nodes=2)  # type: ignore[attr-defined]
+
+
+def test_no_recovery_table_is_no_retries() -> None:
+    parsed = inventory(HOSTS)
+    assert parsed.recovery == Recovery()  # type: ignore[attr-defined]
+    assert parsed.spares == ()  # type: ignore[attr-defined]
+
+
+def test_a_spare_master_gives_way_and_a_named_spare_master_is_refused() -> None:
+    parsed = inventory('[[hosts]]\nname = "node0"\nspare = true\n' + HOSTS.replace('name = "node0"', 'name = "n0"'))
+    assert parsed.cluster.master == "n0"  # type: ignore[attr-defined]
+    with pytest.raises(InventoryError, match=r"\[cluster\].master: 'node0' is a spare"):
+        inventory('[cluster]\nmaster = "node0"\n[[hosts]]\nname = "node0"\nspare = true\n[[hosts]]\nname = "b"\n')
+    moved = with_spares(inventory(HOSTS), frozenset({"node0"}))  # type: ignore[arg-type]
+    assert moved.cluster.master == "node1" and [host.name for host in moved.spares] == ["node0"]
+
+
+BAD = [
+    pytest.param("[recovery]\nretries = -1\n", "[recovery].retries", id="retries-negative"),
+    pytest.param("[recovery]\nretries = true\n", "[recovery].retries", id="retries-bool"),
+    pytest.param("[recovery]\nretries = 5000\n", "[recovery].retries", id="retries-huge"),
+    pytest.param("[recovery]\nfinal_exit_codes = [0]\n", "[recovery].final_exit_codes", id="codes-zero"),
+    pytest.param('[recovery]\nfinal_exit_codes = "2"\n', "[recovery].final_exit_codes", id="codes-string"),
+    pytest.param("[recovery]\nmin_nodes = 0\n", "[recovery].min_nodes", id="min-nodes-zero"),
+    pytest.param('[recovery]\nspares = "node9"\n', "[recovery].spares", id="spare-unknown"),
+    pytest.param('[recovery]\nspares = "node[1-"\n', "[recovery].spares", id="spare-nodeset"),
+    pytest.param("[recovery]\nretry = 1\n", "[recovery].retry", id="unknown-key"),
+    pytest.param('[[hosts]]\nname = "x"\nspare = "yes"\n', "hosts[4].spare", id="spare-not-bool"),
+    pytest.param('[recovery]\nspares = "node[0-3]"\n', "every host is a spare", id="all-spares"),
+]
+
+
+def run_cli(tmp_path: Path, text: str, args: list[str]) -> tuple[int, str]:
+    path = tmp_path / "hosts.toml"
+    path.write_text(text, encoding="utf-8")
+    out = StringIO()
+    code = main(["-i", str(path), *args], console=make_console(out, width=400))
+    return code, out.getvalue()
+
+
+def assert_one_line(code: int, output: str, named: str) -> None:
+    assert code == 2, output
+    assert "Traceback" not in output
+    errors = [line for line in output.splitlines() if not line.startswith("  hint:")]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and named in errors[0], output
+
+
+@pytest.mark.parametrize(("extra", "named"), BAD)
+def test_bad_recovery_keys_exit_2_naming_the_key(tmp_path: Path, extra: str, named: str) -> None:
+    code, out = run_cli(tmp_path, HOSTS + extra, ["run", "--dry-run", "--", "train.py"])
+    assert_one_line(code, out, named)
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    pytest.param(["--retries", "-1"], "--retries", id="retries-negative"),
+    pytest.param(["--retries", "x"], "--retries", id="retries-word"),
+    pytest.param(["--final-exit-codes", "2,0"], "--final-exit-codes", id="codes-zero"),
+    pytest.param(["--final-exit-codes", "2,,3"], "--final-exit-codes", id="codes-empty"),
+    pytest.param(["--min-nodes", "0"], "--min-nodes", id="min-nodes-zero"),
+    pytest.param(["--spares", "node9"], "--spares", id="spare-unknown"),
+    pytest.param(["--spares", "node[0-3]"], "--spares", id="all-spares"),
+    pytest.param(["--spares", "node[1-"], "--spares", id="spare-nodeset"),
+    pytest.param(["--retries", "1", "--detach"], "--retries with --detach", id="detach"),
+    pytest.param(["--retries", "1", "--scheduler", "slurm"], "--retries", id="slurm"),
+    pytest.param(["--retries", "1", "--min-nodes", "9", "--no-check"], "--min-nodes 9", id="min-nodes-above"),
+])
+def test_bad_recovery_flags_exit_2_naming_the_flag(tmp_path: Path, flags: list[str], named: str) -> None:
+    code, out = run_cli(tmp_path, HOSTS, ["run", *flags, "--", "train.py"])
+    assert_one_line(code, out, named)
+
+
+def test_dry_run_leaves_the_spares_out(tmp_path: Path) -> None:
+    code, out = run_cli(tmp_path, HOSTS, ["run", "--dry-run", "--spares", "node3", "--retries", "1", "--", "t.py"])
+    assert code == 0, out
+    assert "node2" in out and "node3" not in out
+
+
+# the policy ----------------------------------------------------------------------------------
+
+NODES = ("node0", "node1", "node2")
+
+
+def failed(number: int, culprit: str, error: str = "rank 1: RuntimeError: boom", code: int | None = 1,
+           ended: str = "failed") -> Attempt:
+    return Attempt(number, NODES, ended, culprit, error, code)  # type: ignore[arg-type]
+
+
+def test_a_final_exit_code_ends_the_run() -> None:
+    end = verdict(failed(1, "node1", code=2), [], Recovery(retries=3, final_exit_codes=(2,)))
+    assert isinstance(end, End) and end.reason == "final exit code"
+    assert verdict(failed(1, "node1", code=1), [], Recovery(retries=3, final_exit_codes=(2,))) is None
+
+
+def test_the_same_error_on_another_node_is_a_job_bug() -> None:
+    first = failed(1, "node1", "rank 1: ValueError: lr must be positive")
+    second = failed(2, "node2", "rank 2: ValueError: lr must be positive")
+    end = verdict(second, [first], Recovery(retries=5))
+    assert isinstance(end, End) and end.reason == "job bug"
+    assert "node1" in end.message and "node2" in end.message and "ValueError: lr must be positive" in end.message
+    # another error, another exit code, the same node, or a lost node: not a job bug
+    assert verdict(failed(2, "node2", "rank 2: OSError: disk"), [first], Recovery(retries=5)) is None
+    assert verdict(failed(2, "node2", "rank 2: ValueError: lr must be positive", code=3), [first],
+                   Recovery(retries=5)) is None
+    assert verdict(failed(2, "node1", "rank 1: ValueError: lr must be positive"), [first], Recovery(retries=5)) is None
+    assert verdict(failed(2, "node2", "rank 2: ValueError: lr must be positive", ended="lost"), [first],
+                   Recovery(retries=5)) is None
+    assert error_key("rank 12: x") == "x" and error_key(None) is None
+
+
+def test_retries_exhausted() -> None:
+    assert verdict(failed(2, "node1"), [failed(1, "node0", "other")], Recovery(retries=2)) is None
+    end = verdict(failed(3, "node1"), [failed(2, "node0", "other")], Recovery(retries=2))
+    assert isinstance(end, End) and end.reason == "retries exhausted" and "2 retries used up" in end.message
+
+
+def test_two_first_failures_in_a_row_exclude_the_node() -> None:
+    assert cooldown(failed(2, "node1"), [failed(1, "node1")]) == "node1"
+    assert cooldown(failed(2, "node1"), [failed(1, "node2")]) is None
+    assert cooldown(failed(1, "node1"), []) is None
+
+
+def test_spares_take_the_places_in_order_and_the_master_moves() -> None:
+    chosen = next_nodes(NODES, ["node1"], ["node3", "node4"], "node0", Recovery())
+    assert chosen == NextNodes(("node0", "node2", "node3"), "node0", (("node3", "node1"),), False)
+    chosen = next_nodes(NODES, ["node0", "node2"], ["node3", "node4"], "node0", Recovery())
+    assert isinstance(chosen, NextNodes)
+    assert chosen.nodes == ("node1", "node3", "node4") and chosen.master == "node1"
+    assert chosen.taken == (("node3", "node0"), ("node4", "node2"))
+
+
+def test_without_a_spare_the_run_shrinks_to_min_nodes_or_ends() -> None:
+    chosen = next_nodes(NODES, ["node2"], [], "node0", Recovery(min_nodes=2))
+    assert isinstance(chosen, NextNodes) and chosen.nodes == ("node0", "node1") and chosen.shrunk
+    end = next_nodes(NODES, ["node1", "node2"], [], "node0", Recovery(min_nodes=2))
+    assert isinstance(end, End) and end.reason == "no spare left" and "node1, node2 excluded" in end.message
+    end = next_nodes(NODES, ["node2"], [], "node0", Recovery())
+    assert isinstance(end, End) and end.message == "node2 excluded, no spare left"
+    same = next_nodes(NODES, [], [], "node0", Recovery())
+    assert isinstance(same, NextNodes) and same.nodes == NODES and not same.shrunk
+
+
+def test_triage_failures_do_not_blame_cross_node_checks_on_an_unreachable_round() -> None:
+    results = [CheckResult("node0", "ssh", "fail", "timed out"), CheckResult("node1", "port", "fail", "no route"),
+               CheckResult("node2", "python", "fail", "no torch"), CheckResult("node1", "gpu", "pass", "")]
+    assert triage_failures(results, NODES) == {"node0": "ssh: timed out", "node2": "python: no torch"}
+    results[0] = CheckResult("node0", "ssh", "pass", "")
+    assert triage_failures(results, NODES) == {"node1": "port: no route", "node2": "python: no torch"}
+
+
+# the loop, on a fake backend -------------------------------------------------------------------
+
+
+def plan_of(spares: str = "", nodes: int = 3) -> Plan:
+    hosts = "".join(f'[[hosts]]\nname = "node{index}"\n' for index in range(nodes))
+    parsed = inventory(hosts + (f'[recovery]\nspares = "{spares}"\n' if spares else ""))
+    return build_plan(parsed, RunOptions("train.py", run_id="th-test"))  # type: ignore[arg-type]
+
+
+@dataclass
+class _Job:
+    plan: Plan
+    log_dir: Path
+    summary: RunSummary
+    release: threading.Event
+    stopped: int = 0
+
+    def supervise(self) -> RunSummary:
+        self.release.wait(10)
+        if self.stopped:
+            return RunSummary(self.plan.run_id, 130, "interrupted: every node was told to stop",
+                              self.summary.nodes, str(self.log_dir))
+        return self.summary
+
+    def request_stop(self) -> None:
+        self.stopped += 1
+        self.release.set()
+
+
+def outcome(node: str, state: str, error: str | None = None, code: int | None = None) -> NodeOutcome:
+    return NodeOutcome(node, 0, state, code, 1.0, error, None, ())  # type: ignore[arg-type]
+
+
+def ended(plan: Plan, culprit: str | None, state: str = "failed", error: str = "rank 1: RuntimeError: boom",
+          code: int = 1) -> RunSummary:
+    nodes = tuple(outcome(node.host.name, state if node.host.name == culprit else ("torn down" if culprit else "ok"),
+                          error if node.host.name == culprit else None, code if node.host.name == culprit else 0)
+                  for node in plan.nodes)
+    if culprit is None:
+        return RunSummary(plan.run_id, 0, "all finished", nodes, "logs")
+    return RunSummary(plan.run_id, 1, f"{culprit} failed first", nodes, "logs", culprit)
+
+
+@dataclass
+class FakeBackend:
+    """Each launch ends as ``script`` says for that attempt; each check fails ``bad``."""
+
+    script: list[Callable[[Plan], RunSummary]]
+    bad: dict[str, str] = field(default_factory=dict)
+    launched: list[Plan] = field(default_factory=list)
+    checked: list[tuple[str, ...]] = field(default_factory=list)
+    hold: bool = False
+    jobs: list[_Job] = field(default_factory=list)
+
+    def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
+              on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:
+        assert options.only is not None and "smoke" not in options.only and "ssh" in options.only
+        names = tuple(node.host.name for node in plan.nodes)
+        self.checked.append(names)
+        return CheckReport(tuple(CheckResult(name, "ssh", "fail" if name in self.bad else "pass",
+                                             self.bad.get(name, "")) for name in names))
+
+    def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
+        summary = self.script[len(self.launched)](plan)
+        self.launched.append(plan)
+        release = threading.Event()
+        if not self.hold:
+            release.set()
+        job = _Job(plan, options.log_dir / plan.run_id, summary, release)
+        self.jobs.append(job)
+        run = Run(job, Opened(plan, {}), observer)
+        run._thread.start()
+        return run
+
+
+def recover(backend: FakeBackend, plan: Plan, recovery: Recovery) -> tuple[RunSummary, Collector]:
+    events = Collector()
+    run = RecoveringRun(backend, plan, LaunchOptions(check=False, log_dir=Path("/nonexistent")), recovery, events)
+    return run.start().wait(timeout=20), events
+
+
+def names(plan: Plan) -> tuple[str, ...]:
+    return tuple(node.host.name for node in plan.nodes)
+
+
+def test_a_crash_once_then_success_on_the_same_nodes() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node1"), lambda plan: ended(plan, None)])
+    summary, events = recover(backend, plan_of(), Recovery(retries=2))
+    assert summary.exit_code == 0
+    assert [names(plan) for plan in backend.launched] == [NODES, NODES]
+    assert [plan.nodes[0].env["TORCHHERD_ATTEMPT"] for plan in backend.launched] == ["1", "2"]
+    assert [record.ended for record in summary.attempts] == ["failed", "ok"]
+    assert summary.attempts[0].next == "attempt 2 on node0,node1,node2"
+    assert backend.checked == [NODES]
+    assert [type(event) for event in events.events if isinstance(event, (AttemptStarted, AttemptFailed))] == [
+        AttemptStarted, AttemptFailed, AttemptStarted]
+    assert len(events.of(RunFinished)) == 1
+
+
+def test_a_lost_node_failing_triage_is_replaced_by_the_spare() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost", "node2 vanished"), lambda plan: ended(plan, None)],
+                          bad={"node2": "timed out"})
+    summary, events = recover(backend, plan_of("node3", 4), Recovery(retries=1))
+    assert summary.exit_code == 0
+    assert names(backend.launched[1]) == ("node0", "node1", "node3")
+    assert backend.launched[1].nodes[2].argv[backend.launched[1].nodes[2].argv.index("--node-rank") + 1] == "2"
+    assert [(event.spare, event.replacing) for event in events.of(SpareTaken)] == [("node3", "node2")]  # type: ignore[attr-defined]
+    assert summary.attempts[0].ended == "lost" and summary.attempts[0].triage == ("node2: ssh: timed out",)
+    assert "node3 for node2" in summary.attempts[0].next
+
+
+def test_an_excluded_master_gives_way_and_the_run_shrinks() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node0", "lost"), lambda plan: ended(plan, None)],
+                          bad={"node0": "timed out"})
+    summary, events = recover(backend, plan_of(), Recovery(retries=1, min_nodes=2))
+    assert summary.exit_code == 0
+    second = backend.launched[1]
+    assert names(second) == ("node1", "node2") and second.master == "node1"
+    assert "--nnodes" in second.nodes[0].argv and second.nodes[0].argv[second.nodes[0].argv.index("--nnodes") + 1] == "2"
+    assert len(events.of(RunShrunk)) == 1
+
+
+def test_the_same_error_twice_ends_the_run_as_a_job_bug() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node1", error="rank 1: ValueError: bad"),
+                           lambda plan: ended(plan, "node2", error="rank 2: ValueError: bad")])
+    summary, events = recover(backend, plan_of(), Recovery(retries=5))
+    assert summary.exit_code == 1 and len(backend.launched) == 2
+    assert summary.headline.startswith("the same error on node1 (attempt 1) and on node2 (attempt 2): a bug in the job")
+    assert len(events.of(RecoveryEnded)) == 1
+
+
+def test_retries_exhausted_lists_every_attempt() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node1", error="rank 1: A"),
+                           lambda plan: ended(plan, "node2", error="rank 2: B"),
+                           lambda plan: ended(plan, "node1", error="rank 1: C")])
+    summary, _ = recover(backend, plan_of(), Recovery(retries=2))
+    assert summary.exit_code == 1 and [record.number for record in summary.attempts] == [1, 2, 3]
+    assert summary.attempts[-1].next.startswith("2 retries used up")
+
+
+def test_the_second_first_failure_of_a_node_excludes_it_though_its_checks_pass() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node1", error="rank 1: A"),
+                           lambda plan: ended(plan, "node1", error="rank 1: B"), lambda plan: ended(plan, None)])
+    summary, events = recover(backend, plan_of("node3", 4), Recovery(retries=3))
+    assert summary.exit_code == 0
+    assert names(backend.launched[2]) == ("node0", "node2", "node3")
+    assert [event.node for event in events.of(NodeExcluded)] == ["node1"]  # type: ignore[attr-defined]
+
+
+def test_no_spare_left_ends_the_run_naming_the_node() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost")], bad={"node2": "timed out"})
+    summary, _ = recover(backend, plan_of(), Recovery(retries=3))
+    assert summary.exit_code == 1 and len(backend.launched) == 1
+    assert summary.headline.startswith("node2 excluded, no spare left")
+
+
+def test_stop_never_retries() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node1")] * 3, hold=True)
+    events = Collector()
+    run = RecoveringRun(backend, plan_of(), LaunchOptions(check=False), Recovery(retries=2), events).start()
+    run.stop()
+    summary = run.wait(timeout=20)
+    assert summary.exit_code == 130 and len(backend.launched) == 1 and backend.jobs[0].stopped == 1
+
+
+def test_the_console_shows_the_attempts(tmp_path: Path) -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost"), lambda plan: ended(plan, None)],
+                          bad={"node2": "timed out"})
+    out = StringIO()
+    observer = ConsoleObserver(make_console(out, width=200))
+    summary, events = recover(backend, plan_of("node3", 4), Recovery(retries=1))
+    for event in events.events:
+        observer(event)
+    text = out.getvalue()
+    assert "attempt 1 of 2 on 3 nodes: node0, node1, node2" in text
+    assert "triage: node2 failed the checks" in text
+    assert "node2 excluded: ssh: timed out" in text
+    assert "spare node3 takes the place of node2" in text
+    assert "attempts" in text and "node0,node1,node3" in text
+
+
+def test_attempt_plans_keep_the_run_id() -> None:
+    plan = plan_of("node3", 4)
+    again = attempt_plan(plan, ("node3", "node1"), 4)
+    assert again.run_id == plan.run_id and again.master == "node3"
+    assert again.nodes[0].env["TORCHHERD_RUN_ID"] == plan.run_id and again.nodes[1].env["TORCHHERD_ATTEMPT"] == "4"
+
+
