@@ -12,7 +12,8 @@ lost a node on the way therefore ends with the same final loss as one that did n
 
 ``--fail-step S --fail-rank R --fail-attempt A``: rank R raises at step S in attempt A
 (``TORCHHERD_ATTEMPT``; 0: every attempt); ``--fail-rank attempt`` picks the rank equal
-to the attempt number, so the same error comes from another node each time.
+to the attempt number, so the same error comes from another node each time; with
+``--fail-hang`` the other ranks sleep at that step, so only the failing rank errs.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def main() -> None:
     parser.add_argument("--fail-rank", default="-1")
     parser.add_argument("--fail-attempt", type=int, default=0)
     parser.add_argument("--fail-exit", type=int, default=0, help="exit with this code instead of raising")
+    parser.add_argument("--fail-hang", action="store_true",
+                        help="the other ranks stop at the failing step and sleep (none fails of the failure)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -90,7 +93,11 @@ def main() -> None:
     print(f"rank {rank} of {world}, attempt {attempt}, starting at step {start}", flush=True)
     loss = torch.zeros(())
     for step in range(start, args.steps):
-        if rank == fail_rank and step == args.fail_step and args.fail_attempt in (0, attempt):
+        failing = step == args.fail_step and args.fail_attempt in (0, attempt)
+        if failing and rank != fail_rank and args.fail_hang:
+            while True:
+                time.sleep(1)
+        if failing and rank == fail_rank:
             if args.fail_exit:
                 print(f"resumable: rank {rank} exits with {args.fail_exit}", flush=True)
                 os._exit(args.fail_exit)

@@ -45,6 +45,8 @@ _SIDE_RECORDS = re.compile(rb"\n" + re.escape(wire.TAG_STATUS) + rb'\{"event":"(
 _ERROR_WORDS = (b"error", b"fatal", b"exception", b"interrupt", b"exit", b"[errno ")
 # torchrun's failure report names the root-cause rank as "  rank      : 3 (local_rank: 1)".
 _ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
+# ... and its exit code, under "Root Cause (first observed failure):", as "  exitcode  : 7 (pid: 12)".
+_ROOT_CAUSE_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 # The line of a Python traceback that says what went wrong ("ValueError: boom"); torch
 # repeats a rank's traceback with "[rank3]: " before each line.
 _TORCH_RANK_TAG = re.compile(r"^\[rank\d+\]:\s*")
@@ -333,6 +335,14 @@ def is_error_line(line: OutputLine) -> bool:
             or _OS_ERROR.search(text) is not None)
 
 
+def root_cause_exit(line: OutputLine) -> int | None:
+    """The exit code in a line of torchrun's failure report ("exitcode  : 7 (pid: 12)")."""
+    if line.rank is not None:
+        return None
+    match = _ROOT_CAUSE_EXIT.match(line.text)
+    return int(match.group(1)) if match else None
+
+
 def root_cause_rank(line: OutputLine) -> int | None:
     """The failed rank when the line is part of torchrun's "Root Cause" report."""
     if line.rank is not None:
@@ -358,6 +368,9 @@ class NodeOutcome:
     last_lines: tuple[str, ...]
     left: int = 0
     """Processes the supervisor could not kill (0 when the node is clean)."""
+    rank_exit_code: int | None = None
+    """The failed rank's own exit code, as torchrun's root-cause report gives it (torchrun
+    itself exits 1)."""
 
 
 AttemptEnd = Literal["ok", "failed", "lost", "interrupted"]

@@ -172,6 +172,7 @@ def test_the_same_error_on_another_node_is_a_job_bug() -> None:
     assert verdict(failed(2, "node2", "rank 2: ValueError: lr must be positive", ended="lost"), [first],
                    Recovery(retries=5)) is None
     assert error_key("rank 12: x") == "x" and error_key(None) is None
+    assert error_key("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:") is None
 
 
 def test_retries_exhausted() -> None:

@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from torchherd.plan import NodePlan
 from torchherd.remote.wire import StopLevel
-from torchherd.runlog import NodeOutcome, OutputLine, RankLines, RunSummary, is_error_line, root_cause_rank
+from torchherd.runlog import (
+    NodeOutcome,
+    OutputLine,
+    RankLines,
+    RunSummary,
+    is_error_line,
+    root_cause_exit,
+    root_cause_rank,
+)
 from torchherd.transport import Process
 
 if TYPE_CHECKING:
@@ -33,6 +41,9 @@ class OutputTrack:
         self.rank_error: OutputLine | None = None
         self.other_error: OutputLine | None = None
         self.failed_rank: int | None = None
+        self.rank_exit_code: int | None = None
+        """The root-cause rank's exit code in torchrun's failure report."""
+        self._root_cause = False
         self.rank_tail: deque[OutputLine] = deque(maxlen=TAIL_LINES)
         self.other_tail: deque[OutputLine] = deque(maxlen=TAIL_LINES)
 
@@ -52,6 +63,10 @@ class OutputTrack:
         rank = root_cause_rank(line)
         if rank is not None and self.failed_rank is None and self.rank_error is None:
             self.failed_rank = rank
+        if line.rank is None and self.rank_exit_code is None:
+            self._root_cause = self._root_cause or line.text.strip().startswith("Root Cause")
+            code = root_cause_exit(line) if self._root_cause else None
+            self.rank_exit_code = code
         self._track_error(line)
 
     def track_block(self, block: RankLines) -> None:
@@ -146,7 +161,8 @@ def _outcome(node: NodeRun, culprit: NodeRun | None, interrupted: bool) -> NodeO
     tail = tuple(line.log_text() for line in node.rank_tail or node.other_tail)
     return NodeOutcome(node.name, node.plan.node_rank, state, node.exit_code, seconds,
                        node.first_error() if state != "ok" else None,
-                       node.failed_rank if state == "failed" else None, tail, node.left)
+                       node.failed_rank if state == "failed" else None, tail, node.left,
+                       node.rank_exit_code if state == "failed" else None)
 
 
 def _state(node: NodeRun, culprit: NodeRun | None, interrupted: bool) -> OutcomeState:

@@ -41,6 +41,7 @@ class Attempt:
     error: str | None
     """The culprit's first error line ("rank 3: ValueError: ..."), or why it was lost."""
     exit_code: int | None
+    """The failed rank's own exit code where torchrun reported it, else the node's."""
     lost: tuple[str, ...] = ()
     """Nodes the controller lost (nothing heard, or an unconfirmed teardown)."""
 
@@ -59,9 +60,10 @@ def attempt_of(number: int, nodes: Sequence[str], summary: RunSummary) -> Attemp
         ended = "failed"
     if culprit is None:  # failed without a first node (none started): the first one that did not end well
         culprit = next((outcome for outcome in summary.nodes if outcome.state not in ("ok", "torn down")), None)
-    return Attempt(number, tuple(nodes), ended, None if culprit is None else culprit.node,
-                   None if culprit is None else culprit.first_error, None if culprit is None else culprit.exit_code,
-                   lost)
+    if culprit is None:
+        return Attempt(number, tuple(nodes), ended, None, None, None, lost)
+    code = culprit.rank_exit_code if culprit.rank_exit_code is not None else culprit.exit_code
+    return Attempt(number, tuple(nodes), ended, culprit.node, culprit.first_error, code, lost)
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,9 @@ class End:
 
 
 def error_key(error: str | None) -> str | None:
-    """The error as two ranks of the same code print it: without the rank that said it."""
-    if error is None:
+    """The error as two ranks of the same code print it, without the rank that said it;
+    None for a line no rank printed (torchrun's own report reads the same on every node)."""
+    if error is None or not _RANK_TAG.match(error.strip()):
         return None
     return _RANK_TAG.sub("", error.strip(), count=1)
 

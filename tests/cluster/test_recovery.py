@@ -1,0 +1,225 @@
+"""``torchherd run --retries`` on the local cluster: real sshd, real torchrun, real faults.
+
+A rank that crashes once, a node killed mid-run (every process of its namespace killed,
+its link down) replaced by a spare that resumes from a checkpoint to the fault-free final
+loss, a node that breaks its own network excluded by the triage (and the run shrunk),
+the same error twice, retries used up, a final exit code, Ctrl-C between two attempts.
+After every test no process of any attempt is left on any node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from localcluster import LocalCluster
+from test_run import Controller, assert_clean
+
+from torchherd.cli import main
+from torchherd.console import make_console
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+RESUMABLE = str(ROOT / "examples" / "resumable.py")
+BLOCK_PORT = str(Path(__file__).resolve().parent / "jobs" / "block_master_port.py")
+FINAL = re.compile(r"final loss (\S+) weights (\S+)")
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Four nodes, one rank each: three run, node3 can be a spare."""
+    from conftest import _start
+
+    cluster = _start(4, tmp_path_factory.mktemp("recovery"), nproc_per_node=1)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture
+def controllers() -> Iterator[Callable[..., Controller]]:
+    """Starts controllers (``run --no-check`` in a process); kills any left when the test ends."""
+    started: list[Controller] = []
+
+    def start(cluster: LocalCluster, log_dir: Path, *args: str) -> Controller:
+        started.append(Controller(cluster, log_dir, *args))
+        return started[-1]
+
+    yield start
+    for controller in started:
+        controller.stop()
+
+
+def run_cli(cluster: LocalCluster, log_dir: Path, *args: str) -> tuple[int, str]:
+    out = StringIO()
+    code = main(["-i", str(cluster.inventory), "run", "--log-dir", str(log_dir), *args],
+                console=make_console(out, width=220))
+    return code, out.getvalue()
+
+
+def log_text(log_dir: Path, node: str) -> str:
+    (run_dir,) = [path for path in log_dir.iterdir() if path.is_dir()]
+    return (run_dir / f"{node}.log").read_text(encoding="utf-8")
+
+
+def attempt_rows(out: str) -> list[str]:
+    """The rows of the attempts table (each starts with its number)."""
+    table = out[out.rindex("attempts"):]
+    return [line for line in table.splitlines() if re.match(r"^│ \d+ +│", line)]
+
+
+def kill_node(cluster: LocalCluster, name: str) -> None:
+    """The node dies: its link goes down and every process of its namespace is killed."""
+    cluster.cut_network(name)
+    for pid in cluster.node_pids(name):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def fault_free(steps: int, world: int, tmp_path: Path) -> tuple[str, str]:
+    """The final loss and weights of the same job without a fault (torchrun here, CPU)."""
+    env = {**os.environ, "TORCHHERD_RUN_ID": "reference", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                             str(world), RESUMABLE, "--steps", str(steps), "--step-seconds", "0"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)
+    match = FINAL.search(result.stdout)
+    assert match, result.stdout + result.stderr
+    return match.group(1), match.group(2)
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_crash_once_then_success_on_the_same_nodes(four: LocalCluster, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    code, out = run_cli(four, logs, "--no-check", "--include", "node[0-2]", "--retries", "2", "--",
+                        RESUMABLE, "--steps", "12", "--step-seconds", "0.05", "--fail-step", "6", "--fail-rank", "1",
+                        "--fail-attempt", "1", "--fail-hang")
+    assert code == 0, out
+    assert "attempt 1 of 3 on 3 nodes: node0, node1, node2" in out
+    assert "attempt 1 failed after" in out and "node1 rank 1 failed first" in out
+    assert "triage: 3 nodes passed the checks" in out
+    assert "attempt 2 of 3 on 3 nodes: node0, node1, node2" in out
+    assert "starting at step 5" in out  # resumed from the checkpoint of step 5
+    rows = attempt_rows(out)
+    assert len(rows) == 2 and "failed" in rows[0] and "ok" in rows[1], out
+    text = log_text(logs, "node1")
+    assert len(re.findall(r"^==== torchherd: attempt \d ", text, re.MULTILINE)) == 2, text
+    assert "failing on purpose" in text and "attempt 2, starting at step 5" in log_text(logs, "node1")
+    assert_clean(four)
+
+
+@pytest.mark.timeout(180)
+def test_the_same_error_twice_ends_the_run_as_a_job_bug(four: LocalCluster, tmp_path: Path) -> None:
+    code, out = run_cli(four, tmp_path / "logs", "--no-check", "--include", "node[0-2]", "--retries", "3", "--",
+                        RESUMABLE, "--steps", "20", "--step-seconds", "0.05", "--fail-step", "2", "--fail-rank",
+                        "attempt", "--fail-hang")
+    assert code == 1, out
+    assert ("the same error on node1 (attempt 1) and on node2 (attempt 2): a bug in the job, not a bad node: "
+            "RuntimeError: resumable: failing on purpose at step 2") in out
+    assert "attempt 3 of" not in out
+    assert len(attempt_rows(out)) == 2
+    assert_clean(four)
+
+
+@pytest.mark.timeout(240)
+def test_retries_exhausted_lists_every_attempt(four: LocalCluster, tmp_path: Path) -> None:
+    # Each attempt another node exits 3 without an error line: no job bug, no node failing twice.
+    code, out = run_cli(four, tmp_path / "logs", "--no-check", "--include", "node[0-2]", "--retries", "2", "--",
+                        RESUMABLE, "--steps", "20", "--step-seconds", "0.05", "--fail-step", "2", "--fail-rank",
+                        "attempt", "--fail-exit", "3", "--fail-hang")
+    assert code == 1, out
+    assert "2 retries used up: the run failed 3 times" in out
+    rows = attempt_rows(out)
+    assert [row.split("│")[1].strip() for row in rows] == ["1", "2", "3"], out
+    assert all("failed" in row for row in rows)
+    assert_clean(four)
+
+
+@pytest.mark.timeout(120)
+def test_a_final_exit_code_ends_the_run_at_once(four: LocalCluster, tmp_path: Path) -> None:
+    code, out = run_cli(four, tmp_path / "logs", "--no-check", "--include", "node[0-2]", "--retries", "2",
+                        "--final-exit-codes", "2,7", "--", RESUMABLE, "--steps", "20", "--step-seconds", "0.05",
+                        "--fail-step", "1", "--fail-rank", "2", "--fail-exit", "7", "--fail-hang")
+    assert code == 1, out
+    assert "node2 exited with 7, an exit code marked final: no retry" in out
+    assert "attempt 2 of" not in out
+    assert_clean(four)
+
+
+@pytest.mark.timeout(240)
+def test_a_node_killed_mid_run_is_replaced_by_a_spare_that_resumes(
+        make_cluster: Callable[..., LocalCluster], tmp_path: Path,
+        controllers: Callable[..., Controller]) -> None:
+    steps = 40
+    expected = fault_free(steps, 3, tmp_path)
+    cluster = make_cluster(4, nproc_per_node=1)
+    controller = controllers(cluster, tmp_path / "logs", "--spares", "node3", "--retries", "2", "--plain", "--",
+                             RESUMABLE, "--steps", str(steps), "--step-seconds", "0.15")
+    # The argv the Controller builds has --no-check; the spare is checked by the triage.
+    controller.wait_for(r"step 12 loss", timeout=90)
+    kill_node(cluster, "node2")
+    killed = time.monotonic()
+    try:
+        controller.wait_for(r"attempt 2 of 3 on 3 nodes: node0, node1, node3", timeout=90)
+        print(f"attempt 2 started {time.monotonic() - killed:.1f} s after the kill")
+        assert controller.wait(timeout=120) == 0, controller.output
+        out = controller.output
+        assert "node2 vanished" in out
+        assert "node2 excluded: ssh:" in out
+        assert "spare node3 takes the place of node2" in out
+        assert re.search(r"attempt 2, starting at step (10|15)", out), out
+        match = FINAL.search(out)
+        assert match and (match.group(1), match.group(2)) == expected, (expected, out[-3000:])
+        for name in ("node0", "node1", "node3"):
+            assert cluster.wait_no_processes(name, timeout=10) == [], f"processes left on {name}"
+    finally:
+        cluster.restore_network("node2")
+    assert cluster.node_pids("node2") == []
+
+
+@pytest.mark.timeout(240)
+def test_a_node_failing_triage_is_excluded_and_the_run_shrinks(
+        make_cluster: Callable[..., LocalCluster], tmp_path: Path) -> None:
+    cluster = make_cluster(3, nproc_per_node=1)
+    code, out = run_cli(cluster, tmp_path / "logs", "--retries", "1", "--min-nodes", "2", "--", BLOCK_PORT)
+    assert code == 0, out
+    assert "attempt 1 failed after" in out
+    assert re.search(r"node1 excluded: (port|firewall): ", out), out
+    assert "no spare left: the run goes on with 2 nodes instead of 3" in out
+    assert "attempt 2 of 2 on 2 nodes: node0, node2" in out
+    assert "rank 1 of 2 in attempt 2" in out
+    assert_clean(cluster)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("when", ["triage", "relaunch"])
+def test_ctrl_c_between_attempts_leaves_nothing(make_cluster: Callable[..., LocalCluster], tmp_path: Path,
+                                                controllers: Callable[..., Controller], when: str) -> None:
+    cluster = make_cluster(4, nproc_per_node=1)
+    controller = controllers(cluster, tmp_path / "logs", "--spares", "node3", "--retries", "2", "--plain", "--",
+                             RESUMABLE, "--steps", "200", "--step-seconds", "0.1")
+    controller.wait_for(r"step 5 loss", timeout=90)
+    kill_node(cluster, "node2")
+    try:
+        # The triage waits on node2's SSH connect (its link is down); the relaunch starts on node3.
+        controller.wait_for("attempt 1 failed after" if when == "triage" else "attempt 2 of 3", timeout=90)
+        controller.process.send_signal(signal.SIGINT)
+        assert controller.wait(timeout=60) == 130, controller.output
+        if when == "triage":
+            assert "attempt 2 of 3" not in controller.output
+        for name in ("node0", "node1", "node3"):
+            assert cluster.wait_no_processes(name, timeout=15) == [], f"processes left on {name}"
+    finally:
+        cluster.restore_network("node2")
