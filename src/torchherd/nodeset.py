@@ -1,4 +1,5 @@
-"""Nodesets: ``gpu[01-16]``, ``gpu[1-3,7]``, ``a[1-2]b[1-2]``, as SLURM and pdsh write them.
+"""Nodesets: ``gpu[01-16]``, ``gpu[1-3,7]``, ``a[1-2]b[1-2]``, as SLURM and pdsh write them,
+and ClusterShell's step ranges (``n[1-10/2]``: every second number from 1 to 10).
 
 Pure and standard-library only. ``expand`` turns a comma-separated list of patterns
 into names, in order; each bracket group is a comma-separated list of numbers and
@@ -14,7 +15,8 @@ import re
 MAX_NAMES = 1_000_000
 """More names than any cluster has: a typo like ``[1-10000000]`` fails instead of eating memory."""
 
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
+_RANGE = re.compile(r"(\d+)(?:-(\d+)(?:/(\d+))?)?")
+"""``7``, ``1-4``, or ``1-10/2`` (ClusterShell's step; a step needs a range, as there)."""
 
 
 class NodesetError(ValueError):
@@ -105,16 +107,19 @@ def _group(pattern: str, group: str) -> list[str]:
     for item in group.split(","):
         match = _RANGE.fullmatch(item.strip())
         if match is None:
-            raise NodesetError(f"{pattern!r}: [{group}]: {item.strip()!r} is not a number or a range like 1-4")
-        low, high = match.group(1), match.group(2)
+            raise NodesetError(f"{pattern!r}: [{group}]: {item.strip()!r} is not a number or a range "
+                               "like 1-4 or 1-9/2")
+        low, high, step = match.group(1), match.group(2), int(match.group(3) or 1)
         if high is None:
             values.append(low)
             continue
         if int(high) < int(low):
             raise NodesetError(f"{pattern!r}: [{group}]: the range {item.strip()} ends below its start")
-        if int(high) - int(low) >= MAX_NAMES:
+        if step < 1:
+            raise NodesetError(f"{pattern!r}: [{group}]: the range {item.strip()} has a step below 1")
+        if (int(high) - int(low)) // step >= MAX_NAMES:
             raise NodesetError(f"{pattern!r}: [{group}]: more than {MAX_NAMES:,} names")
         # The start's width is the padding: [08-10] -> 08 09 10, [8-10] -> 8 9 10.
         width = len(low)
-        values.extend(str(number).zfill(width) for number in range(int(low), int(high) + 1))
+        values.extend(str(number).zfill(width) for number in range(int(low), int(high) + 1, step))
     return values

@@ -93,3 +93,63 @@ def test_padding_is_the_start_width(low: int, span: int) -> None:
     assert len(names) == span + 1
     assert all(len(name) == 1 + max(3, len(str(low + span))) for name in names[-1:])
     assert names[0] == f"n{low:03d}"
+
+
+# ClusterShell's step ranges (``x-y/step``). The cases and their expansions are facts from
+# ClusterShell's own suite (cea-hpc/clustershell tests/RangeSetTest.py testStepSimple,
+# testStepAdvanced, test_bad_syntax; tests/NodeSetTest.py testBadRangeUsages, the leading
+# digits and getitem cases), written out as names; the test code is this project's.
+
+
+def _numbers(low: int, high: int, step: int = 1, width: int = 0) -> list[str]:
+    return [str(number).zfill(width) for number in range(low, high + 1, step)]
+
+
+@pytest.mark.parametrize("group,values", [
+    ("0-4/2", ["0", "2", "4"]),
+    ("1-4/2", ["1", "3"]),
+    ("1-4/3", ["1", "4"]),
+    ("1-4/4", ["1"]),
+    ("1-17/01", _numbers(1, 17)),  # a zero-padded step is the number
+    ("1-17/02", _numbers(1, 17, 2)),
+    ("1-17/03", _numbers(1, 16, 3)),
+    ("6-24/6,9-21/6", ["6", "12", "18", "24", "9", "15", "21"]),
+    ("101-121/4,1-225/112", ["101", "105", "109", "113", "117", "121", "1", "113", "225"]),
+])
+def test_clustershell_step_ranges(group: str, values: list[str]) -> None:
+    assert expand(f"n[{group}]") == [f"n{value}" for value in values]
+
+
+@pytest.mark.parametrize("text,names", [
+    ("prod-000[0-8/2]", ["prod-0000", "prod-0002", "prod-0004", "prod-0006", "prod-0008"]),
+    ("n1[01-40/4]", [f"n1{value}" for value in _numbers(1, 37, 4, 2)]),  # ClusterShell: n[101-137/4]
+    ("node-1[0-48/16]", ["node-10", "node-116", "node-132", "node-148"]),  # no padding: not node-[10-148/16]
+    ("node-1[00-48/16]", ["node-100", "node-116", "node-132", "node-148"]),
+    ("0[3-9/2]abc", ["03abc", "05abc", "07abc", "09abc"]),
+    ("prune[003-034,349-353/2]", [f"prune{value}" for value in _numbers(3, 34, width=3) + ["349", "351", "353"]]),
+])
+def test_clustershell_steps_keep_the_padding(text: str, names: list[str]) -> None:
+    assert expand(text) == names
+
+
+def test_clustershell_step_counts() -> None:
+    assert len(expand("prune[003-034,349-353/2]")) == 35
+    yeti = expand("yeti[10-98/2]")
+    assert yeti[1:9:3] == ["yeti12", "yeti18", "yeti24"] and yeti[::17] == ["yeti10", "yeti44", "yeti78"]
+    union = expand("prod-000[0-8/2],prod-000[1-9/2]")
+    assert sorted(union) == [f"prod-{value}" for value in _numbers(0, 9, width=4)] and len(union) == 10
+    assert expand("n[1-10/2]") == ["n1", "n3", "n5", "n7", "n9"]  # the example
+
+
+@pytest.mark.parametrize("group", ["2-5/a", "3/2", "3-/2", "-/2", "4-a/2", "4-3/2", "4-5/-2", "4-2/-2",
+                                   "004-002", "3-59/2,102a", "3-59/2,,102", "1-4/0"])
+def test_clustershell_bad_steps_are_refused(group: str) -> None:
+    for text in (f"nova[{group}]", f"nova[{group}]p0", f"x4nova[{group}]p0"):
+        with pytest.raises(NodesetError):
+            expand(text)
+
+
+@given(st.integers(0, 300), st.integers(0, 300), st.integers(1, 40), st.integers(1, 4))
+def test_a_step_range_is_every_step_th_number(low: int, span: int, step: int, width: int) -> None:
+    group = f"{low:0{width}d}-{low + span:0{width}d}/{step}"
+    assert expand(f"n[{group}]") == [f"n{number:0{width}d}" for number in range(low, low + span + 1, step)]
