@@ -11,25 +11,24 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from torchherd.errors import InventoryError, UsageError
-from torchherd.inventory import HOST_NAME_PATTERN, Host, Inventory, loads, parse, read
+from torchherd.inventory import (
+    HOST_NAME_PATTERN,
+    MAX_NPROC,
+    USER_HINT,
+    Host,
+    Inventory,
+    loads,
+    parse,
+    read,
+    valid_ruser,
+)
 from torchherd.nodeset import NodesetError, expand, split_top
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
-_HOSTFILE_LINE = re.compile(r"^[^\s=#\[][^\s=]*(?:\s+[A-Za-z_-]+=\S*)*$")
-_MPICH_SLOTS = re.compile(r"^(?P<host>[^\s:]+):(?P<slots>\d+)$")
-HOSTFILE_IGNORED = ("max_slots", "max-slots")
-"""OpenMPI keys that say nothing torchrun uses."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +75,11 @@ def _entry(item: str, flag: str) -> HostEntry:
     host, port = _split_port(rest, item, flag)
     if not host or "@" in user or "[" in user:
         raise UsageError(f"{flag} {item!r}: expected [user@]host[:port]", "for example ubuntu@node1:2222")
+    if "@" in item and not user:
+        raise UsageError(f"{flag} {item!r}: an empty user before '@'", f"write {rest} (your own user name), "
+                         f"or name the user: ubuntu@{rest}")
+    if user and not valid_ruser(user):
+        raise UsageError(f"{flag} {item!r}: {user!r} is not a user name: ssh would hand it to a shell", USER_HINT)
     try:
         names = expand(host)
     except NodesetError as error:
@@ -135,31 +139,52 @@ def document(hosts: Sequence[Mapping[str, Any]], *, python: str | None = None, w
 
 # hostfiles -------------------------------------------------------------------------
 
+_TOML_LINE = re.compile(r"""^(?:\[\[?[^\]]*\]\]?$|[A-Za-z0-9_.\-"']+\s*=)""")
+"""A TOML table header, or a ``key = value`` line: a hostfile line starts with a host,
+and a host is never followed by '=' (nor is the whole line one bracket group)."""
+_BLOCK_COMMENT = re.compile(r"/\*.*?(?:\*/|\Z)", re.DOTALL)
+_LINE_COMMENT = re.compile(r"#.*|//.*")
+_EQUALS = re.compile(r"\s*=\s*")
+_MPICH_SLOTS = re.compile(r"^(?P<host>[^\s:]+):(?P<slots>\d+)$")
+HOSTFILE_SLOTS = ("slots", "count", "cpu")
+"""PRRTE's names for a host's slot count: torchherd's nproc_per_node for that host."""
+HOSTFILE_USER = ("username", "user-name", "user_name")
+HOSTFILE_IGNORED = tuple(f"{a}{sep}{b}" for a, b in (("max", "slots"), ("slots", "max"), ("max", "cpu"),
+                                                      ("cpu", "max"), ("max", "count"), ("count", "max"))
+                         for sep in ("_", "-"))
+"""PRRTE's ceilings (max_slots, slots-max, ...): they say nothing torchrun uses."""
+
+
+def hostfile_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, text) of each line that says something, comments gone as PRRTE's
+    lexer drops them: ``#`` and ``//`` to the end of the line, ``/* ... */`` anywhere."""
+    text = _BLOCK_COMMENT.sub(lambda match: "\n" * match.group().count("\n"), text)
+    lines = [(number, _LINE_COMMENT.sub("", raw).strip()) for number, raw in enumerate(text.splitlines(), start=1)]
+    return [(number, line) for number, line in lines if line]
+
 
 def looks_like_hostfile(path: Path, text: str) -> bool:
-    """A DeepSpeed/MPI hostfile (``host slots=N``, one host a line) and not TOML."""
+    """A DeepSpeed/MPI hostfile (``host slots=N``, one host a line) and not TOML, told
+    by the content: a TOML file has a table header or a ``key = value`` line, a hostfile
+    neither (``host slots = 4`` is a hostfile line that TOML would refuse)."""
     if path.suffix == ".toml":
         return False
-    lines = [line.split("#", 1)[0].strip() for line in text.splitlines()]
-    lines = [line for line in lines if line]
-    if not lines or not all(_HOSTFILE_LINE.match(line) for line in lines):
-        return False
-    try:
-        tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
-        return True
-    return False
+    lines = [line for _, line in hostfile_lines(text)]
+    return bool(lines) and not any(_TOML_LINE.match(line) for line in lines)
 
 
 def hostfile_items(path: Path, text: str) -> list[dict[str, Any]]:
-    """The hosts of a DeepSpeed/OpenMPI hostfile (``worker-1 slots=4``) or an MPICH one
-    (``worker-1:4``); ``slots`` is the host's nproc_per_node. Errors name the line."""
+    """The hosts of a DeepSpeed/OpenMPI/PRRTE hostfile (``[user@]worker-1 slots=4``) or
+    an MPICH one (``worker-1:4``); ``slots`` is the host's nproc_per_node. Errors name the line."""
     tables: list[dict[str, Any]] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
-        if line:
-            tables.extend(_hostfile_line(path, number, line))
-    _no_duplicates([table["name"] for table in tables], str(path))
+    lines: dict[str, int] = {}
+    for number, line in hostfile_lines(text):
+        for table in _hostfile_line(path, number, line):
+            if table["name"] in lines:
+                raise InventoryError(f"{path}:{number}: host {table['name']!r} is listed twice (first on line "
+                                     f"{lines[table['name']]})", "list every host once, with its slots")
+            lines[table["name"]] = number
+            tables.append(table)
     if not tables:
         raise InventoryError(f"{path}: no hosts listed", "write one host a line: worker-1 slots=4")
     return tables
@@ -167,19 +192,16 @@ def hostfile_items(path: Path, text: str) -> list[dict[str, Any]]:
 
 def _hostfile_line(path: Path, number: int, line: str) -> list[dict[str, Any]]:
     where = f"{path}:{number}"
-    host, *fields = line.split()
-    slots: int | None = None
+    host, *fields = _EQUALS.sub("=", line).split()  # PRRTE reads "slots = 4" as "slots=4"
+    extra: dict[str, Any] = {}
     mpich = _MPICH_SLOTS.match(host)
     if mpich:
-        host, slots = mpich.group("host"), int(mpich.group("slots"))
+        host, extra["nproc_per_node"] = mpich.group("host"), int(mpich.group("slots"))
+    if "@" in host:
+        user, host = _hostfile_user(where, host)
+        extra["user"] = user
     for field in fields:
-        key, _, value = field.partition("=")
-        if key == "slots":
-            if not value.isdigit() or int(value) < 1:
-                raise InventoryError(f"{where}: slots={value}: expected a positive integer", "for example slots=4")
-            slots = int(value)
-        elif key not in HOSTFILE_IGNORED:
-            raise InventoryError(f"{where}: {key}: unknown key", "a hostfile line is: host slots=N")
+        extra.update(_hostfile_field(where, field))
     try:
         names = expand(host)
     except NodesetError as error:
@@ -187,8 +209,42 @@ def _hostfile_line(path: Path, number: int, line: str) -> list[dict[str, Any]]:
     for name in names:
         if not HOST_NAME_PATTERN.match(name):
             raise InventoryError(f"{where}: {name!r} is not a usable host name",
-                                 "use letters, digits, '.', '_' and '-' (it names the log file)")
-    return [{"name": name, **({"nproc_per_node": slots} if slots is not None else {})} for name in names]
+                                 "a hostfile line is: [user@]host slots=N (the name has letters, digits, '.', "
+                                 "'_' and '-')")
+    return [{"name": name, **extra} for name in names]
+
+
+def _hostfile_user(where: str, text: str) -> tuple[str, str]:
+    user, _, host = text.partition("@")
+    if "@" in host:
+        raise InventoryError(f"{where}: {text!r}: more than one '@'", "a hostfile line is: [user@]host slots=N")
+    if not user:
+        raise InventoryError(f"{where}: {text!r}: an empty user before '@'", f"write {host}, or user@{host}")
+    if not valid_ruser(user):
+        raise InventoryError(f"{where}: {user!r} is not a user name: ssh would hand it to a shell", USER_HINT)
+    return user, host
+
+
+def _hostfile_field(where: str, field: str) -> dict[str, Any]:
+    key, equals, value = field.partition("=")
+    if key in HOSTFILE_SLOTS:
+        if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_NPROC:
+            raise InventoryError(f"{where}: {key}={value}: expected a positive integer", "for example slots=4")
+        return {"nproc_per_node": int(value)}
+    if key in HOSTFILE_USER and equals:
+        if not value or not valid_ruser(value):
+            raise InventoryError(f"{where}: {key}={value}: not a user name", USER_HINT)
+        return {"user": value}
+    if key == "port" and equals:
+        if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= 65535:
+            raise InventoryError(f"{where}: port={value}: expected an SSH port (1-65535)", "for example port=2222")
+        return {"ssh_port": int(value)}
+    if key in HOSTFILE_IGNORED and equals:
+        return {}
+    if not equals:
+        raise InventoryError(f"{where}: {field!r}: expected key=value after the host",
+                             "a hostfile line is: [user@]host slots=N (one host a line)")
+    raise InventoryError(f"{where}: {key}: unknown key", "a hostfile line is: [user@]host slots=N")
 
 
 def load_any(path: Path, **flags: Any) -> Inventory:

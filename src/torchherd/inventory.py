@@ -38,8 +38,39 @@ MAX_INVENTORY_BYTES = 16 << 20
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 """Never in a one-line value (a name, a path, a user): a newline or NUL there splits or
 cuts what the shell, ssh or the terminal sees."""
+SHELL_USER_CHARS = frozenset("'`\";&<>|(){}")
+SHELL_HOST_CHARS = frozenset("'`\"$\\;&<>|(){},")
+C_SPACE = frozenset(" \t\n\v\f\r")
+
+
+def valid_ruser(user: str) -> bool:
+    """OpenSSH's ``ssh_valid_ruser`` (readconf.c): a user name that ssh_config's ``%r`` can
+    put into a ``Match exec`` or ``ProxyCommand`` shell line without the shell acting on
+    it (CVE-2023-51385). Not empty, no leading '-', no control character, none of
+    ``'`";&<>|(){}``, no '-' after a space, no '\\' at the end."""
+    if not user or user.startswith("-"):
+        return False
+    for index, char in enumerate(user):
+        following = user[index + 1:index + 2]
+        if CONTROL.match(char) or char in SHELL_USER_CHARS:
+            return False
+        if (char in C_SPACE and following == "-") or (char == "\\" and not following):
+            return False
+    return True
+
+
+def valid_hostname(host: str) -> bool:
+    """OpenSSH's ``ssh_valid_hostname`` (readconf.c), for ``%h``: not empty, no leading '-',
+    no space or control character, none of ``'`"$\\;&<>|(){},``."""
+    if not host or host.startswith("-"):
+        return False
+    return not any(CONTROL.match(char) or char in C_SPACE or char in SHELL_HOST_CHARS for char in host)
+
+
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 LOCAL_ADDR = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}\Z|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\Z")
+
+USER_HINT = "a user name is letters, digits, '.', '_' and '-' (OpenSSH refuses the others too)"
 
 CLUSTER_KEYS = (
     "master", "port", "nproc_per_node", "rdzv_backend", "master_addr",
@@ -186,6 +217,19 @@ class _Reader:
         if CONTROL.search(value):
             self.fail(key, f"{value!r} holds a control character (a newline, a NUL, ...)", "write it on one line")
         return str(value)
+
+    def user(self, key: str, value: Any) -> str:
+        text = self.text(key, value)
+        if not valid_ruser(text):
+            self.fail(key, f"{text!r} is not a user name: ssh would hand it to a shell", USER_HINT)
+        return text
+
+    def host(self, key: str, value: Any) -> str:
+        text = self.text(key, value)
+        if not (ADDRESS_PATTERN.match(text) and valid_hostname(text)):
+            self.fail(key, f"{text!r} is not a host name, an IP address or an ssh_config alias",
+                      "use letters, digits, '.', '-' and '_' (or an IP address); put the user in [defaults].user")
+        return text
 
     def local_addr(self, key: str, value: Any) -> str:
         text = self.text(key, value)
@@ -405,7 +449,7 @@ def parse_slurm(table: Mapping[str, Any], path: Path, where: str) -> SlurmSettin
     """The ``[slurm]`` keys (``where`` names them in errors: ``[slurm].`` in a file)."""
     read = _Reader(path, where, table, SLURM_KEYS)
     return SlurmSettings(
-        login=read.get("login", None, read.text),
+        login=read.get("login", None, read.host),
         partition=read.get("partition", None, read.text),
         account=read.get("account", None, read.text),
         nodes=read.get("nodes", None, read.count),
@@ -548,7 +592,7 @@ def _nodeset(read: _Reader, key: str) -> list[str]:
 
 def _read_node_keys(read: _Reader, base: Mapping[str, Any]) -> dict[str, Any]:
     values = dict(base)
-    for key, convert in (("user", read.text), ("ssh_port", read.port), ("identity_file", read.existing_file),
+    for key, convert in (("user", read.user), ("ssh_port", read.port), ("identity_file", read.existing_file),
                          ("python", read.text), ("workdir", read.text), ("setup", read.script)):
         if key in read.table:
             values[key] = convert(key, read.table[key])

@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, NoReturn, TypeVar
 
 from torchherd.errors import UsageError
-from torchherd.inventory import Host
+from torchherd.inventory import ADDRESS_PATTERN, Host, valid_hostname, valid_ruser
 from torchherd.remote.wire import is_run_id
 
 T = TypeVar("T")
@@ -128,13 +128,16 @@ class RunRecord:
             read.fail("nodes", "no nodes")
         records = tuple(_node(_Fields(source, f"nodes[{index}].", node)) for index, node in enumerate(nodes))
         coordinator = read.optional("coordinator", dict)
+        extra = read.optional("extra", dict) or {}
+        if extra.get("login") is not None:  # a SLURM run's login host: reached over SSH as a node is
+            extra = {**extra, "login": asdict(_node(_Fields(source, "extra.login.", extra["login"])))}
         return cls(run_id=read.run_id("run_id"), inventory=read.text("inventory"), created=read.number("created"),
                    command=read.texts("command"), nodes=records, max_rank=read.integer("max_rank", low=-1),
                    grace=read.number("grace"), ssh_config=read.optional_text("ssh_config"),
                    ssh_timeout=read.number("ssh_timeout", 10.0, positive=True),
                    coordinator=None if coordinator is None else _coordinator(
                        _Fields(source, "coordinator.", coordinator), records),
-                   extra=read.optional("extra", dict) or {})
+                   extra=extra)
 
 
 class RecordError(UsageError):
@@ -188,6 +191,21 @@ class _Fields:
             self.fail(key, f"{value!r} is not a host name")
         return value
 
+    def address(self, key: str) -> str:
+        """A host name, an IP address or an ssh_config alias: it reaches ssh_config's
+        ``Match exec`` and ``ProxyCommand`` as ``%h``, so nothing a shell reads as more."""
+        value = self.text(key)
+        if not (ADDRESS_PATTERN.match(value) and valid_hostname(value)):
+            self.fail(key, f"{value!r} is not a host name or an address")
+        return value
+
+    def user(self, key: str) -> str | None:
+        """As OpenSSH's ``valid_ruser``: the user reaches the same shell lines as ``%r``."""
+        value = self.optional_text(key)
+        if value is not None and not valid_ruser(value):
+            self.fail(key, f"{value!r} is not a user name")
+        return value
+
     def run_id(self, key: str) -> str:
         value = self.value(key, str)
         if not is_run_id(value):
@@ -214,7 +232,7 @@ class _Fields:
 
 
 def _node(read: _Fields) -> NodeRecord:
-    return NodeRecord(name=read.name("name"), address=read.text("address"), user=read.optional_text("user"),
+    return NodeRecord(name=read.name("name"), address=read.address("address"), user=read.user("user"),
                       ssh_port=read.optional_integer("ssh_port", 1, 65535),
                       identity_file=read.optional_text("identity_file"), python=read.text("python"),
                       workdir=read.text("workdir"), log_file=read.text("log_file"),

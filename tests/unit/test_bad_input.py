@@ -146,3 +146,109 @@ def test_a_corrupt_run_record_is_one_line_naming_it(tmp_path: Path, monkeypatch:
     (runs / "th-x.json").write_text(content)
     code, output = run_cli(tmp_path, HOSTS, [*command, "th-x"])
     assert_one_line(code, output, "th-x.json")
+
+
+# Security 2 (issue 21): a user or host name reaches ssh_config's `Match exec` and
+# `ProxyCommand` as %r / %h, unquoted, in the controller's shell (as in OpenSSH: the
+# pattern of CVE-2023-51385). Every source is checked as OpenSSH's valid_ruser /
+# valid_hostname do, before any ssh_config is read.
+
+MATCH_EXEC = 'Match exec "echo %r %h >/dev/null"\n  Port 22\n'
+
+
+def _marker(tmp_path: Path) -> Path:
+    return tmp_path / "ran"
+
+
+def _evil(tmp_path: Path) -> str:
+    return f"$(touch {_marker(tmp_path)})"
+
+
+def test_match_exec_really_runs_what_the_user_holds(tmp_path: Path) -> None:
+    """The control: a name with $(...) that got as far as ssh_config would have run."""
+    from torchherd.inventory import Host
+    from torchherd.transport.ssh import resolve_target
+
+    (tmp_path / "ssh_config").write_text(MATCH_EXEC)
+    host = Host(name="a", address="192.0.2.1", user="a" + _evil(tmp_path), ssh_port=None, identity_file=None,
+                python="python3", workdir="~", env={}, setup="", local_addr=None)
+    resolve_target(host, tmp_path / "ssh_config")
+    assert _marker(tmp_path).exists()
+
+
+SHELL_NAMES = [
+    pytest.param('[defaults]\nuser = "a{evil}"\n' + HOSTS, "[defaults].user", id="defaults-user"),
+    pytest.param('[[hosts]]\nname = "a"\naddress = "192.0.2.1"\nuser = "b{evil}"\n', "hosts[0].user",
+                 id="host-user"),
+    pytest.param('[[hosts]]\nname = "a"\naddress = "192.0.2.1"\nuser = "a`id`"\n', "hosts[0].user",
+                 id="backquote"),
+    pytest.param('[[hosts]]\nname = "a"\naddress = "192.0.2.1"\nuser = "-oProxyCommand=x"\n', "hosts[0].user",
+                 id="option-user"),
+    pytest.param('[[hosts]]\nname = "a"\naddress = "192.0.2.1"\nuser = "a; id"\n', "hosts[0].user", id="semicolon"),
+    pytest.param('[cluster]\nscheduler = "slurm"\n[slurm]\nlogin = "login1{evil}"\nnodes = 2\n', "[slurm].login",
+                 id="slurm-login"),
+    pytest.param('[cluster]\nscheduler = "slurm"\n[slurm]\nlogin = "-oProxyCommand=x"\nnodes = 2\n',
+                 "[slurm].login", id="slurm-login-option"),
+]
+
+
+@pytest.mark.parametrize("inventory,named", SHELL_NAMES)
+def test_an_inventory_name_a_shell_would_run_is_refused(tmp_path: Path, inventory: str, named: str) -> None:
+    (tmp_path / "ssh_config").write_text(MATCH_EXEC)
+    text = '[cluster]\nssh_config = "ssh_config"\n' + inventory if "[cluster]" not in inventory else \
+        inventory.replace("[cluster]\n", '[cluster]\nssh_config = "ssh_config"\n')
+    for args in (["hosts"], ["check", "--only", "ssh"]):
+        assert_one_line(*run_cli(tmp_path, text.format(evil=_evil(tmp_path)), args), named)
+    assert not _marker(tmp_path).exists()
+
+
+@pytest.mark.parametrize("args,named", [
+    pytest.param(["-H", "x{evil}@192.0.2.1"], "-H", id="hosts-flag"),
+    pytest.param(["-H", "a|b@192.0.2.1"], "-H", id="hosts-flag-pipe"),
+    pytest.param(["-H", "192.0.2.1", "--scheduler", "slurm", "--slurm-login", "login1{evil}"], "--slurm-login",
+                 id="slurm-login-flag"),
+])
+def test_a_command_line_name_a_shell_would_run_is_refused(tmp_path: Path, args: list[str], named: str) -> None:
+    out = StringIO()
+    code = main(["hosts", *(arg.format(evil=_evil(tmp_path)) for arg in args)], console=make_console(out, width=400))
+    assert_one_line(code, out.getvalue(), named)
+    assert not _marker(tmp_path).exists()
+
+
+def test_a_hostfile_user_a_shell_would_run_is_refused(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"worker-1 slots=2\nx{_evil(tmp_path)}@worker-2 slots=2\n")
+    out = StringIO()
+    code = main(["-i", str(hostfile), "hosts"], console=make_console(out, width=400))
+    assert_one_line(code, out.getvalue(), f"{hostfile}:2")
+    assert not _marker(tmp_path).exists()
+
+
+@pytest.mark.parametrize("where,field,value", [
+    pytest.param("node", "address", "192.0.2.1{evil}", id="address"),
+    pytest.param("node", "address", "-oProxyCommand=x", id="address-option"),
+    pytest.param("node", "user", "a{evil}", id="user"),
+    pytest.param("login", "address", "login1{evil}", id="slurm-login-address"),
+    pytest.param("login", "user", "a{evil}", id="slurm-login-user"),
+])
+@pytest.mark.parametrize("command", [["status"], ["stop"], ["logs"]])
+def test_a_run_record_name_a_shell_would_run_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        command: list[str], where: str, field: str,
+                                                        value: str) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "ssh_config").write_text(MATCH_EXEC)
+    runs = tmp_path / "state" / "torchherd" / "runs"
+    runs.mkdir(parents=True)
+    node = {"name": "a", "address": "192.0.2.1", "user": None, "ssh_port": None, "identity_file": None,
+            "python": "python3", "workdir": "~", "log_file": "~/.torchherd/runs/th-x/a.log",
+            "state_file": "~/.torchherd/runs/th-x/a.state.json", "supervisor": None, "pid": None, "pgid": None}
+    login = {**node, "name": "login1", "address": "login1"}
+    (node if where == "node" else login)[field] = value.format(evil=_evil(tmp_path))
+    extra = {"scheduler": "slurm", "job_id": "7", "run_dir": "~/r", "login": login} if where == "login" else {}
+    (runs / "th-x.json").write_text(json.dumps({
+        "run_id": "th-x", "inventory": "/h.toml", "created": 1.0, "command": ["t.py"], "nodes": [node],
+        "max_rank": 0, "grace": 1.0, "ssh_config": str(tmp_path / "ssh_config"), "ssh_timeout": 1.0,
+        "extra": extra}))
+    code, output = run_cli(tmp_path, HOSTS, [*command, "th-x"])
+    assert_one_line(code, output, f"th-x.json: {'nodes[0]' if where == 'node' else 'extra.login'}.{field}")
+    assert not _marker(tmp_path).exists()

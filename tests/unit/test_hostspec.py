@@ -10,12 +10,14 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from torchherd.api import Cluster
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.errors import UsageError
-from torchherd.hostspec import host_items, hostfile_items, looks_like_hostfile, ssh_config_aliases
+from torchherd.hostspec import host_items, hostfile_items, load_any, looks_like_hostfile, ssh_config_aliases
 from torchherd.inventory import load
 
 
@@ -80,7 +82,12 @@ def test_hostfiles_of_deepspeed_openmpi_and_mpich(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text,message", [
     ("a slots=x\n", ":1: slots=x: expected a positive integer"),
     ("a\nb gpus=2\n", ":2: gpus: unknown key"),
-    ("a\na\n", ": host 'a' is listed twice"),
+    ("a\na\n", ":2: host 'a' is listed twice (first on line 1)"),
+    ("a slots=2\n@b slots=2\n", ":2: '@b': an empty user before '@'"),
+    ("a slots = 4\nb slots = x\n", ":2: slots=x: expected a positive integer"),
+    ("// PRRTE comment\na slots=2 // two\nb slotz = 2\n", ":3: slotz: unknown key"),
+    ("/* a block\n   comment */\nu@a@b slots=2\n", ":3: 'u@a@b': more than one '@'"),
+    ("a slots=2\nthis is bad slots=1\n", ":2: 'is': expected key=value after the host"),
 ])
 def test_hostfile_errors_name_the_line(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "hostfile"
@@ -174,3 +181,102 @@ def test_init_without_hosts_writes_placeholders(tmp_path: Path) -> None:
     assert code == 0, out
     assert "placeholders" in out and "the hosts" in out
     assert [host.name for host in load(tmp_path / "hosts.toml").hosts] == ["node0", "node1"]
+
+
+# Hostfiles as their own tools read them. The facts come from DeepSpeed's suite
+# (microsoft/DeepSpeed tests/unit/launcher/test_run.py: test_hostfile_good, test_hostfiles_bad),
+# Open MPI's documentation (open-mpi/ompi docs/launching-apps/quickstart.rst, scheduling.rst)
+# and PRRTE's hostfile lexer and docs (openpmix/prrte src/util/hostfile/hostfile_lex.l:
+# '#' and '//' comments, /* */ blocks, '=' a token of its own; docs/hosts/hostfiles.rst:
+# user@host). The test code is this project's.
+
+
+def _hosts_of(tmp_path: Path, text: str) -> list[tuple[str, str | None, int | None]]:
+    path = tmp_path / "hostfile"
+    path.write_text(text)
+    assert looks_like_hostfile(path, text)
+    return [(host.name, host.user, host.nproc_per_node) for host in load_any(path).hosts]
+
+
+def test_deepspeed_good_hostfile(tmp_path: Path) -> None:
+    text = ("\n    worker-1 slots=2\n    worker-2 slots=2\n\n    localhost slots=1\n    123.23.12.10 slots=2\n\n"
+            "    #worker-1 slots=3\n    # this is a comment\n\n    ")
+    assert _hosts_of(tmp_path, text) == [("worker-1", None, 2), ("worker-2", None, 2), ("localhost", None, 1),
+                                         ("123.23.12.10", None, 2)]
+
+
+@pytest.mark.parametrize("text,line", [
+    ("\n    worker-1 slots=2\n    worker-2 slots=1\n    worker-1 slots=1\n    ", 4),  # duplicate host
+    ("\n    this is bad slots=1\n    ", 2),  # incorrect whitespace
+    ("\n    worker-1 slots=2\n    this is bad slots=1\n    worker-2 slots=4\n    missingslots\n\n    ", 3),
+])
+def test_deepspeed_bad_hostfiles_name_the_line(tmp_path: Path, text: str, line: int) -> None:
+    path = tmp_path / "hostfile"
+    path.write_text(text)
+    with pytest.raises(UsageError) as caught:
+        load_any(path)
+    assert str(caught.value).startswith(f"{path}:{line}: ")
+
+
+def test_deepspeed_empty_hostfile_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "hostfile"
+    path.write_text("\n    \n")
+    with pytest.raises(UsageError):
+        load_any(path)
+
+
+def test_open_mpi_documented_hostfiles(tmp_path: Path) -> None:
+    assert _hosts_of(tmp_path, "node1.example.com\nnode2.example.com\nnode3.example.com slots=2\n"
+                               "node4.example.com slots=10\n") == [
+        ("node1.example.com", None, None), ("node2.example.com", None, None), ("node3.example.com", None, 2),
+        ("node4.example.com", None, 10)]
+    assert _hosts_of(tmp_path, "node0 slots=2 max_slots=20\nnode1 slots=2 max_slots=20\n") == [
+        ("node0", None, 2), ("node1", None, 2)]
+    assert _hosts_of(tmp_path, "# We want to allow launching a maximum of 2 processes on this host\n"
+                               "# (e.g., potentially because it has two processor cores):\nbar.example.com slots=2\n"
+                               ) == [("bar.example.com", None, 2)]
+
+
+def test_prrte_user_at_host_equals_spacing_and_comments(tmp_path: Path) -> None:
+    text = ("user01@node01  slots=4\n"
+            "node02 slots = 2   // two GPUs\n"
+            "/* a block comment\n   over two lines */ node03 slots =1 max-slots= 8\n"
+            "node04 count=3 username=ops port = 2222\n")
+    assert _hosts_of(tmp_path, text) == [("node01", "user01", 4), ("node02", None, 2), ("node03", None, 1),
+                                         ("node04", "ops", 3)]
+    path = tmp_path / "hostfile"
+    assert load_any(path).host("node04").ssh_port == 2222
+
+
+def test_cli_takes_a_prrte_hostfile_without_a_toml_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "hostfile").write_text("ops@worker-1 slots = 4\n// spare\nworker-2 slots=2\n")
+    code, _ = cli("-i", "hostfile", "hosts", "--json", cwd=tmp_path)
+    rows = json.loads(capsys.readouterr().out)["hosts"]
+    assert code == 0
+    assert [(row["name"], row["nproc_per_node"]) for row in rows] == [("worker-1", 4), ("worker-2", 2)]
+    assert rows[0]["ssh"].startswith("ops@worker-1")
+
+
+@pytest.mark.parametrize("text", [
+    '[cluster]\nport = 29500\n[[hosts]]\nname = "a"\n',
+    '# comment\nhosts = [{ name = "a" }]\n',
+    '[[hosts]]\nname="a"\n',
+    "[defaults]\n",
+])
+def test_toml_is_told_from_a_hostfile_by_its_content(tmp_path: Path, text: str) -> None:
+    assert not looks_like_hostfile(tmp_path / "inventory", text)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["", "ops@", "u-1@"]), st.from_regex(r"[a-z][a-z0-9-]{0,8}", fullmatch=True),
+                          st.sampled_from(["", " slots=2", " slots = 3", " slots= 4 max_slots =9", ":5"]),
+                          st.sampled_from(["", "  # c", " // c"])),
+                min_size=1, max_size=6, unique_by=lambda line: line[1]))
+def test_any_well_formed_hostfile_reads_as_written(lines: list[tuple[str, str, str, str]]) -> None:
+    text = "".join(f"{user}{host}{slots}{comment}\n" for user, host, slots, comment in lines)
+    assert looks_like_hostfile(Path("hostfile"), text)
+    tables = hostfile_items(Path("hostfile"), text)
+    assert [table["name"] for table in tables] == [host for _, host, _, _ in lines]
+    for table, (user, _, slots, _) in zip(tables, lines):
+        assert table.get("user") == (user[:-1] or None)
+        written = slots.replace(" ", "").removeprefix(":").removeprefix("slots=").split("max")[0]
+        assert table.get("nproc_per_node") == (int(written) if written else None)
