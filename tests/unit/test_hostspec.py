@@ -48,6 +48,8 @@ def test_host_items_take_user_port_and_nodesets() -> None:
     ("a@b@c", "-H 'a@b@c': expected [user@]host[:port]"),
     ("[fe80::1]", "-H '[fe80::1]': an IPv6 address needs a name"),
     ("no/slash", "-H 'no/slash': 'no/slash' is not a usable host name"),
+    ("@node1", "-H '@node1': an empty user before '@'"),
+    ("node0,@gpu[1-2]:2222", "-H '@gpu[1-2]:2222': an empty user before '@'"),
 ])
 def test_host_item_errors_name_the_flag(text: str, message: str) -> None:
     with pytest.raises(UsageError) as caught:
