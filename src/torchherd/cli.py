@@ -195,7 +195,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if not args.script:
         raise UsageError("run: no training script given", "torchherd run [options] -- train.py [args...]")
     script, *script_args = args.script
-    plan = cluster.plan(script, *script_args, nproc_per_node=_nproc(args.nproc_per_node), nnodes=args.nnodes,
+    # --nproc-per-node is already every host's count (_hosts); --include/--exclude slots may have changed some since
+    plan = cluster.plan(script, *script_args, nnodes=args.nnodes,
                         module=args.module, env=_extra_env(args.env, args.env_pass, parse_env_assignments),
                         master_addr=args.master_addr, max_restarts=args.max_restarts,
                         monitor_interval=args.monitor_interval, rdzv_conf=args.rdzv_conf,

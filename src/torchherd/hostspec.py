@@ -14,7 +14,8 @@ import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 from torchherd.errors import InventoryError, UsageError
 from torchherd.inventory import (
@@ -265,14 +266,15 @@ def load_any(path: Path, **flags: Any) -> Inventory:
 def override(inventory: Inventory, *, python: str | None = None, workdir: str | None = None,
              nproc_per_node: int | str | None = None, master: str | None = None) -> Inventory:
     """The inventory with the command line's ``--python``, ``--workdir``,
-    ``--nproc-per-node`` (every host) and ``--master``."""
-    hosts = inventory.hosts
+    ``--nproc-per-node`` (every host, spares too) and ``--master``."""
+    hosts, spares = inventory.hosts, inventory.spares
     changes: dict[str, Any] = {key: value for key, value in (("python", python), ("workdir", workdir))
                                if value is not None}
     if nproc_per_node is not None:
         changes["nproc_per_node"] = None  # the cluster's count, set below, for every host
     if changes:
         hosts = tuple(replace(host, **changes) for host in hosts)
+        spares = tuple(replace(host, **changes) for host in spares)
     cluster = inventory.cluster
     if nproc_per_node is not None:
         cluster = replace(cluster, nproc_per_node=nproc_per_node)
@@ -283,40 +285,127 @@ def override(inventory: Inventory, *, python: str | None = None, workdir: str | 
                              _did_you_mean(master, names))
         hosts = _with_master(hosts, master)
         cluster = replace(cluster, master=master)
-    return replace(inventory, cluster=cluster, hosts=hosts)
+    return replace(inventory, cluster=cluster, hosts=hosts, spares=spares)
+
+
+SLOTS_ENV = "CUDA_VISIBLE_DEVICES"
+Slots = Optional[Tuple[int, ...]]
+"""A host's chosen slots (GPU numbers), sorted; None: all of them."""
 
 
 def select(inventory: Inventory, include: str | None = None, exclude: str | None = None) -> Inventory:
     """The hosts ``include`` names (all when None) less those ``exclude`` names: names,
-    nodesets or globs, comma-separated. When the master is left out, the first host left
-    is the master."""
-    hosts = list(inventory.hosts)
-    names = [host.name for host in hosts]
+    nodesets or globs, comma-separated, or DeepSpeed's ``NAME[:SLOT[,SLOT...]][@...]``
+    (``worker-0:0,1@worker-1:3``), which chooses or removes single slots: the slots left
+    become that host's CUDA_VISIBLE_DEVICES and its nproc_per_node. When the master is
+    left out, the first host left is the master."""
+    names = [host.name for host in inventory.hosts]
+    chosen: dict[str, Slots] = {name: None for name in names}
     if include is not None:
-        wanted = _matching(include, names, "--include")
-        hosts = [host for host in hosts if host.name in wanted]
+        wanted = _specs(include, names, "--include")
+        chosen = {name: _checked(inventory, name, slots, f"--include {include!r}")
+                  for name, slots in wanted.items()}
     if exclude is not None:
-        unwanted = _matching(exclude, names, "--exclude")
-        hosts = [host for host in hosts if host.name not in unwanted]
+        for name, slots in _specs(exclude, names, "--exclude").items():
+            left = () if slots is None or name not in chosen else \
+                _without(inventory, name, chosen[name], slots, f"--exclude {exclude!r}")
+            chosen = {key: value for key, value in chosen.items() if key != name} if not left else \
+                {**chosen, name: left}
+    hosts = [_with_slots(host, chosen[host.name]) for host in inventory.hosts if host.name in chosen]
     if not hosts:
         raise UsageError("--include/--exclude: no host is left", f"the hosts are {_shown(names)}")
-    if len(hosts) == len(inventory.hosts):
+    if hosts == list(inventory.hosts):
         return inventory
-    return replace(inventory, hosts=tuple(hosts), cluster=replace(inventory.cluster, master=hosts[0].name))
+    master = inventory.cluster.master if inventory.cluster.master in chosen else hosts[0].name
+    return replace(inventory, hosts=tuple(hosts), cluster=replace(inventory.cluster, master=master))
 
 
-def _matching(text: str, names: Sequence[str], flag: str) -> set[str]:
-    found: set[str] = set()
+def _specs(text: str, names: Sequence[str], flag: str) -> dict[str, Slots]:
+    """Host name -> the slots the text names there (None: the whole host), in the
+    inventory's order. DeepSpeed's '@' separates hosts that carry slot lists."""
+    found: dict[str, Slots] = {}
+    parts = text.split("@") if "@" in text or _top_colon(text) >= 0 else [text]
+    for part in parts:
+        colon = _top_colon(part)
+        items = _items(part if colon < 0 else part[:colon], flag)
+        slots = None if colon < 0 else _slot_numbers(part, part[colon + 1:], flag)
+        if slots is not None and len(items) != 1:
+            raise UsageError(f"{flag} {part!r}: a slot list follows one host (or one nodeset)",
+                             "write worker-0:0,1@worker-1:3 (DeepSpeed's form)")
+        for item in items:
+            matched = _match_item(item, names, flag)
+            if not matched:
+                raise UsageError(f"{flag} {item}: no such host", _did_you_mean(item, names))
+            for name in matched:
+                # As DeepSpeed: the slot lists of one host add up; a bare name is the whole host.
+                whole = slots is None or (name in found and found[name] is None)
+                found[name] = None if whole else tuple(sorted(set(found.get(name) or ()) | set(slots or ())))
+    return {name: found[name] for name in names if name in found}
+
+
+def _top_colon(text: str) -> int:
+    """Where the first ':' outside brackets is (a slot list follows it), or -1."""
+    depth = 0
+    for index, char in enumerate(text):
+        depth += (char == "[") - (char == "]")
+        if char == ":" and depth == 0:
+            return index
+    return -1
+
+
+def _items(text: str, flag: str) -> list[str]:
     try:
-        items = split_top(text)
+        return split_top(text)
     except NodesetError as error:
         raise UsageError(f"{flag} {text!r}: {error}", "write names, nodesets or globs: node1,gpu[01-04],cpu*") from None
-    for item in items:
-        matched = _match_item(item, names, flag)
-        if not matched:
-            raise UsageError(f"{flag} {item}: no such host", _did_you_mean(item, names))
-        found |= matched
-    return found
+
+
+def _slot_numbers(part: str, text: str, flag: str) -> tuple[int, ...]:
+    numbers = [item.strip() for item in text.split(",")]
+    bad = next((number for number in numbers if not (number.isascii() and number.isdigit())), None)
+    if bad is not None:
+        raise UsageError(f"{flag} {part!r}: {bad!r} is not a slot number",
+                         "slots are GPU numbers from 0: worker-0:0,1@worker-1:3")
+    return tuple(sorted({int(number) for number in numbers}))
+
+
+def _slot_count(inventory: Inventory, name: str, given: str) -> int:
+    """How many slots the host has: its process count (a number is needed to choose)."""
+    host = inventory.host(name)
+    count = inventory.cluster.nproc_per_node if host.nproc_per_node is None else host.nproc_per_node
+    if not isinstance(count, int):
+        raise UsageError(f"{given}: choosing slots of {name} needs its slot count (its nproc_per_node is "
+                         f"{count!r})", "give it slots=N in the hostfile, nproc_per_node = N in the inventory, "
+                         "or --nproc-per-node N")
+    return count
+
+
+def _checked(inventory: Inventory, name: str, slots: Slots, given: str) -> Slots:
+    if slots is None:
+        return None
+    count = _slot_count(inventory, name, given)
+    missing = [slot for slot in slots if slot >= count]
+    if missing:
+        raise UsageError(f"{given}: {name} has no slot {missing[0]} (its slots are 0-{count - 1})",
+                         f"{name} runs {count} process(es): one slot each, numbered from 0")
+    return slots
+
+
+def _without(inventory: Inventory, name: str, kept: Slots, slots: tuple[int, ...], given: str) -> tuple[int, ...]:
+    """The slots of ``kept`` (None: all of the host's) left once ``slots`` go."""
+    _checked(inventory, name, slots, given)
+    every = tuple(range(_slot_count(inventory, name, given))) if kept is None else kept
+    return tuple(slot for slot in every if slot not in slots)
+
+
+def _with_slots(host: Host, slots: Slots) -> Host:
+    if slots is None:
+        return host
+    # Slot i is the host's i-th GPU: the i-th of its own CUDA_VISIBLE_DEVICES when it sets
+    # one that long, else GPU i (DeepSpeed's reading of a hostfile's slots).
+    visible = [item.strip() for item in host.env.get(SLOTS_ENV, "").split(",") if item.strip()]
+    devices = [visible[slot] if len(visible) > max(slots) else str(slot) for slot in slots]
+    return replace(host, nproc_per_node=len(slots), env=MappingProxyType({**host.env, SLOTS_ENV: ",".join(devices)}))
 
 
 def _match_item(item: str, names: Sequence[str], flag: str) -> set[str]:
@@ -371,7 +460,7 @@ def inventory_text(entries: Sequence[HostEntry], *, python: str | None = None, w
     table); what the user gave is filled in, the rest is marked FILL IN."""
     def line(key: str, given: object, default: object, comment: str) -> str:
         assignment = f"{key} = {_toml(default if given is None else given)}"
-        return f"{assignment:<28}# {FILL + ': ' if given is None else ''}{comment}"
+        return _commented(assignment, f"{FILL + ': ' if given is None else ''}{comment}")
 
     first = expand(entries[0].name)[0] if entries else "node0"
     lines = [
@@ -380,8 +469,8 @@ def inventory_text(entries: Sequence[HostEntry], *, python: str | None = None, w
         "# Every key is explained in hosts.example.toml of torchherd's repository.",
         "",
         "[cluster]",
-        f"{'master = ' + _toml(master or first):<28}# node_rank 0 (the first host unless you change it)",
-        f"{'port = 29500':<28}# the master port: every worker must reach it on the master",
+        _commented("master = " + _toml(master or first), "node_rank 0 (the first host unless you change it)"),
+        _commented("port = 29500", "the master port: every worker must reach it on the master"),
         line("nproc_per_node", nproc_per_node, 1, 'processes per node (its GPUs), or "gpu"; a [[hosts]] table '
              "may set its own"),
         "",
@@ -393,14 +482,23 @@ def inventory_text(entries: Sequence[HostEntry], *, python: str | None = None, w
     for entry in entries or [HostEntry("node0"), HostEntry("node1")]:
         names = expand(entry.name)
         about = f"{len(names)} hosts: {names[0]} ... {names[-1]}" if len(names) > 1 else "how logs and reports call it"
-        lines += ["", "[[hosts]]", f"{'name = ' + _toml(entry.name):<28}# {about}"]
+        lines += ["", "[[hosts]]", _commented("name = " + _toml(entry.name), about)]
         if not entries:
-            lines[-1] = f"{'name = ' + _toml(entry.name):<28}# {FILL}: the host's name (or a nodeset: gpu[01-16])"
+            lines[-1] = _commented("name = " + _toml(entry.name), f"{FILL}: the host's name (or a nodeset: gpu[01-16])")
         if entry.user:
             lines.append(f"user = {_toml(entry.user)}")
         if entry.ssh_port is not None:
             lines.append(f"ssh_port = {entry.ssh_port}")
     return "\n".join(lines) + "\n"
+
+
+COMMENT_COLUMN = 28
+
+
+def _commented(assignment: str, comment: str) -> str:
+    """``key = value`` and its comment at COMMENT_COLUMN, or two spaces after a longer
+    value (TOML style; the comment never touches the value)."""
+    return f"{assignment.ljust(COMMENT_COLUMN - 2)}  # {comment}"
 
 
 def _toml(value: object) -> str:

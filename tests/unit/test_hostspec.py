@@ -282,3 +282,172 @@ def test_any_well_formed_hostfile_reads_as_written(lines: list[tuple[str, str, s
         assert table.get("user") == (user[:-1] or None)
         written = slots.replace(" ", "").removeprefix(":").removeprefix("slots=").split("max")[0]
         assert table.get("nproc_per_node") == (int(written) if written else None)
+
+
+# DeepSpeed's slot selection in --include/--exclude. The cases are the facts of DeepSpeed's
+# own suite (microsoft/DeepSpeed tests/unit/launcher/test_run.py: test_parser_local,
+# test_parser_multinode, test_parser_errors, for runner.py's parse_resource_filter) over a
+# hostfile of `worker-N slots=4` hosts; the test code is this project's. Two deliberate
+# differences: torchherd takes --include and --exclude together (include, then exclude),
+# and a selection that leaves no host is exit 2 where DeepSpeed returns an empty pool.
+
+
+def _pool(tmp_path: Path, slots: dict[str, int]) -> Cluster:
+    path = tmp_path / "hostfile"
+    path.write_text("".join(f"{name} slots={count}\n" for name, count in slots.items()))
+    return Cluster.from_file(path)
+
+
+def _chosen(cluster: Cluster) -> dict[str, list[int]]:
+    """Host -> its slots, as the job will see them; every host's process count is its slots'."""
+    result = {}
+    for host in cluster.inventory.hosts:
+        visible = host.env.get("CUDA_VISIBLE_DEVICES")
+        count = host.nproc_per_node
+        assert isinstance(count, int)
+        result[host.name] = [int(slot) for slot in visible.split(",")] if visible else list(range(count))
+        assert len(result[host.name]) == count
+    return result
+
+
+ONE = {"worker-0": 4}
+TWO = {"worker-0": 4, "worker-1": 4}
+
+
+@pytest.mark.parametrize("pool,include,exclude,expected", [
+    (ONE, None, None, {"worker-0": [0, 1, 2, 3]}),
+    (ONE, None, "worker-0:1", {"worker-0": [0, 2, 3]}),
+    (ONE, None, "worker-0:1,2", {"worker-0": [0, 3]}),
+    (ONE, "worker-0:1", None, {"worker-0": [1]}),
+    (ONE, "worker-0:1,1", None, {"worker-0": [1]}),
+    (ONE, "worker-0:1@worker-0:0,1", None, {"worker-0": [0, 1]}),
+    (ONE, "worker-0", None, {"worker-0": [0, 1, 2, 3]}),
+    (TWO, None, None, {"worker-0": [0, 1, 2, 3], "worker-1": [0, 1, 2, 3]}),
+    (TWO, "worker-1:0,3", None, {"worker-1": [0, 3]}),
+    (TWO, None, "worker-1", {"worker-0": [0, 1, 2, 3]}),
+    (TWO, None, "worker-0:0,1@worker-1:3", {"worker-0": [2, 3], "worker-1": [0, 1, 2]}),
+    (TWO, "worker-0:0,1,2@worker-1", "worker-0:1@worker-1:0", {"worker-0": [0, 2], "worker-1": [1, 2, 3]}),
+    (TWO, "worker-[0-1]:2,3", None, {"worker-0": [2, 3], "worker-1": [2, 3]}),
+    (TWO, "worker-*:0", None, {"worker-0": [0], "worker-1": [0]}),
+])
+def test_deepspeed_slot_selection(tmp_path: Path, pool: dict[str, int], include: str | None, exclude: str | None,
+                                  expected: dict[str, list[int]]) -> None:
+    cluster = _pool(tmp_path, pool).select(include, exclude)
+    assert _chosen(cluster) == expected
+    assert cluster.inventory.cluster.master == next(iter(expected))
+
+
+@pytest.mark.parametrize("pool,include,exclude,message", [
+    (ONE, None, "worker-0", "no host is left"),
+    (ONE, None, "worker-0:0,1,2,3", "no host is left"),
+    (TWO, "jeff", None, "--include jeff: no such host"),
+    (TWO, None, "jeff", "--exclude jeff: no such host"),
+    (TWO, "worker-1:4", None, "--include 'worker-1:4': worker-1 has no slot 4 (its slots are 0-3)"),
+    (TWO, None, "worker-1:4", "--exclude 'worker-1:4': worker-1 has no slot 4"),
+    (TWO, None, "worker-1@worker-0:1@5", "--exclude 5: no such host"),
+    (TWO, "worker-0:a", None, "--include 'worker-0:a': 'a' is not a slot number"),
+    (TWO, "worker-0,worker-1:0", None, "--include 'worker-0,worker-1:0': a slot list follows one host"),
+])
+def test_deepspeed_slot_selection_errors(tmp_path: Path, pool: dict[str, int], include: str | None,
+                                         exclude: str | None, message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        _pool(tmp_path, pool).select(include, exclude)
+    assert message in str(caught.value)
+
+
+def test_slots_need_a_slot_count() -> None:
+    with pytest.raises(UsageError, match="choosing slots of a needs its slot count"):
+        Cluster.from_hosts("a,b", nproc_per_node="gpu").select(include="a:0")
+
+
+def test_slots_index_the_hosts_own_visible_devices() -> None:
+    cluster = Cluster(hosts=[{"name": "a", "env": {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}}], nproc_per_node=4)
+    host = cluster.select(exclude="a:0,2").inventory.hosts[0]
+    assert host.env["CUDA_VISIBLE_DEVICES"] == "5,7" and host.nproc_per_node == 2
+
+
+def test_cli_dry_run_shows_the_chosen_slots(tmp_path: Path) -> None:
+    code, out = cli("run", "-H", "worker-0,worker-1", "--nproc-per-node", "4", "--exclude", "worker-0:0,1@worker-1:3",
+                    "--dry-run", "--", "train.py", cwd=tmp_path)
+    assert code == 0, out
+    assert "CUDA_VISIBLE_DEVICES=2,3" in out and "CUDA_VISIBLE_DEVICES=0,1,2" in out, out
+    assert "--nproc-per-node 2" in out or "--nproc_per_node=2" in out or "nproc-per-node=2" in out, out
+
+
+@given(st.lists(st.integers(1, 8), min_size=1, max_size=4), st.data())
+def test_exclude_removes_exactly_the_slots_named(counts: list[int], data: st.DataObject) -> None:
+    pool = {f"w{index}": count for index, count in enumerate(counts)}
+    removed = {name: data.draw(st.sets(st.integers(0, count - 1))) for name, count in pool.items()}
+    spec = "@".join(f"{name}:{','.join(map(str, sorted(slots)))}" for name, slots in removed.items() if slots)
+    expected = {name: [slot for slot in range(count) if slot not in removed[name]] for name, count in pool.items()}
+    expected = {name: slots for name, slots in expected.items() if slots}
+    cluster = Cluster(hosts=[{"name": name, "nproc_per_node": count} for name, count in pool.items()])
+    if not expected:
+        with pytest.raises(UsageError, match="no host is left"):
+            cluster.select(exclude=spec)
+        return
+    chosen = _chosen(cluster.select(exclude=spec) if spec else cluster)
+    assert chosen == expected
+
+
+# `torchherd hosts` at 80 columns (a terminal's default, and what a pipe gets) and `init`'s comments.
+
+WIDE = ('[defaults]\npython = "/home/someone/projects/torchherd-demo/.venv/bin/python"\n'
+        'workdir = "~/projects/torchherd-demo/work"\n'
+        '[[hosts]]\nname = "hn1"\naddress = "10.213.7.11"\nuser = "demo"\n'
+        '[[hosts]]\nname = "hn2"\naddress = "10.213.7.12"\nuser = "demo"\n')
+
+
+def _table(width: int) -> str:
+    from torchherd.console.hosts import render_hosts
+    from torchherd.inventory import loads
+
+    out = StringIO()
+    inventory = loads(WIDE.encode(), Path("hosts.toml"))
+    render_hosts(make_console(out, width=width), inventory, ["demo@10.213.7.11", "demo@10.213.7.12"])
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
+
+
+def test_hosts_table_at_80_columns_shortens_paths_and_says_what_it_left_out() -> None:
+    assert _table(80) == """\
+hosts.toml: 2 hosts, master hn1:29500, rendezvous static
+┏━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━┓
+┃ name         ┃ SSH target       ┃ node_rank ┃ nproc ┃ python                 ┃
+┡━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━┩
+│ hn1 (master) │ demo@10.213.7.11 │ 0         │ 1     │ /home/some…/bin/python │
+│ hn2          │ demo@10.213.7.12 │ 1         │ 1     │ /home/some…/bin/python │
+└──────────────┴──────────────────┴───────────┴───────┴────────────────────────┘
+workdir left out at 80 columns (torchherd hosts --json has every column)"""
+
+
+def test_hosts_table_wider_keeps_both_ends_of_each_path() -> None:
+    assert _table(100).splitlines()[4] == (
+        "│ hn1 (master) │ demo@10.213.7.11 │ 0         │ 1     │ /home/so…/bin/python │ ~/projects/to…/work │")
+    assert "/home/someone/projects/torchherd-demo/.venv/bin/python" in _table(150)
+    assert all(len(line) <= width for width in (60, 80, 100) for line in _table(width).splitlines())
+
+
+@given(st.text(alphabet="ab/.-_", min_size=1, max_size=80), st.integers(16, 80))
+def test_middle_keeps_both_ends_within_the_width(text: str, width: int) -> None:
+    from torchherd.console.hosts import middle
+
+    short = middle(text, width)
+    assert len(short) <= width
+    if len(text) <= width:
+        assert short == text
+    else:
+        head, tail = short.split("…")
+        assert text.startswith(head) and text.endswith(tail) and head and tail
+
+
+def test_init_keeps_two_spaces_before_a_comment_after_a_long_value(tmp_path: Path) -> None:
+    code, out = cli("-i", "h.toml", "init", "-H", "a", "--python", "/opt/venv/bin/python", "--workdir",
+                    "/srv/some/long/work/directory", cwd=tmp_path)
+    assert code == 0, out
+    text = (tmp_path / "h.toml").read_text()
+    assert 'python = "/opt/venv/bin/python"  # the interpreter' in text
+    assert 'workdir = "/srv/some/long/work/directory"  # where the job runs' in text
+    assert 'port = 29500                # the master port' in text  # short values keep the column
+    for line in text.splitlines():
+        if "#" in line and not line.startswith("#"):
+            assert line.split("#", 1)[0].endswith("  "), line

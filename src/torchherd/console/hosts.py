@@ -11,6 +11,12 @@ from rich.text import Text
 from torchherd.console import printable
 from torchherd.inventory import Inventory
 
+COLUMNS = ("name", "SSH target", "node_rank", "nproc", "python", "workdir")
+PATH_COLUMNS = ("python", "workdir")
+"""Shortened in the middle when the table is wider than the terminal (the ends of a path say most)."""
+MIN_PATH = 16
+"""A path column narrower than this says too little: it is left out, and a note says so."""
+
 
 def hosts_rows(inventory: Inventory, ssh_targets: Sequence[str]) -> list[dict[str, object]]:
     cluster = inventory.cluster
@@ -26,12 +32,66 @@ def render_hosts(console: Console, inventory: Inventory, ssh_targets: Sequence[s
     # Text, never markup: a workdir like "~/p[/]" is a path, not a closing tag; every value
     # comes from the inventory or ssh_config, so control characters are shown escaped.
     cluster = inventory.cluster
+    cells = [dict(zip(COLUMNS, (printable(str(value)) for value in (
+        f"{row['name']} (master)" if row["master"] else row["name"], row["ssh"], row["node_rank"],
+        row["nproc_per_node"], row["python"], row["workdir"])))) for row in hosts_rows(inventory, ssh_targets)]
+    widths = fit_paths({column: max([len(column)] + [len(cell[column]) for cell in cells]) for column in COLUMNS},
+                       console.width)
     table = Table(title=Text(printable(f"{inventory.path}: {len(inventory.hosts)} hosts, master {cluster.master}:"
                                        f"{cluster.port}, rendezvous {cluster.rdzv_backend}")), title_justify="left")
-    for column in ("name", "SSH target", "node_rank", "nproc", "python", "workdir"):
+    shown = [column for column in COLUMNS if widths[column] > 0]
+    for column in shown:
         table.add_column(column, overflow="fold")
-    for row in hosts_rows(inventory, ssh_targets):
-        name = f"{row['name']} (master)" if row["master"] else str(row["name"])
-        table.add_row(*(Text(printable(str(value))) for value in (
-            name, row["ssh"], row["node_rank"], row["nproc_per_node"], row["python"], row["workdir"])))
+    for cell in cells:
+        table.add_row(*(Text(middle(cell[column], widths[column]) if column in PATH_COLUMNS else cell[column])
+                        for column in shown))
     console.print(table)
+    left_out = [column for column in COLUMNS if column not in shown]
+    if left_out:
+        console.print(f"{' and '.join(left_out)} left out at {console.width} columns (torchherd hosts --json has "
+                      "every column)", markup=False, highlight=False)
+
+
+def fit_paths(natural: dict[str, int], width: int) -> dict[str, int]:
+    """Each column's width in a table ``width`` wide: the path columns shortened to what is
+    left by the others, shared evenly, or 0 (left out) where that is under MIN_PATH."""
+    paths = [column for column in PATH_COLUMNS if column in natural]
+    while paths:
+        others = sum(size for column, size in natural.items() if column not in PATH_COLUMNS)
+        room = width - others - _frame(len(natural) - len(PATH_COLUMNS) + len(paths))
+        fitted = _share(room, [natural[column] for column in paths])
+        if min(fitted) >= MIN_PATH or sum(natural[column] for column in paths) <= room:
+            return {**natural, **dict(zip(paths, fitted)), **{column: 0 for column in PATH_COLUMNS
+                                                             if column not in paths}}
+        paths.pop()  # workdir goes first: the interpreter says more about a node
+    return {**natural, **{column: 0 for column in PATH_COLUMNS}}
+
+
+def _frame(columns: int) -> int:
+    """What rich's table adds around its cells: a border each side and one cell padding each side."""
+    return 3 * columns + 1
+
+
+def _share(room: int, needs: list[int]) -> list[int]:
+    """``room`` split among columns that need ``needs``: a column that needs less than an
+    even share gets its need, the others share the rest evenly."""
+    result = list(needs)
+    open_columns = sorted(range(len(needs)), key=lambda index: needs[index])
+    left = room
+    for position, index in enumerate(open_columns):
+        share = left // (len(open_columns) - position)
+        result[index] = min(needs[index], share)
+        left -= result[index]
+    return result
+
+
+def middle(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters: its middle replaced by '…', cut at a '/' where
+    one is near, so both ends of a path stay (``/home/ann/…/.venv/bin/python``)."""
+    if len(text) <= width:
+        return text
+    budget = width - 1
+    tail_room = budget * 2 // 3
+    cut = text.find("/", len(text) - tail_room)  # the longest "/..." end that fits
+    tail = text[cut:] if cut >= 0 else text[len(text) - tail_room:]
+    return text[:budget - len(tail)] + "…" + tail
