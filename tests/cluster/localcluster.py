@@ -7,7 +7,8 @@ Each node of a :class:`LocalCluster` is
   bridge ``{prefix}-br``, which holds the ``.1`` address of the cluster's private
   /24 subnet (a /23 or wider past 253 nodes; the controller, this machine, reaches
   the nodes through it);
-* an ``/etc/netns/{ns}/hosts`` naming ``localhost`` and every node, which
+* an ``/etc/netns/{ns}/hosts`` naming ``localhost`` and every node (by its IPv4
+  address, and by its IPv4-mapped IPv6 one for c10d's reverse lookups), which
   ``ip netns exec`` bind-mounts over ``/etc/hosts`` for everything on the node;
 * a real ``sshd -D`` started under ``ip netns exec NS unshare --uts --mount --pid
   --fork --mount-proc``: the node has its own hostname (``node{i}``), its own
@@ -860,9 +861,15 @@ class LocalCluster:
             for i, name in enumerate(names)
         ]
         self._set_hosts(hosts)
+        # Each node also under its IPv4-mapped IPv6 address: torch's c10d store listens
+        # dual-stack, sees a peer as ::ffff:a.b.c.d and looks that up, which glibc's files
+        # backend answers only from such a line (else every rank logs "The hostname of the
+        # client socket cannot be retrieved. err=-3"). After the IPv4 lines, so forward
+        # lookups still give the IPv4 address first.
         hosts_file = "".join(
             ["127.0.0.1\tlocalhost\n", "::1\tlocalhost ip6-localhost ip6-loopback\n"]
             + [f"{host.ip}\t{host.name}\n" for host in hosts]
+            + [f"::ffff:{host.ip}\t{host.name}\n" for host in hosts]
         )
         host_batch = []
         for i, host in enumerate(hosts):

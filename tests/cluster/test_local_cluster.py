@@ -178,10 +178,11 @@ def test_every_node_resolves_every_node_name(cluster: LocalCluster) -> None:
     for host in cluster.hosts:
         result = plain_ssh(cluster, host.name, f"getent hosts {names}")
         assert result.returncode == 0, result.stderr
+        # getent hosts asks for IPv6 first: each node's IPv4-mapped line answers it
         resolved = {
             line.split()[1]: line.split()[0] for line in result.stdout.splitlines()
         }
-        assert resolved == expected
+        assert resolved == {name: f"::ffff:{ip}" for name, ip in expected.items()}
         # The node's own hostname resolves to its real, non-loopback address.
         own = plain_ssh(
             cluster,
@@ -190,9 +191,14 @@ def test_every_node_resolves_every_node_name(cluster: LocalCluster) -> None:
         )
         assert own.stdout.strip() == host.ip
     assert (
-        plain_ssh(cluster, "node0", "getent hosts node1").stdout.split()[0]
+        plain_ssh(cluster, "node0", "getent ahostsv4 node1").stdout.split()[0]
         == cluster.node("node1").ip
     )
+    # Reverse lookups of a peer's IPv4-mapped address (what c10d's store does) name it.
+    peer = cluster.node("node1").ip
+    reverse = plain_ssh(cluster, "node0", py(
+        f"import socket; print(socket.getnameinfo(('::ffff:{peer}', 0, 0, 0), socket.NI_NAMEREQD)[0])"))
+    assert reverse.stdout.strip() == "node1", reverse.stderr
 
 
 @pytest.mark.timeout(90)

@@ -287,3 +287,23 @@ def test_selection_rejects_unknown_ids_and_keeps_smoke_opt_in() -> None:
     assert selected_checks(frozenset({"port", "ssh"}), frozenset(), smoke=False) == ("ssh", "port")
     with pytest.raises(UsageError, match="unknown check id prot"):
         selected_checks(frozenset({"prot"}), frozenset(), smoke=False)
+
+
+def test_hostname_notes_the_ipv4_mapped_lines_that_silence_c10d_and_never_warns() -> None:
+    # c10d's store listens dual-stack and looks its peers up as ::ffff:a.b.c.d, which glibc's
+    # files backend answers only from such a line: a note on a pass, with the exact lines.
+    results = {result.node: result for result in hostname.analyse(observed())}
+    assert {result.status for result in results.values()} == {"pass"}
+    assert "err=-3' (harmless)" in results["node1"].summary
+    assert results["node0"].fix == "to silence it, add to /etc/hosts on node0: `::ffff:10.0.0.1 node0`; " \
+                                   "`::ffff:10.0.0.2 node1`"
+    assert results["node1"].fix == "to silence it, add to /etc/hosts on node1: `::ffff:10.0.0.2 node1`; " \
+                                   "`::ffff:10.0.0.1 node0`"
+    # With the lines (in any spelling of the address) there is nothing to say; nor where
+    # /etc/hosts does not name the nodes at all (DNS answers, or not: not ours to guess).
+    mapped = HOSTS + "::ffff:10.0.0.1 node0\n::ffff:a00:2 node1\n"
+    dns = "127.0.0.1 localhost\n"
+    for text in (mapped, dns):
+        seen = observed(node0=facts("node0", etc_hosts=text), node1=facts("node1", etc_hosts=text))
+        assert [(result.status, result.fix, "c10d" in result.summary) for result in hostname.analyse(seen)] == [
+            ("pass", "", False), ("pass", "", False)]

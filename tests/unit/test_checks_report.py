@@ -44,3 +44,18 @@ def test_warnings_follow_failures_and_pass_verdict() -> None:
     render_report(make_console(buffer), report)
     assert buffer.getvalue().endswith("WARN node0 clock: node0's clock is off\n  fix: run chrony\n"
                                       "preflight passed: 0 pass, 1 warn, 0 fail, 0 skip\n")
+
+
+def test_a_pass_with_advice_is_a_note_after_the_warnings_and_many_are_counted() -> None:
+    notes = tuple(CheckResult(f"node{index}", "hostname", "pass", "ok; c10d may log", f"add line {index}")
+                  for index in range(5))
+    report = CheckReport((CheckResult("node0", "clock", "warn", "off", "run chrony"), *notes))
+    buffer = StringIO()
+    render_report(make_console(buffer, width=200), report)
+    assert buffer.getvalue().endswith(
+        "WARN node0 clock: off\n  fix: run chrony\n"
+        "NOTE node0 hostname: ok; c10d may log\n  fix: add line 0\n"
+        "NOTE node1 hostname: ok; c10d may log\n  fix: add line 1\n"
+        "NOTE node2 hostname: ok; c10d may log\n  fix: add line 2\n"
+        "2 more notes like these (check --json lists them)\n"
+        "preflight passed: 5 pass, 1 warn, 0 fail, 0 skip\n")

@@ -66,15 +66,24 @@ def render_report(console: Console, report: CheckReport) -> None:
         for result in report.results:
             if result.status == status:
                 _block(console, result)
+    notes = [result for result in report.results if result.status == "pass" and result.fix]
+    for result in notes[:NOTES]:
+        _block(console, result, "NOTE")
+    if len(notes) > NOTES:
+        console.print(f"[dim]{len(notes) - NOTES} more notes like these (check --json lists them)[/]", soft_wrap=True)
     counts = {status: sum(1 for r in report.results if r.status == status) for status in SYMBOLS}
     verdict = "[bold red]preflight failed[/]" if not report.ok else "[green]preflight passed[/]"
     console.print(f"{verdict}: {counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail, "
                   f"{counts['skip']} skip")
 
 
-def _block(console: Console, result: CheckResult) -> None:
+NOTES = 3
+"""Passes with advice (a fix that is not needed to run) shown at most; the rest counted."""
+
+
+def _block(console: Console, result: CheckResult, label: str | None = None) -> None:
     style = STATUS_STYLES[result.status]
-    console.print(f"[{style}]{result.status.upper()}[/] {escape(result.node)} {escape(result.check)}: "
+    console.print(f"[{style}]{label or result.status.upper()}[/] {escape(result.node)} {escape(result.check)}: "
                   f"{escape(printable(result.summary))}", soft_wrap=True)
     if result.fix:
         console.print(f"  [dim]fix:[/] {escape(printable(result.fix))}", soft_wrap=True)

@@ -7,6 +7,8 @@ and then tells the peers that address: a 127.0.1.1 line in /etc/hosts hangs the 
 
 from __future__ import annotations
 
+import ipaddress
+
 from torchherd.checks.analysis.common import is_loopback, per_node, resolved
 from torchherd.checks.model import NodeFacts, Observed
 from torchherd.inventory import Host
@@ -32,7 +34,41 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
         master_part = f"; {observed.master_target} -> {', '.join(resolved(facts, observed.master_target))}"
     if host.name == observed.master.name and _answers_on_master(observed):
         master_part = "; every node's hostname resolves here to that node"
-    return CheckResult(host.name, CHECK, "pass", f"{name} -> {own} (an address of this node){master_part}")
+    summary = f"{name} -> {own} (an address of this node){master_part}"
+    mapped = mapped_lines(observed, host, facts)
+    if not mapped:
+        return CheckResult(host.name, CHECK, "pass", summary)
+    # A note on a pass, never a warning: DNS may still answer these (it maps them to in-addr.arpa).
+    return CheckResult(host.name, CHECK, "pass", f"{summary}; {C10D_NOTE}",
+                       f"to silence it, add to /etc/hosts on {host.name}: "
+                       + "; ".join(f"`{line}`" for line in mapped))
+
+
+C10D_NOTE = ("torch's c10d may log 'The hostname of the client socket cannot be retrieved. err=-3' (harmless): "
+             "its store listens on IPv6, sees peers as ::ffff:a.b.c.d, and /etc/hosts names them only as IPv4")
+
+
+def mapped_lines(observed: Observed, host: Host, facts: NodeFacts) -> list[str]:
+    """The ``::ffff:a.b.c.d name`` lines this node's /etc/hosts lacks for the addresses
+    c10d looks up there (its own and the master's; on the master every node's): glibc's
+    files backend answers a reverse lookup of an IPv4-mapped address only from such a
+    line. Only for addresses /etc/hosts names as IPv4: where it does not, DNS decides."""
+    names: dict[str, list[str]] = {}
+    mapped: set[str] = set()
+    for line in str(facts.get("etc_hosts") or "").splitlines():
+        words = line.split("#")[0].split()
+        try:
+            address = ipaddress.ip_address(words[0]) if len(words) > 1 else None
+        except ValueError:
+            continue
+        if isinstance(address, ipaddress.IPv4Address):
+            names.setdefault(str(address), words[1:])
+        elif isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            mapped.add(str(address.ipv4_mapped))
+    peers = observed.inventory.hosts if host.name == observed.master.name else (host, observed.master)
+    wanted = [network.address for peer in peers if (network := observed.networks.get(peer.name)) is not None]
+    return [f"::ffff:{address} {' '.join(names[address])}" for address in dict.fromkeys(wanted)
+            if address in names and address not in mapped]
 
 
 def hosts_lines_for(facts: NodeFacts, name: str) -> list[str]:
