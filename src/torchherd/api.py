@@ -217,13 +217,16 @@ class Cluster:
     def check(self, script: str | None = None, *, plan: Plan | None = None, only: Iterable[str] | None = None,
               skip: Iterable[str] = (), smoke: bool = False, mesh: Mesh = "auto",
               on_result: Callable[[CheckResult], None] | None = None, sync: bool | str | Path | None = None,
-              on_event: Observer | None = None) -> CheckReport:
+              on_event: Observer | None = None, bandwidth: bool = False,
+              min_bandwidth: float | None = None) -> CheckReport:
         """The preflight checks, changing nothing on the nodes. They verify ``plan`` when
         given (its master address, port, processes per node, script, environment), else the
         plan of a default run of ``script``. With ``sync`` the project is first made
-        identical on the nodes (its events to ``on_event``; LaunchAborted if it fails)."""
+        identical on the nodes (its events to ``on_event``; LaunchAborted if it fails). With
+        ``bandwidth`` (or ``smoke``) the links' throughput and path MTU are measured too;
+        ``min_bandwidth`` (bits per second) overrides the inventory's floor."""
         options = CheckOptions(only=frozenset(only) if only is not None else None, skip=frozenset(skip), smoke=smoke,
-                               mesh=mesh)
+                               mesh=mesh, bandwidth=bandwidth, min_bandwidth=min_bandwidth)
         plan = plan or self.plan(script or "", run_id="check", sync=sync)
         if self.scheduler == "slurm":
             return slurm_engine.check(plan, options, self.connector, on_result)

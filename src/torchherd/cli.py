@@ -149,20 +149,21 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     cluster = _cluster(args)
     script = args.script[0] if args.script else None
     only, skip = _id_list(args.only), _id_list(args.skip) or frozenset()
+    measured = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth}
     if args.json:
         from torchherd.console import make_console
         from torchherd.console.sync import SyncPrinter
 
         report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
-                               on_event=SyncPrinter(make_console(stderr=True)))  # stdout is for the JSON
+                               on_event=SyncPrinter(make_console(stderr=True)), **measured)  # stdout: the JSON
         print(json.dumps(report.as_json(), indent=2))
     elif cluster.scheduler == "slurm":  # SLURM answers at once: no live grid
-        report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh)
+        report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, **measured)
         render_report(console, report)
     else:
-        with live_progress(console, cluster.inventory) as progress:
+        with live_progress(console, cluster.inventory, args.bandwidth or args.smoke) as progress:
             report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, on_result=progress,
-                                   sync=args.sync, on_event=_sync_printer(console))
+                                   sync=args.sync, on_event=_sync_printer(console), **measured)
         render_report(console, report)
         _render_matrix(console, cluster, report, args.matrix)
     return EXIT_OK if report.ok else EXIT_FAILED
@@ -173,6 +174,10 @@ def _render_matrix(console: Console, cluster: Cluster, report: CheckReport, alwa
     failed, or always with --matrix."""
     from torchherd.console.matrix import failed, render_matrix
 
+    if report.bandwidth is not None and always:
+        from torchherd.console.matrix import render_bandwidth
+
+        render_bandwidth(console, report.bandwidth, [host.name for host in cluster.inventory.hosts])
     if report.probes and (always or failed(report.probes)):
         hosts = cluster.inventory.hosts
         render_matrix(console, report.probes, [host.name for host in hosts], hosts[0].name,
@@ -398,6 +403,15 @@ def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
                        help="with no spare left, go on with fewer nodes, down to K (default: never shrink)")
 
 
+def _rate(text: str) -> float:
+    from torchherd.inventory import parse_rate
+
+    found = parse_rate(text)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"expected a rate such as 10Gbit or 800Mbit, got {text!r}")
+    return found
+
+
 def _nnodes(text: str) -> str:
     from torchherd.plan import check_nnodes
 
@@ -493,6 +507,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--only", metavar="ID,...", help="run only these checks")
     check.add_argument("--skip", metavar="ID,...", help="skip these checks")
     check.add_argument("--smoke", action="store_true", help="also run a tiny real all_reduce on every node")
+    check.add_argument("--bandwidth", action="store_true",
+                       help="also measure the links' throughput and path MTU between the nodes (--smoke does too)")
+    check.add_argument("--min-bandwidth", type=_rate, metavar="RATE",
+                       help="with --bandwidth: a link or node below RATE (10Gbit, 800Mbit) fails "
+                            "(default: [checks] min_bandwidth, else no floor)")
     check.add_argument("--mesh", choices=("auto", "full"), default="auto",
                        help="probe every pair of nodes (full), or beyond 32 nodes a sampled set that still "
                             "covers every node and subnet (auto, the default)")

@@ -81,10 +81,14 @@ HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare") + NODE_
 STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
 SYNC_KEYS = ("dir", "exclude", "dest")
-TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery")
+TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks")
 RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes")
 MAX_RETRIES = 1000
 """More attempts than any run makes: a larger count is a typo."""
+CHECKS_KEYS = ("min_bandwidth", "slow_ratio")
+RATE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtT]?)(?:bit|b)?(?:/s|ps)?\s*\Z")
+RATE_UNITS = {"": 1e9, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+"""A rate without a unit is in Gbit/s."""
 SLURM_KEYS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_node", "time", "extra")
 SLURM_TEMPLATE_HOST = "slurm-node"
 """The one host of a SLURM inventory without [[hosts]]: the [defaults] every node runs with."""
@@ -172,6 +176,24 @@ class Recovery:
 
 
 @dataclass(frozen=True)
+class ChecksSettings:
+    """The ``[checks]`` table: what ``check --bandwidth`` holds the links to."""
+
+    min_bandwidth: float | None = None
+    """Bits per second: a link or node below fails; None: no floor."""
+    slow_ratio: float = 0.5
+    """A link or node below this share of the cluster's median warns."""
+
+
+def parse_rate(text: str) -> float | None:
+    """Bits per second from "10Gbit", "100 Mbit/s", "25G" or "40" (Gbit/s); None when it is none of these."""
+    match = RATE.match(text)
+    if match is None or float(match.group(1)) <= 0:
+        return None
+    return float(match.group(1)) * RATE_UNITS[match.group(2).lower()]
+
+
+@dataclass(frozen=True)
 class Inventory:
     path: Path
     cluster: Cluster
@@ -183,6 +205,7 @@ class Inventory:
     """Hosts marked ``spare = true`` (or named by ``[recovery].spares``), in file order: not in
     ``hosts``, never launched unless recovery takes one."""
     recovery: Recovery = Recovery()
+    checks: ChecksSettings = ChecksSettings()
 
     def host(self, name: str) -> Host:
         for host in self.hosts:
@@ -267,6 +290,17 @@ class _Reader:
     def seconds(self, key: str, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
             self.fail(key, f"expected a positive number of seconds (at most {MAX_SECONDS:g}), got {_show(value)}")
+        return float(value)
+
+    def rate(self, key: str, value: Any) -> float:
+        found = parse_rate(str(value)) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else None
+        if found is None:
+            self.fail(key, f"expected a rate such as \"10Gbit\" or \"800Mbit\", got {_show(value)}")
+        return found
+
+    def ratio(self, key: str, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            self.fail(key, f"expected a share of the median between 0 and 1 (0.5: half), got {_show(value)}")
         return float(value)
 
     def nproc(self, key: str, value: Any) -> int | str:
@@ -405,8 +439,9 @@ def parse(document: Mapping[str, Any], path: Path) -> Inventory:
     master = next(host for host in hosts if host.name == cluster.master)
     ranked = (master,) + tuple(host for host in hosts if host is not master)
     sync = _parse_sync(_table(document, "sync", path), path) if "sync" in document else None
+    checks = _parse_checks(_table(document, "checks", path), path)
     return Inventory(path=path, cluster=cluster, hosts=ranked, sync=sync, slurm=slurm, spares=spares,
-                     recovery=recovery)
+                     recovery=recovery, checks=checks)
 
 
 def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, frozenset[str]]:
@@ -443,6 +478,12 @@ def with_spares(inventory: Inventory, names: frozenset[str], where: str = "--spa
     if cluster.master in names:
         cluster = replace(cluster, master=hosts[0].name)
     return replace(inventory, hosts=hosts, spares=spares, cluster=cluster)
+
+
+def _parse_checks(table: Mapping[str, Any], path: Path) -> ChecksSettings:
+    read = _Reader(path, "[checks].", table, CHECKS_KEYS)
+    return ChecksSettings(min_bandwidth=read.get("min_bandwidth", None, read.rate),
+                          slow_ratio=read.get("slow_ratio", 0.5, read.ratio))
 
 
 def parse_slurm(table: Mapping[str, Any], path: Path, where: str) -> SlurmSettings:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, Mapping, get_args
 
 CheckStatus = Literal["pass", "warn", "fail", "skip"]
 STATUSES: tuple[CheckStatus, ...] = get_args(CheckStatus)
@@ -49,10 +49,15 @@ class CheckReport:
     results: tuple[CheckResult, ...]
     probes: tuple[ProbeResult, ...] = field(default=(), compare=False)
     """The cross-node connects behind ``port`` (``Cluster.check``); not in ``as_json``."""
+    bandwidth: Mapping[str, Any] | None = field(default=None, compare=False)
+    """Every figure of ``check --bandwidth`` (links, nodes, MTU probes); None when it did not run."""
 
     @property
     def ok(self) -> bool:
         return not any(result.status == "fail" for result in self.results)
 
     def as_json(self) -> dict[str, object]:
-        return {"ok": self.ok, "checks": [result.as_json() for result in self.results]}
+        document: dict[str, object] = {"ok": self.ok, "checks": [result.as_json() for result in self.results]}
+        if self.bandwidth is not None:
+            document["bandwidth"] = dict(self.bandwidth)
+        return document

@@ -27,6 +27,10 @@ class CheckOptions:
     smoke: bool = False
     mesh: Mesh = "auto"
     """"full": every node probes every other; "auto": full up to a threshold, then sampled."""
+    bandwidth: bool = False
+    """Measure the links' throughput and path MTU (``--bandwidth``; ``--smoke`` does too)."""
+    min_bandwidth: float | None = None
+    """Bits per second below which a link or node fails; None: the inventory's, else no floor."""
 
 
 @dataclass
@@ -48,12 +52,15 @@ def run_preflight(plan: Plan, options: CheckOptions, connector: Connector,
     """Runs the selected checks (all but the smoke job) on every node of ``plan``;
     raises UsageError for an unknown check id."""
     from torchherd.checks import runner
+    from torchherd.checks.analysis.bandwidth import figures as bandwidth_figures
 
-    selected = runner.selected_checks(options.only, options.skip, options.smoke)
-    observed, connections = runner.collect(plan, selected, connector, progress, options.mesh)
+    selected = runner.selected_checks(options.only, options.skip, options.smoke, options.bandwidth)
+    observed, connections = runner.collect(plan, selected, connector, progress, options.mesh,
+                                           options.min_bandwidth)
     results = runner.analyse(observed, selected)
     if progress is not None:
         for result in results:
             if result.check != "ssh":
                 progress(result)
-    return PreflightOutcome(CheckReport(tuple(results)), connections, dict(observed.networks), observed, selected)
+    report = CheckReport(tuple(results), bandwidth=bandwidth_figures(observed))
+    return PreflightOutcome(report, connections, dict(observed.networks), observed, selected)

@@ -14,8 +14,11 @@ from torchherd.inventory import Host, Inventory
 from torchherd.plan import NodeNetwork
 
 CHECK_IDS = ("ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "script",
-             "clock", "smoke")
-"""Every check id, in report column order; ``smoke`` only runs with --smoke."""
+             "clock", "bandwidth", "mtu", "smoke")
+"""Every check id, in report column order; ``smoke`` only runs with --smoke, ``bandwidth``
+and ``mtu`` with --bandwidth or --smoke (or when --only names them)."""
+OPT_IN = frozenset({"bandwidth", "mtu", "smoke"})
+"""The checks a plain ``check`` leaves out: they send real traffic or run a job."""
 
 Json = Mapping[str, Any]
 
@@ -83,6 +86,90 @@ class ProbePlan:
                 f"{fewest}{subnets} (--mesh full probes every pair)")
 
 
+@dataclass(frozen=True)
+class LinkPlan:
+    """Which directed links (sender, receiver) ``check --bandwidth`` measures, in rounds of
+    links that share no node (see links.plan_links)."""
+
+    mode: Literal["full", "sampled"]
+    links: tuple[tuple[str, str], ...]
+    rounds: tuple[tuple[tuple[str, str], ...], ...]
+    subnets: int
+
+    def describe(self) -> str:
+        nodes = {node for link in self.links for node in link}
+        if self.mode == "full":
+            return f"full mesh: {len(self.links)} links both ways between {len(nodes)} nodes"
+        subnets = f", every two of the {self.subnets} subnets both ways" if self.subnets > 1 else ""
+        return (f"sampled: {len(self.links)} links, each node to and from at least two others{subnets} "
+                f"(--mesh full measures every pair)")
+
+
+BUSY_SHARE = 0.5
+"""A transfer whose sender or receiver spent this share of its time on a CPU or waiting for
+one was limited by the CPU, not (only) by the link: its figure is a floor on the link's."""
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One measured transfer from ``sender`` to ``receiver`` (remote/bandwidth.py)."""
+
+    sender: str
+    receiver: str
+    bits_per_second: float | None
+    """None when it failed (``error`` says why)."""
+    seconds: float = 0.0
+    cpu: Mapping[str, float | None] = field(default_factory=dict)
+    """Shares of the transfer's time: sender_cpu, sender_wait, receiver_cpu, receiver_wait."""
+    alone: bool = False
+    """Measured again after the burst, with no other transfer at the same time."""
+    error: str = ""
+
+    @property
+    def link(self) -> tuple[str, str]:
+        return self.sender, self.receiver
+
+    @property
+    def cpu_bound(self) -> bool:
+        for side in ("sender", "receiver"):
+            used = (self.cpu.get(f"{side}_cpu") or 0.0) + (self.cpu.get(f"{side}_wait") or 0.0)
+            if used >= BUSY_SHARE:
+                return True
+        return False
+
+    @property
+    def gbit(self) -> float | None:
+        return None if self.bits_per_second is None else self.bits_per_second / 1e9
+
+
+MtuOutcome = bool | str
+"""True: passed; False: no answer; else the error's text (EMSGSIZE: a router said smaller)."""
+
+
+@dataclass(frozen=True)
+class MtuProbe:
+    """Datagrams of ``size`` bytes with don't-fragment between ``first`` and ``second``,
+    both ways (one round trip), and a small one to show that the path itself works."""
+
+    first: str
+    second: str
+    size: int
+    small: MtuOutcome
+    full: MtuOutcome
+    out: MtuOutcome | None = None
+    """``size`` bytes from first to second, small back (asked only when the full size failed)."""
+    back: MtuOutcome | None = None
+    largest: int | None = None
+    """The largest size that passed both ways, when the full size did not."""
+    confirmed: bool = False
+    """Probed again after the burst, with longer waits."""
+    error: str = ""
+
+    @property
+    def black_hole(self) -> bool:
+        return self.small is True and self.full is not True and not self.error
+
+
 @dataclass
 class Observed:
     """Everything gathered for one preflight run."""
@@ -127,6 +214,18 @@ class Observed:
 
     node_nproc: Mapping[str, int | str] = field(default_factory=dict)
     """Per node, its own ``--nproc-per-node`` as the plan gives it (nodes may differ)."""
+    link_plan: LinkPlan | None = None
+    """Which links the bandwidth check measured; None when it did not run."""
+    transfers: list[Transfer] = field(default_factory=list)
+    """Every transfer measured, the burst's first and then the ones measured again alone."""
+    mtu_probes: dict[tuple[str, str], MtuProbe] = field(default_factory=dict)
+    """Per pair (in the plan's order), the last probe of the path MTU."""
+    bandwidth_errors: dict[str, str] = field(default_factory=dict)
+    """Per node, why it could not take part in the measurements."""
+    min_bandwidth: float | None = None
+    """Bits per second: a link or node below fails (--min-bandwidth, [checks] min_bandwidth)."""
+    slow_ratio: float = 0.5
+    """A link or node below this share of the cluster's median warns."""
 
     @property
     def nproc(self) -> int | str:

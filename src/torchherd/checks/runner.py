@@ -12,9 +12,10 @@ from typing import Callable
 from torchherd.checks.analysis.network import compute_networks
 from torchherd.checks.analysis.registry import ANALYSES
 from torchherd.checks.analysis.ssh import SLOW_SHELL_SECONDS, busy_node_explains
+from torchherd.checks.bandwidth import measure
 from torchherd.checks.gather import NODES_AT_ONCE, FactsSession, StartedFacts, finish_facts, start_facts, stop_listeners
 from torchherd.checks.icmp import echo_all
-from torchherd.checks.model import CHECK_IDS, Mesh, Observed
+from torchherd.checks.model import CHECK_IDS, OPT_IN, Mesh, Observed
 from torchherd.checks.probes import listen_config, run_probes
 from torchherd.errors import TransportError, UsageError
 from torchherd.inventory import Host
@@ -34,14 +35,24 @@ SHELL_EXTRA_SECONDS = 20.0
 """On top of ssh_timeout: a slow login shell is reported (ssh warns), not cut off."""
 PROBED = frozenset({"port", "ping", "hostname", "network", "firewall"})
 NEED_TORCH = frozenset({"python", "gpu", "smoke"})
+MEASURED = frozenset({"bandwidth", "mtu"})
+"""Need the bandwidth script on every node (checks/bandwidth.py)."""
 
 
-def selected_checks(only: frozenset[str] | None, skip: frozenset[str], smoke: bool) -> tuple[str, ...]:
+def selected_checks(only: frozenset[str] | None, skip: frozenset[str], smoke: bool,
+                    bandwidth: bool = False) -> tuple[str, ...]:
+    """The checks to run: ``only`` (else all) less ``skip``; the smoke job with ``smoke``;
+    the bandwidth and MTU measurements with ``bandwidth`` or ``smoke``, or when ``only``
+    names them."""
     unknown = sorted(((only or frozenset()) | skip) - set(CHECK_IDS))
     if unknown:
         raise UsageError(f"unknown check id {', '.join(unknown)}", f"known ids: {', '.join(CHECK_IDS)}")
     wanted = [check for check in CHECK_IDS if (only is None or check in only) and check not in skip]
-    return tuple(check for check in wanted if check != "smoke" or smoke)
+    opted = {"smoke"} if smoke else set()
+    if bandwidth or smoke:
+        opted |= MEASURED
+    opted |= (only or frozenset()) & MEASURED
+    return tuple(check for check in wanted if check not in OPT_IN or check in opted)
 
 
 def facts_config(observed: Observed, host: Host, listen: bool, master_ssh_name: str | None = None) -> dict[str, object]:
@@ -172,21 +183,25 @@ def _controller_pings(observed: Observed) -> None:
     observed.controller_ping.update((host.name, answers[observed.ssh_addresses[host.name]]) for host in hosts)
 
 
-def observe(plan: Plan, selected: tuple[str, ...]) -> Observed:
+def observe(plan: Plan, selected: tuple[str, ...], min_bandwidth: float | None = None) -> Observed:
     """What the checks will verify: the plan's master address, port, processes per node,
-    script and each node's job environment (not the inventory's defaults)."""
+    script and each node's job environment (not the inventory's defaults); the bandwidth
+    floor given, else the inventory's."""
     given = ("--master-addr" if plan.options.master_addr
              else "[cluster].master_addr" if plan.inventory.cluster.master_addr else None)
+    floor = min_bandwidth if min_bandwidth is not None else plan.inventory.checks.min_bandwidth
     return Observed(inventory=plan.inventory, master_target=plan.master_addr, master_given=given, script=plan.script,
                     with_torch=bool(NEED_TORCH & set(selected)), nproc_per_node=plan.nproc_per_node,
                     node_nproc={node.host.name: node.nproc_per_node for node in plan.nodes},
-                    job_env={node.host.name: node.env for node in plan.nodes}, ssh_hostnames=plan.ssh_hostnames)
+                    job_env={node.host.name: node.env for node in plan.nodes}, ssh_hostnames=plan.ssh_hostnames,
+                    min_bandwidth=floor, slow_ratio=plan.inventory.checks.slow_ratio)
 
 
 def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progress: Progress | None,
-            mesh: Mesh = "auto") -> tuple[Observed, dict[str, Session]]:
-    observed = observe(plan, selected)
-    probing = bool(PROBED & set(selected))
+            mesh: Mesh = "auto", min_bandwidth: float | None = None) -> tuple[Observed, dict[str, Session]]:
+    observed = observe(plan, selected, min_bandwidth)
+    # The measurements need the job's addresses, which the probes find.
+    probing = bool((PROBED | MEASURED) & set(selected))
     collector = _Collector(observed, connector, any(check != "ssh" for check in selected), progress,
                            "ssh" in selected, probing)
     with contextlib.suppress(TransportError):  # else each node looks it up, and says why it cannot
@@ -202,6 +217,8 @@ def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progres
         for name, started in collector.started.items():
             if name not in collector.sessions:  # interrupted before its answer was read
                 started.process.close()
+    if MEASURED & set(selected):
+        measure(observed, collector.connections, mesh)
     if "ssh" in selected:
         confirm_slow_shells(observed, collector.connections)
     return observed, collector.connections

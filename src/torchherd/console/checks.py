@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from rich import box
 from rich.console import Console, Group
@@ -71,10 +71,23 @@ def render_report(console: Console, report: CheckReport) -> None:
         _block(console, result, "NOTE")
     if len(notes) > NOTES:
         console.print(f"[dim]{len(notes) - NOTES} more notes like these (check --json lists them)[/]", soft_wrap=True)
+    if report.bandwidth is not None:
+        _bandwidth_lines(console, report.bandwidth)
     counts = {status: sum(1 for r in report.results if r.status == status) for status in SYMBOLS}
     verdict = "[bold red]preflight failed[/]" if not report.ok else "[green]preflight passed[/]"
     console.print(f"{verdict}: {counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail, "
                   f"{counts['skip']} skip")
+
+
+def _bandwidth_lines(console: Console, figures: Mapping[str, Any]) -> None:
+    """Each node's best figure each way, on as few lines as fit (--matrix draws every link)."""
+    from torchherd.console.matrix import rate_word
+
+    nodes = figures.get("nodes") or {}
+    words = [f"{escape(printable(name))} {rate_word(rate.get('in_gbit'))}/{rate_word(rate.get('out_gbit'))}"
+             for name, rate in nodes.items()]
+    console.print(f"bandwidth (bit/s in/out at best; median {rate_word(figures.get('median_gbit'))}): "
+                  + ", ".join(words), soft_wrap=False, highlight=False)
 
 
 NOTES = 3
@@ -90,15 +103,17 @@ def _block(console: Console, result: CheckResult, label: str | None = None) -> N
 
 
 @contextmanager
-def live_progress(console: Console, inventory: Inventory) -> Iterator[Callable[[CheckResult], None]]:
-    """Yields the progress callback; a live grid on a terminal, nothing otherwise."""
+def live_progress(console: Console, inventory: Inventory,
+                  measured: bool = False) -> Iterator[Callable[[CheckResult], None]]:
+    """Yields the progress callback; a live grid on a terminal, nothing otherwise; the
+    bandwidth and MTU columns with ``measured``."""
     if not console.is_terminal:
         yield lambda result: None
         return
-    from torchherd.checks import CHECK_IDS
+    from torchherd.checks.model import CHECK_IDS, OPT_IN
 
     nodes = [host.name for host in inventory.hosts]
-    columns = [check for check in CHECK_IDS if check != "smoke"]
+    columns = [check for check in CHECK_IDS if check not in OPT_IN or (measured and check != "smoke")]
     results: list[CheckResult] = []
     lock = threading.Lock()
 

@@ -12,7 +12,7 @@ one column (``node[0-27,30-63]``), and the others into groups of the same pictur
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from rich import box
 from rich.console import Console
@@ -103,3 +103,39 @@ def render_matrix(console: Console, probes: Sequence[ProbeResult], nodes: Sequen
     console.print(Text(f"each node's two ephemeral ports under its name; {master}:{port} is the master port. "
                        "ok: connected; refused: nothing listening, or a REJECT rule; timed out: packets dropped; "
                        "?: not a verdict (one timeout, or no time left); ·: not probed", style="dim"))
+
+
+def rate_word(gbit: float | None) -> str:
+    if gbit is None:
+        return "failed"
+    return f"{gbit:.3g}G" if gbit >= 0.1 else f"{gbit * 1000:.3g}M"
+
+
+def render_bandwidth(console: Console, figures: Mapping[str, Any], nodes: Sequence[str]) -> None:
+    """``check --bandwidth``'s links as a node x node table, a row per sender: each cell the
+    link's best figure (``9.41G``, ``47.8M`` bit/s), red where slow, ``·`` where not measured.
+    Beyond GROUP_AFTER nodes only the rows and columns of nodes with a slow link are drawn."""
+    links = {(link["from"], link["to"]): link for link in figures.get("links", [])}
+    if len(nodes) > GROUP_AFTER:
+        nodes = [node for node in nodes if any(link.get("slow") and node in pair for pair, link in links.items())]
+        if not nodes:
+            return
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), pad_edge=False,
+                  title=Text("bandwidth: rows sent to columns", style="bold"), title_justify="left")
+    table.add_column("from \\ to", no_wrap=True)
+    for node in nodes:
+        table.add_column(node, justify="right", no_wrap=True)
+    for sender in nodes:
+        cells = []
+        for receiver in nodes:
+            link = links.get((sender, receiver))
+            if sender == receiver or link is None:
+                cells.append(Text("-" if sender == receiver else "·", style="dim"))
+                continue
+            style = "bold red" if link.get("slow") else ("yellow" if link.get("cpu_bound") else "green")
+            cells.append(Text(rate_word(link.get("gbit")), style=style))
+        table.add_row(sender, *cells)
+    console.print(table)
+    console.print(Text(f"bit/s, each link's best of its transfers (median of the nodes {rate_word(figures.get('median_gbit'))}); "
+                       "red: slow (measured again alone); yellow: the CPU limited it (the link may be faster); "
+                       "·: not measured (--mesh full measures every pair)", style="dim"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from torchherd.checks.analysis import (
+    bandwidth,
     clock,
     env,
     firewall,
@@ -26,4 +27,5 @@ ANALYSES: dict[str, Analysis] = {
     "ssh": ssh.analyse, "ping": ping.analyse, "hostname": hostname.analyse, "port": port.analyse,
     "firewall": firewall.analyse, "network": network.analyse, "env": env.analyse,
     "python": python.analyse, "gpu": gpu.analyse, "script": script.analyse, "clock": clock.analyse,
+    "bandwidth": bandwidth.analyse, "mtu": bandwidth.analyse_mtu,
 }

@@ -1,0 +1,253 @@
+"""``check --bandwidth``: real transfers between the nodes, on the addresses the job uses.
+
+Every node runs remote/bandwidth.py over its open session (a receiver, a UDP echo, and
+requests on stdin, as the probes' listener does). Then, with no thread per node on the
+controller (each request is written, the answers are read after):
+
+1. the path MTU of every measured pair: datagrams of the interfaces' MTU with
+   don't-fragment, both ways, all pairs at once; a pair that failed is probed again with
+   longer waits, and the largest size that passes is searched;
+2. the plan's links (links.plan_links), round after round, the links of a round sharing
+   no node, each transfer MEASURE_SECONDS long;
+3. every link slow or failed in the burst measured again, alone, one after the other: a
+   busy CPU slows a burst of transfers on a small machine, and a slow verdict must hold
+   when nothing else competes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from torchherd.checks.analysis.bandwidth import candidates
+from torchherd.checks.gather import FALLBACK_PYTHON, LineReader, python_command
+from torchherd.checks.links import Link, pairs, plan_links
+from torchherd.checks.model import Mesh, MtuProbe, Observed, Transfer
+from torchherd.checks.probes import subnet_of
+from torchherd.errors import TransportError
+from torchherd.inventory import Host
+from torchherd.transport import Process, Session
+
+MEASURE_SECONDS = 0.3
+"""One transfer: a LAN's TCP ramps up within a few ms, and a few hundred ms of steady
+sending gives a figure within a few per cent of iperf3's (docs/performance.md)."""
+DRAIN_SECONDS = 1.0
+"""What a receiver keeps counting after that (remote/bandwidth.py DRAIN): a slow link's queue."""
+ANSWER_MARGIN = 10.0
+"""On top of a request's own time: SSH and a busy node or controller."""
+START_EXTRA = 20.0
+"""On top of ssh_timeout for a node's script to start and bind (a loaded node)."""
+SCRIPT_SECONDS = 600.0
+"""The longest a node's script lives by itself, should the controller vanish without EOF."""
+MTU_TIMEOUT, MTU_ATTEMPTS = 0.5, 2
+AGAIN_TIMEOUT, AGAIN_ATTEMPTS = 1.0, 2
+"""A pair whose full-size datagrams got no answer in the burst is probed again with these."""
+BISECT_TIMEOUT = 0.4
+"""Each size of the search for the largest that passes (a dozen sizes at most, one try each:
+a lost answer only makes the figure smaller)."""
+SMALL = {4: 576, 6: 1280}
+"""Bytes of the small datagram that shows the path itself works (IPv4's and IPv6's minimum)."""
+ALONE_AT_MOST = 32
+"""Links measured again alone, one after the other, at most: beyond, a slow link stays unconfirmed."""
+
+
+@dataclass
+class Endpoint:
+    """One node's running script."""
+
+    name: str
+    process: Process
+    reader: LineReader
+    address: str = ""
+    tcp: int = 0
+    udp: int = 0
+    answers: dict[int, Mapping[str, Any]] = field(default_factory=dict)
+
+
+def measure(observed: Observed, sessions: Mapping[str, Session], mesh: Mesh = "auto") -> None:
+    """Runs the three steps on every node with a session and a network; records the plan,
+    every transfer and every MTU probe in ``observed``."""
+    hosts = [host for host in observed.inventory.hosts if host.name in sessions and host.name in observed.networks]
+    endpoints = _start(observed, hosts, sessions)
+    try:
+        nodes = [host.name for host in hosts if host.name in endpoints]
+        if len(nodes) < 2:
+            return
+        plan = plan_links(nodes, {node: subnet_of(observed, node) for node in nodes}, mesh)
+        observed.link_plan = plan
+        ids = itertools.count(1)
+        _probe_mtu(observed, endpoints, pairs(plan.links), ids)
+        holes = {frozenset(pair) for pair, probe in observed.mtu_probes.items() if probe.black_hole}
+        for links in plan.rounds:
+            # A full-size TCP segment would vanish there too: the transfer would only stall.
+            _transfers(observed, endpoints, [link for link in links if frozenset(link) not in holes], ids, alone=False)
+        for link in candidates(observed)[:ALONE_AT_MOST]:
+            _transfers(observed, endpoints, [link], ids, alone=True)
+    finally:
+        _stop(list(endpoints.values()))
+
+
+def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Session]) -> dict[str, Endpoint]:
+    started: dict[str, Endpoint] = {}
+    for host in hosts:
+        address = observed.networks[host.name].address
+        facts = observed.facts.get(host.name)
+        python = FALLBACK_PYTHON if facts is not None and facts.python_error else host.python
+        config = {"family": _family(address), "seconds": SCRIPT_SECONDS}
+        try:
+            process = sessions[host.name].start("exec " + python_command(python, "bandwidth.py", config))
+        except TransportError as error:
+            observed.bandwidth_errors[host.name] = f"the bandwidth script did not start: {error}"
+            continue
+        started[host.name] = Endpoint(host.name, process, LineReader(process), address)
+    deadline = time.monotonic() + observed.inventory.cluster.ssh_timeout + START_EXTRA
+    ready: dict[str, Endpoint] = {}
+    for name, endpoint in started.items():
+        bound = _json(endpoint.reader.line(deadline))
+        if isinstance(bound.get("tcp"), int) and isinstance(bound.get("udp"), int):
+            endpoint.tcp, endpoint.udp = bound["tcp"], bound["udp"]
+            ready[name] = endpoint
+            continue
+        why = bound.get("error") or endpoint.process.read_stderr().decode("utf-8", "replace").strip()[-200:]
+        observed.bandwidth_errors[name] = f"the bandwidth script did not start: {why or 'no answer'}"
+        _stop([endpoint])
+    return ready
+
+
+def _family(address: str) -> int:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).version
+    except ValueError:
+        return 4
+
+
+def _json(line: bytes | None) -> dict[str, Any]:
+    try:
+        found = json.loads((line or b"").decode("utf-8", "replace"))
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _ask(endpoint: Endpoint, request: dict[str, Any]) -> bool:
+    try:
+        return endpoint.process.send(json.dumps(request).encode("utf-8") + b"\n")
+    except TransportError:
+        return False
+
+
+def _answers(asked: Mapping[int, Endpoint], deadline: float) -> dict[int, Mapping[str, Any]]:
+    """The answer to every request asked, read node after node (the nodes work meanwhile);
+    a request left without one by the deadline is missing from the result."""
+    found: dict[int, Mapping[str, Any]] = {}
+    for request_id, endpoint in asked.items():
+        while request_id not in endpoint.answers:
+            line = endpoint.reader.line(deadline)
+            if line is None:
+                break
+            answer = _json(line)
+            if isinstance(answer.get("id"), int):
+                endpoint.answers[answer["id"]] = answer
+        if request_id in endpoint.answers:
+            found[request_id] = endpoint.answers.pop(request_id)
+    return found
+
+
+def _mtu_of(observed: Observed, node: str, address: str) -> int | None:
+    facts = observed.facts.get(node)
+    interface = facts.interface_of(address) if facts is not None else None
+    value = (interface or {}).get("mtu")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _probe_mtu(observed: Observed, endpoints: Mapping[str, Endpoint], links: Sequence[Link],
+               ids: itertools.count[int]) -> None:
+    sizes = {link: _pair_size(observed, endpoints, link) for link in links}
+    sized = [link for link in links if sizes[link] is not None]
+    _mtu_round(observed, endpoints, sized, sizes, ids, again=False)
+    failed = [link for link in sized if observed.mtu_probes[link].full is False]
+    if failed:
+        _mtu_round(observed, endpoints, failed, sizes, ids, again=True)
+
+
+def _pair_size(observed: Observed, endpoints: Mapping[str, Endpoint], link: Link) -> int | None:
+    mtus = [_mtu_of(observed, node, endpoints[node].address) for node in link]
+    known = [mtu for mtu in mtus if mtu is not None]
+    return min(known) if len(known) == len(mtus) else None
+
+
+def _mtu_round(observed: Observed, endpoints: Mapping[str, Endpoint], links: Sequence[Link],
+               sizes: Mapping[Link, int | None], ids: itertools.count[int], again: bool) -> None:
+    timeout, attempts = (AGAIN_TIMEOUT, AGAIN_ATTEMPTS) if again else (MTU_TIMEOUT, MTU_ATTEMPTS)
+    asked: dict[int, Endpoint] = {}
+    by_id: dict[int, Link] = {}
+    for link in links:
+        first, second = endpoints[link[0]], endpoints[link[1]]
+        size = sizes[link] or 0
+        request_id = next(ids)
+        request = {"id": request_id, "mtu": [second.address, second.udp], "size": size,
+                   "small": min(SMALL[_family(second.address)], size), "timeout": timeout,
+                   "attempts": attempts, "bisect": BISECT_TIMEOUT if again else None}
+        if _ask(first, request):
+            asked[request_id], by_id[request_id] = first, link
+    # small and full take at most attempts x timeout, out and back one try, the search one per size
+    longest = timeout * (2 * attempts + 2) + (16 * BISECT_TIMEOUT if again else 0.0)
+    found = _answers(asked, time.monotonic() + longest + ANSWER_MARGIN)
+    for request_id, link in by_id.items():
+        answer = found.get(request_id, {"error": "no answer"})
+        observed.mtu_probes[link] = MtuProbe(
+            link[0], link[1], sizes[link] or 0, _outcome(answer.get("small")), _outcome(answer.get("full")),
+            _outcome(answer.get("out")) if "out" in answer else None,
+            _outcome(answer.get("back")) if "back" in answer else None,
+            answer.get("largest") if isinstance(answer.get("largest"), int) else None,
+            again, str(answer.get("error") or ""))
+
+
+def _outcome(value: object) -> bool | str:
+    return value if isinstance(value, (bool, str)) else False
+
+
+def _transfers(observed: Observed, endpoints: Mapping[str, Endpoint], links: Sequence[Link],
+               ids: itertools.count[int], alone: bool) -> None:
+    asked: dict[int, Endpoint] = {}
+    by_id: dict[int, Link] = {}
+    for link in links:
+        sender, receiver = endpoints[link[0]], endpoints[link[1]]
+        request_id = next(ids)
+        request = {"id": request_id, "send": [receiver.address, receiver.tcp], "seconds": MEASURE_SECONDS}
+        if _ask(sender, request):
+            asked[request_id], by_id[request_id] = sender, link
+        else:
+            observed.transfers.append(Transfer(link[0], link[1], None, alone=alone, error="the session closed"))
+    found = _answers(asked, time.monotonic() + MEASURE_SECONDS + DRAIN_SECONDS + ANSWER_MARGIN)
+    for request_id, link in by_id.items():
+        observed.transfers.append(_transfer(link, found.get(request_id), alone))
+
+
+def _transfer(link: Link, answer: Mapping[str, Any] | None, alone: bool) -> Transfer:
+    if answer is None:
+        return Transfer(link[0], link[1], None, alone=alone, error="no answer in time")
+    count, seconds = answer.get("bytes"), answer.get("seconds")
+    if answer.get("error") or not isinstance(count, int) or not isinstance(seconds, (int, float)) or seconds <= 0:
+        return Transfer(link[0], link[1], None, alone=alone, error=str(answer.get("error") or "nothing arrived"))
+    shares = {f"{side}_{kind}": (answer.get(side) or {}).get(kind) for side in ("sender", "receiver")
+              for kind in ("cpu", "wait")}
+    return Transfer(link[0], link[1], count * 8 / seconds, float(seconds), shares, alone)
+
+
+def _stop(endpoints: Sequence[Endpoint]) -> None:
+    """Every script told to end at once (EOF), then each waited for."""
+    for endpoint in endpoints:
+        try:
+            endpoint.process.close_stdin()
+        except TransportError:
+            pass
+    for endpoint in endpoints:
+        try:
+            endpoint.process.exit_code(timeout=2.0)
+        finally:
+            endpoint.process.close()

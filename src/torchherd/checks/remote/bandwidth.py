@@ -1,0 +1,299 @@
+"""torchherd bandwidth: one node's end of the link measurements, and its path-MTU echo.
+
+Standard library only, Python >= 3.8, Linux; needs no root. Run as
+``PYTHON -S -c SOURCE CONFIG`` where CONFIG is a JSON object:
+  family   4 or 6        the family of the addresses the job uses
+  seconds  S             the longest this process lives (it ends at EOF on stdin too)
+It binds a TCP and a UDP port (any free one, every address), prints
+{"tcp": PORT, "udp": PORT} (or {"error": TEXT}) on one line, and then:
+  - receives: every TCP connection sends a header line {"seconds": D} and then data
+    until it shuts its side; the receiver counts what arrives (for at most D + DRAIN
+    seconds) and answers on the same connection with one line
+    {"bytes": B, "seconds": S, "cpu": F, "wait": F}: B bytes arrived in S seconds after
+    the first read (whose bytes are not counted); F: this thread's share of those seconds
+    on a CPU, and waiting on a run queue for one (/proc/thread-self/schedstat);
+  - echoes: every UDP datagram "TOKEN SIZE ..." is answered with a datagram of SIZE
+    bytes (IP and UDP headers included) beginning "TOKEN", sent with don't-fragment;
+  - on stdin, one JSON request a line, each answered with one line carrying its "id":
+    {"id": I, "send": [HOST, PORT], "seconds": D}: sends to that receiver for D seconds,
+    answers {"id": I, "bytes": B, "seconds": S, "receiver": {"cpu": F, "wait": F},
+    "sender": {"cpu": F, "wait": F}} or {"id": I, "error": TEXT};
+    {"id": I, "mtu": [HOST, PORT], "size": N, "small": M, "timeout": T, "attempts": A,
+    "bisect": T2 or null}: datagrams of N bytes with don't-fragment, to that echo and back
+    (an answer within one of A tries of T seconds each). Answers {"id": I, "small": OK,
+    "full": OK} and, when the small passed and the full did not, "out" (N bytes there,
+    small back) and "back" (small there, N bytes back), one try each, and with "bisect"
+    "largest": the largest size found to pass both ways (one try of T2 seconds per size);
+    OK is true, false, or the error's text.
+"""
+
+import json
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+CHUNK = 256 * 1024
+DRAIN = 1.0
+"""Seconds a receiver keeps counting after the sender's D: a slow link's queued bytes."""
+IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
+IPV6_MTU_DISCOVER = getattr(socket, "IPV6_MTU_DISCOVER", 23)
+PMTUDISC_DO = 2
+"""Set don't-fragment and never fragment locally (IP_PMTUDISC_DO, IPV6_PMTUDISC_DO)."""
+BISECT_STEP = 32
+"""Bytes: the bisection for the largest size that passes stops this close."""
+OUT_LOCK = threading.Lock()
+
+
+def schedstat() -> Optional[Tuple[int, int]]:
+    """This thread's nanoseconds on a CPU and waiting on a run queue, so far."""
+    try:
+        with open("/proc/thread-self/schedstat") as file:
+            words = file.read().split()
+        return int(words[0]), int(words[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def shares(before: Optional[Tuple[int, int]], seconds: float) -> Dict[str, Optional[float]]:
+    after = schedstat()
+    if before is None or after is None or seconds <= 0:
+        return {"cpu": None, "wait": None}
+    return {"cpu": round((after[0] - before[0]) / 1e9 / seconds, 3),
+            "wait": round((after[1] - before[1]) / 1e9 / seconds, 3)}
+
+
+def answer(document: Dict[str, Any]) -> None:
+    with OUT_LOCK:
+        sys.stdout.write(json.dumps(document) + "\n")
+        sys.stdout.flush()
+
+
+def read_line(sock: socket.socket, limit: int = 4096) -> bytes:
+    data = b""
+    while b"\n" not in data and len(data) < limit:
+        chunk = sock.recv(limit - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def receive(conn: socket.socket) -> None:
+    """Counts one sender's bytes and tells it what arrived, then drains what is left."""
+    try:
+        conn.settimeout(10.0)
+        header = read_line(conn).partition(b"\n")[0]
+        seconds = float(json.loads(header.decode("utf-8"))["seconds"])
+        buffer = bytearray(1024 * 1024)
+        view = memoryview(buffer)
+        counted, started, last = 0, None, None
+        stats = schedstat()
+        limit = seconds + DRAIN
+        while True:
+            size = conn.recv_into(view)
+            now = time.monotonic()
+            if not size:
+                break
+            if started is None:
+                started = now  # the first read's bytes arrived before it: not counted
+            else:
+                counted += size
+            last = now
+            if now - started > limit:
+                break
+        spent = (last - started) if started is not None and last is not None else 0.0
+        report: Dict[str, Any] = {"bytes": counted, "seconds": round(spent, 6)}
+        report.update(shares(stats, spent))
+        conn.sendall(json.dumps(report).encode("utf-8") + b"\n")
+        conn.settimeout(2.0)
+        while conn.recv_into(view):
+            pass
+    except (OSError, ValueError, KeyError):
+        pass
+    finally:
+        conn.close()
+
+
+def accept_loop(server: socket.socket) -> None:
+    while True:
+        try:
+            conn = server.accept()[0]
+        except OSError:
+            return
+        threading.Thread(target=receive, args=(conn,), daemon=True).start()
+
+
+def headers(family: int) -> int:
+    return 48 if family == socket.AF_INET6 else 28
+
+
+def dont_fragment(sock: socket.socket, family: int) -> None:
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, PMTUDISC_DO)
+    else:
+        sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, PMTUDISC_DO)
+
+
+def echo_loop(sock: socket.socket, family: int) -> None:
+    while True:
+        try:
+            data, peer = sock.recvfrom(65535)
+        except OSError:
+            return
+        words = data[:64].split(b" ")
+        try:
+            size = max(len(words[0]) + 1, int(words[1]) - headers(family))
+        except (ValueError, IndexError):
+            continue
+        try:
+            sock.sendto(words[0] + b" " + b"x" * (size - len(words[0]) - 1), peer)
+        except OSError:  # too big for this side's own interface: the asker sees no answer
+            continue
+
+
+def send(request: Dict[str, Any], family: int) -> Dict[str, Any]:
+    host, port = request["send"]
+    seconds = float(request["seconds"])
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.settimeout(5.0)
+    try:
+        sock.connect((host, int(port)))
+        sock.sendall(json.dumps({"seconds": seconds}).encode("utf-8") + b"\n")
+        data = memoryview(b"\0" * CHUNK)
+        stats = schedstat()
+        started = time.monotonic()
+        sock.settimeout(seconds + DRAIN + 5.0)
+        while time.monotonic() - started < seconds:
+            sock.sendall(data)
+        sender = shares(stats, time.monotonic() - started)
+        sock.shutdown(socket.SHUT_WR)
+        report = json.loads(read_line(sock).decode("utf-8"))
+        return {"bytes": report["bytes"], "seconds": report["seconds"], "sender": sender,
+                "receiver": {"cpu": report.get("cpu"), "wait": report.get("wait")}}
+    except (OSError, ValueError, KeyError) as error:
+        return {"error": "%s: %s" % (type(error).__name__, error)}
+    finally:
+        sock.close()
+
+
+def echo_once(sock: socket.socket, family: int, size: int, reply: int, timeout: float, attempts: int) -> Any:
+    """True when a datagram of ``size`` bytes got one of ``reply`` bytes back, within
+    ``attempts`` tries of ``timeout`` seconds; False when none came; else the error's text."""
+    for _ in range(attempts):
+        token = os.urandom(6).hex().encode()
+        head = token + b" " + str(reply).encode() + b" "
+        payload = head + b"x" * max(0, size - headers(family) - len(head))
+        try:
+            sock.send(payload)
+        except OSError as error:  # EMSGSIZE: this side already knows the path is smaller
+            return os.strerror(error.errno) if error.errno else str(error)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([sock], [], [], left)[0]:
+                break
+            try:
+                data = sock.recv(65535)
+            except OSError:
+                break  # e.g. ECONNREFUSED from an ICMP answer: try again
+            if data.startswith(token + b" ") and len(data) + headers(family) == max(reply, len(token) + 1 + headers(family)):
+                return True
+    return False
+
+
+def mtu(request: Dict[str, Any], family: int) -> Dict[str, Any]:
+    host, port = request["mtu"]
+    full, small = int(request["size"]), int(request["small"])
+    timeout, attempts = float(request["timeout"]), int(request["attempts"])
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        dont_fragment(sock, family)
+        sock.connect((host, int(port)))
+        found: Dict[str, Any] = {"small": echo_once(sock, family, small, small, timeout, attempts)}
+        found["full"] = echo_once(sock, family, full, full, timeout, attempts)
+        if found["small"] is True and found["full"] is not True:
+            # Which way loses them: one try each, the full size has just failed every try.
+            found["out"] = echo_once(sock, family, full, small, timeout, 1)
+            found["back"] = echo_once(sock, family, small, full, timeout, 1)
+            if request.get("bisect"):
+                found["largest"] = largest(sock, family, small, full, float(request["bisect"]))
+        return found
+    except OSError as error:
+        return {"error": "%s: %s" % (type(error).__name__, error)}
+    finally:
+        sock.close()
+
+
+def largest(sock: socket.socket, family: int, low: int, high: int, timeout: float) -> int:
+    """The largest size that passes both ways, ``low`` passing and ``high`` not; the
+    common 1500 first, where the black hole usually is. One try per size: a lost answer
+    only makes the figure smaller, and a dozen sizes that fail must not take minutes."""
+    attempts = 1
+    if low < 1500 < high:
+        if echo_once(sock, family, 1500, 1500, timeout, attempts) is True:
+            low = 1500
+        else:
+            high = 1500
+    while high - low > BISECT_STEP:
+        middle = (low + high) // 2
+        if echo_once(sock, family, middle, middle, timeout, attempts) is True:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def serve(request: Dict[str, Any], family: int) -> None:
+    if "send" in request:
+        found = send(request, family)
+    elif "mtu" in request:
+        found = mtu(request, family)
+    else:
+        found = {"error": "unknown request"}
+    found["id"] = request.get("id")
+    answer(found)
+
+
+def bind(family: int) -> Tuple[List[socket.socket], Dict[str, Any]]:
+    address = "::" if family == socket.AF_INET6 else ""
+    server = socket.socket(family, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((address, 0))
+    server.listen(64)
+    echo = socket.socket(family, socket.SOCK_DGRAM)
+    dont_fragment(echo, family)
+    echo.bind((address, 0))
+    return [server, echo], {"tcp": server.getsockname()[1], "udp": echo.getsockname()[1]}
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    family = socket.AF_INET6 if config.get("family") == 6 else socket.AF_INET
+    try:
+        (server, echo), bound = bind(family)
+    except OSError as error:
+        answer({"error": "%s: %s" % (type(error).__name__, error)})
+        return
+    threading.Thread(target=accept_loop, args=(server,), daemon=True).start()
+    threading.Thread(target=echo_loop, args=(echo, family), daemon=True).start()
+    answer(bound)
+    deadline = time.monotonic() + float(config.get("seconds") or 300)
+    pending = b""
+    while time.monotonic() < deadline:
+        if not select.select([sys.stdin], [], [], 0.5)[0]:
+            continue
+        data = os.read(sys.stdin.fileno(), 65536)
+        if not data:
+            return
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            if line.strip():
+                request = json.loads(line.decode("utf-8"))
+                threading.Thread(target=serve, args=(request, family), daemon=True).start()
+
+
+main()

@@ -1,0 +1,188 @@
+"""``check --bandwidth``: the plan of links, the verdicts from hand-made transfers, the
+floor's syntax, and the node script itself between two processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torchherd.checks.analysis import bandwidth
+from torchherd.checks.gather import remote_source
+from torchherd.checks.links import pairs, plan_links, rounds
+from torchherd.checks.model import MtuProbe, Observed, Transfer
+from torchherd.checks.runner import selected_checks
+from torchherd.errors import InventoryError
+from torchherd.inventory import parse, parse_rate
+
+G = 1e9
+IDLE = {"sender_cpu": 0.02, "sender_wait": 0.0, "receiver_cpu": 0.05, "receiver_wait": 0.01}
+BUSY = {"sender_cpu": 0.2, "sender_wait": 0.7, "receiver_cpu": 0.2, "receiver_wait": 0.6}
+
+
+def names(count: int) -> list[str]:
+    return [f"node{index}" for index in range(count)]
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 16, 64, 257])
+def test_every_node_sends_to_and_receives_from_two_others_in_few_rounds(count: int) -> None:
+    nodes = names(count)
+    plan = plan_links(nodes, dict.fromkeys(nodes, "10.0.0.0/24"))
+    for node in nodes:
+        assert len({receiver for sender, receiver in plan.links if sender == node}) >= min(2, count - 1)
+        assert len({sender for sender, receiver in plan.links if receiver == node}) >= min(2, count - 1)
+    assert len(plan.rounds) <= 12, len(plan.rounds)  # as few at 257 nodes as at 5: not growing with n
+    for group in plan.rounds:
+        ends = [node for link in group for node in link]
+        assert len(ends) == len(set(ends)), group
+    assert sorted(link for group in plan.rounds for link in group) == sorted(plan.links)
+
+
+def test_full_mesh_is_every_ordered_pair_and_subnets_are_covered() -> None:
+    nodes = names(6)
+    full = plan_links(nodes, {}, "full")
+    assert sorted(full.links) == sorted((a, b) for a in nodes for b in nodes if a != b)
+    subnets = {node: ("a" if index < 5 else "b") for index, node in enumerate(names(10))}
+    subnets["node9"] = "c"
+    sampled = plan_links(names(10), subnets)
+    covered = {(subnets[a], subnets[b]) for a, b in sampled.links}
+    assert covered >= {(x, y) for x in "abc" for y in "abc" if x != y}
+    assert len(pairs([("a", "b"), ("b", "a"), ("b", "c")])) == 2
+    assert rounds([("a", "b"), ("b", "c"), ("c", "d")]) == ((("a", "b"), ("c", "d")), (("b", "c"),))
+
+
+def observed(count: int, transfers: list[Transfer], floor: float | None = None) -> Observed:
+    inventory = parse({"hosts": [{"name": name} for name in names(count)]}, Path("hosts.toml"))
+    seen = Observed(inventory=inventory, master_target="node0", min_bandwidth=floor)
+    seen.link_plan = plan_links(names(count), {})
+    seen.transfers = transfers
+    return seen
+
+
+def ring(count: int, rate: dict[str, float], cpu: dict[str, float], alone: bool = False) -> list[Transfer]:
+    """A transfer on every link of the plan: the slower end's rate (``rate``, 10 Gbit/s by default)."""
+    plan = plan_links(names(count), {})
+    found = []
+    for sender, receiver in plan.links:
+        bits = min(rate.get(sender, 10 * G), rate.get(receiver, 10 * G))
+        found.append(Transfer(sender, receiver, bits, 0.3, IDLE if bits < 10 * G else cpu, alone))
+    return found
+
+
+def verdicts(seen: Observed, check: str = "bandwidth") -> dict[str, str]:
+    results = bandwidth.analyse(seen) if check == "bandwidth" else bandwidth.analyse_mtu(seen)
+    return {result.node: result.status for result in results if result.status in ("warn", "fail")}
+
+
+def test_a_slow_node_is_named_once_and_only_after_it_was_measured_alone() -> None:
+    burst = ring(8, {"node3": 0.05 * G}, BUSY)
+    seen = observed(8, burst)
+    assert verdicts(seen) == {}, "a slow burst figure alone is no verdict"
+    assert sorted(bandwidth.candidates(seen)) == sorted(link for link in seen.link_plan.links if "node3" in link)  # type: ignore[union-attr]
+    seen.transfers = burst + [transfer for transfer in ring(8, {"node3": 0.05 * G}, BUSY, alone=True)
+                              if "node3" in transfer.link]
+    assert verdicts(seen) == {"node3": "warn"}
+    seen.min_bandwidth = 1 * G
+    assert verdicts(seen) == {"node3": "fail"}
+    named = next(result for result in bandwidth.analyse(seen) if result.node == "node3")
+    assert "50 Mbit/s" in named.summary and named.fix
+
+
+def test_a_busy_cpu_is_not_a_slow_link() -> None:
+    # A burst on busy CPUs, and the slow one still busy when measured alone: a lower bound, no verdict.
+    burst = ring(6, {}, BUSY)
+    slowed = [Transfer(t.sender, t.receiver, 1 * G, 0.3, BUSY, alone) for t in burst[:2] for alone in (False, True)]
+    seen = observed(6, burst[2:] + slowed)
+    assert verdicts(seen) == {}
+    figures = bandwidth.figures(seen)
+    assert figures is not None and figures["median_gbit"] == 10.0
+    assert all(link["cpu_bound"] for link in figures["links"])
+
+
+def test_one_slow_link_is_named_as_the_pair() -> None:
+    transfers = ring(6, {}, IDLE) + ring(6, {}, IDLE, alone=True)
+    transfers = [Transfer(t.sender, t.receiver, 0.5 * G, 0.3, IDLE, t.alone) if t.link == ("node1", "node2") else t
+                 for t in transfers]
+    results = bandwidth.analyse(observed(6, transfers))
+    slow = [result for result in results if result.status != "pass"]
+    assert [(result.node, result.status) for result in slow] == [("node1", "warn")]
+    assert "node1 -> node2" in slow[0].summary
+
+
+def test_mtu_black_hole_names_the_common_node() -> None:
+    seen = observed(5, ring(5, {}, IDLE))
+    seen.mtu_probes = {pair: MtuProbe(pair[0], pair[1], 9000, True, "node2" not in pair, False, False,
+                                      1500 if "node2" in pair else None, True)
+                       for pair in pairs(seen.link_plan.links)}  # type: ignore[union-attr]
+    assert verdicts(seen, "mtu") == {"node2": "fail"}
+    hole = next(result for result in bandwidth.analyse_mtu(seen) if result.node == "node2")
+    assert "9000-byte packets" in hole.summary and "1500 bytes" in hole.summary
+    unconfirmed = {pair: MtuProbe(probe.first, probe.second, 9000, True, probe.full) for pair, probe in
+                   seen.mtu_probes.items()}
+    seen.mtu_probes = unconfirmed
+    assert verdicts(seen, "mtu") == {}
+
+
+@pytest.mark.parametrize(("text", "bits"), [("10Gbit", 10 * G), ("800 Mbit/s", 8e8), ("25G", 25 * G), ("40", 40 * G),
+                                            ("1.5gbps", 1.5 * G), ("fast", None), ("0Gbit", None), ("-1G", None)])
+def test_rates(text: str, bits: float | None) -> None:
+    assert parse_rate(text) == bits
+
+
+def test_inventory_checks_table() -> None:
+    inventory = parse({"checks": {"min_bandwidth": "10Gbit", "slow_ratio": 0.4}, "hosts": [{"name": "a"}]},
+                      Path("hosts.toml"))
+    assert inventory.checks.min_bandwidth == 10 * G and inventory.checks.slow_ratio == 0.4
+    with pytest.raises(InventoryError, match=r"\[checks\]\.min_bandwidth"):
+        parse({"checks": {"min_bandwidth": "fast"}, "hosts": [{"name": "a"}]}, Path("hosts.toml"))
+    with pytest.raises(InventoryError, match=r"\[checks\]\.floor"):
+        parse({"checks": {"floor": 1}, "hosts": [{"name": "a"}]}, Path("hosts.toml"))
+
+
+def test_bandwidth_is_opt_in() -> None:
+    assert "bandwidth" not in selected_checks(None, frozenset(), smoke=False)
+    assert {"bandwidth", "mtu"} <= set(selected_checks(None, frozenset(), smoke=False, bandwidth=True))
+    assert {"bandwidth", "mtu", "smoke"} <= set(selected_checks(None, frozenset(), smoke=True))
+    assert selected_checks(frozenset({"mtu"}), frozenset(), smoke=False) == ("mtu",)
+
+
+def node_script() -> subprocess.Popen[bytes]:
+    config = json.dumps({"family": 4, "seconds": 60})
+    return subprocess.Popen([sys.executable, "-S", "-c", remote_source("bandwidth.py"), config],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def ask(process: subprocess.Popen[bytes], request: dict[str, Any]) -> dict[str, Any]:
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(json.dumps(request).encode() + b"\n")
+    process.stdin.flush()
+    answer: dict[str, Any] = json.loads(process.stdout.readline())
+    return answer
+
+
+def test_node_script_measures_and_echoes_on_loopback() -> None:
+    sender, receiver = node_script(), node_script()
+    try:
+        assert sender.stdout is not None and receiver.stdout is not None
+        json.loads(sender.stdout.readline())
+        ports = json.loads(receiver.stdout.readline())
+        sent = ask(sender, {"id": 1, "send": ["127.0.0.1", ports["tcp"]], "seconds": 0.2})
+        assert sent["id"] == 1 and sent["bytes"] > 1_000_000 and 0 < sent["seconds"] < 2, sent
+        assert set(sent["sender"]) == {"cpu", "wait"}
+        echoed = ask(sender, {"id": 2, "mtu": ["127.0.0.1", ports["udp"]], "size": 9000, "small": 576,
+                              "timeout": 1.0, "attempts": 3, "bisect": None})
+        assert echoed == {"id": 2, "small": True, "full": True}
+        # Larger than loopback's MTU (65536): refused here, with the error's text.
+        refused = ask(sender, {"id": 3, "mtu": ["127.0.0.1", ports["udp"]], "size": 70000, "small": 576,
+                               "timeout": 0.2, "attempts": 1, "bisect": None})
+        assert refused["small"] is True and isinstance(refused["full"], str), refused
+    finally:
+        for process in (sender, receiver):
+            assert process.stdin is not None
+            process.stdin.close()
+            process.wait(timeout=10)
+            assert process.returncode == 0
