@@ -265,6 +265,9 @@ def test_smoke_passes_on_a_healthy_cluster(inventory: Inventory, cluster: LocalC
         smoke = results[(name, "smoke")]
         assert smoke.status == "pass", smoke
         assert "2 ranks joined the 6-rank job" in smoke.summary and "all_gather" in smoke.summary
+    collective = results[("cluster", "smoke")]
+    assert "gloo all_reduce bus bandwidth (Gbit/s): 1 MiB" in collective.summary, collective
+    assert "slowest node pair" in collective.summary and "(of 3," in collective.summary, collective
     assert_no_smoke_left(cluster)
 
 

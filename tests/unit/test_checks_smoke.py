@@ -101,3 +101,24 @@ def test_a_node_that_could_not_start_is_named_first() -> None:
     results = verdicts(outcomes, {"node0": [], "node1": [], "node2": []})
     assert {name for name, result in results.items() if result.status == "fail"} == {"node1"}
     assert "cannot start the job" in results["node1"].summary
+
+
+def test_collective_figures_and_nccl_falling_back_to_sockets() -> None:
+    lines = {name: healthy_lines(name, 2 * index) for index, name in enumerate(NAMES)}
+    lines["node0"] += [mark("node0", 0, "busbw 0 gloo 1048576 0.8"), mark("node0", 0, "busbw 0 gloo 8388608 2.5"),
+                       mark("node0", 0, "rdma 0 1")]
+    lines["node1"] += [mark("node1", 2, "pair 2 0 1 3.5")]
+    lines["node2"] += [mark("node2", 4, "pair 4 1 2 0.4"), mark("node2", 4, "busbw 4 gloo cut")]
+    lines["node0"].append(mark("node0", 0, "pair 0 2 0 3.1"))
+    results = verdicts([outcome(name) for name in NAMES], lines)
+    cluster = results["cluster"]
+    assert cluster.status == "pass"
+    assert "gloo all_reduce bus bandwidth (Gbit/s): 1 MiB 0.8, 8 MiB 2.5" in cluster.summary
+    assert "slowest node pair node1 -> node2 0.4 Gbit/s (of 3, median 3.1)" in cluster.summary
+    nccl = SmokeContext(INVENTORY, {name: name for name in NAMES}, ("gloo", "nccl"), 60.0, 8.0)
+    lines["node1"].append(OutputLine("node1", 2, "out", "node1:1:1 [0] NCCL INFO Channel 00/0 : 2[0] -> 4[0] "
+                                                        "via NET/Socket/0"))
+    ran = SmokeRun(RunSummary("smoke", 0, "", tuple(outcome(name) for name in NAMES), ""),
+                   {name: tuple(found) for name, found in lines.items()}, False)
+    warned = [result for result in smoke_verdicts(nccl, ran) if result.status == "warn"]
+    assert len(warned) == 1 and "NET/Socket" in warned[0].summary and "node0" in warned[0].summary

@@ -11,16 +11,19 @@ node that failed first by itself; else every node that did not finish.
 from __future__ import annotations
 
 import re
+import statistics
 import zlib
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from torchherd.inventory import Inventory
-from torchherd.results import CheckResult
+from torchherd.results import CLUSTER, CheckResult
 from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
 
 CHECK = "smoke"
-_MARK = re.compile(r"torchherd-smoke (start|joined|gathered|nccl|error|ok) (\d+) ?(.*)")
+_MARK = re.compile(r"torchherd-smoke (start|joined|gathered|nccl|error|ok|busbw|pair|rdma) (\d+) ?(.*)")
+_NCCL_VIA = re.compile(r"NCCL INFO .*\bvia (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM|P2P)")
+"""NCCL_DEBUG=INFO's channel lines: "Channel 00/0 : 0[0] -> 1[1] via NET/IB/0" (or NET/Socket)."""
 _TIMEOUT_WORDS = re.compile(r"timed? ?out", re.IGNORECASE)
 _GONE = ("lost", "not started", "unresponsive")
 
@@ -45,22 +48,46 @@ class NodeMarks:
     nccl: set[int] = field(default_factory=set)
     gathered: list[int] | None = None
     errors: dict[int, str] = field(default_factory=dict)
+    busbw: list[tuple[str, int, float]] = field(default_factory=list)
+    """(backend, bytes, Gbit/s) of each all_reduce size (rank 0's node)."""
+    pairs: list[tuple[int, int, float]] = field(default_factory=list)
+    """(from node rank, to node rank, Gbit/s), said by the receiving node."""
+    rdma: int = 0
+    transports: set[str] = field(default_factory=set)
+    """What NCCL_DEBUG=INFO says the channels go through (NET/IB, NET/Socket, P2P/IPC, SHM)."""
 
 
 def parse_marks(lines: Sequence[OutputLine]) -> NodeMarks:
     marks = NodeMarks()
     for line in lines:
+        via = _NCCL_VIA.search(line.text)
+        if via is not None:
+            marks.transports.add(via.group(1))
         match = _MARK.search(line.text)
         if match is None:
             continue
         step, rank, rest = match.group(1), int(match.group(2)), match.group(3).strip()
-        if step == "gathered":
+        if step in ("busbw", "pair", "rdma"):
+            _figure(marks, step, rest.split())
+        elif step == "gathered":
             marks.gathered = [int(value) for value in rest.split(",") if value.isdigit()]
         elif step == "error":
             marks.errors.setdefault(rank, rest)
         else:
             {"start": marks.started, "joined": marks.joined, "ok": marks.ok, "nccl": marks.nccl}[step].add(rank)
     return marks
+
+
+def _figure(marks: NodeMarks, step: str, words: list[str]) -> None:
+    try:
+        if step == "busbw":
+            marks.busbw.append((words[0], int(words[1]), float(words[2])))
+        elif step == "pair":
+            marks.pairs.append((int(words[0]), int(words[1]), float(words[2])))
+        else:
+            marks.rdma = int(words[0])
+    except (IndexError, ValueError):  # a line cut short: the figure is missing, not the verdict
+        pass
 
 
 @dataclass(frozen=True)
@@ -80,7 +107,7 @@ def smoke_verdicts(context: SmokeContext, ran: SmokeRun) -> list[CheckResult]:
     if len(finished) == len(names):
         blamed = _not_gathered(context, marks)
         if not blamed:
-            return [_passed(context, name, marks) for name in names]
+            return [_passed(context, name, marks) for name in names] + _collective(context, names, marks)
     else:
         blamed = _blame(names, outcomes, marks, ran.timed_out, context.timeout)
     first = ", ".join(blamed)
@@ -149,6 +176,42 @@ def _progress(marks: NodeMarks) -> str:
     if not marks.started:
         return "no rank started"
     return f"{len(marks.started)} ranks started, {len(marks.joined)} joined, {len(marks.ok)} finished"
+
+
+def _collective(context: SmokeContext, names: list[str], marks: Mapping[str, NodeMarks]) -> list[CheckResult]:
+    """The collective's figures on ``cluster``: each size's bus bandwidth, the slowest node
+    pair, NCCL's transport (warn: sockets on nodes with an RDMA device)."""
+    busbw = [figure for mark in marks.values() for figure in mark.busbw]
+    pairs = [figure for mark in marks.values() for figure in mark.pairs]
+    if not busbw and not pairs:
+        return []
+    words = []
+    for backend in context.backends:
+        sizes = [f"{size >> 20} MiB {gbit:.3g}" for name, size, gbit in busbw if name == backend]
+        if sizes:
+            words.append(f"{backend} all_reduce bus bandwidth (Gbit/s): {', '.join(sizes)}")
+    if pairs:
+        low = min(pairs, key=lambda pair: pair[2])
+        words.append(f"slowest node pair {names[low[0]]} -> {names[low[1]]} {low[2]:.3g} Gbit/s "
+                     f"(of {len(pairs)}, median {statistics.median(pair[2] for pair in pairs):.3g})")
+    results = [CheckResult(CLUSTER, CHECK, "pass", "; ".join(words))]
+    if "nccl" in context.backends:
+        results.append(_transport(names, marks))
+    return results
+
+
+def _transport(names: list[str], marks: Mapping[str, NodeMarks]) -> CheckResult:
+    transports = sorted({via for mark in marks.values() for via in mark.transports})
+    rdma = [name for name in names if marks[name].rdma]
+    if "NET/Socket" in transports and rdma:
+        return CheckResult(CLUSTER, CHECK, "warn",
+                           f"NCCL chose sockets (NET/Socket) between nodes, while {', '.join(rdma)} have an RDMA "
+                           f"device: NCCL fell back from InfiniBand/RoCE (often 4-5x slower)",
+                           "run with --env NCCL_DEBUG=INFO and read why NCCL skipped the IB transport: "
+                           "NCCL_IB_DISABLE, NCCL_IB_HCA, the rdma-core/libibverbs install, GID index for RoCE "
+                           "(NCCL_IB_GID_INDEX), or the container's access to /dev/infiniband")
+    said = ", ".join(transports) if transports else "not said (no NCCL_DEBUG=INFO channel line)"
+    return CheckResult(CLUSTER, CHECK, "pass", f"NCCL transport: {said}")
 
 
 def _passed(context: SmokeContext, name: str, marks: Mapping[str, NodeMarks]) -> CheckResult:

@@ -8,6 +8,11 @@ started, which joined the process group and which finished:
   joined RANK        init_process_group returned
   gathered RANK C,C  zlib.crc32 of every rank's hostname, in rank order
   nccl RANK          the NCCL all_reduce was right
+  busbw RANK BACKEND BYTES GBIT   (rank 0) an all_reduce of BYTES: its bus bandwidth,
+                     algorithm bandwidth x 2(n-1)/n as nccl-tests define it, in Gbit/s
+  pair RANK FROM TO GBIT          (the receiving node's local rank 0) FROM's local rank 0
+                     sent BYTES to TO's (node ranks), alone with nothing else in flight
+  rdma RANK COUNT    (local rank 0) RDMA devices in /sys/class/infiniband on this node
   error RANK TEXT    what went wrong (then exit 1)
   ok RANK            everything worked
 """
@@ -16,11 +21,16 @@ import datetime
 import os
 import socket
 import sys
+import time
 import traceback
 import zlib
 from typing import Any, List
 
 MARK = "torchherd-smoke"
+SIZES = (1 << 20, 8 << 20, 32 << 20)
+"""Bytes of the bus-bandwidth all_reduces: latency-bound, then bandwidth-bound."""
+PAIR_BYTES = 16 << 20
+ITERATIONS = 3
 
 
 def say(*words: object) -> None:
@@ -53,6 +63,57 @@ def nccl_all_reduce(dist: Any, torch: Any, world: int) -> None:
         raise RuntimeError("nccl all_reduce sum is %d, expected %d" % (int(value.item()), world))
 
 
+def bus_bandwidth(dist: Any, torch: Any, rank: int, world: int, backend: str, group: Any = None) -> None:
+    """Each size's all_reduce timed over ITERATIONS after one warm-up; rank 0 says the bus
+    bandwidth (nothing on one rank: 2(n-1)/n is 0)."""
+    device = "cuda" if backend == "nccl" else "cpu"
+    for size in SIZES:
+        tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
+        dist.all_reduce(tensor, group=group)
+        dist.barrier(group=group)
+        started = time.perf_counter()
+        for _ in range(ITERATIONS):
+            dist.all_reduce(tensor, group=group)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = (time.perf_counter() - started) / ITERATIONS
+        if rank == 0 and world > 1:
+            say("busbw", rank, backend, size, "%.4f" % (size * 8 / seconds / 1e9 * 2 * (world - 1) / world))
+
+
+def leaders(dist: Any, torch: Any, world: int) -> List[int]:
+    """The global rank of each node's local rank 0, in node-rank order."""
+    mine = torch.tensor([int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("GROUP_RANK", "0"))])
+    every = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    found = sorted((int(item[1]), index) for index, item in enumerate(every) if int(item[0]) == 0)
+    return [index for _, index in found]
+
+
+def pair_bandwidth(dist: Any, torch: Any, rank: int, heads: List[int]) -> None:
+    """Around the ring of nodes, each node's leader sends PAIR_BYTES to the next one's, one
+    pair at a time (every rank waits at the barrier): the receiver says the rate."""
+    count = len(heads)
+    buffer = torch.ones(PAIR_BYTES // 4, dtype=torch.float32)
+    for node in range(count if count > 2 else count - 1):
+        sender, receiver = heads[node], heads[(node + 1) % count]
+        dist.barrier()
+        started = time.perf_counter()
+        if rank == sender:
+            dist.send(buffer, receiver)
+        elif rank == receiver:
+            dist.recv(buffer, sender)
+            gbit = PAIR_BYTES * 8 / (time.perf_counter() - started) / 1e9
+            say("pair", rank, node, (node + 1) % count, "%.4f" % gbit)
+
+
+def rdma_devices() -> int:
+    try:
+        return len(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return 0
+
+
 def main() -> None:
     timeout, backends = float(sys.argv[1]), sys.argv[2].split(",")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -66,9 +127,14 @@ def main() -> None:
         say("joined", rank)
         all_reduce_sum(dist, torch, rank, world)
         say("gathered", rank, ",".join(gather_hosts(dist, torch, host, world)))
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            say("rdma", rank, rdma_devices())
+        bus_bandwidth(dist, torch, rank, world, "gloo")
+        pair_bandwidth(dist, torch, rank, leaders(dist, torch, world))
         if "nccl" in backends:
             nccl_all_reduce(dist, torch, world)
             say("nccl", rank)
+            bus_bandwidth(dist, torch, rank, world, "nccl", dist.new_group(backend="nccl"))
         dist.barrier()
         dist.destroy_process_group()
     except BaseException as error:
