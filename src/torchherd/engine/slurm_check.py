@@ -108,8 +108,10 @@ def _wanted(options: CheckOptions) -> frozenset[str]:
     unknown = sorted(((options.only or frozenset()) | options.skip) - set(known) - set(CHECK_IDS))
     if unknown:
         raise UsageError(f"unknown check id {', '.join(unknown)}", f"SLURM runs know: {', '.join(known)}")
+    # The measurements are opt-in here as in an SSH check (--bandwidth, or named in --only).
+    measured = options.bandwidth or options.smoke or bool(options.only and {"bandwidth", "mtu"} & options.only)
     return frozenset(check for check in known if (options.only is None or check in options.only)
-                     and check not in options.skip)
+                     and check not in options.skip and (measured or check not in ("bandwidth", "mtu")))
 
 
 def _emit(results: list[CheckResult], progress: Callable[[CheckResult], None] | None) -> None:
