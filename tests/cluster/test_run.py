@@ -284,3 +284,22 @@ def test_c10d_rendezvous_with_an_elastic_range(cluster: LocalCluster, tmp_path: 
         assert re.search(rf"{who}WORLD_SIZE='3'", out, re.MULTILINE), out
     assert "The hostname of the client socket cannot be retrieved" not in out
     assert_clean(cluster)
+
+
+@pytest.mark.timeout(120)
+def test_deepspeed_slot_selection_sets_each_nodes_devices_and_count(cluster: LocalCluster, tmp_path: Path) -> None:
+    """--exclude node1:0@node2 (DeepSpeed's form): node0 keeps its 2 slots, node1 runs its slot 1
+    only, with CUDA_VISIBLE_DEVICES=1, node2 none; one job of 3 ranks (c10d: uneven counts)."""
+    code, out = run_cli(cluster, tmp_path / "logs", "--nproc-per-node", "2", "--exclude", "node1:0@node2", "--",
+                        str(EXAMPLES / "env_echo.py"), "CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+    assert code == 0, out
+    node0, node1 = run_log(tmp_path / "logs", "node0"), run_log(tmp_path / "logs", "node1")
+    assert len([line for line in node0 if line.endswith("CUDA_VISIBLE_DEVICES=None")]) == 2, node0
+    assert len([line for line in node0 if line.endswith("LOCAL_WORLD_SIZE='2'")]) == 2, node0
+    assert len([line for line in node1 if line.endswith("CUDA_VISIBLE_DEVICES='1'")]) == 1, node1
+    assert len([line for line in node1 if line.endswith("LOCAL_WORLD_SIZE='1'")]) == 1, node1
+    world = [line for line in node0 + node1 if " WORLD_SIZE=" in line]
+    assert len(world) == 3 and all(line.endswith("WORLD_SIZE='3'") for line in world), world
+    assert not (next((tmp_path / "logs").iterdir()) / "node2.log").exists()
+    assert "node2" not in out
+    assert_clean(cluster)
