@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from io import StringIO
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.errors import InventoryError
-from torchherd.inventory import load, parse
+from torchherd.inventory import load, parse, valid_hostname, valid_ruser
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -201,3 +205,45 @@ def test_fifty_thousand_hosts_parse_in_linear_time(tmp_path: Path) -> None:
     entries = [{"name": host.name} for host in inventory.hosts] + [{"name": "n7"}]
     with pytest.raises(InventoryError, match=rf"hosts\[{count}\].name: duplicate host name 'n7'"):
         parse({"hosts": entries}, path)
+
+
+# OpenSSH's checks of what reaches %r and %h (readconf.c ssh_valid_ruser / ssh_valid_hostname).
+# The named cases are OpenSSH's own (regress/proxyjump.sh, "command-line -J invalid characters");
+# the rest follow its rules. Where an OpenSSH client is installed, `ssh -G` is the oracle too.
+
+USERS = {"ubuntu": True, "a.b_c-d": True, "a$HOME": True, "a b": True, "dom\\user": True, "é": True,
+         "user;with;semicolon": False, "user'with'quote": False, "user`with`backtick": False,
+         "user(with)brace": False, "a$(id)": False, "a{b}": False, "a|b": False, "a&b": False, "a<b": False,
+         'a"b': False, "-x": False, "a -x": False, "a\\": False, "a\tb": False, "a\nb": False, "": False}
+HOSTS = {"node1": True, "10.0.0.1": True, "fe80::1": True, "a_b": True, "é.example": True,
+         "host;with;semicolon": False, "host'with'quote": False, "host`with`backtick": False,
+         "host$with$dollar": False, "host(with)brace": False, "-x": False, "a b": False, "a,b": False,
+         "a\\b": False, "a{b}": False, "a|b": False, "a&b": False, "": False}
+
+
+@pytest.mark.parametrize("user,valid", USERS.items())
+def test_users_are_checked_as_openssh_does(user: str, valid: bool) -> None:
+    assert valid_ruser(user) is valid
+
+
+@pytest.mark.parametrize("host,valid", HOSTS.items())
+def test_hosts_are_checked_as_openssh_does(host: str, valid: bool) -> None:
+    assert valid_hostname(host) is valid
+
+
+SSH = shutil.which("ssh")
+needs_ssh = pytest.mark.skipif(SSH is None, reason="no OpenSSH client here to compare with")
+
+
+def _ssh_accepts(*args: str) -> bool:
+    assert SSH is not None
+    return subprocess.run([SSH, "-G", "-F", "/dev/null", *args], capture_output=True, check=False).returncode == 0
+
+
+@needs_ssh
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet="ab-;'`\"$(){}|&<> \\,.@", min_size=1, max_size=6))
+def test_users_and_hosts_agree_with_ssh_g(text: str) -> None:
+    assert valid_ruser(text) == _ssh_accepts("-l", text, "somehost"), text
+    if "@" not in text:  # ssh reads user@host itself
+        assert valid_hostname(text) == _ssh_accepts("--", text), text
