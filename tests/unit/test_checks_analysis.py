@@ -117,6 +117,17 @@ def test_worker_connect_failure_says_what_every_attempt_said(results: tuple[str,
     assert result.fix.startswith("open TCP 29500 on node0")
 
 
+def test_a_master_name_a_worker_cannot_resolve_points_at_the_hostname_check() -> None:
+    seen = observed()
+    seen.listened = {"node0": {"bound": {"master": 29500}}, "node1": {"bound": {}}}
+    unresolved = {"result": "unresolved", "port": 29500, "attempts": [{"result": "unresolved"}]}
+    seen.connected = {"node0": {}, "node1": {"node0:master": unresolved}}
+    result = port.analyse(seen)[1]
+    assert result.status == "fail"
+    assert result.summary == "node1 cannot connect to node0 node0:29500 (the name does not resolve)"
+    assert result.fix == "node1 cannot resolve node0: see hostname on node1"  # not a firewall to open
+
+
 def test_one_timeout_alone_is_never_a_failure() -> None:
     seen = observed()
     seen.listened = {"node0": {"bound": {"master": 29500}}, "node1": {"bound": {}}}

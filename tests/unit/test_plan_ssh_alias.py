@@ -125,3 +125,20 @@ def test_a_master_addr_given_as_an_alias_fails_the_hostname_check_with_the_hostn
     assert result.fix == 'give its HostName instead: master_addr = "10.1.2.3" in [cluster] (or --master-addr ' \
                          '10.1.2.3), or leave master_addr out'
     assert "/etc/hosts" not in result.fix
+
+
+def test_an_alias_that_is_also_the_masters_hostname_gets_the_etc_hosts_fix() -> None:
+    from torchherd.checks.analysis import hostname
+    from torchherd.checks.model import NodeFacts, Observed
+
+    def facts(name: str, address: str) -> NodeFacts:
+        return NodeFacts(raw={"hostname": name, "fqdn": name, "gloo": {"address": address}, "etc_hosts": "",
+                              "resolve": {"gpu-a": {"error": "Name or service not known"}},
+                              "interfaces": [{"name": "eth0", "addresses": [address]}]}, sent=0.0, received=0.0)
+
+    plan = build_plan(inventory(master_addr="gpu-a"), RunOptions(script="train.py"), ssh_hostnames=HOSTNAMES)
+    seen = Observed(inventory=plan.inventory, master_target="gpu-a", master_given="[cluster].master_addr",
+                    ssh_hostnames=plan.ssh_hostnames)
+    seen.facts = {"hn1": facts("gpu-a", "10.1.2.3"), "hn2": facts("hn2", "10.1.2.4")}
+    result = hostname.analyse(seen)[1]
+    assert result.status == "fail" and result.fix.startswith("add this line to /etc/hosts on hn2: ")

@@ -142,7 +142,11 @@ def _master_name(observed: Observed, host: Host, facts: NodeFacts) -> CheckResul
 
 
 def _alias_hostname(observed: Observed, target: str) -> str | None:
-    """The HostName when ``target`` is a host's ssh_config alias (the controller's name for it)."""
+    """The HostName when ``target`` is a host's ssh_config alias (the controller's name
+    for it) and not also the master's own host name, which /etc/hosts may well give."""
+    master = observed.facts.get(observed.master.name)
+    if master is not None and target.lower() in (str(master.get("hostname")).lower(), str(master.get("fqdn")).lower()):
+        return None
     for host in observed.inventory.hosts:
         hostname = observed.ssh_hostnames.get(host.name)
         if hostname is not None and host.address.lower() == target.lower():

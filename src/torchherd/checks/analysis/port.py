@@ -185,11 +185,14 @@ def _first_failure(observed: Observed, host: Host, facts: NodeFacts, probes: lis
     for probe in probes:
         if probe.verdict != "fail":
             continue
-        address = probe.outcome.get("address") or "?"
+        # A name that did not resolve has no address: the master's is the one the probe was given.
+        address = probe.outcome.get("address") or (observed.master_target if probe.kind == "master" else "?")
         if probe.kind == "master":
+            fix = (f"{host.name} cannot resolve {address}: see hostname on {host.name}"
+                   if probe.outcome.get("result") == "unresolved" else _master_fix(observed, probe.peer, address))
             return CheckResult(host.name, CHECK, "fail",
                                f"{host.name} cannot connect to {probe.peer} {address}:{observed.port} "
-                               f"({meaning(probe.outcome)})", _master_fix(observed, probe.peer, address))
+                               f"({meaning(probe.outcome)})", fix)
         return CheckResult(host.name, CHECK, "fail",
                            f"{host.name} cannot connect to {probe.peer} {address}:{probe.outcome.get('port', '?')}, "
                            f"an ephemeral port ({meaning(probe.outcome)}); gloo/NCCL connect every pair of nodes "
