@@ -14,6 +14,8 @@ lost a node on the way therefore ends with the same final loss as one that did n
 (``TORCHHERD_ATTEMPT``; 0: every attempt); ``--fail-rank attempt`` picks the rank equal
 to the attempt number, so the same error comes from another node each time; with
 ``--fail-hang`` the other ranks sleep at that step, so only the failing rank errs.
+``--hang-rank R --hang-step S``: rank R sleeps at step S, the others wait for it in
+``all_reduce`` (what ``--hang-timeout`` finds).
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ def main() -> None:
     parser.add_argument("--fail-rank", default="-1")
     parser.add_argument("--fail-attempt", type=int, default=0)
     parser.add_argument("--fail-exit", type=int, default=0, help="exit with this code instead of raising")
+    parser.add_argument("--hang-rank", type=int, default=-1, help="this rank stops at --hang-step and sleeps")
+    parser.add_argument("--hang-step", type=int, default=-1)
     parser.add_argument("--fail-hang", action="store_true",
                         help="the other ranks stop at the failing step and sleep (none fails of the failure)")
     args = parser.parse_args()
@@ -93,6 +97,8 @@ def main() -> None:
     print(f"rank {rank} of {world}, attempt {attempt}, starting at step {start}", flush=True)
     loss = torch.zeros(())
     for step in range(start, args.steps):
+        if rank == args.hang_rank and step == args.hang_step:
+            time.sleep(100_000)  # the others wait for it in the next all_reduce: a hung job
         failing = step == args.fail_step and args.fail_attempt in (0, attempt)
         if failing and rank != fail_rank and args.fail_hang:
             while True:

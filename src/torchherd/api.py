@@ -275,13 +275,14 @@ class Cluster:
                                 accept_new_host_keys=self.accept_new_host_keys, fail_fast=fail_fast)
         observer = on_event or ignore
         recovery = recovery if recovery is not None else self.recovery
-        if recovery.retries > 0:
+        if recovery.retries > 0 or recovery.hang_timeout is not None:
+            flag = "--retries" if recovery.retries > 0 else "--hang-timeout"
             if detach:
-                raise UsageError("--retries with --detach: a detached run does not recover (yet)",
-                                 "leave out --detach to recover, or --retries to detach")
+                raise UsageError(f"{flag} with --detach: a detached run does not recover (yet)",
+                                 f"leave out --detach to recover, or {flag} to detach")
             if self.scheduler == "slurm":
-                raise UsageError("--retries: not for SLURM runs (yet): SLURM's own --requeue resubmits a job",
-                                 "leave --retries out, or run over SSH")
+                raise UsageError(f"{flag}: not for SLURM runs (yet): SLURM's own --requeue resubmits a job",
+                                 f"leave {flag} out, or run over SSH")
             return RecoveringRun(_SshAttempts(self.connector), plan, options, recovery, observer).start()
         if self.scheduler == "slurm":
             if detach:

@@ -237,7 +237,8 @@ def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
 
     recovery = cluster.recovery
     given = {key: value for key, value in (("retries", args.retries), ("final_exit_codes", args.final_exit_codes),
-                                           ("min_nodes", args.min_nodes)) if value is not None}
+                                           ("min_nodes", args.min_nodes), ("hang_timeout", args.hang_timeout))
+             if value is not None}
     return replace(recovery, **given) if given else recovery
 
 
@@ -383,6 +384,18 @@ def _exit_codes(text: str) -> tuple[int, ...]:
     return tuple(int(code) for code in codes)
 
 
+def _hang_timeout(text: str) -> float:
+    from torchherd.inventory import MAX_SECONDS
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 1 <= value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"expected seconds from 1 to {MAX_SECONDS:g}, got {text!r}")
+    return value
+
+
 def _retries(text: str) -> int:
     from torchherd.inventory import MAX_RETRIES
 
@@ -401,6 +414,9 @@ def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
                        help="these hosts are spares: checked, not launched, until one takes an excluded node's place")
     group.add_argument("--min-nodes", type=_positive, metavar="K",
                        help="with no spare left, go on with fewer nodes, down to K (default: never shrink)")
+    group.add_argument("--hang-timeout", type=_hang_timeout, metavar="S",
+                       help="no rank printed and none used CPU for S seconds: the job is hung; every rank's stack is "
+                            "taken and the summary names the rank that differs (default: off)")
 
 
 def _rate(text: str) -> float:

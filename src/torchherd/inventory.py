@@ -82,7 +82,7 @@ STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
 SYNC_KEYS = ("dir", "exclude", "dest")
 TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks")
-RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes")
+RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout")
 MAX_RETRIES = 1000
 """More attempts than any run makes: a larger count is a typo."""
 CHECKS_KEYS = ("min_bandwidth", "slow_ratio")
@@ -173,6 +173,9 @@ class Recovery:
     """Exit codes that end the run at once (a bad-arguments exit is no node's fault)."""
     min_nodes: int | None = None
     """With no spare left, go on with fewer nodes, down to this many; None: never shrink."""
+    hang_timeout: float | None = None
+    """Seconds without a line from any rank and without CPU used by any: the job is hung
+    (every rank's stack is taken, the attempt fails); None: never."""
 
 
 @dataclass(frozen=True)
@@ -450,7 +453,8 @@ def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, fro
     spares = read.get("spares", None, read.nodeset)
     min_nodes = read.get("min_nodes", None, read.count)
     recovery = Recovery(retries=read.get("retries", 0, read.retries),
-                        final_exit_codes=read.get("final_exit_codes", (), read.exit_codes), min_nodes=min_nodes)
+                        final_exit_codes=read.get("final_exit_codes", (), read.exit_codes), min_nodes=min_nodes,
+                        hang_timeout=read.get("hang_timeout", None, read.seconds))
     return recovery, frozenset(expand(spares) if spares else ())
 
 

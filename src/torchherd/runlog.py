@@ -373,7 +373,7 @@ class NodeOutcome:
     itself exits 1)."""
 
 
-AttemptEnd = Literal["ok", "failed", "lost", "interrupted"]
+AttemptEnd = Literal["ok", "failed", "lost", "hung", "interrupted"]
 
 
 @dataclass(frozen=True)

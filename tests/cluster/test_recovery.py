@@ -223,3 +223,22 @@ def test_ctrl_c_between_attempts_leaves_nothing(make_cluster: Callable[..., Loca
             assert cluster.wait_no_processes(name, timeout=15) == [], f"processes left on {name}"
     finally:
         cluster.restore_network("node2")
+
+
+@pytest.mark.timeout(180)
+def test_a_hang_names_the_stuck_rank_and_its_frame(four: LocalCluster, tmp_path: Path) -> None:
+    # Rank 1 (node1) sleeps at step 5; ranks 0 and 2 wait for it in all_reduce, silent, without CPU.
+    sleeping = next(number for number, text in enumerate(Path(RESUMABLE).read_text().splitlines(), 1)
+                    if "time.sleep(100_000)" in text)
+    started = time.monotonic()
+    code, out = run_cli(four, tmp_path / "logs", "--no-check", "--include", "node[0-2]", "--hang-timeout", "5", "--",
+                        RESUMABLE, "--steps", "100", "--step-seconds", "0.05", "--hang-rank", "1", "--hang-step", "5")
+    seconds = time.monotonic() - started
+    assert code == 1, out
+    assert "hung: no rank printed a line or used CPU for 5 s; every rank is asked for its stack" in out
+    assert re.search(rf"hung: no rank printed a line or used CPU for 5 s; rank 1 on node1 in main at "
+                     rf"resumable.py:{sleeping}; ranks 0, 2 in all_reduce at resumable.py:\d+", out), out
+    assert "Fatal Python error: Aborted" in log_text(tmp_path / "logs", "node1")
+    print(f"hang named {seconds:.1f} s after the start (the job hangs about 3 s in)")
+    assert seconds < 5 + 15 + 10, out  # the start and torch's import take about 5 s of it
+    assert_clean(four)

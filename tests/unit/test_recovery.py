@@ -27,6 +27,7 @@ from torchherd.engine.events import (
     SpareTaken,
     ignore,
 )
+from torchherd.engine.hang import described, stacks_of
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Opened, Run
 from torchherd.engine.recovery import RecoveringRun, attempt_plan
@@ -44,7 +45,7 @@ from torchherd.errors import InventoryError
 from torchherd.inventory import Recovery, parse, with_spares
 from torchherd.plan import Plan, RunOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
-from torchherd.runlog import NodeOutcome, RunSummary
+from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
 
 HOSTS = "".join(f'[[hosts]]\nname = "node{index}"\naddress = "192.0.2.{index + 1}"\n' for index in range(4))
 
@@ -403,3 +404,64 @@ def test_attempt_plans_keep_the_run_id() -> None:
     assert again.nodes[0].env["TORCHHERD_RUN_ID"] == plan.run_id and again.nodes[1].env["TORCHHERD_ATTEMPT"] == "4"
 
 
+
+
+# hangs -------------------------------------------------------------------------------------
+
+def faulthandler_lines(node: str, rank: int, frames: list[tuple[str, int, str]]) -> list[OutputLine]:
+    texts = ["Fatal Python error: Aborted", "", "Current thread 0x00007f911021db80 (most recent call first):"]
+    texts += [f'  File "{path}", line {line} in {function}' for path, line, function in frames]
+    texts += ["", "Extension modules: torch._C (total: 1)"]
+    return [OutputLine(node, rank, "err", text) for text in texts]
+
+
+TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/"
+
+
+def test_the_stack_that_differs_is_named_first() -> None:
+    lines: list[OutputLine] = []
+    for rank in range(8):
+        node = f"node{rank // 2}"
+        if rank == 5:
+            lines += faulthandler_lines(node, rank, [("/work/train.py", 40, "main"), ("/work/train.py", 50, "<module>")])
+        else:
+            lines += faulthandler_lines(node, rank, [(TORCH + "distributed_c10d.py", 3252, "all_reduce"),
+                                                     (TORCH + "c10d_logger.py", 83, "wrapper"),
+                                                     ("/work/train.py", 42, "main")])
+    lines.insert(3, OutputLine("node1", 3, "out", "step 3"))  # another rank's line between the frames
+    stacks = stacks_of(lines)
+    assert [stack.rank for stack in stacks] == list(range(8))
+    assert described(stacks) == "rank 5 on node2 in main at train.py:40; ranks 0-4, 6-7 in all_reduce at train.py:42"
+    assert described(stacks_of(lines[:0])) == "no rank printed its stack"
+
+
+def test_every_rank_in_the_same_place() -> None:
+    lines = [line for rank in range(3)
+             for line in faulthandler_lines("n", rank, [(TORCH + "distributed_c10d.py", 1, "barrier"),
+                                                         ("/w/t.py", 9, "main")])]
+    assert described(stacks_of(lines)) == "ranks 0-2 in barrier at t.py:9"
+
+
+def test_the_hang_probe_finds_ranks_by_their_environment_only(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from torchherd.remote import program
+
+    env = {"PATH": "/usr/bin:/bin", "TORCHHERD_RUN_ID": "th-probe-test", "LOCAL_RANK": "0", "RANK": "7"}
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             env={**env, "TORCHHERD_RUN_ID": "th-other"})
+    try:
+        def probe(action: str) -> dict[str, object]:
+            result = subprocess.run([sys.executable, "-c", program("hangprobe.py"), "th-probe-test", action],
+                                    capture_output=True, text=True, timeout=30, check=True)
+            return dict(json.loads(result.stdout))
+        assert probe("cpu")["ranks"] == [7]
+        assert probe("abort")["ranks"] == [7]
+        assert rank.wait(timeout=10) == -6 and other.poll() is None
+    finally:
+        for process in (rank, other):
+            process.kill()
+            process.wait()

@@ -13,6 +13,7 @@ from torchherd.console import printable
 from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
+    HangFound,
     NodeExcluded,
     RecoveryEnded,
     RunShrunk,
@@ -21,8 +22,9 @@ from torchherd.engine.events import (
 )
 from torchherd.runlog import AttemptRecord
 
-RecoveryEvent = Union[AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded]
-ENDED_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "interrupted": "yellow"}
+RecoveryEvent = Union[AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
+                      HangFound]
+ENDED_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "hung": "bold red", "interrupted": "yellow"}
 
 
 def recovery_note(event: RecoveryEvent) -> tuple[str, str]:
@@ -40,6 +42,9 @@ def recovery_note(event: RecoveryEvent) -> tuple[str, str]:
         return f"{event.node} excluded: {event.reason}", "bold yellow"
     if isinstance(event, SpareTaken):
         return f"spare {event.spare} takes the place of {event.replacing}", "bold"
+    if isinstance(event, HangFound):
+        return (f"hung: no rank printed a line or used CPU for {event.seconds:.0f} s; every rank is asked for its "
+                "stack (SIGABRT)", "bold red")
     if isinstance(event, RunShrunk):
         return f"no spare left: the run goes on with {event.nodes} nodes instead of {event.was}", "bold yellow"
     return f"no further attempt: {event.message}", "bold red"

@@ -242,6 +242,14 @@ class TriageDone:
 
 
 @dataclass(frozen=True)
+class HangFound:
+    """No rank printed a line or used CPU for ``seconds`` (``--hang-timeout``): every rank
+    is sent SIGABRT, and prints its stack as it dies."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
 class NodeExcluded:
     """``node`` takes no part in the next attempts, and why."""
 
@@ -273,12 +281,13 @@ class RecoveryEnded:
     message: str
 
 
-RECOVERY_EVENTS = (AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded)
+RECOVERY_EVENTS = (AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
+                   HangFound)
 
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
               NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished, JobQueued,
               SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptFailed, TriageDone,
-              NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded]
+              NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000

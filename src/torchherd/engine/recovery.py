@@ -20,9 +20,11 @@ from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
     Event,
+    HangFound,
     Interrupted,
     NodeExcluded,
     Observer,
+    Output,
     RecoveryEnded,
     RunFinished,
     RunShrunk,
@@ -30,6 +32,7 @@ from torchherd.engine.events import (
     TriageDone,
     ignore,
 )
+from torchherd.engine.hang import FAULTHANDLER, HangWatch, described, stacks_of
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Run
 from torchherd.engine.recovery_policy import (
@@ -47,7 +50,8 @@ from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import NodeNetwork, Plan, build_plan
 from torchherd.results import CheckReport, CheckResult
-from torchherd.runlog import AttemptRecord, RunSummary
+from torchherd.runlog import AttemptRecord, OutputLine, RankLines, RunSummary
+from torchherd.transport import Session
 
 ATTEMPT_VARIABLE = "TORCHHERD_ATTEMPT"
 TRIAGE_ROUNDS = 4
@@ -65,9 +69,10 @@ class Backendish(Protocol):
 
 
 def attempt_plan(base: Plan, nodes: Sequence[str], attempt: int,
-                 networks: Mapping[str, NodeNetwork] | None = None) -> Plan:
+                 networks: Mapping[str, NodeNetwork] | None = None, faulthandler: bool = False) -> Plan:
     """``base`` on ``nodes`` (names of its hosts or spares; the first is the master), with
-    the attempt's number in the job's environment. A fixed ``--nnodes`` follows the count."""
+    the attempt's number in the job's environment (and ``PYTHONFAULTHANDLER=1`` for the
+    hang watch, unless set). A fixed ``--nnodes`` follows the count."""
     inventory = base.base_inventory or base.inventory
     known = {host.name: host for host in inventory.hosts + inventory.spares}
     hosts = tuple(replace(known[name], spare=False) for name in nodes)
@@ -75,8 +80,10 @@ def attempt_plan(base: Plan, nodes: Sequence[str], attempt: int,
     nnodes = base.options.nnodes
     if nnodes is not None and ":" not in nnodes:
         nnodes = str(len(nodes))
-    options = replace(base.options, nnodes=nnodes,
-                      extra_env={**base.options.extra_env, ATTEMPT_VARIABLE: str(attempt)})
+    extra = {ATTEMPT_VARIABLE: str(attempt)}
+    if faulthandler and FAULTHANDLER not in base.options.extra_env:
+        extra[FAULTHANDLER] = "1"
+    options = replace(base.options, nnodes=nnodes, extra_env={**base.options.extra_env, **extra})
     return build_plan(chosen, options, networks)
 
 
@@ -122,6 +129,10 @@ class RecoveringRun:
         self._done = threading.Event()
         self._aborted = ""
         """Why the last attempt could not start (``LaunchAborted``), when it could not."""
+        self._watch: HangWatch | None = None
+        self._hang_text = ""
+        self._stacks: list[OutputLine] = []
+        """The ranks' lines after a hang's SIGABRT: their stacks."""
 
     # the caller's side ------------------------------------------------------------------
     def start(self) -> RecoveringRun:
@@ -169,12 +180,19 @@ class RecoveringRun:
 
     # the attempts ------------------------------------------------------------------------
     def _launch(self, number: int, nodes: tuple[str, ...], options: LaunchOptions) -> Run:
-        plan = attempt_plan(self.plan, nodes, number, self.networks)
-        self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes))
-        run = self.backend.launch(plan, replace(options, attempt=number), self._relay)
+        timeout = self.recovery.hang_timeout
+        plan = attempt_plan(self.plan, nodes, number, self.networks, faulthandler=timeout is not None)
+        if self.recovery.retries:
+            self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes))
+        run = self.backend.launch(plan, replace(options, attempt=number if self.recovery.retries else 0),
+                                  self._relay)
+        sessions: Mapping[str, Session] | None = getattr(run.job, "sessions", None)
         with self._lock:
             self._current = run
             stopping = self._stopping
+            if timeout is not None and sessions is not None:
+                self._watch = HangWatch(run.plan, sessions, timeout, lambda seconds: run._emit(HangFound(seconds)),
+                                        run.stop).start()
         for _ in range(stopping):  # stopped while it was starting: it stops now
             run.stop()
         # The addresses the preflight found stay the nodes' own in later attempts.
@@ -183,6 +201,12 @@ class RecoveringRun:
 
     def _relay(self, event: Event) -> None:
         """An attempt's events go on to the observer; its RunFinished is the recovery's to give."""
+        watch = self._watch
+        if isinstance(event, Output) and watch is not None:
+            watch.saw_output()
+            if watch.hung is not None:
+                for chunk in event.lines:
+                    self._stacks.extend(chunk.lines() if isinstance(chunk, RankLines) else (chunk,))
         if not isinstance(event, RunFinished):
             self.emit(event)
 
@@ -203,7 +227,10 @@ class RecoveringRun:
             started = time.monotonic()
             summary = self._finish(run, number, nodes)
             seconds = time.monotonic() - started
-            attempt = attempt_of(number, nodes, summary)
+            attempt = self._hung(attempt_of(number, nodes, summary))
+            summary = replace(summary, headline=self._headline(summary))
+            if not self.recovery.retries:  # only the hang watch: one attempt, told as a run without retries
+                return summary
             if attempt.ended in ("ok", "interrupted") or self.stopping:
                 self.records.append(AttemptRecord(number, nodes, attempt.ended, summary.headline, seconds))
                 return self._final(summary, None if attempt.ended == "ok" else "interrupted")
@@ -237,12 +264,37 @@ class RecoveringRun:
 
     def _finish(self, run: Run | None, number: int, nodes: tuple[str, ...]) -> RunSummary:
         if run is not None:
-            summary = run.wait()
+            try:
+                summary = run.wait()
+            finally:
+                if self._watch is not None:
+                    self._watch.close()
             with self._lock:
                 self._current = None
             return summary
         message = f"attempt {number} could not start: {self._aborted}"
         return RunSummary(self.run_id, EXIT_FAILED, message, (), str(self.log_dir))
+
+    def _hung(self, attempt: Attempt) -> Attempt:
+        """The attempt as the hang watch saw it: hung, its culprit the node of the rank whose
+        stack differs (when one does); the watch is done with."""
+        watch, self._watch = self._watch, None
+        if watch is None or watch.hung is None or attempt.ended == "interrupted":
+            self._stacks = []
+            return attempt
+        stacks = stacks_of(self._stacks)
+        counts: dict[tuple[str, str], int] = {}
+        for stack in stacks:
+            counts[(stack.function, stack.where)] = counts.get((stack.function, stack.where), 0) + 1
+        odd = [stack for stack in stacks if len(counts) > 1 and counts[(stack.function, stack.where)] == min(counts.values())]
+        self._hang_text = f"hung: no rank printed a line or used CPU for {watch.timeout:g} s; {described(stacks)}"
+        self._stacks = []
+        return replace(attempt, ended="hung", culprit=odd[0].node if odd else None, error=self._hang_text,
+                       exit_code=None)
+
+    def _headline(self, summary: RunSummary) -> str:
+        text, self._hang_text = self._hang_text, ""
+        return text or summary.headline
 
     def _final(self, summary: RunSummary, why: str | None) -> RunSummary:
         """The run's summary: the last attempt's nodes, every attempt, and why it ended."""

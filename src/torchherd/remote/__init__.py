@@ -19,7 +19,7 @@ import functools
 import importlib.resources
 import zlib
 
-SCRIPTS = ("supervisor.py", "coordinator.py", "stop.py")
+SCRIPTS = ("supervisor.py", "coordinator.py", "stop.py", "hangprobe.py")
 
 # Runs on the node: no single quote in it, so shlex.quote only wraps the program.
 # The sources travel zlib-compressed in base85 (about a third of their size on the

@@ -1,0 +1,190 @@
+"""A hung job (``--hang-timeout S``): no rank printed a line and no rank used CPU for S
+seconds. ``HangWatch`` finds it, over the run's own SSH sessions, and sends SIGABRT to
+every rank (the job runs with ``PYTHONFAULTHANDLER=1``: each rank prints every thread's
+Python stack before it dies); ``stacks_of`` reads those stacks back from the ranks'
+output and ``described`` names the rank whose stack differs from the others'.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import shlex
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from torchherd.errors import TransportError
+from torchherd.plan import NodePlan, Plan, quote_path
+from torchherd.remote import program
+from torchherd.runlog import OutputLine
+from torchherd.transport import Session, fan_out
+
+FAULTHANDLER = "PYTHONFAULTHANDLER"
+_BLOCK = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
+_FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<function>.+)$')
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3")
+IDLE_SHARE = 0.05
+"""Below this share of a core per rank, the ranks use no CPU: gloo's blocked collectives
+wake a few times a second (about 0.3 % of a core each, measured on the test cluster)."""
+ABORT_WAIT = 10.0
+"""Seconds the ranks have to print their stacks and die before the run is stopped."""
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """Where one rank was when it was stopped: its innermost function, and the innermost
+    line of the job's own code (``train.py:42``)."""
+
+    node: str
+    rank: int
+    function: str
+    where: str
+
+
+def stacks_of(lines: Sequence[OutputLine]) -> list[RankStack]:
+    """Each rank's stack from faulthandler's output, in rank order: the first thread
+    block that passes through the job's own code (else the first block)."""
+    blocks: dict[int, list[list[tuple[str, int, str]]]] = defaultdict(list)
+    nodes: dict[int, str] = {}
+    open_block: dict[int, bool] = {}
+    for line in lines:
+        if line.rank is None:
+            continue
+        if _BLOCK.match(line.text.strip()):
+            blocks[line.rank].append([])
+            nodes[line.rank] = line.node
+            open_block[line.rank] = True
+            continue
+        frame = _FRAME.match(line.text)
+        if frame and open_block.get(line.rank):
+            blocks[line.rank][-1].append((frame["file"], int(frame["line"]), frame["function"]))
+        else:
+            open_block[line.rank] = False
+    stacks = []
+    for rank in sorted(blocks):
+        frames = next((block for block in blocks[rank] if any(_own(path) for path, _, _ in block)),
+                      blocks[rank][0])
+        if not frames:
+            continue
+        own = next(((path, number) for path, number, _ in frames if _own(path)), frames[0][:2])
+        stacks.append(RankStack(nodes[rank], rank, frames[0][2], f"{posixpath.basename(own[0])}:{own[1]}"))
+    return stacks
+
+
+def _own(path: str) -> bool:
+    return not any(part in path for part in _LIBRARY) and not path.startswith("<")
+
+
+def described(stacks: Sequence[RankStack]) -> str:
+    """"rank 5 on node2 in main at train.py:40; ranks 0-4, 6-7 in all_reduce at
+    train.py:42": the ranks whose stack differs from the most common one's first."""
+    if not stacks:
+        return "no rank printed its stack"
+    groups: dict[tuple[str, str], list[RankStack]] = defaultdict(list)
+    for stack in stacks:
+        groups[(stack.function, stack.where)].append(stack)
+    ordered = sorted(groups.values(), key=lambda group: (len(group), group[0].rank))
+    parts = []
+    for group in ordered:
+        ranks = [stack.rank for stack in group]
+        nodes = sorted({stack.node for stack in group})
+        on = f" on {nodes[0]}" if len(nodes) == 1 and len(ordered) > 1 else ""
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_ranges(ranks)}"
+        parts.append(f"{who}{on} in {group[0].function} at {group[0].where}")
+    return "; ".join(parts)
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    spans: list[list[int]] = []
+    for rank in sorted(ranks):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ", ".join(str(low) if low == high else f"{low}-{high}" for low, high in spans)
+
+
+class HangWatch:
+    """Watches one attempt: while no rank prints, it samples the ranks' CPU time on every
+    node; once neither changed for ``timeout`` seconds, it sends every rank SIGABRT and
+    sets ``hung`` (the run then ends as its ranks die)."""
+
+    def __init__(self, plan: Plan, sessions: Mapping[str, Session], timeout: float,
+                 on_hang: Callable[[float], None], stop: Callable[[], None]) -> None:
+        self.plan = plan
+        self.sessions = sessions
+        self.timeout = timeout
+        self.on_hang = on_hang
+        self.stop = stop
+        """Stops the run, when its ranks outlive their SIGABRT (a rank stuck outside Python)."""
+        self.every = min(5.0, max(0.5, timeout / 4))
+        self.last_output = time.monotonic()
+        self.hung: float | None = None
+        """When the hang was found (monotonic), or None."""
+        self._sample: tuple[float, tuple[float, int]] | None = None
+        """The last CPU sample: when, and the ranks' CPU seconds and count."""
+        self._last_cpu = self.last_output
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="torchherd-hang", daemon=True)
+
+    def start(self) -> HangWatch:
+        self._thread.start()
+        return self
+
+    def saw_output(self) -> None:
+        self.last_output = time.monotonic()
+        self._sample = None  # CPU is sampled afresh after the next silence
+
+    def close(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.every):
+            if time.monotonic() - self.last_output < self.every:
+                continue
+            self._sample_cpu()
+            silent = time.monotonic() - max(self.last_output, self._last_cpu)
+            if silent >= self.timeout and not self._done.is_set():
+                self.hung = time.monotonic()
+                self.on_hang(silent)
+                self._probe("abort")
+                if not self._done.wait(ABORT_WAIT):
+                    self.stop()
+                return
+
+    def _sample_cpu(self) -> None:
+        """Marks the ranks busy now unless they used less than ``IDLE_SHARE`` of a core each
+        since the last sample (a rank blocked in a collective still wakes now and then)."""
+        now, sample = time.monotonic(), self._probe("cpu")
+        last, self._sample = self._sample, (now, sample) if sample is not None else None
+        if last is None or sample is None:
+            self._last_cpu = now  # nothing to compare with yet: busy, as far as anyone knows
+            return
+        (then, (cpu_then, _)), (cpu_now, ranks) = last, sample
+        if (cpu_now - cpu_then) / max(now - then, 1e-3) > IDLE_SHARE * max(ranks, 1):
+            self._last_cpu = now
+
+    def _probe(self, action: str) -> tuple[float, int] | None:
+        """The ranks' CPU seconds and their count, over every node (None when a node did not
+        answer); with ``abort`` the ranks are sent SIGABRT."""
+        source = program("hangprobe.py")
+
+        def ask(node: NodePlan) -> tuple[float, int] | None:
+            command = (f"{quote_path(node.host.python)} -c {shlex.quote(source)} {shlex.quote(self.plan.run_id)} "
+                       f"{action}")
+            try:
+                result = self.sessions[node.host.name].run(command, timeout=10.0)
+                answer = json.loads(result.stdout.strip().splitlines()[-1])
+                return float(answer["cpu"]), len(answer["ranks"])
+            except (TransportError, ValueError, IndexError, KeyError, TypeError):
+                return None
+
+        answers = fan_out([node for node in self.plan.nodes if node.host.name in self.sessions], ask)
+        if any(answer is None for answer in answers):
+            return None
+        return (sum(answer[0] for answer in answers if answer is not None),
+                sum(answer[1] for answer in answers if answer is not None))

@@ -1,0 +1,62 @@
+"""On a node: the ranks of one run, found by their environment, and their CPU time;
+with ``abort``, SIGABRT to each (the job runs with PYTHONFAULTHANDLER=1, so each rank
+prints every thread's Python stack before it dies).
+
+    python -c PROGRAM RUN_ID cpu|abort   ->   one JSON line: {"ticks": N, "cpu": S, "ranks": [...]}
+
+A rank is a process whose environment holds ``TORCHHERD_RUN_ID=<run id>`` and a
+``LOCAL_RANK`` (torchrun's workers; torchrun itself has none): nothing is found, or
+signalled, by name. Standard library only (the node's Python 3.8 or later).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import List, Tuple
+
+
+def ranks(run_id: str) -> List[Tuple[int, int, int]]:
+    """(pid, global rank, CPU ticks) of every rank of the run on this node."""
+    wanted = ("TORCHHERD_RUN_ID=" + run_id).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/" + entry + "/environ", "rb") as file:
+                variables = file.read().split(b"\0")
+            with open("/proc/" + entry + "/stat", "rb") as file:
+                stat = file.read()
+        except OSError:  # gone, or another user's
+            continue
+        if wanted not in variables:
+            continue
+        names = dict(item.split(b"=", 1) for item in variables if b"=" in item)
+        if b"LOCAL_RANK" not in names:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime + stime
+        rank = names.get(b"RANK", b"-1")
+        found.append((int(entry), int(rank) if rank.lstrip(b"-").isdigit() else -1, ticks))
+    return found
+
+
+def main() -> None:
+    run_id, action = sys.argv[1], sys.argv[2]
+    found = ranks(run_id)
+    if action == "abort":
+        for pid, _, _ in found:
+            try:
+                os.kill(pid, signal.SIGABRT)
+            except OSError:
+                pass
+    ticks = sum(ticks for _, _, ticks in found)
+    print(json.dumps({"ticks": ticks, "cpu": ticks / os.sysconf("SC_CLK_TCK"),
+                      "ranks": sorted(rank for _, rank, _ in found)}))
+
+
+if __name__ == "__main__":
+    main()
