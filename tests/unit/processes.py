@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Callable, Iterator
 
-from torchherd.remote import program, wire
+from torchherd.remote import argv, wire
 
 
 def pids_with(text: bytes) -> list[int]:
@@ -70,7 +70,7 @@ def killed_after(prefix: str) -> Iterator[str]:
 def run_supervisor(config: wire.SupervisorConfig, timeout: float = 60) -> tuple[int, bytes]:
     """The supervisor program with ``config`` on its stdin, which stays open (its end would
     tear the job down) until the supervisor has ended: its exit status and every record."""
-    process = subprocess.Popen([sys.executable, "-u", "-c", program("supervisor.py"), "-", config.run_id],
+    process = subprocess.Popen([sys.executable, *argv("supervisor.py"), "-", config.run_id],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert process.stdin is not None and process.stdout is not None
     process.stdin.write(config.to_line())

@@ -19,7 +19,7 @@ from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import launch
 from torchherd.inventory import Host
 from torchherd.remote import wire
-from torchherd.remote.supervisor import MAX_LINE, RankMender
+from torchherd.remote.framing import MAX_LINE, RankMender
 from torchherd.runlog import RecordSplitter
 from torchherd.runrecord import NodeRecord, RunRecord
 from torchherd.transport.base import MAX_PARALLEL, CommandResult

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -21,11 +20,11 @@ from typing import Iterator
 import pytest
 from processes import killed_after, pids_with, wait_until
 
-from torchherd.remote import program, wire
+from torchherd.remote import argv, command, wire
 from torchherd.remote import supervisor as sv
 
-SOURCE = program("supervisor.py")
-COORD_SOURCE = program("coordinator.py")
+SUPERVISOR = argv("supervisor.py")
+COORDINATOR = argv("coordinator.py")
 PY = sys.executable
 
 
@@ -38,7 +37,7 @@ def start(run_id: str, tmp_path: Path, code: str, **extra: object) -> subprocess
     config = {"run_id": run_id, "argv": [PY, "-c", code], "grace": 2, "heartbeat": 0, "node": "n0",
               "log_file": str(tmp_path / "runs" / "n0.log"), "state_file": str(tmp_path / "runs" / "n0.state.json"),
               **extra}
-    return subprocess.run([PY, "-u", "-c", SOURCE, json.dumps(config)], stdin=subprocess.PIPE,
+    return subprocess.run([PY, *SUPERVISOR, json.dumps(config)], stdin=subprocess.PIPE,
                           capture_output=True, timeout=20)
 
 
@@ -75,7 +74,7 @@ def test_detached_supervisor_returns_at_once_and_the_job_runs_on(run_id: str, tm
 def test_detached_start_failure_is_reported_by_the_parent(run_id: str, tmp_path: Path) -> None:
     config = {"run_id": run_id, "argv": ["/nonexistent/torchherd-nothing"], "node": "n0",
               "log_file": str(tmp_path / "n0.log")}
-    done = subprocess.run([PY, "-u", "-c", SOURCE, json.dumps(config)], capture_output=True, timeout=20)
+    done = subprocess.run([PY, *SUPERVISOR, json.dumps(config)], capture_output=True, timeout=20)
     assert done.returncode == 1
     assert json.loads(done.stdout[1:])["event"] == "error"
 
@@ -99,7 +98,7 @@ def token(node: str) -> str:
 def start_coordinator(run_id: str, tmp_path: Path, nodes: list[str]) -> dict[str, int]:
     config = wire.CoordinatorConfig(run_id, {node: token(node) for node in nodes}, "127.0.0.1",
                                     str(tmp_path / "c" / "coord.json"), 10)
-    done = subprocess.run([PY, "-c", COORD_SOURCE, "-", run_id], input=config.to_line(), capture_output=True,
+    done = subprocess.run([PY, *COORDINATOR, "-", run_id], input=config.to_line(), capture_output=True,
                           timeout=20)
     assert done.returncode == 0, done
     return dict(json.loads(done.stdout))
@@ -158,7 +157,7 @@ def test_detached_supervisor_tears_down_on_stop_from_the_coordinator(run_id: str
 
 # ------------------------------------------------------------------ stop
 
-STOP_SOURCE = program("stop.py")
+STOP = argv("stop.py")
 CHILD = "import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint(os.getpid(), flush=True)\n" \
         "time.sleep(600)"
 PARENT = f"""
@@ -189,7 +188,7 @@ def alive(pid: int) -> bool:
 
 
 def stop(run_id: str, state_file: Path, grace: float) -> wire.StopReply:
-    done = subprocess.run([PY, "-S", "-I", "-c", STOP_SOURCE, run_id, str(grace), str(state_file)],
+    done = subprocess.run([PY, *STOP, run_id, str(grace), str(state_file)],
                           capture_output=True, cwd="/", env={"PATH": os.environ["PATH"]}, timeout=30)
     assert done.returncode == 0, done.stderr
     return wire.StopReply.from_json(done.stdout.decode())
@@ -252,9 +251,8 @@ def test_stops_of_nodes_sharing_a_process_table_do_not_kill_each_other(run_id: s
                      log_file=str(tmp_path / f"{node}.log"), state_file=str(tmp_path / f"{node}.json"))
         assert done.returncode == 0, done
         supervisors.append(int(json.loads(done.stdout[1:])["supervisor"]))
-    command = "{} -S -I -c {} {} 2 {}"  # no exec: the shell's command line holds the run id too
-    stops = [subprocess.Popen(["sh", "-c", command.format(PY, shlex.quote(STOP_SOURCE), run_id,
-                                                          tmp_path / f"{node}.json")],
+    line = "{} {} {} 2 {}"  # no exec: the shell's command line holds the run id too
+    stops = [subprocess.Popen(["sh", "-c", line.format(PY, command("stop.py"), run_id, tmp_path / f"{node}.json")],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for node in ("n0", "n1")]
     replies = [stop.communicate(timeout=40) for stop in stops]
     assert [stop.returncode for stop in stops] == [0, 0], replies

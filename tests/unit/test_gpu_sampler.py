@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from torchherd.remote import supervisor as sv
+from torchherd.remote import ranks
 from torchherd.runlog import GpuUsage, OutputParser, Status, gpu_usage
 
 QUERY_ANSWER = "0, 87, 12000, 81920\n1, [N/A], 0, 81920\n2, 15, 100, 40960\n"
@@ -26,7 +26,7 @@ def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return script
 
 
-def sample(sampler: sv.GpuSampler, seconds: float) -> bytes:
+def sample(sampler: ranks.GpuSampler, seconds: float) -> bytes:
     records = b""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -36,7 +36,7 @@ def sample(sampler: sv.GpuSampler, seconds: float) -> bytes:
 
 
 def test_a_sample_every_few_seconds_and_boards_without_a_reading_left_out(fake_smi: Path) -> None:
-    sampler = sv.GpuSampler(0.3)
+    sampler = ranks.GpuSampler(0.3)
     records = sample(sampler, 1.0)
     sampler.stop()
     parsed = [chunk for chunk in OutputParser("node0").feed(records) if isinstance(chunk, Status)]
@@ -46,16 +46,16 @@ def test_a_sample_every_few_seconds_and_boards_without_a_reading_left_out(fake_s
 
 def test_no_nvidia_smi_no_samples(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    sampler = sv.GpuSampler(0.1)
+    sampler = ranks.GpuSampler(0.1)
     assert sampler.path is None and sample(sampler, 0.3) == b""
-    assert sv.GpuSampler(0.0).path is None
+    assert ranks.GpuSampler(0.0).path is None
 
 
 def test_a_query_that_hangs_is_killed_and_gives_no_sample(fake_smi: Path) -> None:
     fake_smi.write_text("#!/bin/sh\nexec sleep 30\n")
-    sampler = sv.GpuSampler(0.1)
+    sampler = ranks.GpuSampler(0.1)
     started = time.monotonic()
     assert sampler.poll(started) == b""
     assert sampler.proc is not None
-    assert sampler.poll(started + sv.GPU_QUERY_TIMEOUT + 1) == b""
+    assert sampler.poll(started + ranks.GPU_QUERY_TIMEOUT + 1) == b""
     assert sampler.proc is None and time.monotonic() - started < 5

@@ -15,7 +15,7 @@ from torchherd.engine.job import redirected, supervisor_config
 from torchherd.inventory import parse
 from torchherd.plan import RunOptions, build_plan
 from torchherd.remote import wire
-from torchherd.remote.supervisor import compact_redraws, visible_now
+from torchherd.remote.ranks import compact_redraws, visible_now
 from torchherd.runlog import OutputLine, OutputParser, RankLines, Status, progress_of
 
 FAKE = Path(__file__).parent / "fakes" / "fake_redirects.py"

@@ -27,7 +27,7 @@ from torchherd.api import Cluster
 from torchherd.engine.events import Collector, NodeNotStarted
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import launch
-from torchherd.remote import program, wire
+from torchherd.remote import argv, wire
 from torchherd.transport.local import LocalConnector
 
 PY = sys.executable
@@ -128,7 +128,7 @@ def test_another_user_who_made_the_log_directory_first_gets_nothing(other_user: 
 
 # items 2 and 3: the detached run's coordinator --------------------------------------------
 
-COORDINATOR = program("coordinator.py")
+COORDINATOR = argv("coordinator.py")
 TOKENS = {"a": "a" * 32, "b": "b" * 32, "c": "c" * 32}
 
 
@@ -137,7 +137,7 @@ def coordinator(tmp_path: Path) -> Iterator[int]:
     """A coordinator for nodes a, b, c on 127.0.0.1; its port. Killed afterwards."""
     run_id = "tc-" + uuid.uuid4().hex[:8]
     config = wire.CoordinatorConfig(run_id, TOKENS, "127.0.0.1", str(tmp_path / "coordinator.json"), 30.0)
-    done = subprocess.run([PY, "-c", COORDINATOR, "-", run_id], input=config.to_line(), capture_output=True,
+    done = subprocess.run([PY, *COORDINATOR, "-", run_id], input=config.to_line(), capture_output=True,
                           timeout=30)
     assert done.returncode == 0, done
     reply = wire.CoordinatorReply.from_json(done.stdout.decode())
@@ -293,7 +293,7 @@ def test_stop_as_root_spares_another_users_process_named_after_the_run(other_use
         time.sleep(0.5)
         state_file = tmp_path / "n0.state.json"
         state_file.write_text(json.dumps({"run_id": run_id, "supervisor": theirs.pid, "start": 1, "token": "x"}))
-        done = subprocess.run([PY, "-c", program("stop.py"), run_id, "1", str(state_file)], capture_output=True,
+        done = subprocess.run([PY, *argv("stop.py"), run_id, "1", str(state_file)], capture_output=True,
                               timeout=60)
         assert done.returncode == 0, done.stderr
         assert theirs.poll() is None, "stop killed another user's process"

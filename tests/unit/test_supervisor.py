@@ -24,10 +24,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from torchherd.remote import program, wire
+from torchherd.remote import argv, framing, proctable, wire
 from torchherd.remote import supervisor as sv
 
-SOURCE = program("supervisor.py")
+SUPERVISOR = argv("supervisor.py")
 PY = sys.executable
 
 
@@ -164,7 +164,7 @@ class Harness:
             "watchdog": watchdog,
         }
         proc = subprocess.Popen(
-            [PY, "-u", "-c", SOURCE, json.dumps(config)],
+            [PY, *SUPERVISOR, json.dumps(config)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -599,7 +599,7 @@ def test_missing_command_reports_error_and_127(harness: Harness) -> None:
 @pytest.mark.timeout(30)
 def test_bad_config_exits_2() -> None:
     proc = subprocess.run(
-        [PY, "-u", "-c", SOURCE, json.dumps({"run_id": "x", "argv": "not-a-list"})],
+        [PY, *SUPERVISOR, json.dumps({"run_id": "x", "argv": "not-a-list"})],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         timeout=20,
@@ -614,7 +614,7 @@ def test_bad_config_exits_2() -> None:
 
 
 def test_line_framer_splits_and_flushes() -> None:
-    f = sv.LineFramer(b"O", max_line=10)
+    f = framing.LineFramer(b"O", max_line=10)
     assert f.feed(b"ab") == b""
     assert f.feed(b"c\nde\n\nf") == b"Oabc\nOde\nO\n"
     assert f.feed(b"0123456789xyz") == b"Of0123456789xyz\n"
@@ -637,8 +637,8 @@ def test_parse_config_defaults_and_errors() -> None:
 
 
 def test_exit_code_from_status() -> None:
-    assert sv.exit_code_from_status(3 << 8) == 3
-    assert sv.exit_code_from_status(signal.SIGTERM) == 143
+    assert proctable.exit_code_from_status(3 << 8) == 3
+    assert proctable.exit_code_from_status(signal.SIGTERM) == 143
 
 
 def test_status_record_is_one_line() -> None:
@@ -649,7 +649,7 @@ def test_status_record_is_one_line() -> None:
 def test_rank_mender_joins_a_line_torchrun_tore_apart() -> None:
     """torchrun --tee copied rank 7's half-written line, then rank 6's whole line glued
     to it, then the rest of rank 7's line (seen in a benchmark run: one line in 800,000)."""
-    mender = sv.RankMender(b"[M ")
+    mender = framing.RankMender(b"[M ")
     first = (b"[M 7] rank 7 line 51576 whole\n"
              b"[M 7] rank 7 line 51577 the qu[M 6] rank 6 line 42684 the quick brown fox\n")
     assert mender.mend(first) == b"[M 7] rank 7 line 51576 whole\n[M 6] rank 6 line 42684 the quick brown fox\n"
@@ -663,7 +663,7 @@ def test_rank_mender_joins_a_line_torchrun_tore_apart() -> None:
 
 
 def test_line_framer_mends_across_chunks_and_flushes_at_the_end() -> None:
-    framer = sv.LineFramer(b"O", mender=sv.RankMender(b"[M "))
+    framer = framing.LineFramer(b"O", mender=framing.RankMender(b"[M "))
     out = framer.feed(b"[M 1] a[M 0] b\n[M 1] c\n[M 0] d")
     out += framer.feed(b"e\n[M 2] held[M 0] f\n")
     out += framer.finish()

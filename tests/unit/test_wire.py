@@ -22,7 +22,7 @@ import pytest
 from processes import killed_after, wait_until
 
 from torchherd import runlog
-from torchherd.remote import SCRIPTS, program, wire
+from torchherd.remote import PROGRAMS, SCRIPTS, argv, program, wire
 from torchherd.runlog import OutputLine, Status, parse_records, parse_status
 from torchherd.runrecord import parse_node_state
 
@@ -38,7 +38,7 @@ def bare_python(python: str = PY) -> list[str]:
 
 def run_program(name: str, *args: str, stdin: bytes = b"", python: str = PY,
                 timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([*bare_python(python), "-u", "-c", program(name), *args], input=stdin,
+    return subprocess.run([python, *argv(name), *args], input=stdin,
                           capture_output=True, cwd="/", env=BARE, timeout=timeout)
 
 
@@ -46,7 +46,7 @@ def supervise(config: wire.SupervisorConfig, python: str = PY) -> tuple[int, byt
     """Runs the supervisor program as the controller does: the config line on stdin, which
     stays open (its EOF would mean the controller is gone) until the "done" record.
     Its exit status, stdout and stderr."""
-    proc = subprocess.Popen([*bare_python(python), "-u", "-c", program("supervisor.py"), "-", config.run_id],
+    proc = subprocess.Popen([python, *argv("supervisor.py"), "-", config.run_id],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
                             env=BARE)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -189,7 +189,7 @@ def test_coordinator_words() -> None:
 def test_node_programs_cannot_see_the_checkout() -> None:
     done = subprocess.run([*bare_python(), "-c", "import torchherd"], capture_output=True, cwd="/", env=BARE)
     assert done.returncode != 0 and b"ModuleNotFoundError" in done.stderr
-    assert set(SCRIPTS) == {"supervisor.py", "coordinator.py", "stop.py", "hangprobe.py"}
+    assert set(SCRIPTS) == {"supervisor.py", "coordinator.py", "stop.py", "hangprobe.py", "receive.py"}
     with pytest.raises(ValueError):
         program("wire.py")
     for name in SCRIPTS:
@@ -258,7 +258,7 @@ def test_control_words_and_heartbeats_between_controller_and_supervisor(run_id: 
     supervisor's stop levels; the supervisor's heartbeats come back as H records."""
     code = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(60)"
     config = wire.SupervisorConfig(run_id=run_id, argv=job(code), heartbeat=0.2, watchdog=1.0, grace=30.0)
-    proc = subprocess.Popen([*bare_python(), "-u", "-c", program("supervisor.py"), "-", run_id],
+    proc = subprocess.Popen([PY, *argv("supervisor.py"), "-", run_id],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd="/", env=BARE)
     assert proc.stdin is not None and proc.stdout is not None
     try:

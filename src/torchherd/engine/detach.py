@@ -34,7 +34,8 @@ from torchherd.engine.job import (
 )
 from torchherd.errors import TransportError
 from torchherd.plan import Plan, quote_path
-from torchherd.remote import program, wire
+from torchherd.remote import command as node_program
+from torchherd.remote import wire
 from torchherd.runlog import OutputLine, RecordSplitter, Status, parse_status
 from torchherd.runrecord import (
     CoordinatorRecord,
@@ -107,7 +108,7 @@ def _start_coordinator(plan: Plan, connection: Session) -> tuple[CoordinatorReco
     master = plan.nodes[0]
     state_file = remote_coordinator_file(plan.run_id)
     config = wire.CoordinatorConfig(plan.run_id, tokens, plan.master_addr, state_file, COORDINATOR_WAIT)
-    command = (f"exec {quote_path(master.host.python)} -c {shlex.quote(program('coordinator.py'))} "
+    command = (f"exec {quote_path(master.host.python)} {node_program('coordinator.py')} "
                f"- {shlex.quote(plan.run_id)}")
     result = connection.run(command, stdin=config.to_line(), timeout=START_TIMEOUT)
     try:
@@ -223,14 +224,14 @@ def _node_state(record: RunRecord, node: NodeRecord, connection: Session | Trans
 def stop_nodes(record: RunRecord, connections: Mapping[str, Session | TransportError]) -> dict[str, list[str]]:
     """The same teardown as Ctrl-C, on every node at once; per node what is still left
     (``["unreachable: ..."]`` when the node could not be asked)."""
-    source = program("stop.py")
+    source = node_program("stop.py")
 
     def stop(node: NodeRecord) -> list[str]:
         connection = connections.get(node.name)
         if connection is None or isinstance(connection, TransportError):
             return [f"unreachable: {connection}"]
         coordinator = record.coordinator
-        command = (f"{quote_path(node.python)} -c {shlex.quote(source)} {shlex.quote(record.run_id)} "
+        command = (f"{quote_path(node.python)} {source} {shlex.quote(record.run_id)} "
                    f"{record.grace:g} {quote_path(node.state_file)}"
                    + (f" {quote_path(coordinator.state_file)}" if coordinator and coordinator.node == node.name else ""))
         try:

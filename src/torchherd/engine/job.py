@@ -37,7 +37,7 @@ from torchherd.engine.events import (
 from torchherd.engine.outcome import NodeRun, summarise
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan, quote_path
-from torchherd.remote import program, wire
+from torchherd.remote import command, wire
 from torchherd.remote.wire import StopLevel, control_line
 from torchherd.runlog import (
     STDERR,
@@ -103,8 +103,9 @@ RunEvent = Union[OutputLine, RankLines, Status, Closed, _StopRequest]
 
 
 def supervisor_source() -> str:
-    """The supervisor as the node runs it: one self-contained ``python -c`` program."""
-    return program("supervisor.py")
+    """The supervisor as the node runs it (after its python): isolated, one self-contained
+    ``-c`` program, as shell words."""
+    return command("supervisor.py")
 
 
 def supervisor_config(node: NodePlan, run_id: str, grace: float) -> wire.SupervisorConfig:
@@ -158,7 +159,7 @@ def remote_command(node: NodePlan, run_id: str, source: str) -> str:
     The job's environment is not on this line: a node's process list is public.
     """
     parts = node.shell_prefix()  # the setup's output goes to stderr: stdout is the record stream
-    parts.append(f"exec {quote_path(node.host.python)} -u -c {shlex.quote(source)} - {shlex.quote(run_id)}")
+    parts.append(f"exec {quote_path(node.host.python)} {source} - {shlex.quote(run_id)}")
     return " && ".join(parts)
 
 

@@ -46,7 +46,7 @@ from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, TorchherdEr
 from torchherd.inventory import Host, Inventory
 from torchherd.plan import RANK_PREFIX_HEAD, Plan
 from torchherd.remote import wire
-from torchherd.remote.supervisor import LineFramer, RankMender
+from torchherd.remote.framing import LineFramer, RankMender
 from torchherd.remote.wire import StopLevel
 from torchherd.results import CLUSTER, CheckReport, CheckResult
 from torchherd.runlog import (

@@ -29,7 +29,7 @@ from torchherd import tree
 from torchherd.engine.events import NodeSynced, Observer, SyncDone, SyncFailed, SyncStarted
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan, quote_path
-from torchherd.remote import source
+from torchherd.remote import command
 from torchherd.remote.receive import CHUNK, DIGEST, HEADER, MARSHAL_VERSION
 from torchherd.transport import Connector, Process, Session, close_all, connect_all, fan_out
 
@@ -55,7 +55,7 @@ def frame(message: Mapping[str, Any]) -> bytes:
 def receiver_command(node: NodePlan, dest: str, within: str) -> str:
     """The receiver with the node's python; a ``~`` in the destination is the node's
     home, expanded there (by the receiver, not the shell)."""
-    return (f"{quote_path(node.host.python)} -S -c {shlex.quote(source('receive.py'))} "
+    return (f"{quote_path(node.host.python)} {command('receive.py')} "
             f"{shlex.quote(dest)} {shlex.quote(within)}")
 
 

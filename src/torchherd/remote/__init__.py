@@ -1,40 +1,68 @@
 """The programs torchherd runs on the nodes, and how they travel there.
 
-The node scripts (``supervisor.py``, ``coordinator.py``, ``stop.py``) use the
-standard library and ``wire`` only, and run on the node's own Python (>= 3.8);
-nothing is installed on a node. ``program(name)`` is the text to run there with
-``python -c``: a short loader, then the wire module and the script, each packed.
+The node programs (``supervisor.py``, ``coordinator.py``, ``stop.py``, ``hangprobe.py``,
+``receive.py``) and the modules they share (``wire``, ``framing``, ``proctable``, ``ranks``)
+use the standard library only, and run on the node's own Python (>= 3.8); nothing is
+installed on a node. ``program(name)`` is the text to run there with ``python -c``: a short
+loader and, in one packed blob, the modules the program imports, then the program.
+``command(name)`` is how every one of them is started: ``-I -S -u -c PROGRAM``.
 
-The scripts say ``from torchherd.remote import wire``. In the checkout that is this
-package's real module. On a node the loader first registers stand-ins for
-``torchherd`` and ``torchherd.remote`` and the wire module itself in ``sys.modules``,
-so the same import statement finds them there (even where some other torchherd is
-installed), and no script needs a second way to import.
+The modules say ``from torchherd.remote import wire`` (or ``...framing import X``). In
+the checkout that is this package's real module. On a node the loader first registers
+stand-ins for ``torchherd``, ``torchherd.remote`` and each shipped module in
+``sys.modules``, so the same import statement finds them there (even where some other
+torchherd is installed), and no module needs a second way to import.
 """
 
 from __future__ import annotations
 
-import base64
+import binascii
 import functools
 import importlib.resources
+import marshal
+import shlex
 import zlib
 
-SCRIPTS = ("supervisor.py", "coordinator.py", "stop.py", "hangprobe.py")
+PROGRAMS: dict[str, tuple[str, ...]] = {
+    "supervisor.py": ("wire.py", "framing.py", "proctable.py", "ranks.py"),
+    "coordinator.py": ("wire.py",),
+    "stop.py": ("wire.py", "proctable.py"),
+    "hangprobe.py": (),
+    "receive.py": (),
+}
+"""Each node program and the modules it imports, in the order they are loaded (a module
+after those it imports)."""
+SCRIPTS = tuple(PROGRAMS)
 
-# Runs on the node: no single quote in it, so shlex.quote only wraps the program.
-# The sources travel zlib-compressed in base85 (about a third of their size on the
-# SSH command line, and no quote or backslash for any shell to mangle); compiled
-# under their own file names, so a node's traceback names the right file and line.
+FLAGS = ("-I", "-S", "-u")
+"""How every node program starts. ``-I``: isolated, so neither the directory it starts in
+(the job's workdir, where a project's ``base64.py`` or ``json.py`` would replace the
+standard module) nor ``PYTHONPATH``/``PYTHON*`` variables nor the user's site-packages
+reach it; the job it starts still gets the environment as it is (``-I`` leaves
+``os.environ`` alone). ``-S``: no site-packages, whose ``.pth`` files cost CPU at every
+start and which a standard-library program never needs. ``-u``: records are never held
+in a buffer."""
+
+MARSHAL_VERSION = 4
+"""Read by every Python >= 3.4: the controller's Python may be newer than the node's."""
+
+# Runs on the node: no single quote or backslash in it, so shlex.quote only wraps it. The
+# sources travel as one zlib-compressed blob (about a third of their size on the SSH
+# command line) in base64, which binascii decodes in C: base64.b85decode is pure Python
+# (17 ms for 10 KB on Python 3.8) and ``import base64`` costs more than the decoding.
+# Each is compiled under its own file name, so a node's traceback names the right file.
 _LOADER = """\
-import base64, sys, types, zlib
-def unpack(name, packed):
-    return compile(zlib.decompress(base64.b85decode(packed)), name, "exec")
-for name in ("torchherd", "torchherd.remote", "torchherd.remote.wire"):
-    sys.modules[name] = types.ModuleType(name)
+import binascii, marshal, sys, types, zlib
+*modules, (name, text) = marshal.loads(zlib.decompress(binascii.a2b_base64("{packed}")))
+for package in ("torchherd", "torchherd.remote"):
+    sys.modules[package] = types.ModuleType(package)
 sys.modules["torchherd"].remote = sys.modules["torchherd.remote"]
-sys.modules["torchherd.remote"].wire = sys.modules["torchherd.remote.wire"]
-exec(unpack("wire.py", "{wire}"), sys.modules["torchherd.remote.wire"].__dict__)
-exec(unpack("{name}", "{script}"), {{"__name__": "__main__"}})
+for module_file, module_text in modules:
+    module = types.ModuleType("torchherd.remote." + module_file[:-3])
+    sys.modules[module.__name__] = module
+    setattr(sys.modules["torchherd.remote"], module_file[:-3], module)
+    exec(compile(module_text, module_file, "exec"), module.__dict__)
+exec(compile(text, name, "exec"), {{"__name__": "__main__"}})
 """
 
 
@@ -43,14 +71,26 @@ def source(name: str) -> str:
     return importlib.resources.files(__name__).joinpath(name).read_text("utf-8")
 
 
-def _pack(text: str) -> str:
-    return base64.b85encode(zlib.compress(text.encode("utf-8"), 9)).decode("ascii")
+def _pack(names: tuple[str, ...]) -> str:
+    files = tuple((name, source(name)) for name in names)
+    return binascii.b2a_base64(zlib.compress(marshal.dumps(files, MARSHAL_VERSION), 9), newline=False).decode("ascii")
 
 
 @functools.lru_cache(maxsize=None)
 def program(name: str) -> str:
-    """The self-contained program that runs the node script ``name`` (one of SCRIPTS)
-    with ``python -c PROGRAM ARGS...``: its ``sys.argv[1:]`` are the script's."""
-    if name not in SCRIPTS:
-        raise ValueError(f"not a node script: {name!r} (one of {', '.join(SCRIPTS)})")
-    return _LOADER.format(wire=_pack(source("wire.py")), name=name, script=_pack(source(name)))
+    """The self-contained program that runs the node program ``name`` (one of SCRIPTS)
+    with ``python -c PROGRAM ARGS...``: its ``sys.argv[1:]`` are the program's."""
+    if name not in PROGRAMS:
+        raise ValueError(f"not a node program: {name!r} (one of {', '.join(SCRIPTS)})")
+    return _LOADER.format(packed=_pack((*PROGRAMS[name], name)))
+
+
+def argv(name: str) -> tuple[str, ...]:
+    """The interpreter's arguments that run node program ``name``; its own arguments follow."""
+    return (*FLAGS, "-c", program(name))
+
+
+@functools.lru_cache(maxsize=None)
+def command(name: str) -> str:
+    """``argv(name)`` as shell words: ``PYTHON {command(name)} ARGS...`` runs the program."""
+    return " ".join(shlex.quote(word) for word in argv(name))

@@ -26,11 +26,12 @@ import os
 import signal
 import sys
 import time
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, List, Optional
 
-# On a node this is the stand-in module the shipped program registered; see
+# On a node these are the stand-in modules the shipped program registered; see
 # torchherd/remote/__init__.py.
 from torchherd.remote import wire
+from torchherd.remote.proctable import command_line, find_job_processes, is_process, send_signal
 
 EXIT_BAD_ARGS = 2
 POLL = 0.1
@@ -39,41 +40,6 @@ SUPERVISOR_MARGIN = 5.0
 SECOND_TERM_WAIT = 6.0
 SWEEP_TERM_WAIT = 2.0
 SWEEP_KILL_WAIT = 3.0
-COMMAND_SHOWN = 200
-"""Characters of a leftover process's command line in the reply."""
-
-
-def read(pid: int, name: str) -> bytes:
-    try:
-        with open("/proc/%d/%s" % (pid, name), "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
-def stat_fields(pid: int) -> List[bytes]:
-    """/proc/PID/stat after the command name: [state, ppid, ...]; [] when it is gone."""
-    stat = read(pid, "stat")
-    return stat[stat.rfind(b")") + 2:].split()
-
-
-def live_parents() -> Dict[int, int]:
-    """pid -> parent pid of every process that is not a zombie."""
-    parents: Dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            fields = stat_fields(int(name))
-            if len(fields) > 1 and fields[0] not in (b"Z", b"X"):
-                parents[int(name)] = int(fields[1])
-    return parents
-
-
-def is_process(pid: Optional[int], start: Optional[int]) -> bool:
-    """``pid`` still runs and is the process that started at ``start`` (``wire.process_start``)."""
-    if pid is None or pid <= 0 or start is None:
-        return False
-    fields = stat_fields(pid)
-    return len(fields) > 1 and fields[0] not in (b"Z", b"X") and wire.process_start(pid) == start
 
 
 def number(value: object) -> Optional[int]:
@@ -93,24 +59,17 @@ def load_state(path: Optional[str]) -> Dict[str, object]:
 
 
 class Run:
-    """The processes of one run on this node: those carrying its supervisor's token."""
+    """The processes of one run on this node: those carrying its supervisor's token (the
+    supervisor's own table search, from this process: never it or its ancestors)."""
 
     def __init__(self, run_id: str, token: Optional[str]) -> None:
-        self.mark = None if not token else (wire.SUPERVISOR_ENV + "=" + token).encode()
-        self.run_mark = (wire.RUN_ID_ENV + "=" + run_id).encode()
+        self.run_id = run_id
+        self.token = token
 
     def processes(self) -> List[int]:
-        if self.mark is None:
+        if not self.token:
             return []
-        parents, skip, pid = live_parents(), set(), os.getpid()
-        while pid in parents and pid not in skip:
-            skip.add(pid)
-            pid = parents[pid]
-        return [p for p in parents if p not in skip and self.belongs(p)]
-
-    def belongs(self, pid: int) -> bool:
-        entries = read(pid, "environ").split(b"\0")
-        return self.mark in entries and self.run_mark in entries
+        return sorted(find_job_processes(self.run_id, self.token, os.getpid()))
 
     def gone(self) -> bool:
         return not self.processes()
@@ -123,16 +82,8 @@ def wait(cond: Callable[[], bool], seconds: float) -> bool:
     return cond()
 
 
-def kill(pids: Iterable[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-
-
-def command_line(pid: int) -> str:
-    return read(pid, "cmdline").replace(b"\0", b" ").decode("utf-8", "replace")[:COMMAND_SHOWN]
+def kill(pids: List[int], sig: int) -> None:
+    send_signal(set(pids), sig)
 
 
 def end_process(pid: int, start: int, term_wait: float) -> bool:
