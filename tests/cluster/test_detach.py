@@ -211,6 +211,60 @@ def test_stop_leaves_nothing_and_spares_another_run(cluster: LocalCluster, runs:
     assert_clean(cluster, timeout=1)
 
 
+PLANTED = ("base64", "binascii", "json", "marshal", "re", "select", "selectors", "shutil", "signal", "socket",
+           "struct", "subprocess", "types", "typing", "zlib")
+"""Standard modules the node programs import, as a project's own files could name them."""
+PASS_THROUGH = """\
+import importlib, os, sys
+if sys.argv[:1] == ["-c"]:  # a node program (python -c): it must never get here
+    raise SystemExit("the project's {name}.py ran in a node program")
+# The job (torchrun, started with -m from the workdir) imports it too: it gets the real one.
+here, saved = os.path.dirname(os.path.abspath(__file__)), list(sys.path)
+sys.path[:] = [path for path in sys.path if os.path.abspath(path or ".") != here]
+del sys.modules[__name__]
+try:
+    sys.modules[__name__] = importlib.import_module(__name__)
+finally:
+    sys.path[:] = saved
+"""
+
+
+@pytest.fixture
+def planted_inventory(cluster: LocalCluster, tmp_path: Path) -> Iterator[Path]:
+    """The cluster's inventory with a workdir of its own that holds a ``json.py``, a
+    ``base64.py``... (a node program that imported one would stop with its message)."""
+    workdir = tmp_path / "project"
+    workdir.mkdir()
+    for name in PLANTED:
+        (workdir / f"{name}.py").write_text(PASS_THROUGH.format(name=name))
+    path = cluster.inventory.with_name("planted.toml")
+    path.write_text(re.sub(r'(?m)^workdir = .*$', f"workdir = {str(workdir)!r}", cluster.inventory.read_text()))
+    try:
+        yield path
+    finally:
+        path.unlink()
+
+
+@pytest.mark.timeout(150)
+def test_node_programs_ignore_the_projects_modules_named_as_standard_ones(
+        cluster: LocalCluster, runs: Runs, planted_inventory: Path, tmp_path: Path) -> None:
+    """Supervisor, coordinator and stop start in the workdir: its ``json.py`` is the job's."""
+    run_id, _ = runs.detach(cluster, "--", TICKER, "1000", "0.2", inventory=planted_inventory)
+    states = wait_states(run_id, lambda states: all(s.state == "running" for s in states), timeout=30)
+    assert all(state.state == "running" for state in states), states
+    code, out = cli(cluster, "stop", run_id)
+    assert code == 0 and f"run {run_id}: stopped" in out, out
+    code, out = cli(cluster, "logs", run_id)
+    assert "ran in a node program" not in out and all(ticks(out, name, rank)[:1] == [0]
+                                                       for rank, name in enumerate(cluster.names)), out
+    attached = StringIO()
+    code = main(["-i", str(planted_inventory), "run", "--no-check", "--nproc-per-node", "1", "--log-dir",
+                 str(tmp_path / "logs"), "--", TICKER, "3", "0.1"], console=make_console(attached, width=200))
+    assert code == 0 and "ran in a node program" not in attached.getvalue(), attached.getvalue()
+    assert ticks(attached.getvalue(), "node2", 2) == [0, 1, 2], attached.getvalue()
+    assert_clean(cluster)
+
+
 @pytest.mark.timeout(120)
 def test_fail_fast_while_detached(cluster: LocalCluster, runs: Runs) -> None:
     run_id, _ = runs.detach(cluster, "--", TICKER, "1000", "0.2", "--exit-rank", "1", "--exit-at", "10")

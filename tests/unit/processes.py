@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Callable, Iterator
 
 from torchherd.remote import argv, wire
@@ -65,6 +66,17 @@ def killed_after(prefix: str) -> Iterator[str]:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+PLANTED = ("base64", "binascii", "errno", "hmac", "json", "marshal", "re", "select", "selectors", "shutil",
+           "signal", "socket", "struct", "subprocess", "time", "types", "typing", "zlib")
+"""The standard modules the node programs import, as a project's own files could name them."""
+
+
+def plant(directory: Path) -> None:
+    """A project's files in ``directory`` named as the standard modules a node program imports."""
+    for name in PLANTED:
+        (directory / f"{name}.py").write_text(f"raise SystemExit('planted {name}.py ran')\n")
 
 
 def run_supervisor(config: wire.SupervisorConfig, timeout: float = 60) -> tuple[int, bytes]:

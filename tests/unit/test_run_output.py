@@ -9,6 +9,8 @@ import sys
 from io import StringIO
 from pathlib import Path
 
+from processes import plant
+
 from torchherd.console import make_console
 from torchherd.console.run import LiveRenderer, render_summary
 from torchherd.engine.job import records_to_events, remote_command, supervisor_config, supervisor_source
@@ -116,7 +118,9 @@ NASTY = "a b'c\"$(touch /tmp/pwned-unit) `id` ; \\ $HOME *"
 
 
 def test_remote_command_runs_the_supervisor_with_exact_env(tmp_path: Path) -> None:
-    """The exact command sshd would run, through a local sh: quoting, ~, setup, supervisor."""
+    """The exact command sshd would run, through a local sh: quoting, ~, setup, supervisor,
+    in a workdir whose own ``json.py``, ``base64.py``... the supervisor does not import."""
+    plant(tmp_path)
     document = {"defaults": {"python": sys.executable, "workdir": str(tmp_path), "setup": "export FROM_SETUP=1"},
                 "hosts": [{"name": "n0", "address": "127.0.0.1"}]}
     plan = build_plan(parse(document, Path("h.toml")), RunOptions(script="-c", run_id="unit-1",

@@ -8,6 +8,7 @@ empty environment: no torchherd on ``sys.path``, as on a node where nothing is i
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import socket
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from processes import killed_after, wait_until
+from processes import killed_after, plant, wait_until
 
 from torchherd import runlog
-from torchherd.remote import PROGRAMS, SCRIPTS, argv, program, wire
+from torchherd.engine.sync import frame
+from torchherd.remote import PROGRAMS, SCRIPTS, argv, program, source, wire
 from torchherd.runlog import OutputLine, Status, parse_records, parse_status
 from torchherd.runrecord import parse_node_state
 
@@ -36,18 +38,18 @@ def bare_python(python: str = PY) -> list[str]:
     return [python, "-S", "-I"]
 
 
-def run_program(name: str, *args: str, stdin: bytes = b"", python: str = PY,
-                timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([python, *argv(name), *args], input=stdin,
-                          capture_output=True, cwd="/", env=BARE, timeout=timeout)
+def run_program(name: str, *args: str, stdin: bytes = b"", python: str = PY, timeout: float = 30,
+                cwd: Path = Path("/")) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([python, *argv(name), *args], input=stdin, capture_output=True, cwd=cwd, env=BARE,
+                          timeout=timeout)
 
 
-def supervise(config: wire.SupervisorConfig, python: str = PY) -> tuple[int, bytes, bytes]:
+def supervise(config: wire.SupervisorConfig, python: str = PY, cwd: Path = Path("/")) -> tuple[int, bytes, bytes]:
     """Runs the supervisor program as the controller does: the config line on stdin, which
     stays open (its EOF would mean the controller is gone) until the "done" record.
     Its exit status, stdout and stderr."""
     proc = subprocess.Popen([python, *argv("supervisor.py"), "-", config.run_id],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
                             env=BARE)
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     out = b""
@@ -195,6 +197,54 @@ def test_node_programs_cannot_see_the_checkout() -> None:
     for name in SCRIPTS:
         text = program(name)
         assert "'" not in text and "\\" not in text  # shlex.quote only wraps it
+
+
+def imports_of(file: str) -> set[str]:
+    """The node modules a file of torchherd.remote imports (``from torchherd.remote import
+    wire``, ``from torchherd.remote.framing import X``), as file names."""
+    found = set()
+    for node in ast.walk(ast.parse(source(file))):
+        if isinstance(node, ast.ImportFrom) and node.module == "torchherd.remote":
+            found |= {alias.name + ".py" for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchherd."):
+            found.add((node.module or "").rsplit(".", 1)[-1] + ".py")
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("torchherd")}
+    return found
+
+
+def test_every_program_ships_each_module_it_imports_before_it() -> None:
+    """On a node nothing but the payload is there: a module a program needs that is missing
+    from it, or loaded after the module that imports it, would fail there only."""
+    for name, modules in PROGRAMS.items():
+        loaded: set[str] = set()
+        for file in (*modules, name):
+            assert imports_of(file) <= loaded, (name, file, imports_of(file) - loaded)
+            loaded.add(file)
+    assert imports_of("supervisor.py") == {"wire.py", "framing.py", "proctable.py", "ranks.py"}
+    assert imports_of("stop.py") == {"wire.py", "proctable.py"}
+
+
+@pytest.mark.timeout(60)
+def test_node_programs_ignore_modules_planted_in_the_directory_they_start_in(tmp_path: Path, run_id: str) -> None:
+    """Every node program starts in the job's workdir or the user's home: a ``json.py`` or
+    ``base64.py`` there must not replace the standard module (the job's own imports are
+    the job's business: it is a child, with the environment as it was)."""
+    plant(tmp_path)
+    config = wire.SupervisorConfig(run_id=run_id, argv=(PY, "-c", "print('ran')"), env={}, cwd=None, grace=2.0,
+                                   heartbeat=0.0, watchdog=0.0)
+    code, out, err = supervise(config, cwd=tmp_path)
+    assert code == 0, err
+    assert b"Oran\n" in out
+    stop = run_program("stop.py", run_id, "1", "/nonexistent/s.json", cwd=tmp_path)
+    assert stop.returncode == 0, stop.stderr
+    assert wire.StopReply.from_json(stop.stdout.decode()) == wire.StopReply(False, ())
+    coordinator = run_program("coordinator.py", "-", run_id, stdin=b"{}\n", cwd=tmp_path)
+    assert coordinator.returncode == 2 and b"planted" not in coordinator.stderr, coordinator.stderr
+    receive = run_program("receive.py", str(tmp_path / "dest"), str(tmp_path), stdin=frame({"want": {}}),
+                          cwd=tmp_path)
+    assert receive.returncode == 0, receive.stderr
+    assert json.loads(receive.stdout)["dest"] == str(tmp_path / "dest")
 
 
 def other_pythons() -> list[str]:
