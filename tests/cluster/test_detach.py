@@ -230,19 +230,22 @@ finally:
 
 
 @pytest.fixture
-def planted_inventory(cluster: LocalCluster, tmp_path: Path) -> Iterator[Path]:
-    """The cluster's inventory with a workdir of its own that holds a ``json.py``, a
-    ``base64.py``... (a node program that imported one would stop with its message)."""
-    workdir = tmp_path / "project"
-    workdir.mkdir()
-    for name in PLANTED:
-        (workdir / f"{name}.py").write_text(PASS_THROUGH.format(name=name))
+def planted_inventory(cluster: LocalCluster) -> Iterator[Path]:
+    """The cluster's inventory with a workdir of its own (in each node's private /tmp) that
+    holds a ``json.py``, a ``base64.py``... (a node program that imported one would stop
+    with its message)."""
+    workdir = f"/tmp/planted-{cluster.prefix}"
+    for node in cluster.names:
+        for name in PLANTED:
+            cluster.write_file(node, f"{workdir}/{name}.py", PASS_THROUGH.format(name=name))
     path = cluster.inventory.with_name("planted.toml")
-    path.write_text(re.sub(r'(?m)^workdir = .*$', f"workdir = {str(workdir)!r}", cluster.inventory.read_text()))
+    path.write_text(re.sub(r'(?m)^workdir = .*$', f"workdir = {workdir!r}", cluster.inventory.read_text()))
     try:
         yield path
     finally:
         path.unlink()
+        for node in cluster.names:
+            cluster.ssh(node, f"rm -rf {shlex.quote(workdir)}")
 
 
 @pytest.mark.timeout(150)

@@ -1,7 +1,7 @@
 """torchherd run coordinator: fail fast for a detached run, with no controller.
 
 Standard library and ``wire`` only, Python >= 3.8. The controller starts it on
-the master node over SSH as ``PYTHON -c PROGRAM - RUN_ID`` (``torchherd.remote.program``)
+the master node over SSH as ``PYTHON -I -S -u -c PROGRAM - RUN_ID`` (``torchherd.remote.command``)
 with its config (``wire.CoordinatorConfig``) as the first line of stdin: the config
 holds every node's secret, and a command line is readable by every user of the master.
 It listens on the master address, prints one JSON line (``wire.CoordinatorReply``) and

@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import re
 import select
+import selectors
 import time
-from typing import Dict, List, Optional
+from typing import IO, Dict, List, Optional, Tuple
 
 # On a node this is the stand-in module the shipped program registered; see
 # torchherd/remote/__init__.py.
@@ -184,3 +185,82 @@ class Output:
                 select.select([], [self.fd], [], 0.2)
             except (OSError, ValueError):
                 time.sleep(0.05)
+
+
+class JobPipes:
+    """The job's stdout and stderr, each cut into records by its own framer; in the loop's
+    selector (as "pipe") while it reads them, out of it while ``paused``."""
+
+    def __init__(self, sel: selectors.BaseSelector) -> None:
+        self.sel = sel
+        self.framers: Dict[int, LineFramer] = {}
+        self.files: Dict[int, IO[bytes]] = {}
+        self.paused = False
+
+    def add(self, stream: IO[bytes], framer: LineFramer) -> None:
+        fd = stream.fileno()
+        self.framers[fd], self.files[fd] = framer, stream
+        if not self.paused:
+            self.sel.register(fd, selectors.EVENT_READ, "pipe")
+
+    def read(self, fd: int) -> Optional[Tuple[bytes, int]]:
+        """(records, bytes read) of one read; at the end of the pipe its last records, and
+        it is closed; None when it had nothing after all."""
+        try:
+            data = os.read(fd, READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            data = b""
+        if data:
+            return self.framers[fd].feed(data), len(data)
+        records = self.framers[fd].finish()
+        self.close(fd)
+        return records, 0
+
+    def read_ready(self, budget: int) -> Optional[Tuple[bytes, int]]:
+        """What the pipes hold right now (about ``budget`` bytes of records at most), without
+        waiting: the job has ended, and its last lines go out before "exit"."""
+        out: List[bytes] = []
+        count, read_any = 0, False
+        while self.framers and budget > 0:
+            poller = select.poll()
+            for fd in self.framers:
+                poller.register(fd, select.POLLIN)
+            ready = [fd for fd, _event in poller.poll(0)]
+            if not ready:
+                break
+            for fd in ready:
+                got = self.read(fd) if fd in self.framers else None
+                if got is not None:
+                    out.append(got[0])
+                    count, read_any = count + got[1], True
+                budget -= max(1, len(got[0]) if got else 0)
+        return (b"".join(out), count) if read_any else None
+
+    def pause(self) -> None:
+        if not self.paused:
+            self.paused = True
+            for fd in self.framers:
+                self.sel.unregister(fd)
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            for fd in self.framers:
+                self.sel.register(fd, selectors.EVENT_READ, "pipe")
+
+    def close(self, fd: int) -> None:
+        if not self.paused:
+            self.sel.unregister(fd)
+        del self.framers[fd]
+        # Closed through its file object: closing the bare fd would leave the object to
+        # close it again at exit, when the number may be another file's (3.13 says so).
+        self.files.pop(fd).close()
+
+    def finish(self) -> bytes:
+        """The last records of every pipe still open, which are then closed."""
+        out = [self.framers[fd].finish() for fd in self.framers]
+        for fd in list(self.framers):
+            self.close(fd)
+        return b"".join(out)

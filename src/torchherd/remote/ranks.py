@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import selectors
 import shutil
 import socket
 import subprocess
@@ -91,6 +92,29 @@ class CoordinatorLink:
             self.sock.close()
         self.sock = None
         self.gone = True
+
+    def connect_in(self, sel: selectors.BaseSelector, now: float) -> bool:
+        """``connect``, its socket then in the loop's selector (as "coord"); True when it connected."""
+        sock = self.connect(now)
+        if sock is not None:
+            sel.register(sock.fileno(), selectors.EVENT_READ, "coord")
+        return sock is not None
+
+    def stop_reasons(self, sel: selectors.BaseSelector) -> List[str]:
+        """Why the coordinator says to stop, from the lines it sent; out of the selector
+        once it went away."""
+        if self.sock is None:
+            return []
+        fd = self.sock.fileno()
+        reasons = [wire.parse_stop(line) for line in self.read()]
+        if self.sock is None:
+            sel.unregister(fd)
+        return [reason or "another node failed" for reason in reasons if reason is not None]
+
+    def close_in(self, sel: selectors.BaseSelector) -> None:
+        if self.sock is not None:
+            sel.unregister(self.sock.fileno())
+            self.close()
 
 
 

@@ -1,7 +1,7 @@
 """torchherd --sync, on the node: makes a directory the same as the controller's project.
 
 Standard library only, Python >= 3.8. The controller runs it as
-``PYTHON -S -c SOURCE DEST WITHIN`` and talks to it over stdin (length-prefixed
+``PYTHON -I -S -u -c PROGRAM DEST WITHIN`` (``remote.command``) and talks to it over stdin (length-prefixed
 ``marshal`` frames, version 4: the controller is trusted, it sends this very code) and
 stdout (one JSON line per answer); nothing is installed on the node. It imports
 neither ``json`` nor ``typing`` nor, until it hashes, ``hashlib``: on every node, at

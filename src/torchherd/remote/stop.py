@@ -1,8 +1,8 @@
 """torchherd stop: ends one detached run's processes on a node.
 
 Standard library and ``wire`` only, Python >= 3.8, Linux. ``torchherd stop`` runs
-it on every node as ``PYTHON -c PROGRAM RUN_ID GRACE STATE_FILE [COORDINATOR_FILE]``
-(``torchherd.remote.program``) and reads one JSON line back (``wire.StopReply``).
+it on every node as ``PYTHON -I -S -u -c PROGRAM RUN_ID GRACE STATE_FILE [COORDINATOR_FILE]``
+(``torchherd.remote.command``) and reads one JSON line back (``wire.StopReply``).
 Bad arguments are one line on stderr and exit status 2.
 
 It does what Ctrl-C does to an attached run: SIGTERM to the supervisor, which tears

@@ -1,7 +1,8 @@
 """torchherd node supervisor: runs one job on a node and leaves nothing behind.
 
-Standard library and ``wire`` only, Python >= 3.8, Linux. The controller runs it
-over SSH (no PTY) as ``PYTHON -u -c PROGRAM - RUN_ID`` (``torchherd.remote.program``)
+Standard library and its ``torchherd.remote`` modules only (``wire``, ``framing``,
+``proctable``, ``ranks``), Python >= 3.8, Linux. The controller runs it over SSH (no
+PTY) as ``PYTHON -I -S -u -c PROGRAM - RUN_ID`` (``torchherd.remote.command``)
 and sends its config (``wire.SupervisorConfig``) as the first line of stdin; the
 config may also be ``argv[1]``. Stdin and stdout are the SSH channel; what goes
 over them, and every config key, is defined in ``wire``.
@@ -39,19 +40,18 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from typing import IO, Dict, List, Mapping, Optional, Set, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 # On a node these are the stand-in modules the shipped program registered; see
 # torchherd/remote/__init__.py.
 from torchherd.remote import wire
-from torchherd.remote.framing import OUT_HIGH_WATER, OUT_LOW_WATER, READ_SIZE, LineFramer, Output, RankMender
+from torchherd.remote.framing import OUT_HIGH_WATER, OUT_LOW_WATER, READ_SIZE, JobPipes, LineFramer, Output, RankMender
 from torchherd.remote.proctable import (
     LEFTOVER,
     Teardown,
@@ -123,23 +123,100 @@ def remove_tee_dir(path: str) -> None:
 
 
 
+class StateFile:
+    """The node's state file (``wire.NodeStateFile``), where ``status`` and ``stop`` read
+    what runs; written whole at start and at the end (nowhere when the config names none)."""
+
+    def __init__(self, config: wire.SupervisorConfig, pid: int, token: str) -> None:
+        self.path = config.state_file
+        self.fields: wire.NodeStateFile = {
+            "run_id": config.run_id, "node": config.node, "supervisor": pid,
+            "start": wire.process_start(pid), "token": token,
+            "started": time.time(), "state": wire.STATE_RUNNING,
+        }
+
+    def started(self, pid: int, pgid: int) -> None:
+        self.fields["pid"], self.fields["pgid"] = pid, pgid
+
+    def exited(self, code: int, left: int) -> None:
+        self.fields.update({"state": wire.STATE_EXITED, "code": code, "ended": time.time(), "left": left})
+        self.write()
+
+    def write(self) -> None:
+        if self.path:
+            try:
+                write_json_atomic(self.path, self.fields)
+            except OSError:
+                pass
+
+
+class Signals:
+    """SIGTERM, SIGINT, SIGHUP and SIGCHLD, kept until the loop takes them; each wakes the
+    loop's selector (its wakeup pipe is in it as "wake")."""
+
+    def __init__(self) -> None:
+        self.pending: List[int] = []
+        self.wake_r, self.wake_w = os.pipe()
+
+    def install(self, sel: selectors.BaseSelector) -> None:
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, self._on_signal)
+        sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.pending.append(signum)
+
+    def take(self) -> List[int]:
+        pending, self.pending = self.pending, []
+        return pending
+
+    def woken(self) -> None:
+        try:
+            os.read(self.wake_r, 4096)
+        except OSError:
+            pass
+
+
+def start_job(config: wire.SupervisorConfig, token: str) -> "subprocess.Popen[bytes]":
+    """The job, in a session of its own, with the environment this supervisor was given
+    (``-I`` made its own interpreter ignore PYTHON* variables, not the job) plus the
+    config's, the run id and this supervisor's token; raises OSError."""
+    env = dict(os.environ)
+    env.update(config.env)
+    env[wire.RUN_ID_ENV] = config.run_id
+    env[wire.SUPERVISOR_ENV] = token
+    argv = list(config.argv)
+    if argv[0] == "~" or argv[0].startswith("~/"):  # the python, by the rule every command follows
+        argv[0] = os.path.expanduser(argv[0])
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, env=env,
+                            cwd=os.path.expanduser(config.cwd) if config.cwd else None)
+
+
 class Supervisor:
+    """The loop: starts the job, frames its output, watches the controller (stdin), the
+    coordinator and the signals, and tears the job down when one of them says so."""
+
     def __init__(self, config: wire.SupervisorConfig, notify_fd: Optional[int] = None) -> None:
         self.cfg = config
         self.notify_fd = notify_fd
         self.detached = config.log_file is not None
-        self.link: Optional[CoordinatorLink] = None
         coordinator = config.coordinator
-        if coordinator is not None:
-            self.link = CoordinatorLink(coordinator.host, coordinator.port, coordinator.token, config.node)
+        self.link = (CoordinatorLink(coordinator.host, coordinator.port, coordinator.token, config.node)
+                     if coordinator is not None else None)
         self.token = os.urandom(8).hex()
         self.pid = os.getpid()
         self.out = Output(1)
         self.sel = selectors.PollSelector()
+        self.pipes = JobPipes(self.sel)
+        self.signals = Signals()
+        self.state = StateFile(config, self.pid, self.token)
         self.proc: Optional["subprocess.Popen[bytes]"] = None
         self.code: Optional[int] = None
         self.teardown: Optional[Teardown] = None
-        self.signals: List[int] = []
         self.child_exited = True
         self.got = 0
         self.stdin_open = True
@@ -147,99 +224,54 @@ class Supervisor:
         self.stdin_pending = b""
         self.last_in = time.monotonic()
         self.next_heartbeat = self.last_in + config.heartbeat
-        self.pipes: Dict[int, LineFramer] = {}
-        self.streams: Dict[int, IO[bytes]] = {}
-        self.paused = False
         self.last_data = self.last_in
         self.writing = False
-        self.wake_r, self.wake_w = os.pipe()
         self.made_dir = False
         # The ranks' own files (torchrun --redirects) and GPU samples; progress bars and
         # GPUs only feed a live view, so a detached run's log is spared them.
         self.ranks = (RankFiles(config.rank_logs, self.pid, not self.detached, config.rank_base)
                       if config.rank_logs else None)
         self.gpus = GpuSampler(0.0 if self.detached else config.gpu_every)
-        self.state: wire.NodeStateFile = {
-            "run_id": config.run_id, "node": config.node, "supervisor": self.pid,
-            "start": wire.process_start(self.pid), "token": self.token,
-            "started": time.time(), "state": wire.STATE_RUNNING,
-        }
-
-    # signals ------------------------------------------------------------
-    def _on_signal(self, signum: int, _frame: object) -> None:
-        self.signals.append(signum)
-
-    def _install_signals(self) -> None:
-        os.set_blocking(self.wake_r, False)
-        os.set_blocking(self.wake_w, False)
-        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(sig, self._on_signal)
-        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
 
     def _handle_signals(self, now: float) -> None:
-        pending, self.signals = self.signals, []
-        for signum in pending:
+        for signum in self.signals.take():
             if signum == signal.SIGCHLD:
                 self.child_exited = True
-                continue
-            name = signal.Signals(signum).name
-            self.request_teardown("signal " + name, False, now, escalate=True)
+            else:
+                self.request_teardown("signal " + signal.Signals(signum).name, False, now, escalate=True)
 
     # job ------------------------------------------------------------------
     def _spawn(self) -> bool:
-        cfg = self.cfg
-        if cfg.cleanup_dir:
-            refused = make_private_dir(cfg.cleanup_dir)
+        if self.cfg.cleanup_dir:
+            refused = make_private_dir(self.cfg.cleanup_dir)
             if refused is not None:
                 self.code = 1
                 self._announce(wire.error_record("cannot start job: torchrun's log directory " + refused))
                 return False
             self.made_dir = True
-        env = dict(os.environ)
-        env.update(cfg.env)
-        env[wire.RUN_ID_ENV] = cfg.run_id
-        env[wire.SUPERVISOR_ENV] = self.token
-        cwd = os.path.expanduser(cfg.cwd) if cfg.cwd else None
-        argv = list(cfg.argv)
-        if argv[0] == "~" or argv[0].startswith("~/"):  # the python, by the rule every command follows
-            argv[0] = os.path.expanduser(argv[0])
         try:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                env=env,
-                cwd=cwd,
-            )
+            self.proc = proc = start_job(self.cfg, self.token)
         except OSError as exc:
-            self.code = (
-                EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
-            )
+            self.code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
             self._announce(wire.error_record("cannot start job: %s" % exc))
             return False
         try:
-            pgid = os.getpgid(self.proc.pid)
+            pgid = os.getpgid(proc.pid)
         except OSError:
-            pgid = self.proc.pid
-        self.state["pid"], self.state["pgid"] = self.proc.pid, pgid
-        self._announce(wire.started_record(self.proc.pid, pgid, self.pid))
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        for stream, tag in ((self.proc.stdout, wire.TAG_STDOUT), (self.proc.stderr, wire.TAG_STDERR)):
-            fd = stream.fileno()
-            marker = self.cfg.rank_marker
-            self.pipes[fd] = LineFramer(tag, mender=RankMender(marker.encode()) if marker else None)
-            self.streams[fd] = stream
-            self.sel.register(fd, selectors.EVENT_READ, "pipe")
+            pgid = proc.pid
+        self.state.started(proc.pid, pgid)
+        self._announce(wire.started_record(proc.pid, pgid, self.pid))
+        assert proc.stdout is not None and proc.stderr is not None
+        marker = self.cfg.rank_marker
+        for stream, tag in ((proc.stdout, wire.TAG_STDOUT), (proc.stderr, wire.TAG_STDERR)):
+            self.pipes.add(stream, LineFramer(tag, mender=RankMender(marker.encode()) if marker else None))
         return True
 
     def _announce(self, record: bytes) -> None:
         """The first status record: to the output, the state file, and (detached)
         to the parent that waits for it to say the job is running."""
         self.out.add(record)
-        self._write_state()
+        self.state.write()
         if self.notify_fd is not None:
             try:
                 os.write(self.notify_fd, record)
@@ -247,17 +279,6 @@ class Supervisor:
                 pass
             os.close(self.notify_fd)
             self.notify_fd = None
-
-    def _write_exited(self, code: int, left: int) -> None:
-        self.state.update({"state": wire.STATE_EXITED, "code": code, "ended": time.time(), "left": left})
-        self._write_state()
-
-    def _write_state(self) -> None:
-        if self.cfg.state_file:
-            try:
-                write_json_atomic(self.cfg.state_file, self.state)
-            except OSError:
-                pass
 
     def _reap(self) -> None:
         while True:
@@ -270,27 +291,17 @@ class Supervisor:
             if pid == 0:
                 return
             if self.proc is not None and pid == self.proc.pid:
-                self.code = exit_code_from_status(status)
-                self.proc.returncode = self.code
-                self._drain_ready()
+                self.code = self.proc.returncode = exit_code_from_status(status)
+                self._took(self.pipes.read_ready(OUT_HIGH_WATER))  # its last lines go out before "exit"
                 if self.ranks is not None:
                     self.out.add(self.ranks.drain())
                 self.out.add(wire.exit_record(self.code))
                 if self.link is not None:
                     self.link.send(wire.exit_line(self.cfg.node, self.code))
 
-    def _scan(self) -> Set[int]:
-        return find_job_processes(self.cfg.run_id, self.token, self.pid)
-
     # teardown ---------------------------------------------------------------
-    def request_teardown(
-        self,
-        reason: str,
-        kill_now: bool,
-        now: float,
-        escalate: bool = False,
-        announce: bool = True,
-    ) -> None:
+    def request_teardown(self, reason: str, kill_now: bool, now: float, escalate: bool = False,
+                         announce: bool = True) -> None:
         td = self.teardown
         if td is not None:
             if (kill_now or escalate) and not td.complete:
@@ -305,7 +316,7 @@ class Supervisor:
         if td is None or not td.due(now):
             return
         self._reap()
-        pids = self._scan()
+        pids = find_job_processes(self.cfg.run_id, self.token, self.pid)
         if not pids:
             self._reap()
         if td.step(now, pids):
@@ -313,37 +324,12 @@ class Supervisor:
             self.out.add(td.record())
 
     # io -------------------------------------------------------------------
-    def _read_pipe(self, fd: int) -> None:
-        try:
-            data = os.read(fd, READ_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        framer = self.pipes[fd]
-        self.last_data = time.monotonic()
-        if data:
-            self.got += len(data)
-            self.out.add(framer.feed(data))
-            return
-        self.out.add(framer.finish())
-        self._close_pipe(fd)
-
-    def _drain_ready(self) -> None:
-        """Read what the pipes hold right now, so it goes out before "exit"."""
-        budget = OUT_HIGH_WATER
-        while self.pipes and budget > 0:
-            poller = select.poll()
-            for fd in self.pipes:
-                poller.register(fd, select.POLLIN)
-            ready = [fd for fd, _ev in poller.poll(0)]
-            if not ready:
-                return
-            for fd in ready:
-                if fd in self.pipes:
-                    before = self.out.size
-                    self._read_pipe(fd)
-                    budget -= max(1, self.out.size - before)
+    def _took(self, read: Optional[Tuple[bytes, int]]) -> None:
+        """Records read from the job's pipes go out; ``got`` counts what the job wrote."""
+        if read is not None:
+            self.last_data = time.monotonic()
+            self.got += read[1]
+            self.out.add(read[0])
 
     def _read_ranks(self, now: float) -> None:
         """What the ranks wrote to their files since the last look, as far as the output
@@ -355,14 +341,6 @@ class Supervisor:
             self.out.add(data)
         if self.teardown is None:
             self.out.add(self.gpus.poll(now))
-
-    def _close_pipe(self, fd: int) -> None:
-        if not self.paused:
-            self.sel.unregister(fd)
-        del self.pipes[fd]
-        # Closed through its file object: closing the bare fd would leave the object to
-        # close it again at exit, when the number may be another file's (3.13 says so).
-        self.streams.pop(fd).close()
 
     def _read_stdin(self, now: float) -> None:
         try:
@@ -388,15 +366,11 @@ class Supervisor:
                 self.request_teardown("control " + str(level.value), level is wire.StopLevel.KILL, now)
 
     def _update_registrations(self) -> None:
-        if not self.paused and self.out.size > OUT_HIGH_WATER:
-            self.paused = True
-            for fd in self.pipes:
-                self.sel.unregister(fd)
-        elif self.paused and self.out.size < OUT_LOW_WATER:
-            self.paused = False
+        if self.out.size > OUT_HIGH_WATER:
+            self.pipes.pause()
+        elif self.pipes.paused and self.out.size < OUT_LOW_WATER:
+            self.pipes.resume()
             self.last_data = time.monotonic()
-            for fd in self.pipes:
-                self.sel.register(fd, selectors.EVENT_READ, "pipe")
         want_write = self.out.size > 0 and not self.out.closed
         if want_write != self.writing:
             self.writing = want_write
@@ -411,9 +385,7 @@ class Supervisor:
             return False
         if self.code is None and not td.gave_up:
             return False
-        if self.pipes and (self.paused or now - self.last_data < DRAIN_IDLE_TIMEOUT):
-            return False
-        return True
+        return not (self.pipes.framers and (self.pipes.paused or now - self.last_data < DRAIN_IDLE_TIMEOUT))
 
     def _timeout(self, now: float) -> float:
         deadlines: List[float] = []
@@ -425,7 +397,7 @@ class Supervisor:
                 deadlines.append(self.last_in + self.cfg.watchdog)
         elif not td.complete:
             deadlines.append(td.next_poll)
-        elif self.pipes:
+        elif self.pipes.framers:
             deadlines.append(self.last_data + DRAIN_IDLE_TIMEOUT)
         if self.ranks is not None:
             deadlines.append(now + RANK_POLL)  # files have no readiness to wait on
@@ -437,64 +409,30 @@ class Supervisor:
         if self.cfg.heartbeat > 0 and now >= self.next_heartbeat:
             self.out.add(wire.HEARTBEAT_RECORD)
             self.next_heartbeat = now + self.cfg.heartbeat
-        if (
-            self.teardown is None
-            and self.stdin_open
-            and self.cfg.watchdog > 0
-            and now - self.last_in >= self.cfg.watchdog
-        ):
-            self.request_teardown(
-                "watchdog: no word from the controller for %gs" % self.cfg.watchdog,
-                False,
-                now,
-            )
+        watchdog = self.cfg.watchdog
+        if self.teardown is None and self.stdin_open and watchdog > 0 and now - self.last_in >= watchdog:
+            self.request_teardown("watchdog: no word from the controller for %gs" % watchdog, False, now)
         if self.teardown is None and self.code is not None:
             self.request_teardown(LEFTOVER, False, now, announce=False)
         self._link_connect(now)
 
-    # coordinator ------------------------------------------------------------
     def _link_connect(self, now: float) -> None:
         link = self.link
-        if link is None:
-            return
-        if self.code is not None and link.sock is None and link.tries:
-            # the job is over and the coordinator was out of reach: nobody to tell
-            return
-        sock = link.connect(now)
-        if sock is None:
-            return
-        self.sel.register(sock.fileno(), selectors.EVENT_READ, "coord")
-        if self.code is not None:
+        if link is None or (self.code is not None and link.sock is None and link.tries):
+            return  # no coordinator; or the job is over and it was out of reach: nobody to tell
+        if link.connect_in(self.sel, now) and self.code is not None:
             link.send(wire.exit_line(self.cfg.node, self.code))
-
-    def _read_link(self, now: float) -> None:
-        link = self.link
-        if link is None or link.sock is None:
-            return
-        fd = link.sock.fileno()
-        for line in link.read():
-            reason = wire.parse_stop(line)
-            if reason is not None:
-                self.request_teardown("coordinator: " + (reason or "another node failed"), False, now)
-        if link.sock is None:
-            self.sel.unregister(fd)
-
-    def _close_link(self) -> None:
-        link = self.link
-        if link is not None and link.sock is not None:
-            self.sel.unregister(link.sock.fileno())
-            link.close()
 
     # main -----------------------------------------------------------------
     def run(self) -> int:
         set_child_subreaper()
-        self._install_signals()
+        self.signals.install(self.sel)
         self._register_stdin()
         if not self._spawn():
             code = self.code if self.code is not None else EXIT_NOT_EXECUTABLE
             if self.cfg.cleanup_dir and self.made_dir:
                 remove_tee_dir(self.cfg.cleanup_dir)
-            self._write_exited(code, 0)
+            self.state.exited(code, 0)
             self.out.add(wire.done_record(code, 0))
             self._final_flush()
             return code
@@ -543,35 +481,32 @@ class Supervisor:
 
     def _dispatch(self, key: selectors.SelectorKey, now: float) -> None:
         if key.data == "pipe":
-            if key.fd in self.pipes:
-                self._read_pipe(key.fd)
+            if key.fd in self.pipes.framers:
+                self._took(self.pipes.read(key.fd))
         elif key.data == "stdin":
             self._read_stdin(now)
-        elif key.data == "coord":
-            self._read_link(now)
+        elif key.data == "coord" and self.link is not None:
+            for reason in self.link.stop_reasons(self.sel):
+                self.request_teardown("coordinator: " + reason, False, now)
         elif key.data == "wake":
-            try:
-                os.read(self.wake_r, 4096)
-            except OSError:
-                pass
+            self.signals.woken()
 
     def _finish(self) -> int:
         """Flushes the last output, reports ``done`` and returns the exit code."""
         if self.ranks is not None:
             self.out.add(self.ranks.finish())
         self.gpus.stop()
-        for fd in list(self.pipes):
-            self.out.add(self.pipes[fd].finish())
-            self._close_pipe(fd)
+        self.out.add(self.pipes.finish())
         td = self.teardown
         code = self.code if self.code is not None else EXIT_UNKILLABLE
         left = td.left if td is not None else 0
-        self._close_link()
+        if self.link is not None:
+            self.link.close_in(self.sel)
         if self.cfg.cleanup_dir and self.made_dir:  # never one this supervisor did not make
             remove_tee_dir(self.cfg.cleanup_dir)
         self.out.add(wire.done_record(code, left))
         self._final_flush()
-        self._write_exited(code, left)
+        self.state.exited(code, left)
         return code
 
     def _final_flush(self) -> None:
