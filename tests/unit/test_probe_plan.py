@@ -24,6 +24,7 @@ from typing import IO, Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from processes import plant
 
 from torchherd.checks.analysis import port
 from torchherd.checks.gather import LineReader, facts_command
@@ -284,3 +285,15 @@ def test_the_shell_startup_is_timed_on_the_node() -> None:
     done = subprocess.run(["sh", "-c", f"sleep 0.5; {facts_command(sys.executable, config)}"], capture_output=True,
                           check=True, timeout=60)
     assert 0.5 <= json.loads(done.stdout)["shell_seconds"] < 10
+
+
+def test_the_facts_ignore_modules_planted_in_the_directory_they_start_in(tmp_path: Path) -> None:
+    """Without torch, the facts start isolated as the node programs do: a ``json.py`` in
+    the directory the login shell starts in is not the standard module."""
+    plant(tmp_path)
+    config = {"port": 1, "resolve": [], "route_to": ["127.0.0.1"], "script": None, "workdir": "~", "torch": False,
+              "listen": None}
+    done = subprocess.run(["sh", "-c", facts_command(sys.executable, config)], capture_output=True, cwd=tmp_path,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["shell_seconds"] >= 0

@@ -34,7 +34,10 @@ def python_command(python: str, script: str, config: Mapping[str, Any], stdlib_o
     # a leading ~/ expanded; never shell text (a ";" in it must not run during the check).
     # -S skips site-packages (.pth files can cost 100+ ms of CPU per start), which a
     # standard-library script never needs; it matters with hundreds of nodes per core.
-    flags = "-S " if stdlib_only else ""
+    # -I keeps the directory it starts in and PYTHON* variables out of its imports, as for
+    # every node program (torchherd.remote.FLAGS); not with torch, which a user's
+    # PYTHONPATH or site-packages may be what finds.
+    flags = "-I -S " if stdlib_only else ""
     return f"{quote_path(python)} {flags}-c {shlex.quote(remote_source(script))} {shlex.quote(json.dumps(config))}"
 
 
