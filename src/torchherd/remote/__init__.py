@@ -51,8 +51,12 @@ MARSHAL_VERSION = 4
 # command line) in base64, which binascii decodes in C: base64.b85decode is pure Python
 # (17 ms for 10 KB on Python 3.8) and ``import base64`` costs more than the decoding.
 # Each is compiled under its own file name, so a node's traceback names the right file.
+# The start directory ("" in sys.path) goes first, should a program ever be started
+# without -I: the loader's own imports must not find a project's base64.py either.
 _LOADER = """\
-import binascii, marshal, sys, types, zlib
+import sys
+sys.path[:] = [path for path in sys.path if path]
+import binascii, marshal, types, zlib
 *modules, (name, text) = marshal.loads(zlib.decompress(binascii.a2b_base64("{packed}")))
 for package in ("torchherd", "torchherd.remote"):
     sys.modules[package] = types.ModuleType(package)
