@@ -447,7 +447,7 @@ def test_the_hang_probe_finds_ranks_by_their_environment_only(tmp_path: Path) ->
     import subprocess
     import sys
 
-    from torchherd.remote import program
+    from torchherd.remote import argv
 
     env = {"PATH": "/usr/bin:/bin", "TORCHHERD_RUN_ID": "th-probe-test", "LOCAL_RANK": "0", "RANK": "7"}
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
@@ -455,7 +455,7 @@ def test_the_hang_probe_finds_ranks_by_their_environment_only(tmp_path: Path) ->
                              env={**env, "TORCHHERD_RUN_ID": "th-other"})
     try:
         def probe(action: str) -> dict[str, object]:
-            result = subprocess.run([sys.executable, "-c", program("hangprobe.py"), "th-probe-test", action],
+            result = subprocess.run([sys.executable, *argv("hangprobe.py"), "th-probe-test", action],
                                     capture_output=True, text=True, timeout=30, check=True)
             return dict(json.loads(result.stdout))
         assert probe("cpu")["ranks"] == [7]

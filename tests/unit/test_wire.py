@@ -245,6 +245,8 @@ def test_node_programs_ignore_modules_planted_in_the_directory_they_start_in(tmp
                           cwd=tmp_path)
     assert receive.returncode == 0, receive.stderr
     assert json.loads(receive.stdout)["dest"] == str(tmp_path / "dest")
+    probe = run_program("hangprobe.py", run_id, "cpu", cwd=tmp_path)
+    assert probe.returncode == 0 and json.loads(probe.stdout)["ranks"] == [], probe.stderr
     # and should a program ever be started without -I, its loader drops the start directory
     bare = subprocess.run([PY, "-c", program("stop.py"), run_id, "1", "/nonexistent/s.json"], capture_output=True,
                           cwd=tmp_path, env=BARE, timeout=30)

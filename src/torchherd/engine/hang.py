@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Sequence
 
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan, quote_path
-from torchherd.remote import program
+from torchherd.remote import command as node_program
 from torchherd.runlog import OutputLine
 from torchherd.transport import Session, fan_out
 
@@ -171,11 +171,10 @@ class HangWatch:
     def _probe(self, action: str) -> tuple[float, int] | None:
         """The ranks' CPU seconds and their count, over every node (None when a node did not
         answer); with ``abort`` the ranks are sent SIGABRT."""
-        source = program("hangprobe.py")
+        source = node_program("hangprobe.py")
 
         def ask(node: NodePlan) -> tuple[float, int] | None:
-            command = (f"{quote_path(node.host.python)} -c {shlex.quote(source)} {shlex.quote(self.plan.run_id)} "
-                       f"{action}")
+            command = f"{quote_path(node.host.python)} {source} {shlex.quote(self.plan.run_id)} {action}"
             try:
                 result = self.sessions[node.host.name].run(command, timeout=10.0)
                 answer = json.loads(result.stdout.strip().splitlines()[-1])

@@ -2,7 +2,7 @@
 with ``abort``, SIGABRT to each (the job runs with PYTHONFAULTHANDLER=1, so each rank
 prints every thread's Python stack before it dies).
 
-    python -c PROGRAM RUN_ID cpu|abort   ->   one JSON line: {"ticks": N, "cpu": S, "ranks": [...]}
+    python -I -S -u -c PROGRAM RUN_ID cpu|abort   ->   one JSON line: {"ticks": N, "cpu": S, "ranks": [...]}
 
 A rank is a process whose environment holds ``TORCHHERD_RUN_ID=<run id>`` and a
 ``LOCAL_RANK`` (torchrun's workers; torchrun itself has none): nothing is found, or
