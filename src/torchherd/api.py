@@ -12,7 +12,6 @@ results; the CLI renders the same events with its console.
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -20,27 +19,33 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from torchherd import hostspec
-from torchherd.checks import CheckOptions, PreflightOutcome
-from torchherd.checks.analysis import port as port_check
+from torchherd.checks import CheckOptions
 from torchherd.checks.model import Mesh
-from torchherd.engine import detach as detached
-from torchherd.engine import slurm as slurm_engine
+from torchherd.engine.backend import (
+    BACKENDS,
+    Backend,
+    Description,
+    DetachedStartFailed,
+    Follow,
+    backend_for,
+    backend_of,
+)
 from torchherd.engine.events import Event, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import LaunchAborted, Run, launch, open_nodes, preflight, sync_first
+from torchherd.engine.launch import LaunchAborted, Run
 from torchherd.engine.recovery import RecoveringRun
 from torchherd.engine.sync import sync_over
-from torchherd.errors import TorchherdError, UsageError
+from torchherd.errors import UsageError
 from torchherd.inventory import SCHEDULERS, SLURM_KEYS, Inventory, Recovery, load, parse, parse_slurm, with_spares
 from torchherd.nodeset import NodesetError, expand
 from torchherd.plan import Plan, RunOptions, SyncOptions, build_plan
-from torchherd.results import CheckReport, CheckResult, ProbeResult
+from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import OutputLine, RankLines
 from torchherd.runrecord import NodeState, RunRecord, load_all
 from torchherd.runrecord import load as load_record
 from torchherd.slurm import BatchJob, batch_job
 from torchherd.transport import Connector
-from torchherd.transport.ssh import SshConnector, ssh_hostnames
+from torchherd.transport.ssh import SshConnector
 from torchherd.tree import project_root
 
 __all__ = ["Cluster", "DetachedRun", "DetachedStartFailed", "LaunchAborted", "RecoveringRun", "Recovery", "Run", "attach",
@@ -50,14 +55,6 @@ __all__ = ["Cluster", "DetachedRun", "DetachedStartFailed", "LaunchAborted", "Re
 def new_run_id() -> str:
     """``th-<date>-<time>-<6 hex>``: sortable, and unique across laptops."""
     return time.strftime("th-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-
-
-class DetachedStartFailed(TorchherdError):
-    """Not every node of a detached run started; the others were stopped."""
-
-    def __init__(self, start: detached.DetachedStart) -> None:
-        super().__init__(f"run {start.record.run_id}: not every node started; the others were stopped")
-        self.start = start
 
 
 class Cluster:
@@ -80,6 +77,8 @@ class Cluster:
         self.accept_new_host_keys = accept_new_host_keys
         self.connector: Connector = connector or SshConnector(
             inventory.cluster.ssh_config, inventory.cluster.ssh_timeout, accept_new_host_keys)
+        self.backend: Backend = backend_for(inventory.cluster.scheduler, self.connector)
+        """Who starts the job: chosen here, once, from the inventory's scheduler."""
 
     @classmethod
     def from_toml(cls, path: str | Path, *, connector: Connector | None = None,
@@ -175,7 +174,7 @@ class Cluster:
             inventory = replace(inventory, cluster=replace(inventory.cluster, scheduler=scheduler))
         given = {key: value for key, value in (slurm or {}).items() if value is not None}
         if given:
-            if inventory.cluster.scheduler != "slurm":
+            if not BACKENDS[inventory.cluster.scheduler].takes_slurm_keys:
                 flag = "--slurm-" + next(iter(given)).replace("_", "-")
                 raise UsageError(f"{flag}: only for SLURM runs", 'add --scheduler slurm, or set scheduler = "slurm" '
                                  "in [cluster]")
@@ -189,6 +188,10 @@ class Cluster:
     def batch_script(self, plan: Plan, *, fail_fast: bool = True) -> BatchJob:
         """The SLURM batch script ``plan`` becomes (what ``run --dry-run`` prints for SLURM)."""
         return batch_job(plan, self.inventory.slurm, fail_fast)
+
+    def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
+        """What ``run --dry-run`` prints: ``plan`` itself (SSH), or its batch script (SLURM)."""
+        return self.backend.describe(plan, fail_fast=fail_fast)
 
     def plan(self, script: str, *args: str, nproc_per_node: int | str | None = None,
              env: Mapping[str, str] | None = None, master_addr: str | None = None, nnodes: str | None = None,
@@ -210,9 +213,7 @@ class Cluster:
     def _ssh_hostnames(self) -> dict[str, str]:
         """What the ssh_config makes of each host's address (an alias's HostName), for the
         master address the workers are told: they cannot resolve the controller's aliases."""
-        if self.scheduler != "ssh" or not isinstance(self.connector, SshConnector):
-            return {}
-        return ssh_hostnames(self.inventory.hosts, self.connector.ssh_config)
+        return self.backend.ssh_hostnames(self.inventory.hosts)
 
     def check(self, script: str | None = None, *, plan: Plan | None = None, only: Iterable[str] | None = None,
               skip: Iterable[str] = (), smoke: bool = False, mesh: Mesh = "auto",
@@ -228,14 +229,7 @@ class Cluster:
         options = CheckOptions(only=frozenset(only) if only is not None else None, skip=frozenset(skip), smoke=smoke,
                                mesh=mesh, bandwidth=bandwidth, min_bandwidth=min_bandwidth)
         plan = plan or self.plan(script or "", run_id="check", sync=sync)
-        if self.scheduler == "slurm":
-            return slurm_engine.check(plan, options, self.connector, on_result)
-        connector = self.connector
-        if sync and plan.sync is not None:
-            connector = sync_first(plan, connector, on_event or ignore)
-        outcome = preflight(plan, options, connector, on_result)
-        outcome.close()
-        return _with_probes(outcome)
+        return self.backend.check(plan, options, sync=bool(sync), on_result=on_result, on_event=on_event or ignore)
 
     def sync(self, source: bool | str | Path = True, *, plan: Plan | None = None, dry_run: bool = False,
              on_event: Observer | None = None) -> SyncDone:
@@ -262,17 +256,17 @@ class Cluster:
         return SyncOptions(str(source.resolve()), table.dest if table else None, table.exclude if table else ())
 
     def launch(self, plan: Plan, *, log_dir: str | Path = "torchherd-logs", on_event: Observer | None = None,
-               check: bool = True, grace: float = 10.0, fail_fast: bool = True,
+               check: bool = True, grace: float | None = None, fail_fast: bool = True,
                detach: bool = False, recovery: Recovery | None = None) -> Run | DetachedRun | RecoveringRun:
         """Preflights ``plan`` (``check=False`` only connects), then starts it on every node.
         Attached: returns the ``Run`` (``wait``, ``stop``, ``lines``); its lines also go to
         ``log_dir/<run id>/<node>.log``. With ``detach``: the job outlives this process;
-        returns a ``DetachedRun``. Raises LaunchAborted when it could not start.
+        returns a ``DetachedRun``. ``grace``: seconds from SIGTERM to SIGKILL (None: 10;
+        SLURM refuses any, its KillWait decides). Raises LaunchAborted when it could not start.
         ``recovery`` (default: the inventory's ``[recovery]``) with ``retries`` > 0: a failed
         attempt is followed by triage and another, on the spares where nodes were excluded;
         returns a ``RecoveringRun`` (``wait``, ``stop``; ``summary.attempts``)."""
-        options = LaunchOptions(check=check, log_dir=Path(log_dir), grace=grace,
-                                accept_new_host_keys=self.accept_new_host_keys, fail_fast=fail_fast)
+        options = LaunchOptions(check=check, log_dir=Path(log_dir), grace=grace, fail_fast=fail_fast)
         observer = on_event or ignore
         recovery = recovery if recovery is not None else self.recovery
         if recovery.retries > 0 or recovery.hang_timeout is not None:
@@ -280,53 +274,11 @@ class Cluster:
             if detach:
                 raise UsageError(f"{flag} with --detach: a detached run does not recover (yet)",
                                  f"leave out --detach to recover, or {flag} to detach")
-            if self.scheduler == "slurm":
-                raise UsageError(f"{flag}: not for SLURM runs (yet): SLURM's own --requeue resubmits a job",
-                                 f"leave {flag} out, or run over SSH")
-            return RecoveringRun(_SshAttempts(self.connector), plan, options, recovery, observer).start()
-        if self.scheduler == "slurm":
-            if detach:
-                return DetachedRun(slurm_engine.start_detached(plan, options, self.connector, observer),
-                                   self.connector)
-            return slurm_engine.launch(plan, options, self.connector, observer)
-        if not detach:
-            return launch(plan, options, self.connector, observer)
-        opened = open_nodes(plan, options, self.connector, observer)
-        try:
-            start = detached.start_detached(opened.plan, options, opened.sessions)
-        finally:
-            opened.close()
-        if not start.ok:
-            raise DetachedStartFailed(start)
-        return DetachedRun(start.record, self.connector)
-
-
-@dataclass(frozen=True)
-class _SshAttempts:
-    """What a recovering run needs to check and start its attempts over SSH."""
-
-    connector: Connector
-
-    def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
-              on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:
-        connector = sync_first(plan, self.connector, on_event) if sync and plan.sync is not None else self.connector
-        outcome = preflight(plan, options, connector, on_result)
-        outcome.close()
-        return outcome.report
-
-    def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
-        return launch(plan, options, self.connector, observer)
-
-
-def _with_probes(outcome: PreflightOutcome) -> CheckReport:
-    """The report, with every cross-node connect the probes made (``check``'s matrix)."""
-    report, observed = outcome.report, outcome.observed
-    if observed is None:
-        return report
-    probes = [ProbeResult(probe.prober, probe.peer, probe.kind, str(probe.outcome.get("result")),
-                          probe.verdict == "fail")
-              for prober in observed.connected for probe in port_check.probes_of(observed, prober)]
-    return dataclasses.replace(report, probes=tuple(probes))
+            self.backend.allow(flag, True)
+            return RecoveringRun(self.backend, plan, options, recovery, observer).start()
+        if detach:
+            return DetachedRun(self.backend.start_detached(plan, options, observer), self.connector)
+        return self.backend.launch(plan, options, observer)
 
 
 def _document(hosts: Sequence[str | Mapping[str, Any]], defaults: Mapping[str, Any] | None,
@@ -354,10 +306,14 @@ class DetachedRun:
     def run_id(self) -> str:
         return self.record.run_id
 
+    @property
+    def backend(self) -> Backend:
+        """The backend that started the run, as its record says."""
+        return backend_of(self.record, self.connector)
+
     def status(self) -> list[NodeState]:
-        if slurm_engine.is_slurm(self.record):
-            return slurm_engine.job_status(self.record, self.connector)
-        return detached.node_states(self.record, self.connector)
+        """Per node: running, exited (its code), unreachable; a SLURM job still queued: one row."""
+        return self.backend.status(self.record)
 
     def follow(self, on_event: Observer, *, follow: bool = True, node: str | None = None,
                rank: int | None = None) -> dict[str, int]:
@@ -371,11 +327,7 @@ class DetachedRun:
                 codes[event.status.node] = int(event.status.fields.get("code", 1))
             on_event(event)
 
-        if slurm_engine.is_slurm(self.record):
-            slurm_engine.follow_job(self.record, observe, follow, node, rank, self.connector)
-            return codes
-        detached.follow_logs(self.record, observe, detached.Follow(follow=follow, node=node, rank=rank),
-                             self.connector)
+        self.backend.follow(self.record, observe, Follow(follow=follow, node=node, rank=rank))
         return codes
 
     def lines(self, *, follow: bool = False) -> Iterator[OutputLine]:
@@ -391,13 +343,9 @@ class DetachedRun:
         yield from collected
 
     def stop(self, grace: float | None = None) -> dict[str, list[str]]:
-        """Stops the run on every node; per node what is left (empty: nothing)."""
-        record = self.record
-        if slurm_engine.is_slurm(record):  # SLURM's KillWait is the grace period
-            return slurm_engine.stop_job(record, self.connector)
-        if grace is not None:
-            record = replace(record, grace=grace)
-        return detached.stop_run(record, self.connector)
+        """Stops the run on every node; per node what is left (empty: nothing). ``grace``:
+        seconds from SIGTERM to SIGKILL (None: the run's; SLURM refuses any)."""
+        return self.backend.stop(self.record, grace)
 
 
 def runs() -> list[DetachedRun]:

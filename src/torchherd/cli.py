@@ -150,6 +150,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     script = args.script[0] if args.script else None
     only, skip = _id_list(args.only), _id_list(args.skip) or frozenset()
     measured = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth}
+    cluster.backend.allow("--matrix", args.matrix)
     if args.json:
         from torchherd.console import make_console
         from torchherd.console.sync import SyncPrinter
@@ -157,8 +158,9 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
         report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
                                on_event=SyncPrinter(make_console(stderr=True)), **measured)  # stdout: the JSON
         print(json.dumps(report.as_json(), indent=2))
-    elif cluster.scheduler == "slurm":  # SLURM answers at once: no live grid
-        report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, **measured)
+    elif not cluster.backend.live_checks:  # the results come at once: no live grid
+        report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
+                               on_event=_sync_printer(console), **measured)
         render_report(console, report)
     else:
         with live_progress(console, cluster.inventory, args.bandwidth or args.smoke) as progress:
@@ -190,7 +192,7 @@ def _render_matrix(console: Console, cluster: Cluster, report: CheckReport, alwa
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from torchherd.api import DetachedRun
     from torchherd.console.observer import ConsoleObserver
-    from torchherd.console.run import render_plan
+    from torchherd.console.run import render_description
     from torchherd.engine.launch import sigterm_as_interrupt
     from torchherd.plan import parse_env_assignments
 
@@ -206,13 +208,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                         master_addr=args.master_addr, max_restarts=args.max_restarts,
                         monitor_interval=args.monitor_interval, rdzv_conf=args.rdzv_conf,
                         rdzv_backend=args.rdzv_backend, sync=args.sync)
-    if args.dry_run and cluster.scheduler == "slurm":
-        from torchherd.console.run import render_batch_script
-
-        render_batch_script(console, cluster.batch_script(plan, fail_fast=not args.no_fail_fast))
-        return EXIT_OK
     if args.dry_run:
-        render_plan(console, plan)
+        render_description(console, cluster.describe(plan, fail_fast=not args.no_fail_fast))
         return _dry_sync(cluster, plan, console) if plan.sync is not None else EXIT_OK
     recovery = _recovery(args, cluster)
     observer = ConsoleObserver(console, view=_view_options(args, console))
@@ -455,9 +452,11 @@ def _positive(text: str) -> int:
 
 
 def _scheduler_flags() -> argparse.ArgumentParser:
+    from torchherd.inventory import SCHEDULERS
+
     flags = argparse.ArgumentParser(add_help=False)
     group = flags.add_argument_group("SLURM (docs/slurm.md); each --slurm-KEY overrides [slurm].KEY")
-    group.add_argument("--scheduler", choices=("ssh", "slurm"),
+    group.add_argument("--scheduler", choices=SCHEDULERS,
                        help="who starts the job on the nodes (default: [cluster].scheduler, else ssh)")
     group.add_argument("--slurm-login", metavar="HOST", help="submit on this host over SSH (default: here)")
     group.add_argument("--slurm-partition", metavar="NAME", help="sbatch --partition")
@@ -548,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--env", metavar="K=V", action="append", default=[], help="set a variable on every rank")
     run.add_argument("--env-pass", metavar="NAME", action="append", default=[],
                      help="pass this variable from the controller's environment")
-    run.add_argument("--grace", type=_grace, default=10.0, metavar="S", help="SIGTERM to SIGKILL, in seconds")
+    run.add_argument("--grace", type=_grace, metavar="S", help="SIGTERM to SIGKILL, in seconds (default: 10)")
     run.add_argument("--no-fail-fast", action="store_true",
                      help="let the other nodes go on when one fails (default: tear them down at once)")
     run.add_argument("--master-addr", metavar="ADDR", help="address the workers reach the master at")

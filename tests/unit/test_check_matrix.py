@@ -6,11 +6,11 @@ from __future__ import annotations
 from io import StringIO
 from pathlib import Path
 
-from torchherd.api import _with_probes
 from torchherd.checks import PreflightOutcome
 from torchherd.checks.model import Observed
 from torchherd.console import make_console
 from torchherd.console.matrix import failed, render_matrix
+from torchherd.engine.launch import with_probes as _with_probes
 from torchherd.inventory import parse
 from torchherd.results import CheckReport, ProbeResult
 

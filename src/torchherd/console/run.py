@@ -35,6 +35,14 @@ def render_plan(console: Console, plan: Plan) -> None:
     console.print(Text("dry run: nothing was started"), soft_wrap=True)
 
 
+def render_description(console: Console, described: Plan | BatchJob) -> None:
+    """What ``run --dry-run`` prints: every node's command, or SLURM's batch script."""
+    if isinstance(described, BatchJob):
+        render_batch_script(console, described)
+    else:
+        render_plan(console, described)
+
+
 def render_batch_script(console: Console, job: BatchJob) -> None:
     """The batch script SLURM would get (secrets as ***), and why each choice was made."""
     console.print(Text(f"run {job.run_id}: SLURM batch script ({job.run_dir}/job.sbatch), "

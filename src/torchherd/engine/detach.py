@@ -87,7 +87,7 @@ def start_detached(plan: Plan, options: LaunchOptions, sessions: Mapping[str, Se
         coordinator = _start_coordinator(plan, sessions[plan.master])
     record = _new_record(plan, options, coordinator)
     save(record)
-    started = _start_nodes(plan, record, sessions, options.grace, coordinator)
+    started = _start_nodes(plan, record, sessions, options.stop_grace, coordinator)
     record = replace(record, nodes=tuple(_started_or(started.get(node.name), node) for node in record.nodes))
     save(record)
     errors = tuple(result for result in started.values() if isinstance(result, str))
@@ -132,7 +132,7 @@ def _new_record(plan: Plan, options: LaunchOptions, coordinator: tuple[Coordinat
     ssh_config = inventory.cluster.ssh_config
     return RunRecord(run_id=plan.run_id, inventory=str(inventory.path.resolve()), created=time.time(),
                      command=(plan.options.script, *plan.options.script_args), nodes=nodes,
-                     max_rank=max_rank(plan), grace=options.grace,
+                     max_rank=max_rank(plan), grace=options.stop_grace,
                      ssh_config=str(ssh_config) if ssh_config else None,
                      ssh_timeout=inventory.cluster.ssh_timeout,
                      coordinator=coordinator[0] if coordinator else None)

@@ -69,18 +69,27 @@ GPU_EVERY = 5.0
 """Seconds between two GPU samples on a node that has nvidia-smi."""
 
 
+DEFAULT_GRACE = 10.0
+"""Seconds from SIGTERM to SIGKILL when no grace period is given."""
+
+
 @dataclass(frozen=True)
 class LaunchOptions:
     check: bool = True
     log_dir: Path = Path("torchherd-logs")
-    grace: float = 10.0
-    accept_new_host_keys: bool = False
+    grace: float | None = None
+    """Seconds from SIGTERM to SIGKILL; None: DEFAULT_GRACE (a backend whose scheduler
+    does the killing refuses any other)."""
     fail_fast: bool = True
     timeout: float | None = None
     """Seconds after which every node is told to stop (the smoke check); None: no limit."""
     attempt: int = 0
     """A run with retries: the attempt's number (from 1); its node logs are written on
     after a marker line. 0: a run without retries (each log written afresh)."""
+
+    @property
+    def stop_grace(self) -> float:
+        return DEFAULT_GRACE if self.grace is None else self.grace
 
 
 @dataclass(frozen=True)
@@ -251,7 +260,7 @@ class Job:
             node.start_error = str(error)
             self.events.put([Status(node.name, "error", {"message": str(error)})])
             return
-        process.send(supervisor_config(node.plan, self.plan.run_id, self.options.grace).to_line())
+        process.send(supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace).to_line())
         node.last_seen = node.started_at = time.monotonic()
         node.process = process
         marker = attempt_marker(self.options.attempt, list(self.nodes)) if self.options.attempt else b""
@@ -414,7 +423,7 @@ class Job:
     def _escalate(self, node: NodeRun, now: float) -> None:
         if not node.running or node.process is None:
             return
-        if node.stop_sent is StopLevel.TERM and now - node.stop_at > self.options.grace + STOP_MARGIN:
+        if node.stop_sent is StopLevel.TERM and now - node.stop_at > self.options.stop_grace + STOP_MARGIN:
             node.stop_sent, node.stop_at = StopLevel.KILL, now
             node.process.send(control_line(StopLevel.KILL))
             self.emit(StopSent(StopLevel.KILL, f"{node.name} did not stop within the grace period", (node.name,)))

@@ -9,6 +9,7 @@ nothing here prints.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import signal
 import tempfile
@@ -21,6 +22,7 @@ from typing import Callable, Iterator, Mapping, Protocol
 
 from torchherd.checks import CheckOptions, PreflightOutcome, run_preflight
 from torchherd.checks import smoke as smoke_check
+from torchherd.checks.analysis import port as port_check
 from torchherd.checks.analysis.smoke import SmokeRun
 from torchherd.engine.events import (
     Collector,
@@ -38,7 +40,7 @@ from torchherd.engine.sync import sync_nodes
 from torchherd.errors import TorchherdError, TransportError
 from torchherd.inventory import Host
 from torchherd.plan import NodePlan, Plan
-from torchherd.results import CheckReport, CheckResult
+from torchherd.results import CheckReport, CheckResult, ProbeResult
 from torchherd.runlog import OutputLine, RankLines, RunSummary
 from torchherd.transport import Connector, Session, close_all, connect_all, fan_out
 
@@ -75,6 +77,17 @@ def preflight(plan: Plan, options: CheckOptions, connector: Connector,
             progress(result)
     outcome.report = CheckReport(tuple(results + smoke))
     return outcome
+
+
+def with_probes(outcome: PreflightOutcome) -> CheckReport:
+    """The report, with every cross-node connect the probes made (``check``'s matrix)."""
+    report, observed = outcome.report, outcome.observed
+    if observed is None:
+        return report
+    probes = [ProbeResult(probe.prober, probe.peer, probe.kind, str(probe.outcome.get("result")),
+                          probe.verdict == "fail")
+              for prober in observed.connected for probe in port_check.probes_of(observed, prober)]
+    return dataclasses.replace(report, probes=tuple(probes))
 
 
 def _smoke(outcome: PreflightOutcome, results: list[CheckResult]) -> list[CheckResult]:

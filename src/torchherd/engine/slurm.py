@@ -78,11 +78,6 @@ TAIL_LINES = 8
 SCHEDULER = "slurm"
 
 
-def is_slurm(record: RunRecord) -> bool:
-    """A detached run handed to SLURM (its record says so)."""
-    return record.extra.get("scheduler") == SCHEDULER
-
-
 # where SLURM's commands run ---------------------------------------------------------
 
 
@@ -547,15 +542,8 @@ def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: O
     return run
 
 
-def _no_sync(plan: Plan) -> None:
-    if plan.sync is not None:
-        raise UsageError("--sync: not for SLURM runs (torchherd does not reach SLURM's nodes itself)",
-                         "keep the project on the cluster's shared filesystem, or sync it to the login host first")
-
-
 def _submitted(plan: Plan, options: LaunchOptions, connector: Connector,
                observer: Observer) -> tuple[Session, slurm.BatchJob, str]:
-    _no_sync(plan)
     batch = slurm.batch_job(plan, plan.inventory.slurm, options.fail_fast)
     session = frontend(plan.inventory, connector)
     try:
@@ -595,7 +583,6 @@ def check(plan: Plan, options: CheckOptions, connector: Connector,
     submission), then the node checks as steps of an allocation (``engine.slurm_check``)."""
     from torchherd.engine import slurm_check
 
-    _no_sync(plan)
     return slurm_check.check(plan, options, connector, progress)
 
 
@@ -617,7 +604,7 @@ def start_detached(plan: Plan, options: LaunchOptions, connector: Connector, obs
                        command=(plan.options.script, *plan.options.script_args),
                        nodes=tuple(_node_record(dataclasses.replace(plan.nodes[0].host, name=name, address=name),
                                                 batch.run_dir) for name in names),
-                       max_rank=max_rank(plan, batch.placement.nodes or len(names) or 1), grace=options.grace,
+                       max_rank=max_rank(plan, batch.placement.nodes or len(names) or 1), grace=options.stop_grace,
                        ssh_config=str(ssh_config) if ssh_config else None, ssh_timeout=inventory.cluster.ssh_timeout,
                        extra={"scheduler": SCHEDULER, "job_id": job_id, "run_dir": batch.run_dir, "login": login})
     save(record)

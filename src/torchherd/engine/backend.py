@@ -1,0 +1,229 @@
+"""What a scheduler does for a plan, behind one interface (TorchX's ``Scheduler`` is the
+model): ``SshBackend`` starts every node itself over SSH, ``SlurmBackend`` hands the
+job to SLURM. ``Cluster`` picks one from its scheduler once (``backend_for``), and a
+detached run's record names the backend that started it (``backend_of``); nothing
+above this module asks which scheduler it is talking to.
+
+A caller that builds its own plan (a subset of the hosts, say: ``Cluster.select``)
+launches it here and reads from the ``RunSummary`` which node failed first
+(``headline``, ``NodeOutcome.state == "failed"``) and which were lost
+(``"lost"``, ``"unresponsive"``).
+
+A flag one backend cannot honour is refused by it (``UsageError``: exit 2, one line
+naming the flag), never silently ignored.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from typing import Callable, ClassVar, Mapping, Sequence, Union
+
+from torchherd.checks import CheckOptions
+from torchherd.engine import detach as detached
+from torchherd.engine import slurm as slurm_engine
+from torchherd.engine.events import Observer, ignore
+from torchherd.engine.job import LaunchOptions
+from torchherd.engine.launch import Run, launch, open_nodes, preflight, sync_first, with_probes
+from torchherd.errors import TorchherdError, UsageError
+from torchherd.inventory import Host
+from torchherd.plan import Plan
+from torchherd.results import CheckReport, CheckResult
+from torchherd.runrecord import NodeState, RunRecord
+from torchherd.slurm import BatchJob, batch_job
+from torchherd.transport import Connector
+from torchherd.transport.ssh import SshConnector, ssh_hostnames
+
+Description = Union[Plan, BatchJob]
+"""What ``--dry-run`` shows: every node's command (SSH), or the batch script (SLURM)."""
+Follow = detached.Follow
+
+
+class DetachedStartFailed(TorchherdError):
+    """Not every node of a detached run started; the others were stopped."""
+
+    def __init__(self, start: detached.DetachedStart) -> None:
+        super().__init__(f"run {start.record.run_id}: not every node started; the others were stopped")
+        self.start = start
+
+
+@dataclass(frozen=True)
+class Backend(ABC):
+    """One scheduler: how a plan is checked, shown, started (attached or detached), and
+    how a detached run is found again. ``connector`` reaches the hosts (SSH) or the
+    submit host (SLURM); a detached run's backend may have none (rebuilt from the record)."""
+
+    connector: Connector | None = None
+
+    live_checks: ClassVar[bool] = True
+    """Whether ``check`` reports one node's results at a time (a live grid is worth it)."""
+    takes_slurm_keys: ClassVar[bool] = False
+    """Whether the ``[slurm]`` keys (``--slurm-*``) mean anything to it."""
+    refuses: ClassVar[Mapping[str, tuple[str, str]]] = {}
+    """The flags it cannot honour: flag -> (why, hint)."""
+
+    def ssh_hostnames(self, hosts: Sequence[Host]) -> dict[str, str]:
+        """Per host reached by an ssh_config alias, the alias's HostName (the address its
+        peers are told); empty where torchherd does not reach the hosts over SSH itself."""
+        return {}
+
+    def allow(self, flag: str, given: object) -> None:
+        """Raises UsageError (exit 2, one line naming ``flag``) when ``flag`` is given and
+        this backend cannot honour it."""
+        if given and flag in self.refuses:
+            why, hint = self.refuses[flag]
+            raise UsageError(f"{flag}: {why}", hint)
+
+    @abstractmethod
+    def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
+              on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:
+        """The preflight of ``plan``, changing nothing on the nodes (with ``sync``: the
+        project made identical first, its events to ``on_event``). Returns the report;
+        each result also goes to ``on_result`` as it is known."""
+
+    @abstractmethod
+    def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
+        """What ``run --dry-run`` prints for ``plan``: the plan itself, or the batch script."""
+
+    @abstractmethod
+    def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
+        """Starts ``plan`` (preflight first unless ``options.check`` is off) and returns the
+        attached ``Run``: ``wait()`` gives the ``RunSummary``. Raises LaunchAborted when it
+        could not start (the observer was told why)."""
+
+    @abstractmethod
+    def start_detached(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> RunRecord:
+        """Starts ``plan`` so that it outlives this process; returns its saved ``RunRecord``
+        (``status``, ``follow`` and ``stop`` take it). Raises LaunchAborted when it could
+        not start, DetachedStartFailed when only some nodes did (the others stopped)."""
+
+    @abstractmethod
+    def status(self, record: RunRecord) -> list[NodeState]:
+        """Per node (or for a job still queued, one row): running, exited (its code), unreachable."""
+
+    @abstractmethod
+    def follow(self, record: RunRecord, observer: Observer, options: Follow) -> None:
+        """Reports the run's output (``Output``) and each node's status records
+        (``NodeStatus``) from the start; with ``options.follow`` until the run has ended."""
+
+    @abstractmethod
+    def stop(self, record: RunRecord, grace: float | None = None) -> dict[str, list[str]]:
+        """Stops the run everywhere and waits for it; per node (or job) what is still left
+        (an empty list: nothing). ``grace``: seconds from SIGTERM to SIGKILL (None: the run's)."""
+
+
+class SshBackend(Backend):
+    """torchherd starts every node itself: one supervisor per node over SSH."""
+
+    def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
+              on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:
+        connector = self._connector()
+        if sync and plan.sync is not None:
+            connector = sync_first(plan, connector, on_event)
+        outcome = preflight(plan, options, connector, on_result)
+        outcome.close()
+        return with_probes(outcome)
+
+    def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
+        return plan
+
+    def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
+        return launch(plan, options, self._connector(), observer)
+
+    def start_detached(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> RunRecord:
+        opened = open_nodes(plan, options, self._connector(), observer)
+        try:
+            start = detached.start_detached(opened.plan, options, opened.sessions)
+        finally:
+            opened.close()
+        if not start.ok:
+            raise DetachedStartFailed(start)
+        return start.record
+
+    def status(self, record: RunRecord) -> list[NodeState]:
+        return detached.node_states(record, self.connector)
+
+    def follow(self, record: RunRecord, observer: Observer, options: Follow) -> None:
+        detached.follow_logs(record, observer, options, self.connector)
+
+    def stop(self, record: RunRecord, grace: float | None = None) -> dict[str, list[str]]:
+        return detached.stop_run(record if grace is None else replace(record, grace=grace), self.connector)
+
+    def ssh_hostnames(self, hosts: Sequence[Host]) -> dict[str, str]:
+        if not isinstance(self.connector, SshConnector):
+            return {}
+        return ssh_hostnames(hosts, self.connector.ssh_config)
+
+    def _connector(self) -> Connector:
+        assert self.connector is not None, "a Cluster's backend has its connector"
+        return self.connector
+
+
+class SlurmBackend(Backend):
+    """SLURM places the job, starts one task per node and does the killing (docs/slurm.md).
+    torchherd never reaches its nodes over SSH: what needs that is refused (``refuses``)."""
+
+    live_checks: ClassVar[bool] = False
+    takes_slurm_keys: ClassVar[bool] = True
+    refuses: ClassVar[Mapping[str, tuple[str, str]]] = {
+        "--sync": ("not for SLURM runs (torchherd does not reach SLURM's nodes itself)",
+                   "keep the project on the cluster's shared filesystem, or sync it to the login host first"),
+        "--grace": ("not for SLURM runs (SLURM's KillWait is the grace period)", "leave --grace out"),
+        "--smoke": ("not for SLURM checks (the nodes are reached as steps of an allocation, not by run's supervisor)",
+                    "leave --smoke out; a short torchherd run is the smoke test"),
+        "--retries": ("not for SLURM runs (yet): SLURM's own --requeue resubmits a job",
+                      "leave --retries out, or run over SSH"),
+        "--hang-timeout": ("not for SLURM runs (yet): SLURM's own --requeue resubmits a job",
+                           "leave --hang-timeout out, or run over SSH"),
+        "--matrix": ("not for SLURM checks (the probes run inside an allocation; the report lists the failed ones)",
+                     "leave --matrix out"),
+    }
+
+    def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
+              on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:
+        self.allow("--smoke", options.smoke)
+        self.allow("--sync", sync and plan.sync is not None)
+        return slurm_engine.check(plan, options, self._connector(), on_result)
+
+    def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
+        self.allow("--sync", plan.sync is not None)
+        return batch_job(plan, plan.inventory.slurm, fail_fast)
+
+    def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
+        return slurm_engine.launch(self._attached(plan, options), options, self._connector(), observer)
+
+    def start_detached(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> RunRecord:
+        return slurm_engine.start_detached(self._attached(plan, options), options, self._connector(), observer)
+
+    def status(self, record: RunRecord) -> list[NodeState]:
+        return slurm_engine.job_status(record, self.connector)
+
+    def follow(self, record: RunRecord, observer: Observer, options: Follow) -> None:
+        slurm_engine.follow_job(record, observer, options.follow, options.node, options.rank, self.connector)
+
+    def stop(self, record: RunRecord, grace: float | None = None) -> dict[str, list[str]]:
+        self.allow("--grace", grace is not None)
+        return slurm_engine.stop_job(record, self.connector)
+
+    def _attached(self, plan: Plan, options: LaunchOptions) -> Plan:
+        self.allow("--grace", options.grace is not None)
+        self.allow("--sync", plan.sync is not None)
+        return plan
+
+    def _connector(self) -> Connector:
+        assert self.connector is not None, "a Cluster's backend has its connector"
+        return self.connector
+
+
+BACKENDS: dict[str, type[Backend]] = {"ssh": SshBackend, "slurm": SlurmBackend}
+"""Every scheduler the inventory's ``[cluster].scheduler`` names, and its backend."""
+
+
+def backend_for(scheduler: str, connector: Connector | None = None) -> Backend:
+    """The backend of a scheduler (``Cluster`` calls this once)."""
+    return BACKENDS[scheduler](connector)
+
+
+def backend_of(record: RunRecord, connector: Connector | None = None) -> Backend:
+    """The backend that started a detached run, as its record says."""
+    return backend_for(str(record.extra.get("scheduler", "ssh")), connector)
