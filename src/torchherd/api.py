@@ -12,7 +12,9 @@ results; the CLI renders the same events with its console.
 
 from __future__ import annotations
 
+import queue
 import secrets
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,7 +42,7 @@ from torchherd.inventory import SCHEDULERS, SLURM_KEYS, Inventory, Recovery, loa
 from torchherd.nodeset import NodesetError, expand
 from torchherd.plan import Plan, RunOptions, SyncOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
-from torchherd.runlog import OutputLine, RankLines
+from torchherd.runlog import OutputLine, flat
 from torchherd.runrecord import NodeState, RunRecord, load_all
 from torchherd.runrecord import load as load_record
 from torchherd.slurm import BatchJob, batch_job
@@ -331,21 +333,64 @@ class DetachedRun:
         return codes
 
     def lines(self, *, follow: bool = False) -> Iterator[OutputLine]:
-        """Every line the run printed so far (with ``follow``: until it ends), in order per node."""
-        collected: list[OutputLine] = []
-
-        def observe(event: Event) -> None:
-            if isinstance(event, Output):
-                for chunk in event.lines:
-                    collected.extend(chunk.lines() if isinstance(chunk, RankLines) else (chunk,))
-
-        self.follow(observe, follow=follow)
-        yield from collected
+        """Every line the run printed so far, in order per node; with ``follow`` on as they
+        arrive, until the run ends. Leaving the loop early stops the reading."""
+        feed = _LineFeed()
+        threading.Thread(target=feed.read, args=(self, follow), name="torchherd-lines", daemon=True).start()
+        try:
+            yield from feed
+        finally:
+            feed.stopped.set()
 
     def stop(self, grace: float | None = None) -> dict[str, list[str]]:
         """Stops the run on every node; per node what is left (empty: nothing). ``grace``:
         seconds from SIGTERM to SIGKILL (None: the run's; SLURM refuses any)."""
         return self.backend.stop(self.record, grace)
+
+
+class _Stopped(Exception):
+    """The reader of ``DetachedRun.lines`` left: following ends."""
+
+
+class _LineFeed:
+    """Lines from a thread that follows a detached run to the iterator of ``lines``,
+    a bounded number of batches at a time (a slow reader slows the reads, not memory)."""
+
+    def __init__(self) -> None:
+        self.batches: queue.Queue[list[OutputLine] | BaseException | None] = queue.Queue(maxsize=64)
+        self.stopped = threading.Event()
+
+    def read(self, run: DetachedRun, follow: bool) -> None:
+        try:
+            run.follow(self._observe, follow=follow)
+            self._put(None)
+        except _Stopped:
+            pass
+        except BaseException as error:  # handed to the reader: a failure must not vanish in a thread
+            self._put(error)
+
+    def _observe(self, event: Event) -> None:
+        if isinstance(event, Output):
+            self._put(flat(event.lines))
+
+    def _put(self, item: list[OutputLine] | BaseException | None) -> None:
+        while True:
+            if self.stopped.is_set():
+                raise _Stopped
+            try:
+                self.batches.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self) -> Iterator[OutputLine]:
+        while True:
+            item = self.batches.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield from item
 
 
 def runs() -> list[DetachedRun]:

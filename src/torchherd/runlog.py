@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Sequence, Union
+from typing import Any, Iterable, Literal, NamedTuple, Sequence, Union
 
 from torchherd.remote import wire
 from torchherd.remote.wire import RANK_PREFIX_END, RANK_PREFIX_HEAD, StatusEvent
@@ -276,6 +276,17 @@ class RankLines:
     def _parse(self, records: Sequence[bytes]) -> list[OutputLine]:
         return [parse_output(self.node, STDERR if record[0] == TAG_STDERR else STDOUT, record[1:])
                 for record in records]
+
+
+def flat(chunks: Iterable[OutputLine | RankLines]) -> list[OutputLine]:
+    """Every line of ``chunks``, a block's one by one (the one place a block is taken apart)."""
+    lines: list[OutputLine] = []
+    for chunk in chunks:
+        if isinstance(chunk, RankLines):
+            lines += chunk.lines()
+        else:
+            lines.append(chunk)
+    return lines
 
 
 Chunk = Union[OutputLine, RankLines, Status]

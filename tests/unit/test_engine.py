@@ -31,7 +31,7 @@ from torchherd.engine.events import (
     RunStarted,
     StopSent,
 )
-from torchherd.engine.job import LaunchOptions
+from torchherd.engine.job import Job, LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Run, launch, run_quietly
 from torchherd.plan import Plan
 from torchherd.remote.wire import StopLevel
@@ -155,7 +155,8 @@ def test_a_node_whose_supervisor_vanishes_is_lost_and_the_others_stop(tmp_path: 
     events = Collector()
     run = start(tmp_path, plan, events)
     _wait_for(lambda: len(events.of(NodeStarted)) == 2)
-    session = run._opened.sessions["n1"]
+    assert isinstance(run.job, Job)
+    session = run.job.sessions["n1"]
     assert isinstance(session, LocalSession)
     os.kill(session.processes[0].popen.pid, signal.SIGKILL)
     summary = run.wait(timeout=30)

@@ -87,7 +87,7 @@ def test_the_gpu_check_compares_each_node_with_its_own_count() -> None:
 
 
 def test_max_rank_is_the_sum_of_the_nodes_counts() -> None:
-    from torchherd.engine.job import max_rank
+    from torchherd.engine.bookkeeping import max_rank
 
     assert max_rank(build_plan(inventory(), RunOptions(script="train.py", run_id="r1"))) == 3
     assert max_rank(build_plan(inventory(b_nproc="gpu"), RunOptions(script="train.py", run_id="r1"))) == 99

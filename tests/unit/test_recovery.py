@@ -29,7 +29,7 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.hang import described, stacks_of
 from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import Opened, Run
+from torchherd.engine.launch import Run, RunEvents
 from torchherd.engine.recovery import RecoveringRun, attempt_plan
 from torchherd.engine.recovery_policy import (
     Attempt,
@@ -286,8 +286,8 @@ class FakeBackend:
             release.set()
         job = _Job(plan, options.log_dir / plan.run_id, summary, release)
         self.jobs.append(job)
-        run = Run(job, Opened(plan, {}), observer)
-        run._thread.start()
+        run = Run(job, RunEvents(observer))
+        run.start()
         return run
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -178,6 +179,23 @@ def test_a_detached_job_is_followed_stopped_and_described(fake: FakeSlurm, tmp_p
     assert texts == ["tick"] and any(isinstance(event, NodeStatus) for event in seen)
     assert detached.stop() == {"SLURM job 42": []}
     assert (fake.dir / "scancel.log").read_text() == "42\n"
+
+
+def test_following_lines_yields_each_as_it_arrives(fake: FakeSlurm, tmp_path: Path) -> None:
+    made = cluster()
+    detached = made.launch(made.plan("train.py", run_id="th-lines", nproc_per_node=1), detach=True, check=False)
+    assert isinstance(detached, DetachedRun)
+    fake.queue("RUNNING")
+    fake.node("th-lines", "n0.out", "[torchherd-rank 0] first\n")
+    lines = detached.lines(follow=True)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(next(lines).text), daemon=True)
+    reader.start()
+    reader.join(timeout=20)
+    assert got == ["first"], "the first line must come while the job still runs"
+    fake.node("th-lines", "n0.out", "[torchherd-rank 0] second\n")
+    fake.queue("COMPLETED")
+    assert [line.text for line in lines] == ["second"]
 
 
 def test_no_sbatch_here_and_no_login_host_is_a_usage_error(fake: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
-from torchherd.engine.events import NodeStatus, Observer, Output
+from torchherd.engine.bookkeeping import max_rank, node_record, report, run_record
+from torchherd.engine.events import Observer
 from torchherd.engine.job import (
     LaunchOptions,
     Record,
-    max_rank,
     records_to_events,
     remote_command,
     supervisor_config,
@@ -36,7 +36,7 @@ from torchherd.errors import TransportError
 from torchherd.plan import Plan, quote_path
 from torchherd.remote import command as node_program
 from torchherd.remote import wire
-from torchherd.runlog import OutputLine, RecordSplitter, Status, parse_status
+from torchherd.runlog import RecordSplitter, Status, parse_status
 from torchherd.runrecord import (
     CoordinatorRecord,
     NodeRecord,
@@ -123,19 +123,9 @@ def _start_coordinator(plan: Plan, connection: Session) -> tuple[CoordinatorReco
 
 def _new_record(plan: Plan, options: LaunchOptions, coordinator: tuple[CoordinatorRecord, str, dict[str, str]] | None
                 ) -> RunRecord:
-    nodes = tuple(NodeRecord(name=node.host.name, address=node.host.address, user=node.host.user,
-                             ssh_port=node.host.ssh_port, identity_file=node.host.identity_file,
-                             python=node.host.python, workdir=node.workdir,
-                             log_file=remote_log_file(plan.run_id, node.host.name),
-                             state_file=remote_state_file(plan.run_id, node.host.name)) for node in plan.nodes)
-    inventory = plan.inventory
-    ssh_config = inventory.cluster.ssh_config
-    return RunRecord(run_id=plan.run_id, inventory=str(inventory.path.resolve()), created=time.time(),
-                     command=(plan.options.script, *plan.options.script_args), nodes=nodes,
-                     max_rank=max_rank(plan), grace=options.stop_grace,
-                     ssh_config=str(ssh_config) if ssh_config else None,
-                     ssh_timeout=inventory.cluster.ssh_timeout,
-                     coordinator=coordinator[0] if coordinator else None)
+    nodes = [node_record(node.host, remote_log_file(plan.run_id, node.host.name),
+                         remote_state_file(plan.run_id, node.host.name), node.workdir) for node in plan.nodes]
+    return run_record(plan, options.stop_grace, nodes, max_rank(plan), coordinator[0] if coordinator else None)
 
 
 def _start_nodes(plan: Plan, record: RunRecord, connections: Mapping[str, Session], grace: float,
@@ -385,22 +375,7 @@ def follow_logs(record: RunRecord, observer: Observer, options: Follow,
                 batch = events.get(timeout=0.2)
             except queue.Empty:
                 continue
-            _report(batch, observer, options)
+            report(batch, observer, options.node, options.rank)
     finally:
         stop.set()
     return followers
-
-
-def _report(batch: list[Record], observer: Observer, options: Follow) -> None:
-    lines: list[OutputLine] = []
-    for event in batch:
-        if isinstance(event, OutputLine):
-            if options.rank is None or event.rank == options.rank:
-                lines.append(event)
-        elif isinstance(event, Status):
-            if lines:
-                observer(Output(tuple(lines)))
-                lines = []
-            observer(NodeStatus(event))
-    if lines:
-        observer(Output(tuple(lines)))

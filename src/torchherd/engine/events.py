@@ -17,7 +17,7 @@ from typing import Callable, Sequence, Union
 from torchherd.errors import TransportError
 from torchherd.remote.wire import StopLevel
 from torchherd.results import CheckReport
-from torchherd.runlog import OutputLine, RankLines, RunSummary, Status
+from torchherd.runlog import OutputLine, RankLines, RunSummary, Status, flat
 
 
 @dataclass(frozen=True)
@@ -374,11 +374,8 @@ class Collector:
     def __call__(self, event: Event) -> None:
         self.events.append(event)
         if isinstance(event, Output):
-            for chunk in event.lines:
-                if isinstance(chunk, RankLines):
-                    self.lines.setdefault(chunk.node, []).extend(chunk.lines())
-                else:
-                    self.lines.setdefault(chunk.node, []).append(chunk)
+            for line in flat(event.lines):
+                self.lines.setdefault(line.node, []).append(line)
 
     def of(self, kind: type[Event]) -> list[Event]:
         return [event for event in self.events if isinstance(event, kind)]

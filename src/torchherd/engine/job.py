@@ -11,15 +11,15 @@ thread, which reports them in batches to the observer and decides how the run en
 
 from __future__ import annotations
 
-import os
 import queue
 import shlex
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence, Union
+from typing import Mapping, Sequence, Union
 
+from torchherd.engine.bookkeeping import NodeLog, dispatch
 from torchherd.engine.events import (
     Interrupted,
     NodeExited,
@@ -28,13 +28,11 @@ from torchherd.engine.events import (
     NodeStarted,
     NodeStatus,
     Observer,
-    Output,
     ProcessesLeft,
-    RanksRunning,
     RunFinished,
     StopSent,
 )
-from torchherd.engine.outcome import NodeRun, summarise
+from torchherd.engine.outcome import Ending, NodeRun, ssh_state, summarise
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan, quote_path
 from torchherd.remote import command, wire
@@ -51,9 +49,6 @@ from torchherd.runlog import (
     visible_text,
 )
 from torchherd.transport import Process, Session, fan_out
-
-if TYPE_CHECKING:
-    pass
 
 HEARTBEAT_EVERY = 1.0
 """Seconds between heartbeats, both ways."""
@@ -188,41 +183,30 @@ def read_node(node: NodeRun, process: Process, events: queue.Queue[list[RunEvent
     only ever receives whole lines, so the terminal can never hold a node back. With a
     ``marker`` (an attempt of a run with retries) the log is written on after it."""
     parser, stderr_lines = OutputParser(node.name), RecordSplitter()
-    # 0600: a run's output is its user's only (a umask of 022 would make it 0644)
-    mode = os.O_APPEND if marker else os.O_TRUNC
-    with os.fdopen(os.open(node.log_path, os.O_WRONLY | os.O_CREAT | mode, 0o600), "wb") as log:
-        if marker:
-            log.write(marker)
-        def deliver(batch: Sequence[RunEvent]) -> None:
-            node.last_seen = time.monotonic()
-            text = b"".join(_log_bytes(event) for event in batch)
-            if text:
-                log.write(text)
-                log.flush()
-            if batch:
-                events.put(list(batch))
+    log = NodeLog(node.log_path, marker)
 
-        def on_stdout(data: bytes) -> None:
-            node.last_seen = time.monotonic()
-            deliver(parser.feed(data))
+    def deliver(batch: Sequence[RunEvent]) -> None:
+        node.last_seen = time.monotonic()
+        log.write(batch)
+        if batch:
+            events.put(list(batch))
 
-        def on_stderr(data: bytes) -> None:
-            # The supervisor's own stderr: the shell (a failed cd, the setup snippet).
-            deliver([OutputLine(node.name, None, STDERR, visible_text(line)) for line in stderr_lines.feed(data)])
+    def on_stdout(data: bytes) -> None:
+        node.last_seen = time.monotonic()
+        deliver(parser.feed(data))
 
+    def on_stderr(data: bytes) -> None:
+        # The supervisor's own stderr: the shell (a failed cd, the setup snippet).
+        deliver([OutputLine(node.name, None, STDERR, visible_text(line)) for line in stderr_lines.feed(data)])
+
+    try:
         process.pump(on_stdout, on_stderr)
         deliver(parser.finish())
         deliver([OutputLine(node.name, None, STDERR, visible_text(line)) for line in stderr_lines.finish()])
+    finally:
+        log.close()
     node.reader_done = True
     events.put([Closed(node.name, process.exit_code(timeout=2.0))])
-
-
-def _log_bytes(event: RunEvent) -> bytes:
-    if isinstance(event, RankLines):
-        return event.log_bytes()
-    if isinstance(event, OutputLine):
-        return (event.log_text() + "\n").encode("utf-8", "replace")
-    return b""
 
 
 class Job:
@@ -237,7 +221,6 @@ class Job:
         self.log_dir = options.log_dir / plan.run_id
         self.nodes = {node.host.name: NodeRun(node, self.log_dir / f"{node.host.name}.log") for node in plan.nodes}
         self.events: queue.Queue[list[RunEvent]] = queue.Queue()
-        self.stopping: str | None = None
         self.interrupted = False
         self.culprit: NodeRun | None = None
         self.started = time.monotonic()
@@ -321,28 +304,15 @@ class Job:
         return batch
 
     def _dispatch(self, batch: list[RunEvent]) -> None:
-        lines: list[OutputLine | RankLines] = []
+        dispatch(batch, self.emit, self.nodes.__getitem__, self._on_record)
 
-        def flush() -> None:
-            if lines:
-                self.emit(Output(tuple(lines)))
-                lines.clear()
-
-        for event in batch:
-            if isinstance(event, (OutputLine, RankLines)):
-                if self.nodes[event.node].take(event):
-                    flush()
-                    self.emit(RanksRunning(event.node))
-                lines.append(event)
-                continue
-            flush()
-            if isinstance(event, Status):
-                self._on_status(self.nodes[event.node], event)
-            elif isinstance(event, Closed):
-                self._on_closed(self.nodes[event.node], event.code)
-            else:
-                self.interrupt()
-        flush()
+    def _on_record(self, event: RunEvent) -> None:
+        if isinstance(event, Status):
+            self._on_status(self.nodes[event.node], event)
+        elif isinstance(event, Closed):
+            self._on_closed(self.nodes[event.node], event.code)
+        elif isinstance(event, _StopRequest):
+            self.interrupt()
 
     def _on_status(self, node: NodeRun, status: Status) -> None:
         fields = status.fields
@@ -409,7 +379,6 @@ class Job:
 
     def stop_all(self, level: StopLevel, reason: str) -> None:
         """TERM (graceful, SIGKILL after the grace period) or KILL to every running node."""
-        self.stopping = self.stopping or reason
         now = time.monotonic()
         told = []
         for node in self.nodes.values():
@@ -433,12 +402,7 @@ class Job:
 
     # ending -------------------------------------------------------------------
     def summary(self) -> RunSummary:
-        return summarise(self.plan.run_id, list(self.nodes.values()), self.culprit, self.interrupted,
+        ending = Ending(interrupted="every node was told to stop" if self.interrupted else None)
+        return summarise(self.plan.run_id, list(self.nodes.values()),
+                         lambda node: ssh_state(node, self.culprit, self.interrupted), self.culprit, ending,
                          time.monotonic() - self.started, str(self.log_dir))
-
-
-def max_rank(plan: Plan) -> int:
-    """The highest global rank: the sum of every node's own count, less one (99 when a
-    node's count is found there: "gpu", "auto")."""
-    world = plan.world_size
-    return 99 if world is None else world - 1

@@ -24,6 +24,7 @@ from torchherd.checks import CheckOptions, PreflightOutcome, run_preflight
 from torchherd.checks import smoke as smoke_check
 from torchherd.checks.analysis import port as port_check
 from torchherd.checks.analysis.smoke import SmokeRun
+from torchherd.engine.bookkeeping import max_rank
 from torchherd.engine.events import (
     Collector,
     ConnectFailed,
@@ -35,13 +36,13 @@ from torchherd.engine.events import (
     RunStarted,
     ignore,
 )
-from torchherd.engine.job import Job, LaunchOptions, max_rank
+from torchherd.engine.job import Job, LaunchOptions
 from torchherd.engine.sync import sync_nodes
 from torchherd.errors import TorchherdError, TransportError
 from torchherd.inventory import Host
 from torchherd.plan import NodePlan, Plan
 from torchherd.results import CheckReport, CheckResult, ProbeResult
-from torchherd.runlog import OutputLine, RankLines, RunSummary
+from torchherd.runlog import OutputLine, RunSummary, flat
 from torchherd.transport import Connector, Session, close_all, connect_all, fan_out
 
 LINE_BUFFER = 100_000
@@ -228,45 +229,60 @@ class Supervised(Protocol):
     def request_stop(self) -> None: ...
 
 
+class RunEvents:
+    """A run's observer: every event to the caller's through a ``Relay`` (a thread of its
+    own), and every line to ``Run.lines`` once someone reads them. Made before the job,
+    which reports to it."""
+
+    def __init__(self, observer: Observer) -> None:
+        self.relay = Relay(observer)
+        self.lines: queue.Queue[OutputLine | None] | None = None
+
+    def __call__(self, event: Event) -> None:
+        if self.lines is not None and isinstance(event, Output):
+            for line in flat(event.lines):
+                self.offer(line)
+        self.relay(event)
+
+    def offer(self, line: OutputLine | None) -> None:
+        """Queues a line for ``Run.lines`` (None: the end), dropping the oldest when full."""
+        assert self.lines is not None
+        while True:
+            try:
+                self.lines.put_nowait(line)
+                return
+            except queue.Full:
+                try:
+                    self.lines.get_nowait()
+                except queue.Empty:
+                    pass
+
+
 class Run:
     """A job launched on every node: ``wait`` for its summary, ``stop`` it, read its ``lines``.
 
     A supervising thread reads every node, writes the log files, and tears the job down
     when it ends; the caller's thread stays free. The observer gets its events from a
     ``Relay`` thread: a terminal that stops reading never holds the supervising thread.
+    Built with its job (which reports to ``events``); ``start`` starts the supervising thread.
     """
 
-    def __init__(self, job: Supervised, opened: Opened, observer: Observer) -> None:
+    def __init__(self, job: Supervised, events: RunEvents, on_end: Callable[[], None] = lambda: None) -> None:
         self.job = job
         self.plan = job.plan
         self.run_id = job.plan.run_id
         self.log_dir = job.log_dir
-        self._opened = opened
-        self._observer = Relay(observer)
-        self._lines: queue.Queue[OutputLine | None] | None = None
+        self._on_end = on_end
+        self._events = events
+        self._observer = events.relay
         self._summary: RunSummary | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._supervise, name="torchherd-run", daemon=True)
 
-    def _emit(self, event: Event) -> None:
-        if self._lines is not None and isinstance(event, Output):
-            for chunk in event.lines:
-                for line in chunk.lines() if isinstance(chunk, RankLines) else (chunk,):
-                    self._offer(line)
-        self._observer(event)
-
-    def _offer(self, line: OutputLine | None) -> None:
-        assert self._lines is not None
-        while True:
-            try:
-                self._lines.put_nowait(line)
-                return
-            except queue.Full:
-                try:
-                    self._lines.get_nowait()
-                except queue.Empty:
-                    pass
+    def start(self) -> None:
+        """Supervises the job in a thread of its own until it ends (once)."""
+        self._thread.start()
 
     def _supervise(self) -> None:
         try:
@@ -274,9 +290,9 @@ class Run:
         except BaseException as error:  # handed to wait(): a bug must not vanish in a thread
             self._error = error
         finally:
-            self._opened.close()
-            if self._lines is not None:
-                self._offer(None)
+            self._on_end()
+            if self._events.lines is not None:
+                self._events.offer(None)
             self._done.set()
 
     def wait(self, timeout: float | None = None) -> RunSummary:
@@ -319,12 +335,12 @@ class Run:
     def lines(self) -> Iterator[OutputLine]:
         """Every line of every node as it arrives, until the run ends (node, rank, stream,
         text). Lines printed before the first call are in the log files."""
-        if self._lines is None:
-            self._lines = queue.Queue(LINE_BUFFER)
+        if self._events.lines is None:
+            self._events.lines = queue.Queue(LINE_BUFFER)
             if self._done.is_set():
                 return
         while True:
-            line = self._lines.get()
+            line = self._events.lines.get()
             if line is None:
                 return
             yield line
@@ -334,17 +350,16 @@ def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: O
     """Preflights ``plan`` (unless ``options.check`` is off), starts it on every node and
     returns the running ``Run``. Raises LaunchAborted when it could not start."""
     opened = open_nodes(plan, options, connector, observer)
-    holder: list[Run] = []
-    job = Job(opened.plan, opened.sessions, options, lambda event: holder[0]._emit(event))
-    run = Run(job, opened, observer)
-    holder.append(run)
+    events = RunEvents(observer)
+    job = Job(opened.plan, opened.sessions, options, events)
+    run = Run(job, events, opened.close)
     observer(RunStarted(plan.run_id, tuple(node.host.name for node in plan.nodes), plan.master,
                         opened.plan.master_addr, plan.port, str(job.log_dir), max_rank(plan)))
     try:
         job.start_all()
     except KeyboardInterrupt:
         job.interrupt()
-    run._thread.start()
+    run.start()
     return run
 
 

@@ -1,15 +1,18 @@
 """Each node's part of a run as the controller sees it, and the run's summary: which
 node failed first (and which rank), which were torn down, lost or interrupted.
 
-``NodeRun`` is updated by the supervising thread only; ``summarise`` is pure.
+``OutputTrack`` is what every backend keeps of a node; ``NodeRun`` is an SSH node's
+(updated by the supervising thread only). ``summarise`` is pure, and the one place
+that words a run's headline, for every backend.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from torchherd.plan import NodePlan
@@ -32,10 +35,22 @@ TAIL_LINES = 8
 
 
 class OutputTrack:
-    """What a run's summary needs of one node's output: whether a rank has printed, the
-    first error line, the failed rank, the last lines. Shared by SSH and SLURM runs."""
+    """What a run's summary needs of one node: when it started and ended, its exit code,
+    whether it was lost, and of its output whether a rank has printed, the first error
+    line, the failed rank, the last lines. Shared by SSH and SLURM runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str, rank: int, log_path: Path) -> None:
+        self.name = name
+        self.rank = rank
+        """The node's rank (``node_rank``)."""
+        self.log_path = log_path
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.exit_code: int | None = None
+        self.lost: str | None = None
+        """Why the node was given up (it vanished, or never confirmed its teardown)."""
+        self.left = 0
+        """Processes the node's teardown could not kill."""
         self.ranks_running = False
         """A rank has printed: the node got through the rendezvous."""
         self.rank_error: OutputLine | None = None
@@ -91,29 +106,26 @@ class OutputTrack:
         line = self.rank_error or self.other_error
         return None if line is None else line.described()
 
+    def first_error(self) -> str | None:
+        """The error the summary names: the first error line, else what the backend knows."""
+        return self.error_line() or self.lost
+
 
 class NodeRun(OutputTrack):
     """The controller's view of one node during the run."""
 
     def __init__(self, plan: NodePlan, log_path: Path) -> None:
-        super().__init__()
+        super().__init__(plan.host.name, plan.node_rank, log_path)
         self.plan = plan
-        self.name = plan.host.name
-        self.log_path = log_path
         self.process: Process | None = None
         self.last_seen = time.monotonic()
-        self.started_at: float | None = None
-        self.ended_at: float | None = None
-        self.exit_code: int | None = None
         self.done = False
         self.closed = False
         self.reader_done = False
         """Set by the reader thread when the channel ended; its Closed event may still be queued."""
-        self.lost: str | None = None
         self.start_error: str | None = None
         self.stop_sent: StopLevel | None = None
         self.stop_at = 0.0
-        self.left = 0
 
     @property
     def finished(self) -> bool:
@@ -127,18 +139,39 @@ class NodeRun(OutputTrack):
         return self.error_line() or self.lost or self.start_error
 
 
-def summarise(run_id: str, nodes: list[NodeRun], culprit: NodeRun | None, interrupted: bool, seconds: float,
-              log_dir: str) -> RunSummary:
-    """The run's exit code, its one-sentence headline, and every node's outcome."""
-    outcomes = tuple(_outcome(node, culprit, interrupted) for node in nodes)
-    if interrupted:
-        code, headline = EXIT_INTERRUPTED, "interrupted: every node was told to stop"
+@dataclass(frozen=True)
+class Ending:
+    """What the backend knows of the run's end beyond its nodes."""
+
+    interrupted: str | None = None
+    """The run was stopped by its user: how (SSH: every node was told to stop)."""
+    lost: str | None = None
+    """The run as a whole went out of sight (SLURM: the submit host stopped answering)."""
+    otherwise: str | None = None
+    """The headline when not every node ended well and none is to blame (None: the
+    nodes that did not are named)."""
+    why_failed: str | None = None
+    """A failed node's error when its output names none."""
+
+
+Node = TypeVar("Node", bound=OutputTrack)
+
+
+def summarise(run_id: str, nodes: Sequence[Node], state_of: Callable[[Node], OutcomeState],
+              culprit: Node | None, ending: Ending, seconds: float, log_dir: str) -> RunSummary:
+    """The run's exit code, its one-sentence headline, and every node's outcome (its state
+    as the backend judges it: ``state_of``)."""
+    outcomes = tuple(_outcome(node, state_of(node), ending) for node in nodes)
+    if ending.interrupted is not None:
+        code, headline = EXIT_INTERRUPTED, f"interrupted: {ending.interrupted}"
+    elif ending.lost is not None:
+        code, headline = EXIT_FAILED, f"lost track of {ending.lost}"
     elif culprit is not None:
         code, headline = EXIT_FAILED, _blame(culprit)
-    elif all(outcome.state == "ok" for outcome in outcomes):
+    elif outcomes and all(outcome.state == "ok" for outcome in outcomes):
         code, headline = EXIT_OK, f"all {len(outcomes)} nodes finished (exit 0) in {seconds:.1f} s"
     else:
-        code, headline = EXIT_FAILED, "the job failed on " + ", ".join(
+        code, headline = EXIT_FAILED, ending.otherwise or "the job failed on " + ", ".join(
             outcome.node for outcome in outcomes if outcome.state != "ok")
     left = sum(outcome.left for outcome in outcomes)
     if left:
@@ -146,7 +179,7 @@ def summarise(run_id: str, nodes: list[NodeRun], culprit: NodeRun | None, interr
     return RunSummary(run_id, code, headline, outcomes, log_dir, culprit.name if culprit is not None else None)
 
 
-def _blame(node: NodeRun) -> str:
+def _blame(node: OutputTrack) -> str:
     if node.lost is not None:
         return f"{node.lost}; the other nodes were torn down"
     rank = f" rank {node.failed_rank}" if node.failed_rank is not None else ""
@@ -155,17 +188,19 @@ def _blame(node: NodeRun) -> str:
     return f"{node.name}{rank} failed first{code}" + (f": {error}" if error else "")
 
 
-def _outcome(node: NodeRun, culprit: NodeRun | None, interrupted: bool) -> NodeOutcome:
-    state = _state(node, culprit, interrupted)
+def _outcome(node: OutputTrack, state: OutcomeState, ending: Ending) -> NodeOutcome:
     seconds = None if node.started_at is None else (node.ended_at or time.monotonic()) - node.started_at
     tail = tuple(line.log_text() for line in node.rank_tail or node.other_tail)
-    return NodeOutcome(node.name, node.plan.node_rank, state, node.exit_code, seconds,
-                       node.first_error() if state != "ok" else None,
+    error = node.first_error() if state != "ok" else None
+    if state == "failed" and error is None:
+        error = ending.why_failed
+    return NodeOutcome(node.name, node.rank, state, node.exit_code, seconds, error,
                        node.failed_rank if state == "failed" else None, tail, node.left,
                        node.rank_exit_code if state == "failed" else None)
 
 
-def _state(node: NodeRun, culprit: NodeRun | None, interrupted: bool) -> OutcomeState:
+def ssh_state(node: NodeRun, culprit: OutputTrack | None, interrupted: bool) -> OutcomeState:
+    """An SSH node's outcome: lost, never started, ok, stopped by the run, or failed."""
     if node.lost is not None:
         return "unresponsive" if node.stop_sent is StopLevel.GIVE_UP else "lost"
     if node.process is None:

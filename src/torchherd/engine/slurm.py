@@ -12,7 +12,6 @@ prints; ``slurm`` (the pure module) renders the commands and parses the answers.
 from __future__ import annotations
 
 import dataclasses
-import os
 import queue
 import shlex
 import shutil
@@ -20,29 +19,28 @@ import threading
 import time
 from pathlib import Path
 from types import MappingProxyType
-from typing import IO, Callable, Iterator, Sequence, Union
+from typing import Callable, Sequence, Union
 
 from torchherd import slurm
 from torchherd.checks import CheckOptions
+from torchherd.engine.bookkeeping import NodeLogs, dispatch, max_rank, node_record, report, run_record
 from torchherd.engine.events import (
     Interrupted,
     JobQueued,
     NodeExited,
     NodeNotStarted,
     NodeStarted,
-    NodeStatus,
     Observer,
     Output,
     PreflightDone,
-    RanksRunning,
     RunFinished,
     RunStarted,
     StopSent,
 )
 from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import LaunchAborted, Opened, Run
-from torchherd.engine.outcome import OutputTrack
-from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, TorchherdError, TransportError, UsageError
+from torchherd.engine.launch import LaunchAborted, Run, RunEvents
+from torchherd.engine.outcome import Ending, OutputTrack, summarise
+from torchherd.errors import TorchherdError, TransportError, UsageError
 from torchherd.inventory import Host, Inventory
 from torchherd.plan import RANK_PREFIX_HEAD, Plan
 from torchherd.remote import wire
@@ -51,7 +49,6 @@ from torchherd.remote.wire import StopLevel
 from torchherd.results import CLUSTER, CheckReport, CheckResult
 from torchherd.runlog import (
     STDERR,
-    NodeOutcome,
     OutcomeState,
     OutputLine,
     OutputParser,
@@ -233,12 +230,8 @@ class SlurmNode(OutputTrack):
     """What the summary needs of one node: its output (first error, failed rank, tail), its exit."""
 
     def __init__(self, name: str, rank: int, log_path: Path) -> None:
-        super().__init__()
-        self.name = name
-        self.rank = rank
-        self.log_path = log_path
+        super().__init__(name, rank, log_path)
         self.started_at = time.monotonic()
-        self.ended_at: float | None = None
         self.exit: slurm.NodeExit | None = None
 
     def first_error(self) -> str | None:
@@ -246,12 +239,6 @@ class SlurmNode(OutputTrack):
         if found is None and self.exit is not None and self.exit.phase == "setup" and self.exit.code:
             return f"the job did not start (exit {self.exit.code})"
         return found
-
-
-def _log_bytes(item: OutputLine | RankLines) -> bytes:
-    if isinstance(item, RankLines):
-        return item.log_bytes()
-    return (item.log_text() + "\n").encode("utf-8", "replace")
 
 
 class SlurmJob:
@@ -278,7 +265,7 @@ class SlurmJob:
         self._stops: queue.Queue[None] = queue.Queue()
         self._wake = threading.Event()
         self._cancel_deadline: float | None = None
-        self._logs: dict[str, IO[bytes]] = {}
+        self.logs = NodeLogs(self.log_dir)
 
     def request_stop(self) -> None:
         """Thread-safe: scancel at the next step (a second request: SIGKILL)."""
@@ -293,8 +280,7 @@ class SlurmJob:
             self._finish()
             summary = self.summary()
         finally:
-            for log in self._logs.values():
-                log.close()
+            self.logs.close()
         self.emit(RunFinished(summary))
         return summary
 
@@ -373,7 +359,10 @@ class SlurmJob:
 
     # the nodes -------------------------------------------------------------------------
     def _start(self, nodelist: str) -> None:
-        names = hostnames(self.session, nodelist)
+        self.allocated(hostnames(self.session, nodelist))
+
+    def allocated(self, names: tuple[str, ...]) -> None:
+        """SLURM started the job on ``names`` (in node-rank order): each node's tracker, and RunStarted."""
         self.nodes = {name: SlurmNode(name, rank, self.log_dir / f"{name}.log") for rank, name in enumerate(names)}
         master_addr = self.plan.options.master_addr or self.plan.inventory.cluster.master_addr or names[0]
         self.emit(RunStarted(self.plan.run_id, names, names[0], master_addr, self.plan.port, str(self.log_dir),
@@ -388,39 +377,16 @@ class SlurmJob:
         return self.nodes[name]
 
     def _dispatch(self, items: Sequence[Item]) -> None:
-        lines: list[OutputLine | RankLines] = []
+        self.logs.write(items)
+        dispatch(items, self.emit, lambda name: None if name == BATCH_NODE else self._node(name), self._on_item)
 
-        def flush() -> None:
-            if lines:
-                self._log(lines)
-                self.emit(Output(tuple(lines)))
-                lines.clear()
-
-        for item in items:
-            if isinstance(item, slurm.NodeExit):
-                flush()
-                self._on_exit(item)
-                continue
-            if item.node != BATCH_NODE and self._node(item.node).take(item):
-                flush()
-                self.emit(RanksRunning(item.node))
-            lines.append(item)
-        flush()
-
-    def _log(self, lines: Sequence[OutputLine | RankLines]) -> None:
-        for item in lines:
-            log = self._logs.get(item.node)
-            if log is None:
-                # 0600 and appended to (a reattached follow goes on in the same file)
-                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                log = self._logs[item.node] = os.fdopen(os.open(self.log_dir / f"{item.node}.log", flags, 0o600), "ab")
-            log.write(_log_bytes(item))
-        for log in self._logs.values():
-            log.flush()
+    def _on_item(self, item: Item) -> None:
+        if isinstance(item, slurm.NodeExit):
+            self._on_exit(item)
 
     def _on_exit(self, exit: slurm.NodeExit) -> None:
         node = self._node(exit.node)
-        node.exit, node.ended_at = exit, time.monotonic()
+        node.exit, node.exit_code, node.ended_at = exit, exit.code, time.monotonic()
         if exit.phase == "setup" and exit.code:
             self.emit(NodeNotStarted(node.name, f"the job did not start (exit {exit.code})", exit.code))
             return
@@ -452,26 +418,19 @@ class SlurmJob:
         failed = sorted((node for node in nodes if node.exit is not None and node.exit.code),
                         key=lambda node: node.exit.at if node.exit else 0.0)
         culprit = failed[0] if failed and not self.interrupted else None
-        outcomes = tuple(self._outcome(node, culprit) for node in nodes)
-        code, headline = self._headline(outcomes, culprit)
-        return RunSummary(self.plan.run_id, code, headline, outcomes, str(self.log_dir))
+        return summarise(self.plan.run_id, nodes, lambda node: self._state(node, culprit), culprit,
+                         self._ending(bool(nodes)), time.monotonic() - self.started, str(self.log_dir))
 
-    def _headline(self, outcomes: Sequence[NodeOutcome], culprit: SlurmNode | None) -> tuple[int, str]:
-        job = f"SLURM job {self.job_id}"
+    def _ending(self, started: bool) -> Ending:
+        job, ended = f"SLURM job {self.job_id}", self._ended()
+        interrupted = None
         if self.interrupted:
             left = (f"; SLURM still lists it as {self.still_queued.state}" if self.still_queued is not None
                     else ", and it has left the queue")
-            return EXIT_INTERRUPTED, f"interrupted: {job} was cancelled{left}"
-        if self.lost is not None:
-            return EXIT_FAILED, f"lost track of {job}: {self.lost}"
-        if culprit is not None:
-            return EXIT_FAILED, _blame(culprit)
-        ended = self._ended()
-        if outcomes and all(outcome.state == "ok" for outcome in outcomes):
-            return EXIT_OK, f"all {len(outcomes)} nodes finished (exit 0) in {time.monotonic() - self.started:.1f} s"
-        if not outcomes:
-            return EXIT_FAILED, f"{job} ended before it started: {ended}"
-        return EXIT_FAILED, f"{job} ended: {ended}"
+            interrupted = f"{job} was cancelled{left}"
+        lost = f"{job}: {self.lost}" if self.lost is not None else None
+        otherwise = f"{job} ended: {ended}" if started else f"{job} ended before it started: {ended}"
+        return Ending(interrupted, lost, otherwise, f"SLURM: {ended}")
 
     def _ended(self) -> str:
         state = self.state
@@ -481,18 +440,8 @@ class SlurmJob:
         code = f", exit code {state.exit_code}" if state.exit_code else ""
         return f"{state.state}{reason}{code}"
 
-    def _outcome(self, node: SlurmNode, culprit: SlurmNode | None) -> NodeOutcome:
-        state = self._state(node, culprit)
-        end = node.ended_at or time.monotonic()
-        tail = tuple(line.log_text() for line in node.rank_tail or node.other_tail)
-        error = node.first_error() if state != "ok" else None
-        if state == "failed" and error is None:
-            error = f"SLURM: {self._ended()}"
-        return NodeOutcome(node.name, node.rank, state, node.exit.code if node.exit else None,
-                           end - node.started_at, error, node.failed_rank if state == "failed" else None, tail)
-
     def _state(self, node: SlurmNode, culprit: SlurmNode | None) -> OutcomeState:
-        if node.exit is not None and node.exit.code == 0:
+        if node.exit_code == 0:
             return "ok"
         if node is culprit:
             return "failed"
@@ -508,22 +457,6 @@ class SlurmJob:
         return "failed"
 
 
-def _blame(node: SlurmNode) -> str:
-    rank = f" rank {node.failed_rank}" if node.failed_rank is not None else ""
-    code = f" with exit code {node.exit.code}" if node.exit is not None else ""
-    error = node.first_error()
-    return f"{node.name}{rank} failed first{code}" + (f": {error}" if error else "")
-
-
-def max_rank(plan: Plan, nodes: int) -> int:
-    """The highest global rank (99 when a node's count is found there: "gpu", "auto")."""
-    counts = [node.nproc_per_node for node in plan.nodes]
-    if all(isinstance(count, int) for count in counts):
-        per_node = max(int(count) for count in counts)
-        return nodes * per_node - 1
-    return 99
-
-
 # launching ------------------------------------------------------------------------------------
 
 
@@ -532,13 +465,10 @@ def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: O
     running ``Run``: its thread follows the job until it has left the queue."""
     session, batch, job_id = _submitted(plan, options, connector, observer)
     inventory = plan.inventory
-    holder: list[Run] = []
-    job = SlurmJob(plan, batch, job_id, session, options, lambda event: holder[0]._emit(event),
-                   lambda: frontend(inventory, connector))
-    run = Run(job, Opened(plan, {}), observer)
-    holder.append(run)
+    events = RunEvents(observer)
+    run = Run(SlurmJob(plan, batch, job_id, session, options, events, lambda: frontend(inventory, connector)), events)
     observer(JobQueued(job_id, "SUBMITTED"))
-    run._thread.start()
+    run.start()
     return run
 
 
@@ -599,22 +529,16 @@ def start_detached(plan: Plan, options: LaunchOptions, connector: Connector, obs
     login = dataclasses.asdict(_node_record(login_host(inventory), batch.run_dir)) if inventory.slurm.login else None
     names = batch.placement.nodelist.split(",") if batch.placement.source != "[slurm]" and \
         batch.placement.nodelist else []
-    ssh_config = inventory.cluster.ssh_config
-    record = RunRecord(run_id=plan.run_id, inventory=str(inventory.path.resolve()), created=time.time(),
-                       command=(plan.options.script, *plan.options.script_args),
-                       nodes=tuple(_node_record(dataclasses.replace(plan.nodes[0].host, name=name, address=name),
-                                                batch.run_dir) for name in names),
-                       max_rank=max_rank(plan, batch.placement.nodes or len(names) or 1), grace=options.stop_grace,
-                       ssh_config=str(ssh_config) if ssh_config else None, ssh_timeout=inventory.cluster.ssh_timeout,
-                       extra={"scheduler": SCHEDULER, "job_id": job_id, "run_dir": batch.run_dir, "login": login})
+    nodes = [_node_record(dataclasses.replace(plan.nodes[0].host, name=name, address=name), batch.run_dir)
+             for name in names]
+    record = run_record(plan, options.stop_grace, nodes, max_rank(plan, batch.placement.nodes or len(names) or 1),
+                        extra={"scheduler": SCHEDULER, "job_id": job_id, "run_dir": batch.run_dir, "login": login})
     save(record)
     return record
 
 
 def _node_record(host: Host, directory: str) -> NodeRecord:
-    return NodeRecord(name=host.name, address=host.address, user=host.user, ssh_port=host.ssh_port,
-                      identity_file=host.identity_file, python=host.python, workdir=host.workdir,
-                      log_file=f"{directory}/{host.name}{slurm.OUT}", state_file=f"{directory}/{host.name}{slurm.EXIT}")
+    return node_record(host, f"{directory}/{host.name}{slurm.OUT}", f"{directory}/{host.name}{slurm.EXIT}")
 
 
 def record_session(record: RunRecord, connector: Connector | None = None) -> Session:
@@ -696,24 +620,9 @@ def follow_job(record: RunRecord, observer: Observer, follow: bool = False, node
 
 
 def _report(items: Sequence[Item], observer: Observer, node: str | None, rank: int | None) -> None:
-    lines: list[OutputLine] = []
-    for item in items:
-        if isinstance(item, slurm.NodeExit):
-            if lines:
-                observer(Output(tuple(lines)))
-                lines = []
-            if node is None or item.node == node:
-                observer(NodeStatus(Status(item.node, "exit", {"code": item.code})))
-            continue
-        for line in _lines(item):
-            if (node is None or line.node == node) and (rank is None or line.rank == rank):
-                lines.append(line)
-    if lines:
-        observer(Output(tuple(lines)))
-
-
-def _lines(item: OutputLine | RankLines) -> Iterator[OutputLine]:
-    yield from item.lines() if isinstance(item, RankLines) else (item,)
+    """``bookkeeping.report``, a node's exit record as the status record an SSH node writes."""
+    report([Status(item.node, "exit", {"code": item.code}) if isinstance(item, slurm.NodeExit) else item
+            for item in items], observer, node, rank)
 
 
 def stop_job(record: RunRecord, connector: Connector | None = None) -> dict[str, list[str]]:

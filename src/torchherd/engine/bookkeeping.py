@@ -1,0 +1,163 @@
+"""A run's bookkeeping, written once for every backend: the node log files, the
+dispatch of a batch of lines and records to the observer, the highest rank, the run
+record of a detached run, and the report of a detached run's output.
+
+Each backend reads its nodes its own way (a supervisor's record stream over SSH,
+SLURM's output files); what it reads goes through here, so the log files, the events
+and the records are the same whichever backend ran the job.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import IO, Any, Callable, Iterable, Mapping, Sequence, TypeVar, Union
+
+from torchherd.engine.events import NodeStatus, Observer, Output, RanksRunning
+from torchherd.engine.outcome import OutputTrack
+from torchherd.inventory import Host
+from torchherd.plan import Plan
+from torchherd.runlog import OutputLine, RankLines, Status, flat
+from torchherd.runrecord import CoordinatorRecord, NodeRecord, RunRecord
+
+Item = TypeVar("Item")
+Line = Union[OutputLine, RankLines]
+
+
+# the node logs ------------------------------------------------------------------------
+
+
+def log_bytes(chunk: Line) -> bytes:
+    """A line or a block as the node's log file keeps it."""
+    if isinstance(chunk, RankLines):
+        return chunk.log_bytes()
+    return (chunk.log_text() + "\n").encode("utf-8", "replace")
+
+
+class NodeLog:
+    """One node's log file: private (0600, whatever the umask), never written through a
+    symlink someone put in its place, and appended to (following a run again, or the
+    next attempt of a run with retries, goes on in the same file), after ``marker`` (the
+    line that opens an attempt's part). Written by one thread."""
+
+    def __init__(self, path: Path, marker: bytes = b"") -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+        self.path = path
+        self._file: IO[bytes] = os.fdopen(os.open(path, flags, 0o600), "ab")
+        if marker:
+            self._file.write(marker)
+            self._file.flush()
+
+    def write(self, chunks: Iterable[object]) -> None:
+        """Appends the lines and blocks among ``chunks`` (anything else is not output), at once."""
+        text = b"".join(log_bytes(chunk) for chunk in chunks if isinstance(chunk, (OutputLine, RankLines)))
+        if text:
+            self._file.write(text)
+            self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class NodeLogs:
+    """Every node's log of one run, each opened at its node's first line."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self._logs: dict[str, NodeLog] = {}
+
+    def write(self, chunks: Sequence[object]) -> None:
+        by_node: dict[str, list[Line]] = {}
+        for chunk in chunks:
+            if isinstance(chunk, (OutputLine, RankLines)):
+                by_node.setdefault(chunk.node, []).append(chunk)
+        for node, lines in by_node.items():
+            if node not in self._logs:
+                self._logs[node] = NodeLog(self.log_dir / f"{node}.log")
+            self._logs[node].write(lines)
+
+    def close(self) -> None:
+        for log in self._logs.values():
+            log.close()
+
+
+# the observer ------------------------------------------------------------------------
+
+
+def dispatch(items: Iterable[Item], emit: Observer, track: Callable[[str], OutputTrack | None],
+             other: Callable[[Item], None]) -> None:
+    """Reports a batch in its order: consecutive lines as one ``Output`` (a node's first
+    rank line after ``RanksRunning``: it got through the rendezvous), and each item that
+    is not a line to ``other``, between them. ``track``: the node's tracker (None: a node
+    not tracked)."""
+    lines: list[Line] = []
+
+    def flush() -> None:
+        if lines:
+            emit(Output(tuple(lines)))
+            lines.clear()
+
+    for item in items:
+        if isinstance(item, (OutputLine, RankLines)):
+            tracker = track(item.node)
+            if tracker is not None and tracker.take(item):
+                flush()
+                emit(RanksRunning(item.node))
+            lines.append(item)
+            continue
+        flush()
+        other(item)
+    flush()
+
+
+def report(items: Iterable[object], observer: Observer, node: str | None = None,
+           rank: int | None = None) -> None:
+    """A detached run's output as ``logs`` reports it: lines as ``Output``, status records
+    as ``NodeStatus``, in order; only ``node``'s and ``rank``'s when given."""
+    lines: list[OutputLine] = []
+    for item in items:
+        if isinstance(item, Status):
+            if lines:
+                observer(Output(tuple(lines)))
+                lines = []
+            if node is None or item.node == node:
+                observer(NodeStatus(item))
+        elif isinstance(item, (OutputLine, RankLines)):
+            lines += [line for line in flat((item,))
+                      if (node is None or line.node == node) and (rank is None or line.rank == rank)]
+    if lines:
+        observer(Output(tuple(lines)))
+
+
+# ranks and records -------------------------------------------------------------------
+
+
+def max_rank(plan: Plan, nodes: int | None = None) -> int:
+    """The highest global rank: every node's own count summed, less one; on ``nodes``
+    nodes (SLURM's, when not the plan's own hosts) each with the plan's largest count.
+    99 when a node's count is found there ("gpu", "auto")."""
+    counts = [node.nproc_per_node for node in plan.nodes]
+    if not all(isinstance(count, int) for count in counts):
+        return 99
+    if nodes is None or nodes == len(counts):
+        return sum(int(count) for count in counts) - 1
+    return nodes * max(int(count) for count in counts) - 1
+
+
+def node_record(host: Host, log_file: str, state_file: str, workdir: str | None = None) -> NodeRecord:
+    """What it takes to reach a node of a detached run again, and its files there."""
+    return NodeRecord(name=host.name, address=host.address, user=host.user, ssh_port=host.ssh_port,
+                      identity_file=host.identity_file, python=host.python,
+                      workdir=host.workdir if workdir is None else workdir, log_file=log_file, state_file=state_file)
+
+
+def run_record(plan: Plan, grace: float, nodes: Sequence[NodeRecord], ranks: int,
+               coordinator: CoordinatorRecord | None = None, extra: Mapping[str, Any] | None = None) -> RunRecord:
+    """A detached run's record (``runrecord.save`` keeps it): how to find every node again."""
+    inventory = plan.inventory
+    ssh_config = inventory.cluster.ssh_config
+    return RunRecord(run_id=plan.run_id, inventory=str(inventory.path.resolve()), created=time.time(),
+                     command=(plan.options.script, *plan.options.script_args), nodes=tuple(nodes),
+                     max_rank=ranks, grace=grace, ssh_config=str(ssh_config) if ssh_config else None,
+                     ssh_timeout=inventory.cluster.ssh_timeout, coordinator=coordinator, extra=dict(extra or {}))
