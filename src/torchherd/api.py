@@ -36,6 +36,7 @@ from torchherd.engine.events import Event, NodeStatus, Observer, Output, SyncDon
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Run
 from torchherd.engine.recovery import RecoveringRun
+from torchherd.engine.slurm.batch import BatchJob, batch_job
 from torchherd.engine.sync import sync_over
 from torchherd.errors import UsageError
 from torchherd.inventory import SCHEDULERS, SLURM_KEYS, Inventory, Recovery, load, parse, parse_slurm, with_spares
@@ -45,7 +46,6 @@ from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import OutputLine, flat
 from torchherd.runrecord import NodeState, RunRecord, load_all
 from torchherd.runrecord import load as load_record
-from torchherd.slurm import BatchJob, batch_job
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
 from torchherd.tree import project_root

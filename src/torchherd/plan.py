@@ -22,6 +22,7 @@ from torchherd.remote import wire
 # rest of the protocol in wire, and still importable from here.
 from torchherd.remote.wire import RANK_PREFIX_HEAD as RANK_PREFIX_HEAD
 from torchherd.remote.wire import RANK_PREFIX_TEMPLATE as RANK_PREFIX_TEMPLATE
+from torchherd.shell import quote_path
 
 
 @dataclass(frozen=True)
@@ -169,15 +170,6 @@ def shown_value(name: str, value: str) -> str:
     if looks_secret(name) or TOKEN_SHAPE.search(value):
         return "***"
     return shlex.quote(URL_PASSWORD.sub(r"\g<head>***\g<at>", value))
-
-
-def quote_path(path: str) -> str:
-    """Quotes a path for a remote shell but keeps a leading ``~`` expandable."""
-    if path == "~":
-        return "~"
-    if path.startswith("~/"):
-        return "~/" + shlex.quote(path[2:])
-    return shlex.quote(path)
 
 
 def shell_dir(path: str) -> str:

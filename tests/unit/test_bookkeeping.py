@@ -13,14 +13,15 @@ from unittest import mock
 
 import pytest
 
-from torchherd import slurm
 from torchherd.api import Cluster
 from torchherd.console import make_console
 from torchherd.console.run import render_summary
 from torchherd.engine.bookkeeping import NodeLog, max_rank
 from torchherd.engine.events import ignore
 from torchherd.engine.job import Job, LaunchOptions
-from torchherd.engine.slurm import SlurmJob
+from torchherd.engine.slurm.batch import batch_job
+from torchherd.engine.slurm.commands import JobState, NodeExit
+from torchherd.engine.slurm.job import SlurmJob
 from torchherd.remote.wire import StopLevel
 from torchherd.runlog import STDERR, STDOUT, OutputLine, RunSummary
 from torchherd.transport.local import LocalSession
@@ -54,7 +55,7 @@ def _ssh_summary(tmp_path: Path, failed: bool) -> RunSummary:
 def _slurm_summary(tmp_path: Path, failed: bool) -> RunSummary:
     cluster = _cluster().using("slurm")
     plan = cluster.plan("train.py", run_id="th-same")
-    job = SlurmJob(plan, slurm.batch_job(plan, plan.inventory.slurm), "42", LocalSession("localhost"),
+    job = SlurmJob(plan, batch_job(plan, plan.inventory.slurm), "42", LocalSession("localhost"),
                    LaunchOptions(log_dir=tmp_path), ignore, lambda: LocalSession("localhost"))
     job.started = STARTED
     job.allocated(("n0", "n1"))
@@ -65,12 +66,12 @@ def _slurm_summary(tmp_path: Path, failed: bool) -> RunSummary:
         node.take(OutputLine(node.name, node.rank * 2, STDOUT, "step 1"))
     if failed:
         n1.take(OutputLine("n1", 3, STDERR, "RuntimeError: boom"))
-        n1.exit, n1.exit_code = slurm.NodeExit("n1", "job", 1, 5.0), 1
-        job.state = slurm.JobState("42", "FAILED", "", "n[0-1]", 1)
+        n1.exit, n1.exit_code = NodeExit("n1", "job", 1, 5.0), 1
+        job.state = JobState("42", "FAILED", "", "n[0-1]", 1)
     else:
         for node in (n0, n1):
-            node.exit, node.exit_code = slurm.NodeExit(node.name, "job", 0, 5.0), 0
-        job.state = slurm.JobState("42", "COMPLETED", "", "n[0-1]", 0)
+            node.exit, node.exit_code = NodeExit(node.name, "job", 0, 5.0), 0
+        job.state = JobState("42", "COMPLETED", "", "n[0-1]", 0)
     return _at(job.summary())
 
 

@@ -1,9 +1,10 @@
-"""torchherd.slurm, the pure side of SLURM runs: the batch script a plan becomes (checked
+"""The pure side of SLURM runs (engine.slurm.batch and .commands, checks.analysis.slurm): the batch script a plan becomes (checked
 by bash itself, and its node command run for real with a stand-in python), the poll of
 the run directory (run by sh on real files), and the parsers of SLURM's answers."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
 import shutil
@@ -16,33 +17,34 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchherd.api import Cluster
-from torchherd.errors import UsageError
-from torchherd.inventory import SlurmSettings
-from torchherd.plan import Plan
-from torchherd.results import CheckResult
-from torchherd.slurm import (
-    NodeInfo,
+from torchherd.checks.analysis.slurm import NodeInfo, gres_gpus, node_condition, parse_sinfo, slurm_view
+from torchherd.engine.slurm.batch import (
     Placement,
     batch_job,
-    final_state_command,
-    gres_gpus,
     node_command,
-    node_condition,
+    salloc_command,
+    shown_script,
+    submit_command,
+)
+from torchherd.engine.slurm.commands import (
+    final_state_command,
     parse_exit_file,
     parse_final_state,
     parse_hostnames,
     parse_job_id,
     parse_poll,
     parse_sacct,
+    parse_salloc,
     parse_scontrol,
-    parse_sinfo,
     parse_squeue,
     phase_of,
     poll_command,
-    shown_script,
-    slurm_view,
-    submit_command,
 )
+from torchherd.errors import UsageError
+from torchherd.inventory import SlurmSettings
+from torchherd.plan import Plan
+from torchherd.results import CheckResult
+from torchherd.transport.srun import step_command
 
 
 def cluster(hosts: int = 2, slurm: dict[str, object] | None = None, **keys: object) -> Cluster:
@@ -375,8 +377,6 @@ def test_node_info_is_frozen() -> None:
 
 
 def test_checks_allocation_is_shaped_like_the_job_and_its_steps_overlap() -> None:
-    from torchherd.slurm import parse_salloc, salloc_command, step_command
-
     job = batch_job(plan(2), SlurmSettings(partition="main", account="ml"))
     command = shlex.split(salloc_command(job, 30))
     assert command[:4] == ["salloc", "--no-shell", "--immediate=30", "--job-name=torchherd-check-th-test"]
@@ -389,3 +389,16 @@ def test_checks_allocation_is_shaped_like_the_job_and_its_steps_overlap() -> Non
     step = shlex.split(step_command("43", "node1", "echo 'a b'", unbuffered=True))
     assert step[:7] == ["srun", "--jobid=43", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=node1", "--quiet"]
     assert step[-4:] == ["--unbuffered", "bash", "-c", "echo 'a b'"]
+
+
+@pytest.mark.parametrize("argument", ["1\n#SBATCH --partition=evil", "1\r\n#SBATCH --partition=evil",
+                                      "1\u2028#SBATCH --partition=evil", "1\x85#SBATCH --partition=evil"])
+def test_a_line_break_in_an_argument_cannot_add_an_sbatch_directive(argument: str) -> None:
+    cluster = Cluster(["node0", "node1"], python="/venv/bin/python", scheduler="slurm")
+    job = batch_job(cluster.plan("train.py", "--lr", argument, run_id="th-test"), SlurmSettings())
+    # sbatch reads directives up to the first line that is not a comment; a line ends at "\n"
+    header = list(itertools.takewhile(lambda line: line.startswith("#") or not line.strip(), job.script.split("\n")))
+    assert not any("--partition=evil" in line for line in header if line.startswith("#SBATCH"))
+    comment = next(line for line in header if line.startswith("# torchherd run th-test: "))
+    assert "#SBATCH --partition=evil" in comment  # shown, escaped, on the comment's own line
+    assert "\r" not in comment and "\u2028" not in comment and "\x85" not in comment

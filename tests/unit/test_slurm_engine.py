@@ -1,4 +1,4 @@
-"""engine.slurm against a stand-in SLURM: shell scripts named sbatch, squeue, scontrol,
+"""The SLURM backend (engine.slurm) against a stand-in SLURM: shell scripts named sbatch, squeue, scontrol,
 sacct and scancel on PATH, answering from files the test writes. The engine's own
 commands (the submit, the poll of the run directory) run for real in sh, on this
 machine, as they would on a login host; the test plays the nodes by writing their
@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from torchherd.api import Cluster, DetachedRun
-from torchherd.engine import slurm as slurm_engine
 from torchherd.engine.events import Collector, JobQueued, NodeExited, NodeStatus, Output, RunStarted
 from torchherd.engine.launch import Run
+from torchherd.engine.slurm.commands import frontend
+from torchherd.errors import UsageError
 from torchherd.runlog import RankLines
 from torchherd.transport.local import LocalConnector
 
@@ -200,8 +201,8 @@ def test_following_lines_yields_each_as_it_arrives(fake: FakeSlurm, tmp_path: Pa
 
 def test_no_sbatch_here_and_no_login_host_is_a_usage_error(fake: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(slurm_engine.UsageError, match="sbatch is not on this machine's PATH"):
-        slurm_engine.frontend(cluster().inventory, LocalConnector())
+    with pytest.raises(UsageError, match="sbatch is not on this machine's PATH"):
+        frontend(cluster().inventory, LocalConnector())
 
 
 def test_check_runs_the_node_checks_as_steps_of_an_allocation(fake: FakeSlurm, tmp_path: Path) -> None:
@@ -224,5 +225,5 @@ def test_check_without_node_checks_takes_no_allocation(fake: FakeSlurm) -> None:
     report = made.check("train.py", only=["slurm", "gres"])
     assert {result.check for result in report.results} == {"slurm", "gres"} and report.ok
     assert not (fake.dir / "salloc").exists()
-    with pytest.raises(slurm_engine.UsageError, match="unknown check id nope"):
+    with pytest.raises(UsageError, match="unknown check id nope"):
         made.check("train.py", only=["nope"])

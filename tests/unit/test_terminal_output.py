@@ -131,7 +131,7 @@ def test_a_detached_start_failure_is_shown_escaped() -> None:
 def test_the_slurm_dry_run_shows_the_jobs_arguments_and_environment_escaped() -> None:
     from torchherd.api import Cluster
     from torchherd.console.run import render_batch_script
-    from torchherd.slurm import batch_job
+    from torchherd.engine.slurm.batch import batch_job
 
     cluster = Cluster(["node0", "node1"], scheduler="slurm", python="/opt/venv/bin/python", workdir="~/proj",
                       slurm={"partition": "main"}, env={"BANNER": OSC})

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from torchherd.checks.model import Json, NodeFacts
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
-from torchherd.plan import quote_path
+from torchherd.shell import quote_path
 from torchherd.transport import Process, Session
 
 NODES_AT_ONCE = 24

@@ -10,9 +10,9 @@ from rich.table import Table
 from rich.text import Text
 
 from torchherd.console import node_colour, printable
+from torchherd.engine.slurm.batch import BatchJob, shown_script
 from torchherd.plan import RANK_PREFIX_HEAD, Plan
 from torchherd.runlog import ERR_HEAD, OUT_HEAD, OUT_RANKS, STDERR, OutputLine, RankLines, RunSummary
-from torchherd.slurm import BatchJob, shown_script
 
 SEPARATOR = " │ "
 _CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]")

@@ -21,16 +21,18 @@ from typing import Callable, ClassVar, Mapping, Sequence, Union
 
 from torchherd.checks import CheckOptions
 from torchherd.engine import detach as detached
-from torchherd.engine import slurm as slurm_engine
 from torchherd.engine.events import Observer, ignore
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, launch, open_nodes, preflight, sync_first, with_probes
+from torchherd.engine.slurm import check as slurm_check
+from torchherd.engine.slurm import detached as slurm_detached
+from torchherd.engine.slurm import job as slurm_job
+from torchherd.engine.slurm.batch import BatchJob, batch_job
 from torchherd.errors import TorchherdError, UsageError
 from torchherd.inventory import Host
 from torchherd.plan import Plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runrecord import NodeState, RunRecord
-from torchherd.slurm import BatchJob, batch_job
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector, ssh_hostnames
 
@@ -183,27 +185,27 @@ class SlurmBackend(Backend):
               on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:
         self.allow("--smoke", options.smoke)
         self.allow("--sync", sync and plan.sync is not None)
-        return slurm_engine.check(plan, options, self._connector(), on_result)
+        return slurm_check.check(plan, options, self._connector(), on_result)
 
     def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
         self.allow("--sync", plan.sync is not None)
         return batch_job(plan, plan.inventory.slurm, fail_fast)
 
     def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
-        return slurm_engine.launch(self._attached(plan, options), options, self._connector(), observer)
+        return slurm_job.launch(self._attached(plan, options), options, self._connector(), observer)
 
     def start_detached(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> RunRecord:
-        return slurm_engine.start_detached(self._attached(plan, options), options, self._connector(), observer)
+        return slurm_detached.start_detached(self._attached(plan, options), options, self._connector(), observer)
 
     def status(self, record: RunRecord) -> list[NodeState]:
-        return slurm_engine.job_status(record, self.connector)
+        return slurm_detached.job_status(record, self.connector)
 
     def follow(self, record: RunRecord, observer: Observer, options: Follow) -> None:
-        slurm_engine.follow_job(record, observer, options.follow, options.node, options.rank, self.connector)
+        slurm_detached.follow_job(record, observer, options.follow, options.node, options.rank, self.connector)
 
     def stop(self, record: RunRecord, grace: float | None = None) -> dict[str, list[str]]:
         self.allow("--grace", grace is not None)
-        return slurm_engine.stop_job(record, self.connector)
+        return slurm_detached.stop_job(record, self.connector)
 
     def _attached(self, plan: Plan, options: LaunchOptions) -> Plan:
         self.allow("--grace", options.grace is not None)

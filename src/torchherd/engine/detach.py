@@ -33,7 +33,7 @@ from torchherd.engine.job import (
     supervisor_source,
 )
 from torchherd.errors import TransportError
-from torchherd.plan import Plan, quote_path
+from torchherd.plan import Plan
 from torchherd.remote import command as node_program
 from torchherd.remote import wire
 from torchherd.runlog import RecordSplitter, Status, parse_status
@@ -48,6 +48,7 @@ from torchherd.runrecord import (
     remote_state_file,
     save,
 )
+from torchherd.shell import quote_path
 from torchherd.transport import Connector, Session, close_all, connect_all, fan_out
 from torchherd.transport.base import MAX_PARALLEL
 from torchherd.transport.ssh import SshConnector

@@ -34,7 +34,7 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.outcome import Ending, NodeRun, ssh_state, summarise
 from torchherd.errors import TransportError
-from torchherd.plan import NodePlan, Plan, quote_path
+from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command, wire
 from torchherd.remote.wire import StopLevel, control_line
 from torchherd.runlog import (
@@ -48,6 +48,7 @@ from torchherd.runlog import (
     parse_records,
     visible_text,
 )
+from torchherd.shell import quote_path
 from torchherd.transport import Process, Session, fan_out
 
 HEARTBEAT_EVERY = 1.0

@@ -219,7 +219,7 @@ def _after_preflight(plan: Plan, connector: Connector, observer: Observer) -> Op
 
 
 class Supervised(Protocol):
-    """What ``Run`` drives in its thread: an SSH ``Job``, or a SLURM job (``engine.slurm``)."""
+    """What ``Run`` drives in its thread: an SSH ``Job``, or a SLURM job (``engine.slurm.job``)."""
 
     plan: Plan
     log_dir: Path

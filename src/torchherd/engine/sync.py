@@ -28,9 +28,10 @@ from typing import Any, Mapping, Sequence, Union, cast
 from torchherd import tree
 from torchherd.engine.events import NodeSynced, Observer, SyncDone, SyncFailed, SyncStarted
 from torchherd.errors import TransportError
-from torchherd.plan import NodePlan, Plan, quote_path
+from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command
 from torchherd.remote.receive import CHUNK, DIGEST, HEADER, MARSHAL_VERSION
+from torchherd.shell import quote_path
 from torchherd.transport import Connector, Process, Session, close_all, connect_all, fan_out
 
 BATCH = 256 * 1024

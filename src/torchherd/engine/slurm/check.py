@@ -2,7 +2,7 @@
 run as job steps inside a short allocation of the job's own shape.
 
 torchherd never reaches SLURM's nodes over SSH; it reaches them as ``srun --overlap``
-steps of an allocation (``salloc --no-shell``), through the submit host. ``SrunSession``
+steps of an allocation (``salloc --no-shell``), through the submit host. ``transport.srun.SrunSession``
 makes each allocated node a transport ``Session``, so the checks run unchanged: the
 facts script, the listeners and the cross-node probes are the same programs, started
 as steps instead of SSH commands. The allocation is cancelled at the end, whatever
@@ -13,71 +13,63 @@ reported as skipped, with why.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from typing import Callable
 
-from torchherd import slurm
 from torchherd.checks import CheckOptions, run_preflight
+from torchherd.checks.analysis import slurm as analysis
 from torchherd.checks.model import CHECK_IDS
-from torchherd.engine.slurm import cancel_and_wait, frontend, hostnames, queue_state, slurm_view
+from torchherd.engine.slurm.batch import (
+    BatchJob,
+    batch_job,
+    salloc_command,
+)
+from torchherd.engine.slurm.commands import (
+    COMMAND_TIMEOUT,
+    ask,
+    cancel_and_wait,
+    frontend,
+    hostnames,
+    parse_salloc,
+    queue_state,
+)
 from torchherd.errors import TorchherdError, TransportError, UsageError
-from torchherd.inventory import Host
-from torchherd.plan import Plan, build_plan, quote_path
+from torchherd.plan import Plan, build_plan
 from torchherd.results import CLUSTER, CheckReport, CheckResult
-from torchherd.transport import CommandResult, Connector, Process, Session
+from torchherd.transport import Connector, Session
+from torchherd.transport.srun import SrunConnector
+
+
+def slurm_view(session: Session, plan: Plan, batch: BatchJob) -> list[CheckResult]:
+    """What SLURM itself says: partitions and nodes (sinfo), and whether it would take
+    the job (``sbatch --test-only``, the script on stdin: nothing is submitted)."""
+    try:
+        rows = analysis.parse_sinfo(ask(session, f"sinfo -h -N -o {shlex.quote(analysis.SINFO_FORMAT)}", "sinfo"))
+    except (TorchherdError, TransportError) as error:
+        return [CheckResult(CLUSTER, "slurm", "fail", str(error), "is SLURM's controller up? (scontrol ping)")]
+    results = analysis.slurm_view(rows, plan.inventory.slurm, batch.placement, plan.nproc_per_node)
+    test = session.run("sbatch --test-only", stdin=batch.script.encode("utf-8"), timeout=COMMAND_TIMEOUT)
+    said = test.stderr.decode("utf-8", "replace").strip().splitlines()
+    last = said[-1].removeprefix("sbatch: ") if said else f"exit {test.exit_code}"
+    if test.exit_code == 0:
+        results.append(CheckResult(CLUSTER, "sbatch", "pass", f"SLURM would take the job: {last}"))
+    else:
+        results.append(CheckResult(CLUSTER, "sbatch", "fail", f"SLURM would refuse the job: {last}",
+                                   "torchherd run --dry-run shows the batch script"))
+    return results
+
 
 SLURM_CHECKS = ("slurm", "slurm-node", "gres", "sbatch")
+
+
 ALLOCATION_WAIT = 30
 """Seconds SLURM may take to grant check's allocation (--immediate): a preflight must
 not wait in the queue for hours."""
+
+
 IN_ALLOCATION = tuple(check for check in CHECK_IDS if check not in ("ssh", "ping", "smoke"))
 """The SSH checks that make sense as steps: not ``ssh`` (there is none) nor ``ping``
 (from the controller, which may not reach SLURM's nodes); the smoke job is ``run``'s."""
-
-
-class SrunSession:
-    """One allocated node, reached as job steps through the submit host's session."""
-
-    def __init__(self, front: Session, job_id: str, node: str) -> None:
-        self.front = front
-        self.job_id = job_id
-        self._node = node
-
-    @property
-    def node(self) -> str:
-        return self._node
-
-    def run(self, command: str, stdin: bytes = b"", timeout: float = 30.0) -> CommandResult:
-        return self.front.run(slurm.step_command(self.job_id, self._node, command), stdin, timeout)
-
-    def start(self, command: str) -> Process:
-        return self.front.start(slurm.step_command(self.job_id, self._node, command, unbuffered=True))
-
-    def put(self, path: str, data: bytes, mode: int = 0o600) -> None:
-        result = self.run(f"umask {0o777 & ~mode:03o} && set -C && cat > {quote_path(path)}", stdin=data)
-        if result.exit_code != 0:
-            raise TransportError(self._node, "put", f"{self._node}: cannot write {path}: "
-                                 f"{result.stderr.decode('utf-8', 'replace').strip()[-200:]}")
-
-    def peer_address(self) -> str | None:
-        return None
-
-    def is_alive(self) -> bool:
-        return self.front.is_alive()
-
-    def close(self) -> None:
-        self.front.close()
-
-
-@dataclasses.dataclass(frozen=True)
-class SrunConnector:
-    """A session per allocated node, each over a submit-host session of its own (one
-    SSH connection holds only so many channels: sshd's MaxSessions)."""
-
-    open_front: Callable[[], Session]
-    job_id: str
-
-    def connect(self, host: Host) -> SrunSession:
-        return SrunSession(self.open_front(), self.job_id, host.name)
 
 
 def check(plan: Plan, options: CheckOptions, connector: Connector,
@@ -85,7 +77,7 @@ def check(plan: Plan, options: CheckOptions, connector: Connector,
     """SLURM's view of the job, then (when any is selected) the node checks as steps
     inside an allocation like the job's."""
     wanted = _wanted(options)
-    batch = slurm.batch_job(plan, plan.inventory.slurm)
+    batch = batch_job(plan, plan.inventory.slurm)
     try:
         session = frontend(plan.inventory, connector)
     except TransportError as error:
@@ -125,14 +117,14 @@ def _report(results: list[CheckResult], progress: Callable[[CheckResult], None] 
     return CheckReport(tuple(results))
 
 
-def in_allocation(plan: Plan, batch: slurm.BatchJob, session: Session, options: CheckOptions,
+def in_allocation(plan: Plan, batch: BatchJob, session: Session, options: CheckOptions,
                   open_front: Callable[[], Session],
                   progress: Callable[[CheckResult], None] | None) -> list[CheckResult]:
     """salloc, the checks on the allocated nodes as steps, scancel: always, and the
     allocation confirmed gone from the queue."""
-    result = session.run(slurm.salloc_command(batch, ALLOCATION_WAIT), timeout=ALLOCATION_WAIT + 60)
+    result = session.run(salloc_command(batch, ALLOCATION_WAIT), timeout=ALLOCATION_WAIT + 60)
     said = result.stderr.decode("utf-8", "replace")
-    job_id = slurm.parse_salloc(said)
+    job_id = parse_salloc(said)
     if job_id is None:
         why = (said.strip().splitlines() or [f"exit {result.exit_code}"])[-1].removeprefix("salloc: ")
         skipped = [CheckResult(CLUSTER, "slurm", "skip",

@@ -1,0 +1,288 @@
+"""The batch script a plan becomes for SLURM, and the allocation ``check`` asks for
+in its shape.
+
+Pure: no processes, no sockets, no clock; ``--dry-run`` prints the script. Every value
+that reaches a shell goes through ``shlex.quote``; the job's environment is exported
+inside the script (a 0600 file), never on a command line.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Sequence
+
+from torchherd.errors import UsageError
+from torchherd.inventory import SlurmSettings
+from torchherd.plan import NodePlan, Plan, looks_secret, node_log_dir
+from torchherd.shell import quote_path
+
+BATCH_SCRIPT = "job.sbatch"
+
+
+BATCH_OUTPUT = "batch.out"
+"""What the batch step itself prints (srun's own errors): in the run directory."""
+
+
+OUT, ERR, EXIT = ".out", ".err", ".exit"
+"""Per node, in the run directory: its stdout, its stderr, and how its torchrun ended."""
+
+
+RUNS_DIR = "~/.torchherd/runs"
+"""On the submit host: ``<this>/<run-id>/``. It must be on a filesystem the nodes share
+(SLURM's own output files need the same), as home directories on clusters are."""
+
+# The variables the node command reads; the batch script sets them for every task.
+
+
+DIR_VAR = "TORCHHERD_DIR"
+
+
+MASTER_VAR = "TORCHHERD_MASTER_ADDR"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which nodes SLURM is asked for: a count, a nodeset, or both."""
+
+    nodes: int | None
+    nodelist: str | None
+    source: str
+    """Where it came from, for --dry-run and errors."""
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """The job as SLURM gets it: the script, and where it goes on the submit host."""
+
+    run_id: str
+    script: str
+    run_dir: str
+    placement: Placement
+    notes: tuple[str, ...]
+    options: tuple[str, ...] = ()
+    """The script's ``#SBATCH`` options (an allocation for check asks for the same)."""
+
+
+def run_dir(run_id: str) -> str:
+    return f"{RUNS_DIR}/{run_id}"
+
+
+def placement(plan: Plan, settings: SlurmSettings) -> Placement:
+    """``[slurm].nodes``/``nodelist`` when given; else the inventory's hosts, by name."""
+    if settings.nodes is not None or settings.nodelist is not None:
+        return Placement(settings.nodes, settings.nodelist, "[slurm]")
+    names = [node.host.name for node in plan.nodes]
+    return Placement(len(names), ",".join(names), "the inventory's hosts")
+
+
+def batch_job(plan: Plan, settings: SlurmSettings, fail_fast: bool = True) -> BatchJob:
+    """The batch script for ``plan``: one task per node, each running the plan's torchrun
+    with SLURM's node id as its node rank. Raises UsageError for what SLURM cannot run."""
+    where = placement(plan, settings)
+    nodes = plan.nodes if where.source != "[slurm]" else plan.nodes[:1]
+    _same_everywhere(nodes)
+    notes = [f"nodes: {_describe(where)} (from {where.source}); node_rank = $SLURM_NODEID, "
+             f"master = the first node of the allocation"]
+    options = sbatch_options(plan, settings, where, notes)
+    lines = ["#!/bin/bash"] + [f"#SBATCH {option}" for option in options] + [
+        f"# torchherd run {plan.run_id}: {one_line(shlex.join((plan.options.script, *plan.options.script_args)))}",
+        "# Made by torchherd (docs/md). The job's environment is in this file only (0600),",
+        "# never on a command line.",
+    ]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in nodes[0].env.items()]
+    lines += [f'export {DIR_VAR}="$SLURM_SUBMIT_DIR"', _master_line(plan)]
+    srun = ["srun", f"--kill-on-bad-exit={1 if fail_fast else 0}", "--ntasks-per-node=1",
+            '--nodes="$SLURM_JOB_NUM_NODES"', '${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"}',
+            f'--output="${DIR_VAR}/%N{OUT}"', f'--error="${DIR_VAR}/%N{ERR}"', "bash", "-c",
+            shlex.quote(node_command(plan, nodes))]
+    lines.append(" ".join(srun))
+    return BatchJob(plan.run_id, "\n".join(lines) + "\n", run_dir(plan.run_id), where, tuple(notes), tuple(options))
+
+
+def one_line(text: str) -> str:
+    """``text`` for a comment line of the script: a line break (or any character that is
+    not printable) shown escaped, so that an argument can never end the comment and put
+    a line of its own (``#SBATCH ...``) among the script's directives."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
+def _describe(where: Placement) -> str:
+    parts = ([f"{where.nodes}"] if where.nodes is not None else []) + ([where.nodelist] if where.nodelist else [])
+    return " on ".join(parts)
+
+
+def _same_everywhere(nodes: Sequence[NodePlan]) -> None:
+    """One script runs on every node: what differs per host cannot be honoured (but
+    the process count, which the node command picks by the node's name)."""
+    first = nodes[0]
+    for node in nodes[1:]:
+        for key, mine, theirs in (("python", node.host.python, first.host.python),
+                                  ("workdir", node.workdir, first.workdir), ("setup", node.setup, first.setup),
+                                  ("env", dict(node.env), dict(first.env))):
+            if mine != theirs:
+                raise UsageError(f"{node.host.name}: {key} differs from {first.host.name}'s; a SLURM job runs "
+                                 "the same command on every node",
+                                 f"set {key} once, in [defaults]")
+
+
+def sbatch_options(plan: Plan, settings: SlurmSettings, where: Placement, notes: list[str]) -> list[str]:
+    options = [f"--job-name=torchherd-{plan.run_id}", "--ntasks-per-node=1", f"--output={BATCH_OUTPUT}"]
+    if where.nodes is not None:
+        options.append(f"--nodes={where.nodes}")
+    if where.nodelist is not None:
+        options.append(f"--nodelist={_word('nodelist', where.nodelist)}")
+    for key, value in (("partition", settings.partition), ("account", settings.account),
+                       ("time", settings.time)):
+        if value is not None:
+            options.append(f"--{key}={_word(key, value)}")
+    if settings.gpus_per_node is not None:
+        options.append(f"--gpus-per-node={settings.gpus_per_node}")
+    nproc = plan.nproc_per_node
+    if isinstance(nproc, int) and not any(re.match(r"(--cpus-per-task|-c)\b", item) for item in settings.extra):
+        # One task per node runs every rank of the node: it needs a CPU for each.
+        options.append(f"--cpus-per-task={nproc}")
+        notes.append(f"--cpus-per-task={nproc}: the node's one task runs its {nproc} ranks "
+                     "(more with extra = [\"--cpus-per-task=N\"])")
+    for item in settings.extra:
+        if "\n" in item or "\r" in item:
+            raise UsageError(f"[slurm].extra: {item!r} holds a line break", "one sbatch option per item")
+    return options + list(settings.extra)
+
+
+def _word(key: str, value: str) -> str:
+    if not value or any(char.isspace() for char in value):
+        raise UsageError(f"[slurm].{key}: {value!r} is empty or holds whitespace", f"give {key} as SLURM writes it")
+    return value
+
+
+def _master_line(plan: Plan) -> str:
+    given = plan.options.master_addr or plan.inventory.cluster.master_addr
+    if given:
+        return f"export {MASTER_VAR}={shlex.quote(given)}"
+    return f'export {MASTER_VAR}="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"'
+
+
+# Each replaced torchrun option, and the shell word SLURM's task fills in.
+
+
+_SLURM_VALUES = {"--node-rank": '"$SLURM_NODEID"', "--master-addr": f'"${MASTER_VAR}"'}
+
+
+def node_command(plan: Plan, nodes: Sequence[NodePlan]) -> str:
+    """What each task runs: the plan's cd, setup and torchrun (node rank, master and node
+    count from SLURM), then its exit status into ``<node>.exit`` for the controller."""
+    first = nodes[0]
+    parts = ["\n".join(_nproc_case(nodes))] if _uneven(nodes) else []
+    # torchrun would take an existing directory as its own: on a shared /tmp another user
+    # could have made it first. mkdir without -p is atomic: ours, private, or the task fails.
+    parts.append('mkdir -m 700 "$logs" && logs_made=1')
+    parts.append(f"cd {quote_path(first.workdir)}")
+    if first.setup.strip():
+        parts.append("{ " + first.setup.strip() + "\n}")
+    parts.append("{ phase=job; " + " ".join(torchrun_words(plan, first)) + "; }")
+    return "\n".join([
+        "phase=setup",
+        f"logs={_log_dir_word(plan)}",
+        " && ".join(parts),
+        "code=$?",
+        'if [ -n "${logs_made-}" ]; then rm -rf "$logs"; fi',  # only the directory it made
+        f'printf "%s %s %s\\n" "$phase" "$code" "$(date +%s.%N)" > "${DIR_VAR}/$SLURMD_NODENAME{EXIT}"',
+        'exit "$code"'])
+
+
+def _log_dir_word(plan: Plan) -> str:
+    """The plan's torchrun log directory with the node's name as SLURM gives it: nodes
+    that share a /tmp (the test cluster, a node with several tasks) each have their own."""
+    return shlex.quote(node_log_dir(plan.run_id, "")) + '"$SLURMD_NODENAME"'
+
+
+def _uneven(nodes: Sequence[NodePlan]) -> bool:
+    return len({str(node.nproc_per_node) for node in nodes}) > 1
+
+
+def _nproc_case(nodes: Sequence[NodePlan]) -> list[str]:
+    arms = [f"  {shlex.quote(node.host.name)}) nproc={shlex.quote(str(node.nproc_per_node))} ;;" for node in nodes]
+    return ['case "$SLURMD_NODENAME" in', *arms,
+            '  *) echo "torchherd: $SLURMD_NODENAME is not in the inventory" >&2; false ;;', "esac"]
+
+
+def torchrun_words(plan: Plan, node: NodePlan) -> list[str]:
+    """The node's torchrun argv as shell words: quoted values, and SLURM's own variables
+    where each node differs (node rank, master, node count). ``--local-addr`` is left
+    out: it names an inventory host, and SLURM picks the hosts."""
+    argv = list(node.argv)
+    script_at = len(argv) - len(plan.options.script_args) - 1
+    words = [quote_path(argv[0])]
+    index = 1
+    while index < len(argv):
+        item = argv[index]
+        value = argv[index + 1] if index + 1 < script_at else None
+        if index >= script_at or value is None:
+            words.append(shlex.quote(item))
+            index += 1
+            continue
+        replaced = _replace(plan, item, value)
+        if replaced is None:
+            words.append(shlex.quote(item))
+            index += 1
+            continue
+        words += list(replaced)
+        index += 2
+    return words
+
+
+def _replace(plan: Plan, option: str, value: str) -> tuple[str, ...] | None:
+    """The option and its new value as shell words (``()`` drops it); None: keep as is."""
+    given_master = bool(plan.options.master_addr or plan.inventory.cluster.master_addr)
+    if option == "--local-addr":
+        return ()
+    if option == "--log-dir":
+        return option, '"$logs"'
+    if option == "--nnodes" and not plan.options.nnodes:
+        return option, '"$SLURM_JOB_NUM_NODES"'
+    if option == "--nproc-per-node" and _uneven(plan.nodes):
+        return option, '"$nproc"'
+    if option == "--node-rank" or (option == "--master-addr" and not given_master):
+        return option, _SLURM_VALUES[option]
+    if option == "--rdzv-endpoint" and not given_master:
+        return option, f'"${MASTER_VAR}:{plan.port}"'
+    if option == "--rdzv-conf":
+        # is_host=1 is the SSH plan's word for its rank-0 node; SLURM's first node is
+        # the endpoint by name, which torch recognises as its own.
+        kept = [item for item in value.split(",") if item and item != "is_host=1"]
+        return (option, shlex.quote(",".join(kept))) if kept else ()
+    return None
+
+
+def shown_script(job: BatchJob) -> str:
+    """The script as ``--dry-run`` prints it: variables named like a secret show ***."""
+    def hide(line: str) -> str:
+        match = re.match(r"export ([A-Za-z_][A-Za-z0-9_]*)=", line)
+        if match and looks_secret(match.group(1)):
+            return f"export {match.group(1)}=***"
+        return line
+    return "\n".join(hide(line) for line in job.script.splitlines()) + "\n"
+
+
+def submit_command(job: BatchJob) -> str:
+    """Writes the script from stdin into a new 0600 file of a new 0700 run directory and
+    submits it; prints the job id (``sbatch --parsable``)."""
+    directory = quote_path(job.run_dir)
+    return (f"umask 077 && mkdir -p {directory} && cd {directory} && set -C && cat > {BATCH_SCRIPT} && "
+            f"sbatch --parsable {BATCH_SCRIPT}")
+
+
+ALLOCATION_TIME = "5"
+"""Minutes an allocation for check asks for, when [slurm].time says nothing."""
+
+
+def salloc_command(job: BatchJob, wait: int) -> str:
+    """An allocation like the job's own (same nodes, partition, account, GPUs), with no
+    shell, for ``check``'s steps; SLURM gives up after ``wait`` seconds (--immediate)."""
+    kept = [option for option in job.options if not option.startswith(("--job-name=", "--output="))]
+    if not any(option.startswith(("--time=", "-t")) for option in kept):
+        kept.append(f"--time={ALLOCATION_TIME}")
+    return shlex.join(["salloc", "--no-shell", f"--immediate={int(wait)}", f"--job-name=torchherd-check-{job.run_id}",
+                       *kept])
