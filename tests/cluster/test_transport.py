@@ -12,7 +12,8 @@ from localcluster import LocalCluster
 
 from torchherd.errors import TransportError
 from torchherd.inventory import Inventory, load
-from torchherd.transport.ssh import connect, connect_all, resolve_target
+from torchherd.transport import connect_all
+from torchherd.transport.ssh import SshConnector, resolve_target
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,11 +40,9 @@ def test_ssh_config_alias_resolves_to_the_node(two: LocalCluster) -> None:
 
 def test_run_returns_exit_code_and_exact_bytes(two: LocalCluster) -> None:
     inventory = inventory_of(two)
-    connection = connect(inventory.hosts[1], inventory.cluster.ssh_config, timeout=10)
-    try:
+    with SshConnector(inventory.cluster.ssh_config, 10).connect(inventory.hosts[1]) as connection:
         result = connection.run("hostname; cat; printf 'err\\xff' >&2; exit 7", stdin=b"in\x00put\n")
-    finally:
-        connection.close()
+    assert not connection.is_alive()
     assert result.exit_code == 7
     assert result.stdout == b"node1\nin\x00put\n"
     assert result.stderr == b"err\xff"
@@ -53,12 +52,13 @@ def test_connect_all_reports_each_node_separately(two: LocalCluster) -> None:
     inventory = inventory_of(two)
     two.stop_sshd("node1")
     try:
-        results = connect_all(inventory.hosts, inventory.cluster.ssh_config, timeout=5)
-        assert not isinstance(results["node0"], TransportError)
-        error = results["node1"]
-        assert isinstance(error, TransportError) and error.kind == "refused"
+        results = connect_all(SshConnector(inventory.cluster.ssh_config, 5), inventory.hosts)
+        assert list(results.succeeded) == ["node0"] and list(results.failed) == ["node1"]
+        error = results.failed["node1"]
+        assert error.kind == "refused"
         assert str(error) == f"node1: connection refused by root@{two.node('node1').ip}"
-        results["node0"].close()  # type: ignore[union-attr]
+        results.close()
+        assert not results.succeeded["node0"].is_alive()
     finally:
         two.start_sshd("node1")
 
@@ -79,14 +79,14 @@ def test_unknown_host_key_is_refused_with_how_to_accept(two: LocalCluster, tmp_p
     inventory = _with_known_hosts(two, tmp_path, lambda text: "".join(
         line + "\n" for line in text.splitlines() if "node1" not in line and ip not in line))
     with pytest.raises(TransportError) as caught:
-        connect(inventory.host("node1"), inventory.cluster.ssh_config, timeout=5)
+        SshConnector(inventory.cluster.ssh_config, 5).connect(inventory.host("node1"))
     assert caught.value.kind == "host-key-unknown"
     assert str(caught.value).startswith(f"node1: unknown SSH host key for {ip} (ssh-ed25519 SHA256:")
     assert "--accept-new-host-keys" in caught.value.hint
-    accepted = connect(inventory.host("node1"), inventory.cluster.ssh_config, timeout=5, accept_new=True)
+    accepted = SshConnector(inventory.cluster.ssh_config, 5, True).connect(inventory.host("node1"))
     accepted.close()
     assert ip in (tmp_path / "known_hosts").read_text()
-    connect(inventory.host("node1"), inventory.cluster.ssh_config, timeout=5).close()
+    SshConnector(inventory.cluster.ssh_config, 5).connect(inventory.host("node1")).close()
 
 
 def test_changed_host_key_is_always_refused(two: LocalCluster, tmp_path: Path) -> None:
@@ -100,7 +100,7 @@ def test_changed_host_key_is_always_refused(two: LocalCluster, tmp_path: Path) -
     inventory = _with_known_hosts(two, tmp_path, swap)
     for accept_new in (False, True):
         with pytest.raises(TransportError) as caught:
-            connect(inventory.host("node1"), inventory.cluster.ssh_config, timeout=5, accept_new=accept_new)
+            SshConnector(inventory.cluster.ssh_config, 5, accept_new).connect(inventory.host("node1"))
         assert caught.value.kind == "host-key-changed"
         assert "CHANGED" in str(caught.value) and f"ssh-keygen -R {ip}" in caught.value.hint
 
@@ -117,7 +117,7 @@ def test_wrong_key_is_an_authentication_failure(two: LocalCluster, tmp_path: Pat
     from dataclasses import replace
 
     with pytest.raises(TransportError) as caught:
-        connect(replace(host, identity_file=str(other_key)), inventory.cluster.ssh_config, timeout=5)
+        SshConnector(inventory.cluster.ssh_config, 5).connect(replace(host, identity_file=str(other_key)))
     assert caught.value.kind == "auth"
     assert str(caught.value).startswith(f"node1: authentication failed for root@{two.node('node1').ip}")
 
@@ -131,6 +131,6 @@ def test_unreachable_address_times_out_quickly(two: LocalCluster) -> None:
     host = replace(inventory.host("node1"), address=nobody)
     started = time.monotonic()
     with pytest.raises(TransportError) as caught:
-        connect(host, None, timeout=2)
+        SshConnector(None, 2).connect(host)
     assert caught.value.kind in ("timeout", "unreachable")
     assert time.monotonic() - started < 6

@@ -54,7 +54,7 @@ def test_a_paused_terminal_does_not_stall_fail_fast(tmp_path: Path, monkeypatch:
     terminal.release.set()
     summary = run.wait(timeout=30)
     assert summary.exit_code == 1 and summary.headline.startswith("n1")
-    dropped = [event.count for event in terminal.of(LinesDropped)]  # type: ignore[attr-defined]
+    dropped = [event.count for event in terminal.of(LinesDropped)]
     assert dropped and sum(dropped) + len(terminal.lines.get("n0", [])) >= 4000
     log = (tmp_path / "logs" / "tb-paused" / "n0.log").read_text()
     assert log.count("line 1999 from rank") == 2, "every line is in the log file"

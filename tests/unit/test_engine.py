@@ -74,9 +74,9 @@ def test_a_clean_run_reports_each_step_and_logs_every_line(tmp_path: Path) -> No
     assert summary.headline.startswith("all 2 nodes finished (exit 0)")
     kinds = [type(event) for event in events.events]
     assert kinds[0] is RunStarted and kinds[-1] is RunFinished
-    assert {event.node for event in events.of(RanksRunning)} == {"n0", "n1"}  # type: ignore[attr-defined]
-    assert {(event.node, event.code) for event in events.of(NodeExited)} == {("n0", 0), ("n1", 0)}  # type: ignore[attr-defined]
-    assert all(isinstance(event.pid, int) for event in events.of(NodeStarted))  # type: ignore[attr-defined]
+    assert {event.node for event in events.of(RanksRunning)} == {"n0", "n1"}
+    assert {(event.node, event.code) for event in events.of(NodeExited)} == {("n0", 0), ("n1", 0)}
+    assert all(isinstance(event.pid, int) for event in events.of(NodeStarted))
     log = (tmp_path / "logs" / "t-clean" / "n1.log").read_text()
     assert [line for line in log.splitlines() if line.startswith("[rank")] == [
         f"[rank {rank}] line {index} from rank {rank}" for index in range(3) for rank in (2, 3)]
@@ -96,8 +96,8 @@ def test_one_failing_node_tears_the_others_down_and_is_blamed(tmp_path: Path) ->
     assert states == {"n0": "torn down", "n1": "failed", "n2": "torn down"}
     assert summary.headline.startswith("n1 rank 2 failed first with exit code 3: rank 2: ValueError:_boom")
     stops = events.of(StopSent)
-    assert stops and stops[0].level is StopLevel.TERM and stops[0].reason == "n1 failed"  # type: ignore[attr-defined]
-    assert [event.node for event in events.of(NodeExited) if not event.expected and event.code] == ["n1"]  # type: ignore[attr-defined]
+    assert stops and stops[0].level is StopLevel.TERM and stops[0].reason == "n1 failed"
+    assert [event.node for event in events.of(NodeExited) if not event.expected and event.code] == ["n1"]
 
 
 def test_stop_is_the_same_teardown_as_ctrl_c(tmp_path: Path) -> None:
@@ -126,7 +126,7 @@ def test_a_second_stop_kills_at_once(tmp_path: Path) -> None:
     run.stop()
     summary = run.wait(timeout=20)
     assert summary.exit_code == 130
-    assert [event.level for event in events.of(StopSent)] == [StopLevel.TERM, StopLevel.KILL]  # type: ignore[attr-defined]
+    assert [event.level for event in events.of(StopSent)] == [StopLevel.TERM, StopLevel.KILL]
 
 
 def test_an_unreachable_node_stops_the_launch_before_anything_starts(tmp_path: Path) -> None:
@@ -135,7 +135,7 @@ def test_an_unreachable_node_stops_the_launch_before_anything_starts(tmp_path: P
     with pytest.raises(LaunchAborted) as raised:
         launch(plan, LaunchOptions(check=False, log_dir=tmp_path / "logs"), LocalConnector(unreachable=frozenset({"n1"})),
                events)
-    assert [event.error.node for event in events.of(ConnectFailed)] == ["n1"]  # type: ignore[attr-defined]
+    assert [event.error.node for event in events.of(ConnectFailed)] == ["n1"]
     assert raised.value.errors[0].kind == "timeout"
     assert not (tmp_path / "logs" / "t-down").exists()
 
@@ -146,7 +146,7 @@ def test_a_workdir_that_does_not_exist_is_a_job_that_did_not_start(tmp_path: Pat
     events = Collector()
     summary = start(tmp_path, plan, events).wait(timeout=30)
     assert summary.exit_code == 1
-    assert [(event.node, event.code) for event in events.of(NodeNotStarted)] == [("n1", 2)]  # type: ignore[attr-defined]
+    assert [(event.node, event.code) for event in events.of(NodeNotStarted)] == [("n1", 2)]
     assert "missing" in (tmp_path / "logs" / "t-cd" / "n1.log").read_text()
 
 
@@ -161,7 +161,7 @@ def test_a_node_whose_supervisor_vanishes_is_lost_and_the_others_stop(tmp_path: 
     os.kill(session.processes[0].popen.pid, signal.SIGKILL)
     summary = run.wait(timeout=30)
     assert summary.exit_code == 1
-    assert [event.node for event in events.of(NodeLost)] == ["n1"]  # type: ignore[attr-defined]
+    assert [event.node for event in events.of(NodeLost)] == ["n1"]
     assert summary.headline.startswith("n1 vanished: its SSH channel closed without an exit status")
     assert {outcome.node: outcome.state for outcome in summary.nodes} == {"n0": "torn down", "n1": "lost"}
     for node in plan.nodes:  # the killed supervisor could not remove its log directory

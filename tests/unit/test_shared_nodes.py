@@ -119,7 +119,7 @@ def test_another_user_who_made_the_log_directory_first_gets_nothing(other_user: 
                          events).wait(timeout=60)
         assert summary.exit_code == 1
         refused = events.of(NodeNotStarted)
-        assert refused and "already exists" in refused[0].message  # type: ignore[attr-defined]
+        assert refused and "already exists" in refused[0].message
         assert not any("planted" in line.text for line in events.lines.get("n0", []))
         assert pwd.getpwuid(os.stat(log_dir).st_uid).pw_name == other_user, "theirs, left as it was"
     finally:
@@ -186,7 +186,7 @@ def test_the_coordinator_tokens_never_reach_a_command_line(tmp_path: Path, monke
         assert run_id.encode() in cmdline
         assert b"token" not in cmdline and not re.search(rb"[0-9a-f]{32}", cmdline)
     finally:
-        run.stop()  # type: ignore[union-attr]
+        run.stop()
 
 
 def test_a_hello_counts_only_with_the_node_own_token_once(coordinator: int) -> None:
@@ -274,7 +274,7 @@ def test_stop_never_kills_a_process_that_only_names_the_run(tmp_path: Path, monk
     job = [int(pid) for pid in subprocess.run(["pgrep", "-f", "fake_torchrun"], capture_output=True,
                                               text=True).stdout.split()]
     try:
-        assert run.stop() == {"n0": [], "n1": []}  # type: ignore[union-attr]
+        assert run.stop() == {"n0": [], "n1": []}
         assert all(process.poll() is None for process in bystanders), "stop killed a bystander"
         assert not [pid for pid in job if alive(pid) and run_id.encode() in Path(f"/proc/{pid}/environ").read_bytes()]
         coordinator = run.record.coordinator  # type: ignore[union-attr]
@@ -340,7 +340,7 @@ def test_a_detached_run_writes_only_private_files(tmp_path: Path, monkeypatch: p
         records = tmp_path / "state" / "torchherd" / "runs"
         assert mode(records) == 0o700 and mode(records / f"{run_id}.json") == 0o600
     finally:
-        run.stop()  # type: ignore[union-attr]
+        run.stop()
 
 
 def test_an_attached_run_writes_only_private_logs(tmp_path: Path, umask_022: None) -> None:

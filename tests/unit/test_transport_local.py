@@ -74,6 +74,23 @@ def test_connect_all_reports_each_node_and_a_closed_session_refuses_work() -> No
         session.start("true")
 
 
+def test_the_fan_out_says_which_nodes_succeeded_and_which_failed_and_closes_them() -> None:
+    results = connect_all(LocalConnector(unreachable=frozenset({"n1"})), [host("n0"), host("n1"), host("n2")])
+    assert list(results) == ["n0", "n1", "n2"]
+    assert list(results.succeeded) == ["n0", "n2"]
+    assert list(results.failed) == ["n1"] and results.failed["n1"].kind == "timeout"
+    results.close()
+    assert not any(session.is_alive() for session in results.succeeded.values())
+
+
+def test_a_session_is_a_context_manager_that_closes_it() -> None:
+    with LocalConnector().connect(host("n0")) as session:
+        assert session.run("echo hi").stdout == b"hi\n"
+    assert not session.is_alive()
+    with pytest.raises(TransportError):
+        session.start("true")
+
+
 def test_fan_out_keeps_order_and_never_exceeds_its_bound() -> None:
     running, most, lock = [0], [0], threading.Lock()
 

@@ -49,7 +49,7 @@ from torchherd.runrecord import (
     save,
 )
 from torchherd.shell import quote_path
-from torchherd.transport import Connector, Session, close_all, connect_all, fan_out
+from torchherd.transport import Connected, Connector, Session, connect_all, fan_out
 from torchherd.transport.base import MAX_PARALLEL
 from torchherd.transport.ssh import SshConnector
 
@@ -177,7 +177,7 @@ def connector_for(record: RunRecord, timeout: float | None = None) -> Connector:
     return SshConnector(_ssh_config(record), record.ssh_timeout if timeout is None else timeout)
 
 
-def connect_run(record: RunRecord, connector: Connector | None = None) -> Mapping[str, Session | TransportError]:
+def connect_run(record: RunRecord, connector: Connector | None = None) -> Connected:
     return connect_all(connector or connector_for(record), [node.host() for node in record.nodes])
 
 
@@ -193,7 +193,7 @@ def node_states(record: RunRecord, connector: Connector | None = None) -> list[N
     try:
         return fan_out(list(record.nodes), lambda node: _node_state(record, node, connections[node.name]))
     finally:
-        close_all(connections.values())
+        connections.close()
 
 
 def _node_state(record: RunRecord, node: NodeRecord, connection: Session | TransportError) -> NodeState:
@@ -240,7 +240,7 @@ def stop_run(record: RunRecord, connector: Connector | None = None) -> dict[str,
     try:
         return stop_nodes(record, connections)
     finally:
-        close_all(connections.values())
+        connections.close()
 
 
 # following ---------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, Union
+from typing import Callable, Sequence, TypeVar, Union
 
 from torchherd.errors import TransportError
 from torchherd.remote.wire import StopLevel
@@ -360,6 +360,9 @@ class Relay:
                 self.error = self.error or error
 
 
+E = TypeVar("E")
+
+
 def ignore(event: Event) -> None:
     """The observer of a run nobody watches."""
 
@@ -377,5 +380,6 @@ class Collector:
             for line in flat(event.lines):
                 self.lines.setdefault(line.node, []).append(line)
 
-    def of(self, kind: type[Event]) -> list[Event]:
+    def of(self, kind: type[E]) -> list[E]:
+        """Every event of one kind, in order, typed as that kind."""
         return [event for event in self.events if isinstance(event, kind)]

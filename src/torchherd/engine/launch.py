@@ -191,8 +191,8 @@ def _connect(plan: Plan, connector: Connector, observer: Observer,
     already = already or {}
     missing = [node.host for node in plan.nodes if node.host.name not in already]
     results = connect_all(connector, missing)
-    sessions = {**already, **{name: result for name, result in results.items() if not isinstance(result, TransportError)}}
-    failures = tuple(result for result in results.values() if isinstance(result, TransportError))
+    sessions = {**already, **results.succeeded}
+    failures = tuple(results.failed.values())
     if failures:
         for error in failures:
             observer(ConnectFailed(error))

@@ -32,7 +32,7 @@ from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command
 from torchherd.remote.receive import CHUNK, DIGEST, HEADER, MARSHAL_VERSION
 from torchherd.shell import quote_path
-from torchherd.transport import Connector, Process, Session, close_all, connect_all, fan_out
+from torchherd.transport import Connector, Process, Session, connect_all, fan_out
 
 BATCH = 256 * 1024
 """Bytes handed to a node's sender at once: few sends, and small files travel together."""
@@ -190,12 +190,11 @@ def sync_over(plan: Plan, connector: Connector, observer: Observer, dry_run: boo
     """Connects to every node, syncs (or, with ``dry_run``, compares), and closes; a node
     that cannot be reached is a ``SyncFailed`` saying why."""
     results = connect_all(connector, [node.host for node in plan.nodes])
-    sessions = {name: result for name, result in results.items() if not isinstance(result, TransportError)}
-    unreachable = {name: str(result) for name, result in results.items() if isinstance(result, TransportError)}
+    unreachable = {name: str(error) for name, error in results.failed.items()}
     try:
-        return sync_nodes(plan, sessions, observer, dry_run, unreachable)
+        return sync_nodes(plan, results.succeeded, observer, dry_run, unreachable)
     finally:
-        close_all(sessions.values())
+        results.close()
 
 
 def sync_nodes(plan: Plan, sessions: Mapping[str, Session], observer: Observer, dry_run: bool = False,

@@ -4,7 +4,9 @@
 
 from torchherd.transport.base import (
     MAX_PARALLEL,
+    Closing,
     CommandResult,
+    Connected,
     Connector,
     Process,
     Session,
@@ -13,5 +15,5 @@ from torchherd.transport.base import (
     fan_out,
 )
 
-__all__ = ["MAX_PARALLEL", "CommandResult", "Connector", "Process", "Session", "close_all", "connect_all",
+__all__ = ["MAX_PARALLEL", "Closing", "CommandResult", "Connected", "Connector", "Process", "Session", "close_all", "connect_all",
            "fan_out"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
+from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence, TypeVar, Union
 
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
@@ -26,6 +26,7 @@ CPUs. A few hundred nodes take a few rounds; no run ever holds hundreds of threa
 
 T = TypeVar("T")
 U = TypeVar("U")
+S = TypeVar("S")
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,25 @@ class Session(Protocol):
 
     def close(self) -> None: ...
 
+    def __enter__(self: S) -> S:
+        """``with connector.connect(host) as session:`` closes it at the end (``Closing``)."""
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class Closing:
+    """What makes a session a context manager (Fabric's ``with Connection(...)``):
+    ``close`` when the block ends, however it ends."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: S) -> S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 class Connector(Protocol):
     """Opens sessions: ``connect`` raises TransportError saying what went wrong."""
@@ -106,8 +126,37 @@ def fan_out(items: Sequence[T], work: Callable[[T], U], limit: int = MAX_PARALLE
         return list(pool.map(work, items))
 
 
-def connect_all(connector: Connector, hosts: Iterable[Host]) -> Mapping[str, Session | TransportError]:
-    """Connects to every host in parallel; each entry is the session or why it failed."""
+class Connected(Mapping[str, Union[Session, TransportError]]):
+    """Per host (by name, in the hosts' order) its session or why it could not be
+    reached (Fabric's ``GroupResult``): ``succeeded`` and ``failed`` split them."""
+
+    def __init__(self, results: Mapping[str, Session | TransportError]) -> None:
+        self._results = dict(results)
+
+    def __getitem__(self, name: str) -> Session | TransportError:
+        return self._results[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._results)
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    @property
+    def succeeded(self) -> dict[str, Session]:
+        return {name: result for name, result in self._results.items() if not isinstance(result, TransportError)}
+
+    @property
+    def failed(self) -> dict[str, TransportError]:
+        return {name: result for name, result in self._results.items() if isinstance(result, TransportError)}
+
+    def close(self) -> None:
+        """Closes every session opened."""
+        close_all(self._results.values())
+
+
+def connect_all(connector: Connector, hosts: Iterable[Host]) -> Connected:
+    """Connects to every host in parallel; per host the session or why it failed."""
     host_list = list(hosts)
 
     def attempt(host: Host) -> Session | TransportError:
@@ -116,7 +165,7 @@ def connect_all(connector: Connector, hosts: Iterable[Host]) -> Mapping[str, Ses
         except TransportError as error:
             return error
 
-    return {host.name: result for host, result in zip(host_list, fan_out(host_list, attempt))}
+    return Connected({host.name: result for host, result in zip(host_list, fan_out(host_list, attempt))})
 
 
 def close_all(sessions: Iterable[Session | TransportError]) -> None:

@@ -20,7 +20,7 @@ from typing import IO, Callable, Mapping
 
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
-from torchherd.transport.base import CommandResult
+from torchherd.transport.base import Closing, CommandResult
 
 READ_SIZE = 1 << 16
 
@@ -158,7 +158,7 @@ class LocalProcess:
 
 
 @dataclass
-class LocalSession:
+class LocalSession(Closing):
     """A "node" that is this machine; ``env`` is added to every command's environment
     (the tests give each node its own HOME, say)."""
 

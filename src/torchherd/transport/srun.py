@@ -13,6 +13,7 @@ from torchherd.errors import TransportError
 from torchherd.inventory import Host
 from torchherd.shell import quote_path
 from torchherd.transport import CommandResult, Process, Session
+from torchherd.transport.base import Closing
 
 
 def step_command(job_id: str, node: str, command: str, unbuffered: bool = False) -> str:
@@ -23,7 +24,7 @@ def step_command(job_id: str, node: str, command: str, unbuffered: bool = False)
     return shlex.join([*flags, "bash", "-c", command])
 
 
-class SrunSession:
+class SrunSession(Closing):
     """One allocated node, reached as job steps through the submit host's session."""
 
     def __init__(self, front: Session, job_id: str, node: str) -> None:

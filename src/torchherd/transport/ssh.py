@@ -37,13 +37,12 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
 from torchherd.transport import knownhosts, sshconfig
-from torchherd.transport.base import CommandResult, Session
-from torchherd.transport.base import connect_all as _connect_all
+from torchherd.transport.base import Closing, CommandResult
 
 if TYPE_CHECKING:  # paramiko and fabric are imported lazily: `torchherd --help` must stay fast.
     import paramiko
@@ -324,7 +323,7 @@ class _HostKeyCheck:
         )
 
 
-class Connection:
+class Connection(Closing):
     """An authenticated SSH session to one node; run commands or start streamed ones.
 
     ``fabric`` is the node's fabric Connection; ``client`` its paramiko client, whose
@@ -720,17 +719,6 @@ class SshConnector:
             gateway = _proxy_command_line(gateway)
         return _fabric_class()(target.hostname, user=target.user, port=target.port, config=self._shared.fabric_config(),
                                gateway=gateway, connect_kwargs=connect_kwargs)
-
-
-def connect(host: Host, ssh_config: Path | None, timeout: float, accept_new: bool = False) -> Connection:
-    """Opens and authenticates one connection; raises TransportError saying what went wrong."""
-    return SshConnector(ssh_config, timeout, accept_new).connect(host)
-
-
-def connect_all(hosts: Iterable[Host], ssh_config: Path | None, timeout: float,
-                accept_new: bool = False) -> Mapping[str, Session | TransportError]:
-    """Connects to every host in parallel; each entry is the connection or why it failed."""
-    return _connect_all(SshConnector(ssh_config, timeout, accept_new), hosts)
 
 
 def _quiet_paramiko() -> None:
