@@ -322,7 +322,7 @@ def test_a_lost_node_failing_triage_is_replaced_by_the_spare() -> None:
     assert summary.exit_code == 0
     assert names(backend.launched[1]) == ("node0", "node1", "node3")
     assert backend.launched[1].nodes[2].argv[backend.launched[1].nodes[2].argv.index("--node-rank") + 1] == "2"
-    assert [(event.spare, event.replacing) for event in events.of(SpareTaken)] == [("node3", "node2")]  # type: ignore[attr-defined]
+    assert [(event.spare, event.replacing) for event in events.of(SpareTaken)] == [("node3", "node2")]
     assert summary.attempts[0].ended == "lost" and summary.attempts[0].triage == ("node2: ssh: timed out",)
     assert "node3 for node2" in summary.attempts[0].next
 
@@ -362,7 +362,7 @@ def test_the_second_first_failure_of_a_node_excludes_it_though_its_checks_pass()
     summary, events = recover(backend, plan_of("node3", 4), Recovery(retries=3))
     assert summary.exit_code == 0
     assert names(backend.launched[2]) == ("node0", "node2", "node3")
-    assert [event.node for event in events.of(NodeExcluded)] == ["node1"]  # type: ignore[attr-defined]
+    assert [event.node for event in events.of(NodeExcluded)] == ["node1"]
 
 
 def test_no_spare_left_ends_the_run_naming_the_node() -> None:
