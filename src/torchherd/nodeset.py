@@ -75,11 +75,6 @@ def expand_pattern(pattern: str) -> list[str]:
     return ["".join(combination) for combination in itertools.product(*pieces)]
 
 
-def is_nodeset(text: str) -> bool:
-    """Whether ``text`` has a bracket group (a plain name expands to itself)."""
-    return "[" in text
-
-
 def _tokens(pattern: str) -> list[tuple[str, str | None]]:
     """(literal text, the bracket group after it or None), left to right."""
     tokens: list[tuple[str, str | None]] = []

@@ -17,11 +17,7 @@ from typing import Mapping, Sequence
 from torchherd.errors import UsageError
 from torchherd.inventory import CONTROL, ENV_NAME, MAX_NPROC, NPROC_WORDS, Host, Inventory
 from torchherd.remote import wire
-
-# torchrun writes this before every line a rank prints (with --tee); defined with the
-# rest of the protocol in wire, and still importable from here.
-from torchherd.remote.wire import RANK_PREFIX_HEAD as RANK_PREFIX_HEAD
-from torchherd.remote.wire import RANK_PREFIX_TEMPLATE as RANK_PREFIX_TEMPLATE
+from torchherd.remote.wire import RANK_PREFIX_TEMPLATE
 from torchherd.shell import quote_path
 
 

@@ -150,6 +150,6 @@ def make_cluster(
         for made in reversed(created):
             try:
                 made.down()
-            except Exception as exc:  # noqa: BLE001 - keep tearing down the others
+            except Exception as exc:  # keep tearing down the others
                 errors.append(f"{made!r}: {exc}")
         assert not errors, "\n".join(errors)

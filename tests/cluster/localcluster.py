@@ -665,7 +665,7 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def __enter__(self: _Cluster) -> _Cluster:  # noqa: PYI019 (typing.Self is 3.11+)
+    def __enter__(self: _Cluster) -> _Cluster:  # typing.Self is 3.11+
         return self.up()
 
     def __exit__(
@@ -709,7 +709,7 @@ class LocalCluster:
     def jump_names(self) -> list[str]:
         return [host.name for host in self.hosts[self.n :]]
 
-    def up(self: _Cluster) -> _Cluster:  # noqa: PYI019 (typing.Self is 3.11+)
+    def up(self: _Cluster) -> _Cluster:  # typing.Self is 3.11+
         """Build the cluster (after removing leftovers of the same prefix)."""
         reason = unavailable_reason()
         if reason is not None:

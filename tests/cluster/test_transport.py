@@ -15,7 +15,7 @@ from torchherd.inventory import Inventory, load
 from torchherd.transport import connect_all
 from torchherd.transport.ssh import SshConnector, resolve_target
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")

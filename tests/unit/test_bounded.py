@@ -44,7 +44,7 @@ def test_a_paused_terminal_does_not_stall_fail_fast(tmp_path: Path, monkeypatch:
     cluster = Cluster(hosts, python=sys.executable, workdir=str(tmp_path), nproc_per_node=2)
     plan = faked(cluster.plan("train.py", run_id="tb-paused"), n0="lines=2000 sleep=60", n1="sleep=2 exit=3")
     terminal = PausedTerminal()
-    from torchherd.transport.local import LocalConnector  # noqa: PLC0415
+    from torchherd.transport.local import LocalConnector
 
     run = launch(plan, LaunchOptions(check=False, log_dir=tmp_path / "logs", grace=1.0), LocalConnector(), terminal)
     deadline = time.monotonic() + 30

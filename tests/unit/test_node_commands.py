@@ -147,8 +147,8 @@ def test_a_script_starting_with_a_dash_is_torchruns_script(tmp_path: Path) -> No
 
 
 def test_a_marker_in_the_middle_of_a_line_is_text(tmp_path: Path) -> None:
-    from torchherd.engine.job import supervisor_config  # noqa: PLC0415
-    from torchherd.runlog import OutputParser, RankLines  # noqa: PLC0415
+    from torchherd.engine.job import supervisor_config
+    from torchherd.runlog import OutputParser, RankLines
 
     node = one_node(tmp_path).plan("train.py", run_id="tmid").nodes[0]
     said = "agent: rank 0 wrote [torchherd-rank 9] hello"

@@ -169,7 +169,7 @@ def closed(sock: socket.socket, within: float) -> bool:
 
 
 def test_the_coordinator_tokens_never_reach_a_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from test_engine import faked  # noqa: PLC0415 - the engine tests' stand-in torchrun
+    from test_engine import faked
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     home = tmp_path / "home"
@@ -255,7 +255,7 @@ def alive(pid: int) -> bool:
 
 
 def test_stop_never_kills_a_process_that_only_names_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from test_engine import faked  # noqa: PLC0415 - the engine tests' stand-in torchrun
+    from test_engine import faked
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     home = tmp_path / "home"
@@ -320,7 +320,7 @@ def umask_022() -> Iterator[None]:
 
 def test_a_detached_run_writes_only_private_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    umask_022: None) -> None:
-    from test_engine import faked  # noqa: PLC0415 - the engine tests' stand-in torchrun
+    from test_engine import faked
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     (tmp_path / "state" / "torchherd" / "runs").mkdir(parents=True, mode=0o755)  # as an older version left it
@@ -344,7 +344,7 @@ def test_a_detached_run_writes_only_private_files(tmp_path: Path, monkeypatch: p
 
 
 def test_an_attached_run_writes_only_private_logs(tmp_path: Path, umask_022: None) -> None:
-    from test_engine import faked  # noqa: PLC0415 - the engine tests' stand-in torchrun
+    from test_engine import faked
 
     cluster = Cluster([{"name": "n0", "address": "127.0.0.1"}], python=PY, workdir=str(tmp_path), nproc_per_node=2,
                       connector=LocalConnector())

@@ -101,10 +101,8 @@ def test_controller_tags_are_the_supervisors_bytes() -> None:
 
 
 def test_rank_prefix_is_unchanged_and_parses_back() -> None:
-    from torchherd import plan
-
-    assert plan.RANK_PREFIX_TEMPLATE == wire.RANK_PREFIX_TEMPLATE == "[torchherd-rank ${rank}] "
-    assert plan.RANK_PREFIX_HEAD == wire.RANK_PREFIX_HEAD == b"[torchherd-rank "
+    assert wire.RANK_PREFIX_TEMPLATE == "[torchherd-rank ${rank}] "
+    assert wire.RANK_PREFIX_HEAD == b"[torchherd-rank "
     assert wire.RANK_PREFIX_TEMPLATE == wire.RANK_PREFIX_HEAD.decode() + "${rank}" + wire.RANK_PREFIX_END.decode()
     # torchrun fills the template with string.Template
     line = string.Template(wire.RANK_PREFIX_TEMPLATE).safe_substitute(rank=17) + "hello"

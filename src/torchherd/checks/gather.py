@@ -118,11 +118,6 @@ def start_facts(connection: Session, config: Mapping[str, Any], timeout: float, 
     return StartedFacts(connection, config, timeout, process, LineReader(process), sent, started + timeout)
 
 
-def gather_facts(connection: Session, host: Host, config: Mapping[str, Any], timeout: float) -> FactsSession:
-    """Runs remote/facts.py with the node's python and waits for its facts."""
-    return finish_facts(start_facts(connection, config, timeout, host.python), host)
-
-
 def finish_facts(started: StartedFacts, host: Host) -> FactsSession:
     """The facts a started command printed (run again with python3 when the node's python
     does not run, so the other checks still report); raises TransportError when no facts

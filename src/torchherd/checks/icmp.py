@@ -33,11 +33,6 @@ def _open() -> socket.socket | str:
     return f"unavailable: no ICMP socket on the controller ({errors[-1]})"
 
 
-def echo(address: str, timeout: float = 1.0) -> str:
-    """"ok", "no-reply", or "unavailable: why"."""
-    return echo_all([address], timeout)[address]
-
-
 def echo_all(addresses: Sequence[str], timeout: float = 1.0) -> dict[str, str]:
     """One echo to every address from one socket, in one thread (no thread per node), then
     the replies as they come: "ok", "no-reply" or "unavailable: why" for each. An address

@@ -314,13 +314,6 @@ class Collapser:
             return True
         return now - item.since >= self.window
 
-    def next_due(self) -> float | None:
-        """When the first held item will be shown (None: nothing held)."""
-        if not self.held:
-            return None
-        item = self.held[0]
-        return self.clock() if isinstance(item, _Note) else item.since + self.window
-
     def _group_text(self, group: _Group) -> str:
         if len(group.sources) == 1:
             return self.renderer.format(group.first) + "\n"

@@ -11,7 +11,8 @@ from rich.text import Text
 
 from torchherd.console import node_colour, printable
 from torchherd.engine.slurm.batch import BatchJob, shown_script
-from torchherd.plan import RANK_PREFIX_HEAD, Plan
+from torchherd.plan import Plan
+from torchherd.remote.wire import RANK_PREFIX_HEAD
 from torchherd.runlog import ERR_HEAD, OUT_HEAD, OUT_RANKS, STDERR, OutputLine, RankLines, RunSummary
 
 SEPARATOR = " │ "

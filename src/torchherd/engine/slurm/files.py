@@ -21,9 +21,9 @@ from torchherd.engine.slurm.commands import (
     parse_poll,
     poll_command,
 )
-from torchherd.plan import RANK_PREFIX_HEAD
 from torchherd.remote import wire
 from torchherd.remote.framing import LineFramer, RankMender
+from torchherd.remote.wire import RANK_PREFIX_HEAD
 from torchherd.runlog import OutputLine, OutputParser, RankLines, Status
 from torchherd.transport import Session
 

@@ -1,0 +1,30 @@
+"""Every test module under tests/cluster needs the local cluster (root, network
+namespaces) and says so with the ``cluster`` mark, so ``-m "not cluster"`` runs without
+root; no unit test module carries that mark."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent.parent
+
+
+def _marks(path: Path) -> set[str]:
+    """The marks a module's ``pytestmark`` gives every test in it."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(target, ast.Name) and target.id == "pytestmark"
+                                                for target in node.targets):
+            return {item.attr for item in ast.walk(node.value) if isinstance(item, ast.Attribute)
+                    and isinstance(item.value, ast.Attribute) and item.value.attr == "mark"}
+    return set()
+
+
+def test_every_cluster_test_module_is_marked_cluster() -> None:
+    modules = sorted((TESTS / "cluster").glob("test_*.py"))
+    assert modules
+    assert [path.name for path in modules if "cluster" not in _marks(path)] == []
+
+
+def test_no_unit_test_module_is_marked_cluster() -> None:
+    assert [path.name for path in sorted((TESTS / "unit").glob("test_*.py")) if "cluster" in _marks(path)] == []
