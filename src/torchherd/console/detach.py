@@ -25,8 +25,9 @@ def _plain(console: Console, text: str, style: str = "") -> None:
 
 
 def render_started(console: Console, record: RunRecord) -> None:
-    if record.extra.get("scheduler") == "slurm":
-        _plain(console, f"run {record.run_id}: submitted as SLURM job {record.extra.get('job_id')}", "bold")
+    job_id = record.extra.get("job_id")  # a scheduler's own id for the run (SLURM's)
+    if job_id is not None:
+        _plain(console, f"run {record.run_id}: submitted as SLURM job {job_id}", "bold")
     else:
         _plain(console, f"run {record.run_id}: started detached on {len(record.nodes)} nodes "
                          f"({', '.join(node.name for node in record.nodes)})", "bold")
