@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from torchherd.errors import TransportError
-from torchherd.plan import NodePlan, Plan, quote_path
+from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command as node_program
 from torchherd.runlog import OutputLine
+from torchherd.shell import quote_path
 from torchherd.transport import Session, fan_out
 
 FAULTHANDLER = "PYTHONFAULTHANDLER"

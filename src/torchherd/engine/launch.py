@@ -284,6 +284,11 @@ class Run:
         """Supervises the job in a thread of its own until it ends (once)."""
         self._thread.start()
 
+    def report(self, event: Event) -> None:
+        """Hands ``event`` to the run's observer, in order with the job's own (what a
+        watcher of the run found, such as a hang)."""
+        self._events(event)
+
     def _supervise(self) -> None:
         try:
             self._summary = self.job.supervise()

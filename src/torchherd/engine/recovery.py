@@ -191,7 +191,7 @@ class RecoveringRun:
             self._current = run
             stopping = self._stopping
             if timeout is not None and sessions is not None:
-                self._watch = HangWatch(run.plan, sessions, timeout, lambda seconds: run._emit(HangFound(seconds)),
+                self._watch = HangWatch(run.plan, sessions, timeout, lambda seconds: run.report(HangFound(seconds)),
                                         run.stop).start()
         for _ in range(stopping):  # stopped while it was starting: it stops now
             run.stop()
