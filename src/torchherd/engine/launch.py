@@ -303,14 +303,7 @@ class Run:
     def wait(self, timeout: float | None = None) -> RunSummary:
         """The summary once every node has finished. Ctrl-C while waiting stops the run as
         ``stop`` does (a second one kills) and waits on for the teardown."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._done.is_set():
-            try:
-                self._done.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
-            except KeyboardInterrupt:
-                self.stop()
-            if deadline is not None and time.monotonic() >= deadline and not self._done.is_set():
-                raise TimeoutError(f"run {self.run_id} still running after {timeout:g} s")
+        wait_stopping(self._done, timeout, self.stop, self.run_id)
         self._delivered()
         if self._error is not None:
             raise self._error
@@ -366,6 +359,19 @@ def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: O
         job.interrupt()
     run.start()
     return run
+
+
+def wait_stopping(done: threading.Event, timeout: float | None, stop: Callable[[], None], run_id: str) -> None:
+    """Waits for ``done``; Ctrl-C meanwhile calls ``stop`` (again: again) and waits on for
+    the teardown. TimeoutError after ``timeout`` seconds (None: no limit)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not done.is_set():
+        try:
+            done.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
+        except KeyboardInterrupt:
+            stop()
+        if deadline is not None and time.monotonic() >= deadline and not done.is_set():
+            raise TimeoutError(f"run {run_id} still running after {timeout:g} s")
 
 
 class sigterm_as_interrupt:

@@ -34,7 +34,7 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.hang import FAULTHANDLER, HangWatch, described, stacks_of
 from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import LaunchAborted, Run
+from torchherd.engine.launch import LaunchAborted, Run, wait_stopping
 from torchherd.engine.recovery_policy import (
     TRIAGE_CHECKS,
     Attempt,
@@ -147,14 +147,7 @@ class RecoveringRun:
     def wait(self, timeout: float | None = None) -> RunSummary:
         """The summary once the last attempt ended. Ctrl-C while waiting stops the run as
         ``stop`` does (a second one kills) and waits on for the teardown."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._done.is_set():
-            try:
-                self._done.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
-            except KeyboardInterrupt:
-                self.stop()
-            if deadline is not None and time.monotonic() >= deadline and not self._done.is_set():
-                raise TimeoutError(f"run {self.run_id} still running after {timeout:g} s")
+        wait_stopping(self._done, timeout, self.stop, self.run_id)
         if self._error is not None:
             raise self._error
         assert self._summary is not None
