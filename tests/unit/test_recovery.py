@@ -325,6 +325,8 @@ def test_a_lost_node_failing_triage_is_replaced_by_the_spare() -> None:
     assert [(event.spare, event.replacing) for event in events.of(SpareTaken)] == [("node3", "node2")]
     assert summary.attempts[0].ended == "lost" and summary.attempts[0].triage == ("node2: ssh: timed out",)
     assert "node3 for node2" in summary.attempts[0].next
+    # one triage round: the spare was checked with the others, under the same master
+    assert backend.checked == [("node0", "node1", "node2", "node3")]
 
 
 def test_an_excluded_master_gives_way_and_the_run_shrinks() -> None:
@@ -336,6 +338,8 @@ def test_an_excluded_master_gives_way_and_the_run_shrinks() -> None:
     assert names(second) == ("node1", "node2") and second.master == "node1"
     assert "--nnodes" in second.nodes[0].argv and second.nodes[0].argv[second.nodes[0].argv.index("--nnodes") + 1] == "2"
     assert len(events.of(RunShrunk)) == 1
+    # the master was lost: its workers' cross-node checks are taken again under the new one
+    assert backend.checked == [("node0", "node1", "node2"), ("node1", "node2")]
 
 
 def test_the_same_error_twice_ends_the_run_as_a_job_bug() -> None:

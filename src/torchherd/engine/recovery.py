@@ -42,6 +42,7 @@ from torchherd.engine.recovery_policy import (
     NextNodes,
     attempt_of,
     cooldown,
+    doubtful,
     next_nodes,
     triage_failures,
     verdict,
@@ -348,8 +349,22 @@ class RecoveringRun:
                 self.emit(NodeExcluded(node, why))
             if not failed:
                 return _Triaged(self._take(proposal, len(attempt.nodes)), tuple(found))
+            settled = self._settled(attempt, list(excluded), checked, report.results)
+            if settled is not None:
+                return _Triaged(self._take(settled, len(attempt.nodes)), tuple(found))
         return _Triaged(End("no node left", f"the triage still excluded nodes after {TRIAGE_ROUNDS} rounds"),
                         tuple(found))
+
+    def _settled(self, attempt: Attempt, excluded: list[str], checked: tuple[str, ...],
+                 results: Sequence[CheckResult]) -> NextNodes | None:
+        """The next nodes when this round already vouches for every one of them: all
+        checked and passed, under the same master, no cross-node check left uncounted
+        (so a lost worker costs one round, not two)."""
+        following = next_nodes(attempt.nodes, excluded, self.spares, attempt.nodes[0], self.recovery)
+        if (not isinstance(following, NextNodes) or following.master != checked[0]
+                or not set(following.nodes) <= set(checked) - set(excluded) or doubtful(results, checked)):
+            return None
+        return following
 
     def _take(self, proposal: NextNodes, was: int) -> NextNodes:
         for spare, replacing in proposal.taken:
