@@ -235,9 +235,9 @@ def test_a_hang_names_the_stuck_rank_and_its_frame(four: LocalCluster, tmp_path:
                         RESUMABLE, "--steps", "100", "--step-seconds", "0.05", "--hang-rank", "1", "--hang-step", "5")
     seconds = time.monotonic() - started
     assert code == 1, out
-    assert "hung: no rank printed a line or used CPU for 5 s; every rank is asked for its stack" in out
+    assert re.search(r"hung: no rank printed a line or used CPU for \d+ s; every rank is asked for its stack", out), out
     assert re.search(rf"hung: no rank printed a line or used CPU for 5 s; rank 1 on node1 in main at "
-                     rf"resumable.py:{sleeping}; ranks 0, 2 in all_reduce at resumable.py:\d+", out), out
+                     rf"resumable.py:{sleeping}; ranks 0, 2 in \S+ at resumable.py:\d+", out), out
     assert "Fatal Python error: Aborted" in log_text(tmp_path / "logs", "node1")
     print(f"hang named {seconds:.1f} s after the start (the job hangs about 3 s in)")
     assert seconds < 5 + 15 + 10, out  # the start and torch's import take about 5 s of it

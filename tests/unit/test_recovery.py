@@ -463,6 +463,7 @@ def test_the_hang_probe_finds_ranks_by_their_environment_only(tmp_path: Path) ->
                                     capture_output=True, text=True, timeout=30, check=True)
             return dict(json.loads(result.stdout))
         assert probe("cpu")["ranks"] == [7]
+        assert probe("stop")["ranks"] == [7]
         assert probe("abort")["ranks"] == [7]
         assert rank.wait(timeout=10) == -6 and other.poll() is None
     finally:

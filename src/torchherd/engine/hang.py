@@ -152,6 +152,7 @@ class HangWatch:
             if silent >= self.timeout and not self._done.is_set():
                 self.hung = time.monotonic()
                 self.on_hang(silent)
+                self._probe("stop")
                 self._probe("abort")
                 if not self._done.wait(ABORT_WAIT):
                     self.stop()
@@ -171,7 +172,7 @@ class HangWatch:
 
     def _probe(self, action: str) -> tuple[float, int] | None:
         """The ranks' CPU seconds and their count, over every node (None when a node did not
-        answer); with ``abort`` the ranks are sent SIGABRT."""
+        answer); ``stop`` sends the ranks SIGSTOP, ``abort`` SIGABRT (and SIGCONT, to take it)."""
         source = node_program("hangprobe.py")
 
         def ask(node: NodePlan) -> tuple[float, int] | None:

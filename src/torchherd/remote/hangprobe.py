@@ -1,8 +1,8 @@
 """On a node: the ranks of one run, found by their environment, and their CPU time;
-with ``abort``, SIGABRT to each (the job runs with PYTHONFAULTHANDLER=1, so each rank
-prints every thread's Python stack before it dies).
+with ``stop``, SIGSTOP to each; with ``abort``, SIGABRT then SIGCONT (the job runs with
+PYTHONFAULTHANDLER=1, so each rank prints every thread's Python stack before it dies).
 
-    python -I -S -u -c PROGRAM RUN_ID cpu|abort   ->   one JSON line: {"ticks": N, "cpu": S, "ranks": [...]}
+    python -I -S -u -c PROGRAM RUN_ID cpu|stop|abort   ->   one JSON line: {"ticks": N, "cpu": S, "ranks": [...]}
 
 A rank is a process whose environment holds ``TORCHHERD_RUN_ID=<run id>`` and a
 ``LOCAL_RANK`` (torchrun's workers; torchrun itself has none): nothing is found, or
@@ -47,10 +47,13 @@ def ranks(run_id: str) -> List[Tuple[int, int, int]]:
 def main() -> None:
     run_id, action = sys.argv[1], sys.argv[2]
     found = ranks(run_id)
-    if action == "abort":
-        for pid, _, _ in found:
+    # "stop" freezes every rank first (on every node), so that no rank sees a peer die, and
+    # fail out of its collective, before its own SIGABRT: each prints where the hang held it.
+    signals = {"stop": (signal.SIGSTOP,), "abort": (signal.SIGABRT, signal.SIGCONT)}.get(action, ())
+    for pid, _, _ in found:
+        for number in signals:
             try:
-                os.kill(pid, signal.SIGABRT)
+                os.kill(pid, number)
             except OSError:
                 pass
     ticks = sum(ticks for _, _, ticks in found)
