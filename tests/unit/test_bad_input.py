@@ -59,6 +59,12 @@ INVENTORIES = [
     pytest.param('[[hosts]]\nname = "a"\nlocal_addr = "not an ip;x"\n', "hosts[0].local_addr", id="local-addr"),
     pytest.param("a = " + "[" * 100_000 + "]" * 100_000 + "\n", "hosts.toml", id="toml-deep"),
     pytest.param(b'[[hosts]]\nname = "\xff"\n', "hosts.toml", id="not-utf8"),
+    pytest.param('[checks]\nmin_bandwidth = "fast"\n[[hosts]]\nname = "a"\n', "[checks].min_bandwidth",
+                 id="min-bandwidth-word"),
+    pytest.param('[checks]\nmin_bandwidth = inf\n[[hosts]]\nname = "a"\n', "[checks].min_bandwidth",
+                 id="min-bandwidth-inf"),
+    pytest.param('[checks]\nslow_ratio = nan\n[[hosts]]\nname = "a"\n', "[checks].slow_ratio",
+                 id="slow-ratio-nan"),
 ]
 
 
@@ -114,6 +120,8 @@ FLAGS = [
     pytest.param(["logs", "--rank", "x", "th-x"], "--rank", id="logs-rank-word"),
     pytest.param(["status", "../../etc/x"], "run id", id="status-path"),
     pytest.param(["run", "--bogus"], "--bogus", id="unknown-flag"),
+    pytest.param(["check", "--bandwidth", "--min-bandwidth", "fast"], "--min-bandwidth", id="min-bandwidth-word"),
+    pytest.param(["check", "--min-bandwidth", "-1Gbit"], "--min-bandwidth", id="min-bandwidth-negative"),
 ]
 
 
