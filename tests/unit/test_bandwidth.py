@@ -186,3 +186,27 @@ def test_node_script_measures_and_echoes_on_loopback() -> None:
             process.stdin.close()
             process.wait(timeout=10)
             assert process.returncode == 0
+
+
+def test_report_and_matrix_show_every_figure() -> None:
+    from io import StringIO
+
+    from torchherd.console import make_console
+    from torchherd.console.checks import render_report
+    from torchherd.console.matrix import render_bandwidth
+    from torchherd.results import CheckReport
+
+    transfers = ring(4, {"node2": 0.05 * G}, IDLE) + ring(4, {"node2": 0.05 * G}, IDLE, alone=True)
+    seen = observed(4, transfers)
+    report = CheckReport(tuple(bandwidth.analyse(seen)), bandwidth=bandwidth.figures(seen))
+    assert report.as_json()["bandwidth"]["nodes"]["node2"] == {"in_gbit": 0.05, "out_gbit": 0.05}
+    out = StringIO()
+    console = make_console(out, width=200)
+    render_report(console, report)
+    render_bandwidth(console, report.bandwidth or {}, names(4))
+    text = out.getvalue()
+    assert "bandwidth (bit/s in/out at best; median 10G): node0 10G/10G, node1 10G/10G, node2 50M/50M" in text
+    assert "WARN node2 bandwidth: node2 is slow: 4 of its links are under 50% of the cluster's median" in text
+    assert "bandwidth: rows sent to columns" in text
+    row = next(line for line in text.splitlines() if line.startswith("node1 ") and "50M" in line)
+    assert row.split() == ["node1", "10G", "-", "50M", "·"]
