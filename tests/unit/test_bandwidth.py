@@ -170,6 +170,14 @@ def test_node_script_measures_and_echoes_on_loopback() -> None:
         assert sender.stdout is not None and receiver.stdout is not None
         json.loads(sender.stdout.readline())
         ports = json.loads(receiver.stdout.readline())
+        # Nothing is served before the key: a datagram without it gets no answer.
+        stranger = ask(sender, {"id": 9, "mtu": ["127.0.0.1", ports["udp"]], "size": 1500, "small": 576,
+                                "timeout": 0.3, "attempts": 1, "bisect": None})
+        assert stranger == {"id": 9, "small": False, "full": False}
+        for process in (sender, receiver):
+            assert process.stdin is not None
+            process.stdin.write(b'{"key": "k3y"}\n')
+            process.stdin.flush()
         sent = ask(sender, {"id": 1, "send": ["127.0.0.1", ports["tcp"]], "seconds": 0.2})
         assert sent["id"] == 1 and sent["bytes"] > 1_000_000 and 0 < sent["seconds"] < 2, sent
         assert set(sent["sender"]) == {"cpu", "wait"}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import json
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -93,6 +94,9 @@ def measure(observed: Observed, sessions: Mapping[str, Session], mesh: Mesh = "a
 
 def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Session]) -> dict[str, Endpoint]:
     started: dict[str, Endpoint] = {}
+    # The scripts serve only what carries this key (no stranger can make them send
+    # datagrams or count bytes); it goes on stdin, never on a command line.
+    key = secrets.token_hex(8)
     for host in hosts:
         address = observed.networks[host.name].address
         facts = observed.facts.get(host.name)
@@ -103,7 +107,12 @@ def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Ses
         except TransportError as error:
             observed.bandwidth_errors[host.name] = f"the bandwidth script did not start: {error}"
             continue
-        started[host.name] = Endpoint(host.name, process, LineReader(process), address)
+        endpoint = Endpoint(host.name, process, LineReader(process), address)
+        if _ask(endpoint, {"key": key}):
+            started[host.name] = endpoint
+        else:
+            observed.bandwidth_errors[host.name] = "the bandwidth script did not start: its session closed"
+            _stop([endpoint])
     deadline = time.monotonic() + observed.inventory.cluster.ssh_timeout + START_EXTRA
     ready: dict[str, Endpoint] = {}
     for name, endpoint in started.items():

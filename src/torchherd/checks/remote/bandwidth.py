@@ -5,15 +5,18 @@ Standard library only, Python >= 3.8, Linux; needs no root. Run as
   family   4 or 6        the family of the addresses the job uses
   seconds  S             the longest this process lives (it ends at EOF on stdin too)
 It binds a TCP and a UDP port (any free one, every address), prints
-{"tcp": PORT, "udp": PORT} (or {"error": TEXT}) on one line, and then:
-  - receives: every TCP connection sends a header line {"seconds": D} and then data
+{"tcp": PORT, "udp": PORT} (or {"error": TEXT}) on one line, and then, once the first
+line on stdin, {"key": HEX}, gave the check's key (never on a command line; the same on
+every node of one check), serves only what carries that key:
+  - receives: every TCP connection sends a header line {"seconds": D, "key": K} and then data
     until it shuts its side; the receiver counts what arrives (for at most D + DRAIN
     seconds) and answers on the same connection with one line
     {"bytes": B, "seconds": S, "cpu": F, "wait": F}: B bytes arrived in S seconds after
     the first read (whose bytes are not counted); F: this thread's share of those seconds
     on a CPU, and waiting on a run queue for one (/proc/thread-self/schedstat);
-  - echoes: every UDP datagram "TOKEN SIZE ..." is answered with a datagram of SIZE
-    bytes (IP and UDP headers included) beginning "TOKEN", sent with don't-fragment;
+  - echoes: every UDP datagram "TOKEN SIZE KEY ..." is answered with a datagram of SIZE
+    bytes (IP and UDP headers included) beginning "TOKEN", sent with don't-fragment (with
+    the key only: nobody else can make it send large datagrams anywhere);
   - on stdin, one JSON request a line, each answered with one line carrying its "id":
     {"id": I, "send": [HOST, PORT], "seconds": D}: sends to that receiver for D seconds,
     answers {"id": I, "bytes": B, "seconds": S, "receiver": {"cpu": F, "wait": F},
@@ -46,6 +49,8 @@ PMTUDISC_DO = 2
 BISECT_STEP = 32
 """Bytes: the bisection for the largest size that passes stops this close."""
 OUT_LOCK = threading.Lock()
+KEY = {"value": b""}
+"""The check's key, from the first line on stdin: empty until then, and nothing is served."""
 
 
 def schedstat() -> Optional[Tuple[int, int]]:
@@ -86,8 +91,10 @@ def receive(conn: socket.socket) -> None:
     """Counts one sender's bytes and tells it what arrived, then drains what is left."""
     try:
         conn.settimeout(10.0)
-        header = read_line(conn).partition(b"\n")[0]
-        seconds = float(json.loads(header.decode("utf-8"))["seconds"])
+        header = json.loads(read_line(conn).partition(b"\n")[0].decode("utf-8"))
+        if not KEY["value"] or str(header.get("key", "")).encode() != KEY["value"]:
+            return
+        seconds = float(header["seconds"])
         buffer = bytearray(1024 * 1024)
         view = memoryview(buffer)
         counted, started, last = 0, None, None
@@ -144,9 +151,11 @@ def echo_loop(sock: socket.socket, family: int) -> None:
             data, peer = sock.recvfrom(65535)
         except OSError:
             return
-        words = data[:64].split(b" ")
+        words = data[:128].split(b" ")
         try:
-            size = max(len(words[0]) + 1, int(words[1]) - headers(family))
+            if not KEY["value"] or words[2] != KEY["value"]:
+                continue
+            size = max(len(words[0]) + 1, min(65507, int(words[1])) - headers(family))
         except (ValueError, IndexError):
             continue
         try:
@@ -162,7 +171,7 @@ def send(request: Dict[str, Any], family: int) -> Dict[str, Any]:
     sock.settimeout(5.0)
     try:
         sock.connect((host, int(port)))
-        sock.sendall(json.dumps({"seconds": seconds}).encode("utf-8") + b"\n")
+        sock.sendall(json.dumps({"seconds": seconds, "key": KEY["value"].decode()}).encode("utf-8") + b"\n")
         data = memoryview(b"\0" * CHUNK)
         stats = schedstat()
         started = time.monotonic()
@@ -185,7 +194,7 @@ def echo_once(sock: socket.socket, family: int, size: int, reply: int, timeout: 
     ``attempts`` tries of ``timeout`` seconds; False when none came; else the error's text."""
     for _ in range(attempts):
         token = os.urandom(6).hex().encode()
-        head = token + b" " + str(reply).encode() + b" "
+        head = token + b" " + str(reply).encode() + b" " + KEY["value"] + b" "
         payload = head + b"x" * max(0, size - headers(family) - len(head))
         try:
             sock.send(payload)
@@ -293,6 +302,9 @@ def main() -> None:
         for line in lines:
             if line.strip():
                 request = json.loads(line.decode("utf-8"))
+                if "key" in request:
+                    KEY["value"] = str(request["key"]).encode()
+                    continue
                 threading.Thread(target=serve, args=(request, family), daemon=True).start()
 
 
