@@ -150,10 +150,15 @@ def test_bandwidth_is_opt_in() -> None:
     assert selected_checks(frozenset({"mtu"}), frozenset(), smoke=False) == ("mtu",)
 
 
-def node_script() -> subprocess.Popen[bytes]:
+def node_script(key: bytes = b"k3y") -> subprocess.Popen[bytes]:
+    """The node script, its key given on stdin first as the controller gives it."""
     config = json.dumps({"family": 4, "seconds": 60})
-    return subprocess.Popen([sys.executable, "-S", "-c", remote_source("bandwidth.py"), config],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-S", "-c", remote_source("bandwidth.py"), config],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert process.stdin is not None
+    process.stdin.write(b'{"key": "' + key + b'"}\n')
+    process.stdin.flush()
+    return process
 
 
 def ask(process: subprocess.Popen[bytes], request: dict[str, Any]) -> dict[str, Any]:
@@ -170,14 +175,16 @@ def test_node_script_measures_and_echoes_on_loopback() -> None:
         assert sender.stdout is not None and receiver.stdout is not None
         json.loads(sender.stdout.readline())
         ports = json.loads(receiver.stdout.readline())
-        # Nothing is served before the key: a datagram without it gets no answer.
-        stranger = ask(sender, {"id": 9, "mtu": ["127.0.0.1", ports["udp"]], "size": 1500, "small": 576,
-                                "timeout": 0.3, "attempts": 1, "bisect": None})
-        assert stranger == {"id": 9, "small": False, "full": False}
-        for process in (sender, receiver):
-            assert process.stdin is not None
-            process.stdin.write(b'{"key": "k3y"}\n')
-            process.stdin.flush()
+        # A datagram without the receiver's key gets no answer.
+        stranger = node_script(b"other")
+        assert stranger.stdout is not None
+        json.loads(stranger.stdout.readline())
+        refused = ask(stranger, {"id": 9, "mtu": ["127.0.0.1", ports["udp"]], "size": 1500, "small": 576,
+                                 "timeout": 0.3, "attempts": 1, "bisect": None})
+        assert refused == {"id": 9, "small": False, "full": False}
+        assert stranger.stdin is not None
+        stranger.stdin.close()
+        stranger.wait(timeout=10)
         sent = ask(sender, {"id": 1, "send": ["127.0.0.1", ports["tcp"]], "seconds": 0.2})
         assert sent["id"] == 1 and sent["bytes"] > 1_000_000 and 0 < sent["seconds"] < 2, sent
         assert set(sent["sender"]) == {"cpu", "wait"}

@@ -4,10 +4,11 @@ Standard library only, Python >= 3.8, Linux; needs no root. Run as
 ``PYTHON -S -c SOURCE CONFIG`` where CONFIG is a JSON object:
   family   4 or 6        the family of the addresses the job uses
   seconds  S             the longest this process lives (it ends at EOF on stdin too)
-It binds a TCP and a UDP port (any free one, every address), prints
-{"tcp": PORT, "udp": PORT} (or {"error": TEXT}) on one line, and then, once the first
-line on stdin, {"key": HEX}, gave the check's key (never on a command line; the same on
-every node of one check), serves only what carries that key:
+It reads the check's key from the first line on stdin, {"key": HEX} (never on a command
+line; the same on every node of one check), binds a TCP and a UDP port (any free one,
+every address), prints {"tcp": PORT, "udp": PORT} (or {"error": TEXT}) on one line (so
+every node that answered has its key before any peer's request), and then serves only
+what carries that key:
   - receives: every TCP connection sends a header line {"seconds": D, "key": K} and then data
     until it shuts its side; the receiver counts what arrives (for at most D + DRAIN
     seconds) and answers on the same connection with one line
@@ -50,7 +51,7 @@ BISECT_STEP = 32
 """Bytes: the bisection for the largest size that passes stops this close."""
 OUT_LOCK = threading.Lock()
 KEY = {"value": b""}
-"""The check's key, from the first line on stdin: empty until then, and nothing is served."""
+"""The check's key, from the first line on stdin (nothing is served without one)."""
 
 
 def schedstat() -> Optional[Tuple[int, int]]:
@@ -279,9 +280,30 @@ def bind(family: int) -> Tuple[List[socket.socket], Dict[str, Any]]:
     return [server, echo], {"tcp": server.getsockname()[1], "udp": echo.getsockname()[1]}
 
 
+def first_line(deadline: float) -> Tuple[bytes, bytes]:
+    """The first line on stdin (empty at EOF or after the deadline), and what came after it."""
+    data = b""
+    while b"\n" not in data and time.monotonic() < deadline:
+        if not select.select([sys.stdin], [], [], 0.5)[0]:
+            continue
+        chunk = os.read(sys.stdin.fileno(), 65536)
+        if not chunk:
+            break
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    return line, rest
+
+
 def main() -> None:
     config = json.loads(sys.argv[1])
     family = socket.AF_INET6 if config.get("family") == 6 else socket.AF_INET
+    deadline = time.monotonic() + float(config.get("seconds") or 300)
+    line, pending = first_line(deadline)
+    try:
+        KEY["value"] = str(json.loads(line.decode("utf-8"))["key"]).encode()
+    except (ValueError, KeyError, TypeError):
+        answer({"error": "no key on the first line of stdin"})
+        return
     try:
         (server, echo), bound = bind(family)
     except OSError as error:
@@ -290,22 +312,23 @@ def main() -> None:
     threading.Thread(target=accept_loop, args=(server,), daemon=True).start()
     threading.Thread(target=echo_loop, args=(echo, family), daemon=True).start()
     answer(bound)
-    deadline = time.monotonic() + float(config.get("seconds") or 300)
-    pending = b""
+    pending = start_requests(pending, family)
     while time.monotonic() < deadline:
         if not select.select([sys.stdin], [], [], 0.5)[0]:
             continue
         data = os.read(sys.stdin.fileno(), 65536)
         if not data:
             return
-        *lines, pending = (pending + data).split(b"\n")
-        for line in lines:
-            if line.strip():
-                request = json.loads(line.decode("utf-8"))
-                if "key" in request:
-                    KEY["value"] = str(request["key"]).encode()
-                    continue
-                threading.Thread(target=serve, args=(request, family), daemon=True).start()
+        pending = start_requests(pending + data, family)
+
+
+def start_requests(data: bytes, family: int) -> bytes:
+    """Each complete line a request served in a thread of its own; what follows the last is kept."""
+    *lines, rest = data.split(b"\n")
+    for line in lines:
+        if line.strip():
+            threading.Thread(target=serve, args=(json.loads(line.decode("utf-8")), family), daemon=True).start()
+    return rest
 
 
 main()
