@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from test_bad_input import assert_one_line, run_cli
 
 from torchherd.checks import CheckOptions
-from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.engine.events import (
@@ -96,21 +96,6 @@ BAD = [
     pytest.param('[[hosts]]\nname = "x"\nspare = "yes"\n', "hosts[4].spare", id="spare-not-bool"),
     pytest.param('[recovery]\nspares = "node[0-3]"\n', "every host is a spare", id="all-spares"),
 ]
-
-
-def run_cli(tmp_path: Path, text: str, args: list[str]) -> tuple[int, str]:
-    path = tmp_path / "hosts.toml"
-    path.write_text(text, encoding="utf-8")
-    out = StringIO()
-    code = main(["-i", str(path), *args], console=make_console(out, width=400))
-    return code, out.getvalue()
-
-
-def assert_one_line(code: int, output: str, named: str) -> None:
-    assert code == 2, output
-    assert "Traceback" not in output
-    errors = [line for line in output.splitlines() if not line.startswith("  hint:")]
-    assert len(errors) == 1 and errors[0].startswith("error: ") and named in errors[0], output
 
 
 @pytest.mark.parametrize(("extra", "named"), BAD)
