@@ -28,3 +28,10 @@ def test_every_cluster_test_module_is_marked_cluster() -> None:
 
 def test_no_unit_test_module_is_marked_cluster() -> None:
     assert [path.name for path in sorted((TESTS / "unit").glob("test_*.py")) if "cluster" in _marks(path)] == []
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """pytest imports test modules by their base name (rootdir-relative "prepend" mode):
+    a unit and a cluster module of one name stop the whole run at collection."""
+    names = [path.name for path in sorted(TESTS.glob("*/test_*.py"))]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
