@@ -72,6 +72,10 @@ class ConsoleObserver:
         elif isinstance(event, RunFinished):
             self.close()
             render_summary(self.console, event.summary)
+            straggler = self.renderer.straggler_summary() if isinstance(self.renderer, TerminalView) else None
+            if straggler is not None:
+                self.console.print(Text(straggler, style="bold magenta" if "x slower" in straggler else "dim"),
+                                   soft_wrap=True)
             render_attempts(self.console, event.summary.attempts)
         elif isinstance(event, NodeStatus):
             status_note(self._renderer(), event.status)

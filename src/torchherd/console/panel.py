@@ -14,7 +14,7 @@ tests render exact text.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from rich import box
@@ -23,6 +23,7 @@ from rich.text import Text
 
 from torchherd.console import node_colour, printable
 from torchherd.console.collapse import fold_names
+from torchherd.console.straggler import Progress, rate_text
 from torchherd.runlog import ERR_HEAD, STDERR, GpuUsage, OutputLine, RankLines
 
 RATE_WINDOW = 3.0
@@ -33,7 +34,7 @@ BAR_FRESH = 10.0
 """A progress bar not redrawn for this long gives its place back to the last line."""
 STATE_STYLES = {"connecting": "dim", "rendezvous": "yellow", "running": "green", "quiet": "bold yellow",
                 "stopping": "yellow", "finished": "green", "exited": "bold red", "lost": "bold red",
-                "not started": "bold red"}
+                "not started": "bold red", "slow": "bold magenta"}
 
 
 @dataclass
@@ -164,14 +165,26 @@ def _row(views: list[NodeView], now: float, latest: float | None) -> Row:
     state = first.state_text()
     quiet = [now - view.last_output for view in views if view.last_output is not None]
     silent = max(quiet) if quiet else None
-    if (state == "running" and silent is not None and silent >= QUIET_AFTER and latest is not None
-            and now - latest < QUIET_AFTER):
+    if (state.startswith(("running", "slow ")) and silent is not None and silent >= QUIET_AFTER
+            and latest is not None and now - latest < QUIET_AFTER):
         state = "quiet"
     newest = max(views, key=lambda view: max(view.last_output or 0.0, view.bar_at))
     label = first.name if len(views) == 1 else f"{fold_names([view.name for view in views])} ({len(views)})"
     return Row(label, node_colour(first.index), state, sum(len(view.ranks) for view in views),
                sum(view.rate(now) for view in views), silent, _gpu_text([gpu for view in views for gpu in view.gpus]),
                newest.shown_line(now))
+
+
+def _marked(model: PanelModel, progress: Progress | None) -> PanelModel:
+    """The model as the panel shows it, a running node marked slow in its state
+    (``slow 1.8x``): a copy, the model itself stays as the events left it."""
+    if progress is None or not progress.marked:
+        return model
+    shown = PanelModel([])
+    for name, view in model.nodes.items():
+        ratio = progress.marked.get(name)
+        shown.nodes[name] = view if ratio is None or view.state != "running" else replace(view, state=f"slow {ratio:.1f}x")
+    return shown
 
 
 def _gpu_text(gpus: list[GpuUsage]) -> str:
@@ -197,20 +210,31 @@ def _quiet_text(seconds: float | None) -> str:
     return f"{seconds // 60:.0f}m{seconds % 60:02.0f}s"
 
 
-def render_panel(model: PanelModel, now: float, limit: int = 16) -> Table:
-    """The panel as a table (``limit``: the most rows before nodes are grouped)."""
-    shown = rows(model, now, limit)
+_NUMBERS = ("ranks", "lines/s", "it/s", "quiet")
+
+
+def render_panel(model: PanelModel, now: float, limit: int = 16, progress: Progress | None = None) -> Table:
+    """The panel as a table (``limit``: the most rows before nodes are grouped). With
+    ``progress`` (``StragglerTracker``): a marked node's state says how slow it is, and
+    tqdm's rates get a column of their own."""
+    shown = rows(_marked(model, progress), now, limit)
     cells = [[Text(row.label, style=row.colour), Text(row.state, style=STATE_STYLES.get(row.state.split()[0], "")),
               Text(str(row.ranks)), Text(_rate_text(row.rate)), Text(_quiet_text(row.quiet)), Text(row.gpu)]
              for row in shown]
     headers = ["node", "state", "ranks", "lines/s", "quiet", "gpu"]
     if not any(row.gpu for row in shown):
         headers.pop()
+    if progress is not None and progress.signal == "tqdm rate":
+        # A group's rate would be a sum of unlike bars: only a node's own row shows one.
+        rates = progress.rates
+        for shown_row, cell in zip(shown, cells):
+            cell.insert(4, Text(rate_text(rates[shown_row.label]) if shown_row.label in rates else "-"))
+        headers.insert(4, "it/s")
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1), pad_edge=False)
     for index, header in enumerate(headers):
         # Every column but the last line keeps its width: only that one gives way.
         width = max([len(header)] + [len(row[index]) for row in cells])
-        table.add_column(Text(header), no_wrap=True, min_width=width, justify="right" if 2 <= index <= 4 else "left")
+        table.add_column(Text(header), no_wrap=True, min_width=width, justify="right" if header in _NUMBERS else "left")
     table.add_column(Text("last line"), overflow="ellipsis")
     for row, line in zip(cells, shown):
         table.add_row(*row[:len(headers)], Text(printable(line.line), overflow="ellipsis", no_wrap=True))

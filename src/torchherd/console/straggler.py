@@ -1,0 +1,140 @@
+"""The straggler: the node whose progress is clearly slower than the others'.
+
+Each node's progress rate is tqdm's own rate where its ranks draw bars (the supervisor
+sends them as ``progress`` records), else the lines it prints per second. A node is
+marked slow when its rate over the last ``WINDOW`` seconds is ``FACTOR`` times below
+the median of the nodes. Noise never marks one: a node is judged only once it has
+``MIN_SAMPLES`` samples in the window and has been sampled for the whole window, and
+only among enough judged nodes (``MIN_NODES``: two bars say more than two line
+counts, which move with what a job chooses to print).
+
+``StragglerTracker`` is fed samples with their time and knows nothing of the screen.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+WINDOW = 30.0
+"""Seconds over which a node's rate is averaged, and a node must be sampled to be judged."""
+FACTOR = 1.5
+"""How many times below the median a node's rate must be to be marked."""
+MIN_SAMPLES = 5
+"""Samples a node needs in the window to be judged."""
+Signal = Literal["tqdm rate", "lines per second"]
+MIN_NODES: dict[Signal, int] = {"tqdm rate": 2, "lines per second": 3}
+"""Judged nodes needed before any is marked, per signal."""
+_PER_SECOND = re.compile(r"(\d+(?:\.\d+)?)([kMGT]?)[^\s/\]\d]*/s\]")
+"""tqdm's ``9.80it/s]`` (``unit_scale`` gives ``1.2kit/s]``)."""
+_SECONDS_PER = re.compile(r"(\d+(?:\.\d+)?)s/[^\s\]]+\]")
+"""tqdm's ``1.23s/it]`` when an iteration takes more than a second."""
+_SCALE = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def tqdm_rate(text: str) -> float | None:
+    """Iterations per second that a tqdm bar shows, else None (a bar before its first rate)."""
+    match = _PER_SECOND.search(text)
+    if match is not None:
+        return float(match.group(1)) * _SCALE[match.group(2)]
+    match = _SECONDS_PER.search(text)
+    if match is not None and float(match.group(1)) > 0:
+        return 1.0 / float(match.group(1))
+    return None
+
+
+def rate_text(rate: float) -> str:
+    """A rate as the panel shows it: ``9.8``, ``120``, ``1.2k``."""
+    if rate >= 1000:
+        return f"{rate / 1000:.1f}k"
+    return f"{rate:.0f}" if rate >= 100 else f"{rate:.1f}" if rate >= 1 else f"{rate:.2f}"
+
+
+@dataclass(frozen=True)
+class Slowest:
+    """The slowest node marked during the run, at its worst."""
+
+    node: str
+    ratio: float
+    signal: Signal
+
+    def text(self) -> str:
+        return f"slowest node: {self.node}, {self.ratio:.1f}x slower than the median ({self.signal})"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the tracker says of every judged node at one moment."""
+
+    signal: Signal | None
+    rates: dict[str, float]
+    marked: dict[str, float]
+    """Node -> how many times below the median its rate is, for the marked ones."""
+
+
+class StragglerTracker:
+    """Every node's progress samples, judged against the median (times are arguments)."""
+
+    def __init__(self, window: float = WINDOW, factor: float = FACTOR, min_samples: int = MIN_SAMPLES) -> None:
+        self.window, self.factor, self.min_samples = window, factor, min_samples
+        self._samples: dict[Signal, dict[str, deque[tuple[float, float]]]] = {"tqdm rate": {}, "lines per second": {}}
+        self._first: dict[tuple[Signal, str], float] = {}
+        self._started: float | None = None
+        self.slowest: Slowest | None = None
+
+    def bar(self, node: str, text: str, now: float) -> None:
+        """A rank's tqdm bar as it stands (a bar without a rate yet is no sample)."""
+        rate = tqdm_rate(text)
+        if rate is not None:
+            self._add("tqdm rate", node, rate, now)
+
+    def lines(self, node: str, count: int, now: float) -> None:
+        if count > 0:
+            self._add("lines per second", node, float(count), now)
+
+    def _add(self, signal: Signal, node: str, value: float, now: float) -> None:
+        self._samples[signal].setdefault(node, deque()).append((now, value))
+        self._first.setdefault((signal, node), now)
+
+    def _judged(self, signal: Signal, now: float) -> dict[str, float]:
+        """Each judged node's rate over the window: tqdm's rates averaged, lines counted."""
+        rates = {}
+        for node, samples in self._samples[signal].items():
+            while samples and now - samples[0][0] > self.window:
+                samples.popleft()
+            if len(samples) < self.min_samples or now - self._first[(signal, node)] < self.window:
+                continue
+            values = [value for _at, value in samples]
+            rates[node] = sum(values) / (len(values) if signal == "tqdm rate" else self.window)
+        return rates
+
+    def progress(self, now: float) -> Progress:
+        """The rates and marks now; the run's slowest node is kept from one call to the next."""
+        self._started = now if self._started is None else self._started
+        for signal in ("tqdm rate", "lines per second"):
+            rates = self._judged(signal, now)
+            if len(rates) >= MIN_NODES[signal]:
+                return Progress(signal, rates, self._marks(signal, rates))
+        tqdm = self._judged("tqdm rate", now)
+        return Progress("tqdm rate", tqdm, {}) if tqdm else Progress(None, {}, {})
+
+    def _marks(self, signal: Signal, rates: dict[str, float]) -> dict[str, float]:
+        median = statistics.median(rates.values())
+        marked = {node: median / rate for node, rate in rates.items() if rate > 0 and median >= self.factor * rate}
+        for node, ratio in marked.items():
+            if self.slowest is None or ratio > self.slowest.ratio:
+                self.slowest = Slowest(node, ratio, signal)
+        return marked
+
+    def summary(self, now: float) -> str | None:
+        """The summary's line: the slowest node; that there was no progress signal when
+        the run went a whole window without one; else None (nothing to say)."""
+        if self.slowest is not None:
+            return self.slowest.text()
+        started = self._started if self._started is not None else now
+        if not self._first and now - started >= self.window:
+            return "slowest node: no progress signal (no tqdm bar or printed line to compare)"
+        return None

@@ -1,0 +1,148 @@
+"""The straggler: each node's progress rate, the slow node marked, the run's slowest named."""
+
+from __future__ import annotations
+
+from io import StringIO
+from random import Random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchherd.console import make_console
+from torchherd.console.panel import PanelModel, render_panel
+from torchherd.console.straggler import StragglerTracker, tqdm_rate
+from torchherd.console.view import TerminalView, ViewOptions
+from torchherd.engine.events import NodeStatus, RanksRunning
+from torchherd.runlog import OutputLine, Status
+
+
+def bar(rate: float) -> str:
+    return f" 45%|####5     | 45/100 [00:04<00:05, {rate:5.2f}it/s]"
+
+
+def feed(tracker: StragglerTracker, rates: dict[str, float], until: float, step: float = 1.0) -> None:
+    now = 0.0
+    while now <= until:
+        for node, rate in rates.items():
+            tracker.bar(node, bar(rate), now)
+        tracker.progress(now)
+        now += step
+
+
+@pytest.mark.parametrize(("text", "rate"), [(bar(9.8), 9.8), (" 12%|#  | 120/1000 [01:40<12:10, 1.2kit/s]", 1200.0),
+                                            (" 3/50 [00:07<01:50, 2.50s/it]", 0.4), (" 5%|5 | 5/100 [00:01, 3.1batch/s]", 3.1),
+                                            (" 10%|#", None), ("  0%|          | 0/100 [00:00<?, ?it/s]", None)])
+def test_tqdm_rate_reads_what_the_bar_shows(text: str, rate: float | None) -> None:
+    assert tqdm_rate(text) == rate
+
+
+def test_a_node_slower_for_the_whole_window_is_marked_and_named_in_the_summary() -> None:
+    tracker = StragglerTracker()
+    rates = {"node0": 10.0, "node1": 10.0, "node2": 5.5}
+    feed(tracker, rates, 29.0)
+    assert tracker.progress(29.0).marked == {} and tracker.summary(29.0) is None  # not yet a whole window
+    feed(tracker, rates, 40.0)
+    progress = tracker.progress(40.0)
+    assert progress.signal == "tqdm rate" and list(progress.marked) == ["node2"]
+    assert tracker.summary(40.0) == "slowest node: node2, 1.8x slower than the median (tqdm rate)"
+
+
+def test_two_nodes_are_enough_with_bars_but_not_with_lines() -> None:
+    bars = StragglerTracker()
+    feed(bars, {"node0": 10.0, "node1": 4.0}, 40.0)
+    assert list(bars.progress(40.0).marked) == ["node1"]
+    lines = StragglerTracker()
+    for second in range(41):
+        lines.lines("node0", 100, float(second))
+        lines.lines("node1", 10, float(second))
+    assert lines.progress(40.0).marked == {} and lines.summary(40.0) is None
+
+
+def test_lines_per_second_mark_a_node_among_three() -> None:
+    tracker = StragglerTracker()
+    for second in range(41):
+        for node, count in (("node0", 20), ("node1", 22), ("node2", 5)):
+            tracker.lines(node, count, float(second))
+    progress = tracker.progress(40.0)
+    assert progress.signal == "lines per second" and list(progress.marked) == ["node2"]
+    assert tracker.summary(40.0) == "slowest node: node2, 4.0x slower than the median (lines per second)"
+
+
+def test_few_samples_never_mark_a_node() -> None:
+    tracker = StragglerTracker()
+    feed(tracker, {"node0": 10.0, "node1": 10.0}, 40.0)
+    for second in (0.0, 20.0, 40.0):
+        tracker.bar("node2", bar(1.0), second)
+    assert tracker.progress(40.0).marked == {}
+
+
+def test_a_run_without_progress_says_so_once_it_lasted_a_window() -> None:
+    tracker = StragglerTracker()
+    tracker.progress(0.0)
+    assert tracker.summary(10.0) is None
+    assert tracker.summary(30.0) == "slowest node: no progress signal (no tqdm bar or printed line to compare)"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 8), st.floats(0.5, 500.0), st.floats(0.2, 3.0), st.integers(0, 2**32))
+def test_a_constant_rate_cluster_is_never_marked(nodes: int, rate: float, step: float, seed: int) -> None:
+    random = Random(seed)
+    tracker = StragglerTracker()
+    now = 0.0
+    while now < 120.0:
+        for index in range(nodes):
+            # tqdm's own rate wobbles around the true one; each node reports at its own moments
+            tracker.bar(f"node{index}", bar(rate * random.uniform(0.85, 1.15)), now + random.uniform(0, step))
+            tracker.lines(f"node{index}", 7, now + random.uniform(0, step))
+        assert tracker.progress(now).marked == {}
+        now += step
+    assert tracker.summary(now) is None
+
+
+def test_the_panel_marks_the_slow_node_and_shows_tqdm_rates() -> None:
+    tracker = StragglerTracker()
+    feed(tracker, {"node0": 10.0, "node1": 10.0, "node2": 5.0}, 40.0)
+    model = PanelModel(["node0", "node1", "node2"])
+    for node in ("node0", "node1", "node2"):
+        model.state(node, "running")
+        model.lines([OutputLine(node, 0, "out", "step")], 39.0)
+    out = StringIO()
+    make_console(out, width=80).print(render_panel(model, 40.0, progress=tracker.progress(40.0)))
+    assert out.getvalue() == (
+        "node    state       ranks   lines/s   it/s   quiet   last line\n"
+        "──────────────────────────────────────────────────────────────\n"
+        "node0   running         1         1   10.0      1s   step     \n"
+        "node1   running         1         1   10.0      1s   step     \n"
+        "node2   slow 2.0x       1         1    5.0      1s   step     \n")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_terminal_view_feeds_the_tracker_from_the_progress_records() -> None:
+    out = StringIO()
+    clock = Clock()
+    view = TerminalView(make_console(out, width=100), ["node0", "node1", "node2"], 2,
+                        ViewOptions(panel=True), clock=clock)
+    for node in ("node0", "node1", "node2"):
+        view.observe(RanksRunning(node))
+    for second in range(41):
+        clock.now = float(second)
+        for index, rate in enumerate((12.0, 11.0, 6.0)):
+            node = f"node{index}"
+            view.observe(NodeStatus(Status(node, "progress", {"event": "progress", "rank": index, "text": bar(rate)})))
+        view.render([OutputLine("node0", 0, "out", "tick")])
+    assert view.straggler_summary() == "slowest node: node2, 1.8x slower than the median (tqdm rate)"
+    assert "slow 1.8x" in out.getvalue()
+    view.close()
+
+
+def test_a_plain_view_tracks_nothing() -> None:
+    view = TerminalView(make_console(StringIO()), ["node0"], 0, ViewOptions(collapse=True))
+    assert view.tracker is None and view.straggler_summary() is None
