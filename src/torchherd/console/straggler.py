@@ -28,9 +28,9 @@ MIN_SAMPLES = 5
 Signal = Literal["tqdm rate", "lines per second"]
 MIN_NODES: dict[Signal, int] = {"tqdm rate": 2, "lines per second": 3}
 """Judged nodes needed before any is marked, per signal."""
-_PER_SECOND = re.compile(r"(\d+(?:\.\d+)?)([kMGT]?)[^\s/\]\d]*/s\]")
-"""tqdm's ``9.80it/s]`` (``unit_scale`` gives ``1.2kit/s]``)."""
-_SECONDS_PER = re.compile(r"(\d+(?:\.\d+)?)s/[^\s\]]+\]")
+_PER_SECOND = re.compile(r"(\d+(?:\.\d+)?)([kMGT]?)[^\s/\],\d]*/s[,\]]")
+"""tqdm's ``9.80it/s]``, ``9.80it/s, loss=0.2]`` with a postfix (``unit_scale``: ``1.2kit/s]``)."""
+_SECONDS_PER = re.compile(r"(\d+(?:\.\d+)?)s/[^\s\],]+[,\]]")
 """tqdm's ``1.23s/it]`` when an iteration takes more than a second."""
 _SCALE = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
