@@ -3,7 +3,9 @@ the loop of attempts driven by a fake backend (the real one: tests/cluster/test_
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
@@ -27,7 +29,7 @@ from torchherd.engine.events import (
     SpareTaken,
     ignore,
 )
-from torchherd.engine.hang import described, stacks_of
+from torchherd.engine.hang import HangWatch, described, stacks_of
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, RunEvents
 from torchherd.engine.recovery import RecoveringRun, attempt_plan
@@ -46,6 +48,7 @@ from torchherd.inventory import Recovery, parse, with_spares
 from torchherd.plan import Plan, RunOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
+from torchherd.transport.base import CommandResult
 
 HOSTS = "".join(f'[[hosts]]\nname = "node{index}"\naddress = "192.0.2.{index + 1}"\n' for index in range(4))
 
@@ -455,3 +458,39 @@ def test_the_hang_probe_finds_ranks_by_their_environment_only(tmp_path: Path) ->
         for process in (rank, other):
             process.kill()
             process.wait()
+
+
+class _ProbeSession:
+    """A node's session that answers the hang probe with ``ranks`` (and no CPU used)."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        self.ranks = ranks
+        self.actions: list[str] = []
+
+    def run(self, command: str, stdin: bytes = b"", timeout: float = 30.0) -> CommandResult:
+        self.actions.append(command.rsplit(" ", 1)[-1])
+        answer = json.dumps({"ticks": 0, "cpu": 0.0, "ranks": self.ranks}).encode()
+        return CommandResult(0, answer + b"\n", b"", 0.0)
+
+
+def _watch(ranks: list[int], seconds: float) -> tuple[HangWatch, list[float], dict[str, _ProbeSession]]:
+    plan = plan_of()
+    sessions = {node.host.name: _ProbeSession(ranks) for node in plan.nodes}
+    found: list[float] = []
+    watch = HangWatch(plan, sessions, 1.0, found.append, lambda: None).start()  # type: ignore[arg-type]
+    time.sleep(seconds)
+    watch.close()
+    return watch, found, sessions
+
+
+def test_a_job_whose_ranks_have_not_started_is_not_hung() -> None:
+    # torchrun imports torch and meets the rendezvous before any rank exists: silent, no CPU
+    watch, found, sessions = _watch([], 3.5)
+    assert watch.hung is None and found == []
+    assert all(set(session.actions) == {"cpu"} for session in sessions.values())
+
+
+def test_ranks_silent_without_cpu_past_the_timeout_are_hung() -> None:
+    watch, found, sessions = _watch([0], 3.5)
+    assert watch.hung is not None and len(found) == 1
+    assert all(session.actions[-2:] == ["stop", "abort"] for session in sessions.values())

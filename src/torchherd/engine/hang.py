@@ -126,6 +126,8 @@ class HangWatch:
         self.last_output = time.monotonic()
         self.hung: float | None = None
         """When the hang was found (monotonic), or None."""
+        self.stopped = False
+        """The watch stopped the run itself (its ranks outlived their SIGABRT)."""
         self._sample: tuple[float, tuple[float, int]] | None = None
         """The last CPU sample: when, and the ranks' CPU seconds and count."""
         self._last_cpu = self.last_output
@@ -155,6 +157,7 @@ class HangWatch:
                 self._probe("stop")
                 self._probe("abort")
                 if not self._done.wait(ABORT_WAIT):
+                    self.stopped = True
                     self.stop()
                 return
 
@@ -166,9 +169,9 @@ class HangWatch:
         if last is None or sample is None:
             self._last_cpu = now  # nothing to compare with yet: busy, as far as anyone knows
             return
-        (then, (cpu_then, _)), (cpu_now, ranks) = last, sample
-        if (cpu_now - cpu_then) / max(now - then, 1e-3) > IDLE_SHARE * max(ranks, 1):
-            self._last_cpu = now
+        (then, (cpu_then, ranks_then)), (cpu_now, ranks) = last, sample
+        if ranks != ranks_then or (cpu_now - cpu_then) / max(now - then, 1e-3) > IDLE_SHARE * ranks:
+            self._last_cpu = now  # a rank started or ended, or the ranks computed
 
     def _probe(self, action: str) -> tuple[float, int] | None:
         """The ranks' CPU seconds and their count, over every node (None when a node did not
@@ -185,7 +188,9 @@ class HangWatch:
                 return None
 
         answers = fan_out([node for node in self.plan.nodes if node.host.name in self.sessions], ask)
-        if any(answer is None for answer in answers):
+        # A node without ranks is still starting them (torch's import and the rendezvous
+        # print nothing and take seconds on a busy node): a job that has not started is not hung.
+        if any(answer is None or answer[1] == 0 for answer in answers):
             return None
         return (sum(answer[0] for answer in answers if answer is not None),
                 sum(answer[1] for answer in answers if answer is not None))

@@ -223,6 +223,8 @@ class RecoveringRun:
             seconds = time.monotonic() - started
             attempt = self._hung(attempt_of(number, nodes, summary))
             summary = replace(summary, headline=self._headline(summary))
+            if attempt.ended == "hung" and summary.exit_code == EXIT_INTERRUPTED:  # the watch stopped it
+                summary = replace(summary, exit_code=EXIT_FAILED)
             if not self.recovery.retries:  # only the hang watch: one attempt, told as a run without retries
                 return summary
             if attempt.ended in ("ok", "interrupted") or self.stopping:
@@ -273,7 +275,7 @@ class RecoveringRun:
         """The attempt as the hang watch saw it: hung, its culprit the node of the rank whose
         stack differs (when one does); the watch is done with."""
         watch, self._watch = self._watch, None
-        if watch is None or watch.hung is None or attempt.ended == "interrupted":
+        if watch is None or watch.hung is None or (attempt.ended == "interrupted" and not watch.stopped):
             self._stacks = []
             return attempt
         stacks = stacks_of(self._stacks)
