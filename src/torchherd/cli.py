@@ -347,22 +347,24 @@ def _nproc(text: str | None) -> int | str | None:
 MAX_GRACE = 86400.0
 
 
+def _number(text: str) -> float:
+    """The number ``text`` says, or nan, which no range holds."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
 def _grace(text: str) -> float:
     """Seconds from SIGTERM to SIGKILL: finite, 0 or more ("nan" and "-1" parse as floats)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _number(text)
     if not 0 <= value <= MAX_GRACE:
         raise argparse.ArgumentTypeError(f"expected seconds from 0 to {MAX_GRACE:g}, got {text!r}")
     return value
 
 
 def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _number(text)
     if not 0 < value <= MAX_GRACE:
         raise argparse.ArgumentTypeError(f"expected seconds above 0, at most {MAX_GRACE:g}, got {text!r}")
     return value
@@ -384,10 +386,7 @@ def _exit_codes(text: str) -> tuple[int, ...]:
 def _hang_timeout(text: str) -> float:
     from torchherd.inventory import MAX_SECONDS
 
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _number(text)
     if not 1 <= value <= MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"expected seconds from 1 to {MAX_SECONDS:g}, got {text!r}")
     return value
