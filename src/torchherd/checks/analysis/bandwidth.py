@@ -149,8 +149,7 @@ def _slow_node(observed: Observed, name: str, slow: Mapping[Link, Level], rates:
     rate = rates.get(name, {})
     ways = [way for way, links in (("from", [link for link in mine if link[1] == name]),
                                    ("to", [link for link in mine if link[0] == name])) if links]
-    against = (f"below the floor of {gbit(observed.min_bandwidth)}" if status == "fail"
-               else f"under {observed.slow_ratio:.0%} of the cluster's median {gbit(median)}")
+    against = _against(observed, status, median)
     summary = (f"{name} is slow: {len(mine)} of its links are {against} (best in {gbit(rate.get('in'))}, "
                f"out {gbit(rate.get('out'))}; {' and '.join(ways)} {', '.join(_peers(name, mine))}; "
                f"measured again alone)")
@@ -160,6 +159,13 @@ def _slow_node(observed: Observed, name: str, slow: Mapping[Link, Level], rates:
     return CheckResult(name, CHECK, status, summary, fix)
 
 
+def _against(observed: Observed, level: CheckStatus, median: float | None) -> str:
+    """What a slow link fell short of: the floor (a fail) or the share of the median (a warn)."""
+    if level == "fail":
+        return f"below the floor of {gbit(observed.min_bandwidth)}"
+    return f"under {observed.slow_ratio:.0%} of the cluster's median {gbit(median)}"
+
+
 def _slow_pair(observed: Observed, link: Link, level: Level, transfer: Transfer,
                rates: Mapping[str, Mapping[str, float | None]], median: float | None) -> CheckResult:
     sender, receiver = link
@@ -167,8 +173,7 @@ def _slow_pair(observed: Observed, link: Link, level: Level, transfer: Transfer,
         summary = f"{sender} could not send to {receiver}: {transfer.error} (measured again alone)"
         return CheckResult(sender, CHECK, "fail", summary,
                            f"let {sender} open TCP connections to {receiver} (see the port and firewall checks)")
-    against = (f"below the floor of {gbit(observed.min_bandwidth)}" if level == "fail"
-               else f"under {observed.slow_ratio:.0%} of the cluster's median {gbit(median)}")
+    against = _against(observed, level, median)
     summary = (f"{sender} -> {receiver}: {gbit(transfer.bits_per_second)}, {against}, measured again alone "
                f"({sender} sends at {gbit(rates.get(sender, {}).get('out'))} at best, {receiver} receives at "
                f"{gbit(rates.get(receiver, {}).get('in'))})")
