@@ -42,7 +42,7 @@ _ERR_RECORDS = re.compile(rb"\n" + _ERR + rb"[^\n]*")
 # chunk of rank lines so that the rest stays on the bytes path.
 _SIDE_RECORDS = re.compile(rb"\n" + re.escape(wire.TAG_STATUS) + rb'\{"event":"(?:gpu|progress)"[^\n]*')
 # Every line is_error_line accepts holds one of these words (in any case).
-_ERROR_WORDS = (b"error", b"fatal", b"exception", b"interrupt", b"exit", b"[errno ")
+_ERROR_WORDS = (b"error", b"fatal", b"exception", b"interrupt", b"exit", b"[errno ", b"terminate called")
 # torchrun's failure report names the root-cause rank as "  rank      : 3 (local_rank: 1)".
 _ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
 # ... and its exit code, under "Root Cause (first observed failure):", as "  exitcode  : 7 (pid: 12)".
@@ -342,7 +342,8 @@ def is_error_line(line: OutputLine) -> bool:
     if not text:
         return False
     # "python3: can't open file 'x.py': [Errno 2] ..." is how a missing script fails.
-    return (bool(_EXCEPTION_LINE.match(text)) or text.lower().startswith(("error", "fatal"))
+    # "terminate called after throwing an instance of ..." is C++'s std::terminate (an abort).
+    return (bool(_EXCEPTION_LINE.match(text)) or text.lower().startswith(("error", "fatal", "terminate called"))
             or _OS_ERROR.search(text) is not None)
 
 

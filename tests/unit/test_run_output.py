@@ -14,6 +14,7 @@ from processes import plant
 from torchherd.console import make_console
 from torchherd.console.run import LiveRenderer, render_summary
 from torchherd.engine.job import records_to_events, remote_command, supervisor_config, supervisor_source
+from torchherd.engine.outcome import OutputTrack
 from torchherd.inventory import parse
 from torchherd.plan import RunOptions, build_plan
 from torchherd.runlog import (
@@ -181,3 +182,55 @@ def test_renderer_prints_a_block_as_it_prints_its_lines() -> None:
             console = Console(file=out, force_terminal=colour, color_system="standard" if colour else None)
             LiveRenderer(console, ["node0", "node1"], max_rank=12).render(items)
         assert bulk.getvalue() == single.getvalue(), colour
+
+
+_TORCHRUN_REPORT = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+=====================================================
+/w/examples/ddp_demo.py FAILED
+-----------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-25_18:42:14
+  host      : node1
+  rank      : 3 (local_rank: 1)
+  exitcode  : -15 (pid: 650)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 650
+-----------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_18:42:14
+  host      : node1
+  rank      : 2 (local_rank: 0)
+  exitcode  : -6 (pid: 649)  (SIGABRT)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 649
+====================================================="""
+
+
+def _tracked(lines: list[OutputLine]) -> OutputTrack:
+    track = OutputTrack("node1", 1, Path("node1.log"))
+    for line in lines:
+        track.take(line)
+    return track
+
+
+def test_the_failed_rank_is_torchruns_root_cause_not_the_peer_its_agent_terminated() -> None:
+    """torchrun lists the rank it SIGTERMed (3) under "Failures" before the rank that
+    aborted first (2) under "Root Cause": the summary names 2, with its own exit code."""
+    report = [OutputLine("node1", None, "err", text) for text in _TORCHRUN_REPORT.splitlines()]
+    track = _tracked(report)
+    assert (track.failed_rank, track.rank_exit_code) == (2, -6)
+
+
+def test_a_cxx_abort_on_a_ranks_stderr_is_its_first_error() -> None:
+    """The line std::terminate prints before SIGABRT names the failure, not torchrun's
+    ChildFailedError that follows it."""
+    abort = OutputLine("node1", 2, "err", "terminate called without an active exception")
+    report = [OutputLine("node1", None, "err", text) for text in _TORCHRUN_REPORT.splitlines()]
+    track = _tracked([OutputLine("node1", 2, "out", "rank 2 done"), abort, *report])
+    assert track.first_error() == "rank 2: terminate called without an active exception"
+    assert (track.failed_rank, track.rank_exit_code) == (2, -6)
+    assert is_error_line(OutputLine("n", 0, "err", "terminate called after throwing an instance of 'c10::Error'"))
+    assert not is_error_line(OutputLine("n", 0, "err", "asked to terminate cleanly"))

@@ -75,13 +75,16 @@ class OutputTrack:
     def track(self, line: OutputLine) -> None:
         """Keeps what the summary needs: the first error line, the failed rank, the tail."""
         (self.rank_tail if line.rank is not None else self.other_tail).append(line)
-        rank = root_cause_rank(line)
+        if line.rank is None:
+            # torchrun's report lists every failure ("Failures:", a rank SIGTERMed by its
+            # own agent among them) before the one it saw first ("Root Cause ..."): only
+            # the latter names the failed rank and its exit code.
+            self._root_cause = self._root_cause or line.text.strip().startswith("Root Cause")
+        rank = root_cause_rank(line) if self._root_cause else None
         if rank is not None and self.failed_rank is None and self.rank_error is None:
             self.failed_rank = rank
-        if line.rank is None and self.rank_exit_code is None:
-            self._root_cause = self._root_cause or line.text.strip().startswith("Root Cause")
-            code = root_cause_exit(line) if self._root_cause else None
-            self.rank_exit_code = code
+        if self._root_cause and self.rank_exit_code is None:
+            self.rank_exit_code = root_cause_exit(line)
         self._track_error(line)
 
     def track_block(self, block: RankLines) -> None:
