@@ -40,7 +40,7 @@ ERR_RANKS = re.compile(rb"\n" + _ERR + _HEAD + rb"(\d+)" + _END)
 _ERR_RECORDS = re.compile(rb"\n" + _ERR + rb"[^\n]*")
 # Status records that only feed the live view (a bar's state, GPU samples): taken out of a
 # chunk of rank lines so that the rest stays on the bytes path.
-_SIDE_RECORDS = re.compile(rb"\n" + re.escape(wire.TAG_STATUS) + rb'\{"event":"(?:gpu|progress)"[^\n]*')
+_SIDE_RECORDS = re.compile(rb"\n" + re.escape(wire.TAG_STATUS) + rb'\{"event":"(?:gpu|progress|busy)"[^\n]*')
 # Every line is_error_line accepts holds one of these words (in any case).
 _ERROR_WORDS = (b"error", b"fatal", b"exception", b"interrupt", b"exit", b"[errno ", b"terminate called")
 # torchrun's failure report names the root-cause rank as "  rank      : 3 (local_rank: 1)".

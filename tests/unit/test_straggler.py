@@ -148,3 +148,77 @@ def test_the_terminal_view_feeds_the_tracker_from_the_progress_records() -> None
 def test_a_plain_view_tracks_nothing() -> None:
     view = TerminalView(make_console(StringIO()), ["node0"], 0, ViewOptions(collapse=True))
     assert view.tracker is None and view.straggler_summary() is None
+
+
+def feed_busy(tracker: StragglerTracker, shares: dict[str, float], until: float, every: float = 2.0) -> None:
+    """Each node's busy record every ``every`` seconds: 10 samples per second, its share busy."""
+    now = 0.0
+    while now <= until:
+        for node, share in shares.items():
+            samples = int(10 * every)
+            tracker.busy(node, samples, round(samples * share), now)
+        tracker.progress(now)
+        now += every
+
+
+def test_a_synchronous_job_names_the_node_the_others_wait_for() -> None:
+    """Every rate the same (the job moves in lockstep): the busy shares name the node."""
+    tracker = StragglerTracker()
+    feed(tracker, {"node0": 5.0, "node1": 5.0, "node2": 5.0, "node3": 5.0}, 28.0)
+    feed_busy(tracker, {"node0": 0.4, "node1": 0.45, "node2": 0.95, "node3": 0.4}, 28.0)
+    assert tracker.progress(28.0).marked == {}  # not yet a whole window
+    feed(tracker, {"node0": 5.0, "node1": 5.0, "node2": 5.0, "node3": 5.0}, 40.0)
+    feed_busy(tracker, {"node0": 0.4, "node1": 0.45, "node2": 0.95, "node3": 0.4}, 40.0)
+    progress = tracker.progress(40.0)
+    assert progress.signal == "tqdm rate" and list(progress.marked) == ["node2"]
+    assert progress.marked["node2"] == pytest.approx(0.95 / 0.4)
+    assert tracker.summary(40.0) == ("slowest node: node2, 2.4x slower than the median (the others waited for it: "
+                                     "its ranks busy 95% of the time, the other nodes' 40%)")
+
+
+def test_two_nodes_name_the_one_the_other_waits_for() -> None:
+    tracker = StragglerTracker()
+    feed_busy(tracker, {"node0": 1.0, "node1": 0.5}, 40.0)
+    assert list(tracker.progress(40.0).marked) == ["node0"]
+
+
+@pytest.mark.parametrize("shares", [
+    {"node0": 0.05, "node1": 0.02, "node2": 0.12},  # a job that sleeps: far apart in ratio, all idle
+    {"node0": 1.0, "node1": 0.98, "node2": 1.0},  # compute-bound, no collective to wait in
+    {"node0": 0.75, "node1": 0.4, "node2": 0.45},  # busier, but not a node that never waits
+    {"node0": 0.9, "node1": 0.7, "node2": 0.75},  # busy, but not 1.5x the others
+])
+def test_busy_shares_that_name_no_straggler(shares: dict[str, float]) -> None:
+    tracker = StragglerTracker()
+    feed_busy(tracker, shares, 60.0)
+    assert tracker.progress(60.0).marked == {} and tracker.summary(60.0) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 8), st.floats(0.0, 1.0), st.integers(0, 2**32))
+def test_nodes_equally_busy_are_never_marked(nodes: int, share: float, seed: int) -> None:
+    """Sampling noise (each record's share off by up to 0.1) marks no one."""
+    random = Random(seed)
+    tracker = StragglerTracker()
+    now = 0.0
+    while now < 120.0:
+        for index in range(nodes):
+            noisy = min(1.0, max(0.0, share + random.uniform(-0.1, 0.1)))
+            tracker.busy(f"node{index}", 20, round(20 * noisy), now + random.uniform(0, 2.0))
+        assert tracker.progress(now).marked == {}
+        now += 2.0
+    assert tracker.summary(now) is None
+
+
+def test_the_terminal_view_feeds_the_tracker_from_the_busy_records() -> None:
+    clock = Clock()
+    view = TerminalView(make_console(StringIO(), width=100), ["node0", "node1", "node2"], 2,
+                        ViewOptions(panel=True), clock=clock)
+    for second in range(0, 42, 2):
+        clock.now = float(second)
+        for node, busy in (("node0", 8), ("node1", 10), ("node2", 20)):
+            view.observe(NodeStatus(Status(node, "busy", {"event": "busy", "samples": 20, "busy": busy})))
+        view.render([OutputLine("node0", 0, "out", "tick")])
+    assert view.straggler_summary() == ("slowest node: node2, 2.2x slower than the median (the others waited for it: "
+                                        "its ranks busy 100% of the time, the other nodes' 45%)")
+    view.close()

@@ -127,9 +127,10 @@ def test_every_status_builder_is_read_back_by_the_controller() -> None:
              wire.EVENT_STOPPING: wire.stopping_record("why", wire.MODE_KILL), wire.EVENT_EXIT: wire.exit_record(3),
              wire.EVENT_TEARDOWN: wire.teardown_record("why", {5, 4}, []), wire.EVENT_DONE: wire.done_record(3, 1),
              wire.EVENT_GPU: wire.gpu_record([(0, 87.0, 1024.0, 81920.0)]),
-             wire.EVENT_PROGRESS: wire.progress_record(3, " 45%|####5     | 45/100")}
+             wire.EVENT_PROGRESS: wire.progress_record(3, " 45%|####5     | 45/100"),
+             wire.EVENT_BUSY: wire.busy_record(20, 7)}
     assert tuple(built) == wire.STATUS_EVENTS == ("started", "error", "stopping", "exit", "teardown", "done", "gpu",
-                                                  "progress")
+                                                  "progress", "busy")
     for event, record in built.items():
         assert record.startswith(wire.status_head(event)) and record.count(b"\n") == 1
         assert [record[0]] == [runlog.TAG_STATUS]
@@ -141,14 +142,15 @@ def test_every_status_builder_is_read_back_by_the_controller() -> None:
 
 
 SUPERVISOR_KEYS = {"run_id", "argv", "env", "cwd", "grace", "heartbeat", "watchdog", "cleanup_dir", "rank_marker",
-                   "log_file", "state_file", "node", "coordinator", "rank_logs", "gpu_every", "rank_base"}
+                   "log_file", "state_file", "node", "coordinator", "rank_logs", "gpu_every", "rank_base",
+                   "busy_every"}
 
 
 def test_supervisor_config_round_trips_with_todays_keys() -> None:
     config = wire.SupervisorConfig(
         run_id="r", argv=("python", "-c", "x"), env={"A": "b c"}, cwd="~/w", grace=2.5, heartbeat=1.0, watchdog=10.0,
         cleanup_dir="/tmp/torchherd-x", rank_marker=wire.RANK_PREFIX_HEAD.decode(), log_file="~/l.log",
-        state_file="~/s.json", node="n0", coordinator=wire.CoordinatorAddress("10.0.0.1", 4000, "tok"))
+        state_file="~/s.json", node="n0", coordinator=wire.CoordinatorAddress("10.0.0.1", 4000, "tok"), busy_every=2.0)
     line = config.to_line()
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert set(json.loads(line)) == SUPERVISOR_KEYS

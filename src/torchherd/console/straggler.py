@@ -3,7 +3,14 @@
 Each node's progress rate is tqdm's own rate where its ranks draw bars (the supervisor
 sends them as ``progress`` records), else the lines it prints per second. A node is
 marked slow when its rate over the last ``WINDOW`` seconds is ``FACTOR`` times below
-the median of the nodes. Noise never marks one: a node is judged only once it has
+the median of the nodes.
+
+A synchronous job (DDP, every collective) advances at the pace of its slowest node on
+every node: the rates are all the same and name no one. There the supervisors' ``busy``
+records speak: the share of the time a node's ranks were busy rather than asleep. The
+others sleep in each collective while they wait for the straggler, whose ranks never
+do; a node busy at least ``BUSY_FLOOR`` of the time and ``FACTOR`` times more than the
+median of the other nodes is the one they wait for, and by about that factor. Noise never marks one: a node is judged only once it has
 ``MIN_SAMPLES`` samples in the window and has been sampled for the whole window, and
 only among enough judged nodes (``MIN_NODES``: two bars say more than two line
 counts, which move with what a job chooses to print).
@@ -25,8 +32,11 @@ FACTOR = 1.5
 """How many times below the median a node's rate must be to be marked."""
 MIN_SAMPLES = 5
 """Samples a node needs in the window to be judged."""
-Signal = Literal["tqdm rate", "lines per second"]
-MIN_NODES: dict[Signal, int] = {"tqdm rate": 2, "lines per second": 3}
+BUSY_FLOOR = 0.8
+"""The share of the time a node's ranks must be busy to be the one the others wait for."""
+Signal = Literal["tqdm rate", "lines per second", "busy share"]
+RateSignal = Literal["tqdm rate", "lines per second"]
+MIN_NODES: dict[Signal, int] = {"tqdm rate": 2, "lines per second": 3, "busy share": 2}
 """Judged nodes needed before any is marked, per signal."""
 _PER_SECOND = re.compile(r"(\d+(?:\.\d+)?)([kMGT]?)[^\s/\],\d]*/s[,\]]")
 """tqdm's ``9.80it/s]``, ``9.80it/s, loss=0.2]`` with a postfix (``unit_scale``: ``1.2kit/s]``)."""
@@ -60,16 +70,18 @@ class Slowest:
     node: str
     ratio: float
     signal: Signal
+    detail: str = ""
+    """What the figure rests on, where the signal needs saying (the busy shares)."""
 
     def text(self) -> str:
-        return f"slowest node: {self.node}, {self.ratio:.1f}x slower than the median ({self.signal})"
+        return f"slowest node: {self.node}, {self.ratio:.1f}x slower than the median ({self.detail or self.signal})"
 
 
 @dataclass(frozen=True)
 class Progress:
     """What the tracker says of every judged node at one moment."""
 
-    signal: Signal | None
+    signal: RateSignal | None
     rates: dict[str, float]
     marked: dict[str, float]
     """Node -> how many times below the median its rate is, for the marked ones."""
@@ -80,7 +92,9 @@ class StragglerTracker:
 
     def __init__(self, window: float = WINDOW, factor: float = FACTOR, min_samples: int = MIN_SAMPLES) -> None:
         self.window, self.factor, self.min_samples = window, factor, min_samples
-        self._samples: dict[Signal, dict[str, deque[tuple[float, float]]]] = {"tqdm rate": {}, "lines per second": {}}
+        self._samples: dict[RateSignal, dict[str, deque[tuple[float, float]]]] = {"tqdm rate": {},
+                                                                                   "lines per second": {}}
+        self._busy: dict[str, deque[tuple[float, int, int]]] = {}
         self._first: dict[tuple[Signal, str], float] = {}
         self._started: float | None = None
         self.slowest: Slowest | None = None
@@ -95,11 +109,17 @@ class StragglerTracker:
         if count > 0:
             self._add("lines per second", node, float(count), now)
 
-    def _add(self, signal: Signal, node: str, value: float, now: float) -> None:
+    def busy(self, node: str, samples: int, busy: int, now: float) -> None:
+        """A supervisor's busy record: of ``samples`` looks at its ranks, ``busy`` found one busy."""
+        if samples > 0:
+            self._busy.setdefault(node, deque()).append((now, samples, busy))
+            self._first.setdefault(("busy share", node), now)
+
+    def _add(self, signal: RateSignal, node: str, value: float, now: float) -> None:
         self._samples[signal].setdefault(node, deque()).append((now, value))
         self._first.setdefault((signal, node), now)
 
-    def _judged(self, signal: Signal, now: float) -> dict[str, float]:
+    def _judged(self, signal: RateSignal, now: float) -> dict[str, float]:
         """Each judged node's rate over the window: tqdm's rates averaged, lines counted."""
         rates = {}
         for node, samples in self._samples[signal].items():
@@ -114,20 +134,45 @@ class StragglerTracker:
     def progress(self, now: float) -> Progress:
         """The rates and marks now; the run's slowest node is kept from one call to the next."""
         self._started = now if self._started is None else self._started
+        waited_for = self._busy_marks(now)
+        signal: RateSignal
         for signal in ("tqdm rate", "lines per second"):
             rates = self._judged(signal, now)
             if len(rates) >= MIN_NODES[signal]:
-                return Progress(signal, rates, self._marks(signal, rates))
+                return Progress(signal, rates, {**waited_for, **self._marks(signal, rates)})
         tqdm = self._judged("tqdm rate", now)
-        return Progress("tqdm rate", tqdm, {}) if tqdm else Progress(None, {}, {})
+        return Progress("tqdm rate" if tqdm else None, tqdm, waited_for)
 
-    def _marks(self, signal: Signal, rates: dict[str, float]) -> dict[str, float]:
+    def _marks(self, signal: RateSignal, rates: dict[str, float]) -> dict[str, float]:
         median = statistics.median(rates.values())
         marked = {node: median / rate for node, rate in rates.items() if rate > 0 and median >= self.factor * rate}
         for node, ratio in marked.items():
-            if self.slowest is None or ratio > self.slowest.ratio:
-                self.slowest = Slowest(node, ratio, signal)
+            self._keep(Slowest(node, ratio, signal))
         return marked
+
+    def _busy_marks(self, now: float) -> dict[str, float]:
+        """The node the others wait for, by its busy share against the others' median."""
+        shares = {}
+        for node, records in self._busy.items():
+            while records and now - records[0][0] > self.window:
+                records.popleft()
+            if len(records) >= self.min_samples and now - self._first[("busy share", node)] >= self.window:
+                shares[node] = sum(busy for _at, _samples, busy in records) / sum(n for _at, n, _busy in records)
+        if len(shares) < MIN_NODES["busy share"]:
+            return {}
+        marked = {}
+        for node, share in shares.items():
+            others = statistics.median(other for name, other in shares.items() if name != node)
+            if share >= BUSY_FLOOR and share >= self.factor * others:
+                marked[node] = share / max(others, 0.01)
+                detail = (f"the others waited for it: its ranks busy {share:.0%} of the time, "
+                          f"the other nodes' {others:.0%}")
+                self._keep(Slowest(node, marked[node], "busy share", detail))
+        return marked
+
+    def _keep(self, candidate: Slowest) -> None:
+        if self.slowest is None or candidate.ratio > self.slowest.ratio:
+            self.slowest = candidate
 
     def summary(self, now: float) -> str | None:
         """The summary's line: the slowest node; that there was no progress signal when

@@ -154,6 +154,11 @@ class TerminalView(LiveRenderer):
         if status.event == "gpu":
             model.gpus(status.node, gpu_usage(status))
             return
+        if status.event == "busy":
+            samples, busy = status.fields.get("samples"), status.fields.get("busy")
+            if self.tracker is not None and isinstance(samples, int) and isinstance(busy, int):
+                self.tracker.busy(status.node, samples, busy, self.clock())
+            return
         bar = progress_of(status)
         if bar is not None:
             model.bar(status.node, bar[0], bar[1], self.clock())

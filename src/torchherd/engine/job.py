@@ -62,6 +62,8 @@ STOP_MARGIN = 10.0
 MAX_BATCH = 5000
 """Queue items rendered at once; bounded so status checks run between batches."""
 GPU_EVERY = 5.0
+BUSY_EVERY = 2.0
+"""Seconds between two reports of a node's busy share (its ranks sampled five times a second)."""
 """Seconds between two GPU samples on a node that has nvidia-smi."""
 
 
@@ -125,7 +127,8 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float) -> wire.Supervi
     return wire.SupervisorConfig(run_id=run_id, argv=argv, env=node.env, cwd=None, grace=grace,
                                  heartbeat=HEARTBEAT_EVERY, watchdog=WATCHDOG, cleanup_dir=node.remote_log_dir,
                                  rank_marker=None if files else wire.RANK_PREFIX_HEAD.decode(), gpu_every=GPU_EVERY,
-                                 rank_logs=node.remote_log_dir if files else None, rank_base=rank_base(node.argv))
+                                 rank_logs=node.remote_log_dir if files else None, rank_base=rank_base(node.argv),
+                                 busy_every=BUSY_EVERY)
 
 
 def rank_base(argv: Sequence[str]) -> int | None:
@@ -333,8 +336,9 @@ class Job:
                 self._on_exit(node, int(fields.get("code", 1)))
             if node.left:
                 self.emit(ProcessesLeft(node.name, node.left))
-        elif status.event in ("gpu", "progress"):
-            # Only for the live view: the GPUs sampled, a progress bar as it stands.
+        elif status.event in ("gpu", "progress", "busy"):
+            # Only for the live view: the GPUs sampled, a progress bar as it stands, how
+            # busy the ranks were.
             self.emit(NodeStatus(status))
 
     def _on_exit(self, node: NodeRun, code: int) -> None:

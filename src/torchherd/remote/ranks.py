@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Tuple
 # torchherd/remote/__init__.py.
 from torchherd.remote import wire
 from torchherd.remote.framing import MAX_LINE, OUT_HIGH_WATER, READ_SIZE
-from torchherd.remote.proctable import descendants, read_proc_table
+from torchherd.remote.proctable import GONE_STATES, descendants, read_proc_table
 
 COORD_CONNECT_TIMEOUT = 1.0
 COORD_RETRY = 2.0
@@ -391,6 +391,51 @@ class GpuSampler:
             self._record(self.proc)
             self.proc = None
         self.path = None
+
+
+BUSY_SAMPLE = 0.2
+"""Seconds between two looks at the ranks' states."""
+BUSY_LOOK = 2.0
+"""Seconds between two searches for the ranks (a restart, a rank that ended)."""
+ASLEEP = "S"
+"""A rank blocked in a collective, on a socket or in a sleep (interruptible sleep)."""
+
+
+class BusySampler:
+    """How much of the time the node's ranks are busy rather than asleep: the state letter
+    of each rank (its main thread) five times a second, reported as counts every few
+    seconds. In a synchronous job every rank waits in each collective for the slowest;
+    the ranks of the node the others wait for never do: running, runnable (waiting for a
+    CPU, a throttled cgroup), stopped (``cpulimit``'s SIGSTOP) or in disk I/O."""
+
+    def __init__(self, root: int, every: float) -> None:
+        self.root, self.every = root, every
+        self.pids: Tuple[int, ...] = ()
+        self.samples = self.busy = 0
+        self.next_look = self.next_sample = 0.0
+        self.next_report: Optional[float] = None
+
+    def poll(self, now: float) -> bytes:
+        """A busy record when one is due and a rank was seen; samples when due."""
+        if self.every <= 0:
+            return b""
+        if now >= self.next_look:
+            self.next_look = now + BUSY_LOOK
+            self.pids = tuple(sorted(pid for pid in descendants(read_proc_table(), self.root)
+                                     if worker_ranks(pid) is not None))
+        if self.pids and now >= self.next_sample:
+            self.next_sample = now + BUSY_SAMPLE
+            for _parent, state in read_proc_table(pids=self.pids).values():
+                if state not in GONE_STATES:
+                    self.samples += 1
+                    self.busy += state != ASLEEP
+        if self.next_report is None:
+            self.next_report = now + self.every
+        if now < self.next_report:
+            return b""
+        self.next_report = now + self.every
+        samples, busy, self.samples, self.busy = self.samples, self.busy, 0, 0
+        return wire.busy_record(samples, busy) if samples else b""
 
 
 # -------------------------------------------------------------- supervisor

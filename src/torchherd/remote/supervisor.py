@@ -59,7 +59,7 @@ from torchherd.remote.proctable import (
     find_job_processes,
     set_child_subreaper,
 )
-from torchherd.remote.ranks import RANK_POLL, CoordinatorLink, GpuSampler, RankFiles
+from torchherd.remote.ranks import RANK_POLL, BusySampler, CoordinatorLink, GpuSampler, RankFiles
 
 EXIT_BAD_CONFIG = 2
 EXIT_NOT_EXECUTABLE = 126
@@ -232,6 +232,7 @@ class Supervisor:
         self.ranks = (RankFiles(config.rank_logs, self.pid, not self.detached, config.rank_base)
                       if config.rank_logs else None)
         self.gpus = GpuSampler(0.0 if self.detached else config.gpu_every)
+        self.busy = BusySampler(self.pid, 0.0 if self.detached else config.busy_every)
 
     def _handle_signals(self, now: float) -> None:
         for signum in self.signals.take():
@@ -341,6 +342,7 @@ class Supervisor:
             self.out.add(data)
         if self.teardown is None:
             self.out.add(self.gpus.poll(now))
+            self.out.add(self.busy.poll(now))
 
     def _read_stdin(self, now: float) -> None:
         try:

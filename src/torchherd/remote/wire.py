@@ -82,7 +82,7 @@ SUPERVISOR_ENV: Final = "TORCHHERD_SUPERVISOR"
 
 # ------------------------------------------------------------ status events
 
-StatusEvent = Literal["started", "error", "stopping", "exit", "teardown", "done", "gpu", "progress"]
+StatusEvent = Literal["started", "error", "stopping", "exit", "teardown", "done", "gpu", "progress", "busy"]
 EVENT_STARTED: Final = "started"
 EVENT_ERROR: Final = "error"
 EVENT_STOPPING: Final = "stopping"
@@ -91,8 +91,10 @@ EVENT_TEARDOWN: Final = "teardown"
 EVENT_DONE: Final = "done"
 EVENT_GPU: Final = "gpu"
 EVENT_PROGRESS: Final = "progress"
+EVENT_BUSY: Final = "busy"
 STATUS_EVENTS: Final[Tuple[StatusEvent, ...]] = (
     EVENT_STARTED, EVENT_ERROR, EVENT_STOPPING, EVENT_EXIT, EVENT_TEARDOWN, EVENT_DONE, EVENT_GPU, EVENT_PROGRESS,
+    EVENT_BUSY,
 )
 
 StopMode = Literal["term", "kill"]
@@ -153,6 +155,12 @@ def gpu_record(gpus: Iterable[Tuple[int, float, float, float]]) -> bytes:
     """The node's GPUs as ``nvidia-smi`` saw them, every few seconds: per GPU
     [index, utilisation %, memory used MiB, memory total MiB]."""
     return status_record(EVENT_GPU, gpus=[list(gpu) for gpu in gpus])
+
+
+def busy_record(samples: int, busy: int) -> bytes:
+    """Of ``samples`` looks at the node's ranks since the last record, how many found a
+    rank busy (running, runnable, stopped, in disk I/O) rather than asleep."""
+    return status_record(EVENT_BUSY, samples=samples, busy=busy)
 
 
 def progress_record(rank: Optional[int], text: str) -> bytes:
@@ -385,6 +393,8 @@ class SupervisorConfig(NamedTuple):
     reads each rank's files there itself, byte for byte, so a ``\\r`` survives."""
     gpu_every: float = 0.0
     """Seconds between GPU samples (``gpu`` records) where ``nvidia-smi`` exists; 0: none."""
+    busy_every: float = 0.0
+    """Seconds between ``busy`` records (the ranks' busy share, for the straggler); 0: none."""
     rank_base: Optional[int] = None
     """The node's first global rank, when the controller knows it (static rendezvous:
     node rank x processes per node): the ranks' files are named at once, even a rank that
@@ -399,6 +409,7 @@ class SupervisorConfig(NamedTuple):
             "log_file": self.log_file, "state_file": self.state_file, "node": self.node or None,
             "coordinator": None if self.coordinator is None else self.coordinator.to_json_object(),
             "rank_logs": self.rank_logs, "gpu_every": self.gpu_every, "rank_base": self.rank_base,
+            "busy_every": self.busy_every,
         })
 
     def to_line(self) -> bytes:
@@ -427,7 +438,7 @@ class SupervisorConfig(NamedTuple):
             state_file=_optional_str(raw, "state_file"), node=_optional_str(raw, "node") or "",
             coordinator=CoordinatorAddress.from_json_object(raw.get("coordinator")),
             rank_logs=_optional_str(raw, "rank_logs"), gpu_every=_number(raw, "gpu_every", 0.0),
-            rank_base=_optional_count(raw, "rank_base"),
+            rank_base=_optional_count(raw, "rank_base"), busy_every=_number(raw, "busy_every", 0.0),
         )
 
 
