@@ -61,16 +61,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--delay", type=float, default=0.05, help="seconds of work per step")
+    parser.add_argument("--delay", type=float, default=0.05, help="seconds of work per step (a sleep)")
+    parser.add_argument("--compute", type=int, default=0, metavar="N",
+                        help="N products of 128x128 matrices per step instead of the sleep: real work, "
+                             "which a node with less CPU does more slowly (a straggler)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rank {rank}/{world} on {os.uname().nodename}: {args.epochs} epochs of {args.steps} steps", flush=True)
     loss = torch.tensor(1.0 + rank / 10)
+    matrix = torch.full((128, 128), 1.0 / 128)
     for epoch in range(1, args.epochs + 1):
         bar = progress(range(args.steps), args.steps, f"rank {rank} epoch {epoch}")
         for _ in bar:
-            time.sleep(args.delay)
+            if args.compute:
+                product = matrix
+                for _ in range(args.compute):
+                    product = product @ matrix
+            else:
+                time.sleep(args.delay)
             loss = loss * 0.97
             mean = loss.clone()
             dist.all_reduce(mean)

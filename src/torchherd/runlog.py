@@ -412,6 +412,21 @@ class AttemptRecord:
 
 
 @dataclass(frozen=True)
+class Slowest:
+    """The slowest node marked during a run, at its worst (``engine.straggler``)."""
+
+    node: str
+    ratio: float
+    signal: str
+    """What the figure rests on: ``tqdm rate``, ``lines per second`` or ``busy share``."""
+    detail: str = ""
+    """What the figure rests on, where the signal needs saying (the busy shares)."""
+
+    def text(self) -> str:
+        return f"slowest node: {self.node}, {self.ratio:.1f}x slower than the median ({self.detail or self.signal})"
+
+
+@dataclass(frozen=True)
 class RunSummary:
     run_id: str
     exit_code: int
@@ -423,3 +438,8 @@ class RunSummary:
     """The node that failed first or was lost, when one ended the run."""
     attempts: tuple[AttemptRecord, ...] = ()
     """Every attempt of a run with retries, the last one's ``nodes`` above; empty without retries."""
+    slowest: Slowest | None = None
+    """The node the run waited for most, and by how much (None: none clearly slower)."""
+    straggler: str | None = None
+    """The summary's line on it: ``slowest.text()``, or that the run had no progress
+    signal to compare; None: nothing to say."""

@@ -5,9 +5,15 @@ draws the probe matrix with the failing cell where it belongs."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
 
@@ -100,3 +106,77 @@ def test_a_drop_rule_shows_in_the_matrix_on_its_row_and_column(cluster: LocalClu
     assert rows["node0"] == ["-", "ok", "ok", "-"], text
     assert rows["node1"] == ["ok", "-", "timed", "out", "ok"], text
     assert rows["node2"] == ["ok", "ok", "-", "ok"], text
+
+
+def node_ranks(cluster: LocalCluster, node: str) -> list[int]:
+    """The torchrun workers on ``node`` (their environment holds LOCAL_RANK)."""
+    found = []
+    for pid in cluster.node_pids(node):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(entry.startswith(b"LOCAL_RANK=") for entry in environ):
+            found.append(pid)
+    return found
+
+
+@contextlib.contextmanager
+def less_cpu(cluster: LocalCluster, node: str, stopped: float = 0.07, running: float = 0.03) -> Iterator[None]:
+    """``node``'s ranks stopped for ``stopped`` of every ``stopped + running`` seconds, as
+    ``cpulimit`` throttles a process (SIGSTOP, SIGCONT): a node with less CPU."""
+    done = threading.Event()
+
+    def throttle() -> None:
+        pids: list[int] = []
+        looked = 0.0
+        while not done.is_set():
+            if time.monotonic() - looked > 1.0:  # a rank that started (or ended) since
+                pids, looked = node_ranks(cluster, node), time.monotonic()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            time.sleep(stopped)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            time.sleep(running)
+
+    thread = threading.Thread(target=throttle, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        for pid in node_ranks(cluster, node):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def compute_job(cluster: LocalCluster, logs: Path) -> tuple[int, str]:
+    """A 4x1 tqdm job doing real work (about 45 s), on a terminal: the code and the text."""
+    out = StringIO()
+    console = Console(file=out, width=160, height=40, force_terminal=True, color_system="standard", highlight=False)
+    code = main(["-i", str(cluster.inventory), "run", "--no-check", "--log-dir", str(logs), "--nproc-per-node", "1",
+                 "--", TQDM_DEMO, "--epochs", "1", "--steps", "400", "--compute", "1000"], console=console)
+    return code, ESCAPE.sub("", out.getvalue())
+
+
+@pytest.mark.timeout(600)
+def test_a_node_with_less_cpu_is_named_the_straggler_and_a_healthy_run_names_none(make_cluster: object,
+                                                                                   tmp_path: Path) -> None:
+    """A synchronous job moves at its slowest node's pace everywhere (every bar shows the
+    same rate): the node the others wait for is named by how busy its ranks are."""
+    cluster: LocalCluster = make_cluster(4)  # type: ignore[operator]
+    code, text = compute_job(cluster, tmp_path / "healthy")
+    assert code == 0, text[-3000:]
+    assert "slowest node: node" not in text and "slow 1." not in text, text[-3000:]
+    with less_cpu(cluster, "node2"):
+        code, text = compute_job(cluster, tmp_path / "throttled")
+    assert code == 0, text[-3000:]
+    named = re.search(r"slowest node: (\S+), ([0-9.]+)x slower than the median \(the others waited for it", text)
+    assert named is not None and named.group(1) == "node2," and float(named.group(2)) >= 1.5, text[-3000:]
+    assert re.search(r"node2\s+slow [0-9.]+x", text), "node2 not marked in the live panel"
+    for node in cluster.names:
+        assert cluster.wait_no_processes(node) == []

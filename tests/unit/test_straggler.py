@@ -10,11 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchherd.console import make_console
+from torchherd.console.observer import ConsoleObserver
 from torchherd.console.panel import PanelModel, render_panel
-from torchherd.console.straggler import StragglerTracker, tqdm_rate
 from torchherd.console.view import TerminalView, ViewOptions
-from torchherd.engine.events import NodeStatus, RanksRunning
-from torchherd.runlog import OutputLine, Status
+from torchherd.engine.events import NodeStatus, Output, RanksRunning, RunFinished
+from torchherd.engine.straggler import StragglerTracker, StragglerWatch, tqdm_rate
+from torchherd.runlog import OutputLine, RunSummary, Status
 
 
 def bar(rate: float) -> str:
@@ -140,14 +141,15 @@ def test_the_terminal_view_feeds_the_tracker_from_the_progress_records() -> None
             node = f"node{index}"
             view.observe(NodeStatus(Status(node, "progress", {"event": "progress", "rank": index, "text": bar(rate)})))
         view.render([OutputLine("node0", 0, "out", "tick")])
-    assert view.straggler_summary() == "slowest node: node2, 1.8x slower than the median (tqdm rate)"
+    assert view.watch is not None
+    assert view.watch.summary()[1] == "slowest node: node2, 1.8x slower than the median (tqdm rate)"
     assert "slow 1.8x" in out.getvalue()
     view.close()
 
 
 def test_a_plain_view_tracks_nothing() -> None:
     view = TerminalView(make_console(StringIO()), ["node0"], 0, ViewOptions(collapse=True))
-    assert view.tracker is None and view.straggler_summary() is None
+    assert view.watch is None
 
 
 def feed_busy(tracker: StragglerTracker, shares: dict[str, float], until: float, every: float = 2.0) -> None:
@@ -219,6 +221,34 @@ def test_the_terminal_view_feeds_the_tracker_from_the_busy_records() -> None:
         for node, busy in (("node0", 8), ("node1", 10), ("node2", 20)):
             view.observe(NodeStatus(Status(node, "busy", {"event": "busy", "samples": 20, "busy": busy})))
         view.render([OutputLine("node0", 0, "out", "tick")])
-    assert view.straggler_summary() == ("slowest node: node2, 2.2x slower than the median (the others waited for it: "
-                                        "its ranks busy 100% of the time, the other nodes' 45%)")
+    assert view.watch is not None
+    slowest, line = view.watch.summary()
+    assert slowest is not None and (slowest.node, slowest.signal) == ("node2", "busy share")
+    assert line == ("slowest node: node2, 2.2x slower than the median (the others waited for it: "
+                    "its ranks busy 100% of the time, the other nodes' 45%)")
     view.close()
+
+
+def test_the_engines_watch_relays_every_event_and_names_the_slowest_for_the_summary() -> None:
+    clock = Clock()
+    seen: list[object] = []
+    watch = StragglerWatch(clock)
+    relay = watch.relay(seen.append)
+    for second in range(0, 42, 2):
+        clock.now = float(second)
+        for node, busy in (("node0", 9), ("node1", 20)):
+            relay(NodeStatus(Status(node, "busy", {"event": "busy", "samples": 20, "busy": busy})))
+        relay(Output((OutputLine("node0", 0, "out", "step"),)))
+    assert len(seen) == 21 * 3
+    slowest, line = watch.summary()
+    assert slowest is not None and slowest.node == "node1" and slowest.ratio == pytest.approx(20 / 9)
+    assert line is not None and line.startswith("slowest node: node1, 2.2x slower than the median")
+
+
+def test_plain_output_prints_the_summarys_straggler_line() -> None:
+    out = StringIO()
+    observer = ConsoleObserver(make_console(out, width=200))
+    line = "slowest node: node1, 2.2x slower than the median (lines per second)"
+    observer(RunFinished(RunSummary("th-1", 0, "all 2 nodes finished (exit 0) in 40.0 s", (), "logs",
+                                    straggler=line)))
+    assert line in out.getvalue().splitlines()

@@ -72,7 +72,7 @@ class ConsoleObserver:
         elif isinstance(event, RunFinished):
             self.close()
             render_summary(self.console, event.summary)
-            straggler = self.renderer.straggler_summary() if isinstance(self.renderer, TerminalView) else None
+            straggler = event.summary.straggler
             if straggler is not None:
                 self.console.print(Text(straggler, style="bold magenta" if "x slower" in straggler else "dim"),
                                    soft_wrap=True)

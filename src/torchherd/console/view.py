@@ -23,7 +23,6 @@ from rich.live_render import LiveRender
 from torchherd.console.collapse import Collapser, RankFilter
 from torchherd.console.panel import PanelModel, render_panel
 from torchherd.console.run import LiveRenderer
-from torchherd.console.straggler import StragglerTracker
 from torchherd.engine.events import (
     Event,
     NodeExited,
@@ -34,6 +33,7 @@ from torchherd.engine.events import (
     RanksRunning,
     StopSent,
 )
+from torchherd.engine.straggler import StragglerWatch
 from torchherd.runlog import OutputLine, RankLines, gpu_usage, progress_of
 
 REDRAW = 0.5
@@ -81,7 +81,8 @@ class TerminalView(LiveRenderer):
         world = max_rank + 1 if max_rank < UNKNOWN_RANKS else None
         self.collapser = Collapser(self, nodes, world, clock=clock) if options.collapse else None
         self.model = PanelModel(nodes) if options.panel else None
-        self.tracker = StragglerTracker() if options.panel else None
+        self.watch = StragglerWatch(clock) if options.panel else None
+        """The panel's marks; the run's summary names the slowest node from the engine's own."""
         self.lock = threading.RLock()
         self._live = LiveRender("")
         self._panel = ""
@@ -95,28 +96,12 @@ class TerminalView(LiveRenderer):
         with self.lock:
             if self.model is not None:
                 self.model.lines(lines, self.clock())
-            if self.tracker is not None:
-                self._track(self.tracker, lines)
             shown = self.filter(lines) if self.filter is not None else lines
             if self.collapser is None:
                 self.write(self.text(shown))
                 return
             self.collapser.add(shown)
             self.write(self.collapser.take())
-
-    def _track(self, tracker: StragglerTracker, lines: Sequence[OutputLine | RankLines]) -> None:
-        now = self.clock()
-        counts: dict[str, int] = {}
-        for chunk in lines:
-            count = chunk.records.count(b"\n") - 1 if isinstance(chunk, RankLines) else 1
-            counts[chunk.node] = counts.get(chunk.node, 0) + count
-        for node, count in counts.items():
-            tracker.lines(node, count, now)
-
-    def straggler_summary(self) -> str | None:
-        """The summary's line on the slowest node (``StragglerTracker.summary``)."""
-        with self.lock:
-            return self.tracker.summary(self.clock()) if self.tracker is not None else None
 
     def note(self, message: str, style: str = "bold") -> None:
         with self.lock:
@@ -133,6 +118,8 @@ class TerminalView(LiveRenderer):
         if model is None:
             return
         with self.lock:
+            if self.watch is not None:
+                self.watch.observe(event)
             if isinstance(event, NodeStarted):
                 model.state(event.node, "rendezvous")
             elif isinstance(event, RanksRunning):
@@ -154,17 +141,9 @@ class TerminalView(LiveRenderer):
         if status.event == "gpu":
             model.gpus(status.node, gpu_usage(status))
             return
-        if status.event == "busy":
-            samples, busy = status.fields.get("samples"), status.fields.get("busy")
-            if self.tracker is not None and isinstance(samples, int) and isinstance(busy, int):
-                self.tracker.busy(status.node, samples, busy, self.clock())
-            return
         bar = progress_of(status)
         if bar is not None:
             model.bar(status.node, bar[0], bar[1], self.clock())
-            if self.tracker is not None and (bar[0] is None or bar[0] == model.node(status.node).bar_rank):
-                # One bar per node: its lowest rank's, as the panel shows it.
-                self.tracker.bar(status.node, bar[1], self.clock())
 
     # the screen --------------------------------------------------------------------
     def start(self) -> None:
@@ -215,7 +194,7 @@ class TerminalView(LiveRenderer):
         last line, where ``_erase`` starts."""
         assert self.model is not None
         limit = max(1, min(24, self.console.height // 2 - 3))
-        progress = self.tracker.progress(now) if self.tracker is not None else None
+        progress = self.watch.tracker.progress(now) if self.watch is not None else None
         self._live.set_renderable(render_panel(self.model, now, limit, progress))
         with self.console.capture() as capture:
             self.console.print(self._live)

@@ -15,7 +15,7 @@ import queue
 import shlex
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence, Union
 
@@ -33,6 +33,7 @@ from torchherd.engine.events import (
     StopSent,
 )
 from torchherd.engine.outcome import Ending, NodeRun, ssh_state, summarise
+from torchherd.engine.straggler import StragglerWatch
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command, wire
@@ -221,7 +222,8 @@ class Job:
         self.plan = plan
         self.sessions = sessions
         self.options = options
-        self.emit = observer
+        self.straggler = StragglerWatch()
+        self.emit = self.straggler.relay(observer)
         self.log_dir = options.log_dir / plan.run_id
         self.nodes = {node.host.name: NodeRun(node, self.log_dir / f"{node.host.name}.log") for node in plan.nodes}
         self.events: queue.Queue[list[RunEvent]] = queue.Queue()
@@ -408,6 +410,8 @@ class Job:
     # ending -------------------------------------------------------------------
     def summary(self) -> RunSummary:
         ending = Ending(interrupted="every node was told to stop" if self.interrupted else None)
-        return summarise(self.plan.run_id, list(self.nodes.values()),
-                         lambda node: ssh_state(node, self.culprit, self.interrupted), self.culprit, ending,
-                         time.monotonic() - self.started, str(self.log_dir))
+        summary = summarise(self.plan.run_id, list(self.nodes.values()),
+                            lambda node: ssh_state(node, self.culprit, self.interrupted), self.culprit, ending,
+                            time.monotonic() - self.started, str(self.log_dir))
+        slowest, straggler = self.straggler.summary()
+        return replace(summary, slowest=slowest, straggler=straggler)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -46,6 +47,7 @@ from torchherd.engine.slurm.commands import (
     submit,
 )
 from torchherd.engine.slurm.files import BATCH_NODE, Item, RunFiles
+from torchherd.engine.straggler import StragglerWatch
 from torchherd.errors import TorchherdError, TransportError
 from torchherd.plan import Plan
 from torchherd.remote.wire import StopLevel
@@ -91,7 +93,8 @@ class SlurmJob:
         self.job_id = job_id
         self.session = session
         self.options = options
-        self.emit = observer
+        self.straggler = StragglerWatch()
+        self.emit = self.straggler.relay(observer)
         self.reconnect = reconnect
         self.log_dir = options.log_dir / plan.run_id
         self.files = RunFiles(batch.run_dir)
@@ -257,8 +260,10 @@ class SlurmJob:
         failed = sorted((node for node in nodes if node.exit is not None and node.exit.code),
                         key=lambda node: node.exit.at if node.exit else 0.0)
         culprit = failed[0] if failed and not self.interrupted else None
-        return summarise(self.plan.run_id, nodes, lambda node: self._state(node, culprit), culprit,
-                         self._ending(bool(nodes)), time.monotonic() - self.started, str(self.log_dir))
+        summary = summarise(self.plan.run_id, nodes, lambda node: self._state(node, culprit), culprit,
+                            self._ending(bool(nodes)), time.monotonic() - self.started, str(self.log_dir))
+        slowest, straggler = self.straggler.summary()
+        return replace(summary, slowest=slowest, straggler=straggler)
 
     def _ending(self, started: bool) -> Ending:
         job, ended = f"SLURM job {self.job_id}", self._ended()

@@ -3,28 +3,34 @@
 Each node's progress rate is tqdm's own rate where its ranks draw bars (the supervisor
 sends them as ``progress`` records), else the lines it prints per second. A node is
 marked slow when its rate over the last ``WINDOW`` seconds is ``FACTOR`` times below
-the median of the nodes.
+the median of the nodes. Noise never marks one: a node is judged only once it has
+``MIN_SAMPLES`` samples in the window and has been sampled for the whole window, and
+only among enough judged nodes (``MIN_NODES``: two bars say more than two line
+counts, which move with what a job chooses to print).
 
 A synchronous job (DDP, every collective) advances at the pace of its slowest node on
 every node: the rates are all the same and name no one. There the supervisors' ``busy``
 records speak: the share of the time a node's ranks were busy rather than asleep. The
 others sleep in each collective while they wait for the straggler, whose ranks never
 do; a node busy at least ``BUSY_FLOOR`` of the time and ``FACTOR`` times more than the
-median of the other nodes is the one they wait for, and by about that factor. Noise never marks one: a node is judged only once it has
-``MIN_SAMPLES`` samples in the window and has been sampled for the whole window, and
-only among enough judged nodes (``MIN_NODES``: two bars say more than two line
-counts, which move with what a job chooses to print).
+median of the other nodes is the one they wait for, and by about that factor.
 
-``StragglerTracker`` is fed samples with their time and knows nothing of the screen.
+``StragglerTracker`` is fed samples with their time and knows nothing of the screen;
+``StragglerWatch`` feeds one from a run's events, for the run's summary.
 """
 
 from __future__ import annotations
 
 import re
 import statistics
+import threading
+import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
+
+from torchherd.engine.events import Event, NodeStatus, Observer, Output
+from torchherd.runlog import RankLines, Slowest, progress_of
 
 WINDOW = 30.0
 """Seconds over which a node's rate is averaged, and a node must be sampled to be judged."""
@@ -61,20 +67,6 @@ def rate_text(rate: float) -> str:
     if rate >= 1000:
         return f"{rate / 1000:.1f}k"
     return f"{rate:.0f}" if rate >= 100 else f"{rate:.1f}" if rate >= 1 else f"{rate:.2f}"
-
-
-@dataclass(frozen=True)
-class Slowest:
-    """The slowest node marked during the run, at its worst."""
-
-    node: str
-    ratio: float
-    signal: Signal
-    detail: str = ""
-    """What the figure rests on, where the signal needs saying (the busy shares)."""
-
-    def text(self) -> str:
-        return f"slowest node: {self.node}, {self.ratio:.1f}x slower than the median ({self.detail or self.signal})"
 
 
 @dataclass(frozen=True)
@@ -183,3 +175,66 @@ class StragglerTracker:
         if not self._first and now - started >= self.window:
             return "slowest node: no progress signal (no tqdm bar or printed line to compare)"
         return None
+
+
+class StragglerWatch:
+    """A ``StragglerTracker`` fed from a run's events (its lines, its bars, its busy
+    records), judged at most once a second: the slowest node for the run's summary."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.tracker = StragglerTracker()
+        self.clock = clock
+        self._bar_rank: dict[str, int] = {}
+        self._judged_at: float | None = None
+        self._lock = threading.Lock()
+        """Events come from the run's reader threads."""
+
+    def relay(self, observer: Observer) -> Observer:
+        """``observer``, with every event seen here first."""
+        def both(event: Event) -> None:
+            self.observe(event)
+            observer(event)
+        return both
+
+    def observe(self, event: Event) -> None:
+        with self._lock:
+            self._observe(event, self.clock())
+
+    def _observe(self, event: Event, now: float) -> None:
+        if isinstance(event, Output):
+            counts: dict[str, int] = {}
+            for chunk in event.lines:
+                count = chunk.records.count(b"\n") - 1 if isinstance(chunk, RankLines) else 1
+                counts[chunk.node] = counts.get(chunk.node, 0) + count
+            for node, count in counts.items():
+                self.tracker.lines(node, count, now)
+        elif isinstance(event, NodeStatus):
+            self._status(event, now)
+        if self._judged_at is None or now - self._judged_at >= 1.0:
+            self._judged_at = now
+            self.tracker.progress(now)
+
+    def _status(self, event: NodeStatus, now: float) -> None:
+        status = event.status
+        if status.event == "busy":
+            samples, busy = status.fields.get("samples"), status.fields.get("busy")
+            if isinstance(samples, int) and isinstance(busy, int):
+                self.tracker.busy(status.node, samples, busy, now)
+            return
+        bar = progress_of(status)
+        if bar is None:
+            return
+        rank, text = bar
+        # One bar per node, its lowest rank's, as the panel shows it.
+        lowest = self._bar_rank.get(status.node)
+        if rank is not None and (lowest is None or rank < lowest):
+            self._bar_rank[status.node] = lowest = rank
+        if rank is None or rank == lowest:
+            self.tracker.bar(status.node, text, now)
+
+    def summary(self) -> tuple[Slowest | None, str | None]:
+        """The slowest node of the run, and the summary's line on it."""
+        with self._lock:
+            now = self.clock()
+            self.tracker.progress(now)
+            return self.tracker.slowest, self.tracker.summary(now)
