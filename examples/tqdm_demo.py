@@ -66,6 +66,9 @@ def main() -> None:
                         help="N products of 128x128 matrices per step instead of the sleep: real work, "
                              "which a node with less CPU does more slowly (a straggler)")
     args = parser.parse_args()
+    # One thread per rank: torchrun sets OMP_NUM_THREADS=1 only with several ranks per
+    # node, and a rank's threads spinning for CPUs its peers need make every step crawl.
+    torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rank {rank}/{world} on {os.uname().nodename}: {args.epochs} epochs of {args.steps} steps", flush=True)

@@ -212,6 +212,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         render_description(console, cluster.describe(plan, fail_fast=not args.no_fail_fast))
         return _dry_sync(cluster, plan, console) if plan.sync is not None else EXIT_OK
     recovery = _recovery(args, cluster)
+    if args.json:
+        from torchherd.console import make_console
+
+        if args.detach:
+            raise UsageError("--json with --detach: a detached run has no summary yet when run returns",
+                             "leave out --json, and read the run with `torchherd status RUN`")
+        console = make_console(stderr=True)  # stdout: the JSON summary only
     observer = ConsoleObserver(console, view=_view_options(args, console))
     try:
         launched = cluster.launch(plan, log_dir=args.log_dir, on_event=observer, check=not args.no_check,
@@ -223,7 +230,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             render_started(console, launched.record)
             return EXIT_OK
         with sigterm_as_interrupt():
-            return launched.wait().exit_code
+            summary = launched.wait()
+        if args.json:
+            print(json.dumps(summary.as_json(), indent=2))
+        return summary.exit_code
     finally:
         observer.close()  # the panel goes, whichever way the command leaves
 
@@ -562,6 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="start the job so it outlives this command; print the run id and return")
     run.add_argument("--plain", action="store_true",
                      help="plain lines, no live panel (the default when stdout is not a terminal)")
+    run.add_argument("--json", action="store_true",
+                     help="the job's lines on stderr, and on stdout one JSON document at the end: the summary, "
+                          "every node and attempt, the slowest node")
     run.add_argument("--collapse", dest="collapse", action="store_true", default=None,
                      help="show a line many ranks print within half a second once, with who printed it "
                           "(the default on a terminal)")

@@ -384,6 +384,12 @@ class NodeOutcome:
     """The failed rank's own exit code, as torchrun's root-cause report gives it (torchrun
     itself exits 1)."""
 
+    def as_json(self) -> dict[str, object]:
+        return {"node": self.node, "node_rank": self.node_rank, "state": self.state, "exit_code": self.exit_code,
+                "seconds": None if self.seconds is None else round(self.seconds, 3), "first_error": self.first_error,
+                "failed_rank": self.failed_rank, "rank_exit_code": self.rank_exit_code, "left": self.left,
+                "last_lines": list(self.last_lines)}
+
 
 AttemptEnd = Literal["ok", "failed", "lost", "hung", "interrupted"]
 
@@ -443,3 +449,13 @@ class RunSummary:
     straggler: str | None = None
     """The summary's line on it: ``slowest.text()``, or that the run had no progress
     signal to compare; None: nothing to say."""
+
+    def as_json(self) -> dict[str, object]:
+        """What ``run --json`` prints: every figure of the summary, the attempts included."""
+        slowest = self.slowest
+        return {"run_id": self.run_id, "exit_code": self.exit_code, "headline": self.headline,
+                "culprit": self.culprit, "log_dir": self.log_dir, "nodes": [node.as_json() for node in self.nodes],
+                "attempts": [attempt.as_json() for attempt in self.attempts],
+                "slowest": None if slowest is None else {"node": slowest.node, "ratio": round(slowest.ratio, 3),
+                                                         "signal": slowest.signal, "detail": slowest.detail},
+                "straggler": self.straggler}

@@ -9,6 +9,7 @@ After every test no process of any attempt is left on any node.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -241,4 +242,25 @@ def test_a_hang_names_the_stuck_rank_and_its_frame(four: LocalCluster, tmp_path:
     assert "Fatal Python error: Aborted" in log_text(tmp_path / "logs", "node1")
     print(f"hang named {seconds:.1f} s after the start (the job hangs about 3 s in)")
     assert seconds < 5 + 15 + 10, out  # the start and torch's import take about 5 s of it
+    assert_clean(four)
+
+
+@pytest.mark.timeout(240)
+def test_run_json_prints_the_summary_with_every_attempt(four: LocalCluster, tmp_path: Path) -> None:
+    """stdout is one JSON document; the job's lines and the notes go to stderr."""
+    done = subprocess.run([sys.executable, "-m", "torchherd", "-i", str(four.inventory), "run", "--json", "--no-check",
+                           "--include", "node[0-1]", "--retries", "1", "--log-dir", str(tmp_path / "logs"), "--",
+                           RESUMABLE, "--steps", "8", "--step-seconds", "0.05", "--fail-step", "3", "--fail-rank", "1",
+                           "--fail-attempt", "1", "--fail-hang"],
+                          capture_output=True, text=True, timeout=220, env=four.env())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["exit_code"] == 0 and summary["run_id"].startswith("th-")
+    assert [(node["node"], node["state"], node["exit_code"]) for node in summary["nodes"]] == [
+        ("node0", "ok", 0), ("node1", "ok", 0)]
+    attempts = summary["attempts"]
+    assert [(attempt["attempt"], attempt["ended"], attempt["nodes"]) for attempt in attempts] == [
+        (1, "failed", ["node0", "node1"]), (2, "ok", ["node0", "node1"])]
+    assert "node1 rank 1" in attempts[0]["headline"]
+    assert "attempt 2 of 2" in done.stderr and "failing on purpose" in done.stderr
     assert_clean(four)

@@ -120,6 +120,7 @@ FLAGS = [
     pytest.param(["logs", "--rank", "x", "th-x"], "--rank", id="logs-rank-word"),
     pytest.param(["status", "../../etc/x"], "run id", id="status-path"),
     pytest.param(["run", "--bogus"], "--bogus", id="unknown-flag"),
+    pytest.param(["run", "--json", "--detach", "--", "t.py"], "--json with --detach", id="json-detach"),
     pytest.param(["check", "--bandwidth", "--min-bandwidth", "fast"], "--min-bandwidth", id="min-bandwidth-word"),
     pytest.param(["check", "--min-bandwidth", "-1Gbit"], "--min-bandwidth", id="min-bandwidth-negative"),
 ]

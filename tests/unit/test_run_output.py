@@ -18,12 +18,14 @@ from torchherd.engine.outcome import OutputTrack
 from torchherd.inventory import parse
 from torchherd.plan import RunOptions, build_plan
 from torchherd.runlog import (
+    AttemptRecord,
     NodeOutcome,
     OutputLine,
     OutputParser,
     RankLines,
     RecordSplitter,
     RunSummary,
+    Slowest,
     Status,
     is_error_line,
     parse_output,
@@ -234,3 +236,22 @@ def test_a_cxx_abort_on_a_ranks_stderr_is_its_first_error() -> None:
     assert (track.failed_rank, track.rank_exit_code) == (2, -6)
     assert is_error_line(OutputLine("n", 0, "err", "terminate called after throwing an instance of 'c10::Error'"))
     assert not is_error_line(OutputLine("n", 0, "err", "asked to terminate cleanly"))
+
+
+def test_the_summary_as_json_has_every_node_attempt_and_the_slowest() -> None:
+    node = NodeOutcome("node1", 1, "failed", 1, 12.34567, "rank 2: boom", 2, ("a", "b"), rank_exit_code=-6)
+    attempt = AttemptRecord(1, ("node0", "node1"), "failed", "node1 rank 2 failed first", 12.5, ("node1: ping",),
+                            "attempt 2 on node0, node2")
+    summary = RunSummary("th-1", 1, "node1 rank 2 failed first", (node,), "logs/th-1", "node1", (attempt,),
+                         Slowest("node1", 2.25, "busy share", "the others waited for it"), "slowest node: node1")
+    assert json.loads(json.dumps(summary.as_json())) == {
+        "run_id": "th-1", "exit_code": 1, "headline": "node1 rank 2 failed first", "culprit": "node1",
+        "log_dir": "logs/th-1",
+        "nodes": [{"node": "node1", "node_rank": 1, "state": "failed", "exit_code": 1, "seconds": 12.346,
+                   "first_error": "rank 2: boom", "failed_rank": 2, "rank_exit_code": -6, "left": 0,
+                   "last_lines": ["a", "b"]}],
+        "attempts": [{"attempt": 1, "nodes": ["node0", "node1"], "ended": "failed",
+                      "headline": "node1 rank 2 failed first", "seconds": 12.5, "triage": ["node1: ping"],
+                      "next": "attempt 2 on node0, node2"}],
+        "slowest": {"node": "node1", "ratio": 2.25, "signal": "busy share", "detail": "the others waited for it"},
+        "straggler": "slowest node: node1"}
