@@ -182,11 +182,11 @@ def test_a_failed_cd_is_recorded_as_the_setup_phase(tmp_path: Path) -> None:
 def test_a_log_directory_someone_else_made_first_is_refused_and_left_alone(tmp_path: Path) -> None:
     made = Cluster(["n0"], scheduler="slurm", python=_fake_python(tmp_path, 0), workdir=str(tmp_path))
     the_plan = made.plan("train.py", run_id=f"th-taken-{os.getpid()}")
-    planted = Path(the_plan.nodes[0].remote_log_dir)
+    planted = Path(f"{the_plan.nodes[0].remote_log_dir}-42")  # the job id follows the node's name
     planted.mkdir(mode=0o777)
     try:
         (planted / "theirs").write_text("kept")
-        env = {**os.environ, "TORCHHERD_DIR": str(tmp_path), "SLURMD_NODENAME": "n0"}
+        env = {**os.environ, "TORCHHERD_DIR": str(tmp_path), "SLURMD_NODENAME": "n0", "SLURM_JOB_ID": "42"}
         ran = subprocess.run(["bash", "-c", node_command(the_plan, the_plan.nodes)], env=env, capture_output=True)
         assert ran.returncode != 0 and not (tmp_path / "argv").exists()  # torchrun never started
         record = parse_exit_file("n0", (tmp_path / "n0.exit").read_text())
@@ -202,11 +202,17 @@ def test_the_log_directory_torchrun_gets_is_new_private_and_removed_after(tmp_pa
     fake.chmod(0o755)
     made = Cluster(["n0"], scheduler="slurm", python=str(fake), workdir=str(tmp_path))
     the_plan = made.plan("train.py", run_id=f"th-fresh-{os.getpid()}")
-    env = {**os.environ, "TORCHHERD_DIR": str(tmp_path), "SLURMD_NODENAME": "n0"}
-    ran = subprocess.run(["bash", "-c", node_command(the_plan, the_plan.nodes)], env=env, capture_output=True)
+    env = {**os.environ, "TORCHHERD_DIR": str(tmp_path), "SLURMD_NODENAME": "n0", "SLURM_JOB_ID": "43"}
+    # The next attempt of the run (a job of its own) meets what a killed task left behind.
+    left = Path(f"{the_plan.nodes[0].remote_log_dir}-42")
+    left.mkdir(mode=0o700)
+    try:
+        ran = subprocess.run(["bash", "-c", node_command(the_plan, the_plan.nodes)], env=env, capture_output=True)
+    finally:
+        left.rmdir()
     assert ran.returncode == 0, ran.stderr
     assert (tmp_path / "mode").read_text() == "700\n"
-    assert not Path(the_plan.nodes[0].remote_log_dir).exists()
+    assert not Path(f"{the_plan.nodes[0].remote_log_dir}-43").exists()
 
 
 # the poll of the run directory -----------------------------------------------------------

@@ -193,9 +193,11 @@ def node_command(plan: Plan, nodes: Sequence[NodePlan]) -> str:
 
 
 def _log_dir_word(plan: Plan) -> str:
-    """The plan's torchrun log directory with the node's name as SLURM gives it: nodes
-    that share a /tmp (the test cluster, a node with several tasks) each have their own."""
-    return shlex.quote(node_log_dir(plan.run_id, "")) + '"$SLURMD_NODENAME"'
+    """The plan's torchrun log directory with the node's name as SLURM gives it (nodes
+    that share a /tmp, the test cluster or a node with several tasks, each have their
+    own) and the job's id: each attempt of a run with retries is a job of its own, and a
+    task that SLURM killed never removed its directory (the mkdir must not meet it)."""
+    return shlex.quote(node_log_dir(plan.run_id, "")) + '"$SLURMD_NODENAME-$SLURM_JOB_ID"'
 
 
 def _uneven(nodes: Sequence[NodePlan]) -> bool:
