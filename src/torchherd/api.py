@@ -276,7 +276,7 @@ class Cluster:
             if detach:
                 raise UsageError(f"{flag} with --detach: a detached run does not recover (yet)",
                                  f"leave out --detach to recover, or {flag} to detach")
-            self.backend.allow(flag, True)
+            self.backend.allow_recovery(plan, recovery)
             return RecoveringRun(self.backend, plan, options, recovery, observer).start()
         if detach:
             return DetachedRun(self.backend.start_detached(plan, options, observer), self.connector)

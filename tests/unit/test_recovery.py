@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import pytest
 from test_bad_input import assert_one_line, run_cli
@@ -34,6 +34,7 @@ from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, RunEvents
 from torchherd.engine.recovery import RecoveringRun, attempt_plan
 from torchherd.engine.recovery_policy import (
+    TRIAGE_CHECKS,
     Attempt,
     End,
     NextNodes,
@@ -117,7 +118,10 @@ def test_bad_recovery_keys_exit_2_naming_the_key(tmp_path: Path, extra: str, nam
     pytest.param(["--spares", "node[0-3]"], "--spares", id="all-spares"),
     pytest.param(["--spares", "node[1-"], "--spares", id="spare-nodeset"),
     pytest.param(["--retries", "1", "--detach"], "--retries with --detach", id="detach"),
-    pytest.param(["--retries", "1", "--scheduler", "slurm"], "--retries", id="slurm"),
+    pytest.param(["--hang-timeout", "5", "--scheduler", "slurm"], "--hang-timeout", id="slurm-hang"),
+    pytest.param(["--retries", "1", "--hang-timeout", "5", "--scheduler", "slurm"], "--hang-timeout",
+                 id="slurm-retries-and-hang"),
+    pytest.param(["--retries", "1", "--scheduler", "slurm", "--slurm-nodes", "2"], "--retries", id="slurm-picks"),
     pytest.param(["--retries", "1", "--min-nodes", "9", "--no-check"], "--min-nodes 9", id="min-nodes-above"),
 ])
 def test_bad_recovery_flags_exit_2_naming_the_flag(tmp_path: Path, flags: list[str], named: str) -> None:
@@ -257,6 +261,7 @@ class FakeBackend:
     checked: list[tuple[str, ...]] = field(default_factory=list)
     hold: bool = False
     jobs: list[_Job] = field(default_factory=list)
+    triage_checks: ClassVar[frozenset[str]] = TRIAGE_CHECKS
 
     def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
               on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:

@@ -24,12 +24,13 @@ from torchherd.engine import detach as detached
 from torchherd.engine.events import Observer, ignore
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, launch, open_nodes, preflight, sync_first, with_probes
+from torchherd.engine.recovery_policy import TRIAGE_CHECKS
 from torchherd.engine.slurm import check as slurm_check
 from torchherd.engine.slurm import detached as slurm_detached
 from torchherd.engine.slurm import job as slurm_job
-from torchherd.engine.slurm.batch import BatchJob, batch_job
+from torchherd.engine.slurm.batch import BatchJob, batch_job, placement
 from torchherd.errors import TorchherdError, UsageError
-from torchherd.inventory import Host
+from torchherd.inventory import Host, Recovery
 from torchherd.plan import Plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runrecord import NodeState, RunRecord
@@ -63,6 +64,8 @@ class Backend(ABC):
     """Whether the ``[slurm]`` keys (``--slurm-*``) mean anything to it."""
     refuses: ClassVar[Mapping[str, tuple[str, str]]] = {}
     """The flags it cannot honour: flag -> (why, hint)."""
+    triage_checks: ClassVar[frozenset[str]] = TRIAGE_CHECKS
+    """The checks a recovering run's triage runs on the next attempt's nodes."""
 
     def ssh_hostnames(self, hosts: Sequence[Host]) -> dict[str, str]:
         """Per host reached by an ssh_config alias, the alias's HostName (the address its
@@ -75,6 +78,12 @@ class Backend(ABC):
         if given and flag in self.refuses:
             why, hint = self.refuses[flag]
             raise UsageError(f"{flag}: {why}", hint)
+
+    def allow_recovery(self, plan: Plan, recovery: Recovery) -> None:
+        """Raises UsageError (exit 2, one line naming the flag) for the recovery this
+        backend cannot give ``plan``."""
+        self.allow("--retries", recovery.retries > 0)
+        self.allow("--hang-timeout", recovery.hang_timeout is not None)
 
     @abstractmethod
     def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
@@ -173,13 +182,26 @@ class SlurmBackend(Backend):
         "--grace": ("not for SLURM runs (SLURM's KillWait is the grace period)", "leave --grace out"),
         "--smoke": ("not for SLURM checks (the nodes are reached as steps of an allocation, not by run's supervisor)",
                     "leave --smoke out; a short torchherd run is the smoke test"),
-        "--retries": ("not for SLURM runs (yet): SLURM's own --requeue resubmits a job",
-                      "leave --retries out, or run over SSH"),
-        "--hang-timeout": ("not for SLURM runs (yet): SLURM's own --requeue resubmits a job",
-                           "leave --hang-timeout out, or run over SSH"),
+        "--hang-timeout": ("not for SLURM runs (the hang watch samples the ranks' CPU and takes their stacks "
+                           "over torchherd's own SSH sessions to the nodes)",
+                           "leave --hang-timeout out ([slurm].time bounds a run), or run over SSH"),
         "--matrix": ("not for SLURM checks (the probes run inside an allocation; the report lists the failed ones)",
                      "leave --matrix out"),
     }
+
+    triage_checks: ClassVar[frozenset[str]] = frozenset({"slurm-node"})
+    """SLURM's own word on each node (sinfo: drained, down, not responding, with the
+    admin's reason): torchherd does not reach SLURM's nodes to run the fast checks."""
+
+    def allow_recovery(self, plan: Plan, recovery: Recovery) -> None:
+        super().allow_recovery(plan, recovery)
+        if recovery.retries and placement(plan, plan.inventory.slurm).source == "[slurm]":
+            # A recovering run leaves a node out and takes a spare by name: it must name
+            # every node it asks for, or it could not say which ones the next attempt gets.
+            raise UsageError("--retries: [slurm].nodes or nodelist lets SLURM pick the nodes; a recovering "
+                             "SLURM run names its nodes",
+                             "list the nodes as [[hosts]] (spares with spare = true or --spares) instead of "
+                             "[slurm].nodes and nodelist")
 
     def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
               on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:

@@ -61,10 +61,12 @@ class NodeLog:
 
 
 class NodeLogs:
-    """Every node's log of one run, each opened at its node's first line."""
+    """Every node's log of one run, each opened at its node's first line (after ``marker``,
+    the line that opens an attempt's part, when there is one)."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, marker: bytes = b"") -> None:
         self.log_dir = log_dir
+        self.marker = marker
         self._logs: dict[str, NodeLog] = {}
 
     def write(self, chunks: Sequence[object]) -> None:
@@ -74,7 +76,7 @@ class NodeLogs:
                 by_node.setdefault(chunk.node, []).append(chunk)
         for node, lines in by_node.items():
             if node not in self._logs:
-                self._logs[node] = NodeLog(self.log_dir / f"{node}.log")
+                self._logs[node] = NodeLog(self.log_dir / f"{node}.log", self.marker)
             self._logs[node].write(lines)
 
     def close(self) -> None:

@@ -85,6 +85,9 @@ class LaunchOptions:
     attempt: int = 0
     """A run with retries: the attempt's number (from 1); its node logs are written on
     after a marker line. 0: a run without retries (each log written afresh)."""
+    exclude: tuple[str, ...] = ()
+    """Nodes the scheduler must not place the job on: the nodes a recovering run excluded
+    (SLURM's ``--exclude``). An SSH run starts only the nodes its plan names."""
 
     @property
     def stop_grace(self) -> float:

@@ -4,8 +4,10 @@ Each attempt is an ordinary run of the same plan (the same run id, ``TORCHHERD_A
 in the job's environment, the same node logs written on after a marker line), started
 and supervised by the backend. After a failed attempt the pure policy
 (``recovery_policy``) decides whether the run ends; if not, the fast node checks run on
-the next attempt's nodes (the triage), nodes that fail them are excluded, spares take
-their places, and the next attempt starts. Ctrl-C or SIGTERM (``stop``) never retries.
+the next attempt's nodes (the triage: the backend's ``triage_checks``), nodes that fail
+them are excluded, spares take their places, and the next attempt starts; a backend
+whose scheduler places the job (SLURM) is also told every node excluded so far
+(``LaunchOptions.exclude``). Ctrl-C or SIGTERM (``stop``) never retries.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from torchherd.engine.hang import FAULTHANDLER, HangWatch, described, stacks_of
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Run, wait_stopping
 from torchherd.engine.recovery_policy import (
-    TRIAGE_CHECKS,
     Attempt,
     End,
     NextNodes,
@@ -62,6 +63,10 @@ cross-node checks could not count, is followed by one on the new set of nodes.""
 
 class Backendish(Protocol):
     """What recovery needs of a backend (``engine.backend.Backend`` has it)."""
+
+    @property
+    def triage_checks(self) -> frozenset[str]:
+        """The checks a triage runs on the next attempt's nodes (``check``'s ``only``)."""
 
     def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
               on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport: ...
@@ -122,6 +127,9 @@ class RecoveringRun:
         self.records: list[AttemptRecord] = []
         self.attempts: list[Attempt] = []
         self.networks: dict[str, NodeNetwork] = {}
+        self.excluded: list[str] = []
+        """Every node excluded so far: a scheduler that places the job itself is told to
+        leave them out (``LaunchOptions.exclude``: SLURM's ``--exclude``)."""
         self._lock = threading.Lock()
         self._stopping = 0
         self._current: Run | None = None
@@ -178,8 +186,8 @@ class RecoveringRun:
         plan = attempt_plan(self.plan, nodes, number, self.networks, faulthandler=timeout is not None)
         if self.recovery.retries:
             self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes))
-        run = self.backend.launch(plan, replace(options, attempt=number if self.recovery.retries else 0),
-                                  self._relay)
+        run = self.backend.launch(plan, replace(options, attempt=number if self.recovery.retries else 0,
+                                                exclude=tuple(self.excluded)), self._relay)
         sessions: Mapping[str, Session] | None = getattr(run.job, "sessions", None)
         with self._lock:
             self._current = run
@@ -313,13 +321,13 @@ class RecoveringRun:
         master = self.plan.nodes[0].host.name
         checked = (master, *self.spares)
         started = time.monotonic()
-        report = self.backend.check(attempt_plan(self.plan, checked, 1), CheckOptions(only=TRIAGE_CHECKS),
-                                    sync=self.plan.sync is not None)
+        report = self.backend.check(attempt_plan(self.plan, checked, 1),
+                                    CheckOptions(only=self.backend.triage_checks), sync=self.plan.sync is not None)
         failed = {node: why for node, why in triage_failures(report.results, self.spares).items()}
         self.emit(TriageDone(checked, tuple(failed.items()), time.monotonic() - started))
         for spare, why in failed.items():
             self.spares.remove(spare)
-            self.emit(NodeExcluded(spare, f"spare dropped: {why}"))
+            self._exclude(spare, f"spare dropped: {why}")
 
     def _triage(self, attempt: Attempt) -> _Triaged:
         """The fast checks on the next attempt's nodes (and the unchecked spares), round
@@ -329,7 +337,7 @@ class RecoveringRun:
         again = cooldown(attempt, self.attempts)
         if again is not None:
             excluded[again] = "its ranks failed first in two attempts in a row"
-            self.emit(NodeExcluded(again, excluded[again]))
+            self._exclude(again, excluded[again])
             found.append(f"{again}: {excluded[again]}")
         for _ in range(TRIAGE_ROUNDS):
             if self.stopping:
@@ -340,7 +348,7 @@ class RecoveringRun:
             checked = proposal.nodes + tuple(spare for spare in self.spares if spare not in proposal.nodes)
             started = time.monotonic()
             report = self.backend.check(attempt_plan(self.plan, checked, attempt.number + 1),
-                                        CheckOptions(only=TRIAGE_CHECKS))
+                                        CheckOptions(only=self.backend.triage_checks))
             failed = triage_failures(report.results, checked)
             self.emit(TriageDone(checked, tuple(failed.items()), time.monotonic() - started))
             for node, why in failed.items():
@@ -348,7 +356,7 @@ class RecoveringRun:
                 found.append(f"{node}: {why}")
                 if node in self.spares:
                     self.spares.remove(node)
-                self.emit(NodeExcluded(node, why))
+                self._exclude(node, why)
             if not failed:
                 return _Triaged(self._take(proposal, len(attempt.nodes)), tuple(found))
             settled = self._settled(attempt, list(excluded), checked, report.results)
@@ -356,6 +364,11 @@ class RecoveringRun:
                 return _Triaged(self._take(settled, len(attempt.nodes)), tuple(found))
         return _Triaged(End("no node left", f"the triage still excluded nodes after {TRIAGE_ROUNDS} rounds"),
                         tuple(found))
+
+    def _exclude(self, node: str, why: str) -> None:
+        if node not in self.excluded:
+            self.excluded.append(node)
+        self.emit(NodeExcluded(node, why))
 
     def _settled(self, attempt: Attempt, excluded: list[str], checked: tuple[str, ...],
                  results: Sequence[CheckResult]) -> NextNodes | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from torchherd.errors import UsageError
@@ -63,10 +63,28 @@ class BatchJob:
     notes: tuple[str, ...]
     options: tuple[str, ...] = ()
     """The script's ``#SBATCH`` options (an allocation for check asks for the same)."""
+    exclude: tuple[str, ...] = ()
+    """Nodes sbatch is told to leave out (``--exclude``): a recovering run's excluded nodes."""
 
 
-def run_dir(run_id: str) -> str:
-    return f"{RUNS_DIR}/{run_id}"
+def run_dir(run_id: str, attempt: int = 0) -> str:
+    """The run's directory on the submit host; an attempt after the first gets one of its
+    own inside it, so that no file of an earlier attempt (its ``.exit`` records above all)
+    is read as this attempt's."""
+    return f"{RUNS_DIR}/{run_id}" + (f"/attempt-{attempt}" if attempt > 1 else "")
+
+
+_EXCLUDE = re.compile(r"^(?:--exclude[= ]|-x ?)(?P<nodes>\S+)$")
+
+
+def for_attempt(job: BatchJob, attempt: int, exclude: Sequence[str]) -> BatchJob:
+    """``job`` as attempt ``attempt`` of a run with retries submits it: its own run
+    directory, and ``exclude`` for sbatch's ``--exclude``. An ``--exclude`` of
+    ``[slurm].extra`` is kept in it: sbatch's command line overrides the script's."""
+    if not exclude:
+        return replace(job, run_dir=run_dir(job.run_id, attempt))
+    given = [match.group("nodes") for match in map(_EXCLUDE.match, job.options) if match is not None]
+    return replace(job, run_dir=run_dir(job.run_id, attempt), exclude=tuple(dict.fromkeys([*given, *exclude])))
 
 
 def placement(plan: Plan, settings: SlurmSettings) -> Placement:
@@ -270,10 +288,12 @@ def shown_script(job: BatchJob) -> str:
 
 def submit_command(job: BatchJob) -> str:
     """Writes the script from stdin into a new 0600 file of a new 0700 run directory and
-    submits it; prints the job id (``sbatch --parsable``)."""
+    submits it (with ``--exclude`` when the job leaves nodes out); prints the job id
+    (``sbatch --parsable``)."""
     directory = quote_path(job.run_dir)
+    exclude = f"{shlex.quote('--exclude=' + ','.join(job.exclude))} " if job.exclude else ""
     return (f"umask 077 && mkdir -p {directory} && cd {directory} && set -C && cat > {BATCH_SCRIPT} && "
-            f"sbatch --parsable {BATCH_SCRIPT}")
+            f"sbatch --parsable {exclude}{BATCH_SCRIPT}")
 
 
 ALLOCATION_TIME = "5"

@@ -40,14 +40,16 @@ from torchherd.transport import Connector, Session
 from torchherd.transport.srun import SrunConnector
 
 
-def slurm_view(session: Session, plan: Plan, batch: BatchJob) -> list[CheckResult]:
-    """What SLURM itself says: partitions and nodes (sinfo), and whether it would take
-    the job (``sbatch --test-only``, the script on stdin: nothing is submitted)."""
+def slurm_view(session: Session, plan: Plan, batch: BatchJob, test_submit: bool = True) -> list[CheckResult]:
+    """What SLURM itself says: partitions and nodes (sinfo), and (``test_submit``) whether
+    it would take the job (``sbatch --test-only``, the script on stdin: nothing is submitted)."""
     try:
         rows = analysis.parse_sinfo(ask(session, f"sinfo -h -N -o {shlex.quote(analysis.SINFO_FORMAT)}", "sinfo"))
     except (TorchherdError, TransportError) as error:
         return [CheckResult(CLUSTER, "slurm", "fail", str(error), "is SLURM's controller up? (scontrol ping)")]
     results = analysis.slurm_view(rows, plan.inventory.slurm, batch.placement, plan.nproc_per_node)
+    if not test_submit:
+        return results
     test = session.run("sbatch --test-only", stdin=batch.script.encode("utf-8"), timeout=COMMAND_TIMEOUT)
     said = test.stderr.decode("utf-8", "replace").strip().splitlines()
     last = said[-1].removeprefix("sbatch: ") if said else f"exit {test.exit_code}"
@@ -83,7 +85,8 @@ def check(plan: Plan, options: CheckOptions, connector: Connector,
     except TransportError as error:
         return _report([CheckResult(CLUSTER, "slurm", "fail", str(error), error.hint)], progress)
     try:
-        results = [result for result in slurm_view(session, plan, batch) if result.check in wanted]
+        results = [result for result in slurm_view(session, plan, batch, "sbatch" in wanted)
+                   if result.check in wanted]
         _emit(results, progress)
         inside = tuple(check for check in IN_ALLOCATION if check in wanted)
         if inside and not any(result.status == "fail" for result in results):

@@ -25,12 +25,13 @@ from torchherd.engine.events import (
     RunStarted,
     StopSent,
 )
-from torchherd.engine.job import LaunchOptions
+from torchherd.engine.job import LaunchOptions, attempt_marker
 from torchherd.engine.launch import LaunchAborted, Run, RunEvents
 from torchherd.engine.outcome import Ending, OutputTrack, summarise
 from torchherd.engine.slurm.batch import (
     BatchJob,
     batch_job,
+    for_attempt,
 )
 from torchherd.engine.slurm.check import slurm_view
 from torchherd.engine.slurm.commands import (
@@ -107,7 +108,8 @@ class SlurmJob:
         self._stops: queue.Queue[None] = queue.Queue()
         self._wake = threading.Event()
         self._cancel_deadline: float | None = None
-        self.logs = NodeLogs(self.log_dir)
+        marker = attempt_marker(options.attempt, [node.host.name for node in plan.nodes]) if options.attempt else b""
+        self.logs = NodeLogs(self.log_dir, marker)
 
     def request_stop(self) -> None:
         """Thread-safe: scancel at the next step (a second request: SIGKILL)."""
@@ -315,7 +317,7 @@ def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: O
 
 def submitted(plan: Plan, options: LaunchOptions, connector: Connector,
                observer: Observer) -> tuple[Session, BatchJob, str]:
-    batch = batch_job(plan, plan.inventory.slurm, options.fail_fast)
+    batch = for_attempt(batch_job(plan, plan.inventory.slurm, options.fail_fast), options.attempt, options.exclude)
     session = frontend(plan.inventory, connector)
     try:
         if options.check:

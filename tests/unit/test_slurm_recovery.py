@@ -1,0 +1,207 @@
+"""``run --retries`` on SLURM, the pure side: the resubmission (its own run directory,
+``sbatch --exclude``, quoted), the triage from sinfo's rows, what is refused, and the
+recovery loop handing the excluded nodes to the backend. No SLURM, no socket (the real
+one: tests/cluster/test_slurm.py)."""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ClassVar
+
+import pytest
+
+from torchherd.api import Cluster
+from torchherd.checks import CheckOptions
+from torchherd.checks.analysis.slurm import parse_sinfo, slurm_view
+from torchherd.engine.backend import SlurmBackend
+from torchherd.engine.events import Collector, NodeExcluded, Observer, ignore
+from torchherd.engine.job import LaunchOptions
+from torchherd.engine.launch import Run, RunEvents
+from torchherd.engine.recovery import RecoveringRun
+from torchherd.engine.recovery_policy import triage_failures
+from torchherd.engine.slurm.batch import Placement, batch_job, for_attempt, run_dir, submit_command
+from torchherd.errors import UsageError
+from torchherd.inventory import Recovery
+from torchherd.plan import Plan
+from torchherd.results import CheckReport, CheckResult
+from torchherd.runlog import NodeOutcome, RunSummary
+
+
+def plan(hosts: int = 3, spares: str = "", **slurm: object) -> Plan:
+    made = Cluster([f"node{index}" for index in range(hosts)], scheduler="slurm", python="/opt/venv/bin/python",
+                   slurm={"partition": "main", **slurm})
+    if spares:
+        made = made.with_spares(spares)
+    return made.plan("train.py", run_id="th-test", nproc_per_node=1)
+
+
+def sbatch_words(command: str) -> list[str]:
+    """The words of the submit command's sbatch, as the shell splits them."""
+    return shlex.split(command[command.index("sbatch --parsable"):])
+
+
+# the resubmission ------------------------------------------------------------------------
+
+
+def test_the_first_attempt_is_submitted_as_without_retries() -> None:
+    job = batch_job(plan(), plan().inventory.slurm)
+    assert for_attempt(job, 1, ()) == job
+    assert sbatch_words(submit_command(for_attempt(job, 1, ()))) == ["sbatch", "--parsable", "job.sbatch"]
+
+
+def test_a_later_attempt_has_its_own_directory_and_excludes_the_nodes() -> None:
+    job = for_attempt(batch_job(plan(), plan().inventory.slurm), 2, ("node1", "node4"))
+    assert job.run_dir == "~/.torchherd/runs/th-test/attempt-2" == run_dir("th-test", 2)
+    command = submit_command(job)
+    assert sbatch_words(command) == ["sbatch", "--parsable", "--exclude=node1,node4", "job.sbatch"]
+    assert "mkdir -p ~/.torchherd/runs/th-test/attempt-2 && cd ~/.torchherd/runs/th-test/attempt-2" in command
+
+
+def test_a_node_name_cannot_reach_the_shell_unquoted() -> None:
+    job = for_attempt(batch_job(plan(), plan().inventory.slurm), 3, ("node1", "x;touch /tmp/owned $(id)"))
+    command = submit_command(job)
+    assert shlex.quote("--exclude=node1,x;touch /tmp/owned $(id)") in command
+    assert sbatch_words(command)[2] == "--exclude=node1,x;touch /tmp/owned $(id)"
+
+
+@pytest.mark.parametrize("given", ["--exclude=node9", "--exclude node9", "-x node9", "-xnode9"])
+def test_an_exclude_of_slurm_extra_is_kept_in_the_resubmissions(given: str) -> None:
+    # sbatch's command line overrides the script's #SBATCH line: the user's nodes go with ours.
+    chosen = plan(extra=[given])
+    job = for_attempt(batch_job(chosen, chosen.inventory.slurm), 2, ("node1",))
+    assert job.exclude == ("node9", "node1")
+    assert f"#SBATCH {given}" in job.script
+
+
+# the triage: SLURM's own view of each node ----------------------------------------------
+
+SINFO = """node0|main*|up|idle|2|(null)|none
+node1|main*|up|drained|2|(null)|fan failure, ticket 42
+node2|main*|up|completing|2|(null)|none
+node3|main*|up|down*|2|(null)|Not responding
+node4|main*|up|draining|2|(null)|bad DIMM
+"""
+
+
+def triage(nodes: tuple[str, ...], spares: tuple[str, ...] = ()) -> dict[str, str]:
+    """What the SLURM triage of ``nodes`` (and ``spares``) finds, from SINFO."""
+    chosen = plan(5)
+    where = Placement(len(nodes + spares), ",".join(nodes + spares), "the inventory's hosts")
+    results = [result for result in slurm_view(parse_sinfo(SINFO), chosen.inventory.slurm, where, 1)
+               if result.check in SlurmBackend.triage_checks]
+    return triage_failures(results, nodes + spares)
+
+
+def test_the_triage_excludes_drained_draining_and_down_nodes_with_slurms_reason() -> None:
+    assert triage(("node0", "node1", "node2", "node3", "node4")) == {
+        "node1": "slurm-node: node1 is drained (fan failure, ticket 42)",
+        "node3": "slurm-node: node3 is down* (Not responding)",
+        "node4": "slurm-node: node4 is draining (bad DIMM)",
+    }
+
+
+def test_a_node_still_completing_the_last_attempt_passes_the_triage() -> None:
+    assert triage(("node0", "node2")) == {}
+
+
+def test_a_node_slurm_does_not_know_is_excluded() -> None:
+    assert triage(("node0", "gpu7")) == {"gpu7": "slurm-node: gpu7 is not in the partition"}
+
+
+# what SLURM refuses ----------------------------------------------------------------------
+
+
+def test_retries_are_refused_where_slurm_picks_the_nodes() -> None:
+    backend = SlurmBackend()
+    backend.allow_recovery(plan(), Recovery(retries=2, min_nodes=2))
+    for chosen in (plan(nodes=3), plan(nodelist="node[0-2]")):
+        with pytest.raises(UsageError, match=r"^--retries: \[slurm\].nodes or nodelist lets SLURM pick"):
+            backend.allow_recovery(chosen, Recovery(retries=1))
+    with pytest.raises(UsageError, match="^--hang-timeout: not for SLURM runs"):
+        backend.allow_recovery(plan(), Recovery(retries=1, hang_timeout=60.0))
+
+
+# the loop hands every excluded node to the backend --------------------------------------
+
+
+def _summary(chosen: Plan, culprit: str | None) -> RunSummary:
+    nodes = tuple(NodeOutcome(node.host.name, index, "failed" if node.host.name == culprit else
+                              ("torn down" if culprit else "ok"), 1 if node.host.name == culprit else 0, 1.0,
+                              "rank 1: RuntimeError: boom" if node.host.name == culprit else None, None, ())
+                  for index, node in enumerate(chosen.nodes))
+    if culprit is None:
+        return RunSummary(chosen.run_id, 0, "all finished", nodes, "logs")
+    return RunSummary(chosen.run_id, 1, f"{culprit} failed first", nodes, "logs", culprit)
+
+
+@dataclass
+class _Done:
+    plan: Plan
+    summary: RunSummary
+    log_dir: Path = Path("/nonexistent")
+
+    def supervise(self) -> RunSummary:
+        return self.summary
+
+    def request_stop(self) -> None:
+        pass
+
+
+@dataclass
+class SlurmLike:
+    """A backend with SLURM's triage: sinfo says ``drained`` for the nodes in it."""
+
+    culprits: list[str | None]
+    drained: dict[str, str] = field(default_factory=dict)
+    launched: list[tuple[tuple[str, ...], LaunchOptions]] = field(default_factory=list)
+    checked: list[frozenset[str]] = field(default_factory=list)
+    triage_checks: ClassVar[frozenset[str]] = SlurmBackend.triage_checks
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
+              on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:
+        assert options.only is not None
+        self.checked.append(options.only)
+        return CheckReport(tuple(
+            CheckResult(node.host.name, "slurm-node", "fail" if node.host.name in self.drained else "pass",
+                        f"{node.host.name} is drained ({self.drained[node.host.name]})"
+                        if node.host.name in self.drained else f"{node.host.name} is idle")
+            for node in plan.nodes))
+
+    def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
+        self.launched.append((tuple(node.host.name for node in plan.nodes), options))
+        run = Run(_Done(plan, _summary(plan, self.culprits[len(self.launched) - 1])), RunEvents(observer))
+        run.start()
+        return run
+
+
+def recover(backend: SlurmLike, chosen: Plan, recovery: Recovery) -> tuple[RunSummary, Collector]:
+    events = Collector()
+    run = RecoveringRun(backend, chosen, LaunchOptions(check=False, log_dir=Path("/nonexistent")), recovery, events)
+    return run.start().wait(timeout=20), events
+
+
+def test_a_drained_node_is_excluded_and_its_place_taken_by_a_spare() -> None:
+    backend = SlurmLike(["node1", None], drained={"node1": "fan failure"})
+    summary, events = recover(backend, plan(4, spares="node3"), Recovery(retries=1))
+    assert summary.exit_code == 0
+    assert [(nodes, options.attempt, options.exclude) for nodes, options in backend.launched] == [
+        (("node0", "node1", "node2"), 1, ()),
+        (("node0", "node2", "node3"), 2, ("node1",)),
+    ]
+    assert backend.checked == [frozenset({"slurm-node"})]
+    assert [event.reason for event in events.of(NodeExcluded)] == ["slurm-node: node1 is drained (fan failure)"]
+
+
+def test_the_cooldown_excludes_a_node_slurm_calls_idle_and_the_run_shrinks() -> None:
+    backend = SlurmLike(["node1", "node1", None])
+    summary, _ = recover(backend, plan(3), Recovery(retries=2, min_nodes=2))
+    assert summary.exit_code == 0
+    assert [(nodes, options.exclude) for nodes, options in backend.launched] == [
+        (("node0", "node1", "node2"), ()),
+        (("node0", "node1", "node2"), ()),
+        (("node0", "node2"), ("node1",)),
+    ]
