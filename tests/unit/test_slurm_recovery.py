@@ -23,7 +23,7 @@ from torchherd.engine.launch import Run, RunEvents
 from torchherd.engine.recovery import RecoveringRun
 from torchherd.engine.recovery_policy import triage_failures
 from torchherd.engine.slurm.batch import Placement, batch_job, for_attempt, run_dir, submit_command
-from torchherd.errors import UsageError
+from torchherd.errors import TorchherdError, UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import Plan
 from torchherd.results import CheckReport, CheckResult
@@ -173,6 +173,9 @@ class SlurmLike:
 
     def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
         self.launched.append((tuple(node.host.name for node in plan.nodes), options))
+        if self.culprits[len(self.launched) - 1] == "sbatch":
+            raise TorchherdError("sbatch failed on localhost: sbatch: error: Batch job submission failed: "
+                                 "Socket timed out on send/recv operation")
         run = Run(_Done(plan, _summary(plan, self.culprits[len(self.launched) - 1])), RunEvents(observer))
         run.start()
         return run
@@ -205,3 +208,12 @@ def test_the_cooldown_excludes_a_node_slurm_calls_idle_and_the_run_shrinks() -> 
         (("node0", "node1", "node2"), ()),
         (("node0", "node2"), ("node1",)),
     ]
+
+
+def test_a_resubmission_slurm_refuses_is_a_failed_attempt_not_the_end() -> None:
+    backend = SlurmLike(["node1", "sbatch", None])
+    summary, _ = recover(backend, plan(3), Recovery(retries=2))
+    assert summary.exit_code == 0
+    assert [record.ended for record in summary.attempts] == ["failed", "failed", "ok"]
+    assert summary.attempts[1].headline == ("attempt 2 could not start: sbatch failed on localhost: sbatch: error: "
+                                            "Batch job submission failed: Socket timed out on send/recv operation")

@@ -36,7 +36,7 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.hang import FAULTHANDLER, HangWatch, described, stacks_of
 from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import LaunchAborted, Run, wait_stopping
+from torchherd.engine.launch import Run, wait_stopping
 from torchherd.engine.recovery_policy import (
     Attempt,
     End,
@@ -48,7 +48,7 @@ from torchherd.engine.recovery_policy import (
     triage_failures,
     verdict,
 )
-from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, UsageError
+from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, TorchherdError, UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import NodeNetwork, Plan, build_plan
 from torchherd.results import CheckReport, CheckResult
@@ -262,7 +262,12 @@ class RecoveringRun:
         """The attempt's run; None when it could not start (its ``_finish`` says so)."""
         try:
             return self._launch(number, nodes, options)
-        except LaunchAborted as error:
+        except UsageError:
+            raise
+        except TorchherdError as error:
+            # LaunchAborted, or a scheduler that refused the submission (sbatch: slurmctld
+            # busy, a node it no longer knows) or whose host did not answer: a failed
+            # attempt, as the policy counts them, not the end of the run.
             self._aborted = str(error)
             return None
 
