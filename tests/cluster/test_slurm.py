@@ -24,9 +24,24 @@ import pytest
 from localcluster import LocalCluster
 from processes import default_signals
 from slurmcluster import SlurmCluster, slurm_unavailable_reason
+from test_run_recovery import attempt_rows
 
+from torchherd.api import Cluster
 from torchherd.cli import main
 from torchherd.console import make_console
+from torchherd.engine.events import (
+    AttemptFailed,
+    AttemptStarted,
+    Collector,
+    Event,
+    JobQueued,
+    NodeExcluded,
+    SpareTaken,
+)
+from torchherd.engine.job import LaunchOptions
+from torchherd.engine.recovery import RecoveringRun
+from torchherd.engine.slurm.commands import parse_scontrol
+from torchherd.inventory import Recovery
 
 pytestmark = pytest.mark.cluster
 
@@ -262,4 +277,105 @@ def test_check_inside_an_allocation_finds_a_blocked_port(slurm: SlurmCluster, in
     assert code == 1
     failed = {(item["node"], item["check"]) for item in report["checks"] if item["status"] == "fail"}
     assert ("node0", "firewall") in failed and ("node1", "port") in failed, report
+    assert slurm.queue() == []
+
+
+# run --retries: each attempt a new submission -------------------------------------------
+
+FAIL_FIRST = str(Path(__file__).resolve().parent / "jobs" / "fail_first_attempt.py")
+
+
+def job_fields(slurm: SlurmCluster, job_id: str) -> dict[str, str]:
+    """``scontrol show job -o``: what slurmctld recorded of a job (it remembers an ended
+    one for MinJobAge, 300 s)."""
+    return parse_scontrol(slurm.client("scontrol", "show", "job", "-o", job_id).stdout)
+
+
+@pytest.mark.timeout(420)
+def test_a_rank_failing_in_attempt_1_is_resubmitted_and_attempt_2_succeeds(slurm: SlurmCluster, inventory: Path,
+                                                                              tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    code, out = run(inventory, logs, "--retries", "2", "--nproc-per-node", "1", "--", FAIL_FIRST, "--fail-rank", "1")
+    assert code == 0, out
+    assert "attempt 1 of 3 on 3 nodes: node0, node1, node2" in out, out
+    assert "node1 rank 1 failed first" in out and "fail_first_attempt: failing in attempt 1 on purpose" in out, out
+    assert "attempt 2 of 3 on 3 nodes: node0, node1, node2" in out, out
+    jobs = re.findall(r"SLURM job (\d+): submitted", out)
+    assert len(jobs) == 2 and jobs[0] != jobs[1], out
+    first, second = (job_fields(slurm, job) for job in jobs)
+    assert first["JobState"] == "FAILED" and second["JobState"] == "COMPLETED", (first, second)
+    assert second["ExcNodeList"] == "(null)", second  # nothing excluded: a first failure is no verdict
+    later = out[out.index("attempt 2 of 3"):]
+    for rank, node in enumerate(slurm.cluster.names):
+        assert re.findall(rf"^{node}:{rank} +│ tick {rank} (\d)$", later, re.M) == ["0", "1", "2"], out
+    rows = attempt_rows(out)
+    assert len(rows) == 2 and "failed" in rows[0] and "ok" in rows[1], out
+    (run_dir,) = logs.iterdir()
+    text = (run_dir / "node1.log").read_text()
+    assert len(re.findall(r"^==== torchherd: attempt \d ", text, re.M)) == 2, text
+    assert "rank 1 in attempt 2 on node1" in text, text
+    assert slurm.queue() == []
+
+
+@pytest.mark.timeout(420)
+def test_a_node_drained_after_attempt_1_is_excluded_from_the_resubmission(slurm: SlurmCluster, inventory: Path,
+                                                                           tmp_path: Path) -> None:
+    # node0 and node1 run, node2 is the spare; node1's rank fails, then an admin drains
+    # node1: the triage (sinfo) excludes it, attempt 2 is submitted with --exclude=node1.
+    cluster = Cluster.from_toml(inventory).with_spares("node2")
+    plan = cluster.plan(FAIL_FIRST, "--fail-rank", "1", nproc_per_node=1)
+    events = Collector()
+
+    def observer(event: Event) -> None:
+        events(event)
+        if isinstance(event, AttemptFailed):
+            slurm.drain("node1", "ECC errors, ticket 7")
+
+    try:
+        run = cluster.launch(plan, log_dir=tmp_path / "logs", on_event=observer, recovery=Recovery(retries=1))
+        assert isinstance(run, RecoveringRun)
+        summary = run.wait(timeout=360)
+        states = slurm.node_states()
+    finally:
+        slurm.resume("node1")
+    assert summary.exit_code == 0, summary.headline
+    assert [(record.nodes, record.ended) for record in summary.attempts] == [
+        (("node0", "node1"), "failed"), (("node0", "node2"), "ok")], summary.attempts
+    assert states["node1"] in ("drained", "draining"), states
+    (excluded,) = events.of(NodeExcluded)
+    assert excluded.node == "node1" and "drain" in excluded.reason and "ECC errors, ticket 7" in excluded.reason
+    assert [spare.spare for spare in events.of(SpareTaken)] == ["node2"]
+    jobs = list(dict.fromkeys(event.job_id for event in events.of(JobQueued)))
+    assert len(jobs) == 2, jobs
+    second = job_fields(slurm, jobs[1])
+    assert second["ExcNodeList"] == "node1" and second["JobState"] == "COMPLETED", second
+    assert "node1" not in slurm.client("scontrol", "show", "hostnames", second["NodeList"]).stdout.split(), second
+    assert {outcome.node for outcome in summary.nodes} == {"node0", "node2"}
+    assert slurm.queue() == []
+
+
+@pytest.mark.timeout(300)
+def test_stopped_between_two_attempts_nothing_is_resubmitted(slurm: SlurmCluster, inventory: Path,
+                                                             tmp_path: Path) -> None:
+    # Ctrl-C (stop()) as attempt 1 has failed: no triage result starts attempt 2, no job
+    # is left in the queue, the run ends interrupted (130).
+    cluster = Cluster.from_toml(inventory)
+    plan = cluster.plan(FAIL_FIRST, "--fail-rank", "2", nproc_per_node=1)
+    events = Collector()
+    runs: list[RecoveringRun] = []
+
+    def observer(event: Event) -> None:
+        events(event)
+        if isinstance(event, AttemptFailed):
+            runs[0].stop()
+
+    run = RecoveringRun(cluster.backend, plan, LaunchOptions(log_dir=tmp_path / "logs"), Recovery(retries=3),
+                        observer)
+    runs.append(run)
+    summary = run.start().wait(timeout=240)
+    assert summary.exit_code == 130, summary.headline
+    assert [record.ended for record in summary.attempts] == ["failed"], summary.attempts
+    assert summary.attempts[0].next == "interrupted"
+    assert len({event.job_id for event in events.of(JobQueued)}) == 1
+    assert not events.of(AttemptStarted)[1:]
     assert slurm.queue() == []
