@@ -20,7 +20,7 @@ from torchherd.engine.backend import SlurmBackend
 from torchherd.engine.events import Collector, NodeExcluded, Observer, ignore
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, RunEvents
-from torchherd.engine.recovery import RecoveringRun
+from torchherd.engine.recovery import RecoveringRun, attempt_plan
 from torchherd.engine.recovery_policy import triage_failures
 from torchherd.engine.slurm.batch import Placement, batch_job, for_attempt, run_dir, submit_command
 from torchherd.errors import TorchherdError, UsageError
@@ -217,3 +217,11 @@ def test_a_resubmission_slurm_refuses_is_a_failed_attempt_not_the_end() -> None:
     assert [record.ended for record in summary.attempts] == ["failed", "failed", "ok"]
     assert summary.attempts[1].headline == ("attempt 2 could not start: sbatch failed on localhost: sbatch: error: "
                                             "Batch job submission failed: Socket timed out on send/recv operation")
+
+
+def test_a_shrunk_attempt_asks_slurm_for_its_nodes_by_name_and_count() -> None:
+    base = plan(4, spares="node3")
+    job = batch_job(attempt_plan(base, ("node0", "node2"), 3), base.inventory.slurm)
+    assert "#SBATCH --nodes=2" in job.script and "#SBATCH --nodelist=node0,node2" in job.script
+    assert "export TORCHHERD_ATTEMPT=3" in job.script
+    assert '--nnodes "$SLURM_JOB_NUM_NODES"' in job.script
