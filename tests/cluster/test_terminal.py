@@ -176,7 +176,7 @@ def test_a_node_with_less_cpu_is_named_the_straggler_and_a_healthy_run_names_non
         code, text = compute_job(cluster, tmp_path / "throttled")
     assert code == 0, text[-3000:]
     named = re.search(r"slowest node: (\S+), ([0-9.]+)x slower than the median \(the others waited for it", text)
-    assert named is not None and named.group(1) == "node2," and float(named.group(2)) >= 1.5, text[-3000:]
+    assert named is not None and named.group(1) == "node2" and float(named.group(2)) >= 1.5, text[-3000:]
     assert re.search(r"node2\s+slow [0-9.]+x", text), "node2 not marked in the live panel"
     for node in cluster.names:
         assert cluster.wait_no_processes(node) == []
