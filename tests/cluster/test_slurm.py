@@ -298,7 +298,7 @@ def test_a_rank_failing_in_attempt_1_is_resubmitted_and_attempt_2_succeeds(slurm
     code, out = run(inventory, logs, "--retries", "2", "--nproc-per-node", "1", "--", FAIL_FIRST, "--fail-rank", "1")
     assert code == 0, out
     assert "attempt 1 of 3 on 3 nodes: node0, node1, node2" in out, out
-    assert "node1 rank 1 failed first" in out and "fail_first_attempt: failing in attempt 1 on purpose" in out, out
+    assert "node1 rank 1 failed first" in out and "fail_first_attempt: failing on purpose" in out, out
     assert "attempt 2 of 3 on 3 nodes: node0, node1, node2" in out, out
     jobs = re.findall(r"SLURM job (\d+): submitted", out)
     assert len(jobs) == 2 and jobs[0] != jobs[1], out
@@ -378,4 +378,27 @@ def test_stopped_between_two_attempts_nothing_is_resubmitted(slurm: SlurmCluster
     assert summary.attempts[0].next == "interrupted"
     assert len({event.job_id for event in events.of(JobQueued)}) == 1
     assert not events.of(AttemptStarted)[1:]
+    assert slurm.queue() == []
+
+
+@pytest.mark.timeout(300)
+def test_a_final_exit_code_ends_the_run_without_a_resubmission(slurm: SlurmCluster, inventory: Path,
+                                                               tmp_path: Path) -> None:
+    code, out = run(inventory, tmp_path / "logs", "--retries", "2", "--final-exit-codes", "3", "--nproc-per-node", "1",
+                    "--", FAIL_FIRST, "--fail-rank", "1", "--exit-code", "3")
+    assert code == 1, out
+    assert "node1 exited with 3, an exit code marked final: no retry" in out, out
+    assert "attempt 2 of" not in out and len(re.findall(r"SLURM job (\d+): submitted", out)) == 1, out
+    assert slurm.queue() == []
+
+
+@pytest.mark.timeout(420)
+def test_the_same_error_on_another_node_ends_the_run_as_a_job_bug(slurm: SlurmCluster, inventory: Path,
+                                                                  tmp_path: Path) -> None:
+    code, out = run(inventory, tmp_path / "logs", "--retries", "3", "--nproc-per-node", "1", "--",
+                    FAIL_FIRST, "--fail-rank", "1", "--every-attempt")
+    assert code == 1, out
+    assert ("the same error on node1 (attempt 1) and on node2 (attempt 2): a bug in the job, not a bad node: "
+            "RuntimeError: fail_first_attempt: failing on purpose") in out, out
+    assert "attempt 3 of" not in out and len(re.findall(r"SLURM job (\d+): submitted", out)) == 2, out
     assert slurm.queue() == []
