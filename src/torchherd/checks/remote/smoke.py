@@ -31,6 +31,11 @@ SIZES = (1 << 20, 8 << 20, 32 << 20)
 """Bytes of the bus-bandwidth all_reduces: latency-bound, then bandwidth-bound."""
 PAIR_BYTES = 16 << 20
 ITERATIONS = 3
+SIZE_BUDGET = 3.0
+"""Seconds the next size's all_reduces may be expected to take: on a slow link the larger
+sizes are left out (the figure is already plain, and the job must end in its timeout)."""
+PAIR_SECONDS = 0.5
+"""What one pair's transfer should take at the rate the all_reduces found, at most PAIR_BYTES."""
 
 
 def say(*words: object) -> None:
@@ -63,11 +68,15 @@ def nccl_all_reduce(dist: Any, torch: Any, world: int) -> None:
         raise RuntimeError("nccl all_reduce sum is %d, expected %d" % (int(value.item()), world))
 
 
-def bus_bandwidth(dist: Any, torch: Any, rank: int, world: int, backend: str, group: Any = None) -> None:
+def bus_bandwidth(dist: Any, torch: Any, rank: int, world: int, backend: str, group: Any = None) -> float:
     """Each size's all_reduce timed over ITERATIONS after one warm-up; rank 0 says the bus
-    bandwidth (nothing on one rank: 2(n-1)/n is 0)."""
+    bandwidth (nothing on one rank: 2(n-1)/n is 0). A size that would take more than
+    SIZE_BUDGET at the rate of the one before is left out, as all ranks agree (the
+    slowest rank's time). Returns the bytes per second a node's link carried, so
+    measured (infinite on one rank)."""
     device = "cuda" if backend == "nccl" else "cpu"
-    for size in SIZES:
+    rate = float("inf")
+    for index, size in enumerate(SIZES):
         tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
         dist.all_reduce(tensor, group=group)
         dist.barrier(group=group)
@@ -79,6 +88,15 @@ def bus_bandwidth(dist: Any, torch: Any, rank: int, world: int, backend: str, gr
         seconds = (time.perf_counter() - started) / ITERATIONS
         if rank == 0 and world > 1:
             say("busbw", rank, backend, size, "%.4f" % (size * 8 / seconds / 1e9 * 2 * (world - 1) / world))
+        slowest = torch.tensor([seconds], dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+        seconds = max(float(slowest.item()), 1e-9)
+        if world > 1:
+            rate = size * 2 * (world - 1) / world / seconds
+        following = SIZES[index + 1] if index + 1 < len(SIZES) else None
+        if following is None or seconds * following / size * (ITERATIONS + 1) > SIZE_BUDGET:
+            return rate
+    return rate
 
 
 def leaders(dist: Any, torch: Any, world: int) -> List[int]:
@@ -90,11 +108,14 @@ def leaders(dist: Any, torch: Any, world: int) -> List[int]:
     return [index for _, index in found]
 
 
-def pair_bandwidth(dist: Any, torch: Any, rank: int, heads: List[int]) -> None:
+def pair_bandwidth(dist: Any, torch: Any, rank: int, heads: List[int], link_rate: float = float("inf")) -> None:
     """Around the ring of nodes, each node's leader sends PAIR_BYTES to the next one's, one
-    pair at a time (every rank waits at the barrier): the receiver says the rate."""
+    pair at a time (every rank waits at the barrier): the receiver says the rate. Fewer
+    bytes where the all_reduces found slow links (``link_rate``, bytes per second, the
+    same on every rank): about PAIR_SECONDS per pair, 1 MiB at least."""
     count = len(heads)
-    buffer = torch.ones(PAIR_BYTES // 4, dtype=torch.float32)
+    size = int(min(PAIR_BYTES, max(1 << 20, link_rate * PAIR_SECONDS))) // 4 * 4
+    buffer = torch.ones(size // 4, dtype=torch.float32)
     for node in range(count if count > 2 else count - 1):
         sender, receiver = heads[node], heads[(node + 1) % count]
         dist.barrier()
@@ -103,7 +124,7 @@ def pair_bandwidth(dist: Any, torch: Any, rank: int, heads: List[int]) -> None:
             dist.send(buffer, receiver)
         elif rank == receiver:
             dist.recv(buffer, sender)
-            gbit = PAIR_BYTES * 8 / (time.perf_counter() - started) / 1e9
+            gbit = size * 8 / (time.perf_counter() - started) / 1e9
             say("pair", rank, node, (node + 1) % count, "%.4f" % gbit)
 
 
@@ -129,8 +150,8 @@ def main() -> None:
         say("gathered", rank, ",".join(gather_hosts(dist, torch, host, world)))
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             say("rdma", rank, rdma_devices())
-        bus_bandwidth(dist, torch, rank, world, "gloo")
-        pair_bandwidth(dist, torch, rank, leaders(dist, torch, world))
+        link_rate = bus_bandwidth(dist, torch, rank, world, "gloo")
+        pair_bandwidth(dist, torch, rank, leaders(dist, torch, world), link_rate)
         if "nccl" in backends:
             nccl_all_reduce(dist, torch, world)
             say("nccl", rank)
