@@ -1,5 +1,5 @@
 """Bad input on the command line or in an inventory: exit 2, one line naming the
-file, the key or the flag, a hint, and never a traceback (issue 11)."""
+file, the key or the flag, a hint, and never a traceback."""
 
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def test_a_corrupt_run_record_is_one_line_naming_it(tmp_path: Path, monkeypatch:
     assert_one_line(code, output, "th-x.json")
 
 
-# Security 2 (issue 21): a user or host name reaches ssh_config's `Match exec` and
+# A user or host name reaches ssh_config's `Match exec` and
 # `ProxyCommand` as %r / %h, unquoted, in the controller's shell (as in OpenSSH: the
 # pattern of CVE-2023-51385). Every source is checked as OpenSSH's valid_ruser /
 # valid_hostname do, before any ssh_config is read.

@@ -1,4 +1,4 @@
-"""Nothing grows without bound on the controller or a node (issue 11, item 12): a paused
+"""Nothing grows without bound on the controller or a node: a paused
 terminal does not stall fail-fast, following many nodes takes a bounded number of threads,
 a line without end is cut, a torn rank is not held for ever."""
 

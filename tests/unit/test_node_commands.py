@@ -1,5 +1,4 @@
-"""What reaches a node's shell from the inventory and the command line (issue 11, items 6,
-7, 8, 11): one quoting rule for ``check`` and ``run``, the setup snippet kept out of the
+"""What reaches a node's shell from the inventory and the command line: one quoting rule for ``check`` and ``run``, the setup snippet kept out of the
 record stream and on lines of its own, nothing read as an option. Run through real shells
 (``sh -c``), on the local transport."""
 

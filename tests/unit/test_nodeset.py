@@ -138,7 +138,7 @@ def test_clustershell_step_counts() -> None:
     assert yeti[1:9:3] == ["yeti12", "yeti18", "yeti24"] and yeti[::17] == ["yeti10", "yeti44", "yeti78"]
     union = expand("prod-000[0-8/2],prod-000[1-9/2]")
     assert sorted(union) == [f"prod-{value}" for value in _numbers(0, 9, width=4)] and len(union) == 10
-    assert expand("n[1-10/2]") == ["n1", "n3", "n5", "n7", "n9"]  # the example
+    assert expand("n[1-10/2]") == ["n1", "n3", "n5", "n7", "n9"]
 
 
 @pytest.mark.parametrize("group", ["2-5/a", "3/2", "3-/2", "-/2", "4-a/2", "4-3/2", "4-5/-2", "4-2/-2",

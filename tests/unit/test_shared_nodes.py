@@ -1,4 +1,4 @@
-"""Nodes shared with other users (issue 11): another local user must gain nothing.
+"""Nodes shared with other users: another local user must gain nothing.
 
 The node scripts run here as the controller runs them over SSH (``python -c PROGRAM``,
 pipes); the engine runs on the local transport. Attacks that need a second user create

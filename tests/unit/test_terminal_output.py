@@ -1,4 +1,4 @@
-"""Nothing a node, the job or the inventory says acts on the terminal (issue 11, item 8):
+"""Nothing a node, the job or the inventory says acts on the terminal:
 control characters and escape sequences are shown escaped, rich markup is text."""
 
 from __future__ import annotations
