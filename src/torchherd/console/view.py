@@ -194,7 +194,7 @@ class TerminalView(LiveRenderer):
         last line, where ``_erase`` starts."""
         assert self.model is not None
         limit = max(1, min(24, self.console.height // 2 - 3))
-        progress = self.watch.tracker.progress(now) if self.watch is not None else None
+        progress = self.watch.progress(now) if self.watch is not None else None
         self._live.set_renderable(render_panel(self.model, now, limit, progress))
         with self.console.capture() as capture:
             self.console.print(self._live)

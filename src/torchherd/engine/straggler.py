@@ -232,6 +232,11 @@ class StragglerWatch:
         if rank is None or rank == lowest:
             self.tracker.bar(status.node, text, now)
 
+    def progress(self, now: float) -> Progress:
+        """The tracker's rates and marks now (the live panel's)."""
+        with self._lock:
+            return self.tracker.progress(now)
+
     def summary(self) -> tuple[Slowest | None, str | None]:
         """The slowest node of the run, and the summary's line on it."""
         with self._lock:
