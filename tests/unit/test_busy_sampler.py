@@ -78,3 +78,11 @@ def test_a_stopped_worker_is_busy_not_waiting(job: tuple[int, list[int]]) -> Non
 def test_no_workers_or_no_interval_no_records() -> None:
     assert busy_records(ranks.BusySampler(os.getpid(), 0.2), 0.5) == []
     assert ranks.BusySampler(os.getpid(), 0.0).poll(time.monotonic()) == b""
+
+
+def test_the_tree_from_children_files_is_the_process_tables(job: tuple[int, list[int]]) -> None:
+    from torchherd.remote.proctable import descendants, read_proc_table
+
+    root, pids = job
+    assert sorted(ranks.tree_of(root)) == sorted(descendants(read_proc_table(), root)) == sorted(pids)
+    assert ranks.tree_of(2**22 + 1) == []  # no such process

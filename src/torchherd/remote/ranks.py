@@ -401,6 +401,31 @@ ASLEEP = "S"
 """A rank blocked in a collective, on a socket or in a sleep (interruptible sleep)."""
 
 
+def tree_of(root: int, proc: str = "/proc") -> List[int]:
+    """The descendants of ``root``, read from each task's ``children`` file: a handful of
+    reads, where the whole process table of a node (or of a test cluster of hundreds of
+    nodes on one machine) is thousands; the whole table where the kernel has no such file."""
+    found: List[int] = []
+    stack = [root]
+    while stack:
+        pid = stack.pop()
+        try:
+            tasks = os.listdir("%s/%d/task" % (proc, pid))
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open("%s/%d/task/%s/children" % (proc, pid, task), "rb") as file:
+                    children = [int(child) for child in file.read().split()]
+            except FileNotFoundError:
+                return sorted(descendants(read_proc_table(proc), root))
+            except (OSError, ValueError):
+                continue
+            found += children
+            stack += children
+    return found
+
+
 class BusySampler:
     """How much of the time the node's ranks are busy rather than asleep: the state letter
     of each rank (its main thread) five times a second, reported as counts every few
@@ -421,8 +446,7 @@ class BusySampler:
             return b""
         if now >= self.next_look:
             self.next_look = now + BUSY_LOOK
-            self.pids = tuple(sorted(pid for pid in descendants(read_proc_table(), self.root)
-                                     if worker_ranks(pid) is not None))
+            self.pids = tuple(sorted(pid for pid in tree_of(self.root) if worker_ranks(pid) is not None))
         if self.pids and now >= self.next_sample:
             self.next_sample = now + BUSY_SAMPLE
             for _parent, state in read_proc_table(pids=self.pids).values():
