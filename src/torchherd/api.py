@@ -32,6 +32,7 @@ from torchherd.engine.backend import (
     backend_for,
     backend_of,
 )
+from torchherd.engine.background import start_background, stop_controller
 from torchherd.engine.events import Event, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Run
@@ -44,7 +45,7 @@ from torchherd.nodeset import NodesetError, expand
 from torchherd.plan import Plan, RunOptions, SyncOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import OutputLine, flat
-from torchherd.runrecord import NodeState, RunRecord, load_all
+from torchherd.runrecord import NodeState, RecoveryStatus, RunRecord, controller_alive, load_all, recovery_of
 from torchherd.runrecord import load as load_record
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
@@ -267,17 +268,21 @@ class Cluster:
         SLURM refuses any, its KillWait decides). Raises LaunchAborted when it could not start.
         ``recovery`` (default: the inventory's ``[recovery]``) with ``retries`` > 0: a failed
         attempt is followed by triage and another, on the spares where nodes were excluded;
-        returns a ``RecoveringRun`` (``wait``, ``stop``; ``summary.attempts``)."""
+        returns a ``RecoveringRun`` (``wait``, ``stop``; ``summary.attempts``). With both
+        (SSH only): the recovering controller runs in the background on this machine and
+        outlives this process; returns a ``DetachedRun`` (``recovery()``: the attempts)."""
         options = LaunchOptions(check=check, log_dir=Path(log_dir), grace=grace, fail_fast=fail_fast)
         observer = on_event or ignore
         recovery = recovery if recovery is not None else self.recovery
         if recovery.retries > 0 or recovery.hang_timeout is not None:
             flag = "--retries" if recovery.retries > 0 else "--hang-timeout"
-            if detach:
-                raise UsageError(f"{flag} with --detach: a detached run does not recover (yet)",
-                                 f"leave out --detach to recover, or {flag} to detach")
             self.backend.allow_recovery(plan, recovery)
-            return RecoveringRun(self.backend, plan, options, recovery, observer).start()
+            if not detach:
+                return RecoveringRun(self.backend, plan, options, recovery, observer).start()
+            if not self.backend.recovers_detached:
+                raise UsageError(f"{flag} with --detach: not for {self.scheduler} runs (yet)",
+                                 f"leave out --detach to recover, or {flag} to detach")
+            return DetachedRun(start_background(plan, options, recovery, self.connector, observer), self.connector)
         if detach:
             return DetachedRun(self.backend.start_detached(plan, options, observer), self.connector)
         return self.backend.launch(plan, options, observer)
@@ -315,7 +320,22 @@ class DetachedRun:
 
     def status(self) -> list[NodeState]:
         """Per node: running, exited (its code), unreachable; a SLURM job still queued: one row."""
+        self._reload()
         return self.backend.status(self.record)
+
+    def recovery(self) -> RecoveryStatus | None:
+        """A detached run with retries: what its recovering controller (in the background on
+        this machine) recorded, every attempt and how it ended, the run's exit code once it
+        ended, and whether the controller still runs (when not, and the job still does, it
+        runs on without recovery). None for a run without retries."""
+        self._reload()
+        found = recovery_of(self.record)
+        return None if found is None else RecoveryStatus(found, controller_alive(found))
+
+    def _reload(self) -> None:
+        """A recovering run's record changes as it goes (each attempt's nodes): read it again."""
+        if recovery_of(self.record) is not None:
+            self.record = load_record(self.run_id)
 
     def follow(self, on_event: Observer, *, follow: bool = True, node: str | None = None,
                rank: int | None = None) -> dict[str, int]:
@@ -344,7 +364,13 @@ class DetachedRun:
 
     def stop(self, grace: float | None = None) -> dict[str, list[str]]:
         """Stops the run on every node; per node what is left (empty: nothing). ``grace``:
-        seconds from SIGTERM to SIGKILL (None: the run's; SLURM refuses any)."""
+        seconds from SIGTERM to SIGKILL (None: the run's; SLURM refuses any). A run with
+        retries: its recovering controller stops the run first, as Ctrl-C would (no further
+        attempt); then, and when that controller is gone, every node is stopped directly."""
+        recovery = self.recovery()
+        if recovery is not None:
+            stop_controller(recovery.record, self.record.grace if grace is None else grace)
+            self._reload()
         return self.backend.stop(self.record, grace)
 
 

@@ -290,7 +290,8 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
 
     if args.run:
         run = attach(args.run)
-        render_status(console, run.record, run.status())
+        recovery = run.recovery()
+        render_status(console, run.record, run.status(), recovery)
     else:
         render_runs(console, [(run.record, run.status()) for run in runs()])
     return EXIT_OK
@@ -327,7 +328,9 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
     from torchherd.console.detach import render_stopped
 
     run = attach(args.run)
-    return EXIT_OK if render_stopped(console, run.record, run.stop(args.grace)) else EXIT_FAILED
+    recovery = run.recovery()
+    left = run.stop(args.grace)
+    return EXIT_OK if render_stopped(console, run.record, left, recovery) else EXIT_FAILED
 
 
 def _extra_env(assignments: Sequence[str], passed: Sequence[str],

@@ -13,7 +13,7 @@ import math
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, NoReturn, TypeVar
@@ -21,6 +21,7 @@ from typing import Any, Mapping, NoReturn, TypeVar
 from torchherd.errors import UsageError
 from torchherd.inventory import ADDRESS_PATTERN, Host, valid_hostname, valid_ruser
 from torchherd.remote.wire import is_run_id
+from torchherd.runlog import AttemptRecord, RunSummary
 
 T = TypeVar("T")
 MAX_RECORD_BYTES = 16 << 20
@@ -129,6 +130,8 @@ class RunRecord:
         records = tuple(_node(_Fields(source, f"nodes[{index}].", node)) for index, node in enumerate(nodes))
         coordinator = read.optional("coordinator", dict)
         extra = read.optional("extra", dict) or {}
+        if extra.get(RECOVERY_KEY) is not None:  # checked now: a damaged one fails at load, as any key does
+            _recovery(_Fields(source, f"extra.{RECOVERY_KEY}.", extra[RECOVERY_KEY]))
         if extra.get("login") is not None:  # a SLURM run's login host: reached over SSH as a node is
             extra = {**extra, "login": asdict(_node(_Fields(source, "extra.login.", extra["login"])))}
         return cls(run_id=read.run_id("run_id"), inventory=read.text("inventory"), created=read.number("created"),
@@ -246,6 +249,123 @@ def _coordinator(read: _Fields, nodes: tuple[NodeRecord, ...]) -> CoordinatorRec
         read.fail("node", f"{node!r} is not a node of the run")
     return CoordinatorRecord(node=node, port=read.integer("port", 1, 65535), pid=read.integer("pid"),
                              state_file=read.text("state_file"))
+
+
+# a detached run with retries ------------------------------------------------------
+
+RECOVERY_KEY = "recovery"
+"""The key of ``RunRecord.extra`` a detached run with retries keeps its ``RecoveryRecord`` in."""
+ATTEMPT_STATES = ("running", "ok", "failed", "lost", "hung", "interrupted")
+
+
+@dataclass(frozen=True)
+class AttemptState:
+    """One attempt of a detached run with retries, as its controller recorded it."""
+
+    number: int
+    nodes: tuple[str, ...]
+    ended: str
+    """running (not over yet), or how it ended: ok, failed, lost, hung, interrupted."""
+    headline: str = ""
+
+
+@dataclass(frozen=True)
+class RecoveryRecord:
+    """A detached run with retries: its recovering controller, a process in the background
+    on this machine (known by its pid and start time: a later process that reuses the pid
+    is not it), every attempt so far, and once it ended, the run's exit code and headline."""
+
+    pid: int
+    start: int | None
+    """When the process started (clock ticks since boot, /proc); None where unknown."""
+    retries: int
+    attempts: tuple[AttemptState, ...] = ()
+    exit_code: int | None = None
+    headline: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.exit_code is not None
+
+    def started(self, number: int, nodes: tuple[str, ...]) -> RecoveryRecord:
+        return replace(self, attempts=(*self.attempts, AttemptState(number, nodes, "running")))
+
+    def failed(self, number: int, headline: str) -> RecoveryRecord:
+        return replace(self, attempts=tuple(replace(attempt, ended="failed", headline=headline)
+                                            if attempt.number == number else attempt for attempt in self.attempts))
+
+    def finished(self, summary: RunSummary) -> RecoveryRecord:
+        """The run's end: every attempt as the summary has it (how each really ended)."""
+        attempts = tuple(_attempt_state(attempt) for attempt in summary.attempts) or self.attempts
+        return replace(self, attempts=attempts, exit_code=summary.exit_code, headline=summary.headline)
+
+    def to_json_object(self) -> dict[str, object]:
+        data = asdict(self)
+        data["attempts"] = [{**asdict(attempt), "nodes": list(attempt.nodes)} for attempt in self.attempts]
+        return data
+
+
+def _attempt_state(attempt: AttemptRecord) -> AttemptState:
+    return AttemptState(attempt.number, attempt.nodes, attempt.ended, attempt.headline)
+
+
+def recovery_of(record: RunRecord) -> RecoveryRecord | None:
+    """The record's ``RecoveryRecord``; None for a run without retries."""
+    data = record.extra.get(RECOVERY_KEY)
+    return None if data is None else _recovery(_Fields(f"run record {record.run_id}", f"extra.{RECOVERY_KEY}.", data))
+
+
+def with_recovery(record: RunRecord, recovery: RecoveryRecord) -> RunRecord:
+    return replace(record, extra={**record.extra, RECOVERY_KEY: recovery.to_json_object()})
+
+
+def _recovery(read: _Fields) -> RecoveryRecord:
+    attempts = []
+    for index, data in enumerate(read.value("attempts", list)):
+        item = _Fields(read.source, f"{read.where}attempts[{index}].", data)
+        nodes = item.texts("nodes")
+        if not all(_NAME.match(node) for node in nodes):
+            item.fail("nodes", "expected host names")
+        ended = item.text("ended")
+        if ended not in ATTEMPT_STATES:
+            item.fail("ended", f"{ended!r} is not one of {', '.join(ATTEMPT_STATES)}")
+        attempts.append(AttemptState(item.integer("number"), nodes, ended, item.text("headline")))
+    return RecoveryRecord(pid=read.integer("pid"), start=read.optional_integer("start", 0),
+                          retries=read.integer("retries", 0), attempts=tuple(attempts),
+                          exit_code=read.optional_integer("exit_code", 0, 255), headline=read.text("headline"))
+
+
+@dataclass(frozen=True)
+class RecoveryStatus:
+    """What ``status`` says about a detached run's recovery: what its controller recorded,
+    and whether that controller still runs."""
+
+    record: RecoveryRecord
+    alive: bool
+
+
+def controller_alive(recovery: RecoveryRecord) -> bool:
+    """Whether the recovering controller still runs: its pid, started when the record says
+    (a reused pid is another process); a zombie has ended. Without /proc (macOS), the pid."""
+    try:
+        with open(f"/proc/{recovery.pid}/stat", "rb") as file:
+            fields = file.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return recovery.start is None and _pid_exists(recovery.pid)
+    except IndexError:
+        return False
+    # after the command: state is field 3, the start time field 22 (proc(5))
+    return fields[0] != b"Z" and (recovery.start is None or fields[19:20] == [str(recovery.start).encode()])
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: not our controller, but the pid lives
+        return True
+    return True
 
 
 def save(record: RunRecord, directory: Path | None = None) -> Path:

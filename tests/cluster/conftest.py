@@ -4,6 +4,9 @@
 * ``_start(n, workdir)``: the same for a fixture of another scope (call ``down()``).
 * ``make_cluster``: a factory, ``make_cluster(n)`` -> a running cluster with a
   prefix of its own; every cluster it made is torn down after the test.
+* ``state_home``: ``$XDG_STATE_HOME`` (the run records) in the test's own directory.
+* ``runs``: starts detached runs (``Runs.detach``); every run a test started is stopped
+  (its recovering controller too) and its files on the nodes removed, pass or fail.
 
 Tests skip, with the reason, where no cluster can run (not root, no ``ip netns``).
 At the end of the session a check fails the run if anything of a cluster made
@@ -15,7 +18,9 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,6 +36,9 @@ from localcluster import (
     teardown,
     unavailable_reason,
 )
+
+from torchherd.api import attach
+from torchherd.runrecord import remote_run_dir
 
 # Prefixes made here: "tc" + this pid in base 36 + "-" + a counter, so parallel
 # pytest runs on one machine never collide and stay within interface-name limits.
@@ -153,3 +161,55 @@ def make_cluster(
             except Exception as exc:  # keep tearing down the others
                 errors.append(f"{made!r}: {exc}")
         assert not errors, "\n".join(errors)
+
+
+@pytest.fixture
+def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+class Runs:
+    """Starts detached runs as a separate process (so no controller outlives the command)."""
+
+    def __init__(self, state_home: Path) -> None:
+        self.state_home = state_home
+        self.started: list[tuple[LocalCluster, str]] = []
+
+    def detach(self, cluster: LocalCluster, *args: str, inventory: Path | None = None) -> tuple[str, float]:
+        argv = [sys.executable, "-m", "torchherd", "-i", str(inventory or cluster.inventory), "run", "--detach",
+                "--no-check", "--nproc-per-node", "1", *args]
+        started = time.monotonic()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                              env=self.env(cluster))
+        seconds = time.monotonic() - started
+        run_id = self.started_id(cluster, done.stdout)
+        assert done.returncode == 0 and run_id, done.stdout + done.stderr
+        return run_id, seconds
+
+    def env(self, cluster: LocalCluster) -> dict[str, str]:
+        return {**cluster.env(), "XDG_STATE_HOME": str(self.state_home), "COLUMNS": "200"}
+
+    def started_id(self, cluster: LocalCluster, stdout: str) -> str | None:
+        """The run id ``run --detach`` printed (None: none, or several); kept for the cleanup."""
+        ids = re.findall(r"^(th-\S+)$", stdout, re.M)
+        if ids:
+            self.started.append((cluster, ids[0]))
+        return ids[0] if len(ids) == 1 else None
+
+    def cleanup(self) -> None:
+        for cluster, run_id in self.started:
+            try:
+                attach(run_id).stop()
+            finally:
+                for name in cluster.names:
+                    cluster.ssh(name, f"rm -rf {remote_run_dir(run_id)}")
+
+
+@pytest.fixture
+def runs(state_home: Path) -> Iterator[Runs]:
+    made = Runs(state_home)
+    try:
+        yield made
+    finally:
+        made.cleanup()

@@ -21,6 +21,7 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+from conftest import Runs
 from localcluster import LocalCluster
 from processes import default_signals
 
@@ -28,56 +29,12 @@ from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.console.run import LiveRenderer
-from torchherd.engine.detach import Follow, NodeFollower, follow_logs, node_states, stop_run
-from torchherd.runrecord import NodeState, load, remote_run_dir
+from torchherd.engine.detach import Follow, NodeFollower, follow_logs, node_states
+from torchherd.runrecord import NodeState, load
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("state_home")]
 
 TICKER = str(Path(__file__).resolve().parents[2] / "examples" / "ticker.py")
-
-
-@pytest.fixture(autouse=True)
-def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    return tmp_path / "state"
-
-
-class Runs:
-    """Starts detached runs as a separate process (so no controller outlives the command)."""
-
-    def __init__(self, state_home: Path) -> None:
-        self.state_home = state_home
-        self.started: list[tuple[LocalCluster, str]] = []
-
-    def detach(self, cluster: LocalCluster, *args: str, inventory: Path | None = None) -> tuple[str, float]:
-        argv = [sys.executable, "-m", "torchherd", "-i", str(inventory or cluster.inventory), "run", "--detach",
-                "--no-check", "--nproc-per-node", "1", *args]
-        started = time.monotonic()
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-                              env={**cluster.env(), "XDG_STATE_HOME": str(self.state_home), "COLUMNS": "200"})
-        seconds = time.monotonic() - started
-        ids = re.findall(r"^(th-\S+)$", done.stdout, re.M)
-        if ids:
-            self.started.append((cluster, ids[0]))
-        assert done.returncode == 0 and len(ids) == 1, done.stdout + done.stderr
-        return ids[0], seconds
-
-    def cleanup(self) -> None:
-        for cluster, run_id in self.started:
-            try:
-                stop_run(load(run_id))
-            finally:
-                for name in cluster.names:
-                    cluster.ssh(name, f"rm -rf {remote_run_dir(run_id)}")
-
-
-@pytest.fixture
-def runs(state_home: Path) -> Iterator[Runs]:
-    made = Runs(state_home)
-    try:
-        yield made
-    finally:
-        made.cleanup()
 
 
 def cli(cluster: LocalCluster, *args: str) -> tuple[int, str]:

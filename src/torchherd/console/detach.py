@@ -14,7 +14,7 @@ from rich.text import Text
 from torchherd.console import printable
 from torchherd.console.run import LiveRenderer
 from torchherd.runlog import Status
-from torchherd.runrecord import NodeState, RunRecord, describe_since
+from torchherd.runrecord import NodeState, RecoveryStatus, RunRecord, describe_since
 
 STATE_STYLES = {"running": "cyan", "exited": "green", "gone": "bold red", "unreachable": "bold red",
                 "unknown": "yellow", "pending": "cyan"}
@@ -55,7 +55,8 @@ def run_state(states: Sequence[NodeState]) -> str:
     return "unknown"
 
 
-def render_status(console: Console, record: RunRecord, states: Sequence[NodeState]) -> None:
+def render_status(console: Console, record: RunRecord, states: Sequence[NodeState],
+                  recovery: RecoveryStatus | None = None) -> None:
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created))
     table = Table(title=Text(printable(f"run {record.run_id} ({run_state(states)}), started {started}: "
                                        + shlex.join(record.command))), title_justify="left")
@@ -67,6 +68,39 @@ def render_status(console: Console, record: RunRecord, states: Sequence[NodeStat
             style = "bold red"
         table.add_row(Text(state.node), Text(state_text(state), style=style), describe_since(state.since),
                       Text(printable(state.detail)))
+    console.print(table)
+    if recovery is not None:
+        render_recovery(console, recovery, states)
+
+
+def controller_text(recovery: RecoveryStatus, states: Sequence[NodeState]) -> tuple[str, str]:
+    """One line on a detached run's recovering controller, and its style."""
+    record = recovery.record
+    who = f"the recovering controller (pid {record.pid})"
+    current = record.attempts[-1].number if record.attempts else 1
+    if record.ended:
+        return f"recovery ended after attempt {current}: exit {record.exit_code}: {record.headline}", (
+            "green" if record.exit_code == 0 else "bold red")
+    if recovery.alive:
+        return f"{who} runs: attempt {current} of {record.retries + 1}", "cyan"
+    if any(state.state == "running" for state in states):
+        return f"{who} is gone: the job runs on without recovery", "bold red"
+    return f"{who} is gone: no further attempt will be made", "bold red"
+
+
+def render_recovery(console: Console, recovery: RecoveryStatus, states: Sequence[NodeState]) -> None:
+    """The controller's line, then every attempt so far (its nodes, how it ended)."""
+    text, style = controller_text(recovery, states)
+    _plain(console, text, style)
+    if not recovery.record.attempts:
+        return
+    table = Table(title=Text("attempts"), title_justify="left")
+    for column in ("attempt", "nodes", "ended", "how"):
+        table.add_column(column, overflow="fold")
+    for attempt in recovery.record.attempts:
+        style = {"ok": "green", "running": "cyan"}.get(attempt.ended, "bold red")
+        table.add_row(str(attempt.number), Text(",".join(attempt.nodes)), Text(attempt.ended, style=style),
+                      Text(printable(attempt.headline)))
     console.print(table)
 
 
@@ -84,8 +118,14 @@ def render_runs(console: Console, rows: Sequence[tuple[RunRecord, Sequence[NodeS
     console.print(table)
 
 
-def render_stopped(console: Console, record: RunRecord, left: Mapping[str, Sequence[str]]) -> bool:
-    """One line per node; True when nothing of the run is left anywhere."""
+def render_stopped(console: Console, record: RunRecord, left: Mapping[str, Sequence[str]],
+                   recovery: RecoveryStatus | None = None) -> bool:
+    """One line per node (first, for a run with retries, its controller's: as it was
+    before the stop); True when nothing of the run is left anywhere."""
+    if recovery is not None:
+        who = f"the recovering controller (pid {recovery.record.pid})"
+        _plain(console, f"{who}: stopped the run, no further attempt" if recovery.alive
+               else f"{who} was gone already: the nodes were stopped directly", "green" if recovery.alive else "yellow")
     clean = True
     for node, processes in left.items():
         if processes:

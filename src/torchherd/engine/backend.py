@@ -66,6 +66,9 @@ class Backend(ABC):
     """The flags it cannot honour: flag -> (why, hint)."""
     triage_checks: ClassVar[frozenset[str]] = TRIAGE_CHECKS
     """The checks a recovering run's triage runs on the next attempt's nodes."""
+    recovers_detached: ClassVar[bool] = False
+    """Whether a detached run may recover (``--detach --retries``): its controller runs in
+    the background on this machine (``engine.background``), the job on nodes it reaches."""
 
     def ssh_hostnames(self, hosts: Sequence[Host]) -> dict[str, str]:
         """Per host reached by an ssh_config alias, the alias's HostName (the address its
@@ -125,6 +128,8 @@ class Backend(ABC):
 
 class SshBackend(Backend):
     """torchherd starts every node itself: one supervisor per node over SSH."""
+
+    recovers_detached: ClassVar[bool] = True
 
     def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
               on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:

@@ -60,6 +60,8 @@ class NodeStarted:
 
     node: str
     pid: int | None
+    supervisor: int | None = None
+    """The supervisor's own pid (a detached run's record keeps it, for ``status``)."""
 
 
 @dataclass(frozen=True)

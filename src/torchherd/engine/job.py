@@ -49,6 +49,7 @@ from torchherd.runlog import (
     parse_records,
     visible_text,
 )
+from torchherd.runrecord import remote_log_file, remote_state_file
 from torchherd.shell import quote_path
 from torchherd.transport import Process, Session, fan_out
 
@@ -88,6 +89,10 @@ class LaunchOptions:
     exclude: tuple[str, ...] = ()
     """Nodes the scheduler must not place the job on: the nodes a recovering run excluded
     (SLURM's ``--exclude``). An SSH run starts only the nodes its plan names."""
+    persist: bool = False
+    """The job outlives the controller (a detached run with retries, its controller in the
+    background): each node's supervisor also appends its records to the node's log of a
+    detached run, keeps its state file there, and runs on when the controller is gone."""
 
     @property
     def stop_grace(self) -> float:
@@ -252,12 +257,22 @@ class Job:
             node.start_error = str(error)
             self.events.put([Status(node.name, "error", {"message": str(error)})])
             return
-        process.send(supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace).to_line())
+        marker = attempt_marker(self.options.attempt, list(self.nodes)) if self.options.attempt else b""
+        process.send(self._config(node, marker).to_line())
         node.last_seen = node.started_at = time.monotonic()
         node.process = process
-        marker = attempt_marker(self.options.attempt, list(self.nodes)) if self.options.attempt else b""
         threading.Thread(target=read_node, args=(node, process, self.events, marker),
                          name=f"torchherd-read-{node.name}", daemon=True).start()
+
+    def _config(self, node: NodeRun, marker: bytes) -> wire.SupervisorConfig:
+        config = supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace)
+        if not self.options.persist:
+            return config
+        # No watchdog: a silent controller is one that is gone, and the job runs on without it.
+        return config._replace(persist=True, watchdog=0.0, node=node.name,
+                               log_file=remote_log_file(self.plan.run_id, node.name),
+                               state_file=remote_state_file(self.plan.run_id, node.name),
+                               log_head=marker.decode().rstrip("\n") or None)
 
     def _heartbeat(self) -> None:
         """Any line tells the supervisor the controller is still there."""
@@ -326,8 +341,9 @@ class Job:
     def _on_status(self, node: NodeRun, status: Status) -> None:
         fields = status.fields
         if status.event == "started":
-            pid = fields.get("pid")
-            self.emit(NodeStarted(node.name, int(pid) if isinstance(pid, int) else None))
+            pid, supervisor = fields.get("pid"), fields.get("supervisor")
+            self.emit(NodeStarted(node.name, int(pid) if isinstance(pid, int) else None,
+                                  int(supervisor) if isinstance(supervisor, int) else None))
         elif status.event == "error":
             node.start_error = str(fields.get("message", "the job could not be started"))
             self.emit(NodeNotStarted(node.name, node.start_error))

@@ -114,7 +114,7 @@ class RecoveringRun:
     of their own; the observer gets each attempt's events and the recovery's own."""
 
     def __init__(self, backend: Backendish, plan: Plan, options: LaunchOptions, recovery: Recovery,
-                 observer: Observer = ignore) -> None:
+                 observer: Observer = ignore, check_spares: bool | None = None) -> None:
         check_recovery(plan, recovery)
         self.backend = backend
         self.plan = plan
@@ -123,6 +123,8 @@ class RecoveringRun:
         self.options = options
         self.recovery = recovery
         self.emit = observer
+        self.check_spares = options.check if check_spares is None else check_spares
+        """The spares in the first preflight (a detached run's was made before, without them)."""
         self.spares = [host.name for host in (plan.base_inventory or plan.inventory).spares]
         self.records: list[AttemptRecord] = []
         self.attempts: list[Attempt] = []
@@ -147,7 +149,7 @@ class RecoveringRun:
     def start(self) -> RecoveringRun:
         """Checks the spares (with the preflight), starts the first attempt (raising
         LaunchAborted as a run without retries would), then goes on in its thread."""
-        if self.options.check and self.spares:
+        if self.check_spares and self.spares:
             self._check_spares()
         first = self._launch(1, tuple(node.host.name for node in self.plan.nodes), self.options)
         threading.Thread(target=self._loop, args=(first,), name="torchherd-recovery", daemon=True).start()

@@ -7,7 +7,12 @@ and sends its config (``wire.SupervisorConfig``) as the first line of stdin; the
 config may also be ``argv[1]``. Stdin and stdout are the SSH channel; what goes
 over them, and every config key, is defined in ``wire``.
 
-Detached mode (``log_file`` set): records are appended to the log file instead of
+Persist mode (``persist``, with a ``log_file``; a detached run with retries, whose
+controller runs in the background): attached as below, and every record but heartbeats
+and samples is also appended to the log file; the end of stdin or stdout, and SIGHUP,
+mean the controller is gone: the job runs on, logged, with no watchdog.
+
+Detached mode (``log_file`` set, no ``persist``): records are appended to the log file instead of
 stdout; the supervisor forks into its own session, stdin from /dev/null (no EOF
 teardown, no watchdog), and the parent prints the child's first status record
 ("started" or "error") and exits. A ``state_file`` is written at start and at the
@@ -123,6 +128,44 @@ def remove_tee_dir(path: str) -> None:
 
 
 
+class TeeOutput(Output):
+    """The records for the channel (fd 1), and in persist mode each also appended to the
+    node's log file at once: a file takes what it is given, where the channel may stall
+    or be gone. Heartbeats and samples (``add_sample``) only feed a live controller."""
+
+    def __init__(self, fd: int, log_fd: Optional[int] = None) -> None:
+        super().__init__(fd)
+        self.log_fd = log_fd
+
+    def add(self, data: bytes) -> None:
+        if data and self.log_fd is not None and data != wire.HEARTBEAT_RECORD:
+            self._log(data)
+        super().add(data)
+
+    def add_sample(self, data: bytes) -> None:
+        super().add(data)
+
+    def _log(self, data: bytes) -> None:
+        fd, view = self.log_fd, memoryview(data)
+        try:
+            while fd is not None and view:
+                view = view[os.write(fd, view):]
+        except OSError:
+            pass  # a full disk: the channel still has the records while it lasts
+
+
+def open_log(config: wire.SupervisorConfig) -> int:
+    """The persist mode's log file (appended to, 0600, its directory 0700), opened after
+    ``log_head``: the marker that opens an attempt's part."""
+    path = os.path.expanduser(config.log_file or "")
+    if os.path.dirname(path):
+        make_private_dirs(os.path.dirname(path), config.run_id)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    if config.log_head:
+        os.write(fd, wire.TAG_STDOUT + config.log_head.encode("utf-8", "replace") + b"\n")
+    return fd
+
+
 class StateFile:
     """The node's state file (``wire.NodeStateFile``), where ``status`` and ``stop`` read
     what runs; written whole at start and at the end (nowhere when the config names none)."""
@@ -203,13 +246,14 @@ class Supervisor:
     def __init__(self, config: wire.SupervisorConfig, notify_fd: Optional[int] = None) -> None:
         self.cfg = config
         self.notify_fd = notify_fd
-        self.detached = config.log_file is not None
+        self.detached = config.log_file is not None and not config.persist
+        self.persist = config.persist
         coordinator = config.coordinator
         self.link = (CoordinatorLink(coordinator.host, coordinator.port, coordinator.token, config.node)
                      if coordinator is not None else None)
         self.token = os.urandom(8).hex()
         self.pid = os.getpid()
-        self.out = Output(1)
+        self.out = TeeOutput(1, open_log(config) if config.persist else None)
         self.sel = selectors.PollSelector()
         self.pipes = JobPipes(self.sel)
         self.signals = Signals()
@@ -228,8 +272,9 @@ class Supervisor:
         self.writing = False
         self.made_dir = False
         # The ranks' own files (torchrun --redirects) and GPU samples; progress bars and
-        # GPUs only feed a live view, so a detached run's log is spared them.
-        self.ranks = (RankFiles(config.rank_logs, self.pid, not self.detached, config.rank_base)
+        # GPUs only feed a live view, so a detached run's log is spared them (and a background
+        # controller has no view).
+        self.ranks = (RankFiles(config.rank_logs, self.pid, not (self.detached or self.persist), config.rank_base)
                       if config.rank_logs else None)
         self.gpus = GpuSampler(0.0 if self.detached else config.gpu_every)
         self.busy = BusySampler(self.pid, 0.0 if self.detached else config.busy_every)
@@ -238,6 +283,8 @@ class Supervisor:
         for signum in self.signals.take():
             if signum == signal.SIGCHLD:
                 self.child_exited = True
+            elif signum == signal.SIGHUP and self.persist:
+                continue  # the controller's session ended: the job runs on
             else:
                 self.request_teardown("signal " + signal.Signals(signum).name, False, now, escalate=True)
 
@@ -341,8 +388,8 @@ class Supervisor:
             self.got += len(data)
             self.out.add(data)
         if self.teardown is None:
-            self.out.add(self.gpus.poll(now))
-            self.out.add(self.busy.poll(now))
+            self.out.add_sample(self.gpus.poll(now))
+            self.out.add_sample(self.busy.poll(now))
 
     def _read_stdin(self, now: float) -> None:
         try:
@@ -354,7 +401,8 @@ class Supervisor:
         if not data:
             self.stdin_open = False
             self.sel.unregister(0)
-            self.request_teardown("stdin closed", False, now)
+            if not self.persist:  # persist: the controller is gone, the job runs on
+                self.request_teardown("stdin closed", False, now)
             return
         self._stdin_data(data, now)
 
@@ -458,7 +506,7 @@ class Supervisor:
     def _iterate(self) -> bool:
         """One turn of the loop: read, react, write; True once the run is over."""
         now = time.monotonic()
-        if self.out.closed and self.teardown is None:
+        if self.out.closed and self.teardown is None and not self.persist:
             self.request_teardown("output closed", False, now)
         for key, _mask in self.sel.select(self._timeout(now)):
             self._dispatch(key, time.monotonic())
@@ -584,7 +632,7 @@ def main(args: List[str]) -> int:
         record = wire.error_record(str(exc)) + wire.done_record(EXIT_BAD_CONFIG, 0)
         os.write(1, record)
         return EXIT_BAD_CONFIG
-    if config.log_file:
+    if config.log_file and not config.persist:
         return detach(config)
     flags = None
     try:

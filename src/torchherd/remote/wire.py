@@ -326,6 +326,13 @@ def _optional_str(raw: Mapping[str, object], key: str) -> Optional[str]:
     return value
 
 
+def _flag(raw: Mapping[str, object], key: str) -> bool:
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError("config key %r must be true or false" % key)
+    return value
+
+
 def _strings(raw: Mapping[str, object], key: str) -> Tuple[str, ...]:
     value = raw.get(key)
     if not isinstance(value, list) or not value or not all(isinstance(item, str) for item in value):
@@ -399,6 +406,13 @@ class SupervisorConfig(NamedTuple):
     """The node's first global rank, when the controller knows it (static rendezvous:
     node rank x processes per node): the ranks' files are named at once, even a rank that
     ends before the supervisor sees its environment. None (c10d): learned from a worker."""
+    persist: bool = False
+    """Attached, but outliving the controller (a detached run with retries): records go to
+    stdout and are appended to ``log_file`` too (less heartbeats and samples), no fork; the
+    end of stdin or stdout, or SIGHUP, leaves the job running on (the controller is gone)."""
+    log_head: Optional[str] = None
+    """With ``persist``: one line written to ``log_file`` first, as the node's own output
+    (the marker that opens an attempt's part of the log)."""
 
     def to_json(self) -> str:
         # ASCII JSON never holds a raw newline: the config is exactly one line.
@@ -409,7 +423,7 @@ class SupervisorConfig(NamedTuple):
             "log_file": self.log_file, "state_file": self.state_file, "node": self.node or None,
             "coordinator": None if self.coordinator is None else self.coordinator.to_json_object(),
             "rank_logs": self.rank_logs, "gpu_every": self.gpu_every, "rank_base": self.rank_base,
-            "busy_every": self.busy_every,
+            "busy_every": self.busy_every, "persist": self.persist, "log_head": self.log_head,
         })
 
     def to_line(self) -> bytes:
@@ -439,7 +453,15 @@ class SupervisorConfig(NamedTuple):
             coordinator=CoordinatorAddress.from_json_object(raw.get("coordinator")),
             rank_logs=_optional_str(raw, "rank_logs"), gpu_every=_number(raw, "gpu_every", 0.0),
             rank_base=_optional_count(raw, "rank_base"), busy_every=_number(raw, "busy_every", 0.0),
-        )
+            persist=_flag(raw, "persist"), log_head=_optional_str(raw, "log_head"),
+        )._checked()
+
+    def _checked(self) -> SupervisorConfig:
+        if self.persist and not self.log_file:
+            raise ConfigError("config key 'persist' needs a 'log_file'")
+        if self.log_head is not None and ("\n" in self.log_head or "\r" in self.log_head):
+            raise ConfigError("config key 'log_head' must be one line")
+        return self
 
 
 class CoordinatorConfig(NamedTuple):

@@ -1,0 +1,260 @@
+"""A detached run with retries: its recovering controller runs in the background.
+
+``run --detach --retries N`` preflights in the foreground as any run does, then starts
+this module as a process of its own (``start_background``): its own session, so the
+terminal closing (SIGHUP) does not reach it; stdin and stdout on /dev/null once it has
+said that the first attempt started; stderr to a private file beside the run record.
+What it needs (the plan holds the job's environment) comes pickled on its stdin, never
+on its command line, which only names the run.
+
+The process runs the very ``RecoveringRun`` of an attached run, the nodes' supervisors in
+persist mode: each also keeps the node's log and state file of a detached run, so
+``logs``, ``attach`` and ``stop`` work on the nodes as for any detached run, and the job
+goes on when this process is gone (without recovery). It keeps the run record up to
+date (its pid and start time, every attempt, the final summary). SIGTERM stops the run
+as Ctrl-C stops an attached one: no further attempt.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import IO, Any, Mapping
+
+from torchherd.engine.backend import SshBackend
+from torchherd.engine.bookkeeping import max_rank, node_record, run_record
+from torchherd.engine.events import AttemptFailed, AttemptStarted, Event, NodeStarted, Observer, RunFinished
+from torchherd.engine.job import STOP_MARGIN, LaunchOptions
+from torchherd.engine.launch import open_nodes, sigterm_as_interrupt
+from torchherd.engine.recovery import RecoveringRun
+from torchherd.errors import EXIT_FAILED, TorchherdError
+from torchherd.inventory import Host, Recovery
+from torchherd.plan import Plan
+from torchherd.remote.wire import process_start
+from torchherd.runrecord import (
+    NodeRecord,
+    RecoveryRecord,
+    RunRecord,
+    controller_alive,
+    load,
+    recovery_of,
+    remote_log_file,
+    remote_state_file,
+    runs_dir,
+    save,
+    with_recovery,
+)
+from torchherd.transport import Connector
+from torchherd.transport.ssh import SshConnector
+
+ENTRY = "import sys; from torchherd.engine.background import main; sys.exit(main(sys.argv[1:]))"
+"""The background controller's program: this module's ``main`` (run as ``-m``, its classes
+would be ``__main__``'s, not those the order was pickled with). Its command line names
+the run, nothing more."""
+STARTED = b"started\n"
+"""What the background controller says on its stdout once the first attempt runs."""
+
+
+@dataclass(frozen=True)
+class Order:
+    """What the background controller is given, pickled on its stdin."""
+
+    plan: Plan
+    options: LaunchOptions
+    recovery: Recovery
+    check_spares: bool
+    accept_new_host_keys: bool
+
+
+def _mapping_proxy(items: dict[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(items)
+
+
+def _dumps(order: Order) -> bytes:
+    # The inventory's read-only tables (a host's env) pickle as the dicts they wrap.
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = {**copyreg.dispatch_table,
+                              MappingProxyType: lambda proxy: (_mapping_proxy, (dict(proxy),))}
+    pickler.dump(order)
+    return buffer.getvalue()
+
+
+def controller_log(run_id: str) -> Path:
+    """The background controller's stderr: beside the run record, private."""
+    return runs_dir() / f"{run_id}.controller.log"
+
+
+# the foreground ---------------------------------------------------------------------
+
+
+def start_background(plan: Plan, options: LaunchOptions, recovery: Recovery, connector: Connector,
+                     observer: Observer) -> RunRecord:
+    """Preflights ``plan`` here (LaunchAborted as ``run`` raises it), then starts the
+    background controller and returns the run's record once its first attempt started."""
+    opened = open_nodes(plan, options, connector, observer)
+    opened.close()
+    accept = bool(getattr(connector, "accept_new_host_keys", False))
+    order = Order(opened.plan, replace(options, check=False, log_dir=options.log_dir.resolve()), recovery,
+                  options.check, accept)
+    _spawn(order)
+    return load(plan.run_id)
+
+
+def _spawn(order: Order) -> None:
+    run_id = order.plan.run_id
+    log = controller_log(run_id)
+    log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "ab") as errors:
+        process = subprocess.Popen([sys.executable, "-c", ENTRY, run_id],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+                                   start_new_session=True, close_fds=True)
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        process.stdin.write(_dumps(order))
+        process.stdin.close()
+        said = process.stdout.read()
+    finally:
+        process.stdout.close()
+    # Reaped when it ends, as long as this process lives (an API user's): no zombie for
+    # ``status`` to take for a live controller.
+    threading.Thread(target=process.wait, name="torchherd-background-reaper", daemon=True).start()
+    if said != STARTED:
+        reason = said.decode("utf-8", "replace").strip() or f"it died at start (see {log})"
+        raise TorchherdError(f"run {run_id}: the background controller did not start the run: {reason}",
+                             f"its log: {log}")
+
+
+def stop_controller(recovery: RecoveryRecord, grace: float) -> bool:
+    """SIGTERM to the background controller, which stops the run as Ctrl-C does (no
+    further attempt), then waits until it is gone; SIGKILL when it takes longer than its
+    own teardown may (the nodes' stop then does the rest). False: it was gone already."""
+    if not controller_alive(recovery):
+        return False
+    os.kill(recovery.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace + 2 * STOP_MARGIN + 10.0
+    while controller_alive(recovery):
+        if time.monotonic() > deadline:
+            os.kill(recovery.pid, signal.SIGKILL)
+            break
+        time.sleep(0.2)
+    return True
+
+
+# the background ---------------------------------------------------------------------
+
+
+class Recorder:
+    """The background controller's observer: keeps the run record up to date, atomically
+    (``runrecord.save``), from the events of the attempts (called from several threads)."""
+
+    def __init__(self, record: RunRecord, hosts: Mapping[str, Host], workdirs: Mapping[str, str]) -> None:
+        self.record = record
+        self.hosts = hosts
+        self.workdirs = workdirs
+        self._lock = threading.Lock()
+
+    @property
+    def recovery(self) -> RecoveryRecord:
+        found = recovery_of(self.record)
+        assert found is not None, "the controller's record has its recovery"
+        return found
+
+    def __call__(self, event: Event) -> None:
+        with self._lock:
+            if isinstance(event, AttemptStarted):
+                self.record = with_recovery(self._with_nodes(event.nodes), self.recovery.started(event.number,
+                                                                                                  event.nodes))
+            elif isinstance(event, AttemptFailed):
+                self.record = with_recovery(self.record, self.recovery.failed(event.number, event.headline))
+            elif isinstance(event, NodeStarted):
+                self.record = replace(self.record, nodes=tuple(
+                    replace(node, supervisor=event.supervisor, pid=event.pid) if node.name == event.node else node
+                    for node in self.record.nodes))
+            elif isinstance(event, RunFinished):
+                self.record = with_recovery(self.record, self.recovery.finished(event.summary))
+            else:
+                return
+            save(self.record)
+
+    def ended(self, code: int, headline: str) -> None:
+        """The run ended without a summary (its first attempt could not start)."""
+        with self._lock:
+            self.record = with_recovery(self.record, replace(self.recovery, exit_code=code, headline=headline))
+            save(self.record)
+
+    def _with_nodes(self, nodes: tuple[str, ...]) -> RunRecord:
+        """The record's nodes: this attempt's first (its master leads), then the earlier ones
+        (their logs hold the earlier attempts)."""
+        known = {node.name: node for node in self.record.nodes}
+        ordered = [known.get(name) or self._node(name) for name in nodes]
+        return replace(self.record, nodes=tuple(ordered + [node for node in self.record.nodes if node.name not in nodes]))
+
+    def _node(self, name: str) -> NodeRecord:
+        run_id = self.record.run_id
+        return node_record(self.hosts[name], remote_log_file(run_id, name), remote_state_file(run_id, name),
+                           self.workdirs.get(name))
+
+
+def first_record(order: Order) -> Recorder:
+    """The record before the first attempt: the nodes of the plan, this process."""
+    plan, run_id = order.plan, order.plan.run_id
+    inventory = plan.base_inventory or plan.inventory
+    hosts = {host.name: host for host in inventory.hosts + inventory.spares}
+    workdirs = {node.host.name: node.workdir for node in plan.nodes}
+    nodes = [node_record(node.host, remote_log_file(run_id, node.host.name), remote_state_file(run_id, node.host.name),
+                         node.workdir) for node in plan.nodes]
+    pid = os.getpid()
+    record = run_record(plan, order.options.stop_grace, nodes, max_rank(plan), extra={"scheduler": "ssh"})
+    return Recorder(with_recovery(record, RecoveryRecord(pid, process_start(pid), order.recovery.retries)), hosts,
+                    workdirs)
+
+
+def serve(order: Order, said: IO[bytes]) -> int:
+    """Runs the order to its end; says STARTED (or why not) on ``said`` once the first
+    attempt runs. The exit code is the run's."""
+    recorder = first_record(order)
+    save(recorder.record)
+    cluster = order.plan.inventory.cluster
+    connector = SshConnector(cluster.ssh_config, cluster.ssh_timeout, order.accept_new_host_keys)
+    options = replace(order.options, persist=True)
+    try:
+        run = RecoveringRun(SshBackend(connector), order.plan, options, order.recovery, recorder,
+                            check_spares=order.check_spares).start()
+    except TorchherdError as error:
+        recorder.ended(EXIT_FAILED, f"the first attempt could not start: {error}")
+        said.write(f"the first attempt could not start: {error}\n".encode())
+        return EXIT_FAILED
+    said.write(STARTED)
+    said.close()
+    with sigterm_as_interrupt():
+        return run.wait().exit_code
+
+
+def main(argv: list[str]) -> int:
+    """The background controller (``ENTRY RUN_ID``), the order on stdin."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a terminal's end is not ours to obey
+    order = pickle.loads(sys.stdin.buffer.read())  # from the foreground, through a pipe only it holds
+    if not isinstance(order, Order) or argv != [order.plan.run_id]:
+        sys.stderr.write("the background controller of a run takes its run id, and its order on stdin\n")
+        return 2
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    said = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(null, 1)  # nothing of the run reaches the foreground's pipe but ``said``
+    os.close(null)
+    try:
+        return serve(order, said)
+    finally:
+        said.close()
+

@@ -1,0 +1,146 @@
+"""``run --detach --retries`` on the local cluster: the recovering controller in the
+background outlives the terminal that started it; ``status``, ``stop``, ``logs`` on it;
+its death leaves the job running without recovery. Real sshd, real torchrun.
+
+The CLI runs in a session of its own, under a shell that stands for the terminal: once
+the command has returned, the whole session gets SIGHUP and its leader is killed, as
+when a terminal window closes. After every test no process of any attempt is left on
+any node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from conftest import Runs
+from localcluster import LocalCluster
+from test_detach import assert_clean
+
+from torchherd.api import attach
+from torchherd.cli import main
+from torchherd.console import make_console
+from torchherd.runrecord import RecoveryStatus, controller_alive
+
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("state_home")]
+
+ROOT = Path(__file__).resolve().parents[2]
+RESUMABLE = str(ROOT / "examples" / "resumable.py")
+TICKER = str(ROOT / "examples" / "ticker.py")
+
+
+def detach_from_a_terminal(runs: Runs, cluster: LocalCluster, log_dir: Path, *args: str) -> tuple[str, float]:
+    """``run --detach`` from a shell in its own session; once it returned, the session is
+    hung up and its leader killed (the terminal closed). The run id and how long the
+    command took."""
+    argv = [sys.executable, "-m", "torchherd", "-i", str(cluster.inventory), "run", "--detach", "--no-check",
+            "--nproc-per-node", "1", "--log-dir", str(log_dir), *args]
+    shell = '"$@"; echo "returned $?"; exec sleep 600'
+    started = time.monotonic()
+    terminal = subprocess.Popen(["sh", "-c", shell, "sh", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True, start_new_session=True, env=runs.env(cluster))
+    assert terminal.stdout is not None
+    out = []
+    for line in terminal.stdout:
+        out.append(line)
+        if line.startswith("returned "):
+            break
+    seconds = time.monotonic() - started
+    os.killpg(terminal.pid, signal.SIGHUP)
+    terminal.kill()
+    terminal.wait(timeout=10)
+    text = "".join(out)
+    run_id = runs.started_id(cluster, text)
+    assert re.search(r"^returned 0$", text, re.M) and run_id, text
+    return run_id, seconds
+
+
+def cli(cluster: LocalCluster, *args: str) -> tuple[int, str]:
+    out = StringIO()
+    code = main(["-i", str(cluster.inventory), *args], console=make_console(out, width=200))
+    return code, out.getvalue()
+
+
+def wait_recovery(run_id: str, done: object, timeout: float) -> RecoveryStatus:
+    """The run's recovery once ``done(status)`` holds (or the timeout passed)."""
+    assert callable(done)
+    deadline = time.monotonic() + timeout
+    while True:
+        status = attach(run_id).recovery()
+        assert status is not None
+        if done(status) or time.monotonic() > deadline:
+            return status
+        time.sleep(0.5)
+
+
+def running(run_id: str) -> bool:
+    return all(state.state == "running" for state in attach(run_id).status())
+
+
+@pytest.mark.timeout(240)
+def test_a_detached_recovering_run_outlives_its_terminal(cluster: LocalCluster, runs: Runs, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    run_id, seconds = detach_from_a_terminal(
+        runs, cluster, logs, "--include", "node[0-1]", "--retries", "2", "--", RESUMABLE, "--steps", "12",
+        "--step-seconds", "0.05", "--fail-step", "6", "--fail-rank", "1", "--fail-attempt", "1", "--fail-hang")
+    assert seconds < 20
+    status = wait_recovery(run_id, lambda status: status.record.ended and not status.alive, 180)
+    assert status.record.exit_code == 0 and not status.alive, status
+    assert [(attempt.number, attempt.ended) for attempt in status.record.attempts] == [(1, "failed"), (2, "ok")]
+    code, out = cli(cluster, "status", run_id)
+    assert code == 0
+    assert "recovery ended after attempt 2: exit 0" in out, out
+    assert re.search(r"│ 1 +│ node0,node1 │ failed +│ node1 rank 1 failed first", out), out
+    assert re.search(r"│ 2 +│ node0,node1 │ ok ", out), out
+    # the local logs, as an attached run writes them, and the nodes' own, as logs reads them
+    local = (logs / run_id / "node1.log").read_text(encoding="utf-8")
+    assert len(re.findall(r"^==== torchherd: attempt \d ", local, re.M)) == 2, local
+    code, out = cli(cluster, "logs", "--node", "node1", run_id)
+    assert code == 0, out  # the last attempt ended well on node1
+    assert len(re.findall(r"==== torchherd: attempt \d ", out)) == 2, out
+    assert "failing on purpose" in out and "attempt 2, starting at step 5" in out, out
+    assert_clean(cluster)
+
+
+@pytest.mark.timeout(180)
+def test_stop_during_the_first_attempt_stops_the_controller_and_the_job(cluster: LocalCluster, runs: Runs,
+                                                                        tmp_path: Path) -> None:
+    run_id, _ = runs.detach(cluster, "--include", "node[0-1]", "--log-dir", str(tmp_path / "logs"), "--retries", "2",
+                            "--", TICKER, "1000", "0.2")
+    status = wait_recovery(run_id, lambda status: status.record.attempts and running(run_id), 60)
+    assert status.alive and status.record.attempts[0].ended == "running", status
+    code, out = cli(cluster, "stop", run_id)
+    assert code == 0, out
+    assert f"the recovering controller (pid {status.record.pid}): stopped the run, no further attempt" in out, out
+    assert_clean(cluster)
+    after = attach(run_id).recovery()
+    assert after is not None and not controller_alive(after.record)
+    assert after.record.exit_code == 130 and [attempt.number for attempt in after.record.attempts] == [1], after
+    code, out = cli(cluster, "status", run_id)
+    assert "recovery ended after attempt 1: exit 130" in out, out
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_controller_leaves_the_job_running_without_recovery(cluster: LocalCluster, runs: Runs,
+                                                                     tmp_path: Path) -> None:
+    run_id, _ = runs.detach(cluster, "--include", "node[0-1]", "--log-dir", str(tmp_path / "logs"), "--retries", "2",
+                            "--", TICKER, "1000", "0.2")
+    status = wait_recovery(run_id, lambda status: status.record.attempts and running(run_id), 60)
+    os.kill(status.record.pid, signal.SIGKILL)
+    wait_recovery(run_id, lambda status: not status.alive, 10)
+    time.sleep(2)  # the supervisors saw their channel close: the job must still run
+    code, out = cli(cluster, "status", run_id)
+    assert code == 0
+    assert f"the recovering controller (pid {status.record.pid}) is gone: the job runs on without recovery" in out, out
+    assert running(run_id)
+    code, out = cli(cluster, "stop", run_id)
+    assert code == 0, out
+    assert "was gone already: the nodes were stopped directly" in out, out
+    assert_clean(cluster)

@@ -1,0 +1,197 @@
+"""A detached run with retries, as data: the record of its background controller and
+its attempts (round trip, damage named), whether that controller still runs, what the
+controller's observer records from the events, and what ``status`` and ``stop`` say
+about it. No sockets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from torchherd.console.detach import render_recovery, render_stopped
+from torchherd.engine.background import Recorder
+from torchherd.engine.events import AttemptFailed, AttemptStarted, NodeStarted, RunFinished
+from torchherd.inventory import Host
+from torchherd.remote.wire import process_start
+from torchherd.runlog import AttemptRecord, RunSummary
+from torchherd.runrecord import (
+    NodeRecord,
+    NodeState,
+    RecordError,
+    RecoveryRecord,
+    RecoveryStatus,
+    RunRecord,
+    controller_alive,
+    load,
+    recovery_of,
+    remote_log_file,
+    remote_state_file,
+    with_recovery,
+)
+
+RUN = "th-20240501-120000-abcdef"
+
+
+def node(name: str) -> NodeRecord:
+    return NodeRecord(name=name, address=name, user=None, ssh_port=None, identity_file=None, python="/opt/py",
+                      workdir="~/w", log_file=remote_log_file(RUN, name), state_file=remote_state_file(RUN, name))
+
+
+def record(*names: str) -> RunRecord:
+    return RunRecord(run_id=RUN, inventory="/x/hosts.toml", created=100.0, command=("train.py",),
+                     nodes=tuple(node(name) for name in names or ("node0", "node1")), max_rank=1, grace=5.0)
+
+
+def summary(code: int, headline: str, *attempts: AttemptRecord) -> RunSummary:
+    return RunSummary(RUN, code, headline, (), "/logs", attempts=attempts)
+
+
+TWO = ("node0", "node1")
+ENDED = RecoveryRecord(4242, 77, 2).started(1, TWO).failed(1, "node1 rank 1 failed first (exit 1)").started(2, TWO)
+
+
+# the record --------------------------------------------------------------------------------
+
+
+def test_the_record_of_attempts_round_trips() -> None:
+    recovery = ENDED.finished(summary(0, "all 2 nodes finished (exit 0) (attempt 2)",
+                                      AttemptRecord(1, TWO, "failed", "node1 rank 1 failed first", 3.0),
+                                      AttemptRecord(2, TWO, "ok", "all 2 nodes finished", 5.0)))
+    text = with_recovery(record(), recovery).to_json()
+    again = recovery_of(RunRecord.from_json(text))
+    assert again == recovery
+    assert [(attempt.number, attempt.ended) for attempt in recovery.attempts] == [(1, "failed"), (2, "ok")]
+    assert recovery.exit_code == 0 and recovery.ended
+
+
+def test_attempts_as_they_go() -> None:
+    assert [(attempt.number, attempt.ended, attempt.headline) for attempt in ENDED.attempts] == [
+        (1, "failed", "node1 rank 1 failed first (exit 1)"), (2, "running", "")]
+    assert not ENDED.ended
+    assert recovery_of(record()) is None
+
+
+@pytest.mark.parametrize(("damage", "named"), [
+    pytest.param({"pid": "12"}, "extra.recovery.pid", id="pid"),
+    pytest.param({"attempts": [{"number": 1, "nodes": ["../x"], "ended": "ok", "headline": ""}]},
+                 "extra.recovery.attempts[0].nodes", id="node-name"),
+    pytest.param({"attempts": [{"number": 1, "nodes": ["n"], "ended": "maybe", "headline": ""}]},
+                 "extra.recovery.attempts[0].ended", id="ended"),
+    pytest.param({"exit_code": 300}, "extra.recovery.exit_code", id="exit-code"),
+])
+def test_a_damaged_recovery_record_is_named_at_load(damage: dict[str, object], named: str) -> None:
+    data = {**ENDED.to_json_object(), **damage}
+    text = replace(record(), extra={"recovery": data}).to_json()
+    with pytest.raises(RecordError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        RunRecord.from_json(text)
+
+
+# the controller, alive or gone -------------------------------------------------------------
+
+
+def test_a_controller_is_its_pid_and_start_time() -> None:
+    me = os.getpid()
+    assert controller_alive(RecoveryRecord(me, process_start(me), 1))
+    assert not controller_alive(RecoveryRecord(me, (process_start(me) or 0) + 1, 1))  # a reused pid
+
+
+def test_an_ended_controller_is_gone_even_unreaped() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    start = process_start(child.pid)
+    try:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped: a zombie
+        assert not controller_alive(RecoveryRecord(child.pid, start, 1))
+    finally:
+        child.wait()
+    assert not controller_alive(RecoveryRecord(child.pid, start, 1))
+
+
+# what the controller records ---------------------------------------------------------------
+
+
+def host(name: str) -> Host:
+    return node(name).host()
+
+
+def test_the_controller_records_attempts_nodes_and_the_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    first = with_recovery(record(), RecoveryRecord(4242, 77, 2))
+    recorder = Recorder(first, {name: host(name) for name in ("node0", "node1", "node2")}, {})
+    recorder(AttemptStarted(1, 3, TWO))
+    recorder(NodeStarted("node1", 115, 15))
+    recorder(AttemptFailed(1, "node1 rank 1 failed first", 3.0))
+    recorder(AttemptStarted(2, 3, ("node0", "node2")))  # node2, a spare, took node1's place
+    saved = load(RUN)
+    assert [item.name for item in saved.nodes] == ["node0", "node2", "node1"]
+    assert saved.node("node1").supervisor == 15 and saved.node("node1").pid == 115
+    assert saved.node("node2").log_file == remote_log_file(RUN, "node2")
+    recovery = recovery_of(saved)
+    assert recovery is not None
+    assert [(attempt.number, attempt.nodes, attempt.ended) for attempt in recovery.attempts] == [
+        (1, TWO, "failed"), (2, ("node0", "node2"), "running")]
+    recorder(RunFinished(summary(130, "interrupted", AttemptRecord(1, TWO, "failed", "x", 1.0),
+                                 AttemptRecord(2, ("node0", "node2"), "interrupted", "y", 1.0))))
+    ended = recovery_of(load(RUN))
+    assert ended is not None and ended.exit_code == 130 and ended.attempts[-1].ended == "interrupted"
+    assert oct((tmp_path / "torchherd" / "runs" / f"{RUN}.json").stat().st_mode & 0o777) == "0o600"
+
+
+# what status and stop say ------------------------------------------------------------------
+
+
+def text_of(draw: object) -> str:
+    console = Console(file=StringIO(), record=True, width=100, color_system=None)
+    assert callable(draw)
+    draw(console)
+    return "".join(line.rstrip() + "\n" for line in console.export_text().splitlines())  # a title is padded
+
+
+RUNNING = [NodeState("node0", "running"), NodeState("node1", "running")]
+EXITED = [NodeState("node0", "exited", 0), NodeState("node1", "exited", 1)]
+ATTEMPTS = """\
+attempts
+┏━━━━━━━━━┳━━━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┓
+┃ attempt ┃ nodes       ┃ ended   ┃ how                                ┃
+┡━━━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┩
+│ 1       │ node0,node1 │ failed  │ node1 rank 1 failed first (exit 1) │
+│ 2       │ node0,node1 │ running │                                    │
+└─────────┴─────────────┴─────────┴────────────────────────────────────┘
+"""
+
+
+def test_status_of_a_live_controller() -> None:
+    out = text_of(lambda console: render_recovery(console, RecoveryStatus(ENDED, True), RUNNING))
+    assert out == "the recovering controller (pid 4242) runs: attempt 2 of 3\n" + ATTEMPTS
+
+
+def test_status_of_a_gone_controller_while_the_job_runs() -> None:
+    out = text_of(lambda console: render_recovery(console, RecoveryStatus(ENDED, False), RUNNING))
+    assert out == "the recovering controller (pid 4242) is gone: the job runs on without recovery\n" + ATTEMPTS
+
+
+def test_status_of_a_gone_controller_after_the_job() -> None:
+    out = text_of(lambda console: render_recovery(console, RecoveryStatus(ENDED, False), EXITED))
+    assert out == "the recovering controller (pid 4242) is gone: no further attempt will be made\n" + ATTEMPTS
+
+
+def test_status_of_a_run_that_ended() -> None:
+    ended = replace(ENDED, exit_code=0, headline="all 2 nodes finished (exit 0) (attempt 2)")
+    out = text_of(lambda console: render_recovery(console, RecoveryStatus(ended, False), EXITED))
+    assert out.splitlines()[0] == "recovery ended after attempt 2: exit 0: all 2 nodes finished (exit 0) (attempt 2)"
+
+
+def test_stop_says_what_became_of_the_controller() -> None:
+    left = {"node0": [], "node1": []}
+    live = text_of(lambda console: render_stopped(console, record(), left, RecoveryStatus(ENDED, True)))
+    gone = text_of(lambda console: render_stopped(console, record(), left, RecoveryStatus(ENDED, False)))
+    assert live.splitlines()[0] == "the recovering controller (pid 4242): stopped the run, no further attempt"
+    assert gone.splitlines()[0] == "the recovering controller (pid 4242) was gone already: the nodes were stopped " \
+                                   "directly"
+    assert live.splitlines()[-1] == f"run {RUN}: stopped"
