@@ -349,7 +349,9 @@ class DetachedRun:
                 codes[event.status.node] = int(event.status.fields.get("code", 1))
             on_event(event)
 
-        self.backend.follow(self.record, observe, Follow(follow=follow, node=node, rank=rank))
+        recovery = self.recovery()
+        more = None if recovery is None else (lambda: controller_alive(recovery.record))
+        self.backend.follow(self.record, observe, Follow(follow=follow, node=node, rank=rank, more=more))
         return codes
 
     def lines(self, *, follow: bool = False) -> Iterator[OutputLine]:

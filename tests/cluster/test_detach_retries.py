@@ -91,6 +91,10 @@ def test_a_detached_recovering_run_outlives_its_terminal(cluster: LocalCluster, 
         runs, cluster, logs, "--include", "node[0-1]", "--retries", "2", "--", RESUMABLE, "--steps", "12",
         "--step-seconds", "0.05", "--fail-step", "6", "--fail-rank", "1", "--fail-attempt", "1", "--fail-hang")
     assert seconds < 20
+    code, out = cli(cluster, "attach", run_id)  # follows every attempt, until the controller ended
+    assert code == 0, out
+    assert len(re.findall(r"^node1 +│ ==== torchherd: attempt \d ", out, re.M)) == 2, out
+    assert "attempt 2, starting at step 5" in out, out
     status = wait_recovery(run_id, lambda status: status.record.ended and not status.alive, 180)
     assert status.record.exit_code == 0 and not status.alive, status
     assert [(attempt.number, attempt.ended) for attempt in status.record.attempts] == [(1, "failed"), (2, "ok")]

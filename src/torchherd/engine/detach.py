@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from torchherd.engine.bookkeeping import max_rank, node_record, report, run_record
 from torchherd.engine.events import Observer
@@ -32,7 +32,7 @@ from torchherd.engine.job import (
     supervisor_config,
     supervisor_source,
 )
-from torchherd.errors import TransportError
+from torchherd.errors import TransportError, UsageError
 from torchherd.plan import Plan
 from torchherd.remote import command as node_program
 from torchherd.remote import wire
@@ -42,6 +42,7 @@ from torchherd.runrecord import (
     NodeRecord,
     NodeState,
     RunRecord,
+    load,
     parse_node_state,
     remote_coordinator_file,
     remote_log_file,
@@ -251,6 +252,9 @@ class Follow:
     follow: bool = False
     node: str | None = None
     rank: int | None = None
+    more: Callable[[], bool] | None = None
+    """A detached run with retries: while this says so (its recovering controller runs), a
+    node's job ending is not the end of its log: the next attempt writes on in it."""
 
 
 class NodeFollower:
@@ -259,8 +263,10 @@ class NodeFollower:
     by ``follow_logs``'s workers, a step (one fetch) at a time."""
 
     def __init__(self, record: RunRecord, node: NodeRecord, follow: bool, events: queue.Queue[list[Record]],
-                 stop: threading.Event, connector: Connector | None = None) -> None:
+                 stop: threading.Event, connector: Connector | None = None,
+                 more: Callable[[], bool] | None = None) -> None:
         self.record, self.node, self.follow = record, node, follow
+        self.more = more if follow else None
         self.events, self.stop = events, stop
         # A dead connection must be noticed fast: following resumes on a new one.
         self.connector = connector or connector_for(record, min(record.ssh_timeout, 5.0))
@@ -276,11 +282,25 @@ class NodeFollower:
         if fetched is None:
             return RETRY_EVERY
         size, done, gone = fetched
+        if self.more is not None:
+            if self.more():
+                return POLL_EVERY if size == 0 else 0.0
+            self._last_attempt()
+            return 0.0
         if done or (size < FETCH_LIMIT and (not self.follow or self.last_round)):
             return None
         # The supervisor may write its last records between the read and the check.
         self.last_round = gone
         return POLL_EVERY if size == 0 else 0.0
+
+    def _last_attempt(self) -> None:
+        """Once the recovering controller ended (or is gone): the node as its record has it
+        now (the last attempt's supervisor), followed as any detached run's."""
+        self.more = None
+        try:
+            self.node = load(self.record.run_id).node(self.node.name)
+        except UsageError:  # the record went away: the supervisor known before stands
+            pass
 
     def end(self) -> None:
         self.finished = True
@@ -366,7 +386,8 @@ def follow_logs(record: RunRecord, observer: Observer, options: Follow,
     workers = max(1, min(MAX_PARALLEL, len(nodes)))
     events: queue.Queue[list[Record]] = queue.Queue(maxsize=4 * workers)
     stop = threading.Event()
-    followers = {node.name: NodeFollower(record, node, options.follow, events, stop, connector) for node in nodes}
+    followers = {node.name: NodeFollower(record, node, options.follow, events, stop, connector, options.more)
+                 for node in nodes}
     shares = [list(followers.values())[index::workers] for index in range(workers)]
     for share in shares:
         threading.Thread(target=_follow_group, args=(share, stop), name="torchherd-follow", daemon=True).start()
