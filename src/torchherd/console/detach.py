@@ -14,7 +14,7 @@ from rich.text import Text
 from torchherd.console import printable
 from torchherd.console.run import LiveRenderer
 from torchherd.runlog import Status
-from torchherd.runrecord import NodeState, RecoveryStatus, RunRecord, describe_since
+from torchherd.runrecord import NodeState, RecoveryStatus, RunRecord, describe_since, recovery_of
 
 STATE_STYLES = {"running": "cyan", "exited": "green", "gone": "bold red", "unreachable": "bold red",
                 "unknown": "yellow", "pending": "cyan"}
@@ -31,6 +31,10 @@ def render_started(console: Console, record: RunRecord) -> None:
     else:
         _plain(console, f"run {record.run_id}: started detached on {len(record.nodes)} nodes "
                          f"({', '.join(node.name for node in record.nodes)})", "bold")
+    recovery = recovery_of(record)
+    if recovery is not None:
+        _plain(console, f"recovering in the background: the controller is pid {recovery.pid} on this machine "
+                        f"(up to {recovery.retries} {'retry' if recovery.retries == 1 else 'retries'})")
     console.print(record.run_id, markup=False, highlight=False, soft_wrap=True)
     for command in ("status", "logs -f", "attach", "stop"):
         _plain(console, f"  torchherd {command} {record.run_id}", "dim")
