@@ -258,3 +258,37 @@ def test_stops_of_nodes_sharing_a_process_table_do_not_kill_each_other(run_id: s
     assert [stop.returncode for stop in stops] == [0, 0], replies
     assert [wire.StopReply.from_json(out.decode()).left for out, _err in replies] == [(), ()]
     assert not [pid for pid in pids_with(run_id.encode()) if alive(pid)]
+
+
+@pytest.mark.timeout(40)
+def test_a_persist_supervisor_runs_on_when_its_controller_is_gone(run_id: str, tmp_path: Path) -> None:
+    """Persist mode (a detached run with retries): the records go to the channel and the
+    node's log (after the attempt's marker); the channel's end and SIGHUP leave the job
+    running, SIGTERM (``stop``) tears it down."""
+    log = tmp_path / "runs" / "n0.log"
+    config = {"run_id": run_id, "argv": [PY, "-c", "import time\nprint('up', flush=True)\ntime.sleep(60)"],
+              "grace": 2, "heartbeat": 0.2, "node": "n0", "persist": True, "log_file": str(log),
+              "state_file": str(tmp_path / "runs" / "n0.state.json"), "log_head": "==== attempt 2 ===="}
+    supervisor = subprocess.Popen([PY, *SUPERVISOR, "-", run_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL)
+    assert supervisor.stdin is not None and supervisor.stdout is not None
+    supervisor.stdin.write(json.dumps(config).encode() + b"\n")
+    supervisor.stdin.flush()
+    assert supervisor.stdout.readline().startswith(b'S{"event":"started"')
+    assert wait_until(lambda: b"Oup\n" in log.read_bytes(), 10)
+    supervisor.stdin.close()  # the controller is gone: its channel ends both ways
+    supervisor.stdout.close()
+    supervisor.send_signal(signal.SIGHUP)
+    time.sleep(1.5)
+    assert supervisor.poll() is None and state(tmp_path)["state"] == "running"
+    records = log.read_bytes().splitlines()
+    assert records[:2] == [b"O==== attempt 2 ====", b"S" + json.dumps(
+        {"event": "started", "pid": state(tmp_path)["pid"], "pgid": state(tmp_path)["pgid"],
+         "supervisor": supervisor.pid}, separators=(",", ":")).encode()]
+    assert b"H" not in records  # heartbeats are for a live controller only
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(15) == 143
+    assert state(tmp_path)["state"] == "exited" and state(tmp_path)["code"] == 143
+    assert json.loads(log.read_bytes().splitlines()[-1][1:]) == {"event": "done", "code": 143, "left": 0}
+    assert wait_until(lambda: not pids_with(run_id.encode()), 5)
+    assert oct(log.stat().st_mode & 0o777) == "0o600" and oct(log.parent.stat().st_mode & 0o777) == "0o700"

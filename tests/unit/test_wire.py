@@ -143,7 +143,7 @@ def test_every_status_builder_is_read_back_by_the_controller() -> None:
 
 SUPERVISOR_KEYS = {"run_id", "argv", "env", "cwd", "grace", "heartbeat", "watchdog", "cleanup_dir", "rank_marker",
                    "log_file", "state_file", "node", "coordinator", "rank_logs", "gpu_every", "rank_base",
-                   "busy_every"}
+                   "busy_every", "persist", "log_head"}
 
 
 def test_supervisor_config_round_trips_with_todays_keys() -> None:
@@ -159,6 +159,18 @@ def test_supervisor_config_round_trips_with_todays_keys() -> None:
     attached = wire.SupervisorConfig(run_id="r", argv=("a",))
     assert wire.SupervisorConfig.from_json(attached.to_json()) == attached
     assert wire.SupervisorConfig.from_json('{"run_id": "r", "argv": ["a"]}') == attached
+    persist = attached._replace(persist=True, log_file="~/l.log", log_head="==== torchherd: attempt 2 ====")
+    assert wire.SupervisorConfig.from_json(persist.to_json()) == persist
+
+
+@pytest.mark.parametrize(("config", "named"), [
+    pytest.param({"persist": True}, "'persist' needs a 'log_file'", id="persist-without-log"),
+    pytest.param({"persist": "yes", "log_file": "~/l"}, "'persist' must be true or false", id="persist-not-bool"),
+    pytest.param({"log_head": "a\nb", "log_file": "~/l"}, "'log_head' must be one line", id="head-two-lines"),
+])
+def test_a_persist_config_is_checked(config: dict[str, object], named: str) -> None:
+    with pytest.raises(wire.ConfigError, match=named):
+        wire.SupervisorConfig.from_json(json.dumps({"run_id": "r", "argv": ["a"], **config}))
 
 
 def test_other_configs_and_replies_round_trip() -> None:
