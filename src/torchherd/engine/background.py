@@ -29,13 +29,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import IO, Any, Mapping
+from typing import IO, Any, Callable, Mapping
 
 from torchherd.engine.backend import SshBackend
 from torchherd.engine.bookkeeping import max_rank, node_record, run_record
 from torchherd.engine.events import AttemptFailed, AttemptStarted, Event, NodeStarted, Observer, RunFinished
 from torchherd.engine.job import STOP_MARGIN, LaunchOptions
-from torchherd.engine.launch import open_nodes, sigterm_as_interrupt
+from torchherd.engine.launch import open_nodes
 from torchherd.engine.recovery import RecoveringRun
 from torchherd.errors import EXIT_FAILED, TorchherdError
 from torchherd.inventory import Host, Recovery
@@ -104,7 +104,7 @@ def start_background(plan: Plan, options: LaunchOptions, recovery: Recovery, con
     background controller and returns the run's record once its first attempt started."""
     opened = open_nodes(plan, options, connector, observer)
     opened.close()
-    accept = bool(getattr(connector, "accept_new_host_keys", False))
+    accept = connector.accept_new if isinstance(connector, SshConnector) else False
     order = Order(opened.plan, replace(options, check=False, log_dir=options.log_dir.resolve()), recovery,
                   options.check, accept)
     _spawn(order)
@@ -124,6 +124,10 @@ def _spawn(order: Order) -> None:
         process.stdin.write(_dumps(order))
         process.stdin.close()
         said = process.stdout.read()
+    except KeyboardInterrupt:  # Ctrl-C while it starts: it stops what it started, as run would
+        process.terminate()
+        process.wait()
+        raise
     finally:
         process.stdout.close()
     # Reaped when it ends, as long as this process lives (an API user's): no zombie for
@@ -228,17 +232,27 @@ def serve(order: Order, said: IO[bytes]) -> int:
     cluster = order.plan.inventory.cluster
     connector = SshConnector(cluster.ssh_config, cluster.ssh_timeout, order.accept_new_host_keys)
     options = replace(order.options, persist=True)
+    run = RecoveringRun(SshBackend(connector), order.plan, options, order.recovery, recorder,
+                        check_spares=order.check_spares)
+    on_sigterm(run.stop)
     try:
-        run = RecoveringRun(SshBackend(connector), order.plan, options, order.recovery, recorder,
-                            check_spares=order.check_spares).start()
+        run.start()
     except TorchherdError as error:
         recorder.ended(EXIT_FAILED, f"the first attempt could not start: {error}")
         said.write(f"the first attempt could not start: {error}\n".encode())
         return EXIT_FAILED
     said.write(STARTED)
     said.close()
-    with sigterm_as_interrupt():
-        return run.wait().exit_code
+    return run.wait().exit_code
+
+
+def on_sigterm(stop: Callable[[], None]) -> None:
+    """SIGTERM (``torchherd stop``) calls ``stop`` as Ctrl-C does in an attached run (a
+    second one kills), at any moment: a run stopped while its first attempt starts stops
+    once it has (``RecoveringRun`` counts the requests). From a thread of its own: the
+    handler may have interrupted the main thread holding the run's lock."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(
+        target=stop, name="torchherd-stop", daemon=True).start())
 
 
 def main(argv: list[str]) -> int:
