@@ -21,7 +21,6 @@ from typing import Any, Mapping, NoReturn, TypeVar
 from torchherd.errors import UsageError
 from torchherd.inventory import ADDRESS_PATTERN, Host, valid_hostname, valid_ruser
 from torchherd.remote.wire import is_run_id
-from torchherd.runlog import AttemptRecord, RunSummary
 
 T = TypeVar("T")
 MAX_RECORD_BYTES = 16 << 20
@@ -294,19 +293,15 @@ class RecoveryRecord:
         return replace(self, attempts=tuple(replace(attempt, ended="failed", headline=headline)
                                             if attempt.number == number else attempt for attempt in self.attempts))
 
-    def finished(self, summary: RunSummary) -> RecoveryRecord:
-        """The run's end: every attempt as the summary has it (how each really ended)."""
-        attempts = tuple(_attempt_state(attempt) for attempt in summary.attempts) or self.attempts
-        return replace(self, attempts=attempts, exit_code=summary.exit_code, headline=summary.headline)
+    def finished(self, exit_code: int, headline: str, attempts: tuple[AttemptState, ...] = ()) -> RecoveryRecord:
+        """The run's end: its summary's exit code and headline, and every attempt as the
+        summary has it (how each really ended; none given: as recorded so far)."""
+        return replace(self, attempts=attempts or self.attempts, exit_code=exit_code, headline=headline)
 
     def to_json_object(self) -> dict[str, object]:
         data = asdict(self)
         data["attempts"] = [{**asdict(attempt), "nodes": list(attempt.nodes)} for attempt in self.attempts]
         return data
-
-
-def _attempt_state(attempt: AttemptRecord) -> AttemptState:
-    return AttemptState(attempt.number, attempt.nodes, attempt.ended, attempt.headline)
 
 
 def recovery_of(record: RunRecord) -> RecoveryRecord | None:

@@ -22,6 +22,7 @@ from torchherd.inventory import Host
 from torchherd.remote.wire import process_start
 from torchherd.runlog import AttemptRecord, RunSummary
 from torchherd.runrecord import (
+    AttemptState,
     NodeRecord,
     NodeState,
     RecordError,
@@ -61,9 +62,9 @@ ENDED = RecoveryRecord(4242, 77, 2).started(1, TWO).failed(1, "node1 rank 1 fail
 
 
 def test_the_record_of_attempts_round_trips() -> None:
-    recovery = ENDED.finished(summary(0, "all 2 nodes finished (exit 0) (attempt 2)",
-                                      AttemptRecord(1, TWO, "failed", "node1 rank 1 failed first", 3.0),
-                                      AttemptRecord(2, TWO, "ok", "all 2 nodes finished", 5.0)))
+    recovery = ENDED.finished(0, "all 2 nodes finished (exit 0) (attempt 2)",
+                              (AttemptState(1, TWO, "failed", "node1 rank 1 failed first"),
+                               AttemptState(2, TWO, "ok", "all 2 nodes finished")))
     text = with_recovery(record(), recovery).to_json()
     again = recovery_of(RunRecord.from_json(text))
     assert again == recovery

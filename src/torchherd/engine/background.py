@@ -42,6 +42,7 @@ from torchherd.inventory import Host, Recovery
 from torchherd.plan import Plan
 from torchherd.remote.wire import process_start
 from torchherd.runrecord import (
+    AttemptState,
     NodeRecord,
     RecoveryRecord,
     RunRecord,
@@ -186,7 +187,11 @@ class Recorder:
                     replace(node, supervisor=event.supervisor, pid=event.pid) if node.name == event.node else node
                     for node in self.record.nodes))
             elif isinstance(event, RunFinished):
-                self.record = with_recovery(self.record, self.recovery.finished(event.summary))
+                summary = event.summary
+                attempts = tuple(AttemptState(attempt.number, attempt.nodes, attempt.ended, attempt.headline)
+                                 for attempt in summary.attempts)
+                self.record = with_recovery(self.record, self.recovery.finished(summary.exit_code, summary.headline,
+                                                                                attempts))
             else:
                 return
             save(self.record)
