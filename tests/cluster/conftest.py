@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -39,6 +40,9 @@ from localcluster import (
 
 from torchherd.api import attach
 from torchherd.runrecord import remote_run_dir
+
+if TYPE_CHECKING:
+    from test_run import Controller
 
 # Prefixes made here: "tc" + this pid in base 36 + "-" + a counter, so parallel
 # pytest runs on one machine never collide and stay within interface-name limits.
@@ -213,3 +217,20 @@ def runs(state_home: Path) -> Iterator[Runs]:
         yield made
     finally:
         made.cleanup()
+
+
+@pytest.fixture
+def controllers() -> Iterator[Callable[..., Controller]]:
+    """Starts controllers (``run --no-check`` in a process: test_run's ``Controller``); kills
+    any still running when the test ends (pass or fail)."""
+    from test_run import Controller
+
+    started: list[Controller] = []
+
+    def start(cluster: LocalCluster, log_dir: Path, *args: str) -> Controller:
+        started.append(Controller(cluster, log_dir, *args))
+        return started[-1]
+
+    yield start
+    for controller in started:
+        controller.stop()

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
 
@@ -90,20 +90,6 @@ class Controller:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-
-
-@pytest.fixture
-def controllers() -> Iterator[Callable[..., Controller]]:
-    """Starts controllers; kills any still running when the test ends (pass or fail)."""
-    started: list[Controller] = []
-
-    def start(cluster: LocalCluster, log_dir: Path, *args: str) -> Controller:
-        started.append(Controller(cluster, log_dir, *args))
-        return started[-1]
-
-    yield start
-    for controller in started:
-        controller.stop()
 
 
 @pytest.mark.timeout(60)

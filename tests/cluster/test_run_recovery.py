@@ -47,20 +47,6 @@ def four(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         cluster.down()
 
 
-@pytest.fixture
-def controllers() -> Iterator[Callable[..., Controller]]:
-    """Starts controllers (``run --no-check`` in a process); kills any left when the test ends."""
-    started: list[Controller] = []
-
-    def start(cluster: LocalCluster, log_dir: Path, *args: str) -> Controller:
-        started.append(Controller(cluster, log_dir, *args))
-        return started[-1]
-
-    yield start
-    for controller in started:
-        controller.stop()
-
-
 def run_cli(cluster: LocalCluster, log_dir: Path, *args: str) -> tuple[int, str]:
     out = StringIO()
     code = main(["-i", str(cluster.inventory), "run", "--log-dir", str(log_dir), *args],
