@@ -318,8 +318,7 @@ class RankFiles:
     def _learn_ranks(self) -> None:
         """Each attempt's first global rank: the controller's, else from the workers now alive."""
         if self.base is None:
-            table = read_proc_table()
-            for pid in descendants(table, self.root):
+            for pid in tree_of(self.root):
                 ranks = worker_ranks(pid)
                 if ranks is not None:
                     self.bases.setdefault(ranks[0], ranks[1] - ranks[2])
