@@ -15,7 +15,7 @@ import queue
 import shlex
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence, Union
 
@@ -429,8 +429,7 @@ class Job:
     # ending -------------------------------------------------------------------
     def summary(self) -> RunSummary:
         ending = Ending(interrupted="every node was told to stop" if self.interrupted else None)
-        summary = summarise(self.plan.run_id, list(self.nodes.values()),
-                            lambda node: ssh_state(node, self.culprit, self.interrupted), self.culprit, ending,
-                            time.monotonic() - self.started, str(self.log_dir))
-        slowest, straggler = self.straggler.summary()
-        return replace(summary, slowest=slowest, straggler=straggler)
+        return self.straggler.named(summarise(self.plan.run_id, list(self.nodes.values()),
+                                              lambda node: ssh_state(node, self.culprit, self.interrupted),
+                                              self.culprit, ending, time.monotonic() - self.started,
+                                              str(self.log_dir)))

@@ -26,11 +26,11 @@ import statistics
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Literal
 
 from torchherd.engine.events import Event, NodeStatus, Observer, Output
-from torchherd.runlog import RankLines, Slowest, progress_of
+from torchherd.runlog import RankLines, RunSummary, Slowest, progress_of
 
 WINDOW = 30.0
 """Seconds over which a node's rate is averaged, and a node must be sampled to be judged."""
@@ -243,3 +243,8 @@ class StragglerWatch:
             now = self.clock()
             self.tracker.progress(now)
             return self.tracker.slowest, self.tracker.summary(now)
+
+    def named(self, summary: RunSummary) -> RunSummary:
+        """``summary`` with the run's slowest node and the line on it."""
+        slowest, straggler = self.summary()
+        return replace(summary, slowest=slowest, straggler=straggler)

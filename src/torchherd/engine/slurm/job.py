@@ -7,7 +7,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -262,10 +261,9 @@ class SlurmJob:
         failed = sorted((node for node in nodes if node.exit is not None and node.exit.code),
                         key=lambda node: node.exit.at if node.exit else 0.0)
         culprit = failed[0] if failed and not self.interrupted else None
-        summary = summarise(self.plan.run_id, nodes, lambda node: self._state(node, culprit), culprit,
-                            self._ending(bool(nodes)), time.monotonic() - self.started, str(self.log_dir))
-        slowest, straggler = self.straggler.summary()
-        return replace(summary, slowest=slowest, straggler=straggler)
+        return self.straggler.named(summarise(self.plan.run_id, nodes, lambda node: self._state(node, culprit),
+                                              culprit, self._ending(bool(nodes)), time.monotonic() - self.started,
+                                              str(self.log_dir)))
 
     def _ending(self, started: bool) -> Ending:
         job, ended = f"SLURM job {self.job_id}", self._ended()
