@@ -36,6 +36,7 @@ from torchherd.engine.events import (
     Event,
     JobQueued,
     NodeExcluded,
+    RunStarted,
     SpareTaken,
 )
 from torchherd.engine.job import LaunchOptions
@@ -401,4 +402,46 @@ def test_the_same_error_on_another_node_ends_the_run_as_a_job_bug(slurm: SlurmCl
     assert ("the same error on node1 (attempt 1) and on node2 (attempt 2): a bug in the job, not a bad node: "
             "RuntimeError: fail_first_attempt: failing on purpose") in out, out
     assert "attempt 3 of" not in out and len(re.findall(r"SLURM job (\d+): submitted", out)) == 2, out
+    assert slurm.queue() == []
+
+
+@pytest.mark.timeout(420)
+def test_where_slurm_picks_the_nodes_a_drained_node_is_left_out_and_slurm_picks_another(slurm: SlurmCluster,
+                                                                                         tmp_path: Path) -> None:
+    # [slurm].nodes = 2 of the three: SLURM picks them. Rank 1 fails in attempt 1, then an
+    # admin drains its node: the triage (sinfo, on the nodes attempt 1 ran on) excludes it,
+    # and attempt 2 is submitted with --exclude; SLURM picks the two others.
+    cluster = Cluster.from_toml(slurm.inventory(tmp_path / "picks.toml", nodes=2))
+    plan = cluster.plan(FAIL_FIRST, "--fail-rank", "1", nproc_per_node=1)
+    events = Collector()
+    drained: list[str] = []
+
+    def observer(event: Event) -> None:
+        events(event)
+        if isinstance(event, AttemptFailed):
+            culprit = events.of(RunStarted)[-1].nodes[1]
+            drained.append(culprit)
+            slurm.drain(culprit, "PCIe AER storm")
+
+    try:
+        run = cluster.launch(plan, log_dir=tmp_path / "logs", on_event=observer, recovery=Recovery(retries=2))
+        assert isinstance(run, RecoveringRun)
+        summary = run.wait(timeout=360)
+    finally:
+        for node in drained:
+            slurm.resume(node)
+    assert summary.exit_code == 0, summary.headline
+    (bad,) = drained
+    first, second = summary.attempts
+    assert first.ended == "failed" and len(first.nodes) == 2 and first.nodes[1] == bad, summary.attempts
+    assert second.ended == "ok" and len(second.nodes) == 2 and bad not in second.nodes, summary.attempts
+    assert first.next == f"attempt 2 on 2 nodes SLURM picks, not {bad}", first
+    (excluded,) = events.of(NodeExcluded)
+    assert excluded.node == bad and "PCIe AER storm" in excluded.reason, excluded
+    assert [event.picking for event in events.of(AttemptStarted)] == ["2 nodes SLURM picks",
+                                                                      f"2 nodes SLURM picks, not {bad}"]
+    jobs = list(dict.fromkeys(event.job_id for event in events.of(JobQueued)))
+    assert len(jobs) == 2, jobs
+    fields = job_fields(slurm, jobs[1])
+    assert fields["ExcNodeList"] == bad and fields["JobState"] == "COMPLETED", fields
     assert slurm.queue() == []

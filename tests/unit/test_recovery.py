@@ -122,7 +122,10 @@ def test_bad_recovery_keys_exit_2_naming_the_key(tmp_path: Path, extra: str, nam
     pytest.param(["--hang-timeout", "5", "--scheduler", "slurm"], "--hang-timeout", id="slurm-hang"),
     pytest.param(["--retries", "1", "--hang-timeout", "5", "--scheduler", "slurm"], "--hang-timeout",
                  id="slurm-retries-and-hang"),
-    pytest.param(["--retries", "1", "--scheduler", "slurm", "--slurm-nodes", "2"], "--retries", id="slurm-picks"),
+    pytest.param(["--retries", "1", "--scheduler", "slurm", "--slurm-nodes", "2", "--spares", "node3"], "--spares",
+                 id="slurm-picks-with-spares"),
+    pytest.param(["--retries", "1", "--scheduler", "slurm", "--slurm-nodes", "2", "--min-nodes", "3", "--no-check"],
+                 "--min-nodes 3", id="slurm-picks-min-nodes-above"),
     pytest.param(["--retries", "1", "--min-nodes", "9", "--no-check"], "--min-nodes 9", id="min-nodes-above"),
 ])
 def test_bad_recovery_flags_exit_2_naming_the_flag(tmp_path: Path, flags: list[str], named: str) -> None:
@@ -271,6 +274,9 @@ class FakeBackend:
         self.checked.append(names)
         return CheckReport(tuple(CheckResult(name, "ssh", "fail" if name in self.bad else "pass",
                                              self.bad.get(name, "")) for name in names))
+
+    def picked_nodes(self, plan: Plan) -> int | None:
+        return None  # the SSH backend's answer: the plan names every node
 
     def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
         summary = self.script[len(self.launched)](plan)

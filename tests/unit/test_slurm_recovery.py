@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shlex
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, ClassVar
 
@@ -17,12 +17,29 @@ from torchherd.api import Cluster
 from torchherd.checks import CheckOptions
 from torchherd.checks.analysis.slurm import parse_sinfo, slurm_view
 from torchherd.engine.backend import SlurmBackend
-from torchherd.engine.events import Collector, NodeExcluded, Observer, ignore
+from torchherd.engine.events import (
+    AttemptStarted,
+    Collector,
+    NodeExcluded,
+    Observer,
+    RunShrunk,
+    RunStarted,
+    TriageDone,
+    ignore,
+)
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, RunEvents
 from torchherd.engine.recovery import RecoveringRun, attempt_plan
 from torchherd.engine.recovery_policy import triage_failures
-from torchherd.engine.slurm.batch import Placement, batch_job, for_attempt, run_dir, submit_command
+from torchherd.engine.slurm.batch import (
+    Placement,
+    attempt_settings,
+    batch_job,
+    for_attempt,
+    picked_count,
+    run_dir,
+    submit_command,
+)
 from torchherd.errors import TorchherdError, UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import Plan
@@ -114,14 +131,47 @@ def test_a_node_slurm_does_not_know_is_excluded() -> None:
 # what SLURM refuses ----------------------------------------------------------------------
 
 
-def test_retries_are_refused_where_slurm_picks_the_nodes() -> None:
+def test_retries_where_slurm_picks_the_nodes_are_allowed_but_not_with_spares() -> None:
     backend = SlurmBackend()
     backend.allow_recovery(plan(), Recovery(retries=2, min_nodes=2))
     for chosen in (plan(nodes=3), plan(nodelist="node[0-2]")):
-        with pytest.raises(UsageError, match=r"^--retries: \[slurm\].nodes or nodelist lets SLURM pick"):
-            backend.allow_recovery(chosen, Recovery(retries=1))
+        assert backend.picked_nodes(chosen) == 3
+        backend.allow_recovery(chosen, Recovery(retries=1, min_nodes=2))
+        with pytest.raises(UsageError, match=r"^--spares: \[slurm\].nodes or nodelist lets SLURM pick the nodes, "
+                                             r"and it picks the replacement .* \(spares: node4\)$"):
+            backend.allow_recovery(replace(chosen, base_inventory=plan(5, spares="node4").inventory),
+                                   Recovery(retries=1))
+    assert backend.picked_nodes(plan()) is None
     with pytest.raises(UsageError, match="^--hang-timeout: not for SLURM runs"):
         backend.allow_recovery(plan(), Recovery(retries=1, hang_timeout=60.0))
+
+
+def test_min_nodes_counts_the_nodes_slurm_is_asked_to_pick() -> None:
+    with pytest.raises(UsageError, match=r"^--min-nodes 4: more than the 3 nodes of the run"):
+        RecoveringRun(SlurmBackend(), plan(nodes=3), LaunchOptions(), Recovery(retries=1, min_nodes=4))
+
+
+# an attempt where SLURM picks the nodes ---------------------------------------------------
+
+
+def test_an_attempt_that_may_shrink_asks_sbatch_for_a_node_range_over_the_scripts_count() -> None:
+    chosen = plan(nodes=4)
+    job = for_attempt(batch_job(chosen, chosen.inventory.slurm), 2, ("node1",), shrink_to=2)
+    assert "#SBATCH --nodes=4" in job.script
+    assert sbatch_words(submit_command(job)) == ["sbatch", "--parsable", "--exclude=node1", "--nodes=2-4",
+                                                 "job.sbatch"]
+    # no range where it cannot shrink, or where the inventory names the nodes
+    assert for_attempt(batch_job(chosen, chosen.inventory.slurm), 2, ("node1",), shrink_to=4).node_range is None
+    assert for_attempt(batch_job(plan(4), plan(4).inventory.slurm), 2, ("node1",), shrink_to=2).node_range == "2-4"
+
+
+def test_an_excluded_node_leaves_the_nodelist_and_slurm_picks_its_replacement() -> None:
+    settings = plan(nodelist="node[0-2]").inventory.slurm
+    assert attempt_settings(settings, ()) == settings
+    changed = attempt_settings(settings, ("node1", "node7"))
+    assert (changed.nodelist, changed.nodes) == ("node0,node2", 3)
+    assert attempt_settings(plan(nodes=4, nodelist="node[0-1]").inventory.slurm, ("node0", "node1")).nodelist is None
+    assert picked_count(changed) == 3 and picked_count(plan(nodes=5).inventory.slurm) == 5
 
 
 # the loop hands every excluded node to the backend --------------------------------------
@@ -170,6 +220,9 @@ class SlurmLike:
                         f"{node.host.name} is drained ({self.drained[node.host.name]})"
                         if node.host.name in self.drained else f"{node.host.name} is idle")
             for node in plan.nodes))
+
+    def picked_nodes(self, plan: Plan) -> int | None:
+        return SlurmBackend.picked_nodes(SlurmBackend(), plan)
 
     def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
         self.launched.append((tuple(node.host.name for node in plan.nodes), options))
@@ -225,3 +278,85 @@ def test_a_shrunk_attempt_asks_slurm_for_its_nodes_by_name_and_count() -> None:
     assert "#SBATCH --nodes=2" in job.script and "#SBATCH --nodelist=node0,node2" in job.script
     assert "export TORCHHERD_ATTEMPT=3" in job.script
     assert '--nnodes "$SLURM_JOB_NUM_NODES"' in job.script
+
+
+@dataclass
+class _Picked:
+    """An attempt where SLURM picked ``nodes``: it says so (RunStarted), then ``culprit`` fails."""
+
+    plan: Plan
+    nodes: tuple[str, ...]
+    culprit: str | None
+    observer: Observer
+    log_dir: Path = Path("/nonexistent")
+
+    def supervise(self) -> RunSummary:
+        self.observer(RunStarted(self.plan.run_id, self.nodes, self.nodes[0], self.nodes[0], 29500, "logs", 0))
+        outcomes = tuple(NodeOutcome(node, index, "failed" if node == self.culprit else "ok",
+                                     1 if node == self.culprit else 0, 1.0,
+                                     f"rank {index}: RuntimeError: boom" if node == self.culprit else None,
+                                     None, ()) for index, node in enumerate(self.nodes))
+        if self.culprit is None:
+            return RunSummary(self.plan.run_id, 0, "all finished", outcomes, "logs")
+        return RunSummary(self.plan.run_id, 1, f"{self.culprit} failed first", outcomes, "logs", self.culprit)
+
+    def request_stop(self) -> None:
+        pass
+
+
+@dataclass
+class SlurmPicks(SlurmLike):
+    """SLURM picking the first free nodes of ``pool`` not excluded: all it was asked for,
+    or with ``--nodes=K-N`` as many as there are, down to K."""
+
+    pool: tuple[str, ...] = ("node0", "node1", "node2", "node3")
+    plans: list[Plan] = field(default_factory=list)
+
+    def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
+        self.launched.append((tuple(node.host.name for node in plan.nodes), options))
+        self.plans.append(plan)
+        wanted = plan.inventory.slurm.nodes
+        assert wanted is not None and plan.nodes[0].host.name == "node0"  # the template: the plan names no node
+        free = [node for node in self.pool if node not in options.exclude]
+        picked = tuple(free[:wanted])
+        assert len(picked) == wanted or (options.shrink_to is not None and len(picked) >= options.shrink_to)
+        events = RunEvents(observer)
+        run = Run(_Picked(plan, picked, self.culprits[len(self.launched) - 1], events), events)
+        run.start()
+        return run
+
+
+def test_where_slurm_picks_the_triage_checks_the_nodes_it_picked_and_sbatch_leaves_out_the_bad_one() -> None:
+    backend = SlurmPicks(["node1", None], drained={"node1": "fan failure"})
+    summary, events = recover(backend, plan(1, nodes=2), Recovery(retries=2))
+    assert summary.exit_code == 0, summary.headline
+    assert [(options.attempt, options.exclude, options.shrink_to) for _, options in backend.launched] == [
+        (1, (), None), (2, ("node1",), None)]
+    assert [chosen.options.extra_env["TORCHHERD_ATTEMPT"] for chosen in backend.plans] == ["1", "2"]
+    assert [(record.nodes, record.ended, record.next) for record in summary.attempts] == [
+        (("node0", "node1"), "failed", "attempt 2 on 2 nodes SLURM picks, not node1"),
+        (("node0", "node2"), "ok", "")]
+    assert [event.nodes for event in events.of(TriageDone)] == [("node0", "node1")]
+    assert [(event.nodes, event.picking) for event in events.of(AttemptStarted)] == [
+        ((), "2 nodes SLURM picks"), ((), "2 nodes SLURM picks, not node1")]
+    assert not events.of(RunShrunk)
+
+
+def test_where_slurm_picks_and_too_few_nodes_are_left_the_attempt_may_start_on_fewer() -> None:
+    # node2 was drained too (an admin's doing): the triage of the nodes attempt 1 ran on finds both.
+    backend = SlurmPicks(["node1", None], drained={"node1": "fan failure", "node2": "bad DIMM"},
+                         pool=("node0", "node1", "node2"))
+    summary, events = recover(backend, plan(1, nodes=3), Recovery(retries=2, min_nodes=1))
+    assert summary.exit_code == 0, summary.headline
+    assert [(options.exclude, options.shrink_to) for _, options in backend.launched] == [
+        ((), None), (("node1", "node2"), 1)]
+    assert [record.nodes for record in summary.attempts] == [("node0", "node1", "node2"), ("node0",)]
+    assert [(event.nodes, event.was) for event in events.of(RunShrunk)] == [(1, 3)]
+    assert events.of(AttemptStarted)[1].picking == "1 to 3 nodes SLURM picks, not node1, node2"
+
+
+def test_where_slurm_picks_the_same_error_on_the_node_it_picked_next_is_a_job_bug() -> None:
+    backend = SlurmPicks(["node1", "node0", None])
+    summary, _ = recover(backend, plan(1, nodes=2), Recovery(retries=3))
+    assert summary.exit_code == 1 and len(summary.attempts) == 2, summary.attempts
+    assert summary.headline.startswith("the same error on node1 (attempt 1) and on node0 (attempt 2)")

@@ -30,6 +30,8 @@ ENDED_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "hung":
 def recovery_note(event: RecoveryEvent) -> tuple[str, str]:
     """The note for one recovery event, and its style."""
     if isinstance(event, AttemptStarted):
+        if not event.nodes:
+            return f"attempt {event.number} of {event.of} on {event.picking}", "bold"
         return f"attempt {event.number} of {event.of} on {len(event.nodes)} nodes: {', '.join(event.nodes)}", "bold"
     if isinstance(event, AttemptFailed):
         return f"attempt {event.number} failed after {event.seconds:.1f} s: {event.headline}", "bold red"

@@ -28,7 +28,7 @@ from torchherd.engine.recovery_policy import TRIAGE_CHECKS
 from torchherd.engine.slurm import check as slurm_check
 from torchherd.engine.slurm import detached as slurm_detached
 from torchherd.engine.slurm import job as slurm_job
-from torchherd.engine.slurm.batch import BatchJob, batch_job, placement
+from torchherd.engine.slurm.batch import BatchJob, batch_job, picked_count, placement
 from torchherd.errors import TorchherdError, UsageError
 from torchherd.inventory import Host, Recovery
 from torchherd.plan import Plan
@@ -74,6 +74,11 @@ class Backend(ABC):
         """Per host reached by an ssh_config alias, the alias's HostName (the address its
         peers are told); empty where torchherd does not reach the hosts over SSH itself."""
         return {}
+
+    def picked_nodes(self, plan: Plan) -> int | None:
+        """How many nodes the scheduler picks for ``plan`` itself; None when the plan names
+        its nodes (a recovering run then names each attempt's too, spares included)."""
+        return None
 
     def allow(self, flag: str, given: object) -> None:
         """Raises UsageError (exit 2, one line naming ``flag``) when ``flag`` is given and
@@ -198,15 +203,21 @@ class SlurmBackend(Backend):
     """SLURM's own word on each node (sinfo: drained, down, not responding, with the
     admin's reason): torchherd does not reach SLURM's nodes to run the fast checks."""
 
+    def picked_nodes(self, plan: Plan) -> int | None:
+        if placement(plan, plan.inventory.slurm).source != "[slurm]":
+            return None
+        return picked_count(plan.inventory.slurm)
+
     def allow_recovery(self, plan: Plan, recovery: Recovery) -> None:
         super().allow_recovery(plan, recovery)
-        if recovery.retries and placement(plan, plan.inventory.slurm).source == "[slurm]":
-            # A recovering run leaves a node out and takes a spare by name: it must name
-            # every node it asks for, or it could not say which ones the next attempt gets.
-            raise UsageError("--retries: [slurm].nodes or nodelist lets SLURM pick the nodes; a recovering "
-                             "SLURM run names its nodes",
-                             "list the nodes as [[hosts]] (spares with spare = true or --spares) instead of "
-                             "[slurm].nodes and nodelist")
+        spares = (plan.base_inventory or plan.inventory).spares
+        if recovery.retries and spares and self.picked_nodes(plan) is not None:
+            # SLURM picks a replacement for each node left out (sbatch --exclude): a spare
+            # named beside [slurm].nodes would never be the one it picks.
+            raise UsageError(f"--spares: [slurm].nodes or nodelist lets SLURM pick the nodes, and it picks the "
+                             f"replacement for an excluded node too (spares: {', '.join(h.name for h in spares)})",
+                             "leave the spares out, or list every node as [[hosts]] instead of [slurm].nodes "
+                             "and nodelist")
 
     def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
               on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:

@@ -222,6 +222,9 @@ class AttemptStarted:
     of: int
     """The most attempts the run may make (retries + 1)."""
     nodes: tuple[str, ...]
+    picking: str = ""
+    """Where the scheduler picks the nodes (``nodes`` empty): how many, and which it must
+    leave out ("2 nodes SLURM picks, not node1")."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,10 @@ and supervised by the backend. After a failed attempt the pure policy
 the next attempt's nodes (the triage: the backend's ``triage_checks``), nodes that fail
 them are excluded, spares take their places, and the next attempt starts; a backend
 whose scheduler places the job (SLURM) is also told every node excluded so far
-(``LaunchOptions.exclude``). Ctrl-C or SIGTERM (``stop``) never retries.
+(``LaunchOptions.exclude``). Where the scheduler also picks the nodes (SLURM's
+``[slurm].nodes``: ``picked_nodes``), an attempt's nodes are known once it started, the
+triage checks those, and the scheduler picks the replacements (no spares; with
+``--min-nodes``, it may start on fewer). Ctrl-C or SIGTERM (``stop``) never retries.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from torchherd.engine.events import (
     RecoveryEnded,
     RunFinished,
     RunShrunk,
+    RunStarted,
     SpareTaken,
     TriageDone,
     ignore,
@@ -50,7 +54,7 @@ from torchherd.engine.recovery_policy import (
 )
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, TorchherdError, UsageError
 from torchherd.inventory import Recovery
-from torchherd.plan import NodeNetwork, Plan, build_plan
+from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import AttemptRecord, OutputLine, RankLines, RunSummary
 from torchherd.transport import Session
@@ -73,6 +77,8 @@ class Backendish(Protocol):
 
     def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run: ...
 
+    def picked_nodes(self, plan: Plan) -> int | None: ...
+
 
 def attempt_plan(base: Plan, nodes: Sequence[str], attempt: int,
                  networks: Mapping[str, NodeNetwork] | None = None, faulthandler: bool = False) -> Plan:
@@ -86,18 +92,40 @@ def attempt_plan(base: Plan, nodes: Sequence[str], attempt: int,
     nnodes = base.options.nnodes
     if nnodes is not None and ":" not in nnodes:
         nnodes = str(len(nodes))
+    return build_plan(chosen, replace(_attempt_options(base, attempt, faulthandler), nnodes=nnodes), networks)
+
+
+def picked_plan(base: Plan, attempt: int, faulthandler: bool = False) -> Plan:
+    """``base`` as an attempt where the scheduler picks the nodes: the same plan, with the
+    attempt's number (and the hang watch's variable) in the job's environment."""
+    return build_plan(base.base_inventory or base.inventory, _attempt_options(base, attempt, faulthandler))
+
+
+def named_plan(base: Plan, nodes: Sequence[str]) -> Plan:
+    """``base`` on the nodes the scheduler picked for an attempt, by name (the inventory's
+    one host shape on each), for the triage to check them."""
+    inventory = base.base_inventory or base.inventory
+    template = inventory.hosts[0]
+    hosts = tuple(replace(template, name=name, address=name, local_addr=None) for name in nodes)
+    named = replace(inventory, hosts=hosts, cluster=replace(inventory.cluster, master=nodes[0]),
+                    slurm=replace(inventory.slurm, nodes=None, nodelist=None))
+    return build_plan(named, base.options)
+
+
+def _attempt_options(base: Plan, attempt: int, faulthandler: bool) -> RunOptions:
     extra = {ATTEMPT_VARIABLE: str(attempt)}
     if faulthandler and FAULTHANDLER not in base.options.extra_env:
         extra[FAULTHANDLER] = "1"
-    options = replace(base.options, nnodes=nnodes, extra_env={**base.options.extra_env, **extra})
-    return build_plan(chosen, options, networks)
+    return replace(base.options, extra_env={**base.options.extra_env, **extra})
 
 
-def check_recovery(plan: Plan, recovery: Recovery) -> None:
-    """Refuses (UsageError, exit 2) what cannot work with this plan."""
-    if recovery.min_nodes is not None and recovery.min_nodes > len(plan.nodes):
-        raise UsageError(f"--min-nodes {recovery.min_nodes}: more than the {len(plan.nodes)} nodes of the run",
-                         f"give at most {len(plan.nodes)}")
+def check_recovery(plan: Plan, recovery: Recovery, count: int | None = None) -> None:
+    """Refuses (UsageError, exit 2) what cannot work with this plan (``count``: the nodes
+    the scheduler picks for it, where it picks them)."""
+    count = len(plan.nodes) if count is None else count
+    if recovery.min_nodes is not None and recovery.min_nodes > count:
+        raise UsageError(f"--min-nodes {recovery.min_nodes}: more than the {count} nodes of the run",
+                         f"give at most {count}")
 
 
 @dataclass(frozen=True)
@@ -115,7 +143,9 @@ class RecoveringRun:
 
     def __init__(self, backend: Backendish, plan: Plan, options: LaunchOptions, recovery: Recovery,
                  observer: Observer = ignore, check_spares: bool | None = None) -> None:
-        check_recovery(plan, recovery)
+        self.picked = backend.picked_nodes(plan)
+        """How many nodes the scheduler picks for each attempt; None: the plan names them."""
+        check_recovery(plan, recovery, self.picked)
         self.backend = backend
         self.plan = plan
         self.run_id = plan.run_id
@@ -144,6 +174,8 @@ class RecoveringRun:
         self._hang_text = ""
         self._stacks: list[OutputLine] = []
         """The ranks' lines after a hang's SIGABRT: their stacks."""
+        self._started_on = 0
+        """How many nodes the last attempt started on (a picked run that shrank says so)."""
 
     # the caller's side ------------------------------------------------------------------
     def start(self) -> RecoveringRun:
@@ -151,7 +183,7 @@ class RecoveringRun:
         LaunchAborted as a run without retries would), then goes on in its thread."""
         if self.check_spares and self.spares:
             self._check_spares()
-        first = self._launch(1, tuple(node.host.name for node in self.plan.nodes), self.options)
+        first = self._launch(1, self._first_nodes(), self.options)
         threading.Thread(target=self._loop, args=(first,), name="torchherd-recovery", daemon=True).start()
         return self
 
@@ -183,13 +215,20 @@ class RecoveringRun:
             return self._stopping > 0
 
     # the attempts ------------------------------------------------------------------------
+    def _first_nodes(self) -> tuple[str, ...]:
+        return () if self.picked is not None else tuple(node.host.name for node in self.plan.nodes)
+
     def _launch(self, number: int, nodes: tuple[str, ...], options: LaunchOptions) -> Run:
         timeout = self.recovery.hang_timeout
-        plan = attempt_plan(self.plan, nodes, number, self.networks, faulthandler=timeout is not None)
+        if self.picked is None:
+            plan = attempt_plan(self.plan, nodes, number, self.networks, faulthandler=timeout is not None)
+        else:
+            plan = picked_plan(self.plan, number, faulthandler=timeout is not None)
         if self.recovery.retries:
-            self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes))
+            self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes, self._picking()))
+        shrink = self.recovery.min_nodes if self.picked is not None and self.excluded else None
         run = self.backend.launch(plan, replace(options, attempt=number if self.recovery.retries else 0,
-                                                exclude=tuple(self.excluded)), self._relay)
+                                                exclude=tuple(self.excluded), shrink_to=shrink), self._relay)
         sessions: Mapping[str, Session] | None = getattr(run.job, "sessions", None)
         with self._lock:
             self._current = run
@@ -211,8 +250,21 @@ class RecoveringRun:
             if watch.hung is not None:
                 for chunk in event.lines:
                     self._stacks.extend(chunk.lines() if isinstance(chunk, RankLines) else (chunk,))
+        if isinstance(event, RunStarted) and self.picked is not None:
+            was, self._started_on = self._started_on, len(event.nodes)
+            if 0 < len(event.nodes) < was:  # SLURM found fewer nodes than the attempt before (--min-nodes)
+                self.emit(RunShrunk(len(event.nodes), was))
         if not isinstance(event, RunFinished):
             self.emit(event)
+
+    def _picking(self) -> str:
+        """"2 nodes SLURM picks, not node1": an attempt's nodes where the scheduler picks them."""
+        if self.picked is None:
+            return ""
+        low = self.recovery.min_nodes if self.excluded else None
+        count = f"{low} to {self.picked}" if low is not None and low < self.picked else f"{self.picked}"
+        leaving = f", not {', '.join(self.excluded)}" if self.excluded else ""
+        return f"{count} nodes SLURM picks{leaving}"
 
     def _loop(self, first: Run) -> None:
         try:
@@ -225,12 +277,14 @@ class RecoveringRun:
 
     def _attempts(self, run: Run | None) -> RunSummary:
         number = 1
-        nodes = tuple(node.host.name for node in self.plan.nodes)
+        nodes = self._first_nodes()
         later = replace(self.options, check=False)  # the triage checked the nodes
         while True:
             started = time.monotonic()
             summary = self._finish(run, number, nodes)
             seconds = time.monotonic() - started
+            if self.picked is not None:  # the nodes the scheduler picked, in node-rank order
+                nodes = tuple(outcome.node for outcome in summary.nodes)
             attempt = self._hung(attempt_of(number, nodes, summary))
             summary = replace(summary, headline=self._headline(summary))
             if attempt.ended == "hung" and summary.exit_code == EXIT_INTERRUPTED:  # the watch stopped it
@@ -256,7 +310,7 @@ class RecoveringRun:
                 return self._final(summary, triaged.outcome.message)
             following = triaged.outcome
             self.records.append(AttemptRecord(number, nodes, attempt.ended, summary.headline, seconds,
-                                              triaged.found, _described(number + 1, following)))
+                                              triaged.found, self._described(number + 1, following)))
             number, nodes = number + 1, following.nodes
             run = self._try_launch(number, nodes, later)
 
@@ -341,11 +395,9 @@ class RecoveringRun:
         after round until one excludes nobody."""
         excluded: dict[str, str] = {}
         found: list[str] = []
-        again = cooldown(attempt, self.attempts)
-        if again is not None:
-            excluded[again] = "its ranks failed first in two attempts in a row"
-            self._exclude(again, excluded[again])
-            found.append(f"{again}: {excluded[again]}")
+        self._cool(attempt, excluded, found)
+        if self.picked is not None:
+            return self._triage_picked(attempt, excluded, found)
         for _ in range(TRIAGE_ROUNDS):
             if self.stopping:
                 break
@@ -372,6 +424,31 @@ class RecoveringRun:
         return _Triaged(End("no node left", f"the triage still excluded nodes after {TRIAGE_ROUNDS} rounds"),
                         tuple(found))
 
+    def _cool(self, attempt: Attempt, excluded: dict[str, str], found: list[str]) -> None:
+        """Excludes the node whose ranks failed first in this attempt and the one before."""
+        again = cooldown(attempt, self.attempts)
+        if again is not None:
+            excluded[again] = "its ranks failed first in two attempts in a row"
+            self._exclude(again, excluded[again])
+            found.append(f"{again}: {excluded[again]}")
+
+    def _triage_picked(self, attempt: Attempt, excluded: dict[str, str], found: list[str]) -> _Triaged:
+        """Where the scheduler picks the nodes: the checks on the nodes the attempt ran on
+        (one round: the next attempt's are the scheduler's to pick, less every node
+        excluded so far)."""
+        if attempt.nodes and not self.stopping:
+            started = time.monotonic()
+            report = self.backend.check(named_plan(self.plan, attempt.nodes),
+                                        CheckOptions(only=self.backend.triage_checks))
+            failed = triage_failures(report.results, attempt.nodes)
+            self.emit(TriageDone(attempt.nodes, tuple(failed.items()), time.monotonic() - started))
+            for node, why in failed.items():
+                if node not in excluded:
+                    excluded[node] = why
+                    found.append(f"{node}: {why}")
+                    self._exclude(node, why)
+        return _Triaged(NextNodes((), "", (), False), tuple(found))
+
     def _exclude(self, node: str, why: str) -> None:
         if node not in self.excluded:
             self.excluded.append(node)
@@ -395,6 +472,13 @@ class RecoveringRun:
         if proposal.shrunk:
             self.emit(RunShrunk(len(proposal.nodes), was))
         return proposal
+
+
+    def _described(self, number: int, following: NextNodes) -> str:
+        """The next attempt, for the summary's table."""
+        if self.picked is not None:
+            return f"attempt {number} on {self._picking()}"
+        return _described(number, following)
 
 
 def _described(number: int, following: NextNodes) -> str:

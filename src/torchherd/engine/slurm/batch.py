@@ -15,6 +15,7 @@ from typing import Sequence
 
 from torchherd.errors import UsageError
 from torchherd.inventory import SlurmSettings
+from torchherd.nodeset import expand
 from torchherd.plan import NodePlan, Plan, looks_secret, node_log_dir
 from torchherd.shell import quote_path
 
@@ -65,6 +66,9 @@ class BatchJob:
     """The script's ``#SBATCH`` options (an allocation for check asks for the same)."""
     exclude: tuple[str, ...] = ()
     """Nodes sbatch is told to leave out (``--exclude``): a recovering run's excluded nodes."""
+    node_range: str | None = None
+    """``--nodes=K-N`` on sbatch's command line (over the script's ``--nodes=N``): an attempt
+    of a recovering run where SLURM picks the nodes may start on fewer (``--min-nodes``)."""
 
 
 def run_dir(run_id: str, attempt: int = 0) -> str:
@@ -77,14 +81,39 @@ def run_dir(run_id: str, attempt: int = 0) -> str:
 _EXCLUDE = re.compile(r"^(?:--exclude[= ]|-x ?)(?P<nodes>\S+)$")
 
 
-def for_attempt(job: BatchJob, attempt: int, exclude: Sequence[str]) -> BatchJob:
+def for_attempt(job: BatchJob, attempt: int, exclude: Sequence[str], shrink_to: int | None = None) -> BatchJob:
     """``job`` as attempt ``attempt`` of a run with retries submits it: its own run
-    directory, and ``exclude`` for sbatch's ``--exclude``. An ``--exclude`` of
-    ``[slurm].extra`` is kept in it: sbatch's command line overrides the script's."""
+    directory, ``exclude`` for sbatch's ``--exclude``, and where SLURM picks ``N`` nodes
+    and the run may shrink, ``--nodes=shrink_to-N``. An ``--exclude`` of ``[slurm].extra``
+    is kept in it: sbatch's command line overrides the script's."""
+    count = job.placement.nodes
+    node_range = f"{shrink_to}-{count}" if shrink_to is not None and count is not None and shrink_to < count else None
     if not exclude:
-        return replace(job, run_dir=run_dir(job.run_id, attempt))
+        return replace(job, run_dir=run_dir(job.run_id, attempt), node_range=node_range)
     given = [match.group("nodes") for match in map(_EXCLUDE.match, job.options) if match is not None]
-    return replace(job, run_dir=run_dir(job.run_id, attempt), exclude=tuple(dict.fromkeys([*given, *exclude])))
+    return replace(job, run_dir=run_dir(job.run_id, attempt), exclude=tuple(dict.fromkeys([*given, *exclude])),
+                   node_range=node_range)
+
+
+def attempt_settings(settings: SlurmSettings, exclude: Sequence[str]) -> SlurmSettings:
+    """``[slurm]`` for an attempt of a recovering run where SLURM picks the nodes: the
+    excluded nodes out of ``nodelist`` (sbatch refuses a node both listed and excluded),
+    and the node count fixed where only ``nodelist`` gave it, so that SLURM picks a
+    replacement for each node left out instead of starting on fewer."""
+    if settings.nodelist is None or not exclude:
+        return settings
+    listed = expand(settings.nodelist)
+    kept = [node for node in listed if node not in exclude]
+    return replace(settings, nodelist=",".join(kept) or None,
+                   nodes=settings.nodes if settings.nodes is not None else len(listed))
+
+
+def picked_count(settings: SlurmSettings) -> int | None:
+    """How many nodes SLURM is asked to pick (``[slurm].nodes``, else the size of
+    ``nodelist``); None when the inventory's hosts name them."""
+    if settings.nodes is not None:
+        return settings.nodes
+    return len(expand(settings.nodelist)) if settings.nodelist is not None else None
 
 
 def placement(plan: Plan, settings: SlurmSettings) -> Placement:
@@ -292,8 +321,9 @@ def submit_command(job: BatchJob) -> str:
     (``sbatch --parsable``)."""
     directory = quote_path(job.run_dir)
     exclude = f"{shlex.quote('--exclude=' + ','.join(job.exclude))} " if job.exclude else ""
+    nodes = f"{shlex.quote('--nodes=' + job.node_range)} " if job.node_range else ""
     return (f"umask 077 && mkdir -p {directory} && cd {directory} && set -C && cat > {BATCH_SCRIPT} && "
-            f"sbatch --parsable {exclude}{BATCH_SCRIPT}")
+            f"sbatch --parsable {exclude}{nodes}{BATCH_SCRIPT}")
 
 
 ALLOCATION_TIME = "5"

@@ -29,6 +29,7 @@ from torchherd.engine.launch import LaunchAborted, Run, RunEvents
 from torchherd.engine.outcome import Ending, OutputTrack, summarise
 from torchherd.engine.slurm.batch import (
     BatchJob,
+    attempt_settings,
     batch_job,
     for_attempt,
 )
@@ -315,7 +316,9 @@ def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: O
 
 def submitted(plan: Plan, options: LaunchOptions, connector: Connector,
                observer: Observer) -> tuple[Session, BatchJob, str]:
-    batch = for_attempt(batch_job(plan, plan.inventory.slurm, options.fail_fast), options.attempt, options.exclude)
+    settings = attempt_settings(plan.inventory.slurm, options.exclude)
+    batch = for_attempt(batch_job(plan, settings, options.fail_fast), options.attempt, options.exclude,
+                        options.shrink_to)
     session = frontend(plan.inventory, connector)
     try:
         if options.check:
