@@ -50,6 +50,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DDP_DEMO = str(EXAMPLES / "ddp_demo.py")
 CRASH_DEMO = str(EXAMPLES / "crash_demo.py")
 TICKER = str(EXAMPLES / "ticker.py")
+RESUMABLE = str(EXAMPLES / "resumable.py")
 RUNS = Path.home() / ".torchherd" / "runs"
 
 
@@ -444,4 +445,26 @@ def test_where_slurm_picks_the_nodes_a_drained_node_is_left_out_and_slurm_picks_
     assert len(jobs) == 2, jobs
     fields = job_fields(slurm, jobs[1])
     assert fields["ExcNodeList"] == bad and fields["JobState"] == "COMPLETED", fields
+    assert slurm.queue() == []
+
+
+@pytest.mark.timeout(300)
+def test_a_hang_is_named_by_probes_run_as_steps_beside_the_job(slurm: SlurmCluster, inventory: Path,
+                                                               tmp_path: Path) -> None:
+    # Rank 1 (node1) sleeps at step 5; ranks 0 and 2 wait for it in all_reduce. The watch
+    # samples their CPU and sends SIGABRT through srun --overlap steps of the job itself.
+    sleeping = next(number for number, text in enumerate(Path(RESUMABLE).read_text().splitlines(), 1)
+                    if "time.sleep(100_000)" in text)
+    logs = tmp_path / "logs"
+    started = time.monotonic()
+    code, out = run(inventory, logs, "--hang-timeout", "5", "--nproc-per-node", "1", "--", RESUMABLE,
+                    "--steps", "100", "--step-seconds", "0.05", "--hang-rank", "1", "--hang-step", "5")
+    seconds = time.monotonic() - started
+    assert code == 1, out
+    assert re.search(rf"hung: no rank printed a line or used CPU for 5 s; rank 1 on node1 in main at "
+                     rf"resumable.py:{sleeping}; ranks 0, 2 in \S+ at resumable.py:\d+", out), out
+    (run_dir,) = logs.iterdir()
+    assert "Fatal Python error: Aborted" in (run_dir / "node1.log").read_text(), out
+    print(f"hang named {seconds:.1f} s after the start (the job hangs about 3 s in)")
+    assert seconds < 5 + 15 + 20, out  # the submission, torch's import and srun's steps take about 10 s of it
     assert slurm.queue() == []

@@ -29,7 +29,7 @@ from torchherd.engine.events import (
     SpareTaken,
     ignore,
 )
-from torchherd.engine.hang import HangWatch, described, stacks_of
+from torchherd.engine.hang import HangWatch, Targets, described, stacks_of, targets_of
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, RunEvents
 from torchherd.engine.recovery import RecoveringRun, attempt_plan
@@ -119,9 +119,7 @@ def test_bad_recovery_keys_exit_2_naming_the_key(tmp_path: Path, extra: str, nam
     pytest.param(["--spares", "node[1-"], "--spares", id="spare-nodeset"),
     pytest.param(["--retries", "1", "--detach", "--scheduler", "slurm"], "--retries with --detach",
                  id="detach-slurm"),
-    pytest.param(["--hang-timeout", "5", "--scheduler", "slurm"], "--hang-timeout", id="slurm-hang"),
-    pytest.param(["--retries", "1", "--hang-timeout", "5", "--scheduler", "slurm"], "--hang-timeout",
-                 id="slurm-retries-and-hang"),
+    pytest.param(["--hang-timeout", "0", "--scheduler", "slurm"], "--hang-timeout", id="slurm-hang-zero"),
     pytest.param(["--retries", "1", "--scheduler", "slurm", "--slurm-nodes", "2", "--spares", "node3"], "--spares",
                  id="slurm-picks-with-spares"),
     pytest.param(["--retries", "1", "--scheduler", "slurm", "--slurm-nodes", "2", "--min-nodes", "3", "--no-check"],
@@ -485,11 +483,20 @@ class _ProbeSession:
         return CommandResult(0, answer + b"\n", b"", 0.0)
 
 
+@dataclass
+class _Reach:
+    targets: Targets
+
+    def hang_targets(self) -> Targets:
+        return self.targets
+
+
 def _watch(ranks: list[int], seconds: float) -> tuple[HangWatch, list[float], dict[str, _ProbeSession]]:
     plan = plan_of()
     sessions = {node.host.name: _ProbeSession(ranks) for node in plan.nodes}
     found: list[float] = []
-    watch = HangWatch(plan, sessions, 1.0, found.append, lambda: None).start()  # type: ignore[arg-type]
+    job = _Reach(targets_of(plan, sessions))  # type: ignore[arg-type]
+    watch = HangWatch(plan.run_id, job, 1.0, found.append, lambda: None).start()
     time.sleep(seconds)
     watch.close()
     return watch, found, sessions

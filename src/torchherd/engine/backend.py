@@ -192,9 +192,6 @@ class SlurmBackend(Backend):
         "--grace": ("not for SLURM runs (SLURM's KillWait is the grace period)", "leave --grace out"),
         "--smoke": ("not for SLURM checks (the nodes are reached as steps of an allocation, not by run's supervisor)",
                     "leave --smoke out; a short torchherd run is the smoke test"),
-        "--hang-timeout": ("not for SLURM runs (the hang watch samples the ranks' CPU and takes their stacks "
-                           "over torchherd's own SSH sessions to the nodes)",
-                           "leave --hang-timeout out ([slurm].time bounds a run), or run over SSH"),
         "--matrix": ("not for SLURM checks (the probes run inside an allocation; the report lists the failed ones)",
                      "leave --matrix out"),
     }

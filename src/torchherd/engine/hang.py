@@ -1,6 +1,6 @@
 """A hung job (``--hang-timeout S``): no rank printed a line and no rank used CPU for S
-seconds. ``HangWatch`` finds it, over the run's own SSH sessions, and sends SIGABRT to
-every rank (the job runs with ``PYTHONFAULTHANDLER=1``: each rank prints every thread's
+seconds. ``HangWatch`` finds it, over sessions to the job's nodes (an SSH run's own; on
+SLURM, job steps beside the job's: ``srun --overlap``), and sends SIGABRT to every rank (the job runs with ``PYTHONFAULTHANDLER=1``: each rank prints every thread's
 Python stack before it dies); ``stacks_of`` reads those stacks back from the ranks'
 output and ``described`` names the rank whose stack differs from the others'.
 """
@@ -15,10 +15,10 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from torchherd.errors import TransportError
-from torchherd.plan import NodePlan, Plan
+from torchherd.plan import Plan
 from torchherd.remote import command as node_program
 from torchherd.runlog import OutputLine
 from torchherd.shell import quote_path
@@ -31,6 +31,8 @@ _LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3")
 IDLE_SHARE = 0.05
 """Below this share of a core per rank, the ranks use no CPU: gloo's blocked collectives
 wake a few times a second (about 0.3 % of a core each, measured on the test cluster)."""
+PROBE_TIMEOUT = 20.0
+"""Seconds one probe may take on a node (a SLURM job step starts in about one)."""
 ABORT_WAIT = 10.0
 """Seconds the ranks have to print their stacks and die before the run is stopped."""
 
@@ -109,15 +111,40 @@ def _ranges(ranks: Sequence[int]) -> str:
     return ", ".join(str(low) if low == high else f"{low}-{high}" for low, high in spans)
 
 
+@dataclass(frozen=True)
+class Target:
+    """One node of the job as the watch reaches it: its Python, and a session on it."""
+
+    python: str
+    session: Session
+
+
+Targets = Mapping[str, Target]
+"""Per node name."""
+
+
+class Reachable(Protocol):
+    """A job the watch can reach (an SSH ``Job``, a ``SlurmJob``): its nodes' targets,
+    empty until they are known (SLURM: until the job has its allocation)."""
+
+    def hang_targets(self) -> Targets: ...
+
+
+def targets_of(plan: Plan, sessions: Mapping[str, Session]) -> Targets:
+    """The targets of a plan's nodes, over ``sessions`` (an SSH run's own)."""
+    return {node.host.name: Target(node.host.python, sessions[node.host.name])
+            for node in plan.nodes if node.host.name in sessions}
+
+
 class HangWatch:
     """Watches one attempt: while no rank prints, it samples the ranks' CPU time on every
     node; once neither changed for ``timeout`` seconds, it sends every rank SIGABRT and
     sets ``hung`` (the run then ends as its ranks die)."""
 
-    def __init__(self, plan: Plan, sessions: Mapping[str, Session], timeout: float,
+    def __init__(self, run_id: str, job: Reachable, timeout: float,
                  on_hang: Callable[[float], None], stop: Callable[[], None]) -> None:
-        self.plan = plan
-        self.sessions = sessions
+        self.run_id = run_id
+        self.job = job
         self.timeout = timeout
         self.on_hang = on_hang
         self.stop = stop
@@ -178,19 +205,19 @@ class HangWatch:
         answer); ``stop`` sends the ranks SIGSTOP, ``abort`` SIGABRT (and SIGCONT, to take it)."""
         source = node_program("hangprobe.py")
 
-        def ask(node: NodePlan) -> tuple[float, int] | None:
-            command = f"{quote_path(node.host.python)} {source} {shlex.quote(self.plan.run_id)} {action}"
+        def ask(target: Target) -> tuple[float, int] | None:
+            command = f"{quote_path(target.python)} {source} {shlex.quote(self.run_id)} {action}"
             try:
-                result = self.sessions[node.host.name].run(command, timeout=10.0)
+                result = target.session.run(command, timeout=PROBE_TIMEOUT)
                 answer = json.loads(result.stdout.strip().splitlines()[-1])
                 return float(answer["cpu"]), len(answer["ranks"])
             except (TransportError, ValueError, IndexError, KeyError, TypeError):
                 return None
 
-        answers = fan_out([node for node in self.plan.nodes if node.host.name in self.sessions], ask)
+        answers = fan_out(list(self.job.hang_targets().values()), ask)
         # A node without ranks is still starting them (torch's import and the rendezvous
         # print nothing and take seconds on a busy node): a job that has not started is not hung.
-        if any(answer is None or answer[1] == 0 for answer in answers):
+        if not answers or any(answer is None or answer[1] == 0 for answer in answers):
             return None
         return (sum(answer[0] for answer in answers if answer is not None),
                 sum(answer[1] for answer in answers if answer is not None))

@@ -32,6 +32,7 @@ from torchherd.engine.events import (
     RunFinished,
     StopSent,
 )
+from torchherd.engine.hang import Targets, targets_of
 from torchherd.engine.outcome import Ending, NodeRun, ssh_state, summarise
 from torchherd.engine.straggler import StragglerWatch
 from torchherd.errors import TransportError
@@ -244,6 +245,10 @@ class Job:
         self.deadline = None if options.timeout is None else self.started + options.timeout
         self.timed_out = False
         self._quiet = threading.Event()
+
+    def hang_targets(self) -> Targets:
+        """The nodes as the hang watch reaches them: over the run's own sessions."""
+        return targets_of(self.plan, self.sessions)
 
     # starting -----------------------------------------------------------------
     def start_all(self) -> None:

@@ -36,6 +36,7 @@ from torchherd.engine.events import (
     RunStarted,
     ignore,
 )
+from torchherd.engine.hang import Targets
 from torchherd.engine.job import Job, LaunchOptions
 from torchherd.engine.sync import sync_nodes
 from torchherd.errors import TorchherdError, TransportError
@@ -232,6 +233,9 @@ class Supervised(Protocol):
     def supervise(self) -> RunSummary: ...
 
     def request_stop(self) -> None: ...
+
+    def hang_targets(self) -> Targets:
+        """Its nodes as the hang watch reaches them (empty until they are known)."""
 
 
 class RunEvents:

@@ -57,7 +57,6 @@ from torchherd.inventory import Recovery
 from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import AttemptRecord, OutputLine, RankLines, RunSummary
-from torchherd.transport import Session
 
 ATTEMPT_VARIABLE = "TORCHHERD_ATTEMPT"
 TRIAGE_ROUNDS = 4
@@ -229,12 +228,11 @@ class RecoveringRun:
         shrink = self.recovery.min_nodes if self.picked is not None and self.excluded else None
         run = self.backend.launch(plan, replace(options, attempt=number if self.recovery.retries else 0,
                                                 exclude=tuple(self.excluded), shrink_to=shrink), self._relay)
-        sessions: Mapping[str, Session] | None = getattr(run.job, "sessions", None)
         with self._lock:
             self._current = run
             stopping = self._stopping
-            if timeout is not None and sessions is not None:
-                self._watch = HangWatch(run.plan, sessions, timeout, lambda seconds: run.report(HangFound(seconds)),
+            if timeout is not None:
+                self._watch = HangWatch(run.run_id, run.job, timeout, lambda seconds: run.report(HangFound(seconds)),
                                         run.stop).start()
         for _ in range(stopping):  # stopped while it was starting: it stops now
             run.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -24,6 +25,7 @@ from torchherd.engine.events import (
     RunStarted,
     StopSent,
 )
+from torchherd.engine.hang import Target, Targets
 from torchherd.engine.job import LaunchOptions, attempt_marker
 from torchherd.engine.launch import LaunchAborted, Run, RunEvents
 from torchherd.engine.outcome import Ending, OutputTrack, summarise
@@ -55,6 +57,7 @@ from torchherd.remote.wire import StopLevel
 from torchherd.results import CheckReport
 from torchherd.runlog import STDERR, OutcomeState, OutputLine, RunSummary
 from torchherd.transport import Connector, Session
+from torchherd.transport.srun import SrunConnector
 
 POLL_EVERY = 0.5
 """Seconds between reads of the output files while the job runs."""
@@ -110,6 +113,35 @@ class SlurmJob:
         self._cancel_deadline: float | None = None
         marker = attempt_marker(options.attempt, [node.host.name for node in plan.nodes]) if options.attempt else b""
         self.logs = NodeLogs(self.log_dir, marker)
+        self._targets: dict[str, Target] | None = None
+        self._targets_lock = threading.Lock()
+        self._targets_closed = False
+
+    def hang_targets(self) -> Targets:
+        """The nodes SLURM started the job on, each reached as job steps beside the job's
+        own (``srun --overlap``), each over a submit-host session of its own; empty until
+        the job has its nodes, and once it has left the queue."""
+        with self._targets_lock:
+            names = tuple(self.nodes or ())
+            if self._targets_closed or not names:
+                return {}
+            if self._targets is None:
+                connector = SrunConnector(self.reconnect, self.job_id)
+                python = self.plan.nodes[0].host.python  # one command on every node (batch_job)
+                self._targets = {}
+                try:
+                    for name in names:
+                        self._targets[name] = Target(python, connector.connect(replace(self.plan.nodes[0].host,
+                                                                                       name=name)))
+                except TransportError:
+                    self._close_targets()
+                    return {}
+            return dict(self._targets)
+
+    def _close_targets(self) -> None:
+        for target in (self._targets or {}).values():
+            target.session.close()
+        self._targets = None
 
     def request_stop(self) -> None:
         """Thread-safe: scancel at the next step (a second request: SIGKILL)."""
@@ -255,6 +287,9 @@ class SlurmJob:
                 self.lost = f"{self.session.node}: {error}"
         self._dispatch(self.files.finish())
         self.session.close()
+        with self._targets_lock:
+            self._targets_closed = True
+            self._close_targets()
 
     # the summary --------------------------------------------------------------------------
     def summary(self) -> RunSummary:
