@@ -212,6 +212,19 @@ def test_ctrl_c_between_attempts_leaves_nothing(make_cluster: Callable[..., Loca
         cluster.restore_network("node2")
 
 
+def assert_spied(out: str, sleeping: int) -> None:
+    """py-spy (a test extra, beside the nodes' Python) dumped every rank while they were
+    stopped: the headline names the file, which has the sleeping rank in its own frame."""
+    found = re.search(r"\(py-spy: (\S+py-spy-attempt-1\.txt)\)", out)
+    assert found, out
+    path = Path(found.group(1))
+    assert path.stat().st_mode & 0o777 == 0o600
+    dumps = path.read_text(encoding="utf-8")
+    assert [int(rank) for rank in re.findall(r"^==== rank (\d) on node\d$", dumps, re.M)] == [0, 1, 2], dumps
+    one = dumps[dumps.index("==== rank 1 on node1"):dumps.index("==== rank 2")]
+    assert re.search(rf"^\s+main \(\S+/resumable\.py:{sleeping}\)$", one, re.M), dumps
+
+
 @pytest.mark.timeout(180)
 def test_a_hang_names_the_stuck_rank_and_its_frame(four: LocalCluster, tmp_path: Path) -> None:
     # Rank 1 (node1) sleeps at step 5; ranks 0 and 2 wait for it in all_reduce, silent, without CPU.
@@ -226,6 +239,7 @@ def test_a_hang_names_the_stuck_rank_and_its_frame(four: LocalCluster, tmp_path:
     assert re.search(rf"hung: no rank printed a line or used CPU for 5 s; rank 1 on node1 in main at "
                      rf"resumable.py:{sleeping}; ranks 0, 2 in \S+ at resumable.py:\d+", out), out
     assert "Fatal Python error: Aborted" in log_text(tmp_path / "logs", "node1")
+    assert_spied(out, sleeping)
     print(f"hang named {seconds:.1f} s after the start (the job hangs about 3 s in)")
     assert seconds < 5 + 15 + 10, out  # the start and torch's import take about 5 s of it
     assert_clean(four)

@@ -25,7 +25,7 @@ from localcluster import LocalCluster
 from processes import default_signals
 from slurmcluster import SlurmCluster, slurm_unavailable_reason
 from test_detach_retries import wait_recovery
-from test_run_recovery import attempt_rows
+from test_run_recovery import assert_spied, attempt_rows
 
 from torchherd.api import Cluster
 from torchherd.cli import main
@@ -467,6 +467,7 @@ def test_a_hang_is_named_by_probes_run_as_steps_beside_the_job(slurm: SlurmClust
                      rf"resumable.py:{sleeping}; ranks 0, 2 in \S+ at resumable.py:\d+", out), out
     (run_dir,) = logs.iterdir()
     assert "Fatal Python error: Aborted" in (run_dir / "node1.log").read_text(), out
+    assert_spied(out, sleeping)
     print(f"hang named {seconds:.1f} s after the start (the job hangs about 3 s in)")
     assert seconds < 5 + 15 + 20, out  # the submission, torch's import and srun's steps take about 10 s of it
     assert slurm.queue() == []

@@ -4,6 +4,9 @@ the loop of attempts driven by a fake backend (the real one: tests/cluster/test_
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,7 +32,16 @@ from torchherd.engine.events import (
     SpareTaken,
     ignore,
 )
-from torchherd.engine.hang import HangWatch, Targets, described, stacks_of, targets_of
+from torchherd.engine.hang import (
+    HangWatch,
+    RankStack,
+    Targets,
+    described,
+    merged,
+    spy_stacks,
+    stacks_of,
+    targets_of,
+)
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, RunEvents
 from torchherd.engine.recovery import RecoveringRun, attempt_plan
@@ -468,6 +480,61 @@ def test_the_hang_probe_finds_ranks_by_their_environment_only(tmp_path: Path) ->
             process.wait()
 
 
+def test_the_hang_probe_takes_py_spys_dump_of_a_stopped_rank() -> None:
+    # py-spy is a test extra: installed beside this Python, where the probe looks first.
+    from torchherd.remote import argv
+
+    spy = Path(sys.executable).parent / "py-spy"
+    assert spy.exists() or shutil.which("py-spy"), "py-spy (a test extra) is not installed"
+    env = {"PATH": "/usr/bin:/bin", "TORCHHERD_RUN_ID": "th-spy-test", "LOCAL_RANK": "0", "RANK": "3"}
+    code = "import time\ndef wait_for_peer():\n    time.sleep(60)\nprint('up', flush=True)\nwait_for_peer()\n"
+    rank = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
+    try:
+        assert rank.stdout is not None and rank.stdout.readline() == b"up\n"
+
+        def probe(action: str) -> dict[str, object]:
+            result = subprocess.run([sys.executable, *argv("hangprobe.py"), "th-spy-test", action],
+                                    capture_output=True, text=True, timeout=60, check=True)
+            return dict(json.loads(result.stdout))
+
+        assert "dumps" not in probe("stop")
+        dumps = probe("spy")["dumps"]
+        assert isinstance(dumps, dict) and list(dumps) == ["3"], dumps
+        (stack,) = spy_stacks({("node0", 3): dumps["3"]})
+        assert (stack.node, stack.rank, stack.function, stack.where) == ("node0", 3, "wait_for_peer", "<string>:3"), \
+            dumps["3"]
+        probe("abort")
+        assert rank.wait(timeout=10) == -6
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+SPY_DUMP = """Process 87: /usr/bin/python3 -u /work/train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 87 (idle): "MainThread"
+    all_reduce (/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:3252)
+    _exception_logger.<locals>.wrapper (/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83)
+    main (/work/train.py:118)
+    <module> (/work/train.py:139)
+Thread 0x7F3A12345678 (idle): "pin_memory"
+    wait (/usr/lib/python3.11/threading.py:320)
+"""
+
+
+def test_py_spys_dump_reads_as_the_same_stack_as_faulthandlers() -> None:
+    (stack,) = spy_stacks({("node2", 5): SPY_DUMP})
+    assert (stack.node, stack.rank, stack.function, stack.where) == ("node2", 5, "all_reduce", "train.py:118")
+    assert spy_stacks({("node2", 5): "Error: Failed to find python version from target process\n"}) == []
+
+
+def test_faulthandlers_stack_of_a_rank_comes_before_py_spys() -> None:
+    faulthandler = [RankStack("node0", 0, "main", "train.py:40")]
+    spied = [RankStack("node0", 0, "sleep", "train.py:41"), RankStack("node1", 1, "all_reduce", "train.py:42")]
+    assert merged(faulthandler, spied) == [faulthandler[0], spied[1]]
+
+
 class _ProbeSession:
     """A node's session that answers the hang probe with ``ranks`` (and no CPU used)."""
 
@@ -510,4 +577,5 @@ def test_a_job_whose_ranks_have_not_started_is_not_hung() -> None:
 def test_ranks_silent_without_cpu_past_the_timeout_are_hung() -> None:
     watch, found, sessions = _watch([0], 3.5)
     assert watch.hung is not None and len(found) == 1
-    assert all(session.actions[-2:] == ["stop", "abort"] for session in sessions.values())
+    assert all(session.actions[-3:] == ["stop", "spy", "abort"] for session in sessions.values())
+    assert watch.dumps == {}  # the nodes have no py-spy: the stacks come from faulthandler alone

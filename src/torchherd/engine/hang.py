@@ -15,7 +15,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from torchherd.errors import TransportError
 from torchherd.plan import Plan
@@ -27,12 +27,16 @@ from torchherd.transport import Session, fan_out
 FAULTHANDLER = "PYTHONFAULTHANDLER"
 _BLOCK = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
 _FRAME = re.compile(r'^\s*File "(?P<file>.+)", line (?P<line>\d+) in (?P<function>.+)$')
+_SPY_THREAD = re.compile(r'^Thread (?:0x)?[0-9a-fA-F]+ \([^)]*\)')
+_SPY_FRAME = re.compile(r"^\s+(?P<function>\S.*?) \((?P<file>.+):(?P<line>\d+)\)$")
 _LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3")
 IDLE_SHARE = 0.05
 """Below this share of a core per rank, the ranks use no CPU: gloo's blocked collectives
 wake a few times a second (about 0.3 % of a core each, measured on the test cluster)."""
 PROBE_TIMEOUT = 20.0
 """Seconds one probe may take on a node (a SLURM job step starts in about one)."""
+SPY_PROBE_TIMEOUT = 60.0
+"""Seconds the py-spy probe may take on a node (a second or so per rank)."""
 ABORT_WAIT = 10.0
 """Seconds the ranks have to print their stacks and die before the run is stopped."""
 
@@ -48,10 +52,14 @@ class RankStack:
     where: str
 
 
+Frame = tuple[str, int, str]
+"""Where a thread is: file, line, function (innermost first in a block)."""
+
+
 def stacks_of(lines: Sequence[OutputLine]) -> list[RankStack]:
     """Each rank's stack from faulthandler's output, in rank order: the first thread
     block that passes through the job's own code (else the first block)."""
-    blocks: dict[int, list[list[tuple[str, int, str]]]] = defaultdict(list)
+    blocks: dict[int, list[list[Frame]]] = defaultdict(list)
     nodes: dict[int, str] = {}
     open_block: dict[int, bool] = {}
     for line in lines:
@@ -67,15 +75,45 @@ def stacks_of(lines: Sequence[OutputLine]) -> list[RankStack]:
             blocks[line.rank][-1].append((frame["file"], int(frame["line"]), frame["function"]))
         else:
             open_block[line.rank] = False
+    found = (_chosen(nodes[rank], rank, blocks[rank]) for rank in sorted(blocks))
+    return [stack for stack in found if stack is not None]
+
+
+def spy_stacks(dumps: Mapping[tuple[str, int], str]) -> list[RankStack]:
+    """Each rank's stack from ``py-spy dump``'s text (per node and rank), in rank order,
+    chosen as from faulthandler's."""
     stacks = []
-    for rank in sorted(blocks):
-        frames = next((block for block in blocks[rank] if any(_own(path) for path, _, _ in block)),
-                      blocks[rank][0])
-        if not frames:
-            continue
-        own = next(((path, number) for path, number, _ in frames if _own(path)), frames[0][:2])
-        stacks.append(RankStack(nodes[rank], rank, frames[0][2], f"{posixpath.basename(own[0])}:{own[1]}"))
+    for (node, rank), text in sorted(dumps.items(), key=lambda item: item[0][1]):
+        blocks: list[list[Frame]] = []
+        for line in text.splitlines():
+            if _SPY_THREAD.match(line):
+                blocks.append([])
+                continue
+            frame = _SPY_FRAME.match(line)
+            if frame and blocks:
+                blocks[-1].append((frame["file"], int(frame["line"]), frame["function"]))
+        stack = _chosen(node, rank, blocks)
+        if stack is not None:
+            stacks.append(stack)
     return stacks
+
+
+def merged(first: Sequence[RankStack], then: Sequence[RankStack]) -> list[RankStack]:
+    """``first``'s stacks, and ``then``'s for the ranks ``first`` has none of; in rank order."""
+    by_rank = {stack.rank: stack for stack in then}
+    by_rank.update({stack.rank: stack for stack in first})
+    return [by_rank[rank] for rank in sorted(by_rank)]
+
+
+def _chosen(node: str, rank: int, blocks: Sequence[Sequence[Frame]]) -> RankStack | None:
+    """The rank's stack: its first thread that passes through the job's own code (else its
+    first thread), named by the innermost function and the innermost line of own code."""
+    frames = next((block for block in blocks if any(_own(path) for path, _, _ in block)),
+                  blocks[0] if blocks else ())
+    if not frames:
+        return None
+    own = next(((path, number) for path, number, _ in frames if _own(path)), frames[0][:2])
+    return RankStack(node, rank, frames[0][2], f"{posixpath.basename(own[0])}:{own[1]}")
 
 
 def _own(path: str) -> bool:
@@ -155,6 +193,8 @@ class HangWatch:
         """When the hang was found (monotonic), or None."""
         self.stopped = False
         """The watch stopped the run itself (its ranks outlived their SIGABRT)."""
+        self.dumps: dict[tuple[str, int], str] = {}
+        """Per node and rank, ``py-spy dump`` of it while the ranks were stopped (nodes with py-spy)."""
         self._sample: tuple[float, tuple[float, int]] | None = None
         """The last CPU sample: when, and the ranks' CPU seconds and count."""
         self._last_cpu = self.last_output
@@ -182,6 +222,7 @@ class HangWatch:
                 self.hung = time.monotonic()
                 self.on_hang(silent)
                 self._probe("stop")
+                self._spy()
                 self._probe("abort")
                 if not self._done.wait(ABORT_WAIT):
                     self.stopped = True
@@ -203,15 +244,11 @@ class HangWatch:
     def _probe(self, action: str) -> tuple[float, int] | None:
         """The ranks' CPU seconds and their count, over every node (None when a node did not
         answer); ``stop`` sends the ranks SIGSTOP, ``abort`` SIGABRT (and SIGCONT, to take it)."""
-        source = node_program("hangprobe.py")
-
         def ask(target: Target) -> tuple[float, int] | None:
-            command = f"{quote_path(target.python)} {source} {shlex.quote(self.run_id)} {action}"
+            answer = self._ask(target, action, PROBE_TIMEOUT)
             try:
-                result = target.session.run(command, timeout=PROBE_TIMEOUT)
-                answer = json.loads(result.stdout.strip().splitlines()[-1])
-                return float(answer["cpu"]), len(answer["ranks"])
-            except (TransportError, ValueError, IndexError, KeyError, TypeError):
+                return (float(answer["cpu"]), len(answer["ranks"])) if answer is not None else None
+            except (ValueError, KeyError, TypeError):
                 return None
 
         answers = fan_out(list(self.job.hang_targets().values()), ask)
@@ -221,3 +258,27 @@ class HangWatch:
             return None
         return (sum(answer[0] for answer in answers if answer is not None),
                 sum(answer[1] for answer in answers if answer is not None))
+
+    def _spy(self) -> None:
+        """``py-spy dump`` of every rank where the node has py-spy, while the ranks are
+        stopped (one moment for all); kept in ``dumps``."""
+        def ask(item: tuple[str, Target]) -> dict[tuple[str, int], str]:
+            name, target = item
+            answer = self._ask(target, "spy", SPY_PROBE_TIMEOUT)
+            dumps = answer.get("dumps") if answer is not None else None
+            if not isinstance(dumps, dict):
+                return {}
+            return {(name, int(rank)): str(text) for rank, text in dumps.items() if str(rank).lstrip("-").isdigit()}
+
+        for found in fan_out(list(self.job.hang_targets().items()), ask):
+            self.dumps.update(found)
+
+    def _ask(self, target: Target, action: str, timeout: float) -> dict[str, Any] | None:
+        """The probe's JSON answer on one node; None when it gave none."""
+        command = f"{quote_path(target.python)} {node_program('hangprobe.py')} {shlex.quote(self.run_id)} {action}"
+        try:
+            result = target.session.run(command, timeout=timeout)
+            answer = json.loads(result.stdout.strip().splitlines()[-1])
+        except (TransportError, ValueError, IndexError):
+            return None
+        return answer if isinstance(answer, dict) else None

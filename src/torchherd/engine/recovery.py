@@ -15,9 +15,11 @@ triage checks those, and the scheduler picks the replacements (no spares; with
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
 from torchherd.checks import CheckOptions
@@ -38,7 +40,7 @@ from torchherd.engine.events import (
     TriageDone,
     ignore,
 )
-from torchherd.engine.hang import FAULTHANDLER, HangWatch, described, stacks_of
+from torchherd.engine.hang import FAULTHANDLER, HangWatch, described, merged, spy_stacks, stacks_of
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, wait_stopping
 from torchherd.engine.recovery_policy import (
@@ -345,15 +347,29 @@ class RecoveringRun:
         if watch is None or watch.hung is None or (attempt.ended == "interrupted" and not watch.stopped):
             self._stacks = []
             return attempt
-        stacks = stacks_of(self._stacks)
+        stacks = merged(stacks_of(self._stacks), spy_stacks(watch.dumps))
         counts: dict[tuple[str, str], int] = {}
         for stack in stacks:
             counts[(stack.function, stack.where)] = counts.get((stack.function, stack.where), 0) + 1
         odd = [stack for stack in stacks if len(counts) > 1 and counts[(stack.function, stack.where)] == min(counts.values())]
         self._hang_text = f"hung: no rank printed a line or used CPU for {watch.timeout:g} s; {described(stacks)}"
+        if watch.dumps:
+            self._hang_text += f" (py-spy: {self._save_dumps(attempt.number, watch.dumps)})"
         self._stacks = []
         return replace(attempt, ended="hung", culprit=odd[0].node if odd else None, error=self._hang_text,
                        exit_code=None)
+
+    def _save_dumps(self, number: int, dumps: Mapping[tuple[str, int], str]) -> Path:
+        """py-spy's dumps of a hung attempt's ranks, in rank order, into a private file
+        beside the node logs; its path."""
+        path = self.log_dir / f"py-spy-attempt-{number}.txt"
+        text = "".join(f"==== rank {rank} on {node}\n{dumps[(node, rank)].rstrip()}\n\n"
+                       for node, rank in sorted(dumps, key=lambda key: key[1]))
+        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(text)
+        return path
 
     def _headline(self, summary: RunSummary) -> str:
         text, self._hang_text = self._hang_text, ""
