@@ -473,15 +473,21 @@ def test_a_hang_is_named_by_probes_run_as_steps_beside_the_job(slurm: SlurmClust
     assert slurm.queue() == []
 
 
+def detach_recovering(inventory: Path, tmp_path: Path, retries: str, *job: str) -> str:
+    """``run --detach --retries RETRIES -- JOB`` (one rank a node): the run id it printed."""
+    code, out = run(inventory, tmp_path / "logs", "--detach", "--retries", retries, "--nproc-per-node", "1", "--",
+                    *job)
+    assert code == 0, out
+    (run_id,) = re.findall(r"^(th-\S+)$", out, re.M)
+    return str(run_id)
+
+
 @pytest.mark.timeout(420)
 def test_a_detached_run_with_retries_resubmits_from_the_background(slurm: SlurmCluster, inventory: Path,
                                                                      tmp_path: Path) -> None:
     # run returns once attempt 1 is submitted; the controller in the background sees rank 1
     # fail, triages and submits attempt 2; logs -f follows one job, then the next, to the end.
-    code, out = run(inventory, tmp_path / "logs", "--detach", "--retries", "2", "--nproc-per-node", "1", "--",
-                    FAIL_FIRST, "--fail-rank", "1")
-    assert code == 0, out
-    (run_id,) = re.findall(r"^(th-\S+)$", out, re.M)
+    run_id = detach_recovering(inventory, tmp_path, "2", FAIL_FIRST, "--fail-rank", "1")
     code, followed = torchherd(inventory, "logs", "-f", run_id)
     assert code == 0, followed
     status = wait_recovery(run_id, lambda found: not found.alive, 300)
@@ -509,10 +515,7 @@ def test_a_detached_run_with_retries_resubmits_from_the_background(slurm: SlurmC
 def test_stop_of_a_detached_run_with_retries_stops_its_controller_first(slurm: SlurmCluster, inventory: Path,
                                                                         tmp_path: Path) -> None:
     # stop: the controller is told first (no further attempt), then the job is cancelled.
-    code, out = run(inventory, tmp_path / "logs", "--detach", "--retries", "3", "--nproc-per-node", "1", "--",
-                    TICKER, "100000", "0.2")
-    assert code == 0, out
-    (run_id,) = re.findall(r"^(th-\S+)$", out, re.M)
+    run_id = detach_recovering(inventory, tmp_path, "3", TICKER, "100000", "0.2")
     deadline = time.monotonic() + 120
     while "running" not in (said := torchherd(inventory, "status", run_id)[1]):
         assert time.monotonic() < deadline, said
