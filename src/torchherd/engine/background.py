@@ -10,7 +10,8 @@ on its command line, which only names the run.
 The process runs the very ``RecoveringRun`` of an attached run, the nodes' supervisors in
 persist mode: each also keeps the node's log and state file of a detached run, so
 ``logs``, ``attach`` and ``stop`` work on the nodes as for any detached run, and the job
-goes on when this process is gone (without recovery). It keeps the run record up to
+goes on when this process is gone (without recovery, but with the fail fast of a plain
+detached run: each attempt has its coordinator on the master). It keeps the run record up to
 date (its pid and start time, every attempt, the final summary). SIGTERM stops the run
 as Ctrl-C stops an attached one: no further attempt.
 """
@@ -33,7 +34,15 @@ from typing import IO, Any, Callable, Mapping
 
 from torchherd.engine.backend import SshBackend
 from torchherd.engine.bookkeeping import max_rank, node_record, run_record
-from torchherd.engine.events import AttemptFailed, AttemptStarted, Event, NodeStarted, Observer, RunFinished
+from torchherd.engine.events import (
+    AttemptFailed,
+    AttemptStarted,
+    CoordinatorStarted,
+    Event,
+    NodeStarted,
+    Observer,
+    RunFinished,
+)
 from torchherd.engine.job import STOP_MARGIN, LaunchOptions
 from torchherd.engine.launch import open_nodes
 from torchherd.engine.recovery import RecoveringRun
@@ -43,6 +52,7 @@ from torchherd.plan import Plan
 from torchherd.remote.wire import process_start
 from torchherd.runrecord import (
     AttemptState,
+    CoordinatorRecord,
     NodeRecord,
     RecoveryRecord,
     RunRecord,
@@ -182,6 +192,9 @@ class Recorder:
                                                                                                   event.nodes))
             elif isinstance(event, AttemptFailed):
                 self.record = with_recovery(self.record, self.recovery.failed(event.number, event.headline))
+            elif isinstance(event, CoordinatorStarted):  # ``stop`` ends it with the rest
+                self.record = replace(self.record, coordinator=CoordinatorRecord(event.node, event.port, event.pid,
+                                                                                 event.state_file))
             elif isinstance(event, NodeStarted):
                 self.record = replace(self.record, nodes=tuple(
                     replace(node, supervisor=event.supervisor, pid=event.pid) if node.name == event.node else node
