@@ -143,6 +143,8 @@ def test_a_killed_controller_leaves_the_job_running_without_recovery(cluster: Lo
     code, out = cli(cluster, "status", run_id)
     assert code == 0
     assert f"the recovering controller (pid {status.record.pid}) is gone: the job runs on without recovery" in out, out
+    code, listing = cli(cluster, "status")  # every run: the controller's state in its row
+    assert code == 0 and run_id in listing and "controller gone, running without" in listing, listing
     assert running(run_id)
     code, out = cli(cluster, "stop", run_id)
     assert code == 0, out
