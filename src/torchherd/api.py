@@ -269,20 +269,16 @@ class Cluster:
         ``recovery`` (default: the inventory's ``[recovery]``) with ``retries`` > 0: a failed
         attempt is followed by triage and another, on the spares where nodes were excluded;
         returns a ``RecoveringRun`` (``wait``, ``stop``; ``summary.attempts``). With both
-        (SSH only): the recovering controller runs in the background on this machine and
+        (SSH or SLURM): the recovering controller runs in the background on this machine and
         outlives this process; returns a ``DetachedRun`` (``recovery()``: the attempts)."""
         options = LaunchOptions(check=check, log_dir=Path(log_dir), grace=grace, fail_fast=fail_fast)
         observer = on_event or ignore
         recovery = recovery if recovery is not None else self.recovery
         if recovery.retries > 0 or recovery.hang_timeout is not None:
-            flag = "--retries" if recovery.retries > 0 else "--hang-timeout"
             self.backend.allow_recovery(plan, recovery)
             if not detach:
                 return RecoveringRun(self.backend, plan, options, recovery, observer).start()
-            if not self.backend.recovers_detached:
-                raise UsageError(f"{flag} with --detach: not for {self.scheduler} runs (yet)",
-                                 f"leave out --detach to recover, or {flag} to detach")
-            return DetachedRun(start_background(plan, options, recovery, self.connector, observer), self.connector)
+            return DetachedRun(start_background(self.backend, plan, options, recovery, observer), self.connector)
         if detach:
             return DetachedRun(self.backend.start_detached(plan, options, observer), self.connector)
         return self.backend.launch(plan, options, observer)

@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from io import StringIO
 from pathlib import Path
@@ -149,6 +150,41 @@ def test_a_killed_controller_leaves_the_job_running_without_recovery(cluster: Lo
     code, out = cli(cluster, "stop", run_id)
     assert code == 0, out
     assert "was gone already: the nodes were stopped directly" in out, out
+    assert_clean(cluster)
+
+
+@pytest.mark.timeout(240)
+def test_logs_follow_picks_up_a_spare_that_takes_a_lost_nodes_place(cluster: LocalCluster, runs: Runs,
+                                                                   tmp_path: Path) -> None:
+    # node0 and node1 run, node2 is the spare. logs -f starts on the first attempt's two
+    # nodes; node1 is unplugged, the controller finds it lost and the triage excludes it,
+    # node2 takes its place: the same logs -f goes on with node2's lines.
+    run_id, _ = runs.detach(cluster, "--spares", "node2", "--log-dir", str(tmp_path / "logs"), "--retries", "1",
+                            "--", TICKER, "60", "0.25")
+    wait_recovery(run_id, lambda status: status.record.attempts and running(run_id), 60)
+    followed: list[tuple[int, str]] = []
+    follower = threading.Thread(target=lambda: followed.append(cli(cluster, "logs", "-f", run_id)), daemon=True)
+    follower.start()
+    time.sleep(1.0)
+    cluster.cut_network("node1")
+    try:
+        status = wait_recovery(run_id, lambda status: status.record.ended and not status.alive, 180)
+    finally:
+        cluster.restore_network("node1")
+    # node1's job may still wait for its lost peers (torchrun's exit barrier): stop ends it,
+    # as a user would, and logs -f then reads node1's log to its end too.
+    code, out = cli(cluster, "stop", run_id)
+    assert code == 0, out
+    follower.join(timeout=60)
+    assert status.record.exit_code == 0, status
+    assert [(attempt.nodes, attempt.ended) for attempt in status.record.attempts] == [
+        (("node0", "node1"), "lost"), (("node0", "node2"), "ok")], status
+    assert not follower.is_alive() and followed, "logs -f did not end with the run"
+    code, out = followed[0]
+    assert code == 1 and "node1: exited with code 143" in out, out  # node1's job, stopped
+    assert re.findall(r"^node2:1 +│ tick 1 (\d+)$", out, re.M) == [str(index) for index in range(60)], out
+    wait_no_processes = [cluster.wait_no_processes(name, timeout=60) for name in ("node0", "node1", "node2")]
+    assert wait_no_processes == [[], [], []], wait_no_processes
     assert_clean(cluster)
 
 

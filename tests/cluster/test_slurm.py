@@ -24,6 +24,7 @@ import pytest
 from localcluster import LocalCluster
 from processes import default_signals
 from slurmcluster import SlurmCluster, slurm_unavailable_reason
+from test_detach_retries import wait_recovery
 from test_run_recovery import attempt_rows
 
 from torchherd.api import Cluster
@@ -43,6 +44,7 @@ from torchherd.engine.job import LaunchOptions
 from torchherd.engine.recovery import RecoveringRun
 from torchherd.engine.slurm.commands import parse_scontrol
 from torchherd.inventory import Recovery
+from torchherd.runrecord import load as load_record
 
 pytestmark = pytest.mark.cluster
 
@@ -467,4 +469,59 @@ def test_a_hang_is_named_by_probes_run_as_steps_beside_the_job(slurm: SlurmClust
     assert "Fatal Python error: Aborted" in (run_dir / "node1.log").read_text(), out
     print(f"hang named {seconds:.1f} s after the start (the job hangs about 3 s in)")
     assert seconds < 5 + 15 + 20, out  # the submission, torch's import and srun's steps take about 10 s of it
+    assert slurm.queue() == []
+
+
+@pytest.mark.timeout(420)
+def test_a_detached_run_with_retries_resubmits_from_the_background(slurm: SlurmCluster, inventory: Path,
+                                                                     tmp_path: Path) -> None:
+    # run returns once attempt 1 is submitted; the controller in the background sees rank 1
+    # fail, triages and submits attempt 2; logs -f follows one job, then the next, to the end.
+    code, out = run(inventory, tmp_path / "logs", "--detach", "--retries", "2", "--nproc-per-node", "1", "--",
+                    FAIL_FIRST, "--fail-rank", "1")
+    assert code == 0, out
+    (run_id,) = re.findall(r"^(th-\S+)$", out, re.M)
+    code, followed = torchherd(inventory, "logs", "-f", run_id)
+    assert code == 0, followed
+    status = wait_recovery(run_id, lambda found: not found.alive, 300)
+    assert status.record.exit_code == 0, status
+    assert [(attempt.number, attempt.ended) for attempt in status.record.attempts] == [(1, "failed"), (2, "ok")]
+    assert "fail_first_attempt: failing on purpose" in followed, followed
+    later = followed[followed.index("fail_first_attempt: failing on purpose"):]
+    for rank, node in enumerate(slurm.cluster.names):
+        assert re.findall(rf"^{node}:{rank} +│ tick {rank} (\d)$", later, re.M) == ["0", "1", "2"], followed
+    record = load_record(run_id)
+    assert str(record.extra["run_dir"]).endswith(f"{run_id}/attempt-2"), record.extra
+    second = job_fields(slurm, str(record.extra["job_id"]))
+    assert second["JobState"] == "COMPLETED", second
+    code, said = torchherd(inventory, "status", run_id)
+    assert code == 0, said
+    assert re.search(r"│ 1 +│ node0,node1,node2 │ failed │ node1 rank 1 failed first", said), said
+    assert re.search(r"│ 2 +│ node0,node1,node2 │ ok +│ all 3 nodes finished", said), said
+    assert "recovery ended after attempt 2: exit 0" in said, said
+    for node in slurm.cluster.names:
+        assert re.search(rf"│ {node}\s+│ exited \(0\)", said), said
+    assert slurm.queue() == []
+
+
+@pytest.mark.timeout(300)
+def test_stop_of_a_detached_run_with_retries_stops_its_controller_first(slurm: SlurmCluster, inventory: Path,
+                                                                        tmp_path: Path) -> None:
+    # stop: the controller is told first (no further attempt), then the job is cancelled.
+    code, out = run(inventory, tmp_path / "logs", "--detach", "--retries", "3", "--nproc-per-node", "1", "--",
+                    TICKER, "100000", "0.2")
+    assert code == 0, out
+    (run_id,) = re.findall(r"^(th-\S+)$", out, re.M)
+    deadline = time.monotonic() + 120
+    while "running" not in (said := torchherd(inventory, "status", run_id)[1]):
+        assert time.monotonic() < deadline, said
+        time.sleep(1)
+    job_id = str(load_record(run_id).extra["job_id"])
+    code, out = torchherd(inventory, "stop", run_id)
+    assert code == 0, out
+    assert f"SLURM job {job_id}: stopped, nothing of the run is left" in out, out
+    status = wait_recovery(run_id, lambda found: not found.alive, 60)
+    assert not status.alive and status.record.exit_code == 130, status
+    assert [attempt.number for attempt in status.record.attempts] == [1], status
+    assert str(load_record(run_id).extra["job_id"]) == job_id  # nothing submitted after the stop
     assert slurm.queue() == []

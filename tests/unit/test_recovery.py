@@ -117,8 +117,6 @@ def test_bad_recovery_keys_exit_2_naming_the_key(tmp_path: Path, extra: str, nam
     pytest.param(["--spares", "node9"], "--spares", id="spare-unknown"),
     pytest.param(["--spares", "node[0-3]"], "--spares", id="all-spares"),
     pytest.param(["--spares", "node[1-"], "--spares", id="spare-nodeset"),
-    pytest.param(["--retries", "1", "--detach", "--scheduler", "slurm"], "--retries with --detach",
-                 id="detach-slurm"),
     pytest.param(["--hang-timeout", "0", "--scheduler", "slurm"], "--hang-timeout", id="slurm-hang-zero"),
     pytest.param(["--retries", "1", "--scheduler", "slurm", "--slurm-nodes", "2", "--spares", "node3"], "--spares",
                  id="slurm-picks-with-spares"),

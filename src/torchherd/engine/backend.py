@@ -66,9 +66,6 @@ class Backend(ABC):
     """The flags it cannot honour: flag -> (why, hint)."""
     triage_checks: ClassVar[frozenset[str]] = TRIAGE_CHECKS
     """The checks a recovering run's triage runs on the next attempt's nodes."""
-    recovers_detached: ClassVar[bool] = False
-    """Whether a detached run may recover (``--detach --retries``): its controller runs in
-    the background on this machine (``engine.background``), the job on nodes it reaches."""
 
     def ssh_hostnames(self, hosts: Sequence[Host]) -> dict[str, str]:
         """Per host reached by an ssh_config alias, the alias's HostName (the address its
@@ -111,6 +108,13 @@ class Backend(ABC):
         could not start (the observer was told why)."""
 
     @abstractmethod
+    def preflight(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Plan:
+        """What ``launch`` checks first (unless ``options.check`` is off), starting nothing:
+        for a controller that starts the run elsewhere (``run --detach --retries``: in the
+        background, ``engine.background``). Returns the plan as checked (SSH: with the
+        addresses the nodes were found at); raises LaunchAborted as ``launch`` does."""
+
+    @abstractmethod
     def start_detached(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> RunRecord:
         """Starts ``plan`` so that it outlives this process; returns its saved ``RunRecord``
         (``status``, ``follow`` and ``stop`` take it). Raises LaunchAborted when it could
@@ -134,8 +138,6 @@ class Backend(ABC):
 class SshBackend(Backend):
     """torchherd starts every node itself: one supervisor per node over SSH."""
 
-    recovers_detached: ClassVar[bool] = True
-
     def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
               on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:
         connector = self._connector()
@@ -150,6 +152,11 @@ class SshBackend(Backend):
 
     def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
         return launch(plan, options, self._connector(), observer)
+
+    def preflight(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Plan:
+        opened = open_nodes(plan, options, self._connector(), observer)
+        opened.close()
+        return opened.plan
 
     def start_detached(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> RunRecord:
         opened = open_nodes(plan, options, self._connector(), observer)
@@ -229,6 +236,11 @@ class SlurmBackend(Backend):
     def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
         return slurm_job.launch(self._attached(plan, options), options, self._connector(), observer)
 
+    def preflight(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Plan:
+        if options.check:
+            slurm_job.preflight(self._attached(plan, options), options, self._connector(), observer)
+        return plan
+
     def start_detached(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> RunRecord:
         return slurm_detached.start_detached(self._attached(plan, options), options, self._connector(), observer)
 
@@ -236,7 +248,13 @@ class SlurmBackend(Backend):
         return slurm_detached.job_status(record, self.connector)
 
     def follow(self, record: RunRecord, observer: Observer, options: Follow) -> None:
-        slurm_detached.follow_job(record, observer, options.follow, options.node, options.rank, self.connector)
+        following: RunRecord | None = record
+        while following is not None:
+            slurm_detached.follow_job(following, observer, options.follow, options.node, options.rank,
+                                      self.connector)
+            # A recovering run's next attempt is a job of its own, its files in a directory of its own.
+            more = options.more
+            following = slurm_detached.next_job(following, more) if options.follow and more is not None else None
 
     def stop(self, record: RunRecord, grace: float | None = None) -> dict[str, list[str]]:
         self.allow("--grace", grace is not None)
@@ -259,6 +277,11 @@ BACKENDS: dict[str, type[Backend]] = {"ssh": SshBackend, "slurm": SlurmBackend}
 def backend_for(scheduler: str, connector: Connector | None = None) -> Backend:
     """The backend of a scheduler (``Cluster`` calls this once)."""
     return BACKENDS[scheduler](connector)
+
+
+def scheduler_of(backend: Backend) -> str:
+    """The scheduler whose backend ``backend`` is (its run records say it)."""
+    return next(name for name, kind in BACKENDS.items() if isinstance(backend, kind))
 
 
 def backend_of(record: RunRecord, connector: Connector | None = None) -> Backend:

@@ -32,20 +32,23 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any, Callable, Mapping
 
-from torchherd.engine.backend import SshBackend
+from torchherd.engine.backend import Backend, backend_for, scheduler_of
 from torchherd.engine.bookkeeping import max_rank, node_record, run_record
 from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
     CoordinatorStarted,
     Event,
+    JobQueued,
     NodeStarted,
     Observer,
     RunFinished,
+    RunStarted,
 )
 from torchherd.engine.job import STOP_MARGIN, LaunchOptions
-from torchherd.engine.launch import open_nodes
 from torchherd.engine.recovery import RecoveringRun
+from torchherd.engine.slurm.batch import run_dir
+from torchherd.engine.slurm.detached import slurm_nodes, slurm_record, with_job
 from torchherd.errors import EXIT_FAILED, TorchherdError
 from torchherd.inventory import Host, Recovery
 from torchherd.plan import Plan
@@ -65,7 +68,6 @@ from torchherd.runrecord import (
     save,
     with_recovery,
 )
-from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
 
 ENTRY = "import sys; from torchherd.engine.background import main; sys.exit(main(sys.argv[1:]))"
@@ -85,6 +87,7 @@ class Order:
     recovery: Recovery
     check_spares: bool
     accept_new_host_keys: bool
+    scheduler: str = "ssh"
 
 
 def _mapping_proxy(items: dict[str, Any]) -> Mapping[str, Any]:
@@ -109,15 +112,15 @@ def controller_log(run_id: str) -> Path:
 # the foreground ---------------------------------------------------------------------
 
 
-def start_background(plan: Plan, options: LaunchOptions, recovery: Recovery, connector: Connector,
+def start_background(backend: Backend, plan: Plan, options: LaunchOptions, recovery: Recovery,
                      observer: Observer) -> RunRecord:
     """Preflights ``plan`` here (LaunchAborted as ``run`` raises it), then starts the
     background controller and returns the run's record once its first attempt started."""
-    opened = open_nodes(plan, options, connector, observer)
-    opened.close()
+    checked = backend.preflight(plan, options, observer)
+    connector = backend.connector
     accept = connector.accept_new if isinstance(connector, SshConnector) else False
-    order = Order(opened.plan, replace(options, check=False, log_dir=options.log_dir.resolve()), recovery,
-                  options.check, accept)
+    order = Order(checked, replace(options, check=False, log_dir=options.log_dir.resolve()), recovery,
+                  options.check, accept, scheduler_of(backend))
     _spawn(order)
     return load(plan.run_id)
 
@@ -187,27 +190,30 @@ class Recorder:
 
     def __call__(self, event: Event) -> None:
         with self._lock:
-            if isinstance(event, AttemptStarted):
-                self.record = with_recovery(self._with_nodes(event.nodes), self.recovery.started(event.number,
-                                                                                                  event.nodes))
-            elif isinstance(event, AttemptFailed):
-                self.record = with_recovery(self.record, self.recovery.failed(event.number, event.headline))
-            elif isinstance(event, CoordinatorStarted):  # ``stop`` ends it with the rest
-                self.record = replace(self.record, coordinator=CoordinatorRecord(event.node, event.port, event.pid,
-                                                                                 event.state_file))
-            elif isinstance(event, NodeStarted):
-                self.record = replace(self.record, nodes=tuple(
-                    replace(node, supervisor=event.supervisor, pid=event.pid) if node.name == event.node else node
-                    for node in self.record.nodes))
-            elif isinstance(event, RunFinished):
-                summary = event.summary
-                attempts = tuple(AttemptState(attempt.number, attempt.nodes, attempt.ended, attempt.headline)
-                                 for attempt in summary.attempts)
-                self.record = with_recovery(self.record, self.recovery.finished(summary.exit_code, summary.headline,
-                                                                                attempts))
-            else:
-                return
-            save(self.record)
+            changed = self._changed(event)
+            if changed is not None:
+                self.record = changed
+                save(self.record)
+
+    def _changed(self, event: Event) -> RunRecord | None:
+        """The record after ``event``; None: unchanged."""
+        if isinstance(event, AttemptStarted):
+            return with_recovery(self._with_nodes(event.nodes), self.recovery.started(event.number, event.nodes))
+        if isinstance(event, AttemptFailed):
+            return with_recovery(self.record, self.recovery.failed(event.number, event.headline))
+        if isinstance(event, CoordinatorStarted):  # ``stop`` ends it with the rest
+            return replace(self.record, coordinator=CoordinatorRecord(event.node, event.port, event.pid,
+                                                                      event.state_file))
+        if isinstance(event, NodeStarted):
+            return replace(self.record, nodes=tuple(
+                replace(node, supervisor=event.supervisor, pid=event.pid) if node.name == event.node else node
+                for node in self.record.nodes))
+        if isinstance(event, RunFinished):
+            summary = event.summary
+            attempts = tuple(AttemptState(attempt.number, attempt.nodes, attempt.ended, attempt.headline)
+                             for attempt in summary.attempts)
+            return with_recovery(self.record, self.recovery.finished(summary.exit_code, summary.headline, attempts))
+        return None
 
     def ended(self, code: int, headline: str) -> None:
         """The run ended without a summary (its first attempt could not start)."""
@@ -228,18 +234,48 @@ class Recorder:
                            self.workdirs.get(name))
 
 
+class SlurmRecorder(Recorder):
+    """A SLURM run's: each attempt is a job of its own, with its own run directory on the
+    submit host; the record follows the current one (``status``, ``logs``, ``stop`` read
+    it), and its nodes are those SLURM started the job on."""
+
+    def __init__(self, record: RunRecord, plan: Plan) -> None:
+        super().__init__(record, {}, {})
+        self.plan = plan
+        self.attempt = 0
+
+    def _changed(self, event: Event) -> RunRecord | None:
+        if isinstance(event, AttemptStarted):
+            self.attempt = event.number
+            return with_recovery(self.record, self.recovery.started(event.number, event.nodes))
+        if isinstance(event, JobQueued):
+            return with_job(self.record, event.job_id, run_dir(self.record.run_id, self.attempt))
+        if isinstance(event, RunStarted):
+            return replace(self.record, nodes=tuple(slurm_nodes(self.plan, event.nodes, str(self.record.extra["run_dir"]))))
+        if isinstance(event, NodeStarted):
+            return None  # no supervisor: SLURM's task
+        return super()._changed(event)
+
+
 def first_record(order: Order) -> Recorder:
     """The record before the first attempt: the nodes of the plan, this process."""
+    if order.scheduler == "slurm":
+        record = slurm_record(order.plan, order.options.stop_grace, "", run_dir(order.plan.run_id))
+        return SlurmRecorder(with_recovery(record, _controller(order)), order.plan)
     plan, run_id = order.plan, order.plan.run_id
     inventory = plan.base_inventory or plan.inventory
     hosts = {host.name: host for host in inventory.hosts + inventory.spares}
     workdirs = {node.host.name: node.workdir for node in plan.nodes}
     nodes = [node_record(node.host, remote_log_file(run_id, node.host.name), remote_state_file(run_id, node.host.name),
                          node.workdir) for node in plan.nodes]
-    pid = os.getpid()
     record = run_record(plan, order.options.stop_grace, nodes, max_rank(plan), extra={"scheduler": "ssh"})
-    return Recorder(with_recovery(record, RecoveryRecord(pid, process_start(pid), order.recovery.retries)), hosts,
-                    workdirs)
+    return Recorder(with_recovery(record, _controller(order)), hosts, workdirs)
+
+
+def _controller(order: Order) -> RecoveryRecord:
+    """This process, the controller, as the record names it."""
+    pid = os.getpid()
+    return RecoveryRecord(pid, process_start(pid), order.recovery.retries)
 
 
 def serve(order: Order, said: IO[bytes]) -> int:
@@ -250,7 +286,7 @@ def serve(order: Order, said: IO[bytes]) -> int:
     cluster = order.plan.inventory.cluster
     connector = SshConnector(cluster.ssh_config, cluster.ssh_timeout, order.accept_new_host_keys)
     options = replace(order.options, persist=True)
-    run = RecoveringRun(SshBackend(connector), order.plan, options, order.recovery, recorder,
+    run = RecoveringRun(backend_for(order.scheduler, connector), order.plan, options, order.recovery, recorder,
                         check_spares=order.check_spares)
     on_sigterm(run.stop)
     try:

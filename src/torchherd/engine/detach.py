@@ -231,6 +231,11 @@ class Follow:
     node's job ending is not the end of its log: the next attempt writes on in it."""
 
 
+JOIN_EVERY = 1.0
+"""Seconds between reads of a recovering run's record while following it: a spare that
+took a place is followed from then on."""
+
+
 class NodeFollower:
     """Reads one node's log from a byte offset, only ever up to a complete record, so a
     dropped connection is resumed from where it was: no line twice, none missing. Driven
@@ -364,9 +369,16 @@ def follow_logs(record: RunRecord, observer: Observer, options: Follow,
                  for node in nodes}
     shares = [list(followers.values())[index::workers] for index in range(workers)]
     for share in shares:
-        threading.Thread(target=_follow_group, args=(share, stop), name="torchherd-follow", daemon=True).start()
+        _start_group(share, stop)
+    joining = options.more if options.follow and options.node is None else None
+    looked = time.monotonic()
     try:
         while not all(follower.finished for follower in followers.values()) or not events.empty():
+            if joining is not None and time.monotonic() - looked >= JOIN_EVERY and joining():
+                looked = time.monotonic()
+                for node in _joined(record, followers):
+                    followers[node.name] = NodeFollower(record, node, True, events, stop, connector, joining)
+                    _start_group([followers[node.name]], stop)
             try:
                 batch = events.get(timeout=0.2)
             except queue.Empty:
@@ -375,3 +387,17 @@ def follow_logs(record: RunRecord, observer: Observer, options: Follow,
     finally:
         stop.set()
     return followers
+
+
+def _start_group(followers: list[NodeFollower], stop: threading.Event) -> None:
+    threading.Thread(target=_follow_group, args=(followers, stop), name="torchherd-follow", daemon=True).start()
+
+
+def _joined(record: RunRecord, followed: Mapping[str, NodeFollower]) -> list[NodeRecord]:
+    """The nodes a recovering run's record names now and nobody follows yet: a spare that
+    took an excluded node's place (its controller writes them into the record)."""
+    try:
+        now = load(record.run_id)
+    except UsageError:  # the record went away: nothing joins any more
+        return []
+    return [node for node in now.nodes if node.name not in followed]

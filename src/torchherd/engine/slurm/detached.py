@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from torchherd.engine.bookkeeping import max_rank, node_record, report, run_record
 from torchherd.engine.detach import connector_for
@@ -18,6 +18,7 @@ from torchherd.engine.job import LaunchOptions
 from torchherd.engine.slurm.batch import (
     EXIT,
     OUT,
+    placement,
 )
 from torchherd.engine.slurm.commands import (
     JobState,
@@ -35,7 +36,7 @@ from torchherd.errors import TorchherdError, TransportError
 from torchherd.inventory import Host
 from torchherd.plan import Plan
 from torchherd.runlog import Status
-from torchherd.runrecord import NodeRecord, NodeState, RunRecord, save
+from torchherd.runrecord import NodeRecord, NodeState, RunRecord, load, save
 from torchherd.transport import Connector, Session
 from torchherd.transport.local import LocalSession
 
@@ -48,16 +49,31 @@ def start_detached(plan: Plan, options: LaunchOptions, connector: Connector, obs
     session, batch, job_id = submitted(plan, options, connector, observer)
     session.close()
     observer(JobQueued(job_id, "SUBMITTED"))
-    inventory = plan.inventory
-    login = dataclasses.asdict(_node_record(login_host(inventory), batch.run_dir)) if inventory.slurm.login else None
-    names = batch.placement.nodelist.split(",") if batch.placement.source != "[slurm]" and \
-        batch.placement.nodelist else []
-    nodes = [_node_record(dataclasses.replace(plan.nodes[0].host, name=name, address=name), batch.run_dir)
-             for name in names]
-    record = run_record(plan, options.stop_grace, nodes, max_rank(plan, batch.placement.nodes or len(names) or 1),
-                        extra={"scheduler": SCHEDULER, "job_id": job_id, "run_dir": batch.run_dir, "login": login})
+    record = slurm_record(plan, options.stop_grace, job_id, batch.run_dir)
     save(record)
     return record
+
+
+def slurm_record(plan: Plan, grace: float, job_id: str, directory: str) -> RunRecord:
+    """The record of a detached SLURM run: its job, its run directory on the submit host,
+    the login host, and the nodes where the inventory names them."""
+    inventory = plan.inventory
+    where = placement(plan, inventory.slurm)
+    login = dataclasses.asdict(_node_record(login_host(inventory), directory)) if inventory.slurm.login else None
+    names = where.nodelist.split(",") if where.source != "[slurm]" and where.nodelist else []
+    return run_record(plan, grace, slurm_nodes(plan, names, directory), max_rank(plan, where.nodes or len(names) or 1),
+                      extra={"scheduler": SCHEDULER, "job_id": job_id, "run_dir": directory, "login": login})
+
+
+def slurm_nodes(plan: Plan, names: Sequence[str], directory: str) -> list[NodeRecord]:
+    """A record per node of a SLURM run: its output and exit files in the run directory."""
+    return [_node_record(dataclasses.replace(plan.nodes[0].host, name=name, address=name), directory)
+            for name in names]
+
+
+def with_job(record: RunRecord, job_id: str, directory: str) -> RunRecord:
+    """``record`` now following job ``job_id`` (an attempt of a recovering run: a job of its own)."""
+    return dataclasses.replace(record, extra={**record.extra, "job_id": job_id, "run_dir": directory})
 
 
 def _node_record(host: Host, directory: str) -> NodeRecord:
@@ -136,6 +152,21 @@ def follow_job(record: RunRecord, observer: Observer, follow: bool = False, node
         _report(files.finish(), observer, node, rank)
     finally:
         session.close()
+
+
+def next_job(record: RunRecord, more: Callable[[], bool]) -> RunRecord | None:
+    """A detached SLURM run with retries, once its job has left the queue: the record as
+    it names the next attempt's job, when its recovering controller submits one (None
+    once the controller is gone without one)."""
+    job_id = record.extra.get("job_id")
+    while True:
+        alive = more()
+        now = load(record.run_id)
+        if now.extra.get("job_id") not in (None, "", job_id):
+            return now
+        if not alive:
+            return None
+        time.sleep(POLL_EVERY)
 
 
 def _report(items: Sequence[Item], observer: Observer, node: str | None, rank: int | None) -> None:

@@ -351,17 +351,37 @@ def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: O
 
 def submitted(plan: Plan, options: LaunchOptions, connector: Connector,
                observer: Observer) -> tuple[Session, BatchJob, str]:
-    settings = attempt_settings(plan.inventory.slurm, options.exclude)
-    batch = for_attempt(batch_job(plan, settings, options.fail_fast), options.attempt, options.exclude,
-                        options.shrink_to)
+    batch = attempt_job(plan, options)
     session = frontend(plan.inventory, connector)
     try:
         if options.check:
-            report = CheckReport(tuple(slurm_view(session, plan, batch)))
-            observer(PreflightDone(report))
-            if not report.ok:
-                raise LaunchAborted("the preflight checks failed", report=report)
+            _preflight(session, plan, batch, observer)
         return session, batch, submit(session, batch)
     except BaseException:
         session.close()
         raise
+
+
+def attempt_job(plan: Plan, options: LaunchOptions) -> BatchJob:
+    """The batch job ``plan`` is submitted as (an attempt of a recovering run: its own)."""
+    settings = attempt_settings(plan.inventory.slurm, options.exclude)
+    return for_attempt(batch_job(plan, settings, options.fail_fast), options.attempt, options.exclude,
+                       options.shrink_to)
+
+
+def preflight(plan: Plan, options: LaunchOptions, connector: Connector, observer: Observer) -> None:
+    """SLURM's view of the job (sinfo, ``sbatch --test-only``) as ``launch`` checks it
+    first, without submitting: for a controller that submits it elsewhere (a detached run
+    with retries). Raises LaunchAborted when SLURM would not run it."""
+    session = frontend(plan.inventory, connector)
+    try:
+        _preflight(session, plan, attempt_job(plan, options), observer)
+    finally:
+        session.close()
+
+
+def _preflight(session: Session, plan: Plan, batch: BatchJob, observer: Observer) -> None:
+    report = CheckReport(tuple(slurm_view(session, plan, batch)))
+    observer(PreflightDone(report))
+    if not report.ok:
+        raise LaunchAborted("the preflight checks failed", report=report)
