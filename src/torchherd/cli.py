@@ -285,15 +285,19 @@ def _view_options(args: argparse.Namespace, console: Console) -> ViewOptions:
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    from torchherd.api import attach, runs
-    from torchherd.console.detach import render_runs, render_status
+    from torchherd.api import DetachedRun, attach, runs
+    from torchherd.console.detach import ListedRun, render_runs, render_status
+
+    def listed(run: DetachedRun) -> ListedRun:
+        recovery = run.recovery()  # first: it reads the record again (a later attempt's nodes)
+        return ListedRun(run.record, run.status(), recovery)
 
     if args.run:
         run = attach(args.run)
         recovery = run.recovery()
         render_status(console, run.record, run.status(), recovery)
     else:
-        render_runs(console, [(run.record, run.status()) for run in runs()])
+        render_runs(console, [listed(run) for run in runs()])
     return EXIT_OK
 
 

@@ -42,8 +42,11 @@ def remote_state_file(run_id: str, node: str) -> str:
     return f"{remote_run_dir(run_id)}/{node}.state.json"
 
 
-def remote_coordinator_file(run_id: str) -> str:
-    return f"{remote_run_dir(run_id)}/coordinator.json"
+def remote_coordinator_file(run_id: str, attempt: int = 0) -> str:
+    """A plain detached run's coordinator state file; with retries, one per attempt (the
+    last attempt's coordinator may still be on its way out when the next one starts)."""
+    name = f"coordinator-{attempt}.json" if attempt else "coordinator.json"
+    return f"{remote_run_dir(run_id)}/{name}"
 
 
 def runs_dir(environ: Mapping[str, str] | None = None) -> Path:

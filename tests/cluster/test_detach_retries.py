@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 from conftest import Runs
 from localcluster import LocalCluster
-from test_detach import assert_clean
+from test_detach import all_exited, assert_clean, wait_states
 
 from torchherd.api import attach
 from torchherd.cli import main
 from torchherd.console import make_console
-from torchherd.runrecord import RecoveryStatus, controller_alive
+from torchherd.runrecord import RecoveryStatus, controller_alive, load
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("state_home")]
 
@@ -144,6 +144,8 @@ def test_a_killed_controller_leaves_the_job_running_without_recovery(cluster: Lo
     code, out = cli(cluster, "status", run_id)
     assert code == 0
     assert f"the recovering controller (pid {status.record.pid}) is gone: the job runs on without recovery" in out, out
+    code, listing = cli(cluster, "status")  # every run: the controller's state in its row
+    assert code == 0 and run_id in listing and "controller gone, running without" in listing, listing
     assert running(run_id)
     code, out = cli(cluster, "stop", run_id)
     assert code == 0, out
@@ -183,4 +185,34 @@ def test_logs_follow_picks_up_a_spare_that_takes_a_lost_nodes_place(cluster: Loc
     assert re.findall(r"^node2:1 +│ tick 1 (\d+)$", out, re.M) == [str(index) for index in range(60)], out
     wait_no_processes = [cluster.wait_no_processes(name, timeout=60) for name in ("node0", "node1", "node2")]
     assert wait_no_processes == [[], [], []], wait_no_processes
+    assert_clean(cluster)
+
+
+@pytest.mark.timeout(150)
+def test_without_its_controller_a_failed_node_still_stops_the_others(cluster: LocalCluster, runs: Runs,
+                                                                      tmp_path: Path) -> None:
+    """The controller killed, node1's rank fails: the attempt's coordinator (on the master)
+    has every other node torn down, as in a plain detached run. Before the fallback the
+    others ticked on (still running a minute later)."""
+    run_id, _ = runs.detach(cluster, "--log-dir", str(tmp_path / "logs"), "--retries", "2", "--", TICKER, "1000",
+                            "0.2", "--exit-rank", "1", "--exit-at", "50")
+    status = wait_recovery(run_id, lambda status: status.record.attempts and running(run_id), 60)
+    coordinator = load(run_id).coordinator
+    assert coordinator is not None and coordinator.node == "node0", coordinator
+    os.kill(status.record.pid, signal.SIGKILL)
+    killed = time.time()
+    states = wait_states(run_id, all_exited, timeout=60)
+    assert all_exited(states), states
+    by_node = {state.node: state for state in states}
+    failed_at = by_node["node1"].since
+    assert failed_at is not None and failed_at > killed, (killed, states)  # it failed with no controller
+    assert by_node["node1"].code not in (0, None)
+    spread = max(state.since or 0.0 for state in states) - failed_at
+    print(f"the other nodes ended {spread:.1f} s after node1")
+    assert spread < 8
+    assert all(by_node[name].code not in (0, None) for name in ("node0", "node2")), states
+    after = attach(run_id).recovery()
+    assert after is not None and [attempt.number for attempt in after.record.attempts] == [1], after
+    code, out = cli(cluster, "logs", "--node", "node0", run_id)
+    assert "coordinator: node1 exited with code 1 (the controller is gone)" in out, out
     assert_clean(cluster)

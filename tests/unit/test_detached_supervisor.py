@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -292,3 +293,61 @@ def test_a_persist_supervisor_runs_on_when_its_controller_is_gone(run_id: str, t
     assert json.loads(log.read_bytes().splitlines()[-1][1:]) == {"event": "done", "code": 143, "left": 0}
     assert wait_until(lambda: not pids_with(run_id.encode()), 5)
     assert oct(log.stat().st_mode & 0o777) == "0o600" and oct(log.parent.stat().st_mode & 0o777) == "0o700"
+
+
+def persist_supervisor(run_id: str, tmp_path: Path, **extra: object) -> subprocess.Popen[bytes]:
+    """A persist supervisor (a detached run with retries) of node n0, its job running."""
+    config = {"run_id": run_id, "argv": [PY, "-c", "import time\nwhile True: time.sleep(1)"], "grace": 2,
+              "heartbeat": 0.2, "node": "n0", "persist": True, "log_file": str(tmp_path / "runs" / "n0.log"),
+              "state_file": str(tmp_path / "runs" / "n0.state.json"), **extra}
+    supervisor = subprocess.Popen([PY, *SUPERVISOR, "-", run_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL)
+    assert supervisor.stdin is not None and supervisor.stdout is not None
+    supervisor.stdin.write(json.dumps(config).encode() + b"\n")
+    supervisor.stdin.flush()
+    assert supervisor.stdout.readline().startswith(b'S{"event":"started"')
+    threading.Thread(target=supervisor.stdout.read, daemon=True).start()  # the controller reads on
+    return supervisor
+
+
+@pytest.mark.timeout(40)
+def test_a_persist_supervisor_obeys_the_coordinator_once_its_controller_is_gone(run_id: str,
+                                                                                tmp_path: Path) -> None:
+    """While the controller lives (its heartbeats come), it recovers: the coordinator's
+    STOP is held. Once its channel ends, the held STOP tears the job down."""
+    reply = start_coordinator(run_id, tmp_path, ["n0", "other"])
+    other = hello(reply["port"], "other")
+    supervisor = persist_supervisor(run_id, tmp_path,
+                                    coordinator={"host": "127.0.0.1", "port": reply["port"], "token": token("n0")})
+    assert supervisor.stdin is not None
+    time.sleep(1.0)  # n0 has said HELLO
+    other.sendall(b"EXIT other 1\n")
+    for _ in range(8):  # 2 s of heartbeats: the controller lives, the job runs on
+        supervisor.stdin.write(wire.CONTROLLER_HEARTBEAT)
+        supervisor.stdin.flush()
+        time.sleep(0.25)
+    assert supervisor.poll() is None and state(tmp_path)["state"] == "running"
+    supervisor.stdin.close()  # the controller is gone
+    assert supervisor.wait(15) == 143
+    log = (tmp_path / "runs" / "n0.log").read_text()
+    assert "coordinator: other exited with code 1 (the controller is gone)" in log, log
+    assert state(tmp_path)["code"] == 143
+    other.close()
+    assert wait_until(lambda: not pids_with(run_id.encode()), 5)
+
+
+@pytest.mark.timeout(40)
+def test_a_persist_supervisor_takes_a_silent_controller_for_gone(run_id: str, tmp_path: Path) -> None:
+    """A controller whose machine went away closes no channel: the watchdog's silence
+    counts as gone, for a held STOP only (a silent controller alone stops nothing)."""
+    reply = start_coordinator(run_id, tmp_path, ["n0", "other"])
+    other = hello(reply["port"], "other")
+    supervisor = persist_supervisor(run_id, tmp_path, watchdog=2.0,
+                                    coordinator={"host": "127.0.0.1", "port": reply["port"], "token": token("n0")})
+    time.sleep(3.0)  # silent past the watchdog, nothing held: the job runs on
+    assert supervisor.poll() is None and state(tmp_path)["state"] == "running"
+    other.sendall(b"EXIT other 1\n")
+    assert supervisor.wait(15) == 143
+    assert "(the controller is gone)" in (tmp_path / "runs" / "n0.log").read_text()
+    other.close()
+    assert wait_until(lambda: not pids_with(run_id.encode()), 5)

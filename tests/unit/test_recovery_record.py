@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from io import StringIO
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from torchherd.console.detach import render_recovery, render_stopped
+from torchherd.console.detach import ListedRun, render_recovery, render_runs, render_stopped
 from torchherd.engine.background import Recorder
 from torchherd.engine.events import AttemptFailed, AttemptStarted, NodeStarted, RunFinished
 from torchherd.inventory import Host
@@ -147,8 +148,8 @@ def test_the_controller_records_attempts_nodes_and_the_end(tmp_path: Path, monke
 # what status and stop say ------------------------------------------------------------------
 
 
-def text_of(draw: object) -> str:
-    console = Console(file=StringIO(), record=True, width=100, color_system=None)
+def text_of(draw: object, width: int = 100) -> str:
+    console = Console(file=StringIO(), record=True, width=width, color_system=None)
     assert callable(draw)
     draw(console)
     return "".join(line.rstrip() + "\n" for line in console.export_text().splitlines())  # a title is padded
@@ -196,3 +197,36 @@ def test_stop_says_what_became_of_the_controller() -> None:
     assert gone.splitlines()[0] == "the recovering controller (pid 4242) was gone already: the nodes were stopped " \
                                    "directly"
     assert live.splitlines()[-1] == f"run {RUN}: stopped"
+
+
+def test_the_listing_of_every_run_shows_each_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``status`` with no run id: a run with retries says what became of its controller,
+    as ``status RUN`` does; a plain detached run has nothing in that column."""
+    monkeypatch.setattr(time, "time", lambda: 160.0)
+    plain = ListedRun(replace(record(), run_id="th-plain"), RUNNING)
+    alive = ListedRun(replace(record(), run_id="th-alive"), RUNNING, RecoveryStatus(ENDED, True))
+    gone = ListedRun(replace(record(), run_id="th-gone"), RUNNING, RecoveryStatus(ENDED, False))
+    over = ListedRun(replace(record(), run_id="th-over"), EXITED, RecoveryStatus(ENDED, False))
+    done = [NodeState("node0", "exited", 0), NodeState("node1", "exited", 0)]
+    ended = ListedRun(replace(record(), run_id="th-ended"), done,
+                      RecoveryStatus(replace(ENDED, exit_code=0, headline="all 2 nodes finished"), False))
+    out = text_of(lambda console: render_runs(console, [plain, alive, gone, over, ended]), 160)
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(100.0)) + " (60s ago)"
+    assert out == f"""\
+detached runs
+┏━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
+┃ run      ┃ state   ┃ started                       ┃ nodes                              ┃ recovery                                  ┃ command  ┃
+┡━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩
+│ th-plain │ running │ {started} │ node0 running, node1 running       │                                           │ train.py │
+│ th-alive │ running │ {started} │ node0 running, node1 running       │ attempt 2 of 3                            │ train.py │
+│ th-gone  │ running │ {started} │ node0 running, node1 running       │ controller gone, running without recovery │ train.py │
+│ th-over  │ failed  │ {started} │ node0 exited (0), node1 exited (1) │ controller gone, no further attempt       │ train.py │
+│ th-ended │ ok      │ {started} │ node0 exited (0), node1 exited (0) │ ended after attempt 2: exit 0             │ train.py │
+└──────────┴─────────┴───────────────────────────────┴────────────────────────────────────┴───────────────────────────────────────────┴──────────┘
+"""
+
+
+def test_the_listing_of_plain_runs_has_no_recovery_column(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(time, "time", lambda: 160.0)
+    out = text_of(lambda console: render_runs(console, [ListedRun(record(), RUNNING)]))
+    assert out.splitlines()[2].split() == ["┃", "run", "┃", "state", "┃", "started", "┃", "nodes", "┃", "command", "┃"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from rich.console import Console
@@ -77,19 +78,43 @@ def render_status(console: Console, record: RunRecord, states: Sequence[NodeStat
         render_recovery(console, recovery, states)
 
 
+def _controller_state(recovery: RecoveryStatus, states: Sequence[NodeState]) -> str:
+    """ended, alive, gone (the job runs on without recovery), or over (gone, the job too)."""
+    if recovery.record.ended:
+        return "ended"
+    if recovery.alive:
+        return "alive"
+    return "gone" if any(state.state == "running" for state in states) else "over"
+
+
+def _current(recovery: RecoveryStatus) -> int:
+    attempts = recovery.record.attempts
+    return attempts[-1].number if attempts else 1
+
+
 def controller_text(recovery: RecoveryStatus, states: Sequence[NodeState]) -> tuple[str, str]:
     """One line on a detached run's recovering controller, and its style."""
-    record = recovery.record
+    record, current = recovery.record, _current(recovery)
     who = f"the recovering controller (pid {record.pid})"
-    current = record.attempts[-1].number if record.attempts else 1
-    if record.ended:
-        return f"recovery ended after attempt {current}: exit {record.exit_code}: {record.headline}", (
-            "green" if record.exit_code == 0 else "bold red")
-    if recovery.alive:
-        return f"{who} runs: attempt {current} of {record.retries + 1}", "cyan"
-    if any(state.state == "running" for state in states):
-        return f"{who} is gone: the job runs on without recovery", "bold red"
-    return f"{who} is gone: no further attempt will be made", "bold red"
+    return {
+        "ended": (f"recovery ended after attempt {current}: exit {record.exit_code}: {record.headline}",
+                  "green" if record.exit_code == 0 else "bold red"),
+        "alive": (f"{who} runs: attempt {current} of {record.retries + 1}", "cyan"),
+        "gone": (f"{who} is gone: the job runs on without recovery", "bold red"),
+        "over": (f"{who} is gone: no further attempt will be made", "bold red"),
+    }[_controller_state(recovery, states)]
+
+
+def controller_cell(recovery: RecoveryStatus, states: Sequence[NodeState]) -> tuple[str, str]:
+    """``controller_text`` in short, for the listing of every run."""
+    record, current = recovery.record, _current(recovery)
+    return {
+        "ended": (f"ended after attempt {current}: exit {record.exit_code}",
+                  "green" if record.exit_code == 0 else "bold red"),
+        "alive": (f"attempt {current} of {record.retries + 1}", "cyan"),
+        "gone": ("controller gone, running without recovery", "bold red"),
+        "over": ("controller gone, no further attempt", "bold red"),
+    }[_controller_state(recovery, states)]
 
 
 def render_recovery(console: Console, recovery: RecoveryStatus, states: Sequence[NodeState]) -> None:
@@ -108,17 +133,31 @@ def render_recovery(console: Console, recovery: RecoveryStatus, states: Sequence
     console.print(table)
 
 
-def render_runs(console: Console, rows: Sequence[tuple[RunRecord, Sequence[NodeState]]]) -> None:
+@dataclass(frozen=True)
+class ListedRun:
+    """One row of ``status`` without a run id: the run, its nodes, its recovery if any."""
+
+    record: RunRecord
+    states: Sequence[NodeState]
+    recovery: RecoveryStatus | None = None
+
+
+def render_runs(console: Console, rows: Sequence[ListedRun]) -> None:
+    """Every known run; with a "recovery" column where one has retries."""
     if not rows:
         _plain(console, "no detached runs")
         return
+    recovering = any(row.recovery is not None for row in rows)
     table = Table(title=Text("detached runs"), title_justify="left")
-    for column in ("run", "state", "started", "nodes", "command"):
+    for column in ("run", "state", "started", "nodes", *(("recovery",) if recovering else ()), "command"):
         table.add_column(column, overflow="fold")
-    for record, states in rows:
-        nodes = ", ".join(f"{state.node} {state_text(state)}" for state in states)
-        table.add_row(Text(record.run_id), Text(run_state(states)), describe_since(record.created), Text(nodes),
-                      Text(printable(shlex.join(record.command))))
+    for row in rows:
+        nodes = ", ".join(f"{state.node} {state_text(state)}" for state in row.states)
+        cells = [Text(row.record.run_id), Text(run_state(row.states)), Text(describe_since(row.record.created)),
+                 Text(nodes)]
+        if recovering:
+            cells.append(Text(*controller_cell(row.recovery, row.states)) if row.recovery else Text(""))
+        table.add_row(*cells, Text(printable(shlex.join(row.record.command))))
     console.print(table)
 
 

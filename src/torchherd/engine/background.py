@@ -10,7 +10,8 @@ on its command line, which only names the run.
 The process runs the very ``RecoveringRun`` of an attached run, the nodes' supervisors in
 persist mode: each also keeps the node's log and state file of a detached run, so
 ``logs``, ``attach`` and ``stop`` work on the nodes as for any detached run, and the job
-goes on when this process is gone (without recovery). It keeps the run record up to
+goes on when this process is gone (without recovery, but with the fail fast of a plain
+detached run: each attempt has its coordinator on the master). It keeps the run record up to
 date (its pid and start time, every attempt, the final summary). SIGTERM stops the run
 as Ctrl-C stops an attached one: no further attempt.
 """
@@ -36,6 +37,7 @@ from torchherd.engine.bookkeeping import max_rank, node_record, run_record
 from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
+    CoordinatorStarted,
     Event,
     JobQueued,
     NodeStarted,
@@ -53,6 +55,7 @@ from torchherd.plan import Plan
 from torchherd.remote.wire import process_start
 from torchherd.runrecord import (
     AttemptState,
+    CoordinatorRecord,
     NodeRecord,
     RecoveryRecord,
     RunRecord,
@@ -198,6 +201,9 @@ class Recorder:
             return with_recovery(self._with_nodes(event.nodes), self.recovery.started(event.number, event.nodes))
         if isinstance(event, AttemptFailed):
             return with_recovery(self.record, self.recovery.failed(event.number, event.headline))
+        if isinstance(event, CoordinatorStarted):  # ``stop`` ends it with the rest
+            return replace(self.record, coordinator=CoordinatorRecord(event.node, event.port, event.pid,
+                                                                      event.state_file))
         if isinstance(event, NodeStarted):
             return replace(self.record, nodes=tuple(
                 replace(node, supervisor=event.supervisor, pid=event.pid) if node.name == event.node else node

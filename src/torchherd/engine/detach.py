@@ -14,7 +14,6 @@ prints: starting returns a result, following reports events to an observer.
 from __future__ import annotations
 
 import queue
-import secrets
 import shlex
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import Callable, Mapping
 
 from torchherd.engine.bookkeeping import max_rank, node_record, report, run_record
 from torchherd.engine.events import Observer
+from torchherd.engine.failfast import START_TIMEOUT, Coordination, start_coordinator
 from torchherd.engine.job import (
     LaunchOptions,
     Record,
@@ -38,7 +38,6 @@ from torchherd.remote import command as node_program
 from torchherd.remote import wire
 from torchherd.runlog import RecordSplitter, Status, parse_status
 from torchherd.runrecord import (
-    CoordinatorRecord,
     NodeRecord,
     NodeState,
     RunRecord,
@@ -60,8 +59,6 @@ FETCH_TIMEOUT = 5.0
 """A fetch that takes longer means the connection is gone: reconnect and resume."""
 POLL_EVERY = 0.5
 RETRY_EVERY = 1.0
-START_TIMEOUT = 60.0
-COORDINATOR_WAIT = 120.0
 
 # starting ----------------------------------------------------------------------
 
@@ -86,7 +83,7 @@ def start_detached(plan: Plan, options: LaunchOptions, sessions: Mapping[str, Se
     with the coordinator on the master for fail-fast; saves the record."""
     coordinator = None
     if options.fail_fast and len(plan.nodes) > 1:
-        coordinator = _start_coordinator(plan, sessions[plan.master])
+        coordinator = start_coordinator(plan, sessions[plan.master], remote_coordinator_file(plan.run_id))
     record = _new_record(plan, options, coordinator)
     save(record)
     started = _start_nodes(plan, record, sessions, options.stop_grace, coordinator)
@@ -102,36 +99,14 @@ def _started_or(started: NodeRecord | str | None, node: NodeRecord) -> NodeRecor
     return started if isinstance(started, NodeRecord) else node
 
 
-def _start_coordinator(plan: Plan, connection: Session) -> tuple[CoordinatorRecord, str, dict[str, str]]:
-    """Starts the coordinator on the master; its record, the address workers use, and each
-    node's own token. The config (with the tokens) goes on stdin: the master's process list
-    is public, and with a token anyone could announce a node and stop the run."""
-    tokens = {node.host.name: secrets.token_hex(16) for node in plan.nodes}
-    master = plan.nodes[0]
-    state_file = remote_coordinator_file(plan.run_id)
-    config = wire.CoordinatorConfig(plan.run_id, tokens, plan.master_addr, state_file, COORDINATOR_WAIT)
-    command = (f"exec {quote_path(master.host.python)} {node_program('coordinator.py')} "
-               f"- {shlex.quote(plan.run_id)}")
-    result = connection.run(command, stdin=config.to_line(), timeout=START_TIMEOUT)
-    try:
-        reply = wire.CoordinatorReply.from_json(result.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise TransportError(master.host.name, "coordinator",
-                             f"{master.host.name}: the run coordinator did not start: "
-                             f"{result.stderr.decode('utf-8', 'replace').strip()[-300:]}") from None
-    record = CoordinatorRecord(master.host.name, reply.port, reply.pid, state_file)
-    return record, plan.master_addr, tokens
-
-
-def _new_record(plan: Plan, options: LaunchOptions, coordinator: tuple[CoordinatorRecord, str, dict[str, str]] | None
-                ) -> RunRecord:
+def _new_record(plan: Plan, options: LaunchOptions, coordinator: Coordination | None) -> RunRecord:
     nodes = [node_record(node.host, remote_log_file(plan.run_id, node.host.name),
                          remote_state_file(plan.run_id, node.host.name), node.workdir) for node in plan.nodes]
-    return run_record(plan, options.stop_grace, nodes, max_rank(plan), coordinator[0] if coordinator else None)
+    return run_record(plan, options.stop_grace, nodes, max_rank(plan), coordinator.record if coordinator else None)
 
 
 def _start_nodes(plan: Plan, record: RunRecord, connections: Mapping[str, Session], grace: float,
-                 coordinator: tuple[CoordinatorRecord, str, dict[str, str]] | None) -> dict[str, NodeRecord | str]:
+                 coordinator: Coordination | None) -> dict[str, NodeRecord | str]:
     """Every node's supervisor, detached; per node its updated record or why it did not start."""
     source = supervisor_source()
 
@@ -140,8 +115,7 @@ def _start_nodes(plan: Plan, record: RunRecord, connections: Mapping[str, Sessio
         config = supervisor_config(node, plan.run_id, grace)._replace(
             log_file=node_record.log_file, state_file=node_record.state_file, node=node_record.name,
             heartbeat=0.0, watchdog=0.0,
-            coordinator=None if coordinator is None
-            else wire.CoordinatorAddress(coordinator[1], coordinator[0].port, coordinator[2][node_record.name]))
+            coordinator=None if coordinator is None else coordinator.for_node(node_record.name))
         try:
             result = connections[node_record.name].run(remote_command(node, plan.run_id, source), timeout=START_TIMEOUT,
                                                         stdin=config.to_line())

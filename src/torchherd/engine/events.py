@@ -228,6 +228,17 @@ class AttemptStarted:
 
 
 @dataclass(frozen=True)
+class CoordinatorStarted:
+    """An attempt of a detached run with retries started its fail-fast coordinator on
+    ``node``; the supervisors obey it only once the background controller is gone."""
+
+    node: str
+    port: int
+    pid: int
+    state_file: str
+
+
+@dataclass(frozen=True)
 class AttemptFailed:
     """Attempt ``number`` ended without success; ``headline`` says how (as a run's summary would)."""
 
@@ -292,7 +303,7 @@ RECOVERY_EVENTS = (AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, Spar
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
               NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished, JobQueued,
               SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptFailed, TriageDone,
-              NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound]
+              NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000

@@ -21,6 +21,7 @@ from typing import Mapping, Sequence, Union
 
 from torchherd.engine.bookkeeping import NodeLog, dispatch
 from torchherd.engine.events import (
+    CoordinatorStarted,
     Interrupted,
     NodeExited,
     NodeLost,
@@ -32,6 +33,7 @@ from torchherd.engine.events import (
     RunFinished,
     StopSent,
 )
+from torchherd.engine.failfast import Coordination, start_coordinator
 from torchherd.engine.hang import Targets, targets_of
 from torchherd.engine.outcome import Ending, NodeRun, ssh_state, summarise
 from torchherd.engine.straggler import StragglerWatch
@@ -50,7 +52,7 @@ from torchherd.runlog import (
     parse_records,
     visible_text,
 )
-from torchherd.runrecord import remote_log_file, remote_state_file
+from torchherd.runrecord import remote_coordinator_file, remote_log_file, remote_state_file
 from torchherd.shell import quote_path
 from torchherd.transport import Process, Session, fan_out
 
@@ -245,6 +247,7 @@ class Job:
         self.deadline = None if options.timeout is None else self.started + options.timeout
         self.timed_out = False
         self._quiet = threading.Event()
+        self.coordination: Coordination | None = None
 
     def hang_targets(self) -> Targets:
         """The nodes as the hang watch reaches them: over the run's own sessions."""
@@ -253,6 +256,7 @@ class Job:
     # starting -----------------------------------------------------------------
     def start_all(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.coordination = self._start_coordinator()
         source = supervisor_source()
         fan_out(list(self.nodes.values()), lambda node: self._start(node, source))
         threading.Thread(target=self._heartbeat, name="torchherd-heartbeat", daemon=True).start()
@@ -272,15 +276,33 @@ class Job:
         threading.Thread(target=read_node, args=(node, process, self.events, marker),
                          name=f"torchherd-read-{node.name}", daemon=True).start()
 
+    def _start_coordinator(self) -> Coordination | None:
+        """Persist mode (the controller in the background): the coordinator of a plain
+        detached run, for when the controller is gone. When it cannot start, the attempt
+        runs without it, as with a supervisor that cannot reach it: only that is lost."""
+        if not (self.options.persist and self.options.fail_fast and len(self.nodes) > 1):
+            return None
+        state_file = remote_coordinator_file(self.plan.run_id, self.options.attempt)
+        try:
+            coordination = start_coordinator(self.plan, self.sessions[self.plan.master], state_file)
+        except TransportError:
+            return None
+        record = coordination.record
+        self.emit(CoordinatorStarted(record.node, record.port, record.pid, record.state_file))
+        return coordination
+
     def _config(self, node: NodeRun, marker: bytes) -> wire.SupervisorConfig:
         config = supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace)
         if not self.options.persist:
             return config
-        # No watchdog: a silent controller is one that is gone, and the job runs on without it.
-        return config._replace(persist=True, watchdog=0.0, node=node.name,
+        # The watchdog only says when the controller counts as gone (its machine went
+        # away): the job runs on, and the coordinator's fail fast applies from then on.
+        coordination = self.coordination
+        return config._replace(persist=True, node=node.name,
                                log_file=remote_log_file(self.plan.run_id, node.name),
                                state_file=remote_state_file(self.plan.run_id, node.name),
-                               log_head=marker.decode().rstrip("\n") or None)
+                               log_head=marker.decode().rstrip("\n") or None,
+                               coordinator=coordination.for_node(node.name) if coordination else None)
 
     def _heartbeat(self) -> None:
         """Any line tells the supervisor the controller is still there."""

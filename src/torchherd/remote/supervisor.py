@@ -9,8 +9,11 @@ over them, and every config key, is defined in ``wire``.
 
 Persist mode (``persist``, with a ``log_file``; a detached run with retries, whose
 controller runs in the background): attached as below, and every record but heartbeats
-and samples is also appended to the log file; the end of stdin or stdout, and SIGHUP,
-mean the controller is gone: the job runs on, logged, with no watchdog.
+and samples is also appended to the log file; the end of stdin or stdout, SIGHUP, and
+the watchdog mean the controller is gone: the job runs on, logged. With a
+``coordinator``, a STOP from it is held while the controller lives (the controller
+recovers: it stops the attempt itself), and obeyed once it is gone, as in a plain
+detached run.
 
 Detached mode (``log_file`` set, no ``persist``): records are appended to the log file instead of
 stdout; the supervisor forks into its own session, stdin from /dev/null (no EOF
@@ -264,6 +267,8 @@ class Supervisor:
         self.child_exited = True
         self.got = 0
         self.stdin_open = True
+        self.held_stop: Optional[str] = None
+        """Persist mode: the coordinator's STOP, kept while the controller lives."""
         self.stdin_partial = b""
         self.stdin_pending = b""
         self.last_in = time.monotonic()
@@ -443,7 +448,9 @@ class Supervisor:
             deadlines.append(self.next_heartbeat)
         td = self.teardown
         if td is None:
-            if self.stdin_open and self.cfg.watchdog > 0:
+            # persist: the watchdog matters only to a held stop (a silent controller is
+            # no reason to wake up otherwise)
+            if self.stdin_open and self.cfg.watchdog > 0 and (not self.persist or self.held_stop is not None):
                 deadlines.append(self.last_in + self.cfg.watchdog)
         elif not td.complete:
             deadlines.append(td.next_poll)
@@ -460,11 +467,21 @@ class Supervisor:
             self.out.add(wire.HEARTBEAT_RECORD)
             self.next_heartbeat = now + self.cfg.heartbeat
         watchdog = self.cfg.watchdog
-        if self.teardown is None and self.stdin_open and watchdog > 0 and now - self.last_in >= watchdog:
+        if (self.teardown is None and self.stdin_open and watchdog > 0 and now - self.last_in >= watchdog
+                and not self.persist):
             self.request_teardown("watchdog: no word from the controller for %gs" % watchdog, False, now)
+        if self.teardown is None and self.held_stop is not None and self._controller_gone(now):
+            self.request_teardown("coordinator: %s (the controller is gone)" % self.held_stop, False, now)
         if self.teardown is None and self.code is not None:
             self.request_teardown(LEFTOVER, False, now, announce=False)
         self._link_connect(now)
+
+    def _controller_gone(self, now: float) -> bool:
+        """Persist mode: its channel ended, or it has been silent for the watchdog's time
+        (its machine went away, or sleeps: no channel ends then)."""
+        watchdog = self.cfg.watchdog
+        return (not self.stdin_open or self.out.closed
+                or (watchdog > 0 and now - self.last_in >= watchdog))
 
     def _link_connect(self, now: float) -> None:
         link = self.link
@@ -537,7 +554,10 @@ class Supervisor:
             self._read_stdin(now)
         elif key.data == "coord" and self.link is not None:
             for reason in self.link.stop_reasons(self.sel):
-                self.request_teardown("coordinator: " + reason, False, now)
+                if self.persist:
+                    self.held_stop = self.held_stop or reason  # obeyed in _timers once the controller is gone
+                else:
+                    self.request_teardown("coordinator: " + reason, False, now)
         elif key.data == "wake":
             self.signals.woken()
 

@@ -380,7 +380,8 @@ class SupervisorConfig(NamedTuple):
     heartbeat: float = 5.0
     """Seconds between H records (0: none)."""
     watchdog: float = 0.0
-    """Tear the job down when no stdin byte arrived for this long (0: off)."""
+    """Tear the job down when no stdin byte arrived for this long (0: off); with
+    ``persist``, the controller counts as gone instead (the job runs on)."""
     cleanup_dir: Optional[str] = None
     """torchrun's log directory (only a "torchherd-*" name): the supervisor creates it, mode
     0700, before the job starts, refuses to start when it already exists, and removes it
@@ -394,7 +395,8 @@ class SupervisorConfig(NamedTuple):
     node: str = ""
     """This node's name, for the coordinator."""
     coordinator: Optional[CoordinatorAddress] = None
-    """Detached fail fast: the run's coordinator."""
+    """Detached fail fast: the run's coordinator (with ``persist``: obeyed once the
+    controller is gone)."""
     rank_logs: Optional[str] = None
     """torchrun's ``--log-dir`` when it runs with ``--redirects 3`` (no tee): the supervisor
     reads each rank's files there itself, byte for byte, so a ``\\r`` survives."""
