@@ -267,15 +267,9 @@ def test_a_persist_supervisor_runs_on_when_its_controller_is_gone(run_id: str, t
     node's log (after the attempt's marker); the channel's end and SIGHUP leave the job
     running, SIGTERM (``stop``) tears it down."""
     log = tmp_path / "runs" / "n0.log"
-    config = {"run_id": run_id, "argv": [PY, "-c", "import time\nprint('up', flush=True)\ntime.sleep(60)"],
-              "grace": 2, "heartbeat": 0.2, "node": "n0", "persist": True, "log_file": str(log),
-              "state_file": str(tmp_path / "runs" / "n0.state.json"), "log_head": "==== attempt 2 ===="}
-    supervisor = subprocess.Popen([PY, *SUPERVISOR, "-", run_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL)
+    supervisor = persist_supervisor(run_id, tmp_path, "import time\nprint('up', flush=True)\ntime.sleep(60)",
+                                    read_on=False, log_head="==== attempt 2 ====")
     assert supervisor.stdin is not None and supervisor.stdout is not None
-    supervisor.stdin.write(json.dumps(config).encode() + b"\n")
-    supervisor.stdin.flush()
-    assert supervisor.stdout.readline().startswith(b'S{"event":"started"')
     assert wait_until(lambda: b"Oup\n" in log.read_bytes(), 10)
     supervisor.stdin.close()  # the controller is gone: its channel ends both ways
     supervisor.stdout.close()
@@ -295,9 +289,11 @@ def test_a_persist_supervisor_runs_on_when_its_controller_is_gone(run_id: str, t
     assert oct(log.stat().st_mode & 0o777) == "0o600" and oct(log.parent.stat().st_mode & 0o777) == "0o700"
 
 
-def persist_supervisor(run_id: str, tmp_path: Path, **extra: object) -> subprocess.Popen[bytes]:
-    """A persist supervisor (a detached run with retries) of node n0, its job running."""
-    config = {"run_id": run_id, "argv": [PY, "-c", "import time\nwhile True: time.sleep(1)"], "grace": 2,
+def persist_supervisor(run_id: str, tmp_path: Path, job: str = "import time\nwhile True: time.sleep(1)",
+                       read_on: bool = True, **extra: object) -> subprocess.Popen[bytes]:
+    """A persist supervisor (a detached run with retries) of node n0, its job (Python
+    source) running; with ``read_on``, a thread reads its channel on, as a controller does."""
+    config = {"run_id": run_id, "argv": [PY, "-c", job], "grace": 2,
               "heartbeat": 0.2, "node": "n0", "persist": True, "log_file": str(tmp_path / "runs" / "n0.log"),
               "state_file": str(tmp_path / "runs" / "n0.state.json"), **extra}
     supervisor = subprocess.Popen([PY, *SUPERVISOR, "-", run_id], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -306,7 +302,8 @@ def persist_supervisor(run_id: str, tmp_path: Path, **extra: object) -> subproce
     supervisor.stdin.write(json.dumps(config).encode() + b"\n")
     supervisor.stdin.flush()
     assert supervisor.stdout.readline().startswith(b'S{"event":"started"')
-    threading.Thread(target=supervisor.stdout.read, daemon=True).start()  # the controller reads on
+    if read_on:
+        threading.Thread(target=supervisor.stdout.read, daemon=True).start()  # the controller reads on
     return supervisor
 
 
