@@ -36,6 +36,11 @@ class InventoryError(UsageError):
     """The inventory file is missing or wrong; the message names the file and key."""
 
 
+class Unplaceable(TorchherdError):
+    """The scheduler refused the job because it could never place it as asked (SLURM:
+    "Requested node configuration is not available"), not because it is busy now."""
+
+
 class TransportError(TorchherdError):
     """SSH could not reach, authenticate to, or run a command on a node."""
 

@@ -532,3 +532,40 @@ def test_stop_of_a_detached_run_with_retries_stops_its_controller_first(slurm: S
     assert [attempt.number for attempt in status.record.attempts] == [1], status
     assert str(load_record(run_id).extra["job_id"]) == job_id  # nothing submitted after the stop
     assert slurm.queue() == []
+
+
+@pytest.mark.timeout(300)
+def test_where_slurm_picks_every_node_and_one_is_excluded_the_run_ends_without_burning_retries(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    # [slurm].nodes = 3 of the three. Rank 1 fails, then an admin drains its node: the
+    # partition has two nodes left for a job of three, which sbatch refuses at once. The
+    # run ends there, saying so, instead of spending its other retries on the same refusal.
+    cluster = Cluster.from_toml(slurm.inventory(tmp_path / "all.toml", nodes=3))
+    plan = cluster.plan(FAIL_FIRST, "--fail-rank", "1", nproc_per_node=1)
+    events = Collector()
+    drained: list[str] = []
+
+    def observer(event: Event) -> None:
+        events(event)
+        if isinstance(event, AttemptFailed) and not drained:
+            drained.append(events.of(RunStarted)[-1].nodes[1])
+            slurm.drain(drained[0], "GPU fell off the bus")
+
+    try:
+        run = cluster.launch(plan, log_dir=tmp_path / "logs", on_event=observer, recovery=Recovery(retries=3))
+        assert isinstance(run, RecoveringRun)
+        summary = run.wait(timeout=240)
+    finally:
+        for node in drained:
+            slurm.resume(node)
+    (bad,) = drained
+    assert summary.exit_code == 1, summary.headline
+    first, second = summary.attempts
+    assert first.ended == "failed" and first.next == f"attempt 2 on 3 nodes SLURM picks, not {bad}", first
+    assert second.headline.startswith("attempt 2 could not start: sbatch failed on ") and \
+        second.headline.endswith("Requested node configuration is not available"), second
+    assert second.next == f"the scheduler cannot place the run without {bad} (it refused the attempt)", second
+    assert summary.headline.startswith(f"the scheduler cannot place the run without {bad} (it refused the attempt); "
+                                       "attempt 2: attempt 2 could not start"), summary.headline
+    assert len({event.job_id for event in events.of(JobQueued)}) == 1
+    assert slurm.queue() == []

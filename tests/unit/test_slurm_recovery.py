@@ -22,6 +22,7 @@ from torchherd.engine.events import (
     Collector,
     NodeExcluded,
     Observer,
+    RecoveryEnded,
     RunShrunk,
     RunStarted,
     TriageDone,
@@ -40,7 +41,7 @@ from torchherd.engine.slurm.batch import (
     run_dir,
     submit_command,
 )
-from torchherd.errors import TorchherdError, UsageError
+from torchherd.errors import TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import Plan
 from torchherd.results import CheckReport, CheckResult
@@ -228,6 +229,9 @@ class SlurmLike:
         if self.culprits[len(self.launched) - 1] == "sbatch":
             raise TorchherdError("sbatch failed on localhost: sbatch: error: Batch job submission failed: "
                                  "Socket timed out on send/recv operation")
+        if self.culprits[len(self.launched) - 1] == "never":
+            raise Unplaceable("sbatch failed on localhost: sbatch: error: Batch job submission failed: "
+                              "Requested node configuration is not available")
         run = Run(_Done(plan, _summary(plan, self.culprits[len(self.launched) - 1])), RunEvents(observer))
         run.start()
         return run
@@ -269,6 +273,15 @@ def test_a_resubmission_slurm_refuses_is_a_failed_attempt_not_the_end() -> None:
     assert [record.ended for record in summary.attempts] == ["failed", "failed", "ok"]
     assert summary.attempts[1].headline == ("attempt 2 could not start: sbatch failed on localhost: sbatch: error: "
                                             "Batch job submission failed: Socket timed out on send/recv operation")
+
+
+def test_a_resubmission_slurm_could_never_place_ends_the_run_instead_of_spending_the_retries() -> None:
+    backend = SlurmLike(["node1", "never", None], drained={"node1": "fan failure"})
+    summary, events = recover(backend, plan(4, spares="node3"), Recovery(retries=3))
+    assert summary.exit_code == 1 and len(backend.launched) == 2
+    assert [record.ended for record in summary.attempts] == ["failed", "failed"]
+    assert summary.attempts[1].next == "the scheduler cannot place the run without node1 (it refused the attempt)"
+    assert [event.message for event in events.of(RecoveryEnded)] == [summary.attempts[1].next]
 
 
 def test_a_shrunk_attempt_asks_slurm_for_its_nodes_by_name_and_count() -> None:

@@ -54,7 +54,7 @@ from torchherd.engine.recovery_policy import (
     triage_failures,
     verdict,
 )
-from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, TorchherdError, UsageError
+from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
@@ -171,6 +171,8 @@ class RecoveringRun:
         self._done = threading.Event()
         self._aborted = ""
         """Why the last attempt could not start (``LaunchAborted``), when it could not."""
+        self._unplaceable = False
+        """The last attempt could not start because the scheduler could never place it."""
         self._watch: HangWatch | None = None
         self._hang_text = ""
         self._stacks: list[OutputLine] = []
@@ -295,7 +297,7 @@ class RecoveringRun:
                 self.records.append(AttemptRecord(number, nodes, attempt.ended, summary.headline, seconds))
                 return self._final(summary, None if attempt.ended == "ok" else "interrupted")
             self.emit(AttemptFailed(number, summary.headline, seconds))
-            end = verdict(attempt, self.attempts, self.recovery)
+            end = verdict(attempt, self.attempts, self.recovery) or self._never_placed()
             triaged = _Triaged(end, ()) if end is not None else self._triage(attempt)
             self.attempts.append(attempt)
             if self.stopping:
@@ -323,9 +325,20 @@ class RecoveringRun:
         except TorchherdError as error:
             # LaunchAborted, or a scheduler that refused the submission (sbatch: slurmctld
             # busy, a node it no longer knows) or whose host did not answer: a failed
-            # attempt, as the policy counts them, not the end of the run.
+            # attempt, as the policy counts them, not the end of the run (but where the
+            # scheduler could never place it: Unplaceable).
             self._aborted = str(error)
+            self._unplaceable = isinstance(error, Unplaceable)
             return None
+
+    def _never_placed(self) -> End | None:
+        """The run's end when the scheduler refused the last attempt as one it could never
+        place: without the nodes left out, the next one would be refused alike."""
+        unplaceable, self._unplaceable = self._unplaceable, False
+        if not unplaceable:
+            return None
+        without = f" without {', '.join(self.excluded)}" if self.excluded else ""
+        return End("no node left", f"the scheduler cannot place the run{without} (it refused the attempt)")
 
     def _finish(self, run: Run | None, number: int, nodes: tuple[str, ...]) -> RunSummary:
         if run is not None:

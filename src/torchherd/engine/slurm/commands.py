@@ -21,7 +21,7 @@ from torchherd.engine.slurm.batch import (
     BatchJob,
     submit_command,
 )
-from torchherd.errors import TorchherdError, UsageError
+from torchherd.errors import TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Host, Inventory
 from torchherd.shell import quote_path
 from torchherd.transport import Connector, Session
@@ -280,9 +280,20 @@ def ask(session: Session, command: str, what: str, stdin: bytes = b"") -> str:
     return result.stdout.decode("utf-8", "replace")
 
 
+NEVER_PLACED = "Requested node configuration is not available"
+"""sbatch's words for a job the partition could never run as asked (too many nodes once
+some are excluded), as opposed to one that waits for nodes busy now."""
+
+
 def submit(session: Session, job: BatchJob) -> str:
-    """Writes the script (0600, from stdin: never on a command line) and sbatch's it; the job id."""
-    answer = ask(session, submit_command(job), "sbatch", job.script.encode("utf-8"))
+    """Writes the script (0600, from stdin: never on a command line) and sbatch's it; the
+    job id. Unplaceable when SLURM could never run it as asked."""
+    try:
+        answer = ask(session, submit_command(job), "sbatch", job.script.encode("utf-8"))
+    except TorchherdError as error:
+        if NEVER_PLACED in str(error):
+            raise Unplaceable(str(error), error.hint) from None
+        raise
     try:
         return parse_job_id(answer)
     except ValueError as error:
