@@ -41,11 +41,13 @@ from torchherd.engine.slurm.batch import (
     run_dir,
     submit_command,
 )
+from torchherd.engine.slurm.commands import submit
 from torchherd.errors import TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import Plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import NodeOutcome, RunSummary
+from torchherd.transport import CommandResult
 
 
 def plan(hosts: int = 3, spares: str = "", **slurm: object) -> Plan:
@@ -372,3 +374,28 @@ def test_where_slurm_picks_the_same_error_on_the_node_it_picked_next_is_a_job_bu
     summary, _ = recover(backend, plan(1, nodes=2), Recovery(retries=3))
     assert summary.exit_code == 1 and len(summary.attempts) == 2, summary.attempts
     assert summary.headline.startswith("the same error on node1 (attempt 1) and on node0 (attempt 2)")
+
+
+class _Refusing:
+    """A submit host whose sbatch fails with ``said`` on stderr."""
+
+    node = "login1"
+
+    def __init__(self, said: str) -> None:
+        self.said = said
+
+    def run(self, command: str, stdin: bytes = b"", timeout: float = 30.0) -> CommandResult:
+        return CommandResult(1, b"", self.said.encode(), 0.0)
+
+
+@pytest.mark.parametrize(("said", "never"), [
+    ("sbatch: error: Batch job submission failed: Requested node configuration is not available", True),
+    ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation", False),
+    ("sbatch: error: Batch job submission failed: Invalid node name specified", False),
+])
+def test_only_a_job_slurm_could_never_place_is_unplaceable(said: str, never: bool) -> None:
+    chosen = plan(nodes=3)
+    with pytest.raises(TorchherdError) as raised:
+        submit(_Refusing(said), batch_job(chosen, chosen.inventory.slurm))  # type: ignore[arg-type]
+    assert isinstance(raised.value, Unplaceable) is never
+    assert str(raised.value) == f"sbatch failed on login1: {said}"
