@@ -242,16 +242,17 @@ class SlurmRecorder(Recorder):
     def __init__(self, record: RunRecord, plan: Plan) -> None:
         super().__init__(record, {}, {})
         self.plan = plan
-        self.attempt = 0
 
     def _changed(self, event: Event) -> RunRecord | None:
         if isinstance(event, AttemptStarted):
-            self.attempt = event.number
             return with_recovery(self.record, self.recovery.started(event.number, event.nodes))
-        if isinstance(event, JobQueued):
-            return with_job(self.record, event.job_id, run_dir(self.record.run_id, self.attempt))
+        if isinstance(event, JobQueued):  # the job of the attempt started last (0: a run without retries)
+            attempts = self.recovery.attempts
+            attempt = attempts[-1].number if attempts else 0
+            return with_job(self.record, event.job_id, run_dir(self.record.run_id, attempt))
         if isinstance(event, RunStarted):
-            return replace(self.record, nodes=tuple(slurm_nodes(self.plan, event.nodes, str(self.record.extra["run_dir"]))))
+            directory = str(self.record.extra["run_dir"])
+            return replace(self.record, nodes=tuple(slurm_nodes(self.plan, event.nodes, directory)))
         if isinstance(event, NodeStarted):
             return None  # no supervisor: SLURM's task
         return super()._changed(event)

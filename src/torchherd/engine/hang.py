@@ -1,8 +1,10 @@
 """A hung job (``--hang-timeout S``): no rank printed a line and no rank used CPU for S
 seconds. ``HangWatch`` finds it, over sessions to the job's nodes (an SSH run's own; on
-SLURM, job steps beside the job's: ``srun --overlap``), and sends SIGABRT to every rank (the job runs with ``PYTHONFAULTHANDLER=1``: each rank prints every thread's
-Python stack before it dies); ``stacks_of`` reads those stacks back from the ranks'
-output and ``described`` names the rank whose stack differs from the others'.
+SLURM, job steps beside the job's: ``srun --overlap``), takes ``py-spy dump`` of every
+rank where the nodes have py-spy, and sends SIGABRT to every rank (the job runs with
+``PYTHONFAULTHANDLER=1``: each rank prints every thread's Python stack before it dies);
+``stacks_of`` and ``spy_stacks`` read those stacks and ``described`` names the rank
+whose stack differs from the others'.
 """
 
 from __future__ import annotations

@@ -169,16 +169,13 @@ class RecoveringRun:
         self._summary: RunSummary | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
-        self._aborted = ""
-        """Why the last attempt could not start (``LaunchAborted``), when it could not."""
-        self._unplaceable = False
-        """The last attempt could not start because the scheduler could never place it."""
+        self._refused: TorchherdError | None = None
+        """Why the last attempt could not start (``LaunchAborted``, a refused submission);
+        None when it started."""
         self._watch: HangWatch | None = None
         self._hang_text = ""
         self._stacks: list[OutputLine] = []
         """The ranks' lines after a hang's SIGABRT: their stacks."""
-        self._started_on = 0
-        """How many nodes the last attempt started on (a picked run that shrank says so)."""
 
     # the caller's side ------------------------------------------------------------------
     def start(self) -> RecoveringRun:
@@ -253,7 +250,8 @@ class RecoveringRun:
                 for chunk in event.lines:
                     self._stacks.extend(chunk.lines() if isinstance(chunk, RankLines) else (chunk,))
         if isinstance(event, RunStarted) and self.picked is not None:
-            was, self._started_on = self._started_on, len(event.nodes)
+            # The attempts before this one are recorded: the last that started is the one to compare with.
+            was = next((len(record.nodes) for record in reversed(self.records) if record.nodes), 0)
             if 0 < len(event.nodes) < was:  # SLURM found fewer nodes than the attempt before (--min-nodes)
                 self.emit(RunShrunk(len(event.nodes), was))
         if not isinstance(event, RunFinished):
@@ -318,6 +316,7 @@ class RecoveringRun:
 
     def _try_launch(self, number: int, nodes: tuple[str, ...], options: LaunchOptions) -> Run | None:
         """The attempt's run; None when it could not start (its ``_finish`` says so)."""
+        self._refused = None
         try:
             return self._launch(number, nodes, options)
         except UsageError:
@@ -327,15 +326,13 @@ class RecoveringRun:
             # busy, a node it no longer knows) or whose host did not answer: a failed
             # attempt, as the policy counts them, not the end of the run (but where the
             # scheduler could never place it: Unplaceable).
-            self._aborted = str(error)
-            self._unplaceable = isinstance(error, Unplaceable)
+            self._refused = error
             return None
 
     def _never_placed(self) -> End | None:
         """The run's end when the scheduler refused the last attempt as one it could never
         place: without the nodes left out, the next one would be refused alike."""
-        unplaceable, self._unplaceable = self._unplaceable, False
-        if not unplaceable:
+        if not isinstance(self._refused, Unplaceable):
             return None
         without = f" without {', '.join(self.excluded)}" if self.excluded else ""
         return End("no node left", f"the scheduler cannot place the run{without} (it refused the attempt)")
@@ -350,7 +347,7 @@ class RecoveringRun:
             with self._lock:
                 self._current = None
             return summary
-        message = f"attempt {number} could not start: {self._aborted}"
+        message = f"attempt {number} could not start: {self._refused}"
         return RunSummary(self.run_id, EXIT_FAILED, message, (), str(self.log_dir))
 
     def _hung(self, attempt: Attempt) -> Attempt:

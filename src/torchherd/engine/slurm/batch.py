@@ -88,11 +88,9 @@ def for_attempt(job: BatchJob, attempt: int, exclude: Sequence[str], shrink_to: 
     is kept in it: sbatch's command line overrides the script's."""
     count = job.placement.nodes
     node_range = f"{shrink_to}-{count}" if shrink_to is not None and count is not None and shrink_to < count else None
-    if not exclude:
-        return replace(job, run_dir=run_dir(job.run_id, attempt), node_range=node_range)
     given = [match.group("nodes") for match in map(_EXCLUDE.match, job.options) if match is not None]
-    return replace(job, run_dir=run_dir(job.run_id, attempt), exclude=tuple(dict.fromkeys([*given, *exclude])),
-                   node_range=node_range)
+    excluded = tuple(dict.fromkeys([*given, *exclude])) if exclude else job.exclude
+    return replace(job, run_dir=run_dir(job.run_id, attempt), exclude=excluded, node_range=node_range)
 
 
 def attempt_settings(settings: SlurmSettings, exclude: Sequence[str]) -> SlurmSettings:
