@@ -114,12 +114,18 @@ def test_a_detached_recovering_run_outlives_its_terminal(cluster: LocalCluster, 
     assert_clean(cluster)
 
 
+def detach_ticking(cluster: LocalCluster, runs: Runs, tmp_path: Path) -> tuple[str, RecoveryStatus]:
+    """``run --detach --retries 2`` of a ticker on node0 and node1 that runs for minutes:
+    its run id and its recovery once the first attempt runs on both."""
+    run_id, _ = runs.detach(cluster, "--include", "node[0-1]", "--log-dir", str(tmp_path / "logs"), "--retries", "2",
+                            "--", TICKER, "1000", "0.2")
+    return run_id, wait_recovery(run_id, lambda status: status.record.attempts and running(run_id), 60)
+
+
 @pytest.mark.timeout(180)
 def test_stop_during_the_first_attempt_stops_the_controller_and_the_job(cluster: LocalCluster, runs: Runs,
                                                                         tmp_path: Path) -> None:
-    run_id, _ = runs.detach(cluster, "--include", "node[0-1]", "--log-dir", str(tmp_path / "logs"), "--retries", "2",
-                            "--", TICKER, "1000", "0.2")
-    status = wait_recovery(run_id, lambda status: status.record.attempts and running(run_id), 60)
+    run_id, status = detach_ticking(cluster, runs, tmp_path)
     assert status.alive and status.record.attempts[0].ended == "running", status
     code, out = cli(cluster, "stop", run_id)
     assert code == 0, out
@@ -135,9 +141,7 @@ def test_stop_during_the_first_attempt_stops_the_controller_and_the_job(cluster:
 @pytest.mark.timeout(180)
 def test_a_killed_controller_leaves_the_job_running_without_recovery(cluster: LocalCluster, runs: Runs,
                                                                      tmp_path: Path) -> None:
-    run_id, _ = runs.detach(cluster, "--include", "node[0-1]", "--log-dir", str(tmp_path / "logs"), "--retries", "2",
-                            "--", TICKER, "1000", "0.2")
-    status = wait_recovery(run_id, lambda status: status.record.attempts and running(run_id), 60)
+    run_id, status = detach_ticking(cluster, runs, tmp_path)
     os.kill(status.record.pid, signal.SIGKILL)
     wait_recovery(run_id, lambda status: not status.alive, 10)
     time.sleep(2)  # the supervisors saw their channel close: the job must still run

@@ -44,6 +44,7 @@ from torchherd.engine.job import LaunchOptions
 from torchherd.engine.recovery import RecoveringRun
 from torchherd.engine.slurm.commands import parse_scontrol
 from torchherd.inventory import Recovery
+from torchherd.runlog import RunSummary
 from torchherd.runrecord import load as load_record
 
 pytestmark = pytest.mark.cluster
@@ -411,33 +412,41 @@ def test_the_same_error_on_another_node_ends_the_run_as_a_job_bug(slurm: SlurmCl
     assert slurm.queue() == []
 
 
-@pytest.mark.timeout(420)
-def test_where_slurm_picks_the_nodes_a_drained_node_is_left_out_and_slurm_picks_another(slurm: SlurmCluster,
-                                                                                         tmp_path: Path) -> None:
-    # [slurm].nodes = 2 of the three: SLURM picks them. Rank 1 fails in attempt 1, then an
-    # admin drains its node: the triage (sinfo, on the nodes attempt 1 ran on) excludes it,
-    # and attempt 2 is submitted with --exclude; SLURM picks the two others.
-    cluster = Cluster.from_toml(slurm.inventory(tmp_path / "picks.toml", nodes=2))
+def drain_rank_1s_node(slurm: SlurmCluster, tmp_path: Path, nodes: int, recovery: Recovery,
+                       reason: str) -> tuple[RunSummary, Collector, str]:
+    """A recovering run where SLURM picks ``nodes`` nodes ([slurm].nodes): rank 1 fails in
+    attempt 1, then an admin drains the node it ran on (resumed afterwards). The run's
+    summary, its events, and that node."""
+    cluster = Cluster.from_toml(slurm.inventory(tmp_path / "picks.toml", nodes=nodes))
     plan = cluster.plan(FAIL_FIRST, "--fail-rank", "1", nproc_per_node=1)
     events = Collector()
     drained: list[str] = []
 
     def observer(event: Event) -> None:
         events(event)
-        if isinstance(event, AttemptFailed):
-            culprit = events.of(RunStarted)[-1].nodes[1]
-            drained.append(culprit)
-            slurm.drain(culprit, "PCIe AER storm")
+        if isinstance(event, AttemptFailed) and not drained:
+            drained.append(events.of(RunStarted)[-1].nodes[1])
+            slurm.drain(drained[0], reason)
 
     try:
-        run = cluster.launch(plan, log_dir=tmp_path / "logs", on_event=observer, recovery=Recovery(retries=2))
+        run = cluster.launch(plan, log_dir=tmp_path / "logs", on_event=observer, recovery=recovery)
         assert isinstance(run, RecoveringRun)
-        summary = run.wait(timeout=360)
+        summary = run.wait(timeout=240)
     finally:
         for node in drained:
             slurm.resume(node)
-    assert summary.exit_code == 0, summary.headline
     (bad,) = drained
+    return summary, events, bad
+
+
+@pytest.mark.timeout(420)
+def test_where_slurm_picks_the_nodes_a_drained_node_is_left_out_and_slurm_picks_another(slurm: SlurmCluster,
+                                                                                         tmp_path: Path) -> None:
+    # [slurm].nodes = 2 of the three: SLURM picks them. Rank 1 fails in attempt 1, then an
+    # admin drains its node: the triage (sinfo, on the nodes attempt 1 ran on) excludes it,
+    # and attempt 2 is submitted with --exclude; SLURM picks the two others.
+    summary, events, bad = drain_rank_1s_node(slurm, tmp_path, 2, Recovery(retries=2), "PCIe AER storm")
+    assert summary.exit_code == 0, summary.headline
     first, second = summary.attempts
     assert first.ended == "failed" and len(first.nodes) == 2 and first.nodes[1] == bad, summary.attempts
     assert second.ended == "ok" and len(second.nodes) == 2 and bad not in second.nodes, summary.attempts
@@ -540,25 +549,7 @@ def test_where_slurm_picks_every_node_and_one_is_excluded_the_run_ends_without_b
     # [slurm].nodes = 3 of the three. Rank 1 fails, then an admin drains its node: the
     # partition has two nodes left for a job of three, which sbatch refuses at once. The
     # run ends there, saying so, instead of spending its other retries on the same refusal.
-    cluster = Cluster.from_toml(slurm.inventory(tmp_path / "all.toml", nodes=3))
-    plan = cluster.plan(FAIL_FIRST, "--fail-rank", "1", nproc_per_node=1)
-    events = Collector()
-    drained: list[str] = []
-
-    def observer(event: Event) -> None:
-        events(event)
-        if isinstance(event, AttemptFailed) and not drained:
-            drained.append(events.of(RunStarted)[-1].nodes[1])
-            slurm.drain(drained[0], "GPU fell off the bus")
-
-    try:
-        run = cluster.launch(plan, log_dir=tmp_path / "logs", on_event=observer, recovery=Recovery(retries=3))
-        assert isinstance(run, RecoveringRun)
-        summary = run.wait(timeout=240)
-    finally:
-        for node in drained:
-            slurm.resume(node)
-    (bad,) = drained
+    summary, events, bad = drain_rank_1s_node(slurm, tmp_path, 3, Recovery(retries=3), "GPU fell off the bus")
     assert summary.exit_code == 1, summary.headline
     first, second = summary.attempts
     assert first.ended == "failed" and first.next == f"attempt 2 on 3 nodes SLURM picks, not {bad}", first
