@@ -175,8 +175,8 @@ def test_logs_follow_picks_up_a_spare_that_takes_a_lost_nodes_place(cluster: Loc
         status = wait_recovery(run_id, lambda status: status.record.ended and not status.alive, 180)
     finally:
         cluster.restore_network("node1")
-    # node1's job may still wait for its lost peers (torchrun's exit barrier): stop ends it,
-    # as a user would, and logs -f then reads node1's log to its end too.
+    # node1's job may still wait for its lost peers (torchrun's exit barrier, up to minutes):
+    # stop ends it, as a user would, and logs -f then reads node1's log to its end too.
     code, out = cli(cluster, "stop", run_id)
     assert code == 0, out
     follower.join(timeout=60)
@@ -185,7 +185,10 @@ def test_logs_follow_picks_up_a_spare_that_takes_a_lost_nodes_place(cluster: Loc
         (("node0", "node1"), "lost"), (("node0", "node2"), "ok")], status
     assert not follower.is_alive() and followed, "logs -f did not end with the run"
     code, out = followed[0]
-    assert code == 1 and "node1: exited with code 143" in out, out  # node1's job, stopped
+    # node1's job ended either on its own (its exit barrier gives up once the link is back
+    # and node0's store is gone: exit 0) or by the stop (143, and logs then exits 1).
+    alone = "node1: finished (exit 0)" in out
+    assert (code, alone) == (0, True) or (code == 1 and "node1: exited with code 143" in out), out
     assert re.findall(r"^node2:1 +│ tick 1 (\d+)$", out, re.M) == [str(index) for index in range(60)], out
     wait_no_processes = [cluster.wait_no_processes(name, timeout=60) for name in ("node0", "node1", "node2")]
     assert wait_no_processes == [[], [], []], wait_no_processes
