@@ -437,6 +437,9 @@ class NodeState:
     code: int | None = None
     since: float | None = None
     detail: str = ""
+    stopped: bool = False
+    """The supervisor had signalled the job before it ended (stop, a teardown): its exit
+    code is how the job died of that, not a failure of its own."""
 
 
 def parse_node_state(node: str, state_text: str, alive: bool) -> NodeState:
@@ -451,7 +454,10 @@ def parse_node_state(node: str, state_text: str, alive: bool) -> NodeState:
         return NodeState(node, "unknown", detail="no state file on the node")
     if fields.get("state") == "exited":
         code = fields.get("code")
-        return NodeState(node, "exited", int(code) if isinstance(code, int) else None, _float(fields.get("ended")))
+        stopped = fields.get("stopped")
+        return NodeState(node, "exited", int(code) if isinstance(code, int) else None, _float(fields.get("ended")),
+                         f"stopped ({stopped[:200]})" if isinstance(stopped, str) else "",
+                         stopped=isinstance(stopped, str))
     if alive:
         return NodeState(node, "running", since=_float(fields.get("started")))
     return NodeState(node, "gone", since=_float(fields.get("started")),

@@ -235,6 +235,7 @@ def test_stop_ends_a_detached_supervisor_and_its_job(run_id: str, tmp_path: Path
         assert not alive(supervisor) and not any(alive(pid) for pid in stray_pids)
         assert not [pid for pid in pids_with(run_id.encode()) if alive(pid)]
         assert state(tmp_path)["state"] == "exited" and state(tmp_path)["code"] == 143
+        assert state(tmp_path)["stopped"] == "signal SIGTERM"
     finally:
         stray.kill()
         stray.wait()

@@ -12,6 +12,7 @@ from pathlib import Path
 from processes import plant
 
 from torchherd.console import make_console
+from torchherd.console.detach import status_note
 from torchherd.console.run import LiveRenderer, render_summary
 from torchherd.engine.job import records_to_events, remote_command, supervisor_config, supervisor_source
 from torchherd.engine.outcome import OutputTrack
@@ -255,3 +256,18 @@ def test_the_summary_as_json_has_every_node_attempt_and_the_slowest() -> None:
                       "next": "attempt 2 on node0, node2"}],
         "slowest": {"node": "node1", "ratio": 2.25, "signal": "busy share", "detail": "the others waited for it"},
         "straggler": "slowest node: node1"}
+
+
+def test_a_node_the_supervisor_stopped_reads_stopped_whatever_code_the_job_chose() -> None:
+    """torchrun turns SIGTERM into exit 1 in parts of its loop: the supervisor's exit record
+    says it had signalled the job, and a follower says stopped, not a failure."""
+    out = StringIO()
+    renderer = LiveRenderer(make_console(out), ["node0", "node1"], max_rank=1)
+    status_note(renderer, Status("node1", "exit", {"event": "exit", "code": 1, "stopped": "signal SIGTERM"}))
+    status_note(renderer, Status("node0", "exit", {"event": "exit", "code": 0}))
+    status_note(renderer, Status("node0", "exit", {"event": "exit", "code": 3}))
+    status_note(renderer, Status("node1", "exit", {"event": "exit", "code": 143, "stopped": "x\x1b[2J"}))
+    assert out.getvalue() == ("torchherd │ node1: stopped (signal SIGTERM; exit code 1)\n"
+                              "torchherd │ node0: finished (exit 0)\n"
+                              "torchherd │ node0: exited with code 3\n"
+                              "torchherd │ node1: stopped (x\\x1b[2J; exit code 143)\n")

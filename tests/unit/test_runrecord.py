@@ -81,6 +81,9 @@ def test_parse_node_state() -> None:
     assert parse_node_state("n", running, True) == NodeState("n", "running", since=10.5)
     assert parse_node_state("n", exited, False) == NodeState("n", "exited", 3, 20.0)
     assert parse_node_state("n", exited, True).state == "exited"
+    stopped = json.dumps({"state": "exited", "code": 1, "ended": 20.0, "stopped": "signal SIGTERM"})
+    assert parse_node_state("n", stopped, False) == NodeState("n", "exited", 1, 20.0, "stopped (signal SIGTERM)",
+                                                              stopped=True)
     gone = parse_node_state("n", running, False)
     assert gone.state == "gone" and "without recording an exit" in gone.detail
     assert parse_node_state("n", "", True).state == "running"
@@ -96,6 +99,9 @@ def test_describe_since_and_run_state() -> None:
     assert run_state(ok) == "ok"
     assert run_state([NodeState("a", "running"), NodeState("b", "exited", 1)]) == "running"
     assert run_state([NodeState("a", "exited", 0), NodeState("b", "exited", 143)]) == "failed"
+    # stopped by torchherd (stop, a teardown), whatever code the job chose on the way out
+    assert run_state([NodeState("a", "exited", 0), NodeState("b", "exited", 1, stopped=True)]) == "stopped"
+    assert run_state([NodeState("a", "exited", 3), NodeState("b", "exited", 143, stopped=True)]) == "failed"
     assert run_state([NodeState("a", "unreachable")]) == "unknown"
     assert state_text(NodeState("a", "exited", 143)) == "exited (143)"
     assert state_text(NodeState("a", "gone")) == "gone"

@@ -428,6 +428,24 @@ def test_graceful_term_lets_the_job_exit_cleanly(harness: Harness) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_job_that_dies_of_the_stop_with_its_own_code_is_recorded_as_stopped(harness: Harness) -> None:
+    """torchrun's agent turns SIGTERM into SignalException and exit 1: the exit record says
+    the supervisor had signalled it first, so no follower reads it as a failure."""
+    code = """
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+        print("ready", flush=True)
+        time.sleep(600)
+    """
+    run = harness.start(py(code), grace=10.0)
+    run.next_record(wire.TAG_STDOUT, 30)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait(10) == 1
+    exits = [e for e in run.status() if e["event"] == "exit"]
+    assert exits == [{"event": "exit", "code": 1, "stopped": "signal SIGTERM"}]
+
+
+@pytest.mark.timeout(60)
 def test_supervisor_sigterm_is_a_graceful_teardown(harness: Harness) -> None:
     run = harness.start(tree_argv(), grace=5.0)
     pids = collect_pids(run, ["job", "child", "grandchild"], 30)

@@ -55,6 +55,8 @@ def run_state(states: Sequence[NodeState]) -> str:
         return "pending"
     if states and all(state.state == "exited" and state.code == 0 for state in states):
         return "ok"
+    if states and all(state.state == "exited" and (state.code == 0 or state.stopped) for state in states):
+        return "stopped"
     if any(state.state in ("exited", "gone") for state in states):
         return "failed"
     return "unknown"
@@ -191,6 +193,11 @@ def status_note(renderer: LiveRenderer, status: Status) -> None:
     elif status.event == "stopping":
         renderer.note(f"{status.node}: stopping ({fields.get('reason', '')})", "yellow")
     elif status.event == "exit":
-        code = fields.get("code")
-        renderer.note(f"{status.node}: " + ("finished (exit 0)" if code == 0 else f"exited with code {code}"),
-                      "green" if code == 0 else "bold red")
+        code, stopped = fields.get("code"), fields.get("stopped")
+        if isinstance(stopped, str):
+            # torchherd signalled it first: whatever code the job chose on the way out
+            # (torchrun turns SIGTERM into exit 1 in parts of its loop), it was stopped.
+            renderer.note(f"{status.node}: stopped ({printable(stopped[:200])}; exit code {code})", "yellow")
+        else:
+            renderer.note(f"{status.node}: " + ("finished (exit 0)" if code == 0 else f"exited with code {code}"),
+                          "green" if code == 0 else "bold red")

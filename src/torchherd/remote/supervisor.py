@@ -180,12 +180,16 @@ class StateFile:
             "start": wire.process_start(pid), "token": token,
             "started": time.time(), "state": wire.STATE_RUNNING,
         }
+        self.stopped: Optional[str] = None
+        """The teardown's reason, once it had signalled the job before the job ended."""
 
     def started(self, pid: int, pgid: int) -> None:
         self.fields["pid"], self.fields["pgid"] = pid, pgid
 
     def exited(self, code: int, left: int) -> None:
         self.fields.update({"state": wire.STATE_EXITED, "code": code, "ended": time.time(), "left": left})
+        if self.stopped is not None:
+            self.fields["stopped"] = self.stopped
         self.write()
 
     def write(self) -> None:
@@ -348,11 +352,21 @@ class Supervisor:
                 self._took(self.pipes.read_ready(OUT_HIGH_WATER))  # its last lines go out before "exit"
                 if self.ranks is not None:
                     self.out.add(self.ranks.drain())
-                self.out.add(wire.exit_record(self.code))
+                stopped = self._stopped_by()
+                self.out.add(wire.exit_record(self.code, stopped))
+                self.state.stopped = stopped
                 if self.link is not None:
                     self.link.send(wire.exit_line(self.cfg.node, self.code))
 
     # teardown ---------------------------------------------------------------
+    def _stopped_by(self) -> Optional[str]:
+        """The teardown's reason when it had signalled the job before the job ended: the
+        job was stopped, whichever exit code it chose on the way out."""
+        td = self.teardown
+        if td is None or not (td.signalled or td.killed):
+            return None
+        return td.reason
+
     def request_teardown(self, reason: str, kill_now: bool, now: float, escalate: bool = False,
                          announce: bool = True) -> None:
         td = self.teardown

@@ -137,9 +137,13 @@ def stopping_record(reason: str, mode: StopMode) -> bytes:
     return status_record(EVENT_STOPPING, reason=reason, mode=mode)
 
 
-def exit_record(code: int) -> bytes:
-    """The job's main process ended with ``code`` (128+N for signal N)."""
-    return status_record(EVENT_EXIT, code=code)
+def exit_record(code: int, stopped: Optional[str] = None) -> bytes:
+    """The job's main process ended with ``code`` (128+N for signal N); ``stopped`` is the
+    reason of the teardown that had signalled it first (whatever code the job then chose:
+    torchrun turns SIGTERM into exit 1 in parts of its loop), None when it ended on its own."""
+    if stopped is None:
+        return status_record(EVENT_EXIT, code=code)
+    return status_record(EVENT_EXIT, code=code, stopped=stopped)
 
 
 def teardown_record(reason: str, signalled: Iterable[int], killed: Iterable[int]) -> bytes:
@@ -269,6 +273,8 @@ class NodeStateFile(TypedDict, total=False):
     code: Optional[int]
     ended: float
     left: int
+    stopped: str
+    """Set when the supervisor had signalled the job before it ended: the teardown's reason."""
 
 
 class CoordinatorStateFile(TypedDict):
