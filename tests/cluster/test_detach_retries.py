@@ -186,10 +186,13 @@ def test_logs_follow_picks_up_a_spare_that_takes_a_lost_nodes_place(cluster: Loc
     assert not follower.is_alive() and followed, "logs -f did not end with the run"
     code, out = followed[0]
     # node1's job ended either on its own (its exit barrier gives up once the link is back
-    # and node0's store is gone: exit 0) or by the stop, whatever code torchrun then chose
-    # (143, or 1 when the signal met its agent's monitor loop): its supervisor says which.
+    # and node0's store is gone: exit 0) or stopped by torchherd, whatever code torchrun then
+    # chose (143, or 1 when the signal met its agent's monitor loop): by the stop (signal
+    # SIGTERM), or, once the link is back and node1's supervisor finds its controller silent,
+    # by attempt 1's coordinator (node0 was stopped). Its supervisor says which.
     alone = "node1: finished (exit 0)" in out
-    stopped = re.search(r"node1: stopped \(signal SIGTERM; exit code \d+\)$", out, re.M) is not None
+    stopped = re.search(r"^torchherd │ node1: stopped \((signal SIGTERM|coordinator: .*); exit code \d+\)$", out,
+                        re.M) is not None
     assert (alone, stopped) in ((True, False), (False, True)), out
     assert code == 0 if alone else code in (0, 1), out
     assert re.findall(r"^node2:1 +│ tick 1 (\d+)$", out, re.M) == [str(index) for index in range(60)], out
