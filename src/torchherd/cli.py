@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from torchherd.results import CheckReport
 
 Handler = Callable[[argparse.Namespace, "Console"], int]
+
+
+DEFAULT_SSH_CONFIG = "~/.ssh/config"
 
 
 def _inventory_path(args: argparse.Namespace) -> Path:
@@ -73,7 +77,7 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
                          "remove it first, or write another: torchherd -i other.toml init ...")
     if args.hosts and args.from_ssh_config:
         raise UsageError("-H and --from-ssh-config: give one of them")
-    source = ""
+    source, ssh_config = "", None
     entries: list[hostspec.HostEntry] = []
     if args.hosts:
         entries, source = hostspec.host_entries(args.hosts), " from -H"
@@ -88,9 +92,13 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
             raise UsageError(f"--from-ssh-config {args.from_ssh_config}: no Host entry of {config} matches",
                              "a glob over Host names, e.g. 'gpu*'")
         entries, source = hostspec.host_entries(",".join(names), "--from-ssh-config"), f" from {config}"
+        if config.resolve() != Path(DEFAULT_SSH_CONFIG).expanduser().resolve():
+            ssh_config = str(config.resolve())  # its aliases resolve only through it
     nproc = _nproc(args.nproc_per_node)
+    named = "" if path == Path("hosts.toml") else f"-i {shlex.quote(str(path))} "
+    then = f"torchherd {named}hosts; torchherd {named}check -- train.py"
     text = hostspec.inventory_text(entries, python=args.python, workdir=args.workdir, nproc_per_node=nproc,
-                                   master=args.master, source=source)
+                                   master=args.master, source=source, ssh_config=ssh_config, then=then)
     hostspec.load_any(_written(path, text))  # what init writes must load
     count = sum(len(entry.tables()) for entry in entries) if entries else 2
     todo = [key for key, given in (("python", args.python), ("workdir", args.workdir),
@@ -100,8 +108,7 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
     if todo or not entries:
         console.print(f"fill in: {', '.join(todo + ([] if entries else ['the hosts']))} (marked FILL IN)",
                       markup=False, highlight=False)
-    console.print(f"then: torchherd {'' if path == Path('hosts.toml') else f'-i {path} '}hosts; "
-                  "torchherd check -- train.py", markup=False, highlight=False)
+    console.print(f"then: {then}", markup=False, highlight=False)
     return EXIT_OK
 
 
@@ -508,7 +515,7 @@ def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     init.add_argument("-H", "--hosts", metavar="HOSTS", help="[user@]host[:port],... (nodesets: gpu[01-16])")
     init.add_argument("--from-ssh-config", metavar="PATTERN",
                       help="the Host entries of ~/.ssh/config matching this glob, e.g. 'gpu*'")
-    init.add_argument("--ssh-config", metavar="FILE", default="~/.ssh/config",
+    init.add_argument("--ssh-config", metavar="FILE", default=DEFAULT_SSH_CONFIG,
                       help="the OpenSSH config --from-ssh-config reads (default: ~/.ssh/config)")
     init.add_argument("--python", metavar="PATH", help="the interpreter with torch on the nodes")
     init.add_argument("--workdir", metavar="DIR", help="where the job runs on the nodes")
@@ -645,6 +652,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     error_console = _error_console(console)
     handler: Handler = args.handler
     try:
+        _warn_unfilled(args, error_console)
         return handler(args, console)
     except LaunchAborted:  # the observer has shown why (the report, the unreachable nodes)
         return EXIT_FAILED
@@ -663,6 +671,32 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
         render_error(error_console, TorchherdError(f"internal error: {type(error).__name__}: {error}",
                                                    "rerun with TORCHHERD_DEBUG=1 and report the traceback"))
         return EXIT_FAILED
+
+
+def _warn_unfilled(args: argparse.Namespace, console: Console) -> None:
+    """An inventory that still carries init's FILL IN markers holds guesses: one warning
+    line naming them (on stderr, so --json's stdout stays one document)."""
+    from rich.text import Text
+
+    from torchherd import hostspec
+    from torchherd.inventory import MAX_INVENTORY_BYTES
+
+    if args.handler is cmd_init or getattr(args, "hosts", None) or getattr(args, "nodelist", None):
+        return
+    path = _inventory_path(args)
+    try:
+        # A regular file of an inventory's size only (-i /dev/zero, a FIFO): the command's own
+        # load names what is wrong with anything else.
+        if not path.is_file() or path.stat().st_size > MAX_INVENTORY_BYTES:
+            return
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return
+    marked = hostspec.unfilled(text)
+    if marked:
+        shown = ", ".join(f"{key} (line {number})" for number, key in marked)
+        console.print(Text(f"warning: {path}: still marked FILL IN: {shown}; check each value, then delete "
+                           "the marker", style="yellow"), soft_wrap=True)
 
 
 def _error_console(console: Console | None) -> Console:

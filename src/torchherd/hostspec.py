@@ -454,10 +454,24 @@ def ssh_config_aliases(text: str, pattern: str) -> list[str]:
 FILL = "FILL IN"
 
 
+def unfilled(text: str) -> list[tuple[int, str]]:
+    """The lines of an inventory that still carry init's FILL IN marker after a value: (line
+    number, key). A key with a marker holds init's guess, not the user's answer."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        assignment, _, comment = line.partition("#")
+        if "=" in assignment and comment.strip().startswith(FILL):
+            found.append((number, assignment.split("=", 1)[0].strip()))
+    return found
+
+
 def inventory_text(entries: Sequence[HostEntry], *, python: str | None = None, workdir: str | None = None,
-                   nproc_per_node: int | str | None = None, master: str | None = None, source: str = "") -> str:
+                   nproc_per_node: int | str | None = None, master: str | None = None, source: str = "",
+                   ssh_config: str | None = None, then: str = "torchherd hosts; torchherd check -- train.py") -> str:
     """A commented ``hosts.toml``: one ``[[hosts]]`` table per entry (a nodeset stays one
-    table); what the user gave is filled in, the rest is marked FILL IN."""
+    table); what the user gave is filled in, the rest is marked FILL IN. ``ssh_config``: the
+    OpenSSH config the hosts' aliases come from, where it is not ~/.ssh/config; ``then``:
+    the commands to run next, as this file must be named in them."""
     def line(key: str, given: object, default: object, comment: str) -> str:
         assignment = f"{key} = {_toml(default if given is None else given)}"
         return _commented(assignment, f"{FILL + ': ' if given is None else ''}{comment}")
@@ -465,7 +479,7 @@ def inventory_text(entries: Sequence[HostEntry], *, python: str | None = None, w
     first = expand(entries[0].name)[0] if entries else "node0"
     lines = [
         f"# torchherd inventory, written by `torchherd init`{source} on {time.strftime('%Y-%m-%d')}.",
-        f"# Fill in what is marked {FILL}, then: torchherd hosts; torchherd check -- train.py",
+        f"# Fill in what is marked {FILL}, then: {then}",
         "# Every key is explained in hosts.example.toml of torchherd's repository.",
         "",
         "[cluster]",
@@ -473,6 +487,8 @@ def inventory_text(entries: Sequence[HostEntry], *, python: str | None = None, w
         _commented("port = 29500", "the master port: every worker must reach it on the master"),
         line("nproc_per_node", nproc_per_node, 1, 'processes per node (its GPUs), or "gpu"; a [[hosts]] table '
              "may set its own"),
+        *([_commented("ssh_config = " + _toml(ssh_config), "the OpenSSH config the hosts' aliases come from")]
+          if ssh_config else []),
         "",
         "[defaults]",
         line("python", python, "python3", 'the interpreter on the nodes that has torch, e.g. "/opt/venv/bin/python"'),

@@ -426,8 +426,8 @@ def loads(raw: bytes, path: Path) -> Inventory:
 
 def parse(document: Mapping[str, Any], path: Path) -> Inventory:
     _Reader(path, "", document, TOP_KEYS)
-    defaults = _table(document, "defaults", path)
-    cluster_table = _table(document, "cluster", path)
+    defaults, cluster_table = _defaults_nproc(_table(document, "defaults", path), _table(document, "cluster", path),
+                                              path)
     slurm = parse_slurm(_table(document, "slurm", path), path, "[slurm].")
     recovery, spare_names = _parse_recovery(_table(document, "recovery", path), path)
     if _slurm_without_hosts(document, cluster_table, slurm, path):
@@ -445,6 +445,21 @@ def parse(document: Mapping[str, Any], path: Path) -> Inventory:
     checks = _parse_checks(_table(document, "checks", path), path)
     return Inventory(path=path, cluster=cluster, hosts=ranked, sync=sync, slurm=slurm, spares=spares,
                      recovery=recovery, checks=checks)
+
+
+def _defaults_nproc(defaults: Mapping[str, Any], cluster: Mapping[str, Any],
+                    path: Path) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """``[defaults].nproc_per_node`` is the cluster's (where users put every other default):
+    moved over, unless ``[cluster]`` sets it too, which is one value in two places."""
+    if "nproc_per_node" not in defaults:
+        return defaults, cluster
+    if "nproc_per_node" in cluster:
+        raise InventoryError(f"{path}: [defaults].nproc_per_node: [cluster].nproc_per_node is set too",
+                             "keep one of them (a [[hosts]] table may still set its own)")
+    value = defaults["nproc_per_node"]
+    _Reader(path, "[defaults].", {}, ()).nproc("nproc_per_node", value)  # a bad one named where it is written
+    rest = {key: item for key, item in defaults.items() if key != "nproc_per_node"}
+    return rest, {**cluster, "nproc_per_node": value}
 
 
 def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, frozenset[str]]:

@@ -17,7 +17,7 @@ from torchherd.api import Cluster
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.errors import UsageError
-from torchherd.hostspec import host_items, hostfile_items, load_any, looks_like_hostfile, ssh_config_aliases
+from torchherd.hostspec import host_items, hostfile_items, load_any, looks_like_hostfile, ssh_config_aliases, unfilled
 from torchherd.inventory import load
 
 
@@ -176,6 +176,48 @@ def test_init_from_ssh_config(tmp_path: Path) -> None:
     code, out = cli("-i", "other.toml", "init", "--from-ssh-config", "db*", "--ssh-config", str(config),
                     cwd=tmp_path)
     assert code == 2 and "no Host entry" in out
+
+
+def test_init_from_another_ssh_config_writes_it_into_the_inventory_and_keeps_dash_i(tmp_path: Path) -> None:
+    """The aliases it found resolve only through that file; the next steps name the inventory."""
+    config = tmp_path / "cluster_ssh"
+    config.write_text("Host gpu1\n  HostName 10.0.0.1\n  Port 2222\n")
+    code, out = cli("-i", "h2.toml", "init", "--from-ssh-config", "gpu*", "--ssh-config", str(config),
+                    "--python", "/opt/venv/bin/python", "--nproc-per-node", "2", cwd=tmp_path)
+    assert code == 0, out
+    assert out.splitlines()[-1] == "then: torchherd -i h2.toml hosts; torchherd -i h2.toml check -- train.py"
+    text = (tmp_path / "h2.toml").read_text()
+    assert f'ssh_config = "{config}"  # the OpenSSH config the hosts\' aliases come from' in text.splitlines()
+    assert "# Fill in what is marked FILL IN, then: torchherd -i h2.toml hosts; torchherd -i h2.toml check -- " \
+           "train.py" in text.splitlines()
+    assert load(tmp_path / "h2.toml").cluster.ssh_config == config
+    code, out = cli("-i", "h2.toml", "hosts", cwd=tmp_path)
+    assert code == 0 and "10.0.0.1:2222" in out, out
+
+
+def test_an_inventory_still_marked_fill_in_warns_once_naming_each_key(tmp_path: Path) -> None:
+    code, out = cli("init", "-H", "gpu1,gpu2", "--python", "/opt/venv/bin/python", cwd=tmp_path)
+    assert code == 0, out
+    code, out = cli("hosts", cwd=tmp_path)
+    assert code == 0, out
+    warnings = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: hosts.toml: still marked FILL IN: nproc_per_node (line 8), workdir (line 12); "
+                        "check each value, then delete the marker"], out
+    text = (tmp_path / "hosts.toml").read_text()
+    (tmp_path / "hosts.toml").write_text(text.replace("# FILL IN: ", "# "))
+    code, out = cli("hosts", cwd=tmp_path)
+    assert code == 0 and "warning:" not in out, out
+    assert unfilled('x = 1  # FILL IN: y\n# FILL IN alone\nname = "a"  # not FILL IN\n') == [(1, "x")]
+
+
+def test_nproc_per_node_in_defaults_is_the_clusters(tmp_path: Path) -> None:
+    (tmp_path / "hosts.toml").write_text('[defaults]\nnproc_per_node = 4\n[[hosts]]\nname = "a"\n')
+    assert load(tmp_path / "hosts.toml").cluster.nproc_per_node == 4
+    (tmp_path / "hosts.toml").write_text('[cluster]\nnproc_per_node = 2\n[defaults]\nnproc_per_node = 4\n'
+                                         '[[hosts]]\nname = "a"\n')
+    code, out = cli("hosts", cwd=tmp_path)
+    assert code == 2 and out.splitlines()[0] == ("error: hosts.toml: [defaults].nproc_per_node: "
+                                                 "[cluster].nproc_per_node is set too"), out
 
 
 def test_init_without_hosts_writes_placeholders(tmp_path: Path) -> None:
