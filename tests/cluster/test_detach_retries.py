@@ -176,7 +176,10 @@ def test_logs_follow_picks_up_a_spare_that_takes_a_lost_nodes_place(cluster: Loc
     finally:
         cluster.restore_network("node1")
     # node1's job may still wait for its lost peers (torchrun's exit barrier, up to minutes):
-    # stop ends it, as a user would, and logs -f then reads node1's log to its end too.
+    # stop ends it, as a user would once node1 answers again (a stop the moment the link is
+    # back could not reach it once in twenty: node1 is then named as not stopped, rightly),
+    # and logs -f then reads node1's log to its end too.
+    cluster.wait_ready(["node1"], timeout=30)
     code, out = cli(cluster, "stop", run_id)
     assert code == 0, out
     follower.join(timeout=60)

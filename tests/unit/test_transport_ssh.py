@@ -221,3 +221,18 @@ def test_connections_made_in_many_threads_at_once_each_see_a_whole_config(tmp_pa
     finally:
         sys.setswitchinterval(interval)
     assert errors == []
+
+
+@pytest.mark.parametrize("failure,kind,message", [
+    (OSError(113, "No route to host"), "unreachable", "n0: no route to me@10.9.9.9 (No route to host)"),
+    (ConnectionRefusedError(111, "Connection refused"), "refused", "n0: connection refused by me@10.9.9.9"),
+])
+def test_paramikos_wrapper_of_every_failed_address_is_explained_by_the_address_s_own_error(
+        failure: OSError, kind: str, message: str) -> None:
+    """paramiko raises NoValidConnectionsError for any errno: a link just back (no route yet)
+    was once reported as 'connection refused'."""
+    target = SshTarget(node="n0", hostname="10.9.9.9", port=22, user="me", key_files=(), known_hosts=(),
+                       proxy_jump=None, proxy_command=None, identities_only=False)
+    error = ssh._explain(target, paramiko.ssh_exception.NoValidConnectionsError({("10.9.9.9", 22): failure}))
+    assert isinstance(error, TransportError)
+    assert (error.kind, str(error)) == (kind, message)

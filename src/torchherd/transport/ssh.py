@@ -769,8 +769,13 @@ def _explain(target: SshTarget, error: BaseException, check: _HostKeyCheck | Non
                               f"{node}: the jump host cannot reach {target.hostname}:{target.port} ({error.text})",
                               "is the node up and its sshd running? does a firewall between the jump host and "
                               "the node drop SSH?")
-    if isinstance(error, ConnectionRefusedError) or (
-            isinstance(error, paramiko.ssh_exception.NoValidConnectionsError)):
+    if isinstance(error, paramiko.ssh_exception.NoValidConnectionsError):
+        # paramiko wraps every failed address in it, whatever the errno (no route to host
+        # too): the first address's own error says which kind it is.
+        errors = [item for item in getattr(error, "errors", {}).values() if isinstance(item, OSError)]
+        if errors and not isinstance(errors[0], paramiko.ssh_exception.NoValidConnectionsError):
+            return _explain(target, errors[0], check)
+    if isinstance(error, (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError)):
         return TransportError(node, "refused", f"{node}: connection refused by {where}",
                               "is sshd running on the node and listening on that port?")
     if isinstance(error, (socket.timeout, TimeoutError)):
