@@ -31,12 +31,14 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
     path = found.get("path", observed.script)
     if "sha256" not in found:
         return CheckResult(host.name, CHECK, "fail", f"{path} on {host.name}: {found.get('error', 'not readable')}",
-                           f"copy it there (scp {observed.script} {host.address}:{path}) or use a shared "
-                           f"filesystem; workdir for {host.name} is {host.workdir}")
+                           f"send your project there with `torchherd run --sync` (or scp {observed.script} "
+                           f"{host.address}:{path}, or a shared filesystem); workdir for {host.name} is "
+                           f"{host.workdir}")
     reference = _reference(observed)
     if reference is not None and reference[1] != found["sha256"]:
         return CheckResult(host.name, CHECK, "warn",
                            f"{path} on {host.name} differs from {reference[0]}'s "
                            f"(sha256 {found['sha256'][:12]} vs {reference[1][:12]})",
-                           "copy the same version to every node (or check out the same commit)")
+                           "send the same version to every node: `torchherd run --sync` (or check out the same "
+                           "commit)")
     return CheckResult(host.name, CHECK, "pass", f"{path} (sha256 {found['sha256'][:12]})")
