@@ -75,6 +75,8 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
     if path.exists():
         raise UsageError(f"{path}: already exists; init never overwrites a file",
                          "remove it first, or write another: torchherd -i other.toml init ...")
+    if args.example:
+        return _init_example(args, path, console)
     if args.hosts and args.from_ssh_config:
         raise UsageError("-H and --from-ssh-config: give one of them")
     source, ssh_config = "", None
@@ -109,6 +111,24 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
         console.print(f"fill in: {', '.join(todo + ([] if entries else ['the hosts']))} (marked FILL IN)",
                       markup=False, highlight=False)
     console.print(f"then: {then}", markup=False, highlight=False)
+    return EXIT_OK
+
+
+def _init_example(args: argparse.Namespace, path: Path, console: Console) -> int:
+    """The example inventory shipped in the package, written as ``path`` (pip users have no
+    checkout to copy it from)."""
+    from importlib.resources import files
+
+    given = [flag for flag, value in (("-H", args.hosts), ("--from-ssh-config", args.from_ssh_config),
+                                      ("--python", args.python), ("--workdir", args.workdir),
+                                      ("--nproc-per-node", args.nproc_per_node), ("--master", args.master))
+             if value is not None]
+    if given:
+        raise UsageError(f"--example and {given[0]}: the example is written as it is",
+                         "edit the file it writes, or leave --example out to write your hosts")
+    _written(path, files("torchherd").joinpath("hosts.example.toml").read_text(encoding="utf-8"))
+    console.print(f"wrote {path}: the example inventory, every key explained; edit it for your hosts",
+                  markup=False, highlight=False)
     return EXIT_OK
 
 
@@ -521,6 +541,8 @@ def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     init.add_argument("--workdir", metavar="DIR", help="where the job runs on the nodes")
     init.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
     init.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
+    init.add_argument("--example", action="store_true",
+                      help="write the documented example inventory instead (every key, explained)")
     init.set_defaults(handler=cmd_init)
 
 

@@ -480,7 +480,7 @@ def inventory_text(entries: Sequence[HostEntry], *, python: str | None = None, w
     lines = [
         f"# torchherd inventory, written by `torchherd init`{source} on {time.strftime('%Y-%m-%d')}.",
         f"# Fill in what is marked {FILL}, then: {then}",
-        "# Every key is explained in hosts.example.toml of torchherd's repository.",
+        "# Every key is explained in the example `torchherd init --example -i example.toml` writes.",
         "",
         "[cluster]",
         _commented("master = " + _toml(master or first), "node_rank 0 (the first host unless you change it)"),

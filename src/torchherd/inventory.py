@@ -400,8 +400,9 @@ def read(path: Path) -> bytes:
             raw = file.read(MAX_INVENTORY_BYTES + 1)
     except FileNotFoundError:
         raise InventoryError(f"{path}: inventory file not found",
-                             "pass one with -i FILE, set TORCHHERD_INVENTORY, or copy hosts.example.toml "
-                             "to hosts.toml") from None
+                             "pass one with -i FILE or set TORCHHERD_INVENTORY; write one with `torchherd init "
+                             "-H HOSTS` (or `torchherd init --example`: every key, explained); or give the "
+                             "hosts with -H instead") from None
     except OSError as error:
         raise InventoryError(f"{path}: cannot read the inventory: {error.strerror}") from None
     if len(raw) > MAX_INVENTORY_BYTES:
@@ -420,7 +421,8 @@ def loads(raw: bytes, path: Path) -> Inventory:
         raise InventoryError(f"{path}: TOML nested too deeply", "an inventory is a few flat tables") from None
     except tomllib.TOMLDecodeError as error:
         raise InventoryError(f"{path}: TOML syntax error: {error}",
-                             "fix the line named; see hosts.example.toml") from None
+                             "fix the line named; `torchherd init --example -i example.toml` writes an example "
+                             "of every key") from None
     return parse(document, path)
 
 

@@ -220,6 +220,18 @@ def test_nproc_per_node_in_defaults_is_the_clusters(tmp_path: Path) -> None:
                                                  "[cluster].nproc_per_node is set too"), out
 
 
+def test_init_example_writes_the_shipped_example_which_loads(tmp_path: Path) -> None:
+    """A pip user has no checkout: the example ships in the package."""
+    code, out = cli("-i", "ex.toml", "init", "--example", cwd=tmp_path)
+    assert (code, out) == (0, "wrote ex.toml: the example inventory, every key explained; edit it for your hosts\n")
+    shipped = Path(__file__).resolve().parents[2] / "src" / "torchherd" / "hosts.example.toml"
+    assert (tmp_path / "ex.toml").read_text() == shipped.read_text()
+    assert stat.S_IMODE((tmp_path / "ex.toml").stat().st_mode) == 0o600
+    assert [host.name for host in load(tmp_path / "ex.toml").hosts] == ["node0", "node1"]
+    code, out = cli("-i", "ex2.toml", "init", "--example", "-H", "a", cwd=tmp_path)
+    assert code == 2 and out.splitlines()[0] == "error: --example and -H: the example is written as it is", out
+
+
 def test_init_without_hosts_writes_placeholders(tmp_path: Path) -> None:
     code, out = cli("init", cwd=tmp_path)
     assert code == 0, out
