@@ -8,7 +8,18 @@ The public API (``docs/api.md``)::
     print(run.wait().headline)
 
 Names are loaded on first use, so ``torchherd --help`` stays fast and a library
-user never imports rich.
+user never imports rich. The public names:
+
+- ``Cluster``: the hosts (``from_toml``, ``from_hosts``, ``from_nodelist``, ``from_file``),
+  ``check``, ``plan``, ``launch``.
+- ``Run``, ``DetachedRun``, ``RecoveringRun``: what ``launch`` returns; ``runs()`` and
+  ``attach(run_id)`` find detached runs again; ``new_run_id()``.
+- ``Plan``: each node's exact command; ``Recovery``: retries, spares, minimum nodes.
+- ``RunSummary``, ``NodeOutcome``, ``AttemptRecord``, ``OutputLine``: how a run ended, and
+  its lines; ``CheckReport``, ``CheckResult``: what the preflight found.
+- ``events``: the typed events an observer (``on_event``) receives.
+- ``TorchherdError`` (``UsageError``, ``TransportError``), ``LaunchAborted``,
+  ``DetachedStartFailed``: what can go wrong, each with a hint.
 """
 
 from __future__ import annotations
@@ -46,6 +57,11 @@ if TYPE_CHECKING:  # the names __getattr__ loads, for type checkers and editors
     from torchherd.plan import Plan  # noqa: F401
     from torchherd.results import CheckReport, CheckResult  # noqa: F401
     from torchherd.runlog import AttemptRecord, NodeOutcome, OutputLine, RunSummary  # noqa: F401
+
+
+def __dir__() -> list[str]:
+    """The public API too (loaded on first use, so not yet in the module's namespace)."""
+    return sorted(set(globals()) | set(__all__))
 
 
 def __getattr__(name: str) -> Any:

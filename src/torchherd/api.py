@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence, overload
 
 from torchherd import hostspec
 from torchherd.checks import CheckOptions
@@ -257,6 +257,21 @@ class Cluster:
             raise UsageError(f"--sync {chosen}: not a directory",
                              "write --sync DIR -- train.py, or --sync -- train.py for the enclosing git repository")
         return SyncOptions(str(source.resolve()), table.dest if table else None, table.exclude if table else ())
+
+    @overload
+    def launch(self, plan: Plan, *, log_dir: str | Path = ..., on_event: Observer | None = ...,
+               check: bool = ..., grace: float | None = ..., fail_fast: bool = ...,
+               detach: Literal[True], recovery: Recovery | None = ...) -> DetachedRun: ...
+
+    @overload
+    def launch(self, plan: Plan, *, log_dir: str | Path = ..., on_event: Observer | None = ...,
+               check: bool = ..., grace: float | None = ..., fail_fast: bool = ...,
+               detach: Literal[False] = ..., recovery: Recovery | None = ...) -> Run | RecoveringRun: ...
+
+    @overload
+    def launch(self, plan: Plan, *, log_dir: str | Path = ..., on_event: Observer | None = ...,
+               check: bool = ..., grace: float | None = ..., fail_fast: bool = ...,
+               detach: bool = ..., recovery: Recovery | None = ...) -> Run | DetachedRun | RecoveringRun: ...
 
     def launch(self, plan: Plan, *, log_dir: str | Path = "torchherd-logs", on_event: Observer | None = None,
                check: bool = True, grace: float | None = None, fail_fast: bool = True,

@@ -249,7 +249,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     observer = ConsoleObserver(console, view=_view_options(args, console))
     try:
         launched = cluster.launch(plan, log_dir=args.log_dir, on_event=observer, check=not args.no_check,
-                                  grace=args.grace, fail_fast=not args.no_fail_fast, detach=args.detach,
+                                  grace=args.grace, fail_fast=not args.no_fail_fast, detach=bool(args.detach),
                                   recovery=recovery)
         if isinstance(launched, DetachedRun):
             from torchherd.console.detach import render_started
