@@ -118,3 +118,42 @@ def _group(pattern: str, group: str) -> list[str]:
         width = len(low)
         values.extend(str(number).zfill(width) for number in range(int(low), int(high) + 1, step))
     return values
+
+
+_TRAILING_NUMBER = re.compile(r"(.*?)(\d+)\Z")
+
+
+def fold(names: list[str] | tuple[str, ...]) -> str:
+    """The nodeset of ``names``, as ClusterShell's ``nodeset -f`` and ``dshbak -c`` write
+    it: ``gpu[01-03,07],cpu1``. Names are grouped by what precedes their last number (and
+    its zero padding), in the order the groups first appear; ``expand`` gives the names
+    back, each once."""
+    groups: dict[tuple[str, int], set[int]] = {}
+    for name in dict.fromkeys(names):
+        match = _TRAILING_NUMBER.match(name)
+        if match is None:
+            groups.setdefault((name, -1), set())
+            continue
+        prefix, digits = match.groups()
+        padded = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        if not padded and (prefix, len(digits)) in groups:
+            padded = len(digits)  # 10 after 08, 09: one group of width 2, as [08-10] expands
+        groups.setdefault((prefix, padded), set()).add(int(digits))
+    return ",".join(_folded(prefix, width, numbers) for (prefix, width), numbers in groups.items())
+
+
+def _folded(prefix: str, width: int, numbers: set[int]) -> str:
+    if width < 0:
+        return prefix
+    shown = [str(number).zfill(width) for number in sorted(numbers)]
+    if len(shown) == 1:
+        return prefix + shown[0]
+    ranges: list[list[int]] = []
+    for number in sorted(numbers):
+        if ranges and number == ranges[-1][1] + 1:
+            ranges[-1][1] = number
+        else:
+            ranges.append([number, number])
+    parts = [str(low).zfill(width) if low == high else f"{str(low).zfill(width)}-{str(high).zfill(width)}"
+             for low, high in ranges]
+    return f"{prefix}[{','.join(parts)}]"

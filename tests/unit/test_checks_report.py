@@ -59,3 +59,41 @@ def test_a_pass_with_advice_is_a_note_after_the_warnings_and_many_are_counted() 
         "NOTE node2 hostname: ok; c10d may log\n  fix: add line 2\n"
         "2 more notes like these (check --json lists them)\n"
         "preflight passed: 5 pass, 1 warn, 0 fail, 0 skip\n")
+
+
+def test_the_same_failure_on_many_nodes_is_shown_once_under_their_nodeset() -> None:
+    """64 unresolvable nodes printed 197 lines; as dshbak -c: one row, one block."""
+    failing = tuple(CheckResult(f"bad{index:02d}", "ssh", "fail",
+                                f"bad{index:02d}: cannot resolve 'bad{index:02d}' (Name or service not known)",
+                                "fix the address in the inventory or ~/.ssh/config, or the controller's DNS")
+                    for index in range(1, 65))
+    fine = tuple(CheckResult(f"gpu{index}", "ssh", "pass", "connected") for index in range(1, 4))
+    odd = (CheckResult("gpu10", "ssh", "fail", "gpu10: authentication failed", "install your key on gpu10"),)
+    buffer = StringIO()
+    render_report(make_console(buffer, width=200), CheckReport(fine + failing + odd))
+    assert buffer.getvalue() == (
+        "node                  ssh \n"
+        "──────────────────────────\n"
+        "gpu[1-3] (3)           ok \n"
+        "bad[01-64],gpu10 (65) FAIL\n"
+        "FAIL bad[01-64] ssh: bad[01-64]: cannot resolve 'bad[01-64]' (Name or service not known) (64 nodes)\n"
+        "  fix: fix the address in the inventory or ~/.ssh/config, or the controller's DNS\n"
+        "FAIL gpu10 ssh: gpu10: authentication failed\n"
+        "  fix: install your key on gpu10\n"
+        "preflight failed: 3 pass, 0 warn, 65 fail, 0 skip\n")
+
+
+def test_findings_that_differ_beyond_the_node_name_stay_apart() -> None:
+    report = CheckReport((
+        CheckResult("node1", "port", "fail", "node1 cannot connect to node0:29500 (refused)", "open it on node0"),
+        CheckResult("node10", "port", "fail", "node10 cannot connect to node0:29500 (refused)", "open it on node0"),
+        CheckResult("node2", "port", "fail", "node2 cannot connect to node0:29500 (timed out)", "open it on node0"),
+    ))
+    buffer = StringIO()
+    render_report(make_console(buffer, width=200), report)
+    assert buffer.getvalue().splitlines()[5:] == [
+        "FAIL node[1,10] port: node[1,10] cannot connect to node0:29500 (refused) (2 nodes)",
+        "  fix: open it on node0",
+        "FAIL node2 port: node2 cannot connect to node0:29500 (timed out)",
+        "  fix: open it on node0",
+        "preflight failed: 0 pass, 0 warn, 3 fail, 0 skip"]

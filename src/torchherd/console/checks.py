@@ -3,6 +3,7 @@ report table and one block per failure or warning with its fix."""
 
 from __future__ import annotations
 
+import re
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
@@ -60,12 +61,16 @@ def _nodes(report_results: tuple[CheckResult, ...]) -> list[str]:
 
 
 def render_report(console: Console, report: CheckReport) -> None:
-    """The node x check table, then summary and fix for every fail and warn."""
-    console.print(_grid(_nodes(report.results), _columns(report.results), report.results))
+    """The node x check table, then summary and fix for every fail and warn; the same
+    finding on many nodes once, under their nodeset (as ``dshbak -c`` shows pdsh's output)."""
+    nodes, columns = _nodes(report.results), _columns(report.results)
+    if len(nodes) > FOLD_ROWS:
+        console.print(_folded_grid(nodes, columns, report.results))
+    else:
+        console.print(_grid(nodes, columns, report.results))
     for status in ("fail", "warn"):
-        for result in report.results:
-            if result.status == status:
-                _block(console, result)
+        for result, count in _coalesced([result for result in report.results if result.status == status]):
+            _block(console, result, count=count)
     notes = [result for result in report.results if result.status == "pass" and result.fix]
     for result in notes[:NOTES]:
         _block(console, result, "NOTE")
@@ -94,10 +99,60 @@ NOTES = 3
 """Passes with advice (a fix that is not needed to run) shown at most; the rest counted."""
 
 
-def _block(console: Console, result: CheckResult, label: str | None = None) -> None:
+FOLD_ROWS = 16
+"""Past this many nodes, the table's rows that read alike are one row under their nodeset."""
+
+
+def _folded_grid(nodes: list[str], columns: list[str], results: tuple[CheckResult, ...]) -> Table:
+    """The table with one row per distinct line of verdicts, named by its nodes' nodeset and count."""
+    from torchherd.nodeset import fold
+
+    by_key = {(result.node, result.check): result.status for result in results}
+    rows: dict[tuple[str | None, ...], list[str]] = {}
+    for node in nodes:
+        rows.setdefault(tuple(by_key.get((node, check)) for check in columns), []).append(node)
+    folded = [f"{fold(names)} ({len(names)})" if len(names) > 1 else names[0] for names in rows.values()]
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False, collapse_padding=True)
+    table.add_column("node", no_wrap=True, min_width=max((len(name) for name in folded), default=4))
+    for check in columns:
+        table.add_column(check, justify="center")
+    for name, statuses in zip(folded, rows):
+        table.add_row(name, *(Text(SYMBOLS[status], style=STATUS_STYLES[status]) if status else Text("")
+                              for status in statuses))
+    return table
+
+
+def _coalesced(results: list[CheckResult]) -> list[tuple[CheckResult, int]]:
+    """Results that say the same of different nodes (each node's name in its own text), once
+    each: under the nodes' nodeset, with how many they are."""
+    from torchherd.nodeset import fold
+
+    groups: dict[tuple[str, str, str], list[CheckResult]] = {}
+    for result in results:
+        name = _name_pattern(result.node)
+        key = (result.check, name.sub("\0", result.summary), name.sub("\0", result.fix))
+        groups.setdefault(key, []).append(result)
+    merged = []
+    for (check, summary, fix), members in groups.items():
+        if len(members) == 1:
+            merged.append((members[0], 1))
+            continue
+        label = fold([member.node for member in members])
+        merged.append((CheckResult(label, check, members[0].status, summary.replace("\0", label),
+                                   fix.replace("\0", label)), len(members)))
+    return merged
+
+
+def _name_pattern(node: str) -> re.Pattern[str]:
+    """The node's name as a word of its own: node1 in "node1:" or "node1's", not in "node10"."""
+    return re.compile(rf"(?<![\w.-]){re.escape(node)}(?![\w-])")
+
+
+def _block(console: Console, result: CheckResult, label: str | None = None, count: int = 1) -> None:
     style = STATUS_STYLES[result.status]
+    nodes = f" ({count} nodes)" if count > 1 else ""
     console.print(f"[{style}]{label or result.status.upper()}[/] {escape(result.node)} {escape(result.check)}: "
-                  f"{escape(printable(result.summary))}", soft_wrap=True)
+                  f"{escape(printable(result.summary))}{nodes}", soft_wrap=True)
     if result.fix:
         console.print(f"  [dim]fix:[/] {escape(printable(result.fix))}", soft_wrap=True)
 
