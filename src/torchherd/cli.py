@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
-from torchherd import __version__
+from torchherd import __version__, words
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, TorchherdError, UsageError
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
     count = sum(len(entry.tables()) for entry in entries) if entries else 2
     todo = [key for key, given in (("python", args.python), ("workdir", args.workdir),
                                    ("nproc_per_node", nproc)) if given is None]
-    console.print(f"wrote {path}: {count} hosts" + ("" if entries else " (placeholders: node0, node1)"),
+    console.print(f"wrote {path}: {words.count(count, 'host')}" + ("" if entries else " (placeholders: node0, node1)"),
                   markup=False, highlight=False)
     if todo or not entries:
         console.print(f"fill in: {', '.join(todo + ([] if entries else ['the hosts']))} (marked FILL IN)",

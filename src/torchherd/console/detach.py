@@ -16,6 +16,7 @@ from torchherd.console import printable
 from torchherd.console.run import LiveRenderer
 from torchherd.runlog import Status
 from torchherd.runrecord import NodeState, RecoveryStatus, RunRecord, describe_since, recovery_of
+from torchherd.words import count
 
 STATE_STYLES = {"running": "cyan", "exited": "green", "gone": "bold red", "unreachable": "bold red",
                 "unknown": "yellow", "pending": "cyan"}
@@ -30,7 +31,7 @@ def render_started(console: Console, record: RunRecord) -> None:
     if job_id is not None:
         _plain(console, f"run {record.run_id}: submitted as SLURM job {job_id}", "bold")
     else:
-        _plain(console, f"run {record.run_id}: started detached on {len(record.nodes)} nodes "
+        _plain(console, f"run {record.run_id}: started detached on {count(len(record.nodes), 'node')} "
                          f"({', '.join(node.name for node in record.nodes)})", "bold")
     recovery = recovery_of(record)
     if recovery is not None:

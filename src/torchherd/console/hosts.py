@@ -10,6 +10,7 @@ from rich.text import Text
 
 from torchherd.console import printable
 from torchherd.inventory import Inventory
+from torchherd.words import count
 
 COLUMNS = ("name", "SSH target", "node_rank", "nproc", "python", "workdir")
 PATH_COLUMNS = ("python", "workdir")
@@ -37,7 +38,7 @@ def render_hosts(console: Console, inventory: Inventory, ssh_targets: Sequence[s
         row["nproc_per_node"], row["python"], row["workdir"])))) for row in hosts_rows(inventory, ssh_targets)]
     widths = fit_paths({column: max([len(column)] + [len(cell[column]) for cell in cells]) for column in COLUMNS},
                        console.width)
-    table = Table(title=Text(printable(f"{inventory.path}: {len(inventory.hosts)} hosts, master {cluster.master}:"
+    table = Table(title=Text(printable(f"{inventory.path}: {count(len(inventory.hosts), 'host')}, master {cluster.master}:"
                                        f"{cluster.port}, rendezvous {cluster.rdzv_backend}")), title_justify="left")
     shown = [column for column in COLUMNS if widths[column] > 0]
     for column in shown:

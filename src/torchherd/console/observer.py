@@ -37,6 +37,7 @@ from torchherd.engine.events import (
     RunFinished,
     RunStarted,
 )
+from torchherd.words import count
 
 
 class ConsoleObserver:
@@ -63,7 +64,7 @@ class ConsoleObserver:
             self._renderer().render(event.lines)
         elif isinstance(event, RunStarted):
             self.renderer = self._start_view(event)
-            self._note(f"run {event.run_id}: {len(event.nodes)} nodes, master {event.master} at "
+            self._note(f"run {event.run_id}: {count(len(event.nodes), 'node')}, master {event.master} at "
                        f"{event.master_addr}:{event.port}; logs in {event.log_dir}", "bold")
         elif isinstance(event, PreflightDone):
             self._preflight(event)

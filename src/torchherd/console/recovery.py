@@ -21,6 +21,7 @@ from torchherd.engine.events import (
     TriageDone,
 )
 from torchherd.runlog import AttemptRecord
+from torchherd.words import count
 
 RecoveryEvent = Union[AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
                       HangFound]
@@ -32,14 +33,14 @@ def recovery_note(event: RecoveryEvent) -> tuple[str, str]:
     if isinstance(event, AttemptStarted):
         if not event.nodes:
             return f"attempt {event.number} of {event.of} on {event.picking}", "bold"
-        return f"attempt {event.number} of {event.of} on {len(event.nodes)} nodes: {', '.join(event.nodes)}", "bold"
+        return f"attempt {event.number} of {event.of} on {count(len(event.nodes), 'node')}: {', '.join(event.nodes)}", "bold"
     if isinstance(event, AttemptFailed):
         return f"attempt {event.number} failed after {event.seconds:.1f} s: {event.headline}", "bold red"
     if isinstance(event, TriageDone):
         if not event.failed:
-            return f"triage: {len(event.nodes)} nodes passed the checks in {event.seconds:.1f} s", "dim"
+            return f"triage: {count(len(event.nodes), 'node')} passed the checks in {event.seconds:.1f} s", "dim"
         failed = ", ".join(node for node, _ in event.failed)
-        return f"triage: {failed} failed the checks ({len(event.nodes)} nodes, {event.seconds:.1f} s)", "bold yellow"
+        return f"triage: {failed} failed the checks ({count(len(event.nodes), 'node')}, {event.seconds:.1f} s)", "bold yellow"
     if isinstance(event, NodeExcluded):
         return f"{event.node} excluded: {event.reason}", "bold yellow"
     if isinstance(event, SpareTaken):

@@ -14,6 +14,7 @@ from torchherd.engine.slurm.batch import BatchJob, shown_script
 from torchherd.plan import Plan
 from torchherd.remote.wire import RANK_PREFIX_HEAD
 from torchherd.runlog import ERR_HEAD, OUT_HEAD, OUT_RANKS, STDERR, OutputLine, RankLines, RunSummary
+from torchherd.words import count
 
 SEPARATOR = " │ "
 _CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]")
@@ -24,7 +25,7 @@ STATE_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "torn d
 
 def render_plan(console: Console, plan: Plan) -> None:
     """Every node's command as a user could paste it, and why each choice was made."""
-    console.print(Text(f"run {plan.run_id}: {len(plan.nodes)} nodes, master {plan.master} at "
+    console.print(Text(f"run {plan.run_id}: {count(len(plan.nodes), 'node')}, master {plan.master} at "
                        f"{plan.master_addr}:{plan.port}, rendezvous {plan.rdzv_backend}"), soft_wrap=True)
     for index, node in enumerate(plan.nodes):
         head = Text(f"{node.host.name} (node_rank {node.node_rank})", style=f"bold {node_colour(index)}")

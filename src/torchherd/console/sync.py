@@ -12,6 +12,7 @@ from rich.text import Text
 
 from torchherd.console import printable
 from torchherd.engine.events import NodeSynced, SyncDone, SyncFailed, SyncStarted
+from torchherd.words import count
 
 SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone)
 LISTED = 40
@@ -35,7 +36,7 @@ def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone) -> Itera
     if isinstance(event, SyncStarted):
         doing = "comparing" if event.dry_run else "sending"
         yield (f"sync: {doing} {printable(event.source)} ({files(event.files)}, {size(event.bytes)}) with "
-               f"{len(event.nodes)} nodes", "bold")
+               + count(len(event.nodes), "node"), "bold")
         for skipped in event.skipped[:5]:
             yield f"sync: left out {printable(skipped)}", "yellow"
         if len(event.skipped) > 5:
@@ -47,7 +48,7 @@ def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone) -> Itera
     elif isinstance(event, SyncDone) and not event.dry_run:
         yield from _in_sync(event)
         good = sum(isinstance(node, NodeSynced) for node in event.nodes)
-        yield (f"sync: {good} of {len(event.nodes)} nodes in sync ({event.seconds:.1f} s)",
+        yield (f"sync: {good} of {count(len(event.nodes), 'node')} in sync ({event.seconds:.1f} s)",
                "green" if event.ok else "bold red")
 
 

@@ -45,6 +45,7 @@ from torchherd.plan import NodePlan, Plan
 from torchherd.results import CheckReport, CheckResult, ProbeResult
 from torchherd.runlog import OutputLine, RunSummary, flat
 from torchherd.transport import Connector, Session, close_all, connect_all, fan_out
+from torchherd.words import count
 
 LINE_BUFFER = 100_000
 """Lines ``Run.lines`` holds for a reader that falls behind; older ones are dropped
@@ -176,7 +177,7 @@ def sync_first(plan: Plan, connector: Connector, observer: Observer) -> Connecto
         raise
     if not done.ok:
         opened.close()
-        raise LaunchAborted(f"the project is not in sync on {len(done.failed)} of {len(plan.nodes)} nodes")
+        raise LaunchAborted(f"the project is not in sync on {len(done.failed)} of {count(len(plan.nodes), 'node')}")
     return _Reusing(opened.sessions, connector)
 
 
@@ -203,7 +204,7 @@ def _connect(plan: Plan, connector: Connector, observer: Observer,
         for error in failures:
             observer(ConnectFailed(error))
         close_all(sessions.values())
-        raise LaunchAborted(f"{len(failures)} of {len(plan.nodes)} nodes could not be reached", errors=failures)
+        raise LaunchAborted(f"{len(failures)} of {count(len(plan.nodes), 'node')} could not be reached", errors=failures)
     return Opened(plan, sessions, lambda: close_all(sessions.values()))
 
 

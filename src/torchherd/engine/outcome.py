@@ -172,7 +172,7 @@ def summarise(run_id: str, nodes: Sequence[Node], state_of: Callable[[Node], Out
     elif culprit is not None:
         code, headline = EXIT_FAILED, _blame(culprit)
     elif outcomes and all(outcome.state == "ok" for outcome in outcomes):
-        code, headline = EXIT_OK, f"all {len(outcomes)} nodes finished (exit 0) in {seconds:.1f} s"
+        code, headline = EXIT_OK, (f"all {len(outcomes)} nodes" if len(outcomes) > 1 else "the node") + f" finished (exit 0) in {seconds:.1f} s"
     else:
         code, headline = EXIT_FAILED, ending.otherwise or "the job failed on " + ", ".join(
             outcome.node for outcome in outcomes if outcome.state != "ok")
