@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
@@ -149,7 +150,9 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     cluster = _cluster(args)
     script = args.script[0] if args.script else None
     only, skip = _id_list(args.only), _id_list(args.skip) or frozenset()
-    measured = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth}
+    _sync_choices(args, bool(args.sync))  # check syncs only with --sync, [sync] table or not
+    measured = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth,
+                "sync_include": tuple(args.sync_include), "sync_anyway": args.sync_anyway}
     cluster.backend.allow("--matrix", args.matrix)
     if args.json:
         from torchherd.console import make_console
@@ -202,15 +205,17 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if not args.script:
         raise UsageError("run: no training script given", "torchherd run [options] -- train.py [args...]")
     script, *script_args = args.script
+    _sync_choices(args, bool(args.sync) or (args.sync is None and cluster.inventory.sync is not None))
     # --nproc-per-node is already every host's count (_hosts); --include/--exclude slots may have changed some since
     plan = cluster.plan(script, *script_args, nnodes=args.nnodes,
                         module=args.module, env=_extra_env(args.env, args.env_pass, parse_env_assignments),
                         master_addr=args.master_addr, max_restarts=args.max_restarts,
                         monitor_interval=args.monitor_interval, rdzv_conf=args.rdzv_conf,
-                        rdzv_backend=args.rdzv_backend, sync=args.sync)
+                        rdzv_backend=args.rdzv_backend, sync=args.sync, sync_include=args.sync_include,
+                        sync_anyway=args.sync_anyway)
     if args.dry_run:
         render_description(console, cluster.describe(plan, fail_fast=not args.no_fail_fast))
-        return _dry_sync(cluster, plan, console) if plan.sync is not None else EXIT_OK
+        return _dry_sync(cluster, plan, console, args.log_dir) if plan.sync is not None else EXIT_OK
     recovery = _recovery(args, cluster)
     if args.json:
         from torchherd.console import make_console
@@ -249,12 +254,12 @@ def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
     return replace(recovery, **given) if given else recovery
 
 
-def _dry_sync(cluster: Cluster, plan: Plan, console: Console) -> int:
+def _dry_sync(cluster: Cluster, plan: Plan, console: Console, log_dir: str) -> int:
     """``run --sync --dry-run``: asks every node what it has (changing nothing) and lists
     what would be sent and deleted; 1 when a node could not answer."""
     from torchherd.console.sync import render_sync_plan
 
-    done = cluster.sync(plan=plan, dry_run=True)
+    done = cluster.sync(plan=plan, dry_run=True, log_dir=log_dir)
     render_sync_plan(console, done)
     return EXIT_OK if done.ok else EXIT_FAILED
 
@@ -268,10 +273,41 @@ def _sync_printer(console: Console) -> Callable[[object], None]:
 def _add_sync_flag(parser: argparse.ArgumentParser, run: bool) -> None:
     parser.add_argument("--sync", nargs="?", const=True, default=None, metavar="DIR",
                         help="first make the local project (DIR, else [sync].dir, else the enclosing git repository, "
-                             "else .) identical on every node under its workdir; only changed files travel")
+                             "else .) identical on every node under its workdir; only changed files travel. "
+                             "Never sent: .git, the log directory, and unless included: .ssh/ .gnupg/ .aws/ .netrc "
+                             "*.pem id_rsa* id_ed25519* (SSH keys) .env .env.*")
     if run:
         parser.add_argument("--no-sync", dest="sync", action="store_const", const=False,
                             help="do not sync, even with a [sync] table in the inventory")
+    parser.add_argument("--sync-include", metavar="PATTERN", action="append", default=[],
+                        help="send what matches although the private list or [sync].exclude leaves it out, "
+                             "e.g. .env (gitignore syntax; repeatable; adds to [sync].include)")
+    parser.add_argument("--sync-anyway", action="store_true",
+                        help="send the home directory, or a directory outside git with over 5000 files or 500 MB, "
+                             "which --sync otherwise refuses")
+
+
+def _sync_choices(args: argparse.Namespace, syncs: bool) -> None:
+    """--sync-include and --sync-anyway mean nothing when nothing is synced: said, not ignored."""
+    given = [flag for flag, value in (("--sync-include", args.sync_include), ("--sync-anyway", args.sync_anyway))
+             if value]
+    if given and not syncs:
+        raise UsageError(f"{given[0]} without --sync: nothing is synced", "add --sync [DIR]")
+
+
+def _sync_took_the_script(args: argparse.Namespace, extra: Sequence[str]) -> None:
+    """``--sync train.py --lr 3e-4``: --sync's optional DIR took the script (and argparse
+    would only say that ``--lr`` is unknown)."""
+    value = getattr(args, "sync", None)
+    if not isinstance(value, str):
+        return
+    path = Path(value).expanduser()
+    if path.is_dir():
+        return
+    if extra or path.is_file() or (not path.exists() and not getattr(args, "script", None)):
+        raise UsageError(f"--sync took {value!r} as its DIR; write `--sync -- {shlex.quote(value)}`",
+                         "--sync takes an optional DIR: --sync DIR -- SCRIPT [ARGS...] names the project, "
+                         "--sync -- SCRIPT [ARGS...] syncs the enclosing git repository")
 
 
 def _view_options(args: argparse.Namespace, console: Console) -> ViewOptions:
@@ -632,7 +668,12 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
 
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        # parse_known_args, then parse_args' own check: an unknown argument after --sync
+        # is told as what it most likely is (the script taken as --sync's DIR)
+        args, extra = parser.parse_known_args(argv)
+        _sync_took_the_script(args, extra)
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as stop:  # --help, --version
         return int(stop.code) if isinstance(stop.code, int) else EXIT_USAGE
     except UsageError as error:

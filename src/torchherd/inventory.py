@@ -80,7 +80,7 @@ NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "s
 HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare") + NODE_KEYS
 STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
-SYNC_KEYS = ("dir", "exclude", "dest")
+SYNC_KEYS = ("dir", "exclude", "include", "dest")
 TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks")
 RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout")
 MAX_RETRIES = 1000
@@ -158,6 +158,8 @@ class SyncSettings:
     """The local project (default: the enclosing git repository, else the current directory)."""
     exclude: tuple[str, ...] = ()
     """Patterns left out, as .gitignore writes them."""
+    include: tuple[str, ...] = ()
+    """Patterns sent although the private defaults (or ``exclude``) leave them out, e.g. ``.env``."""
     dest: str | None = None
     """Where the project goes on each node: relative to the workdir, or a path inside it."""
 
@@ -565,14 +567,16 @@ def _parse_sync(table: Mapping[str, Any], path: Path) -> SyncSettings:
     directory = read.get("dir", None, read.text)
     no_patterns: list[str] = []
     exclude = read.get("exclude", no_patterns, _patterns(read))
+    include = read.get("include", no_patterns, _patterns(read))
     return SyncSettings(dir=_relative_to(path, directory) if directory else None, exclude=tuple(exclude),
-                        dest=read.get("dest", None, read.text))
+                        include=tuple(include), dest=read.get("dest", None, read.text))
 
 
 def _patterns(read: _Reader) -> Callable[[str, Any], list[str]]:
     def convert(key: str, value: Any) -> list[str]:
         if not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value):
-            read.fail(key, f"expected a list of patterns, got {_show(value)}", 'write exclude = ["data/", "*.ckpt"]')
+            example = '[".env"]' if key == "include" else '["data/", "*.ckpt"]'
+            read.fail(key, f"expected a list of patterns, got {_show(value)}", f"write {key} = {example}")
         return [str(item) for item in value]
     return convert
 
