@@ -13,7 +13,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
 from torchherd import __version__
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, TorchherdError, UsageError
@@ -487,7 +487,13 @@ def _nnodes(text: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's own errors as the CLI's others: one line and a hint, exit 2 (``main``)."""
+    """argparse's own errors as the CLI's others: one line and a hint, exit 2 (``main``).
+    No prefix abbreviations (``--nproc`` is not ``--nproc-per-node``): a flag added later
+    must never change what an abbreviation in someone's script meant."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}", f"{self.prog} --help lists the options")

@@ -1,0 +1,24 @@
+"""The command line as a newcomer meets it, exact text: no prefix abbreviations, -V,
+torchherd alone, a mistyped command, -H with nothing in it, one address at two ports,
+check --help naming the check ids."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+
+from torchherd.cli import main
+from torchherd.console import make_console
+
+
+def cli(*args: str) -> tuple[int, list[str]]:
+    out = StringIO()
+    code = main(list(args), console=make_console(out, width=400))
+    return code, out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("flag", ["--nproc", "--nproc=2", "--no-ch", "--dry"])
+def test_an_abbreviated_flag_is_refused_never_taken_for_a_longer_one(flag: str) -> None:
+    assert cli("run", "-H", "192.0.2.1", flag, "--", "train.py") == (2, [
+        f"error: torchherd: unrecognized arguments: {flag}", "  hint: torchherd --help lists the options"])
