@@ -566,7 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = _Parser(  # its subparsers are _Parsers too
         prog="torchherd", parents=[inventory],
         description="Run one PyTorch distributed job on many machines: check, launch, stream, tear down.")
-    parser.add_argument("--version", action="version", version=f"torchherd {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"torchherd {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     hosts = commands.add_parser("hosts", parents=[inventory], help="show the resolved inventory")

@@ -22,3 +22,11 @@ def cli(*args: str) -> tuple[int, list[str]]:
 def test_an_abbreviated_flag_is_refused_never_taken_for_a_longer_one(flag: str) -> None:
     assert cli("run", "-H", "192.0.2.1", flag, "--", "train.py") == (2, [
         f"error: torchherd: unrecognized arguments: {flag}", "  hint: torchherd --help lists the options"])
+
+
+@pytest.mark.parametrize("flag", ["-V", "--version"])
+def test_version(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from torchherd import __version__
+
+    assert main([flag]) == 0
+    assert capsys.readouterr().out == f"torchherd {__version__}\n"
