@@ -567,7 +567,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="torchherd", parents=[inventory],
         description="Run one PyTorch distributed job on many machines: check, launch, stream, tear down.")
     parser.add_argument("-V", "--version", action="version", version=f"torchherd {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # not required: torchherd alone prints this help (main), where argparse would say only
+    # that COMMAND is missing
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     hosts = commands.add_parser("hosts", parents=[inventory], help="show the resolved inventory")
     hosts.add_argument("--json", action="store_true", help="print the inventory as JSON")
@@ -684,6 +686,9 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
         return int(stop.code) if isinstance(stop.code, int) else EXIT_USAGE
     except UsageError as error:
         render_error(_error_console(console), error)
+        return EXIT_USAGE
+    if args.command is None:  # torchherd alone: the help, as git does; exit 2, a usage error, as git's 1 is
+        sys.stdout.write(parser.format_help())
         return EXIT_USAGE
     _strip_separator(args)
     from torchherd.api import DetachedStartFailed, LaunchAborted  # after --help: it must stay fast

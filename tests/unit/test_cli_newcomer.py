@@ -24,6 +24,14 @@ def test_an_abbreviated_flag_is_refused_never_taken_for_a_longer_one(flag: str) 
         f"error: torchherd: unrecognized arguments: {flag}", "  hint: torchherd --help lists the options"])
 
 
+def test_torchherd_alone_prints_the_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "usage: torchherd [-h] [-i FILE] [-V] COMMAND ..."
+    assert "    run                 check, then launch the job on every node" in out.splitlines()
+    assert main(["-i", "hosts.toml"]) == 2 and capsys.readouterr().out == out
+
+
 @pytest.mark.parametrize("flag", ["-V", "--version"])
 def test_version(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     from torchherd import __version__
