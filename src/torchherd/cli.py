@@ -7,6 +7,7 @@ failed; 2 usage or inventory error; 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import os
@@ -495,6 +496,18 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A value outside the choices (a mistyped command above all) gets the closest one."""
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        known = [str(choice) for choice in choices]
+        close = difflib.get_close_matches(str(value), known, n=1, cutoff=0.6)
+        guess = f"; did you mean {close[0]!r}?" if close else ""
+        if isinstance(action, argparse._SubParsersAction):
+            raise argparse.ArgumentError(None, f"unknown command {value!r}{guess} (commands: {', '.join(known)})")
+        raise argparse.ArgumentError(action, f"invalid choice {value!r}{guess} (choose from {', '.join(known)})")
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}", f"{self.prog} --help lists the options")
 
@@ -681,7 +694,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
         args, extra = parser.parse_known_args(argv)
         _sync_took_the_script(args, extra)
         if extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            parser.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(parser, args, extra[0])}")
     except SystemExit as stop:  # --help, --version
         return int(stop.code) if isinstance(stop.code, int) else EXIT_USAGE
     except UsageError as error:
@@ -715,6 +728,20 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
         render_error(error_console, TorchherdError(f"internal error: {type(error).__name__}: {error}",
                                                    "rerun with TORCHHERD_DEBUG=1 and report the traceback"))
         return EXIT_FAILED
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, args: argparse.Namespace, unknown: str) -> str:
+    """The command's flag that ``unknown`` most likely meant: the one it begins (flags are
+    never abbreviated, but the user should learn the full name), else the closest."""
+    if not unknown.startswith("--") or args.command is None:
+        return ""
+    flag = unknown.split("=", 1)[0]
+    commands = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    command = commands[0]._name_parser_map[args.command]
+    known = [option for option in command._option_string_actions if option.startswith("--")]
+    begun = [option for option in known if option.startswith(flag)]
+    close = begun if len(begun) == 1 else difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def _error_console(console: Console | None) -> Console:

@@ -18,10 +18,29 @@ def cli(*args: str) -> tuple[int, list[str]]:
     return code, out.getvalue().splitlines()
 
 
-@pytest.mark.parametrize("flag", ["--nproc", "--nproc=2", "--no-ch", "--dry"])
-def test_an_abbreviated_flag_is_refused_never_taken_for_a_longer_one(flag: str) -> None:
+@pytest.mark.parametrize("flag,meant", [("--nproc", "--nproc-per-node"), ("--nproc=2", "--nproc-per-node"),
+                                        ("--no-ch", "--no-check"), ("--dry", "--dry-run")])
+def test_an_abbreviated_flag_is_refused_never_taken_for_a_longer_one(flag: str, meant: str) -> None:
     assert cli("run", "-H", "192.0.2.1", flag, "--", "train.py") == (2, [
-        f"error: torchherd: unrecognized arguments: {flag}", "  hint: torchherd --help lists the options"])
+        f"error: torchherd: unrecognized arguments: {flag}; did you mean {meant}?",
+        "  hint: torchherd --help lists the options"])
+
+
+@pytest.mark.parametrize("args,line", [
+    (["rn"], "error: torchherd: unknown command 'rn'; did you mean 'run'? "
+             "(commands: hosts, check, run, status, logs, stop, attach, init)"),
+    (["-i", "h.toml", "stauts"], "error: torchherd: unknown command 'stauts'; did you mean 'status'? "
+                                 "(commands: hosts, check, run, status, logs, stop, attach, init)"),
+    (["launch"], "error: torchherd: unknown command 'launch' (commands: hosts, check, run, status, logs, stop, "
+                 "attach, init)"),
+    (["run", "--rdzv-backend", "c01d", "--", "x.py"], "error: torchherd run: argument --rdzv-backend: invalid "
+                                                      "choice 'c01d'; did you mean 'c10d'? (choose from static, c10d)"),
+    (["run", "--no-chek", "--", "x.py"], "error: torchherd: unrecognized arguments: --no-chek; did you mean --no-check?"),
+    (["run", "--lr", "3e-4", "--", "x.py"], "error: torchherd: unrecognized arguments: --lr"),
+])
+def test_a_mistyped_command_or_flag_gets_did_you_mean(args: list[str], line: str) -> None:
+    code, out = cli(*args)
+    assert (code, out[0]) == (2, line)
 
 
 def test_torchherd_alone_prints_the_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
