@@ -32,8 +32,18 @@ Handler = Callable[[argparse.Namespace, "Console"], int]
 
 
 def _inventory_path(args: argparse.Namespace) -> Path:
+    _not_empty(args, "inventory", "-i", "name the file: -i hosts.toml, or leave out -i for "
+               "$TORCHHERD_INVENTORY, then ./hosts.toml")
     chosen = getattr(args, "inventory", None) or os.environ.get("TORCHHERD_INVENTORY") or "hosts.toml"
     return Path(chosen).expanduser()
+
+
+def _not_empty(args: argparse.Namespace, key: str, flag: str, hint: str) -> None:
+    """A flag given an empty value (an unset variable: -H "$HOSTS") is an error, never the
+    same as the flag left out: that would quietly take ./hosts.toml's hosts instead."""
+    value = getattr(args, key, None)
+    if value is not None and not value.strip():
+        raise UsageError(f"{flag} {value!r}: empty (an unset variable?)", hint)
 
 
 def _hosts(args: argparse.Namespace) -> Cluster:
@@ -41,6 +51,9 @@ def _hosts(args: argparse.Namespace) -> Cluster:
     ``-i``; then ``--include``/``--exclude`` and ``--master`` for this run."""
     from torchherd.api import Cluster
 
+    _not_empty(args, "hosts", "-H", "name the hosts: -H node0,node1 (or leave out -H to use the inventory)")
+    _not_empty(args, "nodelist", "--nodelist", "name the hosts: --nodelist 'gpu[01-04]' (or leave it out to use "
+               "the inventory)")
     hosts, nodelist = getattr(args, "hosts", None), getattr(args, "nodelist", None)
     if hosts and nodelist:
         raise UsageError("-H and --nodelist: give one of them", "-H also takes nodesets: -H 'gpu[01-04]'")
@@ -69,6 +82,7 @@ def _hosts(args: argparse.Namespace) -> Cluster:
 def cmd_init(args: argparse.Namespace, console: Console) -> int:
     from torchherd import hostspec
 
+    _not_empty(args, "hosts", "-H", "name the hosts: -H node0,node1 (or leave out -H for two placeholder hosts)")
     path = _inventory_path(args)
     if path.exists():
         raise UsageError(f"{path}: already exists; init never overwrites a file",

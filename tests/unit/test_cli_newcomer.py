@@ -5,6 +5,7 @@ check --help naming the check ids."""
 from __future__ import annotations
 
 from io import StringIO
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,19 @@ def test_version(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main([flag]) == 0
     assert capsys.readouterr().out == f"torchherd {__version__}\n"
+
+
+@pytest.mark.parametrize("args,line", [
+    (["hosts", "-H", ""], "error: -H '': empty (an unset variable?)"),
+    (["run", "--dry-run", "-H", " ", "--", "x.py"], "error: -H ' ': empty (an unset variable?)"),
+    (["hosts", "--nodelist", ""], "error: --nodelist '': empty (an unset variable?)"),
+    (["-i", "", "hosts"], "error: -i '': empty (an unset variable?)"),
+    (["init", "-H", ""], "error: -H '': empty (an unset variable?)"),
+])
+def test_an_empty_host_flag_is_exit_2_never_the_hosts_toml_here(
+        args: list[str], line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "hosts.toml").write_text('[[hosts]]\nname = "fallback"\naddress = "192.0.2.1"\n')
+    code, out = cli(*args)
+    assert (code, out[0]) == (2, line)
+    assert out[1].startswith("  hint: ") and "fallback" not in "\n".join(out)
