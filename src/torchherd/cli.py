@@ -13,6 +13,7 @@ import math
 import os
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
@@ -483,6 +484,20 @@ def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
                             "taken and the summary names the rank that differs (default: off)")
 
 
+def _check_ids() -> str:
+    """``check --help``'s list of the ids --only and --skip take (imported only for the help:
+    the checks package is slow to import)."""
+    from torchherd.checks.model import CHECK_IDS, OPT_IN
+    from torchherd.engine.slurm.check import SLURM_CHECKS
+
+    plain = ", ".join(check for check in CHECK_IDS if check not in OPT_IN)
+    measured = ", ".join(check for check in CHECK_IDS if check in OPT_IN and check != "smoke")
+    text = (f"check ids for --only and --skip: {plain}; with --bandwidth or --smoke (or named by --only): "
+            f"{measured}; with --smoke: smoke; SLURM runs also: {', '.join(SLURM_CHECKS)}. "
+            "What each establishes: docs/checks.md.")
+    return textwrap.fill(text, width=79, break_on_hyphens=False)  # an id is never cut at its hyphen
+
+
 def _rate(text: str) -> float:
     from torchherd.inventory import parse_rate
 
@@ -506,9 +521,17 @@ class _Parser(argparse.ArgumentParser):
     No prefix abbreviations (``--nproc`` is not ``--nproc-per-node``): a flag added later
     must never change what an abbreviation in someone's script meant."""
 
+    lazy_epilog: Callable[[], str] | None = None
+    """Text under the help that needs modules --help should not import otherwise."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def format_help(self) -> str:
+        if self.lazy_epilog is not None:
+            self.epilog = self.lazy_epilog()
+        return super().format_help()
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         """A value outside the choices (a mistyped command above all) gets the closest one."""
@@ -604,10 +627,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_host_flags(hosts, nproc=True)
 
     scheduler = _scheduler_flags()
-    check = commands.add_parser("check", parents=[inventory, scheduler], help="preflight checks only; changes nothing")
+    check = commands.add_parser("check", parents=[inventory, scheduler], help="preflight checks only; changes nothing",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # the epilog comes wrapped
     check.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    check.add_argument("--only", metavar="ID,...", help="run only these checks")
-    check.add_argument("--skip", metavar="ID,...", help="skip these checks")
+    check.add_argument("--only", metavar="ID,...", help="run only these checks (the ids are listed below)")
+    check.add_argument("--skip", metavar="ID,...", help="skip these checks (the ids are listed below)")
     check.add_argument("--smoke", action="store_true", help="also run a tiny real all_reduce on every node")
     check.add_argument("--bandwidth", action="store_true",
                        help="also measure the links' throughput and path MTU between the nodes (--smoke does too)")
@@ -623,6 +647,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="always show the probes as a node x node matrix (shown anyway when one failed)")
     check.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT: also check the training script")
     check.set_defaults(handler=cmd_check)
+    if isinstance(check, _Parser):
+        check.lazy_epilog = _check_ids
     _add_host_flags(check, nproc=True)
     _add_sync_flag(check, run=False)
 

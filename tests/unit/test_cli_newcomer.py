@@ -97,3 +97,20 @@ def test_one_address_at_two_ports_is_two_hosts(capsys: pytest.CaptureFixture[str
     assert main(["init", "-H", "127.0.0.1:2222,127.0.0.1:2223"]) == 0
     written = (tmp_path / "hosts.toml").read_text()
     assert 'name = "127.0.0.1-2223"' in written and 'address = "127.0.0.1"\nssh_port = 2223' in written
+
+
+def test_check_help_lists_the_ids_only_and_skip_take(capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    from torchherd.checks.model import CHECK_IDS
+    from torchherd.engine.slurm.check import SLURM_CHECKS
+
+    assert main(["check", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-4:] == [
+        "check ids for --only and --skip: ssh, ping, hostname, port, firewall, network,",
+        "env, python, gpu, script, clock; with --bandwidth or --smoke (or named by",
+        "--only): bandwidth, mtu; with --smoke: smoke; SLURM runs also: slurm,",
+        "slurm-node, gres, sbatch. What each establishes: docs/checks.md."]
+    listed = re.findall(r"[a-z-]+", " ".join(out.splitlines()[-4:]).split(":", 1)[1])
+    assert set(CHECK_IDS) | set(SLURM_CHECKS) <= set(listed)  # a check added later is listed too
