@@ -130,10 +130,12 @@ class Cluster:
         return self._with(hostspec.select(self.inventory, include, exclude))
 
     def override(self, *, python: str | None = None, workdir: str | None = None,
-                 nproc_per_node: int | str | None = None, master: str | None = None) -> Cluster:
-        """The same cluster with every host's python, workdir or process count, or another master."""
+                 nproc_per_node: int | str | None = None, master: str | None = None,
+                 port: int | None = None) -> Cluster:
+        """The same cluster with every host's python, workdir or process count, or another
+        master, or another master port (``[cluster].port``, ``--master-port``)."""
         return self._with(hostspec.override(self.inventory, python=python, workdir=workdir,
-                                            nproc_per_node=nproc_per_node, master=master))
+                                            nproc_per_node=nproc_per_node, master=master, port=port))
 
     def with_spares(self, spares: str) -> Cluster:
         """The same cluster with the hosts ``spares`` names (a nodeset: ``node[4-5]``) set

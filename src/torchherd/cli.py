@@ -76,8 +76,8 @@ def _hosts(args: argparse.Namespace) -> Cluster:
     include, exclude = getattr(args, "include", None), getattr(args, "exclude", None)
     if include is not None or exclude is not None:
         cluster = cluster.select(include, exclude)
-    master = getattr(args, "master", None)
-    return cluster.override(master=master) if master else cluster
+    master, port = getattr(args, "master", None), getattr(args, "master_port", None)
+    return cluster.override(master=master, port=port) if master or port is not None else cluster
 
 
 def cmd_init(args: argparse.Namespace, console: Console) -> int:
@@ -553,6 +553,12 @@ SLURM_FLAGS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_n
 """Every [slurm] key, as --slurm-KEY on the command line."""
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port, 1 to 65535, got {text!r}")
+    return int(text)
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
@@ -587,6 +593,9 @@ def _add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False) -> Non
     group.add_argument("--python", metavar="PATH", help="the interpreter with torch on every node")
     group.add_argument("--workdir", metavar="DIR", help="where the job runs on every node")
     group.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
+    group.add_argument("--master-port", metavar="PORT", type=_port,
+                       help="the master (rendezvous) port, torchrun's --master-port (default: [cluster].port, "
+                            "else 29500)")
     group.add_argument("--include", metavar="HOSTS", help="only these hosts (names, nodesets, globs)")
     group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs)")
     if nproc:

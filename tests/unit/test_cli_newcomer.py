@@ -114,3 +114,18 @@ def test_check_help_lists_the_ids_only_and_skip_take(capsys: pytest.CaptureFixtu
         "slurm-node, gres, sbatch. What each establishes: docs/checks.md."]
     listed = re.findall(r"[a-z-]+", " ".join(out.splitlines()[-4:]).split(":", 1)[1])
     assert set(CHECK_IDS) | set(SLURM_CHECKS) <= set(listed)  # a check added later is listed too
+
+
+def test_master_port_overrides_the_inventory_s_port(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text('[cluster]\nport = 29500\n[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n'
+                         '[[hosts]]\nname = "b"\naddress = "192.0.2.2"\n')
+    code, out = cli("-i", str(inventory), "run", "--dry-run", "--master-port", "29611", "--", "train.py")
+    assert code == 0, out
+    commands = [line for line in out if "torch.distributed.run" in line]
+    assert len(commands) == 2 and all("--master-addr 192.0.2.1 --master-port 29611 " in line for line in commands)
+    code, out = cli("run", "--dry-run", "-H", "192.0.2.1", "--master-port", "29612", "--", "train.py")
+    assert code == 0 and "--master-port 29612 " in "\n".join(out)
+    assert cli("run", "-H", "192.0.2.1", "--master-port", "70000", "--", "train.py") == (2, [
+        "error: torchherd run: argument --master-port: expected a TCP port, 1 to 65535, got '70000'",
+        "  hint: torchherd run --help lists the options"])
