@@ -131,11 +131,12 @@ class Cluster:
 
     def override(self, *, python: str | None = None, workdir: str | None = None,
                  nproc_per_node: int | str | None = None, master: str | None = None,
-                 port: int | None = None) -> Cluster:
+                 port: int | None = None, ssh_timeout: float | None = None) -> Cluster:
         """The same cluster with every host's python, workdir or process count, or another
-        master, or another master port (``[cluster].port``, ``--master-port``)."""
+        master, master port (``[cluster].port``, ``--master-port``) or SSH timeout."""
         return self._with(hostspec.override(self.inventory, python=python, workdir=workdir,
-                                            nproc_per_node=nproc_per_node, master=master, port=port))
+                                            nproc_per_node=nproc_per_node, master=master, port=port,
+                                            ssh_timeout=ssh_timeout))
 
     def with_spares(self, spares: str) -> Cluster:
         """The same cluster with the hosts ``spares`` names (a nodeset: ``node[4-5]``) set

@@ -77,7 +77,10 @@ def _hosts(args: argparse.Namespace) -> Cluster:
     if include is not None or exclude is not None:
         cluster = cluster.select(include, exclude)
     master, port = getattr(args, "master", None), getattr(args, "master_port", None)
-    return cluster.override(master=master, port=port) if master or port is not None else cluster
+    timeout = getattr(args, "ssh_timeout", None)
+    if master or port is not None or timeout is not None:
+        return cluster.override(master=master, port=port, ssh_timeout=timeout)
+    return cluster
 
 
 def cmd_init(args: argparse.Namespace, console: Console) -> int:
@@ -596,6 +599,8 @@ def _add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False) -> Non
     group.add_argument("--master-port", metavar="PORT", type=_port,
                        help="the master (rendezvous) port, torchrun's --master-port (default: [cluster].port, "
                             "else 29500)")
+    group.add_argument("--ssh-timeout", metavar="S", type=_interval,
+                       help="seconds to connect and authenticate to a node (default: [cluster].ssh_timeout, else 10)")
     group.add_argument("--include", metavar="HOSTS", help="only these hosts (names, nodesets, globs)")
     group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs)")
     if nproc:

@@ -280,9 +280,10 @@ def load_any(path: Path, **flags: Any) -> Inventory:
 
 def override(inventory: Inventory, *, python: str | None = None, workdir: str | None = None,
              nproc_per_node: int | str | None = None, master: str | None = None,
-             port: int | None = None) -> Inventory:
+             port: int | None = None, ssh_timeout: float | None = None) -> Inventory:
     """The inventory with the command line's ``--python``, ``--workdir``,
-    ``--nproc-per-node`` (every host, spares too), ``--master`` and ``--master-port``."""
+    ``--nproc-per-node`` (every host, spares too), ``--master``, ``--master-port`` and
+    ``--ssh-timeout``."""
     hosts, spares = inventory.hosts, inventory.spares
     changes: dict[str, Any] = {key: value for key, value in (("python", python), ("workdir", workdir))
                                if value is not None}
@@ -296,6 +297,8 @@ def override(inventory: Inventory, *, python: str | None = None, workdir: str | 
         cluster = replace(cluster, nproc_per_node=nproc_per_node)
     if port is not None:
         cluster = replace(cluster, port=port)
+    if ssh_timeout is not None:
+        cluster = replace(cluster, ssh_timeout=ssh_timeout)
     if master is not None:
         names = [host.name for host in hosts]
         if master not in names:

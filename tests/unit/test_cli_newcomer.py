@@ -129,3 +129,16 @@ def test_master_port_overrides_the_inventory_s_port(tmp_path: Path) -> None:
     assert cli("run", "-H", "192.0.2.1", "--master-port", "70000", "--", "train.py") == (2, [
         "error: torchherd run: argument --master-port: expected a TCP port, 1 to 65535, got '70000'",
         "  hint: torchherd run --help lists the options"])
+
+
+def test_ssh_timeout_overrides_the_inventory_s(tmp_path: Path) -> None:
+    from torchherd.cli import _hosts, build_parser
+
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text('[cluster]\nssh_timeout = 30\n[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n')
+    parse = build_parser().parse_args
+    assert _hosts(parse(["-i", str(inventory), "check", "--ssh-timeout", "2.5"])).inventory.cluster.ssh_timeout == 2.5
+    assert _hosts(parse(["-i", str(inventory), "check"])).inventory.cluster.ssh_timeout == 30
+    assert _hosts(parse(["hosts", "-H", "192.0.2.1", "--ssh-timeout", "4"])).inventory.cluster.ssh_timeout == 4
+    assert cli("hosts", "-H", "192.0.2.1", "--ssh-timeout", "0")[1][0] == (
+        "error: torchherd hosts: argument --ssh-timeout: expected seconds above 0, at most 86400, got '0'")
