@@ -120,8 +120,9 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
     if todo or not entries:
         console.print(f"fill in: {', '.join(todo + ([] if entries else ['the hosts']))} (marked FILL IN)",
                       markup=False, highlight=False)
-    console.print(f"then: torchherd {'' if path == Path('hosts.toml') else f'-i {path} '}hosts; "
-                  "torchherd check -- train.py", markup=False, highlight=False)
+    inventory = "" if path == Path("hosts.toml") else f"-i {shlex.quote(str(path))} "  # every step keeps -i
+    console.print(f"then: torchherd {inventory}hosts; torchherd {inventory}check -- train.py", markup=False,
+                  highlight=False)
     return EXIT_OK
 
 

@@ -171,7 +171,7 @@ def test_init_from_ssh_config(tmp_path: Path) -> None:
                     cwd=tmp_path)
     assert code == 0, out
     assert [host.name for host in load(tmp_path / "mine.toml").hosts] == ["gpu1", "gpu2"]
-    assert "then: torchherd -i mine.toml hosts" in out
+    assert "then: torchherd -i mine.toml hosts; torchherd -i mine.toml check -- train.py" in out.splitlines()
     assert ssh_config_aliases(config.read_text(), "*") == ["gpu1", "gpu2", "web"]
     code, out = cli("-i", "other.toml", "init", "--from-ssh-config", "db*", "--ssh-config", str(config),
                     cwd=tmp_path)
