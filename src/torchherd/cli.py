@@ -93,7 +93,7 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
                          "remove it first, or write another: torchherd -i other.toml init ...")
     if args.hosts and args.from_ssh_config:
         raise UsageError("-H and --from-ssh-config: give one of them")
-    source = ""
+    source, ssh_config = "", None
     entries: list[hostspec.HostEntry] = []
     if args.hosts:
         entries, source = hostspec.host_entries(args.hosts), " from -H"
@@ -108,9 +108,11 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
             raise UsageError(f"--from-ssh-config {args.from_ssh_config}: no Host entry of {config} matches",
                              "a glob over Host names, e.g. 'gpu*'")
         entries, source = hostspec.host_entries(",".join(names), "--from-ssh-config"), f" from {config}"
+        if config.resolve() != Path("~/.ssh/config").expanduser().resolve():  # the aliases resolve where ssh's own do
+            ssh_config = str(config.resolve())
     nproc = _nproc(args.nproc_per_node)
     text = hostspec.inventory_text(entries, python=args.python, workdir=args.workdir, nproc_per_node=nproc,
-                                   master=args.master, source=source)
+                                   master=args.master, source=source, ssh_config=ssh_config)
     hostspec.load_any(_written(path, text))  # what init writes must load
     count = sum(len(entry.tables()) for entry in entries) if entries else 2
     todo = [key for key, given in (("python", args.python), ("workdir", args.workdir),

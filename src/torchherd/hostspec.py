@@ -476,9 +476,11 @@ FILL = "FILL IN"
 
 
 def inventory_text(entries: Sequence[HostEntry], *, python: str | None = None, workdir: str | None = None,
-                   nproc_per_node: int | str | None = None, master: str | None = None, source: str = "") -> str:
+                   nproc_per_node: int | str | None = None, master: str | None = None, source: str = "",
+                   ssh_config: str | None = None) -> str:
     """A commented ``hosts.toml``: one ``[[hosts]]`` table per entry (a nodeset stays one
-    table); what the user gave is filled in, the rest is marked FILL IN."""
+    table); what the user gave is filled in, the rest is marked FILL IN. ``ssh_config``:
+    the OpenSSH config the hosts' aliases are defined in, when it is not ``~/.ssh/config``."""
     def line(key: str, given: object, default: object, comment: str) -> str:
         assignment = f"{key} = {_toml(default if given is None else given)}"
         return _commented(assignment, f"{FILL + ': ' if given is None else ''}{comment}")
@@ -494,6 +496,8 @@ def inventory_text(entries: Sequence[HostEntry], *, python: str | None = None, w
         _commented("port = 29500", "the master port: every worker must reach it on the master"),
         line("nproc_per_node", nproc_per_node, 1, 'processes per node (its GPUs), or "gpu"; a [[hosts]] table '
              "may set its own"),
+        *([_commented("ssh_config = " + _toml(ssh_config), "the OpenSSH config that defines these hosts")]
+          if ssh_config else []),
         "",
         "[defaults]",
         line("python", python, "python3", 'the interpreter on the nodes that has torch, e.g. "/opt/venv/bin/python"'),
