@@ -428,8 +428,8 @@ def loads(raw: bytes, path: Path) -> Inventory:
 
 def parse(document: Mapping[str, Any], path: Path) -> Inventory:
     _Reader(path, "", document, TOP_KEYS)
-    defaults = _table(document, "defaults", path)
-    cluster_table = _table(document, "cluster", path)
+    defaults, cluster_table = _defaults_nproc(_table(document, "defaults", path), _table(document, "cluster", path),
+                                              path)
     slurm = parse_slurm(_table(document, "slurm", path), path, "[slurm].")
     recovery, spare_names = _parse_recovery(_table(document, "recovery", path), path)
     if _slurm_without_hosts(document, cluster_table, slurm, path):
@@ -531,6 +531,21 @@ def _table(document: Mapping[str, Any], key: str, path: Path) -> Mapping[str, An
     if not isinstance(value, dict):
         raise InventoryError(f"{path}: {key}: expected a table [{key}], got {_show(value)}")
     return value
+
+
+def _defaults_nproc(defaults: Mapping[str, Any], cluster: Mapping[str, Any],
+                    path: Path) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """``[defaults].nproc_per_node`` (where the other per-host keys stand) is
+    ``[cluster].nproc_per_node``: every host's count unless its table sets its own."""
+    if "nproc_per_node" not in defaults:
+        return defaults, cluster
+    read = _Reader(path, "[defaults].", defaults, NODE_KEYS + ("nproc_per_node",))
+    if "nproc_per_node" in cluster:
+        read.fail("nproc_per_node", "[cluster].nproc_per_node is set too",
+                  "keep one of them: both are every host's process count")
+    value = read.nproc("nproc_per_node", defaults["nproc_per_node"])
+    return ({key: item for key, item in defaults.items() if key != "nproc_per_node"},
+            {**cluster, "nproc_per_node": value})
 
 
 def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path,
