@@ -402,8 +402,8 @@ def read(path: Path) -> bytes:
             raw = file.read(MAX_INVENTORY_BYTES + 1)
     except FileNotFoundError:
         raise InventoryError(f"{path}: inventory file not found",
-                             "pass one with -i FILE, set TORCHHERD_INVENTORY, or copy hosts.example.toml "
-                             "to hosts.toml") from None
+                             "name the hosts with -H host1,host2 (no file needed), pass one with -i FILE, "
+                             "set TORCHHERD_INVENTORY, or write one: torchherd init -H host1,host2") from None
     except OSError as error:
         raise InventoryError(f"{path}: cannot read the inventory: {error.strerror}") from None
     if len(raw) > MAX_INVENTORY_BYTES:
@@ -422,7 +422,7 @@ def loads(raw: bytes, path: Path) -> Inventory:
         raise InventoryError(f"{path}: TOML nested too deeply", "an inventory is a few flat tables") from None
     except tomllib.TOMLDecodeError as error:
         raise InventoryError(f"{path}: TOML syntax error: {error}",
-                             "fix the line named; see hosts.example.toml") from None
+                             "fix the line named (torchherd init writes a commented example)") from None
     return parse(document, path)
 
 

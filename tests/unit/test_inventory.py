@@ -157,7 +157,8 @@ def test_missing_file_exits_2(tmp_path: Path) -> None:
     assert code == 2
     assert out.getvalue().splitlines() == [
         f"error: {tmp_path / 'nope.toml'}: inventory file not found",
-        "  hint: pass one with -i FILE, set TORCHHERD_INVENTORY, or copy hosts.example.toml to hosts.toml",
+        "  hint: name the hosts with -H host1,host2 (no file needed), pass one with -i FILE, set "
+        "TORCHHERD_INVENTORY, or write one: torchherd init -H host1,host2",
     ]
 
 
