@@ -173,24 +173,24 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     script = args.script[0] if args.script else None
     only, skip = _id_list(args.only), _id_list(args.skip) or frozenset()
     _sync_choices(args, bool(args.sync))  # check syncs only with --sync, [sync] table or not
-    measured = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth,
-                "sync_include": tuple(args.sync_include), "sync_anyway": args.sync_anyway}
+    more = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth,
+            "sync_include": tuple(args.sync_include), "sync_anyway": args.sync_anyway}
     cluster.backend.allow("--matrix", args.matrix)
     if args.json:
         from torchherd.console import make_console
         from torchherd.console.sync import SyncPrinter
 
         report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
-                               on_event=SyncPrinter(make_console(stderr=True)), **measured)  # stdout: the JSON
+                               on_event=SyncPrinter(make_console(stderr=True)), **more)  # stdout: the JSON
         print(json.dumps(report.as_json(), indent=2))
     elif not cluster.backend.live_checks:  # the results come at once: no live grid
         report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
-                               on_event=_sync_printer(console), **measured)
+                               on_event=_sync_printer(console), **more)
         render_report(console, report)
     else:
         with live_progress(console, cluster.inventory, args.bandwidth or args.smoke) as progress:
             report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, on_result=progress,
-                                   sync=args.sync, on_event=_sync_printer(console), **measured)
+                                   sync=args.sync, on_event=_sync_printer(console), **more)
         render_report(console, report)
         _render_matrix(console, cluster, report, args.matrix)
     return EXIT_OK if report.ok else EXIT_FAILED
@@ -560,7 +560,7 @@ SLURM_FLAGS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_n
 
 
 def _port(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"expected a TCP port, 1 to 65535, got {text!r}")
     return int(text)
 
@@ -757,7 +757,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     except UsageError as error:
         render_error(_error_console(console), error)
         return EXIT_USAGE
-    if args.command is None:  # torchherd alone: the help, as git does; exit 2, a usage error, as git's 1 is
+    if args.command is None:  # torchherd alone: the help, as git does, and a usage error's 2 (git's is non-zero too)
         sys.stdout.write(parser.format_help())
         return EXIT_USAGE
     _strip_separator(args)
