@@ -30,8 +30,9 @@ credentials and secrets that a project directory picks up and no node needs
 MAX_FILES = 5000
 MAX_BYTES = 500 * 10**6
 """Above either, a directory that is not a git repository is refused unless sent on purpose."""
-SURVEY_LIMIT = 100_000
-"""Files counted at most to say what a refused directory would send (a home holds millions)."""
+SURVEY_LIMIT = 10_000
+"""Files counted at most to say what a refused directory would send: a home holds millions,
+and the refusal must come at once."""
 
 
 @dataclass(frozen=True)
