@@ -49,7 +49,7 @@ from torchherd.runrecord import NodeState, RecoveryStatus, RunRecord, controller
 from torchherd.runrecord import load as load_record
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
-from torchherd.tree import project_root
+from torchherd.tree import project_root, refusal
 
 __all__ = ["Cluster", "DetachedRun", "DetachedStartFailed", "LaunchAborted", "RecoveringRun", "Recovery", "Run", "attach",
            "new_run_id", "runs"]
@@ -130,10 +130,13 @@ class Cluster:
         return self._with(hostspec.select(self.inventory, include, exclude))
 
     def override(self, *, python: str | None = None, workdir: str | None = None,
-                 nproc_per_node: int | str | None = None, master: str | None = None) -> Cluster:
-        """The same cluster with every host's python, workdir or process count, or another master."""
+                 nproc_per_node: int | str | None = None, master: str | None = None,
+                 port: int | None = None, ssh_timeout: float | None = None) -> Cluster:
+        """The same cluster with every host's python, workdir or process count, or another
+        master, master port (``[cluster].port``, ``--master-port``) or SSH timeout."""
         return self._with(hostspec.override(self.inventory, python=python, workdir=workdir,
-                                            nproc_per_node=nproc_per_node, master=master))
+                                            nproc_per_node=nproc_per_node, master=master, port=port,
+                                            ssh_timeout=ssh_timeout))
 
     def with_spares(self, spares: str) -> Cluster:
         """The same cluster with the hosts ``spares`` names (a nodeset: ``node[4-5]``) set
@@ -200,17 +203,21 @@ class Cluster:
              env: Mapping[str, str] | None = None, master_addr: str | None = None, nnodes: str | None = None,
              module: bool = False, rdzv_backend: str | None = None, rdzv_conf: str | None = None,
              max_restarts: int = 0, monitor_interval: float | None = None, run_id: str | None = None,
-             sync: bool | str | Path | None = None) -> Plan:
+             sync: bool | str | Path | None = None, sync_include: Iterable[str] = (),
+             sync_anyway: bool = False) -> Plan:
         """The job, decided: every node's exact torchrun command and environment (what
         ``--dry-run`` prints). Raises UsageError for options that cannot work together.
         ``sync``: the local project to make identical on every node before the launch (True:
         ``[sync].dir``, else the enclosing git repository, else the current directory; a
-        directory; False: not even with a ``[sync]`` table); the job then runs there."""
+        directory; False: not even with a ``[sync]`` table); the job then runs there.
+        ``sync_include``: patterns sent although the private defaults leave them out
+        (``.env``); ``sync_anyway``: send a home directory, or a large directory outside
+        git, which is otherwise refused (UsageError)."""
         options = RunOptions(script=script, script_args=tuple(args), run_id=run_id or new_run_id(),
                              nproc_per_node=nproc_per_node, nnodes=nnodes, module=module,
                              extra_env=dict(env or {}), master_addr=master_addr, max_restarts=max_restarts,
                              monitor_interval=monitor_interval, rdzv_conf=rdzv_conf, rdzv_backend=rdzv_backend,
-                             sync=self._sync_options(sync))
+                             sync=self._sync_options(sync, tuple(sync_include), sync_anyway))
         return build_plan(self.inventory, options, ssh_hostnames=self._ssh_hostnames())
 
     def _ssh_hostnames(self) -> dict[str, str]:
@@ -222,32 +229,40 @@ class Cluster:
               skip: Iterable[str] = (), smoke: bool = False, mesh: Mesh = "auto",
               on_result: Callable[[CheckResult], None] | None = None, sync: bool | str | Path | None = None,
               on_event: Observer | None = None, bandwidth: bool = False,
-              min_bandwidth: float | None = None) -> CheckReport:
+              min_bandwidth: float | None = None, sync_include: Iterable[str] = (),
+              sync_anyway: bool = False) -> CheckReport:
         """The preflight checks, changing nothing on the nodes. They verify ``plan`` when
         given (its master address, port, processes per node, script, environment), else the
         plan of a default run of ``script``. With ``sync`` the project is first made
         identical on the nodes (its events to ``on_event``; LaunchAborted if it fails). With
         ``bandwidth`` (or ``smoke``) the links' throughput and path MTU are measured too;
-        ``min_bandwidth`` (bits per second) overrides the inventory's floor."""
+        ``min_bandwidth`` (bits per second) overrides the inventory's floor. ``sync_include``
+        and ``sync_anyway``: as for ``plan``."""
         options = CheckOptions(only=frozenset(only) if only is not None else None, skip=frozenset(skip), smoke=smoke,
                                mesh=mesh, bandwidth=bandwidth, min_bandwidth=min_bandwidth)
-        plan = plan or self.plan(script or "", run_id="check", sync=sync)
+        plan = plan or self.plan(script or "", run_id="check", sync=sync, sync_include=sync_include,
+                                 sync_anyway=sync_anyway)
         return self.backend.check(plan, options, sync=bool(sync), on_result=on_result, on_event=on_event or ignore)
 
     def sync(self, source: bool | str | Path = True, *, plan: Plan | None = None, dry_run: bool = False,
-             on_event: Observer | None = None) -> SyncDone:
+             on_event: Observer | None = None, include: Iterable[str] = (), anyway: bool = False,
+             log_dir: str | Path = "torchherd-logs") -> SyncDone:
         """Makes the local project (``source``: a directory, or True for ``[sync].dir``, else
         the enclosing git repository, else the current directory) identical on every node,
         or with ``dry_run`` says per node what would be sent and deleted. ``plan`` (one made
-        with ``sync``) gives the destinations. A ``SyncDone``: ``.ok``, per node ``NodeSynced``
-        or ``SyncFailed``. ``launch`` of a plan made with ``sync`` does this itself."""
-        plan = plan or self.plan("", run_id="sync", sync=source)
+        with ``sync``) gives the destinations; else ``include`` and ``anyway`` are ``plan``'s
+        ``sync_include`` and ``sync_anyway``. ``log_dir`` (``launch``'s) is never sent. A
+        ``SyncDone``: ``.ok``, per node ``NodeSynced`` or ``SyncFailed``. ``launch`` of a plan
+        made with ``sync`` does this itself."""
+        plan = plan or self.plan("", run_id="sync", sync=source, sync_include=include, sync_anyway=anyway)
         if plan.sync is None:
             raise UsageError("sync: the plan has nothing to sync", "make it with plan(..., sync=True)")
-        return sync_over(plan, self.connector, on_event or ignore, dry_run)
+        return sync_over(plan, self.connector, on_event or ignore, dry_run, Path(log_dir))
 
-    def _sync_options(self, sync: bool | str | Path | None) -> SyncOptions | None:
-        """``--sync [DIR]``, with the inventory's ``[sync]`` table: None when there is nothing to sync."""
+    def _sync_options(self, sync: bool | str | Path | None, include: tuple[str, ...],
+                      anyway: bool) -> SyncOptions | None:
+        """``--sync [DIR]``, with the inventory's ``[sync]`` table: None when there is nothing
+        to sync. A home directory, or a large directory outside git, is refused unless ``anyway``."""
         table = self.inventory.sync
         if sync is False or (sync is None and table is None):
             return None
@@ -256,7 +271,14 @@ class Cluster:
         if not source.is_dir():
             raise UsageError(f"--sync {chosen}: not a directory",
                              "write --sync DIR -- train.py, or --sync -- train.py for the enclosing git repository")
-        return SyncOptions(str(source.resolve()), table.dest if table else None, table.exclude if table else ())
+        exclude = table.exclude if table else ()
+        include = (table.include if table else ()) + include
+        if not anyway:
+            why = refusal(source, exclude, include, home=Path.home())
+            if why is not None:
+                raise UsageError(f"--sync: {why}", "to send it on purpose add --sync-anyway; "
+                                 "else name the project: --sync DIR (a git repository's .gitignore is honoured)")
+        return SyncOptions(str(source.resolve()), table.dest if table else None, exclude, include)
 
     @overload
     def launch(self, plan: Plan, *, log_dir: str | Path = ..., on_event: Observer | None = ...,

@@ -7,13 +7,15 @@ failed; 2 usage or inventory error; 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import os
 import shlex
 import sys
+import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
 from torchherd import __version__, words
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, TorchherdError, UsageError
@@ -34,8 +36,18 @@ DEFAULT_SSH_CONFIG = "~/.ssh/config"
 
 
 def _inventory_path(args: argparse.Namespace) -> Path:
+    _not_empty(args, "inventory", "-i", "name the file: -i hosts.toml, or leave out -i for "
+               "$TORCHHERD_INVENTORY, then ./hosts.toml")
     chosen = getattr(args, "inventory", None) or os.environ.get("TORCHHERD_INVENTORY") or "hosts.toml"
     return Path(chosen).expanduser()
+
+
+def _not_empty(args: argparse.Namespace, key: str, flag: str, hint: str) -> None:
+    """A flag given an empty value (an unset variable: -H "$HOSTS") is an error, never the
+    same as the flag left out: that would quietly take ./hosts.toml's hosts instead."""
+    value = getattr(args, key, None)
+    if value is not None and not value.strip():
+        raise UsageError(f"{flag} {value!r}: empty (an unset variable?)", hint)
 
 
 def _hosts(args: argparse.Namespace) -> Cluster:
@@ -43,6 +55,9 @@ def _hosts(args: argparse.Namespace) -> Cluster:
     ``-i``; then ``--include``/``--exclude`` and ``--master`` for this run."""
     from torchherd.api import Cluster
 
+    _not_empty(args, "hosts", "-H", "name the hosts: -H node0,node1 (or leave out -H to use the inventory)")
+    _not_empty(args, "nodelist", "--nodelist", "name the hosts: --nodelist 'gpu[01-04]' (or leave it out to use "
+               "the inventory)")
     hosts, nodelist = getattr(args, "hosts", None), getattr(args, "nodelist", None)
     if hosts and nodelist:
         raise UsageError("-H and --nodelist: give one of them", "-H also takes nodesets: -H 'gpu[01-04]'")
@@ -64,13 +79,17 @@ def _hosts(args: argparse.Namespace) -> Cluster:
     include, exclude = getattr(args, "include", None), getattr(args, "exclude", None)
     if include is not None or exclude is not None:
         cluster = cluster.select(include, exclude)
-    master = getattr(args, "master", None)
-    return cluster.override(master=master) if master else cluster
+    master, port = getattr(args, "master", None), getattr(args, "master_port", None)
+    timeout = getattr(args, "ssh_timeout", None)
+    if master or port is not None or timeout is not None:
+        return cluster.override(master=master, port=port, ssh_timeout=timeout)
+    return cluster
 
 
 def cmd_init(args: argparse.Namespace, console: Console) -> int:
     from torchherd import hostspec
 
+    _not_empty(args, "hosts", "-H", "name the hosts: -H node0,node1 (or leave out -H for two placeholder hosts)")
     path = _inventory_path(args)
     if path.exists():
         raise UsageError(f"{path}: already exists; init never overwrites a file",
@@ -176,23 +195,25 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     cluster = _cluster(args)
     script = args.script[0] if args.script else None
     only, skip = _id_list(args.only), _id_list(args.skip) or frozenset()
-    measured = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth}
+    _sync_choices(args, bool(args.sync))  # check syncs only with --sync, [sync] table or not
+    more = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth,
+            "sync_include": tuple(args.sync_include), "sync_anyway": args.sync_anyway}
     cluster.backend.allow("--matrix", args.matrix)
     if args.json:
         from torchherd.console import make_console
         from torchherd.console.sync import SyncPrinter
 
         report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
-                               on_event=SyncPrinter(make_console(stderr=True)), **measured)  # stdout: the JSON
+                               on_event=SyncPrinter(make_console(stderr=True)), **more)  # stdout: the JSON
         print(json.dumps(report.as_json(), indent=2))
     elif not cluster.backend.live_checks:  # the results come at once: no live grid
         report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
-                               on_event=_sync_printer(console), **measured)
+                               on_event=_sync_printer(console), **more)
         render_report(console, report)
     else:
         with live_progress(console, cluster.inventory, args.bandwidth or args.smoke) as progress:
             report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, on_result=progress,
-                                   sync=args.sync, on_event=_sync_printer(console), **measured)
+                                   sync=args.sync, on_event=_sync_printer(console), **more)
         render_report(console, report)
         _render_matrix(console, cluster, report, args.matrix)
     return EXIT_OK if report.ok else EXIT_FAILED
@@ -229,15 +250,17 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if not args.script:
         raise UsageError("run: no training script given", "torchherd run [options] -- train.py [args...]")
     script, *script_args = args.script
+    _sync_choices(args, bool(args.sync) or (args.sync is None and cluster.inventory.sync is not None))
     # --nproc-per-node is already every host's count (_hosts); --include/--exclude slots may have changed some since
     plan = cluster.plan(script, *script_args, nnodes=args.nnodes,
                         module=args.module, env=_extra_env(args.env, args.env_pass, parse_env_assignments),
                         master_addr=args.master_addr, max_restarts=args.max_restarts,
                         monitor_interval=args.monitor_interval, rdzv_conf=args.rdzv_conf,
-                        rdzv_backend=args.rdzv_backend, sync=args.sync)
+                        rdzv_backend=args.rdzv_backend, sync=args.sync, sync_include=args.sync_include,
+                        sync_anyway=args.sync_anyway)
     if args.dry_run:
         render_description(console, cluster.describe(plan, fail_fast=not args.no_fail_fast))
-        return _dry_sync(cluster, plan, console) if plan.sync is not None else EXIT_OK
+        return _dry_sync(cluster, plan, console, args.log_dir) if plan.sync is not None else EXIT_OK
     recovery = _recovery(args, cluster)
     if args.json:
         from torchherd.console import make_console
@@ -276,12 +299,12 @@ def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
     return replace(recovery, **given) if given else recovery
 
 
-def _dry_sync(cluster: Cluster, plan: Plan, console: Console) -> int:
+def _dry_sync(cluster: Cluster, plan: Plan, console: Console, log_dir: str) -> int:
     """``run --sync --dry-run``: asks every node what it has (changing nothing) and lists
     what would be sent and deleted; 1 when a node could not answer."""
     from torchherd.console.sync import render_sync_plan
 
-    done = cluster.sync(plan=plan, dry_run=True)
+    done = cluster.sync(plan=plan, dry_run=True, log_dir=log_dir)
     render_sync_plan(console, done)
     return EXIT_OK if done.ok else EXIT_FAILED
 
@@ -295,10 +318,41 @@ def _sync_printer(console: Console) -> Callable[[object], None]:
 def _add_sync_flag(parser: argparse.ArgumentParser, run: bool) -> None:
     parser.add_argument("--sync", nargs="?", const=True, default=None, metavar="DIR",
                         help="first make the local project (DIR, else [sync].dir, else the enclosing git repository, "
-                             "else .) identical on every node under its workdir; only changed files travel")
+                             "else .) identical on every node under its workdir; only changed files travel. "
+                             "Never sent: .git, the log directory, and unless included: .ssh/ .gnupg/ .aws/ .netrc "
+                             "*.pem id_rsa* id_ed25519* (SSH keys) .env .env.*")
     if run:
         parser.add_argument("--no-sync", dest="sync", action="store_const", const=False,
                             help="do not sync, even with a [sync] table in the inventory")
+    parser.add_argument("--sync-include", metavar="PATTERN", action="append", default=[],
+                        help="send what matches although the private list or [sync].exclude leaves it out, "
+                             "e.g. .env (gitignore syntax; repeatable; adds to [sync].include)")
+    parser.add_argument("--sync-anyway", action="store_true",
+                        help="send the home directory, or a directory outside git with over 5000 files or 500 MB, "
+                             "which --sync otherwise refuses")
+
+
+def _sync_choices(args: argparse.Namespace, syncs: bool) -> None:
+    """--sync-include and --sync-anyway mean nothing when nothing is synced: said, not ignored."""
+    given = [flag for flag, value in (("--sync-include", args.sync_include), ("--sync-anyway", args.sync_anyway))
+             if value]
+    if given and not syncs:
+        raise UsageError(f"{given[0]} without --sync: nothing is synced", "add --sync [DIR]")
+
+
+def _sync_took_the_script(args: argparse.Namespace, extra: Sequence[str]) -> None:
+    """``--sync train.py --lr 3e-4``: --sync's optional DIR took the script (and argparse
+    would only say that ``--lr`` is unknown)."""
+    value = getattr(args, "sync", None)
+    if not isinstance(value, str):
+        return
+    path = Path(value).expanduser()
+    if path.is_dir():
+        return
+    if extra or path.is_file() or (not path.exists() and not getattr(args, "script", None)):
+        raise UsageError(f"--sync took {value!r} as its DIR; write `--sync -- {shlex.quote(value)}`",
+                         "--sync takes an optional DIR: --sync DIR -- SCRIPT [ARGS...] names the project, "
+                         "--sync -- SCRIPT [ARGS...] syncs the enclosing git repository")
 
 
 def _view_options(args: argparse.Namespace, console: Console) -> ViewOptions:
@@ -459,6 +513,20 @@ def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
                             "taken and the summary names the rank that differs (default: off)")
 
 
+def _check_ids() -> str:
+    """``check --help``'s list of the ids --only and --skip take (imported only for the help:
+    the checks package is slow to import)."""
+    from torchherd.checks.model import CHECK_IDS, OPT_IN
+    from torchherd.engine.slurm.check import SLURM_CHECKS
+
+    plain = ", ".join(check for check in CHECK_IDS if check not in OPT_IN)
+    measured = ", ".join(check for check in CHECK_IDS if check in OPT_IN and check != "smoke")
+    text = (f"check ids for --only and --skip: {plain}; with --bandwidth or --smoke (or named by --only): "
+            f"{measured}; with --smoke: smoke; SLURM runs also: {', '.join(SLURM_CHECKS)}. "
+            "What each establishes: docs/checks.md.")
+    return textwrap.fill(text, width=79, break_on_hyphens=False)  # an id is never cut at its hyphen
+
+
 def _rate(text: str) -> float:
     from torchherd.inventory import parse_rate
 
@@ -478,7 +546,33 @@ def _nnodes(text: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's own errors as the CLI's others: one line and a hint, exit 2 (``main``)."""
+    """argparse's own errors as the CLI's others: one line and a hint, exit 2 (``main``).
+    No prefix abbreviations (``--nproc`` is not ``--nproc-per-node``): a flag added later
+    must never change what an abbreviation in someone's script meant."""
+
+    lazy_epilog: Callable[[], str] | None = None
+    """Text under the help that needs modules --help should not import otherwise."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def format_help(self) -> str:
+        if self.lazy_epilog is not None:
+            self.epilog = self.lazy_epilog()
+        return super().format_help()
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A value outside the choices (a mistyped command above all) gets the closest one."""
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        known = [str(choice) for choice in choices]
+        close = difflib.get_close_matches(str(value), known, n=1, cutoff=0.6)
+        guess = f"; did you mean {close[0]!r}?" if close else ""
+        if isinstance(action, argparse._SubParsersAction):
+            raise argparse.ArgumentError(None, f"unknown command {value!r}{guess} (commands: {', '.join(known)})")
+        raise argparse.ArgumentError(action, f"invalid choice {value!r}{guess} (choose from {', '.join(known)})")
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}", f"{self.prog} --help lists the options")
@@ -486,6 +580,12 @@ class _Parser(argparse.ArgumentParser):
 
 SLURM_FLAGS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_node", "time", "extra")
 """Every [slurm] key, as --slurm-KEY on the command line."""
+
+
+def _port(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port, 1 to 65535, got {text!r}")
+    return int(text)
 
 
 def _positive(text: str) -> int:
@@ -522,6 +622,11 @@ def _add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False) -> Non
     group.add_argument("--python", metavar="PATH", help="the interpreter with torch on every node")
     group.add_argument("--workdir", metavar="DIR", help="where the job runs on every node")
     group.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
+    group.add_argument("--master-port", metavar="PORT", type=_port,
+                       help="the master (rendezvous) port, torchrun's --master-port (default: [cluster].port, "
+                            "else 29500)")
+    group.add_argument("--ssh-timeout", metavar="S", type=_interval,
+                       help="seconds to connect and authenticate to a node (default: [cluster].ssh_timeout, else 10)")
     group.add_argument("--include", metavar="HOSTS", help="only these hosts (names, nodesets, globs)")
     group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs)")
     if nproc:
@@ -553,8 +658,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = _Parser(  # its subparsers are _Parsers too
         prog="torchherd", parents=[inventory],
         description="Run one PyTorch distributed job on many machines: check, launch, stream, tear down.")
-    parser.add_argument("--version", action="version", version=f"torchherd {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("-V", "--version", action="version", version=f"torchherd {__version__}")
+    # not required: torchherd alone prints this help (main), where argparse would say only
+    # that COMMAND is missing
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     hosts = commands.add_parser("hosts", parents=[inventory], help="show the resolved inventory")
     hosts.add_argument("--json", action="store_true", help="print the inventory as JSON")
@@ -562,10 +669,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_host_flags(hosts, nproc=True)
 
     scheduler = _scheduler_flags()
-    check = commands.add_parser("check", parents=[inventory, scheduler], help="preflight checks only; changes nothing")
+    check = commands.add_parser("check", parents=[inventory, scheduler], help="preflight checks only; changes nothing",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # the epilog comes wrapped
     check.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    check.add_argument("--only", metavar="ID,...", help="run only these checks")
-    check.add_argument("--skip", metavar="ID,...", help="skip these checks")
+    check.add_argument("--only", metavar="ID,...", help="run only these checks (the ids are listed below)")
+    check.add_argument("--skip", metavar="ID,...", help="skip these checks (the ids are listed below)")
     check.add_argument("--smoke", action="store_true", help="also run a tiny real all_reduce on every node")
     check.add_argument("--bandwidth", action="store_true",
                        help="also measure the links' throughput and path MTU between the nodes (--smoke does too)")
@@ -581,6 +689,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="always show the probes as a node x node matrix (shown anyway when one failed)")
     check.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT: also check the training script")
     check.set_defaults(handler=cmd_check)
+    if isinstance(check, _Parser):
+        check.lazy_epilog = _check_ids
     _add_host_flags(check, nproc=True)
     _add_sync_flag(check, run=False)
 
@@ -661,11 +771,19 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
 
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        # parse_known_args, then parse_args' own check: an unknown argument after --sync
+        # is told as what it most likely is (the script taken as --sync's DIR)
+        args, extra = parser.parse_known_args(argv)
+        _sync_took_the_script(args, extra)
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(parser, args, extra[0])}")
     except SystemExit as stop:  # --help, --version
         return int(stop.code) if isinstance(stop.code, int) else EXIT_USAGE
     except UsageError as error:
         render_error(_error_console(console), error)
+        return EXIT_USAGE
+    if args.command is None:  # torchherd alone: the help, as git does, and a usage error's 2 (git's is non-zero too)
+        sys.stdout.write(parser.format_help())
         return EXIT_USAGE
     _strip_separator(args)
     from torchherd.api import DetachedStartFailed, LaunchAborted  # after --help: it must stay fast
@@ -719,6 +837,20 @@ def _warn_unfilled(args: argparse.Namespace, console: Console) -> None:
         shown = ", ".join(f"{key} (line {number})" for number, key in marked)
         console.print(Text(f"warning: {path}: still marked FILL IN: {shown}; check each value, then delete "
                            "the marker", style="yellow"), soft_wrap=True)
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, args: argparse.Namespace, unknown: str) -> str:
+    """The command's flag that ``unknown`` most likely meant: the one it begins (flags are
+    never abbreviated, but the user should learn the full name), else the closest."""
+    if not unknown.startswith("--") or args.command is None:
+        return ""
+    flag = unknown.split("=", 1)[0]
+    commands = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    command = commands[0]._name_parser_map[args.command]
+    known = [option for option in command._option_string_actions if option.startswith("--")]
+    begun = [option for option in known if option.startswith(flag)]
+    close = begun if len(begun) == 1 else difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def _error_console(console: Console | None) -> Console:

@@ -39,9 +39,13 @@ class HostEntry:
     name: str
     user: str | None = None
     ssh_port: int | None = None
+    address: str | None = None
+    """Set where the name is not the address: one address at two ports (``host-PORT``)."""
 
     def tables(self) -> list[dict[str, Any]]:
         extra: dict[str, Any] = {}
+        if self.address is not None:
+            extra["address"] = self.address
         if self.user:
             extra["user"] = self.user
         if self.ssh_port is not None:
@@ -56,9 +60,20 @@ def host_entries(text: str, flag: str = "-H") -> list[HostEntry]:
         items = split_top(text)
     except NodesetError as error:
         raise UsageError(f"{flag} {error}", "write hosts like node0,ubuntu@node1:2222,gpu[01-04]") from None
-    entries = [_entry(item, flag) for item in items]
+    entries = _apart([_entry(item, flag) for item in items])
     _no_duplicates([name for entry in entries for name in expand(entry.name)], flag)
     return entries
+
+
+def _apart(entries: list[HostEntry]) -> list[HostEntry]:
+    """One host at different SSH ports (``127.0.0.1:2222,127.0.0.1:2223``: containers or
+    sshds side by side) is that many hosts: each is named ``HOST-PORT``, reached at HOST."""
+    seen: dict[str, int] = {}
+    for entry in entries:
+        for name in expand(entry.name):
+            seen[name] = seen.get(name, 0) + 1
+    return [replace(entry, name=f"{entry.name}-{entry.ssh_port}", address=entry.name)
+            if entry.ssh_port is not None and seen.get(entry.name, 0) > 1 else entry for entry in entries]
 
 
 def host_items(text: str, flag: str = "-H") -> list[dict[str, Any]]:
@@ -264,9 +279,11 @@ def load_any(path: Path, **flags: Any) -> Inventory:
 
 
 def override(inventory: Inventory, *, python: str | None = None, workdir: str | None = None,
-             nproc_per_node: int | str | None = None, master: str | None = None) -> Inventory:
+             nproc_per_node: int | str | None = None, master: str | None = None,
+             port: int | None = None, ssh_timeout: float | None = None) -> Inventory:
     """The inventory with the command line's ``--python``, ``--workdir``,
-    ``--nproc-per-node`` (every host, spares too) and ``--master``."""
+    ``--nproc-per-node`` (every host, spares too), ``--master``, ``--master-port`` and
+    ``--ssh-timeout``."""
     hosts, spares = inventory.hosts, inventory.spares
     changes: dict[str, Any] = {key: value for key, value in (("python", python), ("workdir", workdir))
                                if value is not None}
@@ -278,6 +295,10 @@ def override(inventory: Inventory, *, python: str | None = None, workdir: str | 
     cluster = inventory.cluster
     if nproc_per_node is not None:
         cluster = replace(cluster, nproc_per_node=nproc_per_node)
+    if port is not None:
+        cluster = replace(cluster, port=port)
+    if ssh_timeout is not None:
+        cluster = replace(cluster, ssh_timeout=ssh_timeout)
     if master is not None:
         names = [host.name for host in hosts]
         if master not in names:
@@ -501,6 +522,8 @@ def inventory_text(entries: Sequence[HostEntry], *, python: str | None = None, w
         lines += ["", "[[hosts]]", _commented("name = " + _toml(entry.name), about)]
         if not entries:
             lines[-1] = _commented("name = " + _toml(entry.name), f"{FILL}: the host's name (or a nodeset: gpu[01-16])")
+        if entry.address is not None:
+            lines.append(f"address = {_toml(entry.address)}")
         if entry.user:
             lines.append(f"user = {_toml(entry.user)}")
         if entry.ssh_port is not None:

@@ -80,7 +80,7 @@ NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "s
 HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare") + NODE_KEYS
 STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
-SYNC_KEYS = ("dir", "exclude", "dest")
+SYNC_KEYS = ("dir", "exclude", "include", "dest")
 TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks")
 RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout")
 MAX_RETRIES = 1000
@@ -158,6 +158,8 @@ class SyncSettings:
     """The local project (default: the enclosing git repository, else the current directory)."""
     exclude: tuple[str, ...] = ()
     """Patterns left out, as .gitignore writes them."""
+    include: tuple[str, ...] = ()
+    """Patterns sent although the private defaults (or ``exclude``) leave them out, e.g. ``.env``."""
     dest: str | None = None
     """Where the project goes on each node: relative to the workdir, or a path inside it."""
 
@@ -449,21 +451,6 @@ def parse(document: Mapping[str, Any], path: Path) -> Inventory:
                      recovery=recovery, checks=checks)
 
 
-def _defaults_nproc(defaults: Mapping[str, Any], cluster: Mapping[str, Any],
-                    path: Path) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-    """``[defaults].nproc_per_node`` is the cluster's (where users put every other default):
-    moved over, unless ``[cluster]`` sets it too, which is one value in two places."""
-    if "nproc_per_node" not in defaults:
-        return defaults, cluster
-    if "nproc_per_node" in cluster:
-        raise InventoryError(f"{path}: [defaults].nproc_per_node: [cluster].nproc_per_node is set too",
-                             "keep one of them (a [[hosts]] table may still set its own)")
-    value = defaults["nproc_per_node"]
-    _Reader(path, "[defaults].", {}, ()).nproc("nproc_per_node", value)  # a bad one named where it is written
-    rest = {key: item for key, item in defaults.items() if key != "nproc_per_node"}
-    return rest, {**cluster, "nproc_per_node": value}
-
-
 def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, frozenset[str]]:
     """The ``[recovery]`` table, and the host names its ``spares`` nodeset stands for."""
     read = _Reader(path, "[recovery].", table, RECOVERY_KEYS)
@@ -548,6 +535,21 @@ def _table(document: Mapping[str, Any], key: str, path: Path) -> Mapping[str, An
     return value
 
 
+def _defaults_nproc(defaults: Mapping[str, Any], cluster: Mapping[str, Any],
+                    path: Path) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """``[defaults].nproc_per_node`` (where the other per-host keys stand) is
+    ``[cluster].nproc_per_node``: every host's count unless its table sets its own."""
+    if "nproc_per_node" not in defaults:
+        return defaults, cluster
+    read = _Reader(path, "[defaults].", defaults, NODE_KEYS + ("nproc_per_node",))
+    if "nproc_per_node" in cluster:
+        read.fail("nproc_per_node", "[cluster].nproc_per_node is set too",
+                  "keep one of them: both are every host's process count")
+    value = read.nproc("nproc_per_node", defaults["nproc_per_node"])
+    return ({key: item for key, item in defaults.items() if key != "nproc_per_node"},
+            {**cluster, "nproc_per_node": value})
+
+
 def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path,
                    spares: tuple[str, ...] = ()) -> Cluster:
     read = _Reader(path, "[cluster].", table, CLUSTER_KEYS)
@@ -582,14 +584,16 @@ def _parse_sync(table: Mapping[str, Any], path: Path) -> SyncSettings:
     directory = read.get("dir", None, read.text)
     no_patterns: list[str] = []
     exclude = read.get("exclude", no_patterns, _patterns(read))
+    include = read.get("include", no_patterns, _patterns(read))
     return SyncSettings(dir=_relative_to(path, directory) if directory else None, exclude=tuple(exclude),
-                        dest=read.get("dest", None, read.text))
+                        include=tuple(include), dest=read.get("dest", None, read.text))
 
 
 def _patterns(read: _Reader) -> Callable[[str, Any], list[str]]:
     def convert(key: str, value: Any) -> list[str]:
         if not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value):
-            read.fail(key, f"expected a list of patterns, got {_show(value)}", 'write exclude = ["data/", "*.ckpt"]')
+            example = '[".env"]' if key == "include" else '["data/", "*.ckpt"]'
+            read.fail(key, f"expected a list of patterns, got {_show(value)}", f"write {key} = {example}")
         return [str(item) for item in value]
     return convert
 

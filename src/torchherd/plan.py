@@ -43,6 +43,8 @@ class SyncOptions:
     None: the workdir itself (``~/<project name>`` when the workdir is the home directory)."""
     exclude: tuple[str, ...] = ()
     """Patterns left out, as .gitignore writes them (the project's .gitignore files count too)."""
+    include: tuple[str, ...] = ()
+    """Patterns taken back from the private defaults (``tree.PRIVATE``) and ``exclude``."""
 
 
 @dataclass(frozen=True)

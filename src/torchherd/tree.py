@@ -1,5 +1,6 @@
 """The local project as ``--sync`` sends it: which directory, which files (``.gitignore``
-and ``exclude`` rules honoured), and what each node lacks, given its receiver's answer.
+and ``exclude`` rules honoured, private material and torchherd's logs left out), whether
+it is a project at all (``refusal``), and what each node lacks, given its receiver's answer.
 
 Pure: reads the local tree (names and ``lstat`` only; no file's content is read here,
 so large files are read once, when they are sent), never the network.
@@ -18,6 +19,20 @@ from torchherd.remote.receive import LARGE, MANIFEST
 
 ALWAYS_LEFT_OUT = (".git",)
 """Never sent, whatever the rules say: the repository's own database."""
+LOG_DIR = "torchherd-logs"
+"""``run``'s default log directory: a directory of this name is never sent (at any depth:
+runs started from a subdirectory leave theirs there), nor is the run's own ``--log-dir``."""
+PRIVATE = (".ssh/", ".gnupg/", ".aws/", ".netrc", "*.pem", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",
+           "id_xmss*", ".env", ".env.*")
+"""Left out unless an include pattern names it (gitignore syntax, at any depth): keys,
+credentials and secrets that a project directory picks up and no node needs
+(``--sync-include PATTERN``, ``[sync].include``)."""
+MAX_FILES = 5000
+MAX_BYTES = 500 * 10**6
+"""Above either, a directory that is not a git repository is refused unless sent on purpose."""
+SURVEY_LIMIT = 10_000
+"""Files counted at most to say what a refused directory would send: a home holds millions,
+and the refusal must come at once."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,10 @@ class Listing:
     entries: tuple[Entry, ...]
     skipped: tuple[str, ...] = ()
     """What the walk could not send, and why (a socket, an unreadable directory)."""
+    private: tuple[str, ...] = ()
+    """What ``PRIVATE`` left out (a directory with a trailing ``/``)."""
+    complete: bool = True
+    """False when the walk stopped at its ``limit``: there are more files than listed."""
 
     @property
     def total_bytes(self) -> int:
@@ -164,14 +183,34 @@ def _glob_piece(glob: str, index: int) -> tuple[str, int]:
 
 def ignored(rules: Sequence[Rule], path: str, is_dir: bool) -> bool:
     """The last rule that matches decides, as in git."""
-    verdict = False
+    rule = deciding(rules, path, is_dir)
+    return rule is not None and not rule.negated
+
+
+def deciding(rules: Sequence[Rule], path: str, is_dir: bool) -> Rule | None:
+    """The last rule that matches ``path``, if any."""
+    verdict = None
     for rule in rules:
         if rule.matches(path, is_dir):
-            verdict = not rule.negated
+            verdict = rule
     return verdict
 
 
+def exclude_rules(exclude: Iterable[str] = (), include: Iterable[str] = ()) -> tuple[list[Rule], set[int]]:
+    """``PRIVATE``, then the ``exclude`` patterns, then each ``include`` pattern negated: as
+    in a .gitignore the last match decides, so an include pattern takes a file back from
+    either list. Also the ids of the private rules (to tell what they left out)."""
+    private = [rule for pattern in PRIVATE if (rule := parse_rule(pattern)) is not None]
+    rules = private + [rule for pattern in exclude if (rule := parse_rule(pattern)) is not None]
+    rules += [rule for pattern in include if (rule := parse_rule("!" + pattern.lstrip("!"))) is not None]
+    return rules, {id(rule) for rule in private}
+
+
 # the walk ----------------------------------------------------------------------------------
+
+
+class _Enough(Exception):
+    """The walk reached its limit."""
 
 
 @dataclass
@@ -179,8 +218,13 @@ class _Walk:
     root: Path
     exclude: list[Rule]
     gitignore: bool
+    private_rules: set[int] = field(default_factory=set)
+    leave_out: frozenset[str] = frozenset()
+    """Directories never sent, relative to the root (the run's log directory)."""
+    limit: int | None = None
     entries: list[Entry] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    private: list[str] = field(default_factory=list)
 
     def directory(self, relative: str, rules: list[Rule]) -> None:
         folder = self.root / relative if relative else self.root
@@ -204,8 +248,17 @@ class _Walk:
             self.skipped.append(f"{path}: cannot stat it ({error.strerror})")
             return
         is_dir = stat.S_ISDIR(info.st_mode)
-        if ignored(rules, path, is_dir) or ignored(self.exclude, path, is_dir):
+        if is_dir and (item.name == LOG_DIR or path in self.leave_out):
             return
+        if ignored(rules, path, is_dir):
+            return
+        rule = deciding(self.exclude, path, is_dir)
+        if rule is not None and not rule.negated:
+            if id(rule) in self.private_rules:
+                self.private.append(path + "/" if is_dir else path)
+            return
+        if self.limit is not None and len(self.entries) >= self.limit:
+            raise _Enough
         if is_dir:
             self.directory(path, rules)
         elif stat.S_ISLNK(info.st_mode):
@@ -223,16 +276,69 @@ def _read_rules(path: Path, base: str) -> list[Rule]:
         return []
 
 
-def walk(root: Path, exclude: Iterable[str] = ()) -> Listing:
+def walk(root: Path, exclude: Iterable[str] = (), include: Iterable[str] = (), leave_out: Iterable[Path] = (),
+         limit: int | None = None) -> Listing:
     """Every file of the project under ``root``, sorted by path. In a git repository its
     ``.gitignore`` files (and ``.git/info/exclude``) are honoured; ``exclude`` patterns
-    (gitignore syntax, relative to the root) always are. ``.git`` is never sent."""
+    (gitignore syntax, relative to the root) always are, and so is ``PRIVATE`` unless an
+    ``include`` pattern takes a path back. ``.git``, directories named ``LOG_DIR`` and the
+    ``leave_out`` directories (absolute, e.g. the run's log directory) are never sent.
+    ``limit``: stop after that many files (the listing is then not ``complete``)."""
     root = root.resolve()
     gitignore = in_git_repository(root)
     base_rules = _read_rules(root / ".git" / "info" / "exclude", "") if gitignore else []
-    walker = _Walk(root, [rule for pattern in exclude if (rule := parse_rule(pattern)) is not None], gitignore)
-    walker.directory("", base_rules)
-    return Listing(root, tuple(walker.entries), tuple(walker.skipped))
+    rules, private = exclude_rules(exclude, include)
+    walker = _Walk(root, rules, gitignore, private, _below(root, leave_out), limit)
+    complete = True
+    try:
+        walker.directory("", base_rules)
+    except _Enough:
+        complete = False
+    return Listing(root, tuple(walker.entries), tuple(walker.skipped), tuple(walker.private), complete)
+
+
+def _below(root: Path, directories: Iterable[Path]) -> frozenset[str]:
+    """The directories that lie under ``root``, relative to it."""
+    found = set()
+    for directory in directories:
+        try:
+            relative = directory.expanduser().resolve().relative_to(root)
+        except ValueError:
+            continue
+        if relative.parts:
+            found.add("/".join(relative.parts))
+    return frozenset(found)
+
+
+# is it a project? ------------------------------------------------------------------------
+
+
+def refusal(root: Path, exclude: Iterable[str] = (), include: Iterable[str] = (), *, home: Path,
+            max_files: int = MAX_FILES, max_bytes: int = MAX_BYTES) -> str | None:
+    """Why ``root`` is not sent to every node unless asked on purpose, or None: it is the
+    home directory ``home`` (or holds it), or it is not in a git repository and would send
+    more than ``max_files`` files or ``max_bytes`` bytes. The reason says what would travel."""
+    root, home = root.resolve(), home.expanduser().resolve()
+    is_home = root == home or root in home.parents
+    if not is_home and in_git_repository(root):
+        return None
+    listing = walk(root, exclude, include, limit=max(SURVEY_LIMIT, max_files + 1))
+    over = "" if listing.complete else "over "
+    count = len(listing.entries)
+    what = f"{over}{count:,} file{'' if count == 1 else 's'} ({over}{_size(listing.total_bytes)})"
+    if is_home:
+        where = "your home directory" if root == home else f"above your home directory {home}"
+        return f"{root} is {where}; it would send {what} to every node"
+    if len(listing.entries) > max_files or listing.total_bytes > max_bytes:
+        return f"{root} is not in a git repository and would send {what} to every node"
+    return None
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
 
 
 # what a node lacks ---------------------------------------------------------------------------

@@ -119,6 +119,27 @@ def test_check_sync_and_dry_run_list_what_would_travel(cluster: LocalCluster, tm
     assert cluster.read_file("node2", "/tmp/dry/train.py") == TRAIN
 
 
+@pytest.mark.timeout(240)
+def test_sync_never_sends_keys_secrets_or_old_logs(cluster: LocalCluster, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    source = project(tmp_path / "careless")  # a git repository whose .gitignore names none of these
+    for path, text in ((".ssh/id_ed25519", "-----BEGIN OPENSSH PRIVATE KEY-----\n"), (".env", "API_TOKEN=s3cret\n"),
+                       ("torchherd-logs/old-run/summary.json", "{}\n")):
+        (source / path).parent.mkdir(parents=True, exist_ok=True)
+        (source / path).write_text(text)
+    monkeypatch.chdir(source)  # the default --log-dir, torchherd-logs, is inside the project
+    code, out = cli("-i", str(cluster.inventory), "run", "--no-check", "--nproc-per-node", "1", "--workdir",
+                    "/tmp/careless", "--sync", "--", "train.py")
+    assert code == 0, out
+    assert sorted(ranks(out)) == ["node0", "node1", "node2"], out
+    assert "sync: left out as private: .env, .ssh/ (--sync-include PATTERN sends it)" in out
+    for name in cluster.names:
+        listed = cluster.ssh(name, "cd /tmp/careless && find . -path ./.torchherd-sync -prune -o -print | sort")
+        found = [path for path in listed.stdout.split() if "__pycache__" not in path]  # the job's own
+        assert found == [".", "./.gitignore", "./helper.py", "./train.py"], listed
+    assert len(list((source / "torchherd-logs").iterdir())) == 2  # the old run's, and this run's
+
+
 @pytest.fixture
 def other_user() -> Iterator[str]:
     """A second account on every node (the nodes share this machine's /etc/passwd), removed afterwards."""

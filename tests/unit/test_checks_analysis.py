@@ -89,7 +89,7 @@ def test_port_taken_names_the_process_and_a_free_port() -> None:
     assert statuses(results) == {"node0": "fail", "node1": "skip"}
     assert results[0].summary == ("port 29500 is already in use on node0 by pid 42 (python3 -m http.server 29500): "
                                   "Address already in use")
-    assert results[0].fix == "stop it (kill 42) or set port = 29501 in [cluster]"
+    assert results[0].fix == "stop it (kill 42) or set port = 29501 in [cluster] (or --master-port 29501)"
 
 
 def attempts(*results: str) -> list[dict[str, Any]]:

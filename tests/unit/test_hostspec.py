@@ -170,8 +170,14 @@ def test_init_from_ssh_config(tmp_path: Path) -> None:
     code, out = cli("-i", "mine.toml", "init", "--from-ssh-config", "gpu*", "--ssh-config", str(config),
                     cwd=tmp_path)
     assert code == 0, out
-    assert [host.name for host in load(tmp_path / "mine.toml").hosts] == ["gpu1", "gpu2"]
-    assert "then: torchherd -i mine.toml hosts" in out
+    inventory = load(tmp_path / "mine.toml")
+    assert [host.name for host in inventory.hosts] == ["gpu1", "gpu2"]
+    assert inventory.cluster.ssh_config == config  # the aliases resolve afterwards too
+    assert f'ssh_config = "{config}"' in (tmp_path / "mine.toml").read_text()
+    from torchherd.transport.ssh import resolve_target
+
+    assert resolve_target(inventory.hosts[0], inventory.cluster.ssh_config).describe() == "me@10.0.0.1"
+    assert "then: torchherd -i mine.toml hosts; torchherd -i mine.toml check -- train.py" in out.splitlines()
     assert ssh_config_aliases(config.read_text(), "*") == ["gpu1", "gpu2", "web"]
     code, out = cli("-i", "other.toml", "init", "--from-ssh-config", "db*", "--ssh-config", str(config),
                     cwd=tmp_path)

@@ -248,3 +248,18 @@ def test_users_and_hosts_agree_with_ssh_g(text: str) -> None:
     assert valid_ruser(text) == _ssh_accepts("-l", text, "somehost"), text
     if "@" not in text:  # ssh reads user@host itself
         assert valid_hostname(text) == _ssh_accepts("--", text), text
+
+
+def test_nproc_per_node_in_defaults_is_every_host_s_count() -> None:
+    hosts = [{"name": "a"}, {"name": "b", "nproc_per_node": 2}]
+    inventory = parse({"defaults": {"nproc_per_node": 4, "python": "/p"}, "hosts": hosts}, Path("h.toml"))
+    assert inventory.cluster.nproc_per_node == 4
+    assert [(host.name, host.nproc_per_node, host.python) for host in inventory.hosts] == [
+        ("a", None, "/p"), ("b", 2, "/p")]  # None: the cluster's count
+    with pytest.raises(InventoryError) as caught:
+        parse({"cluster": {"nproc_per_node": 1}, "defaults": {"nproc_per_node": 2}, "hosts": hosts}, Path("h.toml"))
+    assert (str(caught.value), caught.value.hint) == (
+        "h.toml: [defaults].nproc_per_node: [cluster].nproc_per_node is set too",
+        "keep one of them: both are every host's process count")
+    with pytest.raises(InventoryError, match=r"^h.toml: \[defaults\].nproc_per_node: expected a positive integer"):
+        parse({"defaults": {"nproc_per_node": 0}, "hosts": hosts}, Path("h.toml"))

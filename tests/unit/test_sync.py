@@ -51,12 +51,12 @@ def plan_for(project: Path, workdir: str = "~/work", dest: str | None = None,
                                             sync=SyncOptions(str(project), dest, exclude)))
 
 
-def sync(tmp_path: Path, plan: Plan, dry_run: bool = False) -> tuple[SyncDone, Collector]:
+def sync(tmp_path: Path, plan: Plan, dry_run: bool = False, log_dir: Path | None = None) -> tuple[SyncDone, Collector]:
     connector = LocalConnector(env={name: {"HOME": str(home)} for name, home in homes(tmp_path).items()})
     sessions: dict[str, LocalSession] = {host.name: connector.connect(host) for host in plan.inventory.hosts}
     collector = Collector()
     try:
-        done = sync_nodes(plan, sessions, collector, dry_run=dry_run)
+        done = sync_nodes(plan, sessions, collector, dry_run=dry_run, log_dir=log_dir)
     finally:
         for session in sessions.values():
             session.close()
@@ -154,6 +154,29 @@ def test_exclude_and_dest(tmp_path: Path, project: Path) -> None:
     work = homes(tmp_path)["a"] / "work" / "code"
     assert synced(done)["a"].dest == str(work)
     assert "big.bin" not in node_tree(work) and "train.py" in node_tree(work)
+
+
+def test_private_material_and_the_logs_never_reach_a_node_and_the_console_says_so(
+        tmp_path: Path, project: Path) -> None:
+    from torchherd.console.sync import sync_notes
+
+    for path in (".ssh/id_ed25519", ".env", "torchherd-logs/r0/a.log", "out/r1/a.log", "deploy.pem"):
+        (project / path).parent.mkdir(parents=True, exist_ok=True)
+        (project / path).write_text("private")
+    done, collector = sync(tmp_path, plan_for(project), log_dir=project / "out")
+    for home in homes(tmp_path).values():
+        assert sorted(node_tree(home / "work")) == ["big.bin", "main.py", "pkg/model.py", "run.sh", "train.py"]
+        assert sorted(path.name for path in (home / "work").iterdir()) == [
+            MANIFEST, "big.bin", "main.py", "pkg", "run.sh", "train.py"]
+    started = collector.of(SyncStarted)[0]
+    assert isinstance(started, SyncStarted) and started.private == (".env", ".ssh/", "deploy.pem")
+    assert done.private == started.private
+    assert ("sync: left out as private: .env, .ssh/, deploy.pem (--sync-include PATTERN sends it)", ""
+            ) in list(sync_notes(started))
+    plan = build_plan(plan_for(project).inventory, RunOptions(
+        script="train.py", run_id="r1", sync=SyncOptions(str(project), include=(".env",))))
+    sync(tmp_path, plan)
+    assert (homes(tmp_path)["a"] / "work" / ".env").read_text() == "private"
 
 
 def test_dry_run_lists_per_node_and_writes_nothing(tmp_path: Path, project: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from torchherd.tree import NodeHas, decide, ignored, parse_rules, project_root, walk
+from torchherd.tree import NodeHas, decide, ignored, parse_rules, project_root, refusal, walk
 
 
 @pytest.mark.parametrize("patterns,path,is_dir,expected", [
@@ -99,3 +99,79 @@ def test_decide_sends_what_differs_and_records_what_is_equal() -> None:
     assert transfer.send == frozenset({"a.py", "c.py"})
     assert transfer.equal == ("b.py",)
     assert transfer.delete == ("old.py",)
+
+
+def make_careless_project(root: Path) -> Path:
+    """A project as a directory picks it up over time: keys, credentials, secrets, old logs."""
+    files = {"train.py": "t", "id_utils.py": "kept: not a key", ".envrc": "kept", "env.py": "kept",
+             ".ssh/id_ed25519": "k", ".ssh/config": "c", ".gnupg/pubring.kbx": "g", ".aws/credentials": "a",
+             ".netrc": "n", "certs/server.pem": "p", "keys/id_rsa": "r", "keys/id_rsa.pub": "r",
+             "keys/id_ed25519_sk-cert.pub": "c", ".env": "SECRET=1", "app/.env.local": "SECRET=2",
+             "torchherd-logs/r1/node0.log": "old run", "sub/torchherd-logs/r2/node0.log": "older run",
+             "mylogs/r3/node0.log": "--log-dir mylogs"}
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return root
+
+
+def test_private_material_and_logs_are_left_out_and_what_was_private_is_said(tmp_path: Path) -> None:
+    root = make_careless_project(tmp_path)
+    listing = walk(root, leave_out=[root / "mylogs", tmp_path.parent / "elsewhere"])
+    assert [entry.path for entry in listing.entries] == [".envrc", "env.py", "id_utils.py", "train.py"]
+    assert listing.private == (".aws/", ".env", ".gnupg/", ".netrc", ".ssh/", "app/.env.local", "certs/server.pem",
+                               "keys/id_ed25519_sk-cert.pub", "keys/id_rsa", "keys/id_rsa.pub")
+    assert listing.complete
+
+
+def test_an_include_pattern_takes_private_material_back_never_the_logs(tmp_path: Path) -> None:
+    root = make_careless_project(tmp_path)
+    listing = walk(root, exclude=["*.pub"], include=[".env", "*.pub", "torchherd-logs/"],
+                   leave_out=[root / "mylogs"])
+    paths = [entry.path for entry in listing.entries]
+    assert ".env" in paths and "keys/id_rsa.pub" in paths and "keys/id_ed25519_sk-cert.pub" in paths
+    assert "app/.env.local" not in paths and "keys/id_rsa" not in paths
+    assert not any("logs/" in path for path in paths)
+    taken = walk(root, exclude=["!.ssh/"]).by_path()  # gitignore's own negation works as well
+    assert ".ssh/config" in taken and ".ssh/id_ed25519" not in taken  # a key within is named on its own
+
+
+def test_the_log_directory_is_left_out_inside_a_git_repository_too(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "repo")
+    (root / "torchherd-logs" / "r1").mkdir(parents=True)
+    (root / "torchherd-logs" / "r1" / "node0.log").write_text("old")
+    assert not any(entry.path.startswith("torchherd-logs") for entry in walk(root).entries)
+
+
+def test_a_directory_outside_git_over_the_thresholds_is_refused_saying_what_would_travel(tmp_path: Path) -> None:
+    root = tmp_path / "plain"
+    root.mkdir()
+    for index in range(6):
+        (root / f"f{index}.txt").write_text("x" * 10)
+    (root / ".env").write_text("not counted: never sent")
+    home = tmp_path / "home"
+    assert refusal(root, home=home, max_files=6) is None
+    assert refusal(root, home=home, max_files=5) == (
+        f"{root} is not in a git repository and would send 6 files (60 B) to every node")
+    assert refusal(root, home=home, max_bytes=59) == (
+        f"{root} is not in a git repository and would send 6 files (60 B) to every node")
+    assert refusal(root, ["f0.txt"], home=home, max_files=5) is None  # what is excluded is not sent
+    (root / ".git").mkdir()
+    assert refusal(root, home=home, max_files=5) is None  # a git repository: its .gitignore says what goes
+
+
+def test_the_home_directory_and_above_are_refused_git_or_not(tmp_path: Path) -> None:
+    home = tmp_path / "home" / "me"
+    (home / ".git").mkdir(parents=True)  # a dotfiles repository
+    (home / "notes.txt").write_text("n")
+    assert refusal(home, home=home) == f"{home} is your home directory; it would send 1 file (1 B) to every node"
+    assert refusal(home.parent, home=home) == (
+        f"{home.parent} is above your home directory {home}; it would send 1 file (1 B) to every node")
+    assert refusal(home / ".git", home=home) is None
+
+
+def test_a_refusal_counts_no_further_than_it_needs(tmp_path: Path) -> None:
+    for index in range(20):
+        (tmp_path / f"f{index}").write_text("")
+    listing = walk(tmp_path, limit=7)
+    assert len(listing.entries) == 7 and not listing.complete

@@ -41,6 +41,8 @@ def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone) -> Itera
             yield f"sync: left out {printable(skipped)}", "yellow"
         if len(event.skipped) > 5:
             yield f"sync: {len(event.skipped) - 5} more left out", "yellow"
+        if event.private:
+            yield private_note(event.private), ""
     elif isinstance(event, SyncFailed):
         yield f"{printable(event.node)}: not in sync: {printable(event.message)}", "bold red"
         for path, why in event.files[3:10]:
@@ -62,6 +64,12 @@ def _in_sync(done: SyncDone) -> Iterator[tuple[str, str]]:
     for what, nodes in groups.items():
         slowest = max(node.seconds for node in nodes)
         yield f"{names(node.node for node in nodes)}: {what} ({slowest:.1f} s)", "dim"
+
+
+def private_note(paths: Sequence[str], shown: int = 5) -> str:
+    """What the private defaults left out, and how to send one of them on purpose."""
+    listed = ", ".join(paths[:shown]) + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+    return printable(f"sync: left out as private: {listed} (--sync-include PATTERN sends it)")
 
 
 def names(nodes: Iterable[str], shown: int = 6) -> str:
@@ -86,6 +94,8 @@ def render_sync_plan(console: Console, done: SyncDone) -> None:
     for failed in done.failed:
         console.print(Text(f"sync to {printable(failed.node)}: {printable(failed.message)}", style="bold red"),
                       soft_wrap=True)
+    if done.private:
+        console.print(Text(private_note(done.private)), soft_wrap=True)
 
 
 def _paths(console: Console, mark: str, paths: Sequence[str]) -> None:

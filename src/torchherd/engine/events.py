@@ -164,6 +164,8 @@ class SyncStarted:
     skipped: tuple[str, ...] = ()
     """Local paths that cannot be sent, and why (a socket, an unreadable directory)."""
     dry_run: bool = False
+    private: tuple[str, ...] = ()
+    """Local paths left out as private material (``tree.PRIVATE``; a directory ends with ``/``)."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,8 @@ class SyncDone:
     nodes: tuple[Union[NodeSynced, SyncFailed], ...]
     seconds: float
     dry_run: bool = False
+    private: tuple[str, ...] = ()
+    """As ``SyncStarted.private``: what was left out as private material."""
 
     @property
     def ok(self) -> bool:

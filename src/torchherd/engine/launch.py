@@ -159,19 +159,19 @@ def open_nodes(plan: Plan, options: LaunchOptions, connector: Connector, observe
     With ``plan.sync`` the project is made identical on every node first, so the
     preflight checks the files the job will run."""
     if plan.sync is not None:
-        connector = sync_first(plan, connector, observer)
+        connector = sync_first(plan, connector, observer, options.log_dir)
     if options.check:
         return _after_preflight(plan, connector, observer)
     return _connect(plan, connector, observer)
 
 
-def sync_first(plan: Plan, connector: Connector, observer: Observer) -> Connector:
-    """Connects to every node and syncs the project over those sessions; returns a
-    connector that hands the preflight and the launch the very same sessions. Raises
-    LaunchAborted (the sessions closed) when a node could not be reached or synced."""
+def sync_first(plan: Plan, connector: Connector, observer: Observer, log_dir: Path | None = None) -> Connector:
+    """Connects to every node and syncs the project over those sessions (never ``log_dir``);
+    returns a connector that hands the preflight and the launch the very same sessions.
+    Raises LaunchAborted (the sessions closed) when a node could not be reached or synced."""
     opened = _connect(plan, connector, observer)
     try:
-        done = sync_nodes(plan, opened.sessions, observer)
+        done = sync_nodes(plan, opened.sessions, observer, log_dir=log_dir)
     except BaseException:
         opened.close()
         raise

@@ -186,23 +186,25 @@ class _Node:
             self.process.close()
 
 
-def sync_over(plan: Plan, connector: Connector, observer: Observer, dry_run: bool = False) -> SyncDone:
+def sync_over(plan: Plan, connector: Connector, observer: Observer, dry_run: bool = False,
+              log_dir: Path | None = None) -> SyncDone:
     """Connects to every node, syncs (or, with ``dry_run``, compares), and closes; a node
     that cannot be reached is a ``SyncFailed`` saying why."""
     results = connect_all(connector, [node.host for node in plan.nodes])
     unreachable = {name: str(error) for name, error in results.failed.items()}
     try:
-        return sync_nodes(plan, results.succeeded, observer, dry_run, unreachable)
+        return sync_nodes(plan, results.succeeded, observer, dry_run, unreachable, log_dir)
     finally:
         results.close()
 
 
 def sync_nodes(plan: Plan, sessions: Mapping[str, Session], observer: Observer, dry_run: bool = False,
-               unreachable: Mapping[str, str] | None = None) -> SyncDone:
+               unreachable: Mapping[str, str] | None = None, log_dir: Path | None = None) -> SyncDone:
     """Makes ``plan.sync.source`` identical under every node's workdir (or, with
     ``dry_run``, only says what would travel). Never raises for one node's failure:
     the ``SyncDone`` says which nodes are in sync (a node without a session fails
-    with its ``unreachable`` reason)."""
+    with its ``unreachable`` reason). ``log_dir``, the run's, is never sent (nor is a
+    directory named ``torchherd-logs``)."""
     spec = plan.sync
     assert spec is not None
     started = time.monotonic()
@@ -215,12 +217,13 @@ def sync_nodes(plan: Plan, sessions: Mapping[str, Session], observer: Observer, 
     opening.start()
     try:
         try:
-            listing = tree.walk(Path(spec.source), spec.exclude)
+            listing = tree.walk(Path(spec.source), spec.exclude, spec.include,
+                                leave_out=(log_dir,) if log_dir is not None else ())
         finally:
             opening.join()
         entries = listing.by_path()
         observer(SyncStarted(str(listing.root), tuple(node.host.name for node in plan.nodes), len(listing.entries),
-                             listing.total_bytes, listing.skipped, dry_run))
+                             listing.total_bytes, listing.skipped, dry_run, listing.private))
         want = frame({"want": [entry.want() for entry in listing.entries]})
         fan_out(nodes, lambda node: node.ask(want, plan.inventory.cluster.ssh_timeout + ANSWER_SECONDS))
         answered = [node for node in nodes if node.error is None and node.answer is not None]
@@ -243,7 +246,7 @@ def sync_nodes(plan: Plan, sessions: Mapping[str, Session], observer: Observer, 
     results = tuple(_outcome(node, entries, dry_run) for node in nodes)
     for result in results:
         observer(result)
-    done = SyncDone(str(listing.root), results, time.monotonic() - started, dry_run)
+    done = SyncDone(str(listing.root), results, time.monotonic() - started, dry_run, listing.private)
     observer(done)
     return done
 

@@ -161,7 +161,8 @@ def _master_taken(observed: Observed, facts: NodeFacts) -> CheckResult | None:
     holder = next((h for h in holders if h.get("pid")), None)
     who = f" by pid {holder['pid']} ({holder['command']})" if holder else ""
     free = facts.get("free_port")
-    suggestion = f"set port = {free} in [cluster]" if isinstance(free, int) else "choose another port"
+    suggestion = (f"set port = {free} in [cluster] (or --master-port {free})" if isinstance(free, int)
+                  else "choose another port ([cluster].port, or --master-port)")
     stop = f"stop it (kill {holder['pid']}) or " if holder else "stop what holds it or "
     return CheckResult(observed.master.name, CHECK, "fail",
                        f"port {observed.port} is already in use on {observed.master.name}{who}: {error}",
