@@ -271,3 +271,22 @@ def test_a_node_the_supervisor_stopped_reads_stopped_whatever_code_the_job_chose
                               "torchherd │ node0: finished (exit 0)\n"
                               "torchherd │ node0: exited with code 3\n"
                               "torchherd │ node1: stopped (x\\x1b[2J; exit code 143)\n")
+
+
+def test_c10ds_cannot_name_a_peer_warning_is_one_note_a_run_on_screen() -> None:
+    """Once per peer and rank from torch; on screen one torchherd note saying what it means
+    (the engine has written every line to the logs before the console sees it)."""
+    from torchherd.console.observer import C10D_EXPLAINED, ConsoleObserver
+    from torchherd.engine.events import Output
+
+    warning = "[W1127 08:00:01.5 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3"
+    out = StringIO()
+    observer = ConsoleObserver(make_console(out, width=400))
+    observer(Output([OutputLine("node0", None, "err", warning), OutputLine("node0", 0, "out", "step 1")]))
+    chunk = RankLines("node1", b"\nE[torchherd-rank 2] " + warning.encode() + b"\nO[torchherd-rank 3] step 1\n")
+    observer(Output([chunk, OutputLine("node1", None, "err", warning)]))
+    observer(Output([RankLines("node1", b"\nO[torchherd-rank 2] step 2\n")]))
+    assert out.getvalue() == (f"torchherd │ {C10D_EXPLAINED}\n"
+                              "node0:0 │ step 1\n"
+                              "node1:3 │ step 1\n"
+                              "node1:2 │ step 2\n")

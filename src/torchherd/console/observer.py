@@ -7,6 +7,8 @@ the run. The exact texts are the public face of ``torchherd run``; tests compare
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from rich.console import Console
 from rich.text import Text
 
@@ -37,7 +39,14 @@ from torchherd.engine.events import (
     RunFinished,
     RunStarted,
 )
+from torchherd.runlog import OutputLine, RankLines
 from torchherd.words import count
+
+C10D_NO_NAME = "[c10d] The hostname of the client socket cannot be retrieved"
+C10D_BYTES = C10D_NO_NAME.encode()
+C10D_EXPLAINED = ("torch's c10d says it cannot name a peer (\"The hostname of the client socket cannot be retrieved\"): "
+                  "harmless; its store sees the nodes as ::ffff:a.b.c.d, which /etc/hosts does not name "
+                  "(torchherd check says which lines silence it); shown once, every one is in the logs")
 
 
 class ConsoleObserver:
@@ -50,6 +59,8 @@ class ConsoleObserver:
         self.renderer = renderer
         self.view = view or ViewOptions()
         """The panel, collapsed duplicates, a rank filter (``run``); none by default."""
+        self.c10d_noted = False
+        """Whether c10d's "cannot name a peer" warning was explained already (once a run)."""
 
     def __call__(self, event: Event) -> None:
         if isinstance(self.renderer, TerminalView):
@@ -61,7 +72,7 @@ class ConsoleObserver:
         if isinstance(event, RECOVERY_EVENTS):
             self._recovery(event)
         elif isinstance(event, Output):
-            self._renderer().render(event.lines)
+            self._renderer().render(self._without_c10d_names(event.lines))
         elif isinstance(event, RunStarted):
             self.renderer = self._start_view(event)
             self._note(f"run {event.run_id}: {count(len(event.nodes), 'node')}, master {event.master} at "
@@ -85,6 +96,25 @@ class ConsoleObserver:
             self._note(f"SLURM job {event.job_id}: {event.state.lower()}{reason}", "dim")
         else:
             self._node_note(event)
+
+    def _without_c10d_names(self, batch: Sequence[OutputLine | RankLines]) -> Sequence[OutputLine | RankLines]:
+        """torch's c10d warns, once per peer and rank, that it cannot name a peer's address
+        (its store sees IPv4-mapped IPv6 addresses that /etc/hosts does not name): harmless,
+        so one torchherd note a run stands for all of them on screen (the logs keep each)."""
+        if not any(C10D_NO_NAME in item.text if isinstance(item, OutputLine) else C10D_BYTES in item.records
+                   for item in batch):
+            return batch  # the common case: a bytes search per chunk, no line parsed
+        kept: list[OutputLine | RankLines] = []
+        for item in batch:
+            if isinstance(item, RankLines) and C10D_BYTES not in item.records:
+                kept.append(item)
+                continue
+            kept += [line for line in (item.lines() if isinstance(item, RankLines) else [item])
+                     if C10D_NO_NAME not in line.text]
+        if not self.c10d_noted:
+            self.c10d_noted = True
+            self._note(C10D_EXPLAINED, "dim")
+        return kept
 
     def _node_note(self, event: Event) -> None:
         if isinstance(event, LinesDropped):
