@@ -70,8 +70,8 @@ def test_healthy_cluster_passes_with_json(cluster: LocalCluster, capsys: pytest.
         assert entry["fix"] == "", entry  # nothing to advise: the nodes' /etc/hosts name every IPv4-mapped address
     assert {entry["node"] for entry in document["checks"]} == {"node0", "node1", "node2"}
     ids = {entry["check"] for entry in document["checks"]}
-    assert ids == {"ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "script",
-                   "clock"}
+    assert ids == {"ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "xid", "ib",
+                   "script", "clock"}
 
 
 @pytest.mark.timeout(90)
