@@ -395,3 +395,30 @@ def test_gpus_and_rdma_without_peermem_warn_unless_dmabuf_serves() -> None:
 def test_no_rdma_no_gpu_is_a_skip_never_a_fail() -> None:
     results = by_node(ib.analyse(observed(node0=ib_facts(gpus=0))))
     assert (results["node0"].status, results["node0"].summary) == ("skip", "no InfiniBand or RoCE device here")
+
+
+# --- NVLink -----------------------------------------------------------------------------
+
+def nvlink(name: str) -> str:
+    return (DATA / "nvlink" / name).read_text(encoding="utf-8")
+
+
+def test_nvlink_listings_are_counted() -> None:
+    assert nvsmi.nvlink_links(nvlink("azhpc-diagnostics-73-v100-inactive.txt")) == {3: (4, 6)}
+    assert nvsmi.nvlink_links(nvlink("k8s-test-infra-371-gb200.txt")) == {0: (18, 18), 1: (2, 2)}
+    assert nvsmi.nvlink_links("NVML: Unable to retrieve NVLink information as all links are inActive\n") == {}
+
+
+def test_a_gpu_with_fewer_active_nvlinks_than_its_sibling_warns() -> None:
+    broken = nvlink("azhpc-diagnostics-73-v100-inactive.txt").replace("GPU 3:", "GPU 1:")
+    healthy = broken.replace("GPU 1:", "GPU 0:").replace("<inactive>", "25.781 GB/s")
+    facts = node_facts(smi("dual_a5000-v13.xml"), 2)
+    raw = dict(facts.raw, gpu=dict(facts.raw["gpu"], nvlink={"code": 0, "out": healthy + broken, "err": ""}))
+    result = by_node(gpu.analyse(observed(2, node0=NodeFacts(raw=raw, sent=0.0, received=0.0))))["node0"]
+    assert (result.status, result.summary) == (
+        "warn", "node0 GPU 1 (00000000:C1:00.0): 2 of its 6 NVLinks inactive (other NVIDIA RTX A5000 GPUs have 6 "
+                "active)")
+    assert result.fix.startswith("drain node0 and reset GPU 1")
+    alone = dict(facts.raw, gpu=dict(facts.raw["gpu"], nvlink={"code": 0, "out": broken, "err": ""}))
+    result = by_node(gpu.analyse(observed(2, node0=NodeFacts(raw=alone, sent=0.0, received=0.0))))["node0"]
+    assert result.status == "pass"  # no sibling with more links: nothing to compare with

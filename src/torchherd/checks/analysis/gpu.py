@@ -28,7 +28,7 @@ class Finding:
 def analyse(observed: Observed) -> list[CheckResult]:
     reports = {name: smi_report(facts) for name, facts in observed.facts.items()}
     parsed = {name: report for name, report in reports.items() if isinstance(report, nvsmi.SmiReport)}
-    peers = _Peers.of(parsed)
+    peers = _Peers.of(parsed, {name: nvlinks(observed.facts[name]) for name in parsed})
     odd = odd_ones_out(parsed)
     return per_node(observed, CHECK, lambda seen, host, facts: _node(seen, host, facts, reports.get(host.name),
                                                                      peers, odd.get(host.name, [])))
@@ -80,7 +80,7 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
         findings.append(Finding("fail", f"{host.name} sees {count} GPU(s), nproc_per_node = {nproc}",
                                 f"set nproc_per_node = {count}, or check CUDA_VISIBLE_DEVICES on {host.name}"))
     if isinstance(report, nvsmi.SmiReport):
-        findings += health_findings(host.name, report, peers)
+        findings += health_findings(host.name, report, peers, nvlinks(facts))
     elif isinstance(report, str):
         findings.append(Finding("warn", f"{host.name}: {report}; ECC, remapping and clocks not checked",
                                 f"run `nvidia-smi -q -x` on {host.name} to see why"))
@@ -121,30 +121,62 @@ class _Peers:
     width: dict[str, int]
     gen: dict[str, int]
     """Among GPUs that were not idle."""
+    nvlink: dict[str, int]
+    """The most active NVLinks a GPU of the model has."""
 
     @staticmethod
-    def of(reports: dict[str, nvsmi.SmiReport]) -> _Peers:
+    def of(reports: dict[str, nvsmi.SmiReport], links: dict[str, dict[int, tuple[int, int]]] | None = None) -> _Peers:
         width: dict[str, int] = {}
         gen: dict[str, int] = {}
-        for report in reports.values():
+        nvlink: dict[str, int] = {}
+        for node, report in reports.items():
             for gpu in report.gpus:
                 if gpu.link_width is not None:
                     width[gpu.name] = max(width.get(gpu.name, 0), gpu.link_width)
                 if gpu.link_gen is not None and not gpu.idle:
                     gen[gpu.name] = max(gen.get(gpu.name, 0), gpu.link_gen)
-        return _Peers(width, gen)
+                active = (links or {}).get(node, {}).get(gpu.index)
+                if active is not None:
+                    nvlink[gpu.name] = max(nvlink.get(gpu.name, 0), active[0])
+        return _Peers(width, gen, nvlink)
 
 
-def health_findings(node: str, report: nvsmi.SmiReport, peers: _Peers | None = None) -> list[Finding]:
+def nvlinks(facts: NodeFacts) -> dict[int, tuple[int, int]]:
+    """The node's ``nvidia-smi nvlink -s``: (active, listed) links per GPU; empty where it
+    did not run or failed."""
+    done = (facts.get("gpu") or {}).get("nvlink") if isinstance(facts.get("gpu"), dict) else None
+    if not isinstance(done, dict) or done.get("code") != 0:
+        return {}
+    return nvsmi.nvlink_links(str(done.get("out") or ""))
+
+
+def health_findings(node: str, report: nvsmi.SmiReport, peers: _Peers | None = None,
+                    links: dict[int, tuple[int, int]] | None = None) -> list[Finding]:
     """Per GPU, what is wrong with it by its own report (and beside its peers')."""
-    peers = peers or _Peers.of({node: report})
+    links = links or {}
+    peers = peers or _Peers.of({node: report}, {node: links})
     findings: list[Finding] = []
     for gpu in report.gpus:
         for check in _GPU_CHECKS:
             found = check(node, gpu, peers)
             if found is not None:
                 findings.append(found)
+        found = _nvlink(node, gpu, links.get(gpu.index), peers)
+        if found is not None:
+            findings.append(found)
     return findings
+
+
+def _nvlink(node: str, gpu: nvsmi.SmiGpu, links: tuple[int, int] | None, peers: _Peers) -> Finding | None:
+    """Fewer active NVLinks than another GPU of its model has: a link down (a GPU whose
+    model has none active anywhere, a PCIe card without a bridge, is not judged)."""
+    most = peers.nvlink.get(gpu.name, 0)
+    if links is None or links[0] >= most:
+        return None
+    return Finding("warn", f"{node} {gpu.label}: {links[1] - links[0]} of its {links[1]} NVLinks inactive "
+                           f"(other {gpu.name} GPUs have {most} active)",
+                   f"drain {node} and reset GPU {gpu.index} (`sudo nvidia-smi -r -i {gpu.index}`); if the links stay "
+                   "down, the GPU or its baseboard needs service (`nvidia-smi nvlink -s` shows them)")
 
 
 def _reset_fix(node: str, gpu: nvsmi.SmiGpu) -> str:

@@ -192,3 +192,24 @@ def _any_yes(element: ET.Element, paths: tuple[str, ...]) -> bool | None:
     if any(answer is True for answer in answers):
         return True
     return False if any(answer is False for answer in answers) else None
+
+
+_NVLINK_GPU = re.compile(r"^GPU (\d+): ")
+_NVLINK_LINK = re.compile(r"^\s+Link (\d+): (.*)$")
+
+
+def nvlink_links(text: str) -> dict[int, tuple[int, int]]:
+    """``nvidia-smi nvlink -s`` as (active links, links listed) per GPU index; a GPU
+    without NVLink is not listed, or lists no link. Lines that are neither are ignored."""
+    found: dict[int, list[bool]] = {}
+    current: int | None = None
+    for line in text.splitlines()[:10000]:
+        gpu = _NVLINK_GPU.match(line)
+        if gpu:
+            current = int(gpu.group(1))
+            found.setdefault(current, [])
+            continue
+        link = _NVLINK_LINK.match(line)
+        if link and current is not None:
+            found[current].append("inactive" not in link.group(2).lower())
+    return {index: (sum(links), len(links)) for index, links in found.items()}
