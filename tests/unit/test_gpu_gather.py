@@ -122,3 +122,39 @@ def test_a_node_without_nvidia_smi_gathers_nothing_gpu(tmp_path: Path) -> None:
     facts = gather(empty, tmp_path / "empty-root")
     assert facts.get("gpu") == {} and facts.get("kernel_xids") is None
     assert facts.get("infiniband")["ports"] == []
+
+
+def pci_device(root: Path, address: str, vendor: str = "0x10de", cls: str = "0x030200",
+               driver: str | None = "nvidia", virtual: bool = False) -> None:
+    device = root / "sys/bus/pci/devices" / address
+    device.mkdir(parents=True)
+    (device / "vendor").write_text(vendor + "\n", encoding="utf-8")
+    (device / "class").write_text(cls + "\n", encoding="utf-8")
+    if driver is not None:
+        target = root / "sys/bus/pci/drivers" / driver
+        target.mkdir(parents=True, exist_ok=True)
+        (device / "driver").symlink_to(target)
+    if virtual:
+        (device / "physfn").symlink_to(device)
+
+
+@pytest.mark.timeout(60)
+def test_a_gpu_on_the_pci_bus_that_nvidia_smi_does_not_list_fails(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    pci_device(root, "0000:81:00.0")
+    pci_device(root, "0000:c1:00.0")
+    pci_device(root, "0000:e1:00.0", driver=None)  # its probe failed: no driver bound
+    pci_device(root, "0000:e2:00.0", driver="vfio-pci")  # passed through to a VM on purpose
+    pci_device(root, "0000:e3:00.4", virtual=True)  # an SR-IOV virtual function (vGPU)
+    pci_device(root, "0000:e4:00.0", cls="0x068000")  # an NVSwitch
+    pci_device(root, "0000:05:00.0", vendor="0x15b3", cls="0x020700", driver="mlx5_core")  # a ConnectX HCA
+    xml = (DATA / "nvidia-smi" / "dual_a5000-v13.xml").read_text(encoding="utf-8")  # GPUs 81:00.0 and C1:00.0
+    facts = gather(stand_ins(tmp_path, xml, ""), root)
+    assert facts.get("gpu")["pci"] == [{"bus": "0000:81:00.0", "driver": "nvidia"},
+                                       {"bus": "0000:c1:00.0", "driver": "nvidia"},
+                                       {"bus": "0000:e1:00.0", "driver": None},
+                                       {"bus": "0000:e2:00.0", "driver": "vfio-pci"}]
+    (found,) = gpu.analyse(observed(facts))
+    assert (found.status, found.summary) == (
+        "fail", "node0: the PCI bus lists 1 NVIDIA GPU(s) that nvidia-smi does not: 0000:e1:00.0 (no driver)")
+    assert found.fix.startswith("drain node0 and power-cycle it")

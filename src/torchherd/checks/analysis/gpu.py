@@ -80,7 +80,7 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
         findings.append(Finding("fail", f"{host.name} sees {count} GPU(s), nproc_per_node = {nproc}",
                                 f"set nproc_per_node = {count}, or check CUDA_VISIBLE_DEVICES on {host.name}"))
     if isinstance(report, nvsmi.SmiReport):
-        findings += health_findings(host.name, report, peers, nvlinks(facts))
+        findings += lost_gpus(host.name, facts, report) + health_findings(host.name, report, peers, nvlinks(facts))
     elif isinstance(report, str):
         findings.append(Finding("warn", f"{host.name}: {report}; ECC, remapping and clocks not checked",
                                 f"run `nvidia-smi -q -x` on {host.name} to see why"))
@@ -177,6 +177,32 @@ def _nvlink(node: str, gpu: nvsmi.SmiGpu, links: tuple[int, int] | None, peers: 
                            f"(other {gpu.name} GPUs have {most} active)",
                    f"drain {node} and reset GPU {gpu.index} (`sudo nvidia-smi -r -i {gpu.index}`); if the links stay "
                    "down, the GPU or its baseboard needs service (`nvidia-smi nvlink -s` shows them)")
+
+
+def lost_gpus(node: str, facts: NodeFacts, report: nvsmi.SmiReport) -> list[Finding]:
+    """NVIDIA GPUs the PCI bus lists that nvidia-smi does not: bound to the driver (lost
+    since: fallen off the bus) or to no driver (its probe failed). One bound to another
+    driver (vfio-pci: passed through to a VM) is left alone."""
+    gpu_facts = facts.get("gpu")
+    pci = gpu_facts.get("pci") if isinstance(gpu_facts, dict) else None
+    if not isinstance(pci, list):
+        return []
+    seen = {_pci_address(gpu.bus_id) for gpu in report.gpus}
+    lost = [entry for entry in pci if isinstance(entry, dict) and entry.get("driver") in ("nvidia", None)
+            and _pci_address(str(entry.get("bus") or "")) not in seen]
+    if not lost:
+        return []
+    shown = ", ".join(f"{entry.get('bus')} ({'the nvidia driver' if entry.get('driver') else 'no driver'})"
+                      for entry in lost[:8])
+    return [Finding("fail", f"{node}: the PCI bus lists {len(lost)} NVIDIA GPU(s) that nvidia-smi does not: {shown}",
+                    f"drain {node} and power-cycle it (a GPU the driver lost does not come back without one); "
+                    f"`dmesg | grep NVRM` on {node} says why (Xid 79, or a failed probe)")]
+
+
+def _pci_address(bus: str) -> str:
+    """``0000:c1:00.0`` for sysfs's and nvidia-smi's (``00000000:C1:00.0``) spellings."""
+    domain, _, rest = bus.lower().partition(":")
+    return f"{domain[-4:]}:{rest}"
 
 
 def _reset_fix(node: str, gpu: nvsmi.SmiGpu) -> str:

@@ -308,10 +308,35 @@ def capped(done: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     return done
 
 
-def gpus() -> Dict[str, Any]:
+PCI_GPU_CLASSES = ("0x030000", "0x030200")
+"""VGA and 3D controllers: GPUs (an NVSwitch is a bridge, 0x068000, and is not one)."""
+
+
+def pci_gpus(root: str) -> List[Dict[str, Optional[str]]]:
+    """The NVIDIA GPUs on the PCI bus (sysfs), each with the driver bound to it: one the
+    driver bound but nvidia-smi does not list is lost; one bound to vfio-pci is passed
+    through to a VM on purpose."""
+    base = os.path.join(root, "sys/bus/pci/devices")
+    found: List[Dict[str, Optional[str]]] = []
+    for name in sorted(os.listdir(base))[:4096] if os.path.isdir(base) else []:
+        device = os.path.join(base, name)
+        if (read_text(os.path.join(device, "vendor")) or "").strip() != "0x10de":
+            continue
+        if (read_text(os.path.join(device, "class")) or "").strip() not in PCI_GPU_CLASSES:
+            continue
+        if os.path.exists(os.path.join(device, "physfn")):  # an SR-IOV virtual function (vGPU), not a GPU
+            continue
+        driver = os.path.join(device, "driver")
+        bound = os.path.basename(os.path.realpath(driver)) if os.path.islink(driver) else None
+        found.append({"bus": name[:32], "driver": bound[:64] if bound else None})
+    return found
+
+
+def gpus(root: str) -> Dict[str, Any]:
     facts: Dict[str, Any] = {}
     if shutil.which("nvidia-smi") is None:
         return facts
+    facts["pci"] = guarded(pci_gpus, root)
     threads = [threading.Thread(target=lambda key=key, argv=argv, timeout=timeout:
                                 facts.__setitem__(key, capped(guarded(run_tool, argv, timeout))), daemon=True)
                for key, (argv, timeout) in SMI_QUERIES.items()]
@@ -609,7 +634,7 @@ def connect(config: Dict[str, Any]) -> None:
 def main() -> None:
     config = json.loads(sys.argv[1])
     root = config.get("root") or "/"
-    gpu = Background(gpus)
+    gpu = Background(gpus, root)
     xids = Background(kernel_xids, root)
     hostname = socket.gethostname()
     facts = {
