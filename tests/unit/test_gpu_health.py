@@ -422,3 +422,17 @@ def test_a_gpu_with_fewer_active_nvlinks_than_its_sibling_warns() -> None:
     alone = dict(facts.raw, gpu=dict(facts.raw["gpu"], nvlink={"code": 0, "out": broken, "err": ""}))
     result = by_node(gpu.analyse(observed(2, node0=NodeFacts(raw=alone, sent=0.0, received=0.0))))["node0"]
     assert result.status == "pass"  # no sibling with more links: nothing to compare with
+
+
+def test_an_nvlink_fabric_not_started_fails_and_asks_for_the_fabric_manager() -> None:
+    xml = smi("3090-v13.xml")
+    assert nvsmi.parse(xml).gpus[0].fabric_state is None  # N/A: no NVSwitch
+    stuck = xml.replace("<state>N/A</state>", "<state>Not Started</state>", 1)
+    result = by_node(gpu.analyse(observed(node0=node_facts(stuck, 1))))["node0"]
+    assert (result.status, result.summary) == (
+        "fail", "node0 GPU 0 (00000000:09:00.0): NVLink fabric not started, CUDA cannot start on it")
+    assert result.fix.startswith("start the fabric manager on node0: `sudo systemctl enable --now "
+                                 "nvidia-fabricmanager`")
+    done = xml.replace("<state>N/A</state>", "<state>Completed</state>", 1).replace(
+        "<status>N/A</status>", "<status>Success</status>", 1)
+    assert gpu.health_findings("n0", nvsmi.parse(done)) == []

@@ -273,8 +273,20 @@ def _mig(node: str, gpu: nvsmi.SmiGpu, peers: _Peers) -> Finding | None:
                    f"turn MIG off on {node}: `sudo nvidia-smi -i {gpu.index} -mig 0` and reset the GPU")
 
 
+def _fabric(node: str, gpu: nvsmi.SmiGpu, peers: _Peers) -> Finding | None:
+    """On NVSwitch systems the fabric manager registers each GPU with the NVLink fabric;
+    until it has, CUDA cannot start there (error 802, "system not yet initialized")."""
+    state, status = gpu.fabric_state, gpu.fabric_status
+    if state is None or (state == "Completed" and status in (None, "Success")):
+        return None
+    said = f"NVLink fabric {state.lower()}" + (f" ({status})" if status and status != "N/A" else "")
+    return Finding("fail", f"{node} {gpu.label}: {said}, CUDA cannot start on it",
+                   f"start the fabric manager on {node}: `sudo systemctl enable --now nvidia-fabricmanager` "
+                   f"(`systemctl status nvidia-fabricmanager` says why it stopped)")
+
+
 _GPU_CHECKS: tuple[Callable[[str, nvsmi.SmiGpu, _Peers], Finding | None], ...] = (
-    _memory, _clocks, _link, _persistence, _mig)
+    _memory, _fabric, _clocks, _link, _persistence, _mig)
 
 
 def odd_ones_out(reports: dict[str, nvsmi.SmiReport]) -> dict[str, list[str]]:

@@ -71,6 +71,9 @@ class SmiGpu:
     """The lower of the GPU's and the host's maximum, where the output gives both."""
     link_width: int | None
     link_width_max: int | None
+    fabric_state: str | None = None
+    """NVSwitch systems (Hopper on): Not Started, In Progress, Completed; None where N/A."""
+    fabric_status: str | None = None
 
     @property
     def label(self) -> str:
@@ -184,7 +187,13 @@ def _gpu(index: int, gpu: ET.Element) -> SmiGpu:
         link_gen_max=min(maxima) if maxima else None,
         link_width=_int(gpu, f"{link}/link_widths/current_link_width"),
         link_width_max=_int(gpu, f"{link}/link_widths/max_link_width"),
+        fabric_state=_fabric(_text(gpu, "fabric/state")),
+        fabric_status=_fabric(_text(gpu, "fabric/status")),
     )
+
+
+def _fabric(value: str | None) -> str | None:
+    return None if value is None or value == "Not Supported" else value[:80]
 
 
 def _any_yes(element: ET.Element, paths: tuple[str, ...]) -> bool | None:
