@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from torchherd.checks.analysis import nvsmi
-from torchherd.checks.analysis.common import per_node
+from torchherd.checks.analysis.common import mapping, per_node
 from torchherd.checks.model import NodeFacts, Observed
 from torchherd.inventory import Host
 from torchherd.results import CheckResult, CheckStatus
@@ -35,10 +35,10 @@ def analyse(observed: Observed) -> list[CheckResult]:
 
 
 def gpu_count(facts: NodeFacts) -> int | None:
-    torch = facts.get("torch") or {}
-    if isinstance(torch.get("gpus"), int):
+    torch = mapping(facts.get("torch"))
+    if isinstance(torch.get("gpus"), int) and not isinstance(torch.get("gpus"), bool):
         return int(torch["gpus"])
-    smi = (facts.get("gpu") or {}).get("nvidia_smi") or {}
+    smi = mapping(mapping(facts.get("gpu")).get("nvidia_smi"))
     if smi.get("code") == 0:
         return len([line for line in str(smi.get("out")).splitlines() if line.strip()])
     return None
@@ -47,7 +47,7 @@ def gpu_count(facts: NodeFacts) -> int | None:
 def smi_report(facts: NodeFacts) -> nvsmi.SmiReport | str | None:
     """The node's ``nvidia-smi -q -x``, read; the reason when it could not be; None when
     nvidia-smi is not there (a CPU node, or GPUs seen by torch alone)."""
-    query = (facts.get("gpu") or {}).get("query") if isinstance(facts.get("gpu"), dict) else None
+    query = mapping(facts.get("gpu")).get("query")
     if not isinstance(query, dict):
         return None
     if query.get("truncated"):
@@ -86,7 +86,7 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
                                 f"run `nvidia-smi -q -x` on {host.name} to see why"))
     findings += [Finding("warn", text, "install the same driver and CUDA on every node, and the same GPUs")
                  for text in odd]
-    apps = ((facts.get("gpu") or {}).get("compute_apps") or {})
+    apps = mapping(mapping(facts.get("gpu")).get("compute_apps"))
     busy = [line for line in str(apps.get("out", "")).splitlines() if line.strip()]
     if busy:
         findings.append(Finding("warn", f"{count} GPU(s); already in use by: {'; '.join(busy)}",
@@ -144,7 +144,7 @@ class _Peers:
 def nvlinks(facts: NodeFacts) -> dict[int, tuple[int, int]]:
     """The node's ``nvidia-smi nvlink -s``: (active, listed) links per GPU; empty where it
     did not run or failed."""
-    done = (facts.get("gpu") or {}).get("nvlink") if isinstance(facts.get("gpu"), dict) else None
+    done = mapping(facts.get("gpu")).get("nvlink")
     if not isinstance(done, dict) or done.get("code") != 0:
         return {}
     return nvsmi.nvlink_links(str(done.get("out") or ""))
@@ -183,8 +183,7 @@ def lost_gpus(node: str, facts: NodeFacts, report: nvsmi.SmiReport) -> list[Find
     """NVIDIA GPUs the PCI bus lists that nvidia-smi does not: bound to the driver (lost
     since: fallen off the bus) or to no driver (its probe failed). One bound to another
     driver (vfio-pci: passed through to a VM) is left alone."""
-    gpu_facts = facts.get("gpu")
-    pci = gpu_facts.get("pci") if isinstance(gpu_facts, dict) else None
+    pci = mapping(facts.get("gpu")).get("pci")
     if not isinstance(pci, list):
         return []
     seen = {_pci_address(gpu.bus_id) for gpu in report.gpus}

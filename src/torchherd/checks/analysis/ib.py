@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from torchherd.checks.analysis.common import per_node
+from torchherd.checks.analysis.common import mapping, per_node
 from torchherd.checks.analysis.gpu import gpu_count
 from torchherd.checks.model import NodeFacts, Observed
 from torchherd.inventory import Host
@@ -92,7 +92,7 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, cluster: dict[str, l
     ports = cluster.get(host.name)
     if ports is None:
         return CheckResult(host.name, CHECK, "skip", "the node's RDMA ports were not read")
-    env = {**(facts.get("env") or {}), **observed.env_of(host)}
+    env = {**mapping(facts.get("env")), **observed.env_of(host)}
     hca = str(env.get("NCCL_IB_HCA") or "")
     if not ports:
         if hca and not hca.startswith("^"):
@@ -168,7 +168,7 @@ def _down_fix(node: str, port: Port) -> str:
 
 
 def _peermem(node: str, facts: NodeFacts, active: list[Port]) -> tuple[str, str] | None:
-    found = facts.get("infiniband") or {}
+    found = mapping(facts.get("infiniband"))
     if not active or found.get("peermem") or not (gpu_count(facts) or 0):
         return None
     if _dmabuf_capable(facts):
@@ -179,8 +179,8 @@ def _peermem(node: str, facts: NodeFacts, active: list[Port]) -> tuple[str, str]
 
 
 def _dmabuf_capable(facts: NodeFacts) -> bool:
-    found = facts.get("infiniband") or {}
-    nccl = str((facts.get("torch") or {}).get("nccl") or "")
+    found = mapping(facts.get("infiniband"))
+    nccl = str(mapping(facts.get("torch")).get("nccl") or "")
     return (_version(nccl) >= DMABUF_NCCL and _version(str(found.get("kernel") or "")) >= DMABUF_KERNEL
             and bool(found.get("open_driver")))
 

@@ -116,9 +116,10 @@ def _text(element: ET.Element, path: str) -> str | None:
     return None if not value or value == "N/A" else value
 
 
-def _int(element: ET.Element, path: str) -> int | None:
-    value = _text(element, path)
-    match = re.fullmatch(r"(\d+)\s*x?", value or "")
+def _int(element: ET.Element, path: str, suffix: str = "") -> int | None:
+    """A count (ASCII digits only), or a width with its ``x`` (``16x``)."""
+    value = _text(element, path) or ""
+    match = re.fullmatch(r"([0-9]{1,9})" + re.escape(suffix), value)
     return int(match.group(1)) if match else None
 
 
@@ -185,8 +186,8 @@ def _gpu(index: int, gpu: ET.Element) -> SmiGpu:
         idle=idle,
         link_gen=_int(gpu, f"{link}/pcie_gen/current_link_gen"),
         link_gen_max=min(maxima) if maxima else None,
-        link_width=_int(gpu, f"{link}/link_widths/current_link_width"),
-        link_width_max=_int(gpu, f"{link}/link_widths/max_link_width"),
+        link_width=_int(gpu, f"{link}/link_widths/current_link_width", "x"),
+        link_width_max=_int(gpu, f"{link}/link_widths/max_link_width", "x"),
         fabric_state=_fabric(_text(gpu, "fabric/state")),
         fabric_status=_fabric(_text(gpu, "fabric/status")),
     )

@@ -106,7 +106,8 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
                            f"the kernel log is not readable by this user on {host.name} ({said}): Xids not checked",
                            "to let check read it: add the user to the adm or systemd-journal group, or "
                            "`sysctl kernel.dmesg_restrict=0`")
-    lines = [str(line) for line in log.get("lines") or [] if isinstance(line, str)]
+    found = log.get("lines")
+    lines = [line for line in found if isinstance(line, str)] if isinstance(found, list) else []
     report = smi_report(facts)
     return verdict(host.name, parse_lines(lines), report if isinstance(report, nvsmi.SmiReport) else None,
                    str(log.get("source") or "the kernel log"))
