@@ -68,7 +68,10 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
     count = gpu_count(facts)
     if count is None and isinstance(report, nvsmi.SmiReport):
         count = len(report.gpus)
+    stuck = mapping(facts.get("gpu")).get("error")
     if count is None:
+        if stuck:
+            return _result(host.name, [_stuck(host.name, stuck)])
         return CheckResult(host.name, CHECK, "skip", "neither torch nor nvidia-smi could count GPUs here")
     if count == 0:
         if nproc == "gpu":
@@ -79,6 +82,8 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
     if isinstance(nproc, int) and nproc > count:
         findings.append(Finding("fail", f"{host.name} sees {count} GPU(s), nproc_per_node = {nproc}",
                                 f"set nproc_per_node = {count}, or check CUDA_VISIBLE_DEVICES on {host.name}"))
+    if stuck:
+        findings.append(_stuck(host.name, stuck))
     if isinstance(report, nvsmi.SmiReport):
         findings += lost_gpus(host.name, facts, report) + health_findings(host.name, report, peers, nvlinks(facts))
     elif isinstance(report, str):
@@ -95,6 +100,12 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
         return _result(host.name, findings)
     return CheckResult(host.name, CHECK, "pass", f"{count} GPU(s) visible for nproc_per_node = {nproc}"
                        + (_describe(report) if isinstance(report, nvsmi.SmiReport) else ""))
+
+
+def _stuck(node: str, error: object) -> Finding:
+    return Finding("warn", f"{node}: nvidia-smi gave {str(error)[:120]}; GPU health not read (a GPU in a bad state "
+                           "can leave nvidia-smi stuck)",
+                   f"run `nvidia-smi` on {node}; if it hangs, drain the node and reboot it")
 
 
 def _result(node: str, findings: list[Finding]) -> CheckResult:

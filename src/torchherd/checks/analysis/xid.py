@@ -5,7 +5,8 @@ A GPU fallen off the bus (Xid 79) fails: it stays gone until the node is power-c
 Memory Xids (48, 63, 64, 92, 94, 95) and the driver's own faults warn: whether the GPU
 still needs a reset is what its counters say now (the ``gpu`` check reads them; an Xid
 from before a reset is history). The ones an application usually causes (13, 31, 43,
-45) are named in a pass. Where this user may not read the kernel log, a skip says so.
+45) are named in a pass. Where the kernel log cannot be read (this user may not, or no tool answered in time), a
+skip says so.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
     if "lines" not in log:
         said = str(log.get("error") or "no kernel log tool answered")[:300]
         return CheckResult(host.name, CHECK, "skip",
-                           f"the kernel log is not readable by this user on {host.name} ({said}): Xids not checked",
+                           f"the kernel log could not be read on {host.name} ({said}): Xids not checked",
                            "to let check read it: add the user to the adm or systemd-journal group, or "
                            "`sysctl kernel.dmesg_restrict=0`")
     found = log.get("lines")

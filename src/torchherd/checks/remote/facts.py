@@ -11,6 +11,8 @@ Standard library only, Python >= 3.8, Linux, read-only. Run as
   torch     bool           import torch for its versions and GPUs (seconds of CPU)
   root      str            where /sys and /proc are read for the GPU and InfiniBand
                            facts (default "/"; tests point it at a made-up tree)
+  gpu_seconds float        how long after the start the GPU and kernel-log queries may
+                           take before they are reported unanswered (default 15)
   listen    object or null {"ports": {"LABEL": PORT (0 = any free port)}, "seconds": S,
                            "backlog": PEERS}: after the facts, bind every port on all
                            addresses with a queue for PEERS connects (capped by somaxconn),
@@ -298,6 +300,9 @@ would add up."""
 SMI_LIMIT = 8 << 20
 """Bytes of one nvidia-smi output sent back; more is cut and marked (the controller's
 reader refuses bigger documents anyway)."""
+GPU_SECONDS = 15.0
+"""How long after the script's start the GPU and kernel-log facts may take (each query's
+own timeout is shorter; this bounds one stuck where a timeout cannot kill it)."""
 XID_LINES = 200
 """The last Xid lines of the kernel log sent back: enough to name every GPU that had one."""
 
@@ -415,8 +420,13 @@ class Background:
     def run(self, function: Callable[..., Any], *args: Any) -> None:
         self.value = guarded(function, *args)
 
-    def result(self) -> Any:
-        self.thread.join()
+    def result(self, deadline: float) -> Any:
+        """The answer, or an error when it has not come by ``deadline`` (time.time()): a
+        GPU in a bad state can leave nvidia-smi stuck in the kernel, where no timeout
+        kills it, and the other facts must still be printed."""
+        self.thread.join(max(0.0, deadline - time.time()))
+        if self.thread.is_alive():
+            return {"error": "no answer within %d s" % round(deadline - STARTED)}
         return self.value
 
 
@@ -664,7 +674,8 @@ def main() -> None:
     }
     if config.get("torch", True):
         facts["torch"] = torch_facts()
-    facts["gpu"], facts["kernel_xids"] = gpu.result(), xids.result()
+    deadline = STARTED + float(config.get("gpu_seconds") or GPU_SECONDS)
+    facts["gpu"], facts["kernel_xids"] = gpu.result(deadline), xids.result(deadline)
     sys.stdout.write(json.dumps(facts) + "\n")
     sys.stdout.flush()
     if config.get("listen"):
