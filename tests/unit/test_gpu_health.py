@@ -436,3 +436,13 @@ def test_an_nvlink_fabric_not_started_fails_and_asks_for_the_fabric_manager() ->
     done = xml.replace("<state>N/A</state>", "<state>Completed</state>", 1).replace(
         "<status>N/A</status>", "<status>Success</status>", 1)
     assert gpu.health_findings("n0", nvsmi.parse(done)) == []
+
+
+def test_a_cpu_build_of_torch_on_a_gpu_node_is_said_and_the_gpus_still_judged() -> None:
+    xml = smi("dual_a5000-v13.xml").replace("<remapped_row_pending>No", "<remapped_row_pending>Yes", 1)
+    raw = dict(node_facts(xml).raw, torch={"version": "2.13.0+cpu", "cuda": None, "nccl": None, "gpus": 0})
+    result = by_node(gpu.analyse(observed(2, node0=NodeFacts(raw=raw, sent=0.0, received=0.0))))["node0"]
+    assert result.status == "fail"
+    assert result.summary == ("node0 GPU 0 (00000000:81:00.0): a row remapping pending; node0: torch sees no GPU, "
+                              "nvidia-smi lists 2 (torch is a CPU build)")
+    assert result.fix.endswith("; install a CUDA build of torch on node0")

@@ -73,13 +73,25 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
         if stuck:
             return _result(host.name, [_stuck(host.name, stuck)])
         return CheckResult(host.name, CHECK, "skip", "neither torch nor nvidia-smi could count GPUs here")
+    listed = len(report.gpus) if isinstance(report, nvsmi.SmiReport) else 0
     if count == 0:
         if nproc == "gpu":
             return CheckResult(host.name, CHECK, "fail", f"no GPU visible on {host.name}, nproc_per_node = gpu",
                                "set nproc_per_node to a number (CPU, gloo) or check the driver (nvidia-smi)")
-        return CheckResult(host.name, CHECK, "skip", f"CPU-only node: nproc_per_node = {nproc} runs on CPU (gloo)")
+        if not listed:
+            return CheckResult(host.name, CHECK, "skip",
+                               f"CPU-only node: nproc_per_node = {nproc} runs on CPU (gloo)")
     findings: list[Finding] = []
-    if isinstance(nproc, int) and nproc > count:
+    if count == 0 and listed:
+        torch = facts.get("torch")
+        cpu_build = isinstance(torch, dict) and "version" in torch and torch.get("cuda") is None
+        findings.append(Finding(
+            "warn", f"{host.name}: torch sees no GPU, nvidia-smi lists {listed}"
+                    + (" (torch is a CPU build)" if cpu_build else ""),
+            f"install a CUDA build of torch on {host.name}" if cpu_build
+            else f"check CUDA_VISIBLE_DEVICES and the driver on {host.name} (`python -c 'import torch; "
+                 "torch.cuda.init()'` says why)"))
+    if isinstance(nproc, int) and nproc > count > 0:  # none at all: the job runs on CPU (gloo)
         findings.append(Finding("fail", f"{host.name} sees {count} GPU(s), nproc_per_node = {nproc}",
                                 f"set nproc_per_node = {count}, or check CUDA_VISIBLE_DEVICES on {host.name}"))
     if stuck:
