@@ -446,3 +446,14 @@ def test_a_cpu_build_of_torch_on_a_gpu_node_is_said_and_the_gpus_still_judged() 
     assert result.summary == ("node0 GPU 0 (00000000:81:00.0): a row remapping pending; node0: torch sees no GPU, "
                               "nvidia-smi lists 2 (torch is a CPU build)")
     assert result.fix.endswith("; install a CUDA build of torch on node0")
+
+
+def test_a_node_without_the_rdma_devices_the_others_use_is_named() -> None:
+    results = by_node(ib.analyse(observed(node0=ib_facts(port("mlx5_0"), port("mlx5_1")),
+                                          node1=ib_facts(port("mlx5_0")),
+                                          node2=ib_facts())))
+    assert (results["node1"].status, results["node1"].summary) == (
+        "warn", "node1 lacks mlx5_1 port 1, active on other nodes")
+    assert (results["node2"].status, results["node2"].summary) == (
+        "fail", "node2 has no RDMA device, while node0, node1 have active ports")
+    assert results["node0"].status == "pass"

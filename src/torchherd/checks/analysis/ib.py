@@ -94,17 +94,30 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, cluster: dict[str, l
         return CheckResult(host.name, CHECK, "skip", "the node's RDMA ports were not read")
     env = {**mapping(facts.get("env")), **observed.env_of(host)}
     hca = str(env.get("NCCL_IB_HCA") or "")
+    others = {node: theirs for node, theirs in cluster.items() if node != host.name}
     if not ports:
         if hca and not hca.startswith("^"):
             return CheckResult(host.name, CHECK, "fail", f"NCCL_IB_HCA={hca} but {host.name} has no RDMA device",
                                f"unset NCCL_IB_HCA for {host.name}, or check its InfiniBand driver (ibstat)")
+        if others and all(any(port.active for port in theirs) for theirs in others.values()):
+            # NCCL would take sockets here and RDMA on the others: the job would not form.
+            return CheckResult(host.name, CHECK, "fail",
+                               f"{host.name} has no RDMA device, while {_nodes(sorted(others))} have active ports",
+                               f"check the InfiniBand driver on {host.name} (`ibstat`, `lsmod | grep mlx5`)")
         return CheckResult(host.name, CHECK, "skip", "no InfiniBand or RoCE device here")
     fails: list[str] = []
     warns: list[str] = []
     notes: list[str] = []
     fixes: list[str] = []
     named = _named_ports(hca, ports, host.name, fails, fixes)
-    others = {node: theirs for node, theirs in cluster.items() if node != host.name}
+    mine = {(port.device, port.port) for port in ports}
+    missing = sorted({(p.device, p.port) for theirs in others.values() for p in theirs if p.active} - mine)
+    if missing:
+        shown = ", ".join(f"{device} port {number}" for device, number in missing[:4])
+        warns.append(f"{host.name} lacks {shown}" + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+                     + ", active on other nodes")
+        fixes.append(f"check the InfiniBand devices on {host.name} (`ibstat`): one may have failed or lost its "
+                     "driver (or the nodes' hardware differs)")
     for port in ports:
         active_elsewhere = sorted(node for node, theirs in others.items()
                                   if any(p.device == port.device and p.port == port.port and p.active for p in theirs))
@@ -139,6 +152,10 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, cluster: dict[str, l
     if notes:
         said += "; " + "; ".join(notes)
     return CheckResult(host.name, CHECK, "pass", said)
+
+
+def _nodes(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _named_ports(hca: str, ports: list[Port], node: str, fails: list[str], fixes: list[str]) -> list[Port]:
