@@ -457,3 +457,11 @@ def test_a_node_without_the_rdma_devices_the_others_use_is_named() -> None:
     assert (results["node2"].status, results["node2"].summary) == (
         "fail", "node2 has no RDMA device, while node0, node1 have active ports")
     assert results["node0"].status == "pass"
+
+
+def test_a_context_switch_timeout_beside_application_xids_warns() -> None:
+    result = xid_result(kernel("gpud-46-dmesg-ctime.txt"))
+    assert result.status == "warn"
+    assert result.summary == ("node0: Xid 109 on 0000:cb:00: context switch timeout (the application, the driver or "
+                              "the GPU); Xid 13 on 0000:cb:00 x3: graphics engine exception (usually the application) "
+                              "(since boot, dmesg)")

@@ -45,7 +45,7 @@ MEANINGS: dict[int, tuple[str, str]] = {
     92: ("high single-bit ECC error rate", MEMORY),
     94: ("contained ECC error (the process using the memory was stopped)", MEMORY),
     95: ("uncontained ECC error", MEMORY),
-    109: ("context switch timeout", APPLICATION),
+    109: ("context switch timeout", "the application, the driver or the GPU"),
     119: ("GSP firmware RPC timeout", "the driver or the GPU"),
     120: ("GSP firmware error", "the driver or the GPU"),
     154: ("the driver changed the GPU's recovery action", "the GPU"),
