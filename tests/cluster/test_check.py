@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import sys
 import time
 from collections.abc import Iterator
 from io import StringIO
@@ -70,8 +72,8 @@ def test_healthy_cluster_passes_with_json(cluster: LocalCluster, capsys: pytest.
         assert entry["fix"] == "", entry  # nothing to advise: the nodes' /etc/hosts name every IPv4-mapped address
     assert {entry["node"] for entry in document["checks"]} == {"node0", "node1", "node2"}
     ids = {entry["check"] for entry in document["checks"]}
-    assert ids == {"ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "script",
-                   "clock"}
+    assert ids == {"ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "xid", "ib",
+                   "script", "clock"}
 
 
 @pytest.mark.timeout(90)
@@ -342,3 +344,88 @@ def test_worker_name_unresolvable_on_the_master(inventory: Inventory, cluster: L
     hostname = results[("node0", "hostname")]
     assert "cannot resolve node2's hostname node2" in hostname.summary and "node1" not in hostname.summary
     assert f"{cluster.node('node2').ip} node2" in hostname.fix and "/etc/hosts on node0" in hostname.fix
+
+
+STAND_IN_TORCH = """\"\"\"A stand-in torch for the GPU check test: two CUDA GPUs, NCCL 2.21.5.\"\"\"
+__version__ = "2.13.0"
+
+
+class version:
+    cuda = "12.4"
+
+
+class cuda:
+    @staticmethod
+    def device_count():
+        return 2
+
+    @staticmethod
+    def is_available():
+        return True
+
+    class nccl:
+        @staticmethod
+        def version():
+            return (2, 21, 5)
+"""
+
+
+def gpu_stand_ins(cluster: LocalCluster, directory: Path) -> str:
+    """A python wrapper for the inventory that puts stand-ins for nvidia-smi, dmesg and
+    torch first on the node's paths; each answers by the node's hostname: node1's GPU 1
+    has a row remap pending, node2's kernel log has an Xid 79, node0 is healthy."""
+    data = Path(__file__).resolve().parent.parent / "unit" / "data" / "gpu"
+    healthy = (data / "nvidia-smi" / "dual_a5000-v13.xml").read_text(encoding="utf-8")
+    first = healthy.index("<remapped_row_pending>No")
+    second = healthy.index("<remapped_row_pending>No", first + 1)
+    remap = healthy[:second] + healthy[second:].replace("<remapped_row_pending>No", "<remapped_row_pending>Yes", 1)
+    bin_dir, torch_dir = directory / "bin", directory / "py" / "torch"
+    bin_dir.mkdir(parents=True)
+    torch_dir.mkdir(parents=True)
+    (directory / "healthy.xml").write_text(healthy, encoding="utf-8")
+    (directory / "remap.xml").write_text(remap, encoding="utf-8")
+    (directory / "xid79.txt").write_text("[ 3335.451370] NVRM: Xid (PCI:0000:81:00): 79, pid=0, GPU has fallen off the "
+                                         "bus.\n", encoding="utf-8")
+    (torch_dir / "__init__.py").write_text(STAND_IN_TORCH, encoding="utf-8")
+    scripts = {
+        "nvidia-smi": f"""case "$*" in
+  "-q -x") if [ "$(hostname)" = node1 ]; then cat {directory}/remap.xml; else cat {directory}/healthy.xml; fi ;;
+  --query-gpu*) echo "0, NVIDIA RTX A5000, 1, 590.44.01"; echo "1, NVIDIA RTX A5000, 1, 590.44.01" ;;
+  *) ;;
+esac
+""",
+        "dmesg": f'if [ "$(hostname)" = node2 ]; then cat {directory}/xid79.txt; fi\n',
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body, encoding="utf-8")
+        (bin_dir / name).chmod(0o755)
+    wrapper = directory / "python"
+    wrapper.write_text(f'#!/bin/sh\nPATH={bin_dir}:$PATH PYTHONPATH={directory / "py"} exec {sys.executable} "$@"\n',
+                       encoding="utf-8")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+@pytest.mark.timeout(90)
+def test_gpu_faults_are_named_on_their_node_alone(inventory: Inventory, cluster: LocalCluster) -> None:
+    """Over real SSH, with nvidia-smi, dmesg and torch stood in for on the nodes: node1's
+    pending remap fails gpu there only, node2's Xid 79 fails xid there only, node0 passes
+    both, and every node skips ib (no RDMA device here)."""
+    directory = cluster.state_dir / "gpu-stand-ins"
+    try:
+        python = gpu_stand_ins(cluster, directory)
+        stood_in = inventory
+        for host in inventory.hosts:
+            stood_in = with_host(stood_in, host.name, python=python)
+        results = check(stood_in, only=frozenset({"gpu", "xid", "ib"}))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    assert failures(results) == {("node1", "gpu"), ("node2", "xid")}
+    assert results["node1", "gpu"].summary == "node1 GPU 1 (00000000:C1:00.0): a row remapping pending"
+    assert results["node1", "gpu"].fix.startswith("drain node1 and reset GPU 1: `sudo nvidia-smi -r -i 1`")
+    assert results["node2", "xid"].summary == ("node2: Xid 79 on GPU 0 (0000:81:00): the GPU has fallen off the bus "
+                                               "(the GPU, its slot, riser or power) (since boot, dmesg)")
+    assert results["node0", "gpu"].summary == ("2 GPU(s) visible for nproc_per_node = 2 (driver 590.44.01, "
+                                               "CUDA 13.1, NVIDIA RTX A5000)")
+    assert results["node2", "gpu"].status == "pass" and results["node1", "xid"].status == "pass"
+    assert {results[node, "ib"].summary for node in ("node0", "node1", "node2")} == {"no InfiniBand or RoCE device here"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -263,4 +264,48 @@ def test_run_json_prints_the_summary_with_every_attempt(four: LocalCluster, tmp_
         (1, "failed", ["node0", "node1"]), (2, "ok", ["node0", "node1"])]
     assert "node1 rank 1" in attempts[0]["headline"]
     assert "attempt 2 of 2" in done.stderr and "failing on purpose" in done.stderr
+    assert_clean(four)
+
+
+@pytest.mark.timeout(240)
+def test_a_gpu_with_a_pending_remap_is_left_out_by_the_triage(four: LocalCluster, tmp_path: Path) -> None:
+    """Stand-ins for nvidia-smi and dmesg first on the nodes' PATH (a python wrapper the
+    inventory names): node1's second GPU has a row remap pending. The run starts without
+    the preflight, a rank on node1 crashes in attempt 1, the triage's gpu check fails node1
+    and the spare takes its place; attempt 2 finishes without it."""
+    data = ROOT / "tests" / "unit" / "data" / "gpu" / "nvidia-smi"
+    healthy = (data / "dual_a5000-v13.xml").read_text(encoding="utf-8")
+    second = healthy.index("<remapped_row_pending>No", healthy.index("<remapped_row_pending>No") + 1)
+    remap = healthy[:second] + healthy[second:].replace("<remapped_row_pending>No", "<remapped_row_pending>Yes", 1)
+    stand_ins = four.state_dir / "gpu-stand-ins"
+    (stand_ins / "bin").mkdir(parents=True)
+    try:
+        (stand_ins / "healthy.xml").write_text(healthy, encoding="utf-8")
+        (stand_ins / "remap.xml").write_text(remap, encoding="utf-8")
+        scripts = {"nvidia-smi": f"""case "$*" in
+  "-q -x") if [ "$(hostname)" = node1 ]; then cat {stand_ins}/remap.xml; else cat {stand_ins}/healthy.xml; fi ;;
+  --query-gpu*) echo "0, NVIDIA RTX A5000, 1, 590.44.01"; echo "1, NVIDIA RTX A5000, 1, 590.44.01" ;;
+esac
+""", "dmesg": "", "python": f'PATH={stand_ins}/bin:$PATH exec {sys.executable} "$@"\n'}
+        for name, body in scripts.items():
+            path = stand_ins / ("bin" if name != "python" else "") / name
+            path.write_text("#!/bin/sh\n" + body, encoding="utf-8")
+            path.chmod(0o755)
+        inventory = four.inventory.with_name("hosts-gpu.toml")
+        inventory.write_text(four.inventory.read_text(encoding="utf-8").replace(
+            f"python = {json.dumps(four.python)}", f"python = {json.dumps(str(stand_ins / 'python'))}"),
+            encoding="utf-8")
+        assert str(stand_ins / "python") in inventory.read_text(encoding="utf-8")
+        out = StringIO()
+        code = main(["-i", str(inventory), "run", "--log-dir", str(tmp_path / "logs"), "--no-check", "--spares",
+                     "node3", "--retries", "1", "--", RESUMABLE, "--steps", "12", "--step-seconds", "0.05",
+                     "--fail-step", "6", "--fail-rank", "1", "--fail-attempt", "1"], console=make_console(out, width=220))
+    finally:
+        shutil.rmtree(stand_ins, ignore_errors=True)
+    text = out.getvalue()
+    assert code == 0, text
+    assert "attempt 1 failed after" in text and "node1 rank 1 failed first" in text
+    assert "node1 excluded: gpu: node1 GPU 1 (00000000:C1:00.0): a row remapping pending" in text, text
+    assert "spare node3 takes the place of node1" in text
+    assert re.search(r"attempt 2 of 2 on 3 nodes: node0, (node3, node2|node2, node3)", text), text
     assert_clean(four)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
+import pytest
+
 from torchherd.checks.analysis.smoke import SmokeContext, SmokeRun, parse_marks, smoke_verdicts
 from torchherd.inventory import parse
 from torchherd.results import CheckResult
@@ -122,3 +124,64 @@ def test_collective_figures_and_nccl_falling_back_to_sockets() -> None:
                    {name: tuple(found) for name, found in lines.items()}, False)
     warned = [result for result in smoke_verdicts(nccl, ran) if result.status == "warn"]
     assert len(warned) == 1 and "NET/Socket" in warned[0].summary and "node0" in warned[0].summary
+
+
+NCCL_LOGS = Path(__file__).parent / "data" / "gpu" / "nccl"
+
+
+def nccl_log(name: str, node: str = "node0") -> list[OutputLine]:
+    return [OutputLine(node, None, "out", text) for text in (NCCL_LOGS / name).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name,transports,socket_ranks", [
+    ("nccl-1232-socket-two-nodes.txt", {"NET/Socket", "SHM"}, {(0, 1), (2, 1), (1, 0)}),
+    ("nccl-687-ib-gdrdma.txt", {"NET/IB", "P2P/IPC"}, set()),
+    ("nccl-1814-ibext-plugin.txt", {"NET/IBext"}, set()),
+    ("nccl-952-socket-beside-p2p.txt", {"P2P/IPC", "NET/Socket"}, {(15, 6)}),
+    ("horovod-3658-socket-mpirun-prefix.txt", {"NET/Socket"}, {(4, 5), (3, 4)}),
+])
+def test_real_nccl_logs_say_their_transport(name: str, transports: set[str],
+                                            socket_ranks: set[tuple[int, int]]) -> None:
+    marks = parse_marks(nccl_log(name))
+    assert (marks.transports, marks.socket_ranks) == (transports, socket_ranks)
+
+
+def _socket_job(active: int) -> CheckResult:
+    """NVIDIA/nccl#1232's two nodes (ranks 0, 2 on the first, 1, 3 on the second) as a
+    smoke job whose nodes have two RDMA devices each, ``active`` ports of them up."""
+    names = ("node0", "node1")
+    inventory = parse({"cluster": {"port": 29500}, "hosts": [{"name": name} for name in names]}, Path("hosts.toml"))
+    context = SmokeContext(inventory, {name: name for name in names}, ("gloo", "nccl"), 60.0, 8.0)
+    log = nccl_log("nccl-1232-socket-two-nodes.txt")
+    crcs = ",".join(str(zlib.crc32(name.encode())) for name in ("node0", "node1", "node0", "node1"))
+
+    def ranks(node: str, mine: tuple[int, int]) -> list[OutputLine]:
+        return [mark(node, rank, f"{step} {rank}{rest}") for rank in mine
+                for step, rest in (("start", f" {node}"), ("joined", ""), ("gathered", f" {crcs}"), ("ok", ""))]
+
+    lines = {"node0": ranks("node0", (0, 2))
+             + [mark("node0", 0, f"rdma 0 2 {active}"), mark("node0", 0, "busbw 0 nccl 1048576 0.9")]
+             + [line._replace(node="node0") for line in log if " node0:" in line.text],
+             "node1": ranks("node1", (1, 3)) + [mark("node1", 1, f"rdma 1 2 {active}")]
+             + [line._replace(node="node1") for line in log if " node2:" in line.text]}
+    ran = SmokeRun(RunSummary("smoke", 0, "", tuple(NodeOutcome(name, index, "ok", 0, 5.0, None, None, ())
+                                                    for index, name in enumerate(names)), ""),
+                   {name: tuple(found) for name, found in lines.items()}, False)
+    (transport,) = [result for result in smoke_verdicts(context, ran)
+                    if result.node == "cluster" and result.summary.startswith("NCCL")]
+    return transport
+
+
+def test_sockets_beside_active_rdma_ports_fail_naming_the_pair_and_the_bandwidth() -> None:
+    result = _socket_job(active=2)
+    assert (result.status, result.summary) == (
+        "fail", "NCCL chose sockets (NET/Socket) between node0 and node1, while node0, node1 have active RDMA ports: "
+                "NCCL fell back from InfiniBand/RoCE (often 4-5x slower); NCCL all_reduce bus bandwidth (Gbit/s): "
+                "1 MiB 0.9")
+    assert result.fix.startswith("run with --env NCCL_DEBUG=INFO and read why NCCL skipped the IB transport")
+
+
+def test_sockets_beside_rdma_devices_without_a_link_only_warn() -> None:
+    result = _socket_job(active=0)
+    assert result.status == "warn" and result.summary.startswith("NCCL chose sockets (NET/Socket) between nodes, "
+                                                                 "while node0, node1 have an RDMA device")

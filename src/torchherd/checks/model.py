@@ -13,8 +13,8 @@ from torchherd.errors import TransportError
 from torchherd.inventory import Host, Inventory
 from torchherd.plan import NodeNetwork
 
-CHECK_IDS = ("ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "script",
-             "clock", "bandwidth", "mtu", "smoke")
+CHECK_IDS = ("ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "xid", "ib",
+             "script", "clock", "bandwidth", "mtu", "smoke")
 """Every check id, in report column order; ``smoke`` only runs with --smoke, ``bandwidth``
 and ``mtu`` with --bandwidth or --smoke (or when --only names them)."""
 OPT_IN = frozenset({"bandwidth", "mtu", "smoke"})

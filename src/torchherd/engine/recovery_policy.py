@@ -18,8 +18,10 @@ from torchherd.inventory import Recovery
 from torchherd.results import CheckResult
 from torchherd.runlog import AttemptEnd, RunSummary
 
-TRIAGE_CHECKS = frozenset({"ssh", "ping", "hostname", "port", "firewall", "python", "gpu"})
-"""The fast node checks a triage runs (seconds; not the smoke job)."""
+TRIAGE_CHECKS = frozenset({"ssh", "ping", "hostname", "port", "firewall", "python", "gpu", "xid", "ib"})
+"""The fast node checks a triage runs (seconds; not the smoke job): ``gpu``, ``xid`` and
+``ib`` keep out a node with a fresh ECC error or a pending remap, a GPU off the bus or
+an RDMA port down."""
 CROSS_NODE_CHECKS = frozenset({"ping", "port", "firewall"})
 """Checks that also fail when another node (the master) is down: not held against a node
 in a round where some node could not be reached."""

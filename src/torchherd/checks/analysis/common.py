@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Callable
+from typing import Any, Callable
 
 from torchherd.checks.model import NodeFacts, Observed
 from torchherd.inventory import Host
@@ -24,13 +24,17 @@ def per_node(observed: Observed, check: str, analyse: NodeAnalysis) -> list[Chec
     return results
 
 
+def mapping(value: object) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one: a node's facts are read as
+    they come, and a field of another shape (an old script, a hostile node) is absent."""
+    return value if isinstance(value, dict) else {}
+
+
 def is_loopback(address: str) -> bool:
     try:
         return ipaddress.ip_address(address.split("%")[0]).is_loopback
     except ValueError:
         return False
-
-
 
 
 def resolved(facts: NodeFacts, name: str) -> list[str] | str:

@@ -11,12 +11,14 @@ from torchherd.checks.analysis import (
     firewall,
     gpu,
     hostname,
+    ib,
     network,
     ping,
     port,
     python,
     script,
     ssh,
+    xid,
 )
 from torchherd.checks.model import Observed
 from torchherd.results import CheckResult
@@ -26,6 +28,7 @@ Analysis = Callable[[Observed], list[CheckResult]]
 ANALYSES: dict[str, Analysis] = {
     "ssh": ssh.analyse, "ping": ping.analyse, "hostname": hostname.analyse, "port": port.analyse,
     "firewall": firewall.analyse, "network": network.analyse, "env": env.analyse,
-    "python": python.analyse, "gpu": gpu.analyse, "script": script.analyse, "clock": clock.analyse,
+    "python": python.analyse, "gpu": gpu.analyse, "xid": xid.analyse, "ib": ib.analyse, "script": script.analyse,
+    "clock": clock.analyse,
     "bandwidth": bandwidth.analyse, "mtu": bandwidth.analyse_mtu,
 }

@@ -23,7 +23,10 @@ from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
 CHECK = "smoke"
 _MARK = re.compile(r"torchherd-smoke (start|joined|gathered|nccl|error|ok|busbw|pair|rdma) (\d+) ?(.*)")
 _NCCL_VIA = re.compile(r"NCCL INFO .*\bvia (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM|P2P)")
-"""NCCL_DEBUG=INFO's channel lines: "Channel 00/0 : 0[0] -> 1[1] via NET/IB/0" (or NET/Socket)."""
+"""NCCL_DEBUG=INFO's channel lines: "Channel 00/0 : 0[0] -> 1[1] via NET/IB/0" (or NET/Socket;
+NET/IBext for HPC-X's plugin, NET/Libfabric or NET/OFI for AWS's)."""
+_NCCL_RANKS = re.compile(r"\b(\d+)\[[0-9a-fA-F]*\] -> (\d+)\[[0-9a-fA-F]*\]")
+"""The two ranks a channel line connects: "15[7] -> 6[6]" (rank[device or bus id])."""
 _TIMEOUT_WORDS = re.compile(r"timed? ?out", re.IGNORECASE)
 _GONE = ("lost", "not started", "unresponsive")
 
@@ -53,8 +56,12 @@ class NodeMarks:
     pairs: list[tuple[int, int, float]] = field(default_factory=list)
     """(from node rank, to node rank, Gbit/s), said by the receiving node."""
     rdma: int = 0
+    rdma_active: int | None = None
+    """Ports of those devices that are ACTIVE; None from a smoke script that did not say."""
     transports: set[str] = field(default_factory=set)
     """What NCCL_DEBUG=INFO says the channels go through (NET/IB, NET/Socket, P2P/IPC, SHM)."""
+    socket_ranks: set[tuple[int, int]] = field(default_factory=set)
+    """The (from, to) global ranks of the channels that went through NET/Socket."""
 
 
 def parse_marks(lines: Sequence[OutputLine]) -> NodeMarks:
@@ -63,6 +70,9 @@ def parse_marks(lines: Sequence[OutputLine]) -> NodeMarks:
         via = _NCCL_VIA.search(line.text)
         if via is not None:
             marks.transports.add(via.group(1))
+            ranks = _NCCL_RANKS.search(line.text)
+            if via.group(1) == "NET/Socket" and ranks is not None:
+                marks.socket_ranks.add((int(ranks.group(1)), int(ranks.group(2))))
         match = _MARK.search(line.text)
         if match is None:
             continue
@@ -86,6 +96,7 @@ def _figure(marks: NodeMarks, step: str, words: list[str]) -> None:
             marks.pairs.append((int(words[0]), int(words[1]), float(words[2])))
         else:
             marks.rdma = int(words[0])
+            marks.rdma_active = int(words[1]) if len(words) > 1 else None
     except (IndexError, ValueError):  # a line cut short: the figure is missing, not the verdict
         pass
 
@@ -196,22 +207,46 @@ def _collective(context: SmokeContext, names: list[str], marks: Mapping[str, Nod
                      f"(of {len(pairs)}, median {statistics.median(pair[2] for pair in pairs):.3g})")
     results = [CheckResult(CLUSTER, CHECK, "pass", "; ".join(words))]
     if "nccl" in context.backends:
-        results.append(_transport(names, marks))
+        results.append(_transport(names, marks, busbw))
     return results
 
 
-def _transport(names: list[str], marks: Mapping[str, NodeMarks]) -> CheckResult:
+def _transport(names: list[str], marks: Mapping[str, NodeMarks],
+               busbw: list[tuple[str, int, float]] | None = None) -> CheckResult:
+    """NCCL's transport between the nodes: a fail when it chose sockets while nodes have
+    active RDMA ports (the job runs, 4-5x slower), a warn where the RDMA devices have no
+    active port or did not say."""
     transports = sorted({via for mark in marks.values() for via in mark.transports})
     rdma = [name for name in names if marks[name].rdma]
     if "NET/Socket" in transports and rdma:
+        active = [name for name in names if marks[name].rdma_active]
+        pairs = _socket_pairs(names, marks)
+        between = f" between {', '.join(pairs[:3])}" + (f" and {len(pairs) - 3} more pairs" if len(pairs) > 3 else "")
+        nccl = [f"{size >> 20} MiB {gbit:.3g}" for backend, size, gbit in busbw or [] if backend == "nccl"]
+        figures = f"; NCCL all_reduce bus bandwidth (Gbit/s): {', '.join(nccl)}" if nccl else ""
+        fix = ("run with --env NCCL_DEBUG=INFO and read why NCCL skipped the IB transport: "
+               "NCCL_IB_DISABLE, NCCL_IB_HCA, the rdma-core/libibverbs install, GID index for RoCE "
+               "(NCCL_IB_GID_INDEX), or the container's access to /dev/infiniband")
+        if active:
+            return CheckResult(CLUSTER, CHECK, "fail",
+                               f"NCCL chose sockets (NET/Socket){between if pairs else ' between nodes'}, while "
+                               f"{', '.join(active)} have active RDMA ports: NCCL fell back from InfiniBand/RoCE "
+                               f"(often 4-5x slower){figures}", fix)
         return CheckResult(CLUSTER, CHECK, "warn",
                            f"NCCL chose sockets (NET/Socket) between nodes, while {', '.join(rdma)} have an RDMA "
-                           f"device: NCCL fell back from InfiniBand/RoCE (often 4-5x slower)",
-                           "run with --env NCCL_DEBUG=INFO and read why NCCL skipped the IB transport: "
-                           "NCCL_IB_DISABLE, NCCL_IB_HCA, the rdma-core/libibverbs install, GID index for RoCE "
-                           "(NCCL_IB_GID_INDEX), or the container's access to /dev/infiniband")
+                           f"device: NCCL fell back from InfiniBand/RoCE (often 4-5x slower){figures}", fix)
     said = ", ".join(transports) if transports else "not said (no NCCL_DEBUG=INFO channel line)"
     return CheckResult(CLUSTER, CHECK, "pass", f"NCCL transport: {said}")
+
+
+def _socket_pairs(names: list[str], marks: Mapping[str, NodeMarks]) -> list[str]:
+    """The node pairs whose channels went through sockets, by the ranks each node started."""
+    node_of = {rank: name for name in names for rank in marks[name].started}
+    pairs = {tuple(sorted((node_of[one], node_of[two]), key=names.index))
+             for mark in marks.values() for one, two in mark.socket_ranks
+             if one in node_of and two in node_of and node_of[one] != node_of[two]}
+    return [f"{one} and {two}" for one, two in sorted(pairs, key=lambda pair: (names.index(pair[0]),
+                                                                             names.index(pair[1])))]
 
 
 def _passed(context: SmokeContext, name: str, marks: Mapping[str, NodeMarks]) -> CheckResult:

@@ -9,6 +9,10 @@ Standard library only, Python >= 3.8, Linux, read-only. Run as
   script    str or null    the training script, relative to workdir
   workdir   str            "~" expanded
   torch     bool           import torch for its versions and GPUs (seconds of CPU)
+  root      str            where /sys and /proc are read for the GPU and InfiniBand
+                           facts (default "/"; tests point it at a made-up tree)
+  gpu_seconds float        how long after the start the GPU and kernel-log queries may
+                           take before they are reported unanswered (default 15)
   listen    object or null {"ports": {"LABEL": PORT (0 = any free port)}, "seconds": S,
                            "backlog": PEERS}: after the facts, bind every port on all
                            addresses with a queue for PEERS connects (capped by somaxconn),
@@ -283,15 +287,147 @@ def script_hash(workdir: str, script: str) -> Dict[str, Any]:
         return {"path": path, "error": error.strerror or str(error)}
 
 
-def gpus() -> Dict[str, Any]:
+SMI_QUERIES = {
+    "nvidia_smi": (["nvidia-smi", "--query-gpu=index,name,memory.used,driver_version",
+                    "--format=csv,noheader,nounits"], 10.0),
+    "compute_apps": (["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"], 5.0),
+    "query": (["nvidia-smi", "-q", "-x"], 10.0),
+    "nvlink": (["nvidia-smi", "nvlink", "-s"], 5.0),
+}
+"""Every nvidia-smi call, run at once: each costs the driver's initialisation (up to
+seconds per call on a node without persistence mode), and one after the other they
+would add up."""
+SMI_LIMIT = 8 << 20
+"""Bytes of one nvidia-smi output sent back; more is cut and marked (the controller's
+reader refuses bigger documents anyway)."""
+GPU_SECONDS = 15.0
+"""How long after the script's start the GPU and kernel-log facts may take (each query's
+own timeout is shorter; this bounds one stuck where a timeout cannot kill it)."""
+XID_LINES = 200
+"""The last Xid lines of the kernel log sent back: enough to name every GPU that had one."""
+
+
+def capped(done: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    if done is not None and len(done["out"]) > SMI_LIMIT:
+        done = dict(done, out=done["out"][:SMI_LIMIT], truncated=True)
+    return done
+
+
+PCI_GPU_CLASSES = ("0x030000", "0x030200")
+"""VGA and 3D controllers: GPUs (an NVSwitch is a bridge, 0x068000, and is not one)."""
+
+
+def pci_gpus(root: str) -> List[Dict[str, Optional[str]]]:
+    """The NVIDIA GPUs on the PCI bus (sysfs), each with the driver bound to it: one the
+    driver bound but nvidia-smi does not list is lost; one bound to vfio-pci is passed
+    through to a VM on purpose."""
+    base = os.path.join(root, "sys/bus/pci/devices")
+    found: List[Dict[str, Optional[str]]] = []
+    for name in sorted(os.listdir(base))[:4096] if os.path.isdir(base) else []:
+        device = os.path.join(base, name)
+        if (read_text(os.path.join(device, "vendor")) or "").strip() != "0x10de":
+            continue
+        if (read_text(os.path.join(device, "class")) or "").strip() not in PCI_GPU_CLASSES:
+            continue
+        if os.path.exists(os.path.join(device, "physfn")):  # an SR-IOV virtual function (vGPU), not a GPU
+            continue
+        driver = os.path.join(device, "driver")
+        bound = os.path.basename(os.path.realpath(driver)) if os.path.islink(driver) else None
+        found.append({"bus": name[:32], "driver": bound[:64] if bound else None})
+    return found
+
+
+def gpus(root: str) -> Dict[str, Any]:
     facts: Dict[str, Any] = {}
-    smi = run_tool(["nvidia-smi", "--query-gpu=index,name,memory.used,driver_version",
-                    "--format=csv,noheader,nounits"], timeout=10.0)
-    if smi is not None:
-        facts["nvidia_smi"] = smi
-        apps = run_tool(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"])
-        facts["compute_apps"] = apps
+    if shutil.which("nvidia-smi") is None:
+        return facts
+    facts["pci"] = guarded(pci_gpus, root)
+    threads = [threading.Thread(target=lambda key=key, argv=argv, timeout=timeout:
+                                facts.__setitem__(key, capped(guarded(run_tool, argv, timeout))), daemon=True)
+               for key, (argv, timeout) in SMI_QUERIES.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     return facts
+
+
+def last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1][:200] if lines else ""
+
+
+def xid_lines(lines: List[str]) -> List[str]:
+    """The Xid lines, and the driver's "fallen off the bus" message with the two lines
+    before it (newer drivers spread it over three lines, the GPU's address on the first)."""
+    kept = []
+    for number, line in enumerate(lines):
+        if "NVRM: Xid" in line:
+            kept.append(line[:400])
+        elif "fallen off the bus" in line:
+            kept.append(" ".join(part.strip() for part in lines[max(0, number - 2):number + 1])[:600])
+    return kept
+
+
+def kernel_xids(root: str) -> Optional[Dict[str, Any]]:
+    """The kernel log's NVIDIA Xid lines since boot (dmesg, else journalctl -k), or why
+    this user cannot read it; None where there is no NVIDIA driver."""
+    if not os.path.exists(os.path.join(root, "proc/driver/nvidia")) and shutil.which("nvidia-smi") is None:
+        return None
+    tried = []
+    for argv in (["dmesg"], ["journalctl", "-k", "-b", "--no-pager", "-q"]):
+        done = run_tool(argv, timeout=5.0)
+        if done is None:
+            tried.append("%s: not installed" % argv[0])
+            continue
+        said = last_line(done["err"])
+        # journalctl exits 0 when it may not read the system journal: it says so on stderr.
+        if done["code"] != 0 or "permission" in said.lower() or "no journal files" in said.lower():
+            tried.append("%s: %s" % (argv[0], said or "exit status %s" % done["code"]))
+            continue
+        return {"source": argv[0], "lines": xid_lines(done["out"].splitlines())[-XID_LINES:]}
+    return {"error": "; ".join(tried)}
+
+
+def infiniband(root: str) -> Dict[str, Any]:
+    """Every InfiniBand/RoCE port in sysfs (state, physical state, rate, link layer), and
+    whether the GPUDirect RDMA module is loaded."""
+    base = os.path.join(root, "sys/class/infiniband")
+    ports: List[Dict[str, str]] = []
+    for device in sorted(os.listdir(base))[:64] if os.path.isdir(base) else []:
+        port_dir = os.path.join(base, device, "ports")
+        for port in sorted(os.listdir(port_dir))[:8] if os.path.isdir(port_dir) else []:
+            entry = {"device": device[:64], "port": port[:8]}
+            for name in ("state", "phys_state", "rate", "link_layer"):
+                entry[name] = (read_text(os.path.join(port_dir, port, name)) or "").strip()[:100]
+            ports.append(entry)
+    modules = [name for name in ("nvidia_peermem", "nv_peer_mem") if os.path.isdir(os.path.join(root, "sys/module", name))]
+    version = read_text(os.path.join(root, "proc/driver/nvidia/version")) or ""
+    # The open kernel modules let NCCL register GPU memory through DMA-BUF, without peermem.
+    return {"ports": ports, "peermem": modules, "kernel": os.uname().release,
+            "open_driver": "Open Kernel Module" in version}
+
+
+class Background:
+    """``function(*args)`` in a thread, started now; ``result()`` waits for it. The GPU
+    and kernel-log queries take longest and run meanwhile with the other facts."""
+
+    def __init__(self, function: Callable[..., Any], *args: Any) -> None:
+        self.value: Any = None
+        self.thread = threading.Thread(target=self.run, args=(function,) + args, daemon=True)
+        self.thread.start()
+
+    def run(self, function: Callable[..., Any], *args: Any) -> None:
+        self.value = guarded(function, *args)
+
+    def result(self, deadline: float) -> Any:
+        """The answer, or an error when it has not come by ``deadline`` (time.time()): a
+        GPU in a bad state can leave nvidia-smi stuck in the kernel, where no timeout
+        kills it, and the other facts must still be printed."""
+        self.thread.join(max(0.0, deadline - time.time()))
+        if self.thread.is_alive():
+            return {"error": "no answer within %d s" % round(deadline - STARTED)}
+        return self.value
 
 
 def torch_facts() -> Dict[str, Any]:
@@ -507,6 +643,9 @@ def connect(config: Dict[str, Any]) -> None:
 
 def main() -> None:
     config = json.loads(sys.argv[1])
+    root = config.get("root") or "/"
+    gpu = Background(gpus, root)
+    xids = Background(kernel_xids, root)
     hostname = socket.gethostname()
     facts = {
         "time": STARTED,
@@ -530,11 +669,13 @@ def main() -> None:
         "container": [p for p in ("/.dockerenv", "/run/.containerenv") if os.path.exists(p)],
         "python": {"executable": sys.executable, "version": sys.version.split()[0]},
         "script": guarded(script_hash, config["workdir"], config["script"]) if config["script"] else None,
-        "gpu": guarded(gpus),
+        "infiniband": guarded(infiniband, root),
         "ping": bool(shutil.which("ping")),
     }
     if config.get("torch", True):
         facts["torch"] = torch_facts()
+    deadline = STARTED + float(config.get("gpu_seconds") or GPU_SECONDS)
+    facts["gpu"], facts["kernel_xids"] = gpu.result(deadline), xids.result(deadline)
     sys.stdout.write(json.dumps(facts) + "\n")
     sys.stdout.flush()
     if config.get("listen"):

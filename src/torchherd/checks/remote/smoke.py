@@ -12,7 +12,8 @@ started, which joined the process group and which finished:
                      algorithm bandwidth x 2(n-1)/n as nccl-tests define it, in Gbit/s
   pair RANK FROM TO GBIT          (the receiving node's local rank 0) FROM's local rank 0
                      sent BYTES to TO's (node ranks), alone with nothing else in flight
-  rdma RANK COUNT    (local rank 0) RDMA devices in /sys/class/infiniband on this node
+  rdma RANK COUNT ACTIVE  (local rank 0) RDMA devices in /sys/class/infiniband on this
+                     node, and how many of their ports are ACTIVE
   error RANK TEXT    what went wrong (then exit 1)
   ok RANK            everything worked
 """
@@ -128,11 +129,27 @@ def pair_bandwidth(dist: Any, torch: Any, rank: int, heads: List[int], link_rate
             say("pair", rank, node, (node + 1) % count, "%.4f" % gbit)
 
 
-def rdma_devices() -> int:
+def rdma_devices() -> "tuple[int, int]":
+    """The RDMA devices, and their ports whose state is ACTIVE (a device with no link
+    cannot carry NCCL's traffic, so sockets there are no fallback)."""
+    base = "/sys/class/infiniband"
     try:
-        return len(os.listdir("/sys/class/infiniband"))
+        devices = os.listdir(base)
     except OSError:
-        return 0
+        return 0, 0
+    active = 0
+    for device in devices:
+        try:
+            ports = os.listdir(os.path.join(base, device, "ports"))
+        except OSError:
+            continue
+        for port in ports:
+            try:
+                with open(os.path.join(base, device, "ports", port, "state")) as file:
+                    active += "ACTIVE" in file.read()
+            except OSError:
+                continue
+    return len(devices), active
 
 
 def main() -> None:
@@ -149,7 +166,7 @@ def main() -> None:
         all_reduce_sum(dist, torch, rank, world)
         say("gathered", rank, ",".join(gather_hosts(dist, torch, host, world)))
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-            say("rdma", rank, rdma_devices())
+            say("rdma", rank, *rdma_devices())
         link_rate = bus_bandwidth(dist, torch, rank, world, "gloo")
         pair_bandwidth(dist, torch, rank, leaders(dist, torch, world), link_rate)
         if "nccl" in backends:
