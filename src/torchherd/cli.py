@@ -61,7 +61,9 @@ def _hosts(args: argparse.Namespace) -> Cluster:
     if include is not None or exclude is not None:
         cluster = cluster.select(include, exclude)
     master = getattr(args, "master", None)
-    return cluster.override(master=master) if master else cluster
+    cluster = cluster.override(master=master) if master else cluster
+    image, runtime = getattr(args, "image", None), getattr(args, "container_runtime", None)
+    return cluster.with_container(image, runtime=runtime, where="") if image or runtime else cluster
 
 
 def cmd_init(args: argparse.Namespace, console: Console) -> int:
@@ -499,6 +501,10 @@ def _add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False) -> Non
     group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs)")
     if nproc:
         group.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
+    group.add_argument("--image", metavar="IMAGE",
+                       help="run the job inside this container image on every node (docs/containers.md)")
+    group.add_argument("--container-runtime", metavar="RUNTIME",
+                       help="auto, podman, docker, apptainer or enroot (default: [container].runtime, auto)")
 
 
 def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser],

@@ -233,8 +233,8 @@ def test_every_program_ships_each_module_it_imports_before_it() -> None:
         for file in (*modules, name):
             assert imports_of(file) <= loaded, (name, file, imports_of(file) - loaded)
             loaded.add(file)
-    assert imports_of("supervisor.py") == {"wire.py", "framing.py", "proctable.py", "ranks.py"}
-    assert imports_of("stop.py") == {"wire.py", "proctable.py"}
+    assert imports_of("supervisor.py") == {"container.py", "wire.py", "framing.py", "proctable.py", "ranks.py"}
+    assert imports_of("stop.py") == {"container.py", "wire.py", "proctable.py"}
 
 
 @pytest.mark.timeout(60)

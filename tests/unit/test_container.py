@@ -1,0 +1,183 @@
+"""The job inside a container: the inventory's [container], --image, the exact command line per
+runtime, and the supervisor's config. Apptainer and enroot are not installable on the test
+machines (neither is a Debian package): their command lines are tested here only."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from torchherd.cli import main
+from torchherd.errors import InventoryError, UsageError
+from torchherd.inventory import parse, with_container
+from torchherd.plan import RunOptions, build_plan
+from torchherd.remote import container, wire
+from torchherd.remote.container import ContainerSpec, Identity
+
+SPEC = ContainerSpec(image="nvcr.io/nvidia/pytorch:24.05-py3", runtime="podman", name="torchherd-r1-node0",
+                     run_id="r1", mounts=("/data:/data:ro",), options=("--cap-add=SYS_PTRACE",), gpus=None)
+ARGV = ("python3", "-m", "torch.distributed.run", "--", "train.py")
+ROOT = Identity("0:0", False, False)
+USER = Identity("1000:1000", True, True)
+
+
+def document(**container_table: object) -> dict[str, object]:
+    return {"container": container_table, "defaults": {"workdir": "/work"},
+            "hosts": [{"name": "node0"}, {"name": "node1", "container": {"image": "other:2", "mounts": ["/x:/y"]}}]}
+
+
+def test_podman_as_root_without_gpus_is_exact() -> None:
+    argv = container.run_argv(SPEC, "podman", ARGV, ["NCCL_DEBUG", "TORCHHERD_RUN_ID"], "/work", ROOT,
+                              ["/tmp/torchherd-r1-node0"])
+    assert argv == ["podman", "run", "--rm", "--name", "torchherd-r1-node0", "--label", "torchherd.run=r1",
+                    "--pull", "never", "--network", "host", "--ipc", "host", "--user", "0:0",
+                    "-v", "/work:/work", "-v", "/tmp/torchherd-r1-node0:/tmp/torchherd-r1-node0",
+                    "-v", "/data:/data:ro", "-w", "/work", "-e", "NCCL_DEBUG", "-e", "TORCHHERD_RUN_ID",
+                    "--cap-add=SYS_PTRACE", "nvcr.io/nvidia/pytorch:24.05-py3", *ARGV]
+
+
+def test_rootless_podman_keeps_the_users_id_and_passes_gpus_by_cdi() -> None:
+    argv = container.run_argv(SPEC, "podman", ARGV, [], "/work", USER)
+    assert argv[argv.index("--userns"):argv.index("--userns") + 2] == ["--userns", "keep-id"]
+    assert "--user" not in argv
+    assert argv[argv.index("--device") + 1] == "nvidia.com/gpu=all"
+
+
+def test_docker_passes_the_user_and_gpus_all_only_when_the_ranks_use_gpus() -> None:
+    with_gpus = container.run_argv(SPEC._replace(gpus=True), "docker", ARGV, [], "/work", ROOT)
+    assert with_gpus[:2] == ["docker", "run"]
+    assert with_gpus[with_gpus.index("--gpus") + 1] == "all"
+    assert with_gpus[with_gpus.index("--user") + 1] == "0:0"
+    cpu = container.run_argv(SPEC._replace(gpus=False), "docker", ARGV, [], "/work", USER)
+    assert "--gpus" not in cpu and "--device" not in cpu
+    assert cpu[cpu.index("--user") + 1] == "1000:1000"  # docker has no keep-id: the user's own ids
+
+
+def test_apptainer_command_line_is_exact() -> None:
+    argv = container.run_argv(SPEC._replace(runtime="apptainer", image="/images/torch.sif"), "apptainer", ARGV,
+                              ["NCCL_DEBUG"], "/work", USER, ["/tmp/l"])
+    assert argv == ["apptainer", "exec", "--nv", "--bind", "/work:/work", "--bind", "/tmp/l:/tmp/l",
+                    "--bind", "/data:/data:ro", "--pwd", "/work", "--cap-add=SYS_PTRACE", "/images/torch.sif", *ARGV]
+
+
+def test_enroot_command_line_is_exact() -> None:
+    argv = container.run_argv(SPEC._replace(runtime="enroot", image="/images/torch.sqsh", gpus=False), "enroot",
+                              ARGV, ["NCCL_DEBUG"], "/work", USER)
+    assert argv == ["enroot", "start", "--mount", "/work:/work", "--mount", "/data:/data:ro", "--env", "NCCL_DEBUG",
+                    "--cap-add=SYS_PTRACE", "/images/torch.sqsh", "sh", "-c", container.ENROOT_CD, "sh", "/work",
+                    *ARGV]
+
+
+def test_removal_is_by_the_run_scoped_name_and_only_for_oci_runtimes() -> None:
+    assert container.remove_argv("podman", "torchherd-r1-node0") == ["podman", "rm", "-f", "torchherd-r1-node0"]
+    assert container.remove_argv("docker", "n") == ["docker", "rm", "-f", "n"]
+    assert container.remove_argv("apptainer", "n") is None
+    assert container.remove_argv("enroot", "n") is None
+    assert container.container_name("r1", "node0") != container.container_name("r2", "node0")
+    assert container.container_name("r1", "node0") != container.container_name("r1", "node1")
+
+
+def test_auto_picks_the_first_installed_runtime() -> None:
+    assert container.resolve_runtime("auto", {"docker": "/usr/bin/docker"}.get) == "docker"
+    assert container.resolve_runtime("auto", {"docker": "d", "podman": "p"}.get) == "podman"
+    assert container.resolve_runtime("docker", {"podman": "p"}.get) is None
+    assert container.resolve_runtime("auto", {}.get) is None
+
+
+@pytest.mark.parametrize("image", ["x;rm -rf ~", "$(id)", "a b", "`x`", "img|x", "-rm", "", "x\n"])
+def test_an_image_a_shell_would_read_more_into_is_refused(image: str) -> None:
+    assert container.image_problem(image)
+
+
+@pytest.mark.parametrize("image", ["pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime", "localhost/th:1",
+                                   "nvcr.io/nvidia/pytorch@sha256:" + "a" * 64, "/images/t.sif", "docker://x/y:1"])
+def test_image_references_pass(image: str) -> None:
+    assert container.image_problem(image) is None
+
+
+def test_inventory_container_table_and_host_override() -> None:
+    inventory = parse(document(image="img:1", runtime="podman", mounts=["/usr:/usr:ro"]), Path("h.toml"))
+    first, second = inventory.hosts
+    assert first.container is not None and second.container is not None
+    assert (first.container.image, first.container.runtime, first.container.mounts) == ("img:1", "podman",
+                                                                                       ("/usr:/usr:ro",))
+    assert (second.container.image, second.container.runtime, second.container.mounts) == ("other:2", "podman",
+                                                                                          ("/x:/y",))
+    assert parse({"hosts": [{"name": "a"}]}, Path("h.toml")).hosts[0].container is None
+
+
+@pytest.mark.parametrize(("table", "named"), [
+    ({"image": "x;y"}, "[container].image"),
+    ({"image": "x", "runtime": "dockr"}, "[container].runtime"),
+    ({"image": "x", "mounts": ["data:/data"]}, "[container].mounts"),
+    ({"image": "x", "options": ["cap-add"]}, "[container].options"),
+    ({"image": "x", "imag": "y"}, "[container].imag"),
+])
+def test_bad_container_keys_name_the_file_and_key(table: dict[str, object], named: str) -> None:
+    with pytest.raises(InventoryError) as error:
+        parse({"container": table, "hosts": [{"name": "a"}]}, Path("h.toml"))
+    assert str(error.value).startswith(f"h.toml: {named}: ")
+    assert "\n" not in str(error.value)
+
+
+def test_a_host_container_without_any_image_is_refused() -> None:
+    with pytest.raises(InventoryError, match=r"hosts\[0\]\.container: no image"):
+        parse({"hosts": [{"name": "a", "container": {"runtime": "podman"}}]}, Path("h.toml"))
+
+
+def test_flags_override_every_host_and_name_the_flag() -> None:
+    inventory = parse(document(image="img:1"), Path("h.toml"))
+    changed = with_container(inventory, {"image": "new:3", "runtime": "docker"})
+    assert {(host.container.image, host.container.runtime) for host in changed.hosts if host.container} == {
+        ("new:3", "docker")}
+    with pytest.raises(InventoryError, match=r"^--image: 'a&b' is not an image name"):
+        with_container(inventory, {"image": "a&b"})
+    with pytest.raises(InventoryError, match=r"^--container-runtime: expected one of"):
+        with_container(inventory, {"runtime": "lxc"})
+
+
+@pytest.mark.parametrize(("flags", "named"), [(["--image", "x;rm"], "--image"),
+                                              (["--image", "x", "--container-runtime", "lxc"], "--container-runtime")])
+def test_cli_bad_image_or_runtime_exits_2_with_one_line(flags: list[str], named: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text('[[hosts]]\nname = "a"\n')
+    code = main(["run", "-i", str(inventory), "--dry-run", *flags, "--", "train.py"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"error: {named}: ")
+    assert "Traceback" not in err
+
+
+def test_plan_names_the_container_after_the_run_and_node_and_ships_it_to_the_supervisor() -> None:
+    from torchherd.engine.job import supervisor_config
+
+    plan = build_plan(parse(document(image="img:1", runtime="podman"), Path("h.toml")),
+                      RunOptions(script="train.py", run_id="r7", nproc_per_node="cpu"))
+    node = plan.nodes[1]
+    assert node.container is not None
+    assert (node.container.name, node.container.run_id, node.container.gpus) == ("torchherd-r7-node1", "r7", False)
+    config = wire.SupervisorConfig.from_json(supervisor_config(node, "r7", 5.0).to_json())
+    assert config.container == node.container
+    line = node.shell_line()
+    words = shlex.split(line.split(" && ", 1)[1])
+    assert words[words.index("podman"):words.index("podman") + 2] == ["podman", "run"]
+    assert '"$(id -u):$(id -g)"' in line
+
+
+def test_supervisor_refuses_a_config_whose_container_is_bad() -> None:
+    raw = wire.SupervisorConfig(run_id="r1", argv=("x",), container=SPEC).to_json()
+    with pytest.raises(wire.ConfigError, match="container"):
+        wire.SupervisorConfig.from_json(raw.replace("nvcr.io", "$(id)"))
+
+
+def test_a_bad_image_through_the_api_is_a_usage_error() -> None:
+    from torchherd import Cluster
+
+    with pytest.raises(UsageError, match="image"):
+        Cluster(hosts=["a"], container={"image": "x y"})
+    cluster = Cluster(hosts=["a"], container={"image": "img:1", "runtime": "docker"})
+    assert cluster.inventory.hosts[0].container is not None
+    assert cluster.with_container("img:2").inventory.hosts[0].container.image == "img:2"  # type: ignore[union-attr]
