@@ -1,0 +1,104 @@
+"""``run --image`` on the local cluster: podman on every node (docs/containers.md), a tiny
+image made offline (tests/cluster/localcluster.py ``write_image_archive``: no registry is
+ever reached) that borrows the host's /usr, Python and torch read-only, real torchrun, gloo.
+
+Every test checks that no process and no container of the run is left on any node."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from localcluster import IMAGE_TAG, LocalCluster, image_mounts, write_image_archive
+
+if TYPE_CHECKING:
+    from test_run import Controller
+
+pytestmark = [pytest.mark.cluster, pytest.mark.skipif(shutil.which("podman") is None,
+                                                      reason="podman is not installed (scripts/install-deps)")]
+
+JOBS = Path(__file__).resolve().parent / "jobs"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def boxed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Two nodes with podman and the test image loaded on each; the inventory runs in it."""
+    from conftest import _start
+
+    cluster = _start(2, tmp_path_factory.mktemp("containers"), containers=True)
+    try:
+        archive = write_image_archive(cluster.state_dir / "image.tar")
+        ids = {name: cluster.load_image(name, archive) for name in cluster.names}
+        assert len(set(ids.values())) == 1, ids
+        mounts = ", ".join(f'"{mount}"' for mount in image_mounts())
+        with cluster.inventory.open("a") as inventory:
+            inventory.write(f'\n[container]\nimage = "{IMAGE_TAG}"\nruntime = "podman"\nmounts = [{mounts}]\n')
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def containers_left(cluster: LocalCluster) -> dict[str, str]:
+    """Every container on any node (the nodes' storage is this cluster's own: any is a leftover)."""
+    left = {}
+    for name in cluster.names:
+        done = cluster.ssh(name, "podman ps -a --format '{{.Names}} {{.Labels}}'", timeout=60)
+        assert done.returncode == 0, done.stderr
+        if done.stdout.strip():
+            left[name] = done.stdout.strip()
+    return left
+
+
+def assert_clean(cluster: LocalCluster, timeout: float = 10.0) -> None:
+    for name in cluster.names:
+        assert cluster.wait_no_processes(name, timeout=timeout) == [], f"processes left on {name}"
+    assert containers_left(cluster) == {}
+
+
+def run(cluster: LocalCluster, log_dir: Path, *args: str) -> tuple[int, str]:
+    from test_run import run_cli
+
+    return run_cli(cluster, log_dir, *args)
+
+
+@pytest.mark.timeout(180)
+def test_ddp_two_by_two_inside_podman_as_the_ssh_user(boxed: LocalCluster, tmp_path: Path) -> None:
+    started = time.monotonic()
+    code, out = run(boxed, tmp_path / "logs", "--nproc-per-node", "2", "--", str(JOBS / "in_container.py"))
+    print(f"2x2 in podman took {time.monotonic() - started:.1f} s")
+    assert code == 0, out
+    found = {int(match.group(1)): match for match in
+             re.finditer(r"rank (\d) of 4 on (node\d) in-image (\w+) uid (\d+:\d+) file (\d+:\d+) sum 10", out)}
+    assert sorted(found) == [0, 1, 2, 3], out
+    for rank, match in found.items():
+        assert match.group(2) == f"node{rank // 2}"  # the node's own hostname: --network host, --uts host
+        assert match.group(3) == "True"  # inside the image (only it has /etc/torchherd-mark)
+        # the image's own user is nobody (65534): the job ran as the SSH user, and its files are the user's
+        assert match.group(4) == match.group(5) == "0:0", match.group(0)
+    assert "all 2 nodes finished (exit 0)" in out
+    assert_clean(boxed)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+                         ids=["SIGINT", "SIGTERM", "SIGKILL"])
+def test_controller_signal_leaves_no_container_and_no_process(boxed: LocalCluster, tmp_path: Path, signum: int,
+                                                              controllers: Callable[..., Controller]) -> None:
+    controller = controllers(boxed, tmp_path / "logs", "--nproc-per-node", "1", "--",
+                             str(EXAMPLES / "crash_demo.py"), "--steps", "1000")
+    controller.wait_for(r"node1:1 │ step 2 ", timeout=90)
+    running = {name: boxed.ssh(name, "podman ps --format '{{.Names}} {{.Labels}}'").stdout for name in boxed.names}
+    for name, listed in running.items():
+        assert re.search(rf"torchherd-th-\S+-{name} .*torchherd\.run:th-", listed), (name, listed)
+    controller.process.send_signal(signum)
+    if signum != signal.SIGKILL:
+        assert controller.wait(timeout=60) == 130, controller.output
+    assert_clean(boxed, timeout=30)
