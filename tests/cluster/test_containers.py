@@ -6,9 +6,11 @@ Every test checks that no process and no container of the run is left on any nod
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -102,3 +104,45 @@ def test_controller_signal_leaves_no_container_and_no_process(boxed: LocalCluste
     if signum != signal.SIGKILL:
         assert controller.wait(timeout=60) == 130, controller.output
     assert_clean(boxed, timeout=30)
+
+
+def check(cluster: LocalCluster, inventory: Path | None = None) -> dict[str, dict[str, str]]:
+    """``check --only ssh,container --json``: per node, the container check's result."""
+    done = subprocess.run([sys.executable, "-m", "torchherd", "-i", str(inventory or cluster.inventory), "check",
+                           "--only", "ssh,container", "--json"], capture_output=True, text=True, timeout=200,
+                          stdin=subprocess.DEVNULL, env=cluster.env())
+    document = json.loads(done.stdout)
+    assert done.returncode == (0 if document["ok"] else 1), done.stderr
+    return {item["node"]: item for item in document["checks"] if item["check"] == "container"}
+
+
+@pytest.mark.timeout(240)
+def test_check_reads_versions_in_the_image_and_names_only_the_node_whose_image_differs(boxed: LocalCluster) -> None:
+    found = check(boxed)
+    assert sorted(found) == boxed.names
+    for result in found.values():
+        assert result["status"] == "pass", result
+        assert f"image {IMAGE_TAG} " in result["summary"]
+        assert f"inside: python {sys.version.split()[0]}, torch " in result["summary"], result
+    # node1 gets another image under the same tag (its own storage: real machines differ so)
+    other = boxed.load_image("node1", write_image_archive(boxed.state_dir / "other.tar", mark="rebuilt"))
+    try:
+        found = check(boxed)
+        assert found["node0"]["status"] == "pass", found
+        assert found["node1"]["status"] == "fail", found
+        assert re.search(rf"image {re.escape(IMAGE_TAG)} on node1 is {other}, on node0 it is (sha256:)?[0-9a-f]{{64}}: "
+                         "two images",
+                         found["node1"]["summary"]), found["node1"]
+    finally:
+        boxed.load_image("node1", boxed.state_dir / "image.tar")
+
+
+@pytest.mark.timeout(240)
+def test_a_node_without_the_runtime_fails_the_runtime_check_not_the_image_comparison(boxed: LocalCluster) -> None:
+    inventory = boxed.inventory.with_name("enroot-on-node1.toml")
+    text = boxed.inventory.read_text().replace('name = "node1"', 'name = "node1"\ncontainer = { runtime = "enroot" }')
+    inventory.write_text(text)
+    found = check(boxed, inventory)
+    assert found["node0"]["status"] == "pass", found
+    assert found["node1"]["status"] == "fail"
+    assert found["node1"]["summary"] == "enroot is not installed on node1 (not on PATH)"

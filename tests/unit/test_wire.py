@@ -143,7 +143,7 @@ def test_every_status_builder_is_read_back_by_the_controller() -> None:
 
 SUPERVISOR_KEYS = {"run_id", "argv", "env", "cwd", "grace", "heartbeat", "watchdog", "cleanup_dir", "rank_marker",
                    "log_file", "state_file", "node", "coordinator", "rank_logs", "gpu_every", "rank_base",
-                   "busy_every", "persist", "log_head"}
+                   "busy_every", "persist", "log_head", "container"}
 
 
 def test_supervisor_config_round_trips_with_todays_keys() -> None:

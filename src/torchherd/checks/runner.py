@@ -13,6 +13,7 @@ from torchherd.checks.analysis.network import compute_networks
 from torchherd.checks.analysis.registry import ANALYSES
 from torchherd.checks.analysis.ssh import SLOW_SHELL_SECONDS, busy_node_explains
 from torchherd.checks.bandwidth import measure
+from torchherd.checks.container import gather as gather_containers
 from torchherd.checks.gather import NODES_AT_ONCE, FactsSession, StartedFacts, finish_facts, start_facts, stop_listeners
 from torchherd.checks.icmp import echo_all
 from torchherd.checks.model import CHECK_IDS, OPT_IN, Mesh, Observed
@@ -217,6 +218,8 @@ def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progres
         for name, started in collector.started.items():
             if name not in collector.sessions:  # interrupted before its answer was read
                 started.process.close()
+    if "container" in selected:
+        observed.containers.update(gather_containers(plan.inventory.hosts, collector.connections))
     if MEASURED & set(selected):
         measure(observed, collector.connections, mesh)
     if "ssh" in selected:

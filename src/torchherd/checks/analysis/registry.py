@@ -7,6 +7,7 @@ from typing import Callable
 from torchherd.checks.analysis import (
     bandwidth,
     clock,
+    container,
     env,
     firewall,
     gpu,
@@ -27,5 +28,5 @@ ANALYSES: dict[str, Analysis] = {
     "ssh": ssh.analyse, "ping": ping.analyse, "hostname": hostname.analyse, "port": port.analyse,
     "firewall": firewall.analyse, "network": network.analyse, "env": env.analyse,
     "python": python.analyse, "gpu": gpu.analyse, "script": script.analyse, "clock": clock.analyse,
-    "bandwidth": bandwidth.analyse, "mtu": bandwidth.analyse_mtu,
+    "bandwidth": bandwidth.analyse, "mtu": bandwidth.analyse_mtu, "container": container.analyse,
 }
