@@ -181,3 +181,70 @@ def test_a_bad_image_through_the_api_is_a_usage_error() -> None:
     cluster = Cluster(hosts=["a"], container={"image": "img:1", "runtime": "docker"})
     assert cluster.inventory.hosts[0].container is not None
     assert cluster.with_container("img:2").inventory.hosts[0].container.image == "img:2"  # type: ignore[union-attr]
+
+
+def observed_with(containers: dict[str, dict[str, object]], hosts: int = 3) -> object:
+    from torchherd.checks.model import NodeFacts, Observed
+
+    inventory = parse({"container": {"image": "img:1", "runtime": "auto"},
+                       "hosts": [{"name": f"n{index}"} for index in range(hosts)]}, Path("h.toml"))
+    observed = Observed(inventory=inventory, master_target="n0")
+    observed.facts.update({host.name: NodeFacts(raw={}, sent=0.0, received=0.0) for host in inventory.hosts})
+    observed.containers.update({name: dict(found) for name, found in containers.items()})
+    return observed
+
+
+VERSIONS = {"python": "3.11.7", "torch": "2.13.0", "cuda": "12.4", "nccl": "2.21.5"}
+
+
+def container_results(containers: dict[str, dict[str, object]]) -> dict[str, tuple[str, str]]:
+    from torchherd.checks.analysis import container as analysis
+
+    return {result.node: (result.status, result.summary)
+            for result in analysis.analyse(observed_with(containers))}  # type: ignore[arg-type]
+
+
+def test_analysis_names_only_the_node_whose_image_differs_with_both_ids() -> None:
+    same = {"runtime": "podman", "id": "sha256:" + "a" * 64, "versions": VERSIONS}
+    found = container_results({"n0": same, "n1": {**same, "id": "sha256:" + "b" * 64}, "n2": same})
+    assert [node for node, (status, _) in found.items() if status == "fail"] == ["n1"]
+    assert found["n1"][1] == (f"image img:1 on n1 is sha256:{'b' * 64}, on n0 it is sha256:{'a' * 64}: "
+                              "two images under one name")
+    assert found["n0"][1] == ("podman, image img:1 aaaaaaaaaaaa; inside: python 3.11.7, torch 2.13.0, CUDA 12.4, "
+                              "NCCL 2.21.5")
+
+
+def test_analysis_never_calls_a_missing_runtime_or_image_a_mismatch() -> None:
+    same = {"runtime": "docker", "id": "sha256:" + "a" * 64, "versions": VERSIONS}
+    found = container_results({
+        "n0": {"runtime-missing": ""},
+        "n1": {"runtime": "docker", "image-error": "Error: No such image: img:1"},
+        "n2": same,
+    })
+    assert found["n0"] == ("fail", "none of podman, docker, apptainer, enroot is installed on n0 (not on PATH)")
+    assert found["n1"][0] == "fail" and found["n1"][1].startswith("image img:1 is not on n1")
+    assert found["n2"][0] == "pass"
+
+
+def test_analysis_tells_a_runtime_that_refuses_the_user_from_a_missing_image() -> None:
+    found = container_results({"n0": {"runtime": "docker", "image-error": "permission denied while trying to "
+                                       "connect to the Docker daemon socket at unix:///var/run/docker.sock"},
+                               "n1": {"runtime": "podman", "id": "x", "versions-error": "127 exec: python3: not found"},
+                               "n2": {"runtime": "podman", "id": "x", "versions": {"python": "3.11.7",
+                                                                                    "torch_error": "ImportError: x"}}})
+    assert found["n0"][1].startswith("docker on n0 does not answer this user: permission denied")
+    assert found["n1"][1].startswith("python3 does not run in image img:1 on n1")
+    assert found["n2"][1] == "python3 in image img:1 on n2 cannot import torch: ImportError: x"
+
+
+def test_check_command_quotes_the_image_and_resolves_the_runtime_on_the_node() -> None:
+    from torchherd.checks.container import node_command, parse as parse_facts
+
+    inventory = parse({"container": {"image": "img:1", "runtime": "podman", "mounts": ["/usr:/usr:ro"]},
+                       "hosts": [{"name": "a"}]}, Path("h.toml"))
+    command = node_command(inventory.hosts[0])
+    assert "for r in podman; do" in command
+    assert "image inspect --format '{{.Id}}' img:1" in command
+    assert '--user "$(id -u):$(id -g)"' in command
+    assert parse_facts('runtime podman\nid abc\nversions {"python": "3.11.7"}\n') == {
+        "runtime": "podman", "id": "abc", "versions": {"python": "3.11.7"}}
