@@ -238,7 +238,8 @@ def test_analysis_tells_a_runtime_that_refuses_the_user_from_a_missing_image() -
 
 
 def test_check_command_quotes_the_image_and_resolves_the_runtime_on_the_node() -> None:
-    from torchherd.checks.container import node_command, parse as parse_facts
+    from torchherd.checks.container import node_command
+    from torchherd.checks.container import parse as parse_facts
 
     inventory = parse({"container": {"image": "img:1", "runtime": "podman", "mounts": ["/usr:/usr:ro"]},
                        "hosts": [{"name": "a"}]}, Path("h.toml"))
