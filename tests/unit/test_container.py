@@ -249,3 +249,12 @@ def test_check_command_quotes_the_image_and_resolves_the_runtime_on_the_node() -
     assert '--user "$(id -u):$(id -g)"' in command
     assert parse_facts('runtime podman\nid abc\nversions {"python": "3.11.7"}\n') == {
         "runtime": "podman", "id": "abc", "versions": {"python": "3.11.7"}}
+
+
+def test_slurm_refuses_a_job_in_a_container_instead_of_running_it_outside() -> None:
+    from torchherd.engine.slurm.batch import batch_job
+
+    inventory = parse({"cluster": {"scheduler": "slurm"}, "container": {"image": "img:1"},
+                       "hosts": [{"name": "a"}, {"name": "b"}]}, Path("h.toml"))
+    with pytest.raises(UsageError, match=r"^--image / \[container\]: a job in a container is not handed to SLURM"):
+        batch_job(build_plan(inventory, RunOptions(script="t.py", run_id="r1")), inventory.slurm)
