@@ -21,6 +21,7 @@ import pytest
 from localcluster import IMAGE_TAG, LocalCluster, image_mounts, write_image_archive
 
 if TYPE_CHECKING:
+    from conftest import Runs
     from test_run import Controller
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(shutil.which("podman") is None,
@@ -146,3 +147,41 @@ def test_a_node_without_the_runtime_fails_the_runtime_check_not_the_image_compar
     assert found["node0"]["status"] == "pass", found
     assert found["node1"]["status"] == "fail"
     assert found["node1"]["summary"] == "enroot is not installed on node1 (not on PATH)"
+
+
+def wait_for_containers(cluster: LocalCluster, timeout: float = 90.0) -> None:
+    """Until every node runs its container of the run."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = [cluster.ssh(name, "podman ps --format '{{.Names}}'").stdout for name in cluster.names]
+        if all(re.search(r"^torchherd-th-", text, re.M) for text in listed):
+            return
+        time.sleep(1)
+    raise AssertionError(f"no container on every node within {timeout:g} s")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("supervisor_killed", [False, True], ids=["stop", "stop-after-supervisor-killed"])
+def test_stop_of_a_detached_run_removes_its_containers(boxed: LocalCluster, runs: Runs,
+                                                       supervisor_killed: bool) -> None:
+    from torchherd.runrecord import remote_state_file
+
+    run_id, _ = runs.detach(boxed, "--", str(EXAMPLES / "crash_demo.py"), "--steps", "1000")
+    wait_for_containers(boxed)
+    if supervisor_killed:
+        # The supervisor, the podman client and conmon all killed (the OOM killer, a user's
+        # kill -9): nobody is left to run --rm or the removal, but stop, by the state file.
+        for name in boxed.names:
+            state = json.loads(boxed.ssh(name, f"cat {remote_state_file(run_id, name)}", check=True).stdout)
+            container = f"torchherd-{run_id}-{name}"
+            assert state["container"] == ["podman", container]
+            table = boxed.ssh(name, "ps -eo pid=,comm=", check=True).stdout.split("\n")
+            conmon = [int(line.split()[0]) for line in table if line.split()[1:] == ["conmon"]]
+            assert conmon, table  # the node's own process table: only this run's conmon is there
+            pids = [int(state["supervisor"]), int(state["pid"]), *conmon]
+            assert all(pid > 1 for pid in pids), pids
+            boxed.ssh(name, "kill -9 " + " ".join(map(str, pids)), check=True)
+    done = subprocess.run([sys.executable, "-m", "torchherd", "stop", run_id], capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL, env=runs.env(boxed))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert_clean(boxed, timeout=30)
