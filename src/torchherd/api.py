@@ -147,12 +147,13 @@ class Cluster:
 
     def with_container(self, image: str | None = None, *, runtime: str | None = None,
                        mounts: Sequence[str] | None = None, options: Sequence[str] | None = None,
-                       where: str = "with_container") -> Cluster:
+                       pull: str | None = None, where: str = "with_container") -> Cluster:
         """The same cluster with every host's job inside ``image`` (``--image``): the keys
         of ``[container]``, over the inventory's own; ``where`` names them in errors ("" for
         the command line's flags)."""
         table = {key: list(value) if isinstance(value, (list, tuple)) else value
-                 for key, value in (("image", image), ("runtime", runtime), ("mounts", mounts), ("options", options))
+                 for key, value in (("image", image), ("runtime", runtime), ("mounts", mounts), ("options", options),
+                                    ("pull", pull))
                  if value is not None}
         if not table:
             return self

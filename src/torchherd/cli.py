@@ -62,8 +62,9 @@ def _hosts(args: argparse.Namespace) -> Cluster:
         cluster = cluster.select(include, exclude)
     master = getattr(args, "master", None)
     cluster = cluster.override(master=master) if master else cluster
-    image, runtime = getattr(args, "image", None), getattr(args, "container_runtime", None)
-    return cluster.with_container(image, runtime=runtime, where="") if image or runtime else cluster
+    image, runtime, pull = (getattr(args, "image", None), getattr(args, "container_runtime", None),
+                            getattr(args, "pull", None))
+    return cluster.with_container(image, runtime=runtime, pull=pull, where="") if image or runtime or pull else cluster
 
 
 def cmd_init(args: argparse.Namespace, console: Console) -> int:
@@ -505,6 +506,9 @@ def _add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False) -> Non
                        help="run the job inside this container image on every node (docs/containers.md)")
     group.add_argument("--container-runtime", metavar="RUNTIME",
                        help="auto, podman, docker, apptainer or enroot (default: [container].runtime, auto)")
+    group.add_argument("--pull", metavar="POLICY",
+                       help="never (default), missing or always: docker/podman pull the image on each node as its "
+                            "container starts (check never pulls)")
 
 
 def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser],

@@ -79,7 +79,7 @@ CLUSTER_KEYS = (
 )
 NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "setup")
 HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare", "container") + NODE_KEYS
-CONTAINER_KEYS = ("image", "runtime", "mounts", "options")
+CONTAINER_KEYS = ("image", "runtime", "mounts", "options", "pull")
 STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
 SYNC_KEYS = ("dir", "exclude", "dest")
@@ -110,6 +110,9 @@ class ContainerSettings:
     """More ``SRC[:DST[:OPTIONS]]`` mounts; the workdir is always mounted at itself."""
     options: tuple[str, ...] = ()
     """More options of the runtime's run command, one word each."""
+    pull: str = "never"
+    """docker/podman: "never" (the image must be there), "missing" or "always": each node
+    pulls as its container starts (``run --pull``); ``check`` never pulls."""
 
 
 @dataclass(frozen=True)
@@ -532,7 +535,8 @@ def _container_table(table: Mapping[str, Any], path: Path, where: str) -> dict[s
     read = _Reader(path, where, table, CONTAINER_KEYS)
     values: dict[str, Any] = {}
     for key, convert in (("image", read.image), ("runtime", read.choice(containers.RUNTIME_CHOICES)),
-                         ("mounts", read.mounts), ("options", read.runtime_options)):
+                         ("mounts", read.mounts), ("options", read.runtime_options),
+                         ("pull", read.choice(containers.PULL_CHOICES))):
         if key in table:
             values[key] = convert(key, table[key])
     return values
@@ -556,7 +560,7 @@ def _host_container(read: _Reader, base: Mapping[str, Any]) -> ContainerSettings
     return ContainerSettings(**merged)
 
 
-CONTAINER_FLAGS = {"image": "--image", "runtime": "--container-runtime"}
+CONTAINER_FLAGS = {"image": "--image", "runtime": "--container-runtime", "pull": "--pull"}
 
 
 def with_container(inventory: Inventory, table: Mapping[str, Any], where: str = "") -> Inventory:
@@ -575,7 +579,7 @@ def with_container(inventory: Inventory, table: Mapping[str, Any], where: str = 
     def merged(host: Host) -> Host:
         keys = {**(host.container.__dict__ if host.container is not None else {}), **values}
         if "image" not in keys:
-            raise InventoryError(f"{where or '--container-runtime'}: no image to run it with",
+            raise InventoryError(f"{where or CONTAINER_FLAGS[next(iter(values), 'runtime')]}: no image to run it with",
                                  "give --image IMAGE too, or image in [container]")
         return replace(host, container=ContainerSettings(**keys))
 

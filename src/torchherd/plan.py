@@ -368,7 +368,7 @@ def _container(host: Host, run_id: str, nproc: int | str, notes: list[str]) -> c
     gpus = True if nproc == "gpu" else False if nproc == "cpu" else None
     spec = containers.ContainerSpec(image=settings.image, runtime=settings.runtime,
                                     name=containers.container_name(run_id, host.name), run_id=run_id,
-                                    mounts=settings.mounts, options=settings.options, gpus=gpus)
+                                    mounts=settings.mounts, options=settings.options, gpus=gpus, pull=settings.pull)
     problem = containers.spec_problem(spec)
     if problem:
         raise UsageError(f"{host.name}: container: {problem}")

@@ -183,10 +183,10 @@ def test_a_bad_image_through_the_api_is_a_usage_error() -> None:
     assert cluster.with_container("img:2").inventory.hosts[0].container.image == "img:2"  # type: ignore[union-attr]
 
 
-def observed_with(containers: dict[str, dict[str, object]], hosts: int = 3) -> object:
+def observed_with(containers: dict[str, dict[str, object]], hosts: int = 3, pull: str = "never") -> object:
     from torchherd.checks.model import NodeFacts, Observed
 
-    inventory = parse({"container": {"image": "img:1", "runtime": "auto"},
+    inventory = parse({"container": {"image": "img:1", "runtime": "auto", "pull": pull},
                        "hosts": [{"name": f"n{index}"} for index in range(hosts)]}, Path("h.toml"))
     observed = Observed(inventory=inventory, master_target="n0")
     observed.facts.update({host.name: NodeFacts(raw={}, sent=0.0, received=0.0) for host in inventory.hosts})
@@ -258,3 +258,36 @@ def test_slurm_refuses_a_job_in_a_container_instead_of_running_it_outside() -> N
                        "hosts": [{"name": "a"}, {"name": "b"}]}, Path("h.toml"))
     with pytest.raises(UsageError, match=r"^--image / \[container\]: a job in a container is not handed to SLURM"):
         batch_job(build_plan(inventory, RunOptions(script="t.py", run_id="r1")), inventory.slurm)
+
+
+def test_pull_policy_reaches_the_run_command_and_check_never_pulls() -> None:
+    from torchherd.checks.container import node_command
+
+    for policy in ("missing", "always", "never"):
+        argv = container.run_argv(SPEC._replace(pull=policy), "docker", ARGV, [], "/work", ROOT)
+        assert argv[argv.index("--pull") + 1] == policy
+    inventory = parse({"container": {"image": "img:1", "pull": "always"}, "hosts": [{"name": "a"}]}, Path("h.toml"))
+    plan = build_plan(inventory, RunOptions(script="t.py", run_id="r1"))
+    assert plan.nodes[0].container is not None and plan.nodes[0].container.pull == "always"
+    assert "--pull always" in plan.nodes[0].shell_line()
+    assert "--pull always" not in node_command(inventory.hosts[0])
+    assert "--pull never" in node_command(inventory.hosts[0])
+
+
+def test_a_bad_pull_policy_names_the_flag_or_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(InventoryError, match=r"^h\.toml: \[container\]\.pull: expected one of 'missing'"):
+        parse({"container": {"image": "x", "pull": "sometimes"}, "hosts": [{"name": "a"}]}, Path("h.toml"))
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text('[[hosts]]\nname = "a"\n')
+    assert main(["run", "-i", str(inventory), "--dry-run", "--image", "x", "--pull", "often", "--", "t.py"]) == 2
+    assert capsys.readouterr().err.startswith("error: --pull: expected one of 'missing', 'always', 'never'")
+
+
+def test_a_missing_image_that_the_launch_will_pull_is_a_warning() -> None:
+    from torchherd.checks.analysis import container as analysis
+
+    observed = observed_with({"n0": {"runtime": "podman", "image-error": "Error: img:1: image not known"}}, hosts=1,
+                             pull="missing")
+    (result,) = analysis.analyse(observed)  # type: ignore[arg-type]
+    assert (result.status, result.summary) == ("warn", "image img:1 is not on n0 yet: the launch pulls it "
+                                               "(pull = missing); its id is compared once it is there")

@@ -57,10 +57,13 @@ class ContainerSpec(NamedTuple):
     """More options of the runtime's run command, each one word (``--cap-add=SYS_PTRACE``)."""
     gpus: Optional[bool] = None
     """Pass the GPUs through; None: where the node has NVIDIA devices."""
+    pull: str = "never"
+    """docker/podman ``run --pull``: "never" (the default: a launch never pulls unasked),
+    "missing" or "always"; each node pulls for itself as its container starts."""
 
     def to_json_object(self) -> Dict[str, object]:
         return {"image": self.image, "runtime": self.runtime, "name": self.name, "run_id": self.run_id,
-                "mounts": list(self.mounts), "options": list(self.options), "gpus": self.gpus}
+                "mounts": list(self.mounts), "options": list(self.options), "gpus": self.gpus, "pull": self.pull}
 
     @classmethod
     def from_json_object(cls, raw: object) -> Optional["ContainerSpec"]:
@@ -69,9 +72,10 @@ class ContainerSpec(NamedTuple):
             return None
         if not isinstance(raw, dict):
             raise ValueError("config key 'container' must be an object or null")
-        strings = {key: raw.get(key) for key in ("image", "runtime", "name", "run_id")}
+        strings = {key: raw.get(key, "never" if key == "pull" else None)
+                   for key in ("image", "runtime", "name", "run_id", "pull")}
         if not all(isinstance(value, str) for value in strings.values()):
-            raise ValueError("config key 'container' needs image, runtime, name and run_id strings")
+            raise ValueError("config key 'container' needs image, runtime, name, run_id and pull strings")
         lists = {key: raw.get(key) for key in ("mounts", "options")}
         if not all(isinstance(value, list) and all(isinstance(item, str) for item in value)
                    for value in lists.values()):
@@ -81,7 +85,7 @@ class ContainerSpec(NamedTuple):
             raise ValueError("config key 'container.gpus' must be true, false or null")
         spec = cls(image=str(strings["image"]), runtime=str(strings["runtime"]), name=str(strings["name"]),
                    run_id=str(strings["run_id"]), mounts=tuple(lists["mounts"] or ()),
-                   options=tuple(lists["options"] or ()), gpus=gpus)
+                   options=tuple(lists["options"] or ()), gpus=gpus, pull=str(strings["pull"]))
         problem = spec_problem(spec)
         if problem:
             raise ValueError("config key 'container': " + problem)
@@ -123,6 +127,8 @@ def spec_problem(spec: ContainerSpec) -> Optional[str]:
     """The first thing wrong in ``spec`` (None when nothing is)."""
     if spec.runtime not in RUNTIME_CHOICES:
         return "runtime %r: expected one of %s" % (spec.runtime, ", ".join(RUNTIME_CHOICES))
+    if spec.pull not in PULL_CHOICES:
+        return "pull %r: expected one of %s" % (spec.pull, ", ".join(PULL_CHOICES))
     for problem in (image_problem(spec.image), *map(mount_problem, spec.mounts), *map(option_problem, spec.options)):
         if problem:
             return problem
@@ -192,7 +198,7 @@ def run_argv(spec: ContainerSpec, runtime: str, argv: Sequence[str], env_names: 
     names = sorted(set(env_names))
     if runtime in OCI_RUNTIMES:
         words = [runtime, "run", "--rm", "--name", spec.name, "--label", LABEL + "=" + spec.run_id,
-                 "--pull", "never", "--network", "host", "--ipc", "host"]
+                 "--pull", spec.pull, "--network", "host", "--ipc", "host"]
         if runtime == "podman" and identity.rootless:
             # rootless podman: the user's uid inside is mapped to the user's uid outside
             words += ["--userns", "keep-id"]

@@ -64,8 +64,12 @@ def _node(host: Host, facts: dict[str, Any], references: dict[str, tuple[str, st
         if any(word in error.lower() for word in UNUSABLE):
             return CheckResult(host.name, CHECK, "fail", f"{runtime} on {host.name} does not answer this user: "
                                f"{error[:300]}", _usable_fix(runtime))
+        if settings.pull != "never" and runtime in ("docker", "podman"):
+            return CheckResult(host.name, CHECK, "warn", f"image {image} is not on {host.name} yet: the launch pulls "
+                               f"it (pull = {settings.pull}); its id is compared once it is there")
         return CheckResult(host.name, CHECK, "fail", f"image {image} is not on {host.name} ({runtime}: "
-                           f"{error[:200]})", f"{runtime} pull {image} there, or {runtime} load an archive of it")
+                           f"{error[:200]})", f"{runtime} pull {image} there, or {runtime} load an archive of it, "
+                           "or run with --pull missing")
     image_id = str(facts.get("id", ""))
     first, first_id = references.get(image, (host.name, image_id))
     if image_id != first_id:
