@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from io import StringIO
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,10 +73,16 @@ def run(cluster: LocalCluster, log_dir: Path, *args: str) -> tuple[int, str]:
     return run_cli(cluster, log_dir, *args)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 def test_ddp_two_by_two_inside_podman_as_the_ssh_user(boxed: LocalCluster, tmp_path: Path) -> None:
+    from torchherd.cli import main
+    from torchherd.console import make_console
+
     started = time.monotonic()
-    code, out = run(boxed, tmp_path / "logs", "--nproc-per-node", "2", "--", str(JOBS / "in_container.py"))
+    printed = StringIO()  # the preflight first, the container check with it
+    code = main(["-i", str(boxed.inventory), "run", "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "2",
+                 "--", str(JOBS / "in_container.py")], console=make_console(printed, width=200))
+    out = printed.getvalue()
     print(f"2x2 in podman took {time.monotonic() - started:.1f} s")
     assert code == 0, out
     found = {int(match.group(1)): match for match in

@@ -192,7 +192,10 @@ def observe(plan: Plan, selected: tuple[str, ...], min_bandwidth: float | None =
              else "[cluster].master_addr" if plan.inventory.cluster.master_addr else None)
     floor = min_bandwidth if min_bandwidth is not None else plan.inventory.checks.min_bandwidth
     return Observed(inventory=plan.inventory, master_target=plan.master_addr, master_given=given, script=plan.script,
-                    with_torch=bool(NEED_TORCH & set(selected)), nproc_per_node=plan.nproc_per_node,
+                    # a job in an image imports the image's torch (the container check reads it
+                    # there): the node's own is nobody's business, and costs seconds of CPU
+                    with_torch=bool(NEED_TORCH & set(selected)) and any(node.container is None for node in plan.nodes),
+                    nproc_per_node=plan.nproc_per_node,
                     node_nproc={node.host.name: node.nproc_per_node for node in plan.nodes},
                     job_env={node.host.name: node.env for node in plan.nodes}, ssh_hostnames=plan.ssh_hostnames,
                     min_bandwidth=floor, slow_ratio=plan.inventory.checks.slow_ratio)
