@@ -98,8 +98,9 @@ def test_ddp_two_by_two_inside_podman_as_the_ssh_user(boxed: LocalCluster, tmp_p
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
-                         ids=["SIGINT", "SIGTERM", "SIGKILL"])
+# SIGINT ends the controller as SIGTERM does (test_run covers both): slow here, to spare CI's time
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM,
+                                    signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
 def test_controller_signal_leaves_no_container_and_no_process(boxed: LocalCluster, tmp_path: Path, signum: int,
                                                               controllers: Callable[..., Controller]) -> None:
     controller = controllers(boxed, tmp_path / "logs", "--nproc-per-node", "1", "--",
@@ -168,7 +169,9 @@ def wait_for_containers(cluster: LocalCluster, timeout: float = 90.0) -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("supervisor_killed", [False, True], ids=["stop", "stop-after-supervisor-killed"])
+# a plain stop goes through the supervisor's teardown, which the SIGTERM test covers: slow here
+@pytest.mark.parametrize("supervisor_killed", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["stop", "stop-after-supervisor-killed"])
 def test_stop_of_a_detached_run_removes_its_containers(boxed: LocalCluster, runs: Runs,
                                                        supervisor_killed: bool) -> None:
     from torchherd.runrecord import remote_state_file
