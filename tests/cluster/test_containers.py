@@ -195,3 +195,21 @@ def test_stop_of_a_detached_run_removes_its_containers(boxed: LocalCluster, runs
                           timeout=120, stdin=subprocess.DEVNULL, env=runs.env(boxed))
     assert done.returncode == 0, done.stdout + done.stderr
     assert_clean(boxed, timeout=30)
+
+
+@pytest.mark.timeout(180)
+def test_a_vanished_node_leaves_no_container_once_it_is_back(boxed: LocalCluster, tmp_path: Path,
+                                                             controllers: Callable[..., Controller]) -> None:
+    controller = controllers(boxed, tmp_path / "logs", "--nproc-per-node", "1", "--grace", "3", "--",
+                             str(EXAMPLES / "crash_demo.py"), "--steps", "1000")
+    controller.wait_for(r"node1:1 │ step 2 ", timeout=90)
+    boxed.cut_network("node1")
+    try:
+        assert controller.wait(timeout=90) == 1, controller.output
+        assert "node1 vanished: nothing heard from it" in controller.output
+        assert boxed.wait_no_processes("node0", timeout=15) == []
+    finally:
+        boxed.restore_network("node1")
+    # node1's supervisor heard nothing from the controller (its watchdog), tore the job down
+    # and removed the container, all while cut off
+    assert_clean(boxed, timeout=40)
