@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NoReturn, TypeVar
@@ -475,7 +475,7 @@ def parse(document: Mapping[str, Any], path: Path) -> Inventory:
     cluster_table = _table(document, "cluster", path)
     slurm = parse_slurm(_table(document, "slurm", path), path, "[slurm].")
     recovery, spare_names = _parse_recovery(_table(document, "recovery", path), path)
-    container = _container_table(_table(document, "container", path), path, "[container].")
+    container = _container_table(_Reader(path, "[container].", _table(document, "container", path), CONTAINER_KEYS))
     if _slurm_without_hosts(document, cluster_table, slurm, path):
         hosts: tuple[Host, ...] = (_slurm_template(defaults, path, container),)
     else:
@@ -530,15 +530,14 @@ def with_spares(inventory: Inventory, names: frozenset[str], where: str = "--spa
     return replace(inventory, hosts=hosts, spares=spares, cluster=cluster)
 
 
-def _container_table(table: Mapping[str, Any], path: Path, where: str) -> dict[str, Any]:
-    """The container keys of ``table``, read and validated (``where`` names them in errors)."""
-    read = _Reader(path, where, table, CONTAINER_KEYS)
+def _container_table(read: _Reader) -> dict[str, Any]:
+    """The container keys of ``read``'s table, read and validated."""
     values: dict[str, Any] = {}
     for key, convert in (("image", read.image), ("runtime", read.choice(containers.RUNTIME_CHOICES)),
                          ("mounts", read.mounts), ("options", read.runtime_options),
                          ("pull", read.choice(containers.PULL_CHOICES))):
-        if key in table:
-            values[key] = convert(key, table[key])
+        if key in read.table:
+            values[key] = convert(key, read.table[key])
     return values
 
 
@@ -550,7 +549,7 @@ def _host_container(read: _Reader, base: Mapping[str, Any]) -> ContainerSettings
         if not isinstance(table, dict):
             read.fail("container", f"expected a table of container keys, got {_show(table)}",
                       'write container = { image = "..." }')
-        own = _container_table(table, read.path, f"{read.where}container.")
+        own = _container_table(_Reader(read.path, f"{read.where}container.", table, CONTAINER_KEYS))
     merged = {**base, **own}
     if not merged:
         return None
@@ -561,26 +560,28 @@ def _host_container(read: _Reader, base: Mapping[str, Any]) -> ContainerSettings
 
 
 CONTAINER_FLAGS = {"image": "--image", "runtime": "--container-runtime", "pull": "--pull"}
+"""The command line's flag for each container key."""
+
+
+class _FlagReader(_Reader):
+    """The container keys as the command line gave them: errors name the flag."""
+
+    def fail(self, key: str, problem: str, hint: str = "") -> NoReturn:
+        raise InventoryError(f"{CONTAINER_FLAGS.get(key, key)}: {problem}", hint)
 
 
 def with_container(inventory: Inventory, table: Mapping[str, Any], where: str = "") -> Inventory:
     """The inventory with ``table``'s container keys over every host's: ``where`` "" for the
-    command line's flags (``--image``, ``--container-runtime``, named so in errors), else
-    what names the keys (``Cluster.with_container``)."""
-    try:
-        values = _container_table(table, Path(where or "--"), "")
-    except InventoryError as error:
-        if where:
-            raise
-        key = next((key for key in table if f": {key}: " in str(error)), "image")
-        message = str(error).split(f": {key}: ", 1)[-1]
-        raise InventoryError(f"{CONTAINER_FLAGS.get(key, key)}: {message}", error.hint) from None
+    command line's flags (``--image``, ``--container-runtime``, ``--pull``, named so in
+    errors), else what names the keys (``Cluster.with_container``)."""
+    read = _Reader(Path(where), "", table, CONTAINER_KEYS) if where else _FlagReader(Path("-"), "", table, CONTAINER_KEYS)
+    values = _container_table(read)
 
     def merged(host: Host) -> Host:
-        keys = {**(host.container.__dict__ if host.container is not None else {}), **values}
+        keys = {**(asdict(host.container) if host.container is not None else {}), **values}
         if "image" not in keys:
-            raise InventoryError(f"{where or CONTAINER_FLAGS[next(iter(values), 'runtime')]}: no image to run it with",
-                                 "give --image IMAGE too, or image in [container]")
+            read.fail(next(iter(values), "runtime"), "no image to run it with",
+                      "give the image too (--image IMAGE), or image in [container]")
         return replace(host, container=ContainerSettings(**keys))
 
     return replace(inventory, hosts=tuple(map(merged, inventory.hosts)), spares=tuple(map(merged, inventory.spares)))
