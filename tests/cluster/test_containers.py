@@ -213,3 +213,17 @@ def test_a_vanished_node_leaves_no_container_once_it_is_back(boxed: LocalCluster
     # node1's supervisor heard nothing from the controller (its watchdog), tore the job down
     # and removed the container, all while cut off
     assert_clean(boxed, timeout=40)
+
+
+@pytest.mark.timeout(300)
+def test_a_retried_run_starts_its_next_attempt_in_fresh_containers(boxed: LocalCluster, tmp_path: Path) -> None:
+    from test_run import run_cli
+
+    code, out = run_cli(boxed, tmp_path / "logs", "--nproc-per-node", "1", "--retries", "1", "--",
+                        str(JOBS / "fail_first_attempt.py"), "--count", "2")
+    assert code == 0, out
+    assert "fail_first_attempt: failing on purpose" in out, out
+    for rank, name in enumerate(boxed.names):
+        # the same run-scoped name on the same node, attempt after attempt: the first one's was removed
+        assert f"rank {rank} in attempt 2 on {name}" in out, out
+    assert_clean(boxed)
