@@ -93,7 +93,7 @@ class NodePlan:
         runtime = self.container.runtime if self.container.runtime != "auto" else containers.RUNTIMES[0]
         names = [*self.env, wire.RUN_ID_ENV, wire.SUPERVISOR_ENV]
         identity = containers.Identity(DRY_USER, False, bool(self.container.gpus))
-        return tuple(containers.run_argv(self.container, runtime, self.argv, names, self.workdir, identity,
+        return tuple(containers.run_argv(self.container, runtime, self.argv, names, DRY_WORKDIR, identity,
                                          (self.remote_log_dir,)))
 
     def shell_prefix(self) -> list[str]:
@@ -112,7 +112,7 @@ class NodePlan:
                                for name, value in self.env.items())
         argv = self.job_argv()
         command = " ".join([quote_path(argv[0]), *map(shlex.quote, argv[1:])])
-        command = command.replace(shlex.quote(DRY_USER), '"$(id -u):$(id -g)"')
+        command = command.replace(shlex.quote(DRY_USER), '"$(id -u):$(id -g)"').replace(DRY_WORKDIR, '"$PWD"')
         return " && ".join([*self.shell_prefix(), f"env {assignments} {command}" if assignments else command])
 
 
@@ -165,6 +165,9 @@ class Plan:
 
 DRY_USER = "UID:GID"
 """Where ``--dry-run`` shows the node's ``$(id -u):$(id -g)``."""
+DRY_WORKDIR = "@WORKDIR@"
+"""Where ``--dry-run`` shows the workdir's real path, ``"$PWD"`` once the line's ``cd`` ran
+(the supervisor expands a ``~`` there; the runtime takes none)."""
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
 URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/:@\s]*:)[^@\s]*(?P<at>@)")
