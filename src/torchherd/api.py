@@ -40,7 +40,17 @@ from torchherd.engine.recovery import RecoveringRun
 from torchherd.engine.slurm.batch import BatchJob, batch_job
 from torchherd.engine.sync import sync_over
 from torchherd.errors import UsageError
-from torchherd.inventory import SCHEDULERS, SLURM_KEYS, Inventory, Recovery, load, parse, parse_slurm, with_spares
+from torchherd.inventory import (
+    SCHEDULERS,
+    SLURM_KEYS,
+    Inventory,
+    Recovery,
+    load,
+    parse,
+    parse_slurm,
+    with_container,
+    with_spares,
+)
 from torchherd.nodeset import NodesetError, expand
 from torchherd.plan import Plan, RunOptions, SyncOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
@@ -137,6 +147,20 @@ class Cluster:
         return self._with(hostspec.override(self.inventory, python=python, workdir=workdir,
                                             nproc_per_node=nproc_per_node, master=master, port=port,
                                             ssh_timeout=ssh_timeout))
+
+    def with_container(self, image: str | None = None, *, runtime: str | None = None,
+                       mounts: Sequence[str] | None = None, options: Sequence[str] | None = None,
+                       pull: str | None = None, where: str = "with_container") -> Cluster:
+        """The same cluster with every host's job inside ``image`` (``--image``): the keys
+        of ``[container]``, over the inventory's own; ``where`` names them in errors ("" for
+        the command line's flags)."""
+        table = {key: list(value) if isinstance(value, (list, tuple)) else value
+                 for key, value in (("image", image), ("runtime", runtime), ("mounts", mounts), ("options", options),
+                                    ("pull", pull))
+                 if value is not None}
+        if not table:
+            return self
+        return self._with(with_container(self.inventory, table, where))
 
     def with_spares(self, spares: str) -> Cluster:
         """The same cluster with the hosts ``spares`` names (a nodeset: ``node[4-5]``) set
@@ -326,11 +350,14 @@ def _document(hosts: Sequence[str | Mapping[str, Any]], defaults: Mapping[str, A
     from torchherd.inventory import CLUSTER_KEYS
 
     cluster = {key: value for key, value in keys.items() if key in CLUSTER_KEYS}
-    merged_defaults = {**(defaults or {}), **{key: value for key, value in keys.items() if key not in CLUSTER_KEYS}}
+    merged_defaults = {**(defaults or {}), **{key: value for key, value in keys.items()
+                                              if key not in CLUSTER_KEYS and key != "container"}}
     rows = [{"name": host} if isinstance(host, str) else dict(host) for host in hosts]
     document = {"cluster": cluster, "defaults": merged_defaults, "hosts": rows}
     if slurm is not None:
         document["slurm"] = dict(slurm)
+    if "container" in keys:  # Cluster(container={"image": ...}): the [container] table
+        document["container"] = keys["container"]
     return document
 
 

@@ -82,8 +82,10 @@ def _hosts(args: argparse.Namespace) -> Cluster:
     master, port = getattr(args, "master", None), getattr(args, "master_port", None)
     timeout = getattr(args, "ssh_timeout", None)
     if master or port is not None or timeout is not None:
-        return cluster.override(master=master, port=port, ssh_timeout=timeout)
-    return cluster
+        cluster = cluster.override(master=master, port=port, ssh_timeout=timeout)
+    image, runtime, pull = (getattr(args, "image", None), getattr(args, "container_runtime", None),
+                            getattr(args, "pull", None))
+    return cluster.with_container(image, runtime=runtime, pull=pull, where="") if image or runtime or pull else cluster
 
 
 def cmd_init(args: argparse.Namespace, console: Console) -> int:
@@ -631,6 +633,13 @@ def _add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False) -> Non
     group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs)")
     if nproc:
         group.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
+    group.add_argument("--image", metavar="IMAGE",
+                       help="run the job inside this container image on every node (docs/containers.md)")
+    group.add_argument("--container-runtime", metavar="RUNTIME",
+                       help="auto, podman, docker, apptainer or enroot (default: [container].runtime, auto)")
+    group.add_argument("--pull", metavar="POLICY",
+                       help="never (default), missing or always: docker/podman pull the image on each node as its "
+                            "container starts (check never pulls)")
 
 
 def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser],

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NoReturn, TypeVar
@@ -21,6 +21,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 from torchherd.errors import InventoryError
 from torchherd.nodeset import NodesetError, expand
+from torchherd.remote import container as containers
 
 NPROC_WORDS = ("gpu", "cpu", "auto")
 RDZV_BACKENDS = ("static", "c10d")
@@ -77,11 +78,12 @@ CLUSTER_KEYS = (
     "ssh_config", "ssh_timeout", "scheduler",
 )
 NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "setup")
-HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare") + NODE_KEYS
+HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare", "container") + NODE_KEYS
+CONTAINER_KEYS = ("image", "runtime", "mounts", "options", "pull")
 STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
 SYNC_KEYS = ("dir", "exclude", "include", "dest")
-TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks")
+TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks", "container")
 RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout")
 MAX_RETRIES = 1000
 """More attempts than any run makes: a larger count is a typo."""
@@ -94,6 +96,23 @@ SLURM_TEMPLATE_HOST = "slurm-node"
 """The one host of a SLURM inventory without [[hosts]]: the [defaults] every node runs with."""
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ContainerSettings:
+    """The ``[container]`` table (a host's ``container`` table overrides it key by key),
+    ``--image``: the job runs inside this image on the node (docs/containers.md)."""
+
+    image: str
+    runtime: str = "auto"
+    """One of "auto", "podman", "docker", "apptainer", "enroot"; "auto": the first installed."""
+    mounts: tuple[str, ...] = ()
+    """More ``SRC[:DST[:OPTIONS]]`` mounts; the workdir is always mounted at itself."""
+    options: tuple[str, ...] = ()
+    """More options of the runtime's run command, one word each."""
+    pull: str = "never"
+    """docker/podman: "never" (the image must be there), "missing" or "always": each node
+    pulls as its container starts (``run --pull``); ``check`` never pulls."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,8 @@ class Host:
     """This node's own process count (uneven GPU counts); None: the cluster's."""
     spare: bool = False
     """Checked in the first preflight, not launched: it takes the place of an excluded node."""
+    container: ContainerSettings | None = None
+    """The image the job runs in on this node; None: on the node itself."""
 
 
 @dataclass(frozen=True)
@@ -352,6 +373,30 @@ class _Reader:
                       'write extra = ["--qos=high", "--exclusive"]')
         return tuple(value)
 
+    def image(self, key: str, value: Any) -> str:
+        problem = containers.image_problem(value)
+        if problem:
+            self.fail(key, problem, "quote nothing: write the reference as docker pull takes it")
+        return str(value)
+
+    def mounts(self, key: str, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, list):
+            self.fail(key, f"expected a list of mounts, got {_show(value)}", 'write mounts = ["/data:/data:ro"]')
+        for item in value:
+            problem = containers.mount_problem(item)
+            if problem:
+                self.fail(key, problem, 'write mounts = ["/data:/data:ro"]')
+        return tuple(value)
+
+    def runtime_options(self, key: str, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, list):
+            self.fail(key, f"expected a list of options, got {_show(value)}", 'write options = ["--cap-add=SYS_PTRACE"]')
+        for item in value:
+            problem = containers.option_problem(item)
+            if problem:
+                self.fail(key, problem, "one option per item, as one word: --name=value")
+        return tuple(value)
+
     def choice(self, choices: tuple[str, ...]) -> Callable[[str, Any], str]:
         def convert(key: str, value: Any) -> str:
             if value not in choices:
@@ -434,10 +479,11 @@ def parse(document: Mapping[str, Any], path: Path) -> Inventory:
                                               path)
     slurm = parse_slurm(_table(document, "slurm", path), path, "[slurm].")
     recovery, spare_names = _parse_recovery(_table(document, "recovery", path), path)
+    container = _container_table(_Reader(path, "[container].", _table(document, "container", path), CONTAINER_KEYS))
     if _slurm_without_hosts(document, cluster_table, slurm, path):
-        hosts: tuple[Host, ...] = (_slurm_template(defaults, path),)
+        hosts: tuple[Host, ...] = (_slurm_template(defaults, path, container),)
     else:
-        hosts = _spares_marked(_parse_hosts(document, defaults, path), spare_names, path)
+        hosts = _spares_marked(_parse_hosts(document, defaults, path, container), spare_names, path)
     spares = tuple(host for host in hosts if host.spare)
     hosts = tuple(host for host in hosts if not host.spare)
     if not hosts:
@@ -488,6 +534,63 @@ def with_spares(inventory: Inventory, names: frozenset[str], where: str = "--spa
     return replace(inventory, hosts=hosts, spares=spares, cluster=cluster)
 
 
+def _container_table(read: _Reader) -> dict[str, Any]:
+    """The container keys of ``read``'s table, read and validated."""
+    values: dict[str, Any] = {}
+    for key, convert in (("image", read.image), ("runtime", read.choice(containers.RUNTIME_CHOICES)),
+                         ("mounts", read.mounts), ("options", read.runtime_options),
+                         ("pull", read.choice(containers.PULL_CHOICES))):
+        if key in read.table:
+            values[key] = convert(key, read.table[key])
+    return values
+
+
+def _host_container(read: _Reader, base: Mapping[str, Any]) -> ContainerSettings | None:
+    """``[container]`` with the host's own ``container`` table over it, key by key."""
+    own: dict[str, Any] = {}
+    if "container" in read.table:
+        table = read.table["container"]
+        if not isinstance(table, dict):
+            read.fail("container", f"expected a table of container keys, got {_show(table)}",
+                      'write container = { image = "..." }')
+        own = _container_table(_Reader(read.path, f"{read.where}container.", table, CONTAINER_KEYS))
+    merged = {**base, **own}
+    if not merged:
+        return None
+    if "image" not in merged:
+        read.fail("container", "no image: [container] has none, nor this host's container table",
+                  'set image = "..." in [container]')
+    return ContainerSettings(**merged)
+
+
+CONTAINER_FLAGS = {"image": "--image", "runtime": "--container-runtime", "pull": "--pull"}
+"""The command line's flag for each container key."""
+
+
+class _FlagReader(_Reader):
+    """The container keys as the command line gave them: errors name the flag."""
+
+    def fail(self, key: str, problem: str, hint: str = "") -> NoReturn:
+        raise InventoryError(f"{CONTAINER_FLAGS.get(key, key)}: {problem}", hint)
+
+
+def with_container(inventory: Inventory, table: Mapping[str, Any], where: str = "") -> Inventory:
+    """The inventory with ``table``'s container keys over every host's: ``where`` "" for the
+    command line's flags (``--image``, ``--container-runtime``, ``--pull``, named so in
+    errors), else what names the keys (``Cluster.with_container``)."""
+    read = _Reader(Path(where), "", table, CONTAINER_KEYS) if where else _FlagReader(Path("-"), "", table, CONTAINER_KEYS)
+    values = _container_table(read)
+
+    def merged(host: Host) -> Host:
+        keys = {**(asdict(host.container) if host.container is not None else {}), **values}
+        if "image" not in keys:
+            read.fail(next(iter(values), "runtime"), "no image to run it with",
+                      "give the image too (--image IMAGE), or image in [container]")
+        return replace(host, container=ContainerSettings(**keys))
+
+    return replace(inventory, hosts=tuple(map(merged, inventory.hosts)), spares=tuple(map(merged, inventory.spares)))
+
+
 def _parse_checks(table: Mapping[str, Any], path: Path) -> ChecksSettings:
     read = _Reader(path, "[checks].", table, CHECKS_KEYS)
     return ChecksSettings(min_bandwidth=read.get("min_bandwidth", None, read.rate),
@@ -523,9 +626,9 @@ def _slurm_without_hosts(document: Mapping[str, Any], cluster: Mapping[str, Any]
     return True
 
 
-def _slurm_template(defaults: Mapping[str, Any], path: Path) -> Host:
+def _slurm_template(defaults: Mapping[str, Any], path: Path, container: Mapping[str, Any]) -> Host:
     base = _read_node_keys(_Reader(path, "[defaults].", defaults, NODE_KEYS), {})
-    return _parse_host(_Reader(path, "", {"name": SLURM_TEMPLATE_HOST}, HOST_KEYS), base)
+    return _parse_host(_Reader(path, "", {"name": SLURM_TEMPLATE_HOST}, HOST_KEYS), base, container)
 
 
 def _table(document: Mapping[str, Any], key: str, path: Path) -> Mapping[str, Any]:
@@ -605,7 +708,8 @@ def _relative_to(inventory_path: Path, value: str) -> Path:
     return inventory_path.parent / candidate
 
 
-def _parse_hosts(document: Mapping[str, Any], defaults: Mapping[str, Any], path: Path) -> tuple[Host, ...]:
+def _parse_hosts(document: Mapping[str, Any], defaults: Mapping[str, Any], path: Path,
+                 container: Mapping[str, Any]) -> tuple[Host, ...]:
     entries = document.get("hosts")
     if entries is None or entries == []:
         raise InventoryError(f"{path}: hosts: no hosts listed",
@@ -618,7 +722,7 @@ def _parse_hosts(document: Mapping[str, Any], defaults: Mapping[str, Any], path:
     for index, entry in enumerate(entries):
         read = _Reader(path, f"hosts[{index}].", entry, HOST_KEYS)
         for expanded in _expand_entry(read):
-            host = _parse_host(_Reader(path, f"hosts[{index}].", expanded, HOST_KEYS), base)
+            host = _parse_host(_Reader(path, f"hosts[{index}].", expanded, HOST_KEYS), base, container)
             if host.name in seen:
                 raise InventoryError(f"{path}: hosts[{index}].name: duplicate host name {host.name!r}",
                                      "give every host a unique name")
@@ -667,7 +771,7 @@ def _read_node_keys(read: _Reader, base: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _parse_host(read: _Reader, base: Mapping[str, Any]) -> Host:
+def _parse_host(read: _Reader, base: Mapping[str, Any], container: Mapping[str, Any]) -> Host:
     if "name" not in read.table:
         read.fail("name", "missing", 'every [[hosts]] table needs name = "..."')
     name = read.text("name", read.table["name"])
@@ -688,4 +792,5 @@ def _parse_host(read: _Reader, base: Mapping[str, Any]) -> Host:
         local_addr=read.get("local_addr", None, read.local_addr),
         nproc_per_node=read.get("nproc_per_node", None, read.nproc),
         spare=read.get("spare", False, read.flag),
+        container=_host_container(read, container),
     )

@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 
 from torchherd.errors import UsageError
 from torchherd.inventory import CONTROL, ENV_NAME, MAX_NPROC, NPROC_WORDS, Host, Inventory
+from torchherd.remote import container as containers
 from torchherd.remote import wire
 from torchherd.remote.wire import RANK_PREFIX_TEMPLATE
 from torchherd.shell import quote_path
@@ -83,6 +84,19 @@ class NodePlan:
     sync_within: str | None = None
     """With ``--sync``: the workdir the inventory gave, which the destination (this
     plan's ``workdir``) must lie in."""
+    container: containers.ContainerSpec | None = None
+    """The image ``argv`` runs in (the supervisor stays outside it); None: on the node itself."""
+
+    def job_argv(self) -> tuple[str, ...]:
+        """``argv`` as the node runs it: inside the container when there is one (the user's
+        uid:gid and the runtime "auto" picks are the node's: shown as the shell finds them)."""
+        if self.container is None:
+            return self.argv
+        runtime = self.container.runtime if self.container.runtime != "auto" else containers.RUNTIMES[0]
+        names = [*self.env, wire.RUN_ID_ENV, wire.SUPERVISOR_ENV]
+        identity = containers.Identity(DRY_USER, False, bool(self.container.gpus))
+        return tuple(containers.run_argv(self.container, runtime, self.argv, names, DRY_WORKDIR, identity,
+                                         (self.remote_log_dir,)))
 
     def shell_prefix(self) -> list[str]:
         """What the node's shell does before the job, as the launch sends it: change into
@@ -98,7 +112,9 @@ class NodePlan:
         with ``hide_secrets``, values that look like secrets (by name or by shape) are ***."""
         assignments = " ".join(f"{name}={shown_value(name, value) if hide_secrets else shlex.quote(value)}"
                                for name, value in self.env.items())
-        command = " ".join([quote_path(self.argv[0]), *map(shlex.quote, self.argv[1:])])
+        argv = self.job_argv()
+        command = " ".join([quote_path(argv[0]), *map(shlex.quote, argv[1:])])
+        command = command.replace(shlex.quote(DRY_USER), '"$(id -u):$(id -g)"').replace(DRY_WORKDIR, '"$PWD"')
         return " && ".join([*self.shell_prefix(), f"env {assignments} {command}" if assignments else command])
 
 
@@ -148,6 +164,12 @@ class Plan:
             return self
         return build_plan(self.base_inventory or self.inventory, self.options, networks, self.ssh_hostnames)
 
+
+DRY_USER = "UID:GID"
+"""Where ``--dry-run`` shows the node's ``$(id -u):$(id -g)``."""
+DRY_WORKDIR = "@WORKDIR@"
+"""Where ``--dry-run`` shows the workdir's real path, ``"$PWD"`` once the line's ``cd`` ran
+(the supervisor expands a ``~`` there; the runtime takes none)."""
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
 URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/:@\s]*:)[^@\s]*(?P<at>@)")
@@ -335,9 +357,29 @@ def _node_plan(inventory: Inventory, options: RunOptions, host: Host, rank: int,
     remote_log_dir = node_log_dir(options.run_id, host.name)
     argv = _torchrun_argv(inventory, options, host, rank, master_addr, local_addr, backend, remote_log_dir)
     env = _node_env(host, options, network, notes)
+    nproc = node_nproc(inventory, options, host)
+    spec = _container(host, options.run_id, nproc, notes)
     return NodePlan(host=host, node_rank=rank, argv=argv, env=MappingProxyType(env), workdir=host.workdir,
                     setup=host.setup, network=network, notes=tuple(notes), remote_log_dir=remote_log_dir,
-                    nproc_per_node=node_nproc(inventory, options, host))
+                    nproc_per_node=nproc, container=spec)
+
+
+def _container(host: Host, run_id: str, nproc: int | str, notes: list[str]) -> containers.ContainerSpec | None:
+    """The node's container: named after the run and the node, GPUs passed through when the
+    ranks are GPUs (nproc "gpu"), never for "cpu", else where the node has them."""
+    settings = host.container
+    if settings is None:
+        return None
+    gpus = True if nproc == "gpu" else False if nproc == "cpu" else None
+    spec = containers.ContainerSpec(image=settings.image, runtime=settings.runtime,
+                                    name=containers.container_name(run_id, host.name), run_id=run_id,
+                                    mounts=settings.mounts, options=settings.options, gpus=gpus, pull=settings.pull)
+    problem = containers.spec_problem(spec)
+    if problem:
+        raise UsageError(f"{host.name}: container: {problem}")
+    notes.append(f"in container {spec.name} of image {spec.image} (runtime {spec.runtime}); "
+                 + containers.SHM_NOTE + ("" if gpus is not None else "; GPUs passed through where the node has them"))
+    return spec
 
 
 def node_log_dir(run_id: str, node: str) -> str:

@@ -588,6 +588,68 @@ def teardown(prefix: str, netns_inodes: Iterable[int] = ()) -> list[str]:
 _Cluster = TypeVar("_Cluster", bound="LocalCluster")
 
 
+IMAGE_TAG = "localhost/torchherd-test:1"
+"""The test image's name on the nodes of a cluster with ``containers``."""
+
+
+def write_image_archive(path: Path, mark: str = "") -> Path:
+    """A ``docker save`` archive of a tiny image, made offline and the same byte for byte each
+    time (so its id is the same on every node that loads it): the root directories of a
+    merged-/usr Debian, an /etc/passwd whose default user is ``nobody`` (files a job writes
+    as the image's user would not be the SSH user's), and ``mark`` in /etc/torchherd-mark
+    (another mark: another image under the same tag). The job's Python, torch and the
+    system's libraries come from the host, mounted read-only (``image_mounts``)."""
+    import io
+    import tarfile
+
+    def add(tar: tarfile.TarFile, name: str, data: bytes | None = None, link: str = "", mode: int = 0o755) -> None:
+        info = tarfile.TarInfo(name)
+        info.mtime, info.mode = 0, mode
+        if link:
+            info.type, info.linkname = tarfile.SYMTYPE, link
+        elif data is None:
+            info.type = tarfile.DIRTYPE
+        else:
+            info.size, info.mode = len(data), 0o644
+        tar.addfile(info, io.BytesIO(data) if data is not None else None)
+
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for directory in ("etc", "usr", "proc", "sys", "dev", "root", "run", "var", "home", "opt", "srv", "mnt"):
+            add(tar, directory)
+        add(tar, "tmp", mode=0o1777)
+        for name in ("bin", "lib", "lib64", "sbin"):
+            add(tar, name, link="usr/" + name)
+        add(tar, "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n")
+        add(tar, "etc/group", b"root:x:0:\nnogroup:x:65534:\n")
+        add(tar, "etc/torchherd-mark", mark.encode())
+    layer_bytes = layer.getvalue()
+    diff_id = hashlib.sha256(layer_bytes).hexdigest()
+    config = json.dumps({"architecture": "amd64", "os": "linux", "created": "2026-01-01T00:00:00Z",
+                         "config": {"User": "65534:65534", "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"]},
+                         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff_id}"]}},
+                        sort_keys=True).encode()
+    config_id = hashlib.sha256(config).hexdigest()
+    manifest = json.dumps([{"Config": f"{config_id}.json", "RepoTags": [IMAGE_TAG],
+                            "Layers": [f"{diff_id}/layer.tar"]}]).encode()
+    with tarfile.open(path, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        add(tar, diff_id)
+        add(tar, f"{diff_id}/layer.tar", layer_bytes)
+        add(tar, f"{config_id}.json", config)
+        add(tar, "manifest.json", manifest)
+    return path
+
+
+def image_mounts() -> list[str]:
+    """What the test image borrows from the host, read-only: /usr (the system's libraries and
+    tools), this Python's installation (torch with it) and the checkout (the test jobs)."""
+    paths = ["/usr"]
+    for path in (os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), str(REPO_ROOT)):
+        if not any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths):
+            paths.append(path)
+    return [f"{path}:{path}:ro" for path in paths]
+
+
 class LocalCluster:
     """N hosts on this machine, each a network namespace with its own sshd.
 
@@ -610,6 +672,7 @@ class LocalCluster:
         ready_timeout: float = 15.0,
         jump_hosts: int = 0,
         include_aliases: bool = False,
+        containers: bool = False,
     ) -> None:
         if n < 1:
             raise ValueError(f"a cluster needs at least one node, got n={n}")
@@ -631,6 +694,11 @@ class LocalCluster:
         # known_hosts entries, as Debian's stock ssh_config (Include, HashKnownHosts yes)
         # leaves them: this machine cannot resolve "node0", only that file says where it is.
         self.include_aliases = include_aliases
+        # podman on every node (docs/containers.md): a cgroup2 hierarchy in the node's own
+        # mount namespace (ip netns exec mounts a /sys without one), crun with cgroups
+        # disabled, and a storage and /etc/containers of the node's own, so that two nodes
+        # can hold different images under one name, as real machines can.
+        self.containers = containers
         self.prefix = prefix
         self.workdir = Path(workdir).absolute()
         self.python = python or sys.executable
@@ -1090,6 +1158,7 @@ class LocalCluster:
             + [f"mkdir -p {shlex.quote(path)} && mount --move {shlex.quote(str(stash))} {shlex.quote(path)}"
                for path, stash in keep]
             + self._private_copies(host)
+            + self._container_mounts(host)
         )
         script = f"hostname {host.name} && {mounts + ' && ' if mounts else ''}exec {sshd} -D -e -f {config}"
         with open(self.log_dir / f"{host.name}-sshd.log", "ab") as log:
@@ -1118,6 +1187,34 @@ class LocalCluster:
                 start_new_session=True,
                 close_fds=True,
             )
+
+    def _container_mounts(self, host: NodeInfo) -> list[str]:
+        """With ``containers``: the node's podman configuration, storage and cgroup2 mount."""
+        if not self.containers or host.name in self.jump_names:
+            return []
+        etc = self._node_dir(host.name) / "containers"
+        etc.mkdir(exist_ok=True)
+        root = self._node_dir(host.name)
+        (etc / "containers.conf").write_text(
+            "[containers]\ndefault_ulimits = []\ncgroups = \"disabled\"\n"
+            "[engine]\nruntime = \"crun\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n"
+            f"tmp_dir = \"{root}/libpod-tmp\"\n"
+        )
+        (etc / "storage.conf").write_text(
+            f"[storage]\ndriver = \"vfs\"\ngraphroot = \"{root}/storage\"\nrunroot = \"{root}/runroot\"\n"
+        )
+        (etc / "policy.json").write_text('{"default": [{"type": "insecureAcceptAnything"}]}\n')
+        (etc / "registries.conf").write_text("")
+        return ["mount -t cgroup2 cgroup2 /sys/fs/cgroup",
+                f"mkdir -p /etc/containers && mount --bind {shlex.quote(str(etc))} /etc/containers"]
+
+    def load_image(self, name: str, archive: Path) -> str:
+        """``podman load`` of a ``docker save`` archive on node ``name``; its image id."""
+        done = self.ssh(name, f"podman load -q -i {shlex.quote(str(archive))} >/dev/null && "
+                              f"podman image inspect --format '{{{{.Id}}}}' {IMAGE_TAG}", timeout=120)
+        if done.returncode != 0:
+            raise ClusterError(f"{name}: podman load failed: {done.stderr.strip()}")
+        return done.stdout.strip()
 
     def _private_copies(self, host: NodeInfo) -> list[str]:
         """Shell commands that give the node its own copy of each of PRIVATE_COPIES (a

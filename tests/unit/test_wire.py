@@ -143,7 +143,7 @@ def test_every_status_builder_is_read_back_by_the_controller() -> None:
 
 SUPERVISOR_KEYS = {"run_id", "argv", "env", "cwd", "grace", "heartbeat", "watchdog", "cleanup_dir", "rank_marker",
                    "log_file", "state_file", "node", "coordinator", "rank_logs", "gpu_every", "rank_base",
-                   "busy_every", "persist", "log_head"}
+                   "busy_every", "persist", "log_head", "container"}
 
 
 def test_supervisor_config_round_trips_with_todays_keys() -> None:
@@ -233,8 +233,8 @@ def test_every_program_ships_each_module_it_imports_before_it() -> None:
         for file in (*modules, name):
             assert imports_of(file) <= loaded, (name, file, imports_of(file) - loaded)
             loaded.add(file)
-    assert imports_of("supervisor.py") == {"wire.py", "framing.py", "proctable.py", "ranks.py"}
-    assert imports_of("stop.py") == {"wire.py", "proctable.py"}
+    assert imports_of("supervisor.py") == {"container.py", "wire.py", "framing.py", "proctable.py", "ranks.py"}
+    assert imports_of("stop.py") == {"container.py", "wire.py", "proctable.py"}
 
 
 @pytest.mark.timeout(60)
@@ -391,7 +391,7 @@ def test_coordinator_program_answers_a_bad_config_and_speaks_the_words(run_id: s
             return {}
 
     assert wait_until(lambda: state().get("state") == wire.STATE_EXITED, 15)
-    assert set(state()) == set(wire.NodeStateFile.__annotations__)
+    assert set(state()) == set(wire.NodeStateFile.__annotations__) - {"container"}  # only for a job in a container
     node = parse_node_state("n0", (tmp_path / "n0.json").read_text(), alive=False)
     assert (node.state, node.code) == ("exited", 143)
     log = statuses((tmp_path / "n0.log").read_bytes())

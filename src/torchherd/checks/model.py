@@ -14,7 +14,7 @@ from torchherd.inventory import Host, Inventory
 from torchherd.plan import NodeNetwork
 
 CHECK_IDS = ("ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "xid", "ib",
-             "script", "clock", "bandwidth", "mtu", "smoke")
+             "script", "clock", "bandwidth", "mtu", "smoke", "container")
 """Every check id, in report column order; ``smoke`` only runs with --smoke, ``bandwidth``
 and ``mtu`` with --bandwidth or --smoke (or when --only names them)."""
 OPT_IN = frozenset({"bandwidth", "mtu", "smoke"})
@@ -211,6 +211,8 @@ class Observed:
     """The job's processes per node (``--nproc-per-node`` included); None: the inventory's."""
     job_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     """Per node, the environment the job's ranks get (inventory env and ``--env``)."""
+    containers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per node whose job runs in an image: what checks/container.py found there."""
 
     node_nproc: Mapping[str, int | str] = field(default_factory=dict)
     """Per node, its own ``--nproc-per-node`` as the plan gives it (nodes may differ)."""

@@ -13,6 +13,7 @@ from torchherd.checks.analysis.network import compute_networks
 from torchherd.checks.analysis.registry import ANALYSES
 from torchherd.checks.analysis.ssh import SLOW_SHELL_SECONDS, busy_node_explains
 from torchherd.checks.bandwidth import measure
+from torchherd.checks.container import gather as gather_containers
 from torchherd.checks.gather import NODES_AT_ONCE, FactsSession, StartedFacts, finish_facts, start_facts, stop_listeners
 from torchherd.checks.icmp import echo_all
 from torchherd.checks.model import CHECK_IDS, OPT_IN, Mesh, Observed
@@ -191,7 +192,10 @@ def observe(plan: Plan, selected: tuple[str, ...], min_bandwidth: float | None =
              else "[cluster].master_addr" if plan.inventory.cluster.master_addr else None)
     floor = min_bandwidth if min_bandwidth is not None else plan.inventory.checks.min_bandwidth
     return Observed(inventory=plan.inventory, master_target=plan.master_addr, master_given=given, script=plan.script,
-                    with_torch=bool(NEED_TORCH & set(selected)), nproc_per_node=plan.nproc_per_node,
+                    # a job in an image imports the image's torch (the container check reads it
+                    # there): the node's own is nobody's business, and costs seconds of CPU
+                    with_torch=bool(NEED_TORCH & set(selected)) and any(node.container is None for node in plan.nodes),
+                    nproc_per_node=plan.nproc_per_node,
                     node_nproc={node.host.name: node.nproc_per_node for node in plan.nodes},
                     job_env={node.host.name: node.env for node in plan.nodes}, ssh_hostnames=plan.ssh_hostnames,
                     min_bandwidth=floor, slow_ratio=plan.inventory.checks.slow_ratio)
@@ -217,6 +221,8 @@ def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progres
         for name, started in collector.started.items():
             if name not in collector.sessions:  # interrupted before its answer was read
                 started.process.close()
+    if "container" in selected:
+        observed.containers.update(gather_containers(plan.inventory.hosts, collector.connections))
     if MEASURED & set(selected):
         measure(observed, collector.connections, mesh)
     if "ssh" in selected:

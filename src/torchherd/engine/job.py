@@ -143,7 +143,7 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float) -> wire.Supervi
                                  heartbeat=HEARTBEAT_EVERY, watchdog=WATCHDOG, cleanup_dir=node.remote_log_dir,
                                  rank_marker=None if files else wire.RANK_PREFIX_HEAD.decode(), gpu_every=GPU_EVERY,
                                  rank_logs=node.remote_log_dir if files else None, rank_base=rank_base(node.argv),
-                                 busy_every=BUSY_EVERY)
+                                 busy_every=BUSY_EVERY, container=node.container)
 
 
 def rank_base(argv: Sequence[str]) -> int | None:

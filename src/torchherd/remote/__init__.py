@@ -1,7 +1,7 @@
 """The programs torchherd runs on the nodes, and how they travel there.
 
 The node programs (``supervisor.py``, ``coordinator.py``, ``stop.py``, ``hangprobe.py``,
-``receive.py``) and the modules they share (``wire``, ``framing``, ``proctable``, ``ranks``)
+``receive.py``) and the modules they share (``container``, ``wire``, ``framing``, ``proctable``, ``ranks``)
 use the standard library only, and run on the node's own Python (>= 3.8); nothing is
 installed on a node. ``program(name)`` is the text to run there with ``python -c``: a short
 loader and, in one packed blob, the modules the program imports, then the program.
@@ -24,9 +24,9 @@ import shlex
 import zlib
 
 PROGRAMS: dict[str, tuple[str, ...]] = {
-    "supervisor.py": ("wire.py", "framing.py", "proctable.py", "ranks.py"),
-    "coordinator.py": ("wire.py",),
-    "stop.py": ("wire.py", "proctable.py"),
+    "supervisor.py": ("container.py", "wire.py", "framing.py", "proctable.py", "ranks.py"),
+    "coordinator.py": ("container.py", "wire.py"),
+    "stop.py": ("container.py", "wire.py", "proctable.py"),
     "hangprobe.py": (),
     "receive.py": (),
 }

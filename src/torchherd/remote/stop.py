@@ -24,13 +24,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from typing import Callable, Dict, List, Optional
 
 # On a node these are the stand-in modules the shipped program registered; see
 # torchherd/remote/__init__.py.
-from torchherd.remote import wire
+from torchherd.remote import container, wire
 from torchherd.remote.proctable import command_line, find_job_processes, is_process, send_signal
 
 EXIT_BAD_ARGS = 2
@@ -95,6 +96,25 @@ def end_process(pid: int, start: int, term_wait: float) -> bool:
     return wait(lambda: not is_process(pid, start), SWEEP_KILL_WAIT)
 
 
+def remove_container(state: Dict[str, object]) -> None:
+    """The run's container, by the name its supervisor recorded (its supervisor removes it
+    itself, unless it was killed first). Only a torchherd name of this run is touched."""
+    recorded = state.get("container")
+    if not (isinstance(recorded, list) and len(recorded) == 2 and all(isinstance(x, str) for x in recorded)):
+        return
+    runtime, name = recorded
+    run_id = state.get("run_id")
+    if not (isinstance(run_id, str) and name.startswith(container.NAME_PREFIX + run_id + "-")):
+        return
+    argv = container.remove_argv(runtime, name)
+    if argv is not None:
+        try:
+            subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=60, check=False)
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+
 def stop(run_id: str, grace: float, state_file: str, coordinator_file: Optional[str] = None) -> wire.StopReply:
     """Ends every process of the run; what could not be killed is in the reply."""
     state = load_state(state_file)
@@ -117,6 +137,7 @@ def stop(run_id: str, grace: float, state_file: str, coordinator_file: Optional[
     if not wait(run.gone, SWEEP_TERM_WAIT):
         kill(run.processes(), signal.SIGKILL)
         wait(run.gone, SWEEP_KILL_WAIT)
+    remove_container(state)
     left = [command_line(pid) for pid in run.processes()]
     if not supervisor_gone():
         left.append(command_line(supervisor))

@@ -58,7 +58,7 @@ from typing import List, Mapping, Optional, Tuple
 
 # On a node these are the stand-in modules the shipped program registered; see
 # torchherd/remote/__init__.py.
-from torchherd.remote import wire
+from torchherd.remote import container, wire
 from torchherd.remote.framing import OUT_HIGH_WATER, OUT_LOW_WATER, READ_SIZE, JobPipes, LineFramer, Output, RankMender
 from torchherd.remote.proctable import (
     LEFTOVER,
@@ -79,6 +79,7 @@ COALESCE_DELAY = 0.002
 DRAIN_IDLE_TIMEOUT = 2.0
 FINAL_FLUSH_STALL = 10.0
 TEE_DIR_PREFIX = "torchherd-"
+CONTAINER_RM_TIMEOUT = 60.0
 
 
 def write_json_atomic(path: str, fields: Mapping[str, object]) -> None:
@@ -186,6 +187,10 @@ class StateFile:
     def started(self, pid: int, pgid: int) -> None:
         self.fields["pid"], self.fields["pgid"] = pid, pgid
 
+    def contained(self, runtime: str, name: str) -> None:
+        """The job's container, which ``stop`` removes should this supervisor be gone."""
+        self.fields["container"] = [runtime, name]
+
     def exited(self, code: int, left: int) -> None:
         self.fields.update({"state": wire.STATE_EXITED, "code": code, "ended": time.time(), "left": left})
         if self.stopped is not None:
@@ -230,10 +235,27 @@ class Signals:
             pass
 
 
-def start_job(config: wire.SupervisorConfig, token: str) -> "subprocess.Popen[bytes]":
+def container_argv(config: wire.SupervisorConfig, runtime: str, argv: List[str]) -> List[str]:
+    """``argv`` inside the config's container: in the job's workdir (mounted at itself, as
+    is torchrun's log directory, which this supervisor reads), as this user, with the job's
+    variables passed by name (the runtime reads their values from its own environment)."""
+    spec = config.container
+    assert spec is not None
+    # "~" in a mount is the user's home, as everywhere in the inventory (runtimes take no "~")
+    spec = spec._replace(mounts=tuple(":".join(os.path.expanduser(part) if index < 2 else part
+                                               for index, part in enumerate(mount.split(":")))
+                                      for mount in spec.mounts))
+    workdir = os.path.expanduser(config.cwd) if config.cwd else os.getcwd()
+    binds = [os.path.expanduser(path) for path in (config.cleanup_dir, config.rank_logs) if path]
+    names = list(config.env) + [wire.RUN_ID_ENV, wire.SUPERVISOR_ENV]
+    return container.run_argv(spec, runtime, argv, names, workdir, container.node_identity(), binds)
+
+
+def start_job(config: wire.SupervisorConfig, token: str, runtime: Optional[str] = None) -> "subprocess.Popen[bytes]":
     """The job, in a session of its own, with the environment this supervisor was given
     (``-I`` made its own interpreter ignore PYTHON* variables, not the job) plus the
-    config's, the run id and this supervisor's token; raises OSError."""
+    config's, the run id and this supervisor's token; inside the config's container with
+    ``runtime`` (resolved) when there is one. Raises OSError."""
     env = dict(os.environ)
     env.update(config.env)
     env[wire.RUN_ID_ENV] = config.run_id
@@ -241,6 +263,8 @@ def start_job(config: wire.SupervisorConfig, token: str) -> "subprocess.Popen[by
     argv = list(config.argv)
     if argv[0] == "~" or argv[0].startswith("~/"):  # the python, by the rule every command follows
         argv[0] = os.path.expanduser(argv[0])
+    if config.container is not None and runtime is not None:
+        argv = container_argv(config, runtime, argv)
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True, env=env,
                             cwd=os.path.expanduser(config.cwd) if config.cwd else None)
@@ -280,6 +304,8 @@ class Supervisor:
         self.last_data = self.last_in
         self.writing = False
         self.made_dir = False
+        self.runtime: Optional[str] = None
+        """The container runtime the job was started with (None: no container)."""
         # The ranks' own files (torchrun --redirects) and GPU samples; progress bars and
         # GPUs only feed a live view, so a detached run's log is spared them (and a background
         # controller has no view).
@@ -306,8 +332,18 @@ class Supervisor:
                 self._announce(wire.error_record("cannot start job: torchrun's log directory " + refused))
                 return False
             self.made_dir = True
+        spec = self.cfg.container
+        if spec is not None:
+            self.runtime = container.resolve_runtime(spec.runtime)
+            if self.runtime is None:
+                self.code = EXIT_NOT_FOUND
+                wanted = "any of " + ", ".join(container.RUNTIMES) if spec.runtime == "auto" else spec.runtime
+                self._announce(wire.error_record("cannot start job: no container runtime: %s is not installed "
+                                                 "on this node (not on PATH)" % wanted))
+                return False
+            self.state.contained(self.runtime, spec.name)
         try:
-            self.proc = proc = start_job(self.cfg, self.token)
+            self.proc = proc = start_job(self.cfg, self.token, self.runtime)
         except OSError as exc:
             self.code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
             self._announce(wire.error_record("cannot start job: %s" % exc))
@@ -511,6 +547,7 @@ class Supervisor:
         self._register_stdin()
         if not self._spawn():
             code = self.code if self.code is not None else EXIT_NOT_EXECUTABLE
+            self._remove_container()
             if self.cfg.cleanup_dir and self.made_dir:
                 remove_tee_dir(self.cfg.cleanup_dir)
             self.state.exited(code, 0)
@@ -586,12 +623,30 @@ class Supervisor:
         left = td.left if td is not None else 0
         if self.link is not None:
             self.link.close_in(self.sel)
+        self._remove_container()
         if self.cfg.cleanup_dir and self.made_dir:  # never one this supervisor did not make
             remove_tee_dir(self.cfg.cleanup_dir)
         self.out.add(wire.done_record(code, left))
         self._final_flush()
         self.state.exited(code, left)
         return code
+
+    def _remove_container(self) -> None:
+        """Removes the job's container by its run-scoped name, whatever ended the job: its
+        processes are gone by now (the teardown found them by their token), but the
+        runtime keeps the container itself (a killed client never ran ``--rm``)."""
+        spec, runtime = self.cfg.container, self.runtime
+        if spec is None or runtime is None:
+            return
+        argv = container.remove_argv(runtime, spec.name)
+        if argv is None:
+            return
+        try:
+            subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=CONTAINER_RM_TIMEOUT, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            note = "torchherd: could not remove container %s: %s" % (spec.name, exc)
+            self.out.add(wire.TAG_STDERR + note.encode("utf-8", "replace") + b"\n")
 
     def _final_flush(self) -> None:
         if self.writing:

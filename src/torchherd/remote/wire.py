@@ -29,7 +29,9 @@ from __future__ import annotations
 import enum
 import functools
 import json
-from typing import Dict, Final, Iterable, Literal, Mapping, NamedTuple, Optional, Tuple, TypedDict
+from typing import Dict, Final, Iterable, List, Literal, Mapping, NamedTuple, Optional, Tuple, TypedDict
+
+from torchherd.remote.container import ContainerSpec
 
 # ------------------------------------------------------------------ records
 
@@ -272,6 +274,8 @@ class NodeStateFile(TypedDict, total=False):
     state: RunState
     code: Optional[int]
     ended: float
+    container: List[str]
+    """[runtime, name] of the job's container: ``stop`` removes it should the supervisor be gone."""
     left: int
     stopped: str
     """Set when the supervisor had signalled the job before it ended: the teardown's reason."""
@@ -421,6 +425,9 @@ class SupervisorConfig(NamedTuple):
     log_head: Optional[str] = None
     """With ``persist``: one line written to ``log_file`` first, as the node's own output
     (the marker that opens an attempt's part of the log)."""
+    container: Optional[ContainerSpec] = None
+    """Run ``argv`` inside this container (``torchherd.remote.container``): the supervisor
+    stays outside, and removes the container by its run-scoped name at the end."""
 
     def to_json(self) -> str:
         # ASCII JSON never holds a raw newline: the config is exactly one line.
@@ -432,6 +439,7 @@ class SupervisorConfig(NamedTuple):
             "coordinator": None if self.coordinator is None else self.coordinator.to_json_object(),
             "rank_logs": self.rank_logs, "gpu_every": self.gpu_every, "rank_base": self.rank_base,
             "busy_every": self.busy_every, "persist": self.persist, "log_head": self.log_head,
+            "container": None if self.container is None else self.container.to_json_object(),
         })
 
     def to_line(self) -> bytes:
@@ -452,6 +460,10 @@ class SupervisorConfig(NamedTuple):
         cwd = raw.get("cwd")
         if cwd is not None and not isinstance(cwd, str):
             raise ConfigError("config key 'cwd' must be a string or null")
+        try:
+            container = ContainerSpec.from_json_object(raw.get("container"))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         return cls(
             run_id=run_id, argv=argv, env=dict(env), cwd=cwd,
             grace=_number(raw, "grace", 10.0), heartbeat=_number(raw, "heartbeat", 5.0),
@@ -461,7 +473,7 @@ class SupervisorConfig(NamedTuple):
             coordinator=CoordinatorAddress.from_json_object(raw.get("coordinator")),
             rank_logs=_optional_str(raw, "rank_logs"), gpu_every=_number(raw, "gpu_every", 0.0),
             rank_base=_optional_count(raw, "rank_base"), busy_every=_number(raw, "busy_every", 0.0),
-            persist=_flag(raw, "persist"), log_head=_optional_str(raw, "log_head"),
+            persist=_flag(raw, "persist"), log_head=_optional_str(raw, "log_head"), container=container,
         )._checked()
 
     def _checked(self) -> SupervisorConfig:

@@ -25,12 +25,15 @@ def versions(facts: NodeFacts) -> dict[str, str]:
 def _reference(observed: Observed) -> tuple[str, dict[str, str]] | None:
     for host in observed.inventory.hosts:
         facts = observed.facts.get(host.name)
-        if facts is not None and not facts.python_error and "version" in (facts.get("torch") or {}):
+        if facts is not None and host.container is None and not facts.python_error and "version" in (facts.get("torch") or {}):
             return host.name, versions(facts)
     return None
 
 
 def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
+    if host.container is not None:  # the job's python is the image's: the container check reads it there
+        return CheckResult(host.name, CHECK, "skip", f"the job runs in image {host.container.image}: the container "
+                           "check reads python and torch inside it")
     if facts.python_error:
         return CheckResult(host.name, CHECK, "fail", f"python {host.python} does not run on {host.name}: "
                            f"{facts.python_error}",

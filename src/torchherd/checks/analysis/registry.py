@@ -7,6 +7,7 @@ from typing import Callable
 from torchherd.checks.analysis import (
     bandwidth,
     clock,
+    container,
     env,
     firewall,
     gpu,
@@ -30,5 +31,5 @@ ANALYSES: dict[str, Analysis] = {
     "firewall": firewall.analyse, "network": network.analyse, "env": env.analyse,
     "python": python.analyse, "gpu": gpu.analyse, "xid": xid.analyse, "ib": ib.analyse, "script": script.analyse,
     "clock": clock.analyse,
-    "bandwidth": bandwidth.analyse, "mtu": bandwidth.analyse_mtu,
+    "bandwidth": bandwidth.analyse, "mtu": bandwidth.analyse_mtu, "container": container.analyse,
 }

@@ -125,6 +125,9 @@ def placement(plan: Plan, settings: SlurmSettings) -> Placement:
 def batch_job(plan: Plan, settings: SlurmSettings, fail_fast: bool = True) -> BatchJob:
     """The batch script for ``plan``: one task per node, each running the plan's torchrun
     with SLURM's node id as its node rank. Raises UsageError for what SLURM cannot run."""
+    if any(node.container is not None for node in plan.nodes):
+        raise UsageError("--image / [container]: a job in a container is not handed to SLURM yet (pyxis's "
+                         "srun --container-image is not built)", "run it over SSH: --scheduler ssh")
     where = placement(plan, settings)
     nodes = plan.nodes if where.source != "[slurm]" else plan.nodes[:1]
     _same_everywhere(nodes)

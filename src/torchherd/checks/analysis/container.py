@@ -1,0 +1,98 @@
+"""``container``: on every node whose job runs in an image, the runtime is installed and answers
+this user, the image is there, its id is the master's (the same bytes on every node, not
+only the same tag), and Python and torch run inside it (their versions read there)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchherd.checks.model import Observed
+from torchherd.inventory import Host
+from torchherd.results import CheckResult
+
+CHECK = "container"
+UNUSABLE = ("permission denied", "cannot connect to the docker daemon", "is the docker daemon running",
+            "connect: no such file", "cannot re-exec", "newuidmap", "no subuid ranges")
+"""What a runtime says when it is there but will not serve this user."""
+
+
+def short(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:12]
+
+
+def analyse(observed: Observed) -> list[CheckResult]:
+    hosts = [host for host in observed.inventory.hosts if host.container is not None]
+    results = []
+    reference = _reference(observed, hosts)
+    for host in hosts:
+        missing = observed.missing(host.name)
+        if missing is not None:
+            results.append(CheckResult(host.name, CHECK, "skip", missing))
+            continue
+        facts = observed.containers.get(host.name)
+        results.append(_node(host, facts or {"error": "no answer"}, reference))
+    return results
+
+
+def _reference(observed: Observed, hosts: list[Host]) -> dict[str, tuple[str, str]]:
+    """Per image name, the first node (the master first) that has it, and its id there. Only
+    nodes whose runtime answered and that hold the image compare: a missing runtime or image
+    is that node's own failure, never another node's mismatch."""
+    found: dict[str, tuple[str, str]] = {}
+    for host in hosts:
+        facts = observed.containers.get(host.name) or {}
+        if facts.get("id") and host.container is not None:
+            found.setdefault(host.container.image, (host.name, str(facts["id"])))
+    return found
+
+
+def _node(host: Host, facts: dict[str, Any], references: dict[str, tuple[str, str]]) -> CheckResult:
+    settings = host.container
+    assert settings is not None
+    image = settings.image
+    if "error" in facts:
+        return CheckResult(host.name, CHECK, "fail", f"could not look at the container runtime on {host.name}: "
+                           f"{facts['error']}")
+    if "runtime-missing" in facts:
+        wanted = "none of podman, docker, apptainer, enroot is" if settings.runtime == "auto" else \
+            f"{settings.runtime} is not"
+        return CheckResult(host.name, CHECK, "fail", f"{wanted} installed on {host.name} (not on PATH)",
+                           "install the runtime there, or name the one it has: [container].runtime")
+    runtime = str(facts.get("runtime", settings.runtime))
+    if "image-error" in facts:
+        error = str(facts["image-error"])
+        if any(word in error.lower() for word in UNUSABLE):
+            return CheckResult(host.name, CHECK, "fail", f"{runtime} on {host.name} does not answer this user: "
+                               f"{error[:300]}", _usable_fix(runtime))
+        if settings.pull != "never" and runtime in ("docker", "podman"):
+            return CheckResult(host.name, CHECK, "warn", f"image {image} is not on {host.name} yet: the launch pulls "
+                               f"it (pull = {settings.pull}); its id is compared once it is there")
+        return CheckResult(host.name, CHECK, "fail", f"image {image} is not on {host.name} ({runtime}: "
+                           f"{error[:200]})", f"{runtime} pull {image} there, or {runtime} load an archive of it, "
+                           "or run with --pull missing")
+    image_id = str(facts.get("id", ""))
+    first, first_id = references.get(image, (host.name, image_id))
+    if image_id != first_id:
+        return CheckResult(host.name, CHECK, "fail",
+                           f"image {image} on {host.name} is {image_id}, on {first} it is {first_id}: two images "
+                           "under one name", f"pull or load {first}'s image on {host.name} (or name the image by "
+                           "digest: name@sha256:...)")
+    if "versions-error" in facts:
+        return CheckResult(host.name, CHECK, "fail", f"{host.python} does not run in image {image} on {host.name}: "
+                           f"{str(facts['versions-error'])[:300]}",
+                           "set python (the interpreter inside the image) in the inventory, and mounts it needs")
+    versions = facts.get("versions") or {}
+    if "torch_error" in versions:
+        return CheckResult(host.name, CHECK, "fail", f"{host.python} in image {image} on {host.name} cannot import "
+                           f"torch: {versions['torch_error']}", "use an image with torch, or mount it in (mounts)")
+    shown = (f"{runtime}, image {image} {short(image_id)}; inside: python {versions.get('python')}, torch "
+             f"{versions.get('torch')}, CUDA {versions.get('cuda') or '-'}, NCCL {versions.get('nccl') or '-'}")
+    return CheckResult(host.name, CHECK, "pass", shown)
+
+
+def _usable_fix(runtime: str) -> str:
+    if runtime == "docker":
+        return "add the user to the docker group (sudo usermod -aG docker USER, then log in again), or start dockerd"
+    if runtime == "podman":
+        return "rootless podman needs subuid/subgid ranges for the user (sudo usermod --add-subuids ...)"
+    return f"make {runtime} usable by this user"

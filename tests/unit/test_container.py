@@ -1,0 +1,293 @@
+"""The job inside a container: the inventory's [container], --image, the exact command line per
+runtime, and the supervisor's config. Apptainer and enroot are not installable on the test
+machines (neither is a Debian package): their command lines are tested here only."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from torchherd.cli import main
+from torchherd.errors import InventoryError, UsageError
+from torchherd.inventory import parse, with_container
+from torchherd.plan import RunOptions, build_plan
+from torchherd.remote import container, wire
+from torchherd.remote.container import ContainerSpec, Identity
+
+SPEC = ContainerSpec(image="nvcr.io/nvidia/pytorch:24.05-py3", runtime="podman", name="torchherd-r1-node0",
+                     run_id="r1", mounts=("/data:/data:ro",), options=("--cap-add=SYS_PTRACE",), gpus=None)
+ARGV = ("python3", "-m", "torch.distributed.run", "--", "train.py")
+ROOT = Identity("0:0", False, False)
+USER = Identity("1000:1000", True, True)
+
+
+def document(**container_table: object) -> dict[str, object]:
+    return {"container": container_table, "defaults": {"workdir": "/work"},
+            "hosts": [{"name": "node0"}, {"name": "node1", "container": {"image": "other:2", "mounts": ["/x:/y"]}}]}
+
+
+def test_podman_as_root_without_gpus_is_exact() -> None:
+    argv = container.run_argv(SPEC, "podman", ARGV, ["NCCL_DEBUG", "TORCHHERD_RUN_ID"], "/work", ROOT,
+                              ["/tmp/torchherd-r1-node0"])
+    assert argv == ["podman", "run", "--rm", "--name", "torchherd-r1-node0", "--label", "torchherd.run=r1",
+                    "--pull", "never", "--network", "host", "--ipc", "host", "--user", "0:0",
+                    "-v", "/work:/work", "-v", "/tmp/torchherd-r1-node0:/tmp/torchherd-r1-node0",
+                    "-v", "/data:/data:ro", "-w", "/work", "-e", "NCCL_DEBUG", "-e", "TORCHHERD_RUN_ID",
+                    "--cap-add=SYS_PTRACE", "nvcr.io/nvidia/pytorch:24.05-py3", *ARGV]
+
+
+def test_rootless_podman_keeps_the_users_id_and_passes_gpus_by_cdi() -> None:
+    argv = container.run_argv(SPEC, "podman", ARGV, [], "/work", USER)
+    assert argv[argv.index("--userns"):argv.index("--userns") + 2] == ["--userns", "keep-id"]
+    assert "--user" not in argv
+    assert argv[argv.index("--device") + 1] == "nvidia.com/gpu=all"
+
+
+def test_docker_passes_the_user_and_gpus_all_only_when_the_ranks_use_gpus() -> None:
+    with_gpus = container.run_argv(SPEC._replace(gpus=True), "docker", ARGV, [], "/work", ROOT)
+    assert with_gpus[:2] == ["docker", "run"]
+    assert with_gpus[with_gpus.index("--gpus") + 1] == "all"
+    assert with_gpus[with_gpus.index("--user") + 1] == "0:0"
+    cpu = container.run_argv(SPEC._replace(gpus=False), "docker", ARGV, [], "/work", USER)
+    assert "--gpus" not in cpu and "--device" not in cpu
+    assert cpu[cpu.index("--user") + 1] == "1000:1000"  # docker has no keep-id: the user's own ids
+
+
+def test_apptainer_command_line_is_exact() -> None:
+    argv = container.run_argv(SPEC._replace(runtime="apptainer", image="/images/torch.sif"), "apptainer", ARGV,
+                              ["NCCL_DEBUG"], "/work", USER, ["/tmp/l"])
+    assert argv == ["apptainer", "exec", "--nv", "--bind", "/work:/work", "--bind", "/tmp/l:/tmp/l",
+                    "--bind", "/data:/data:ro", "--pwd", "/work", "--cap-add=SYS_PTRACE", "/images/torch.sif", *ARGV]
+
+
+def test_enroot_command_line_is_exact() -> None:
+    argv = container.run_argv(SPEC._replace(runtime="enroot", image="/images/torch.sqsh", gpus=False), "enroot",
+                              ARGV, ["NCCL_DEBUG"], "/work", USER)
+    assert argv == ["enroot", "start", "--mount", "/work:/work", "--mount", "/data:/data:ro", "--env", "NCCL_DEBUG",
+                    "--cap-add=SYS_PTRACE", "/images/torch.sqsh", "sh", "-c", container.ENROOT_CD, "sh", "/work",
+                    *ARGV]
+
+
+def test_removal_is_by_the_run_scoped_name_and_only_for_oci_runtimes() -> None:
+    assert container.remove_argv("podman", "torchherd-r1-node0") == ["podman", "rm", "-f", "torchherd-r1-node0"]
+    assert container.remove_argv("docker", "n") == ["docker", "rm", "-f", "n"]
+    assert container.remove_argv("apptainer", "n") is None
+    assert container.remove_argv("enroot", "n") is None
+    assert container.container_name("r1", "node0") != container.container_name("r2", "node0")
+    assert container.container_name("r1", "node0") != container.container_name("r1", "node1")
+
+
+def test_auto_picks_the_first_installed_runtime() -> None:
+    assert container.resolve_runtime("auto", {"docker": "/usr/bin/docker"}.get) == "docker"
+    assert container.resolve_runtime("auto", {"docker": "d", "podman": "p"}.get) == "podman"
+    assert container.resolve_runtime("docker", {"podman": "p"}.get) is None
+    assert container.resolve_runtime("auto", {}.get) is None
+
+
+@pytest.mark.parametrize("image", ["x;rm -rf ~", "$(id)", "a b", "`x`", "img|x", "-rm", "", "x\n"])
+def test_an_image_a_shell_would_read_more_into_is_refused(image: str) -> None:
+    assert container.image_problem(image)
+
+
+@pytest.mark.parametrize("image", ["pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime", "localhost/th:1",
+                                   "nvcr.io/nvidia/pytorch@sha256:" + "a" * 64, "/images/t.sif", "docker://x/y:1"])
+def test_image_references_pass(image: str) -> None:
+    assert container.image_problem(image) is None
+
+
+def test_inventory_container_table_and_host_override() -> None:
+    inventory = parse(document(image="img:1", runtime="podman", mounts=["/usr:/usr:ro"]), Path("h.toml"))
+    first, second = inventory.hosts
+    assert first.container is not None and second.container is not None
+    assert (first.container.image, first.container.runtime, first.container.mounts) == ("img:1", "podman",
+                                                                                       ("/usr:/usr:ro",))
+    assert (second.container.image, second.container.runtime, second.container.mounts) == ("other:2", "podman",
+                                                                                          ("/x:/y",))
+    assert parse({"hosts": [{"name": "a"}]}, Path("h.toml")).hosts[0].container is None
+
+
+@pytest.mark.parametrize(("table", "named"), [
+    ({"image": "x;y"}, "[container].image"),
+    ({"image": "x", "runtime": "dockr"}, "[container].runtime"),
+    ({"image": "x", "mounts": ["data:/data"]}, "[container].mounts"),
+    ({"image": "x", "options": ["cap-add"]}, "[container].options"),
+    ({"image": "x", "imag": "y"}, "[container].imag"),
+])
+def test_bad_container_keys_name_the_file_and_key(table: dict[str, object], named: str) -> None:
+    with pytest.raises(InventoryError) as error:
+        parse({"container": table, "hosts": [{"name": "a"}]}, Path("h.toml"))
+    assert str(error.value).startswith(f"h.toml: {named}: ")
+    assert "\n" not in str(error.value)
+
+
+def test_a_host_container_without_any_image_is_refused() -> None:
+    with pytest.raises(InventoryError, match=r"hosts\[0\]\.container: no image"):
+        parse({"hosts": [{"name": "a", "container": {"runtime": "podman"}}]}, Path("h.toml"))
+
+
+def test_flags_override_every_host_and_name_the_flag() -> None:
+    inventory = parse(document(image="img:1"), Path("h.toml"))
+    changed = with_container(inventory, {"image": "new:3", "runtime": "docker"})
+    assert {(host.container.image, host.container.runtime) for host in changed.hosts if host.container} == {
+        ("new:3", "docker")}
+    with pytest.raises(InventoryError, match=r"^--image: 'a&b' is not an image name"):
+        with_container(inventory, {"image": "a&b"})
+    with pytest.raises(InventoryError, match=r"^--container-runtime: expected one of"):
+        with_container(inventory, {"runtime": "lxc"})
+
+
+@pytest.mark.parametrize(("flags", "named"), [(["--image", "x;rm"], "--image"),
+                                              (["--image", "x", "--container-runtime", "lxc"], "--container-runtime")])
+def test_cli_bad_image_or_runtime_exits_2_with_one_line(flags: list[str], named: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text('[[hosts]]\nname = "a"\n')
+    code = main(["run", "-i", str(inventory), "--dry-run", *flags, "--", "train.py"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"error: {named}: ")
+    assert "Traceback" not in err
+
+
+def test_plan_names_the_container_after_the_run_and_node_and_ships_it_to_the_supervisor() -> None:
+    from torchherd.engine.job import supervisor_config
+
+    plan = build_plan(parse(document(image="img:1", runtime="podman"), Path("h.toml")),
+                      RunOptions(script="train.py", run_id="r7", nproc_per_node="cpu"))
+    node = plan.nodes[1]
+    assert node.container is not None
+    assert (node.container.name, node.container.run_id, node.container.gpus) == ("torchherd-r7-node1", "r7", False)
+    config = wire.SupervisorConfig.from_json(supervisor_config(node, "r7", 5.0).to_json())
+    assert config.container == node.container
+    line = node.shell_line()
+    words = shlex.split(line.split(" && ", 1)[1])
+    assert words[words.index("podman"):words.index("podman") + 2] == ["podman", "run"]
+    assert '"$(id -u):$(id -g)"' in line
+
+
+def test_supervisor_refuses_a_config_whose_container_is_bad() -> None:
+    raw = wire.SupervisorConfig(run_id="r1", argv=("x",), container=SPEC).to_json()
+    with pytest.raises(wire.ConfigError, match="container"):
+        wire.SupervisorConfig.from_json(raw.replace("nvcr.io", "$(id)"))
+
+
+def test_a_bad_image_through_the_api_is_a_usage_error() -> None:
+    from torchherd import Cluster
+
+    with pytest.raises(UsageError, match="image"):
+        Cluster(hosts=["a"], container={"image": "x y"})
+    cluster = Cluster(hosts=["a"], container={"image": "img:1", "runtime": "docker"})
+    assert cluster.inventory.hosts[0].container is not None
+    assert cluster.with_container("img:2").inventory.hosts[0].container.image == "img:2"  # type: ignore[union-attr]
+
+
+def observed_with(containers: dict[str, dict[str, object]], hosts: int = 3, pull: str = "never") -> object:
+    from torchherd.checks.model import NodeFacts, Observed
+
+    inventory = parse({"container": {"image": "img:1", "runtime": "auto", "pull": pull},
+                       "hosts": [{"name": f"n{index}"} for index in range(hosts)]}, Path("h.toml"))
+    observed = Observed(inventory=inventory, master_target="n0")
+    observed.facts.update({host.name: NodeFacts(raw={}, sent=0.0, received=0.0) for host in inventory.hosts})
+    observed.containers.update({name: dict(found) for name, found in containers.items()})
+    return observed
+
+
+VERSIONS = {"python": "3.11.7", "torch": "2.13.0", "cuda": "12.4", "nccl": "2.21.5"}
+
+
+def container_results(containers: dict[str, dict[str, object]]) -> dict[str, tuple[str, str]]:
+    from torchherd.checks.analysis import container as analysis
+
+    return {result.node: (result.status, result.summary)
+            for result in analysis.analyse(observed_with(containers))}  # type: ignore[arg-type]
+
+
+def test_analysis_names_only_the_node_whose_image_differs_with_both_ids() -> None:
+    same = {"runtime": "podman", "id": "sha256:" + "a" * 64, "versions": VERSIONS}
+    found = container_results({"n0": same, "n1": {**same, "id": "sha256:" + "b" * 64}, "n2": same})
+    assert [node for node, (status, _) in found.items() if status == "fail"] == ["n1"]
+    assert found["n1"][1] == (f"image img:1 on n1 is sha256:{'b' * 64}, on n0 it is sha256:{'a' * 64}: "
+                              "two images under one name")
+    assert found["n0"][1] == ("podman, image img:1 aaaaaaaaaaaa; inside: python 3.11.7, torch 2.13.0, CUDA 12.4, "
+                              "NCCL 2.21.5")
+
+
+def test_analysis_never_calls_a_missing_runtime_or_image_a_mismatch() -> None:
+    same = {"runtime": "docker", "id": "sha256:" + "a" * 64, "versions": VERSIONS}
+    found = container_results({
+        "n0": {"runtime-missing": ""},
+        "n1": {"runtime": "docker", "image-error": "Error: No such image: img:1"},
+        "n2": same,
+    })
+    assert found["n0"] == ("fail", "none of podman, docker, apptainer, enroot is installed on n0 (not on PATH)")
+    assert found["n1"][0] == "fail" and found["n1"][1].startswith("image img:1 is not on n1")
+    assert found["n2"][0] == "pass"
+
+
+def test_analysis_tells_a_runtime_that_refuses_the_user_from_a_missing_image() -> None:
+    found = container_results({"n0": {"runtime": "docker", "image-error": "permission denied while trying to "
+                                       "connect to the Docker daemon socket at unix:///var/run/docker.sock"},
+                               "n1": {"runtime": "podman", "id": "x", "versions-error": "127 exec: python3: not found"},
+                               "n2": {"runtime": "podman", "id": "x", "versions": {"python": "3.11.7",
+                                                                                    "torch_error": "ImportError: x"}}})
+    assert found["n0"][1].startswith("docker on n0 does not answer this user: permission denied")
+    assert found["n1"][1].startswith("python3 does not run in image img:1 on n1")
+    assert found["n2"][1] == "python3 in image img:1 on n2 cannot import torch: ImportError: x"
+
+
+def test_check_command_quotes_the_image_and_resolves_the_runtime_on_the_node() -> None:
+    from torchherd.checks.container import node_command
+    from torchherd.checks.container import parse as parse_facts
+
+    inventory = parse({"container": {"image": "img:1", "runtime": "podman", "mounts": ["/usr:/usr:ro"]},
+                       "hosts": [{"name": "a"}]}, Path("h.toml"))
+    command = node_command(inventory.hosts[0])
+    assert "for r in podman; do" in command
+    assert "image inspect --format '{{.Id}}' img:1" in command
+    assert '--user "$(id -u):$(id -g)"' in command
+    assert parse_facts('runtime podman\nid abc\nversions {"python": "3.11.7"}\n') == {
+        "runtime": "podman", "id": "abc", "versions": {"python": "3.11.7"}}
+
+
+def test_slurm_refuses_a_job_in_a_container_instead_of_running_it_outside() -> None:
+    from torchherd.engine.slurm.batch import batch_job
+
+    inventory = parse({"cluster": {"scheduler": "slurm"}, "container": {"image": "img:1"},
+                       "hosts": [{"name": "a"}, {"name": "b"}]}, Path("h.toml"))
+    with pytest.raises(UsageError, match=r"^--image / \[container\]: a job in a container is not handed to SLURM"):
+        batch_job(build_plan(inventory, RunOptions(script="t.py", run_id="r1")), inventory.slurm)
+
+
+def test_pull_policy_reaches_the_run_command_and_check_never_pulls() -> None:
+    from torchherd.checks.container import node_command
+
+    for policy in ("missing", "always", "never"):
+        argv = container.run_argv(SPEC._replace(pull=policy), "docker", ARGV, [], "/work", ROOT)
+        assert argv[argv.index("--pull") + 1] == policy
+    inventory = parse({"container": {"image": "img:1", "pull": "always"}, "hosts": [{"name": "a"}]}, Path("h.toml"))
+    plan = build_plan(inventory, RunOptions(script="t.py", run_id="r1"))
+    assert plan.nodes[0].container is not None and plan.nodes[0].container.pull == "always"
+    assert "--pull always" in plan.nodes[0].shell_line()
+    assert "--pull always" not in node_command(inventory.hosts[0])
+    assert "--pull never" in node_command(inventory.hosts[0])
+
+
+def test_a_bad_pull_policy_names_the_flag_or_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(InventoryError, match=r"^h\.toml: \[container\]\.pull: expected one of 'missing'"):
+        parse({"container": {"image": "x", "pull": "sometimes"}, "hosts": [{"name": "a"}]}, Path("h.toml"))
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text('[[hosts]]\nname = "a"\n')
+    assert main(["run", "-i", str(inventory), "--dry-run", "--image", "x", "--pull", "often", "--", "t.py"]) == 2
+    assert capsys.readouterr().err.startswith("error: --pull: expected one of 'missing', 'always', 'never'")
+
+
+def test_a_missing_image_that_the_launch_will_pull_is_a_warning() -> None:
+    from torchherd.checks.analysis import container as analysis
+
+    observed = observed_with({"n0": {"runtime": "podman", "image-error": "Error: img:1: image not known"}}, hosts=1,
+                             pull="missing")
+    (result,) = analysis.analyse(observed)  # type: ignore[arg-type]
+    assert (result.status, result.summary) == ("warn", "image img:1 is not on n0 yet: the launch pulls it "
+                                               "(pull = missing); its id is compared once it is there")
