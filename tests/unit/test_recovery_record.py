@@ -6,6 +6,7 @@ about it. No sockets."""
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from torchherd.console.detach import ListedRun, render_recovery, render_runs, render_stopped
+from torchherd.engine import background
 from torchherd.engine.background import Recorder
 from torchherd.engine.events import AttemptFailed, AttemptStarted, NodeStarted, RunFinished
 from torchherd.inventory import Host
@@ -113,6 +115,24 @@ def test_an_ended_controller_is_gone_even_unreaped() -> None:
     finally:
         child.wait()
     assert not controller_alive(RecoveryRecord(child.pid, start, 1))
+
+
+PLANTED = ("secrets", "logging", "queue", "json", "pickle", "subprocess", "threading")
+
+
+def test_the_background_controller_never_imports_from_its_start_directory(tmp_path: Path) -> None:
+    """A project directory (or a shared one) with a ``secrets.py``: the background
+    controller started there (as ``run --detach --retries`` starts it) never runs it."""
+    hits = tmp_path / "hits"
+    hits.mkdir()
+    for name in PLANTED:
+        (tmp_path / f"{name}.py").write_text(f"open({str(hits / name)!r}, 'w').close()\n")
+    started = subprocess.run(background.command(RUN), cwd=tmp_path, input=pickle.dumps("not an order"),
+                             capture_output=True, timeout=60)
+    assert sorted(os.listdir(hits)) == []
+    # it got as far as reading its order: every import of the controller was done
+    assert started.returncode == 2, started.stderr.decode()
+    assert b"takes its run id, and its order on stdin" in started.stderr
 
 
 # what the controller records ---------------------------------------------------------------

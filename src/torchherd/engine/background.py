@@ -70,10 +70,15 @@ from torchherd.runrecord import (
 )
 from torchherd.transport.ssh import SshConnector
 
-ENTRY = "import sys; from torchherd.engine.background import main; sys.exit(main(sys.argv[1:]))"
+ENTRY = ("import sys; sys.path[:] = [entry for entry in sys.path if entry]; "
+         "from torchherd.engine.background import main; sys.exit(main(sys.argv[1:]))")
 """The background controller's program: this module's ``main`` (run as ``-m``, its classes
 would be ``__main__``'s, not those the order was pickled with). Its command line names
-the run, nothing more."""
+the run, nothing more. ``-c`` puts the start directory first on ``sys.path`` (as ``''``),
+so its first act is to drop it: a ``secrets.py`` or ``logging.py`` where ``run`` was
+typed must never run in the process that holds the plan, the job's environment and SSH
+to every node. ``-I`` would do it too, but also drop ``PYTHONPATH`` and the user's
+site-packages, where torchherd itself may be installed; ``-P`` is 3.11's."""
 STARTED = b"started\n"
 """What the background controller says on its stdout once the first attempt runs."""
 
@@ -125,12 +130,17 @@ def start_background(backend: Backend, plan: Plan, options: LaunchOptions, recov
     return load(plan.run_id)
 
 
+def command(run_id: str) -> list[str]:
+    """The background controller's command line: this Python, ``ENTRY``, the run."""
+    return [sys.executable, "-c", ENTRY, run_id]
+
+
 def _spawn(order: Order) -> None:
     run_id = order.plan.run_id
     log = controller_log(run_id)
     log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "ab") as errors:
-        process = subprocess.Popen([sys.executable, "-c", ENTRY, run_id],
+        process = subprocess.Popen(command(run_id),
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
                                    start_new_session=True, close_fds=True)
     assert process.stdin is not None and process.stdout is not None
