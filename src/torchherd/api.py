@@ -45,14 +45,14 @@ from torchherd.nodeset import NodesetError, expand
 from torchherd.plan import Plan, RunOptions, SyncOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import OutputLine, flat
-from torchherd.runrecord import NodeState, RecoveryStatus, RunRecord, controller_alive, load_all, recovery_of
+from torchherd.runrecord import NodeState, RecoveryStatus, RunRecord, controller_alive, load_all, recovery_of, scan
 from torchherd.runrecord import load as load_record
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
 from torchherd.tree import project_root
 
 __all__ = ["Cluster", "DetachedRun", "DetachedStartFailed", "LaunchAborted", "RecoveringRun", "Recovery", "Run", "attach",
-           "new_run_id", "runs"]
+           "damaged_runs", "new_run_id", "runs"]
 
 
 def new_run_id() -> str:
@@ -420,6 +420,12 @@ class _LineFeed:
 def runs() -> list[DetachedRun]:
     """Every detached run this user started from this machine, oldest first."""
     return [DetachedRun(record) for record in load_all()]
+
+
+def damaged_runs() -> list[str]:
+    """Per run record that cannot be read (damaged, or written by hand): what is wrong
+    with it, naming the file; ``status`` lists them rather than hide a run."""
+    return [f"{error} ({error.hint})" if error.hint else str(error) for error in scan()[1]]
 
 
 def attach(run_id: str, connector: Connector | None = None) -> DetachedRun:

@@ -24,6 +24,10 @@ from torchherd.remote.wire import is_run_id
 
 T = TypeVar("T")
 MAX_RECORD_BYTES = 16 << 20
+STORED_TEXT_CHARS = 4096
+"""The most of a headline a record keeps: it quotes the job's first error line, which
+may be a megabyte of undecodable bytes (each six bytes of JSON); the whole line stays in
+the node's log."""
 
 REMOTE_RUNS_DIR = "~/.torchherd/runs"
 """On each node: ``<this>/<run-id>/<node>.log`` and ``<node>.state.json``. The node's
@@ -303,8 +307,24 @@ class RecoveryRecord:
 
     def to_json_object(self) -> dict[str, object]:
         data = asdict(self)
-        data["attempts"] = [{**asdict(attempt), "nodes": list(attempt.nodes)} for attempt in self.attempts]
+        data["headline"] = stored_text(self.headline)
+        data["attempts"] = [{**asdict(attempt), "nodes": list(attempt.nodes), "headline": stored_text(attempt.headline)}
+                            for attempt in self.attempts]
         return data
+
+
+_UNSTORABLE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def stored_text(text: str) -> str:
+    """``text`` as a record keeps what the job said: control characters as their escapes
+    (a coloured error line must not make the record one the loader refuses), a lone
+    surrogate as U+FFFD, at most ``STORED_TEXT_CHARS`` characters."""
+    text = _UNSTORABLE.sub(lambda found: "\ufffd" if found.group() >= "\ud800" else f"\\x{ord(found.group()):02x}",
+                           text[:STORED_TEXT_CHARS + 1])
+    if len(text) > STORED_TEXT_CHARS:
+        return text[:STORED_TEXT_CHARS] + " [cut: the node's log has the whole line]"
+    return text
 
 
 def recovery_of(record: RunRecord) -> RecoveryRecord | None:
@@ -327,10 +347,11 @@ def _recovery(read: _Fields) -> RecoveryRecord:
         ended = item.text("ended")
         if ended not in ATTEMPT_STATES:
             item.fail("ended", f"{ended!r} is not one of {', '.join(ATTEMPT_STATES)}")
-        attempts.append(AttemptState(item.integer("number"), nodes, ended, item.text("headline")))
+        attempts.append(AttemptState(item.integer("number"), nodes, ended, stored_text(item.value("headline", str))))
     return RecoveryRecord(pid=read.integer("pid"), start=read.optional_integer("start", 0),
                           retries=read.integer("retries", 0), attempts=tuple(attempts),
-                          exit_code=read.optional_integer("exit_code", 0, 255), headline=read.text("headline"))
+                          exit_code=read.optional_integer("exit_code", 0, 255),
+                          headline=stored_text(read.value("headline", str)))
 
 
 @dataclass(frozen=True)
@@ -411,13 +432,19 @@ def read_record(path: Path) -> RunRecord:
 
 def load_all(directory: Path | None = None) -> list[RunRecord]:
     """Every readable record, oldest first."""
-    records = []
+    return scan(directory)[0]
+
+
+def scan(directory: Path | None = None) -> tuple[list[RunRecord], list[RecordError]]:
+    """Every readable record, oldest first, and what is wrong with each damaged one (its
+    error names the file): ``status`` lists those too, never hides a run."""
+    records, damaged = [], []
     for path in _record_files(directory or runs_dir()):
         try:
             records.append(read_record(path))
-        except RecordError:
-            continue
-    return sorted(records, key=lambda record: record.created)
+        except RecordError as error:
+            damaged.append(error)
+    return sorted(records, key=lambda record: record.created), damaged
 
 
 def _record_files(directory: Path) -> list[Path]:

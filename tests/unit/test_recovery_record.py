@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from torchherd.cli import main
+from torchherd.console import make_console
 from torchherd.console.detach import ListedRun, render_recovery, render_runs, render_stopped
 from torchherd.engine import background
 from torchherd.engine.background import Recorder
@@ -163,6 +165,39 @@ def test_the_controller_records_attempts_nodes_and_the_end(tmp_path: Path, monke
     ended = recovery_of(load(RUN))
     assert ended is not None and ended.exit_code == 130 and ended.attempts[-1].ended == "interrupted"
     assert oct((tmp_path / "torchherd" / "runs" / f"{RUN}.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_the_jobs_error_line_never_makes_the_record_unreadable(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coloured first error line of a megabyte of undecodable bytes (U+FFFD, six bytes
+    of JSON each), in two failed attempts and the run's end: the record stays small and
+    loads; its headlines show the colour as escapes and are cut."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    line = "\x1b[31mRuntimeError: " + "\ufffd" * (1 << 20)
+    recorder = Recorder(with_recovery(record(), RecoveryRecord(4242, 77, 2)), {name: host(name) for name in TWO}, {})
+    for number in (1, 2):
+        recorder(AttemptStarted(number, 3, TWO))
+        recorder(AttemptFailed(number, line, 3.0))
+    recorder(RunFinished(summary(1, line, AttemptRecord(1, TWO, "failed", line, 1.0),
+                                 AttemptRecord(2, TWO, "failed", line, 1.0))))
+    assert (tmp_path / "torchherd" / "runs" / f"{RUN}.json").stat().st_size < 128 << 10
+    recovery = recovery_of(load(RUN))
+    assert recovery is not None and recovery.exit_code == 1
+    for headline in (recovery.headline, *(attempt.headline for attempt in recovery.attempts)):
+        assert headline.startswith("\\x1b[31mRuntimeError: \ufffd") and headline.endswith("has the whole line]")
+        assert len(headline) < 5000
+
+
+def test_status_lists_a_damaged_record_as_damaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    runs = tmp_path / "torchherd" / "runs"
+    runs.mkdir(parents=True)
+    (runs / "th-broken.json").write_text('{"run_id": "th-broken"')
+    out = StringIO()
+    assert main(["status"], console=make_console(out, width=400)) == 0
+    assert out.getvalue().splitlines() == [
+        f"damaged run record: {runs / 'th-broken.json'}: not valid JSON (the run record is damaged: remove the file "
+        "(torchherd status lists the other runs))"]
 
 
 # what status and stop say ------------------------------------------------------------------
