@@ -326,7 +326,7 @@ class DetachedRun:
         runs on without recovery). None for a run without retries."""
         self._reload()
         found = recovery_of(self.record)
-        return None if found is None else RecoveryStatus(found, controller_alive(found))
+        return None if found is None else RecoveryStatus(found, controller_alive(found, self.run_id))
 
     def _reload(self) -> None:
         """A recovering run's record changes as it goes (each attempt's nodes): read it again."""
@@ -346,7 +346,7 @@ class DetachedRun:
             on_event(event)
 
         recovery = self.recovery()
-        more = None if recovery is None else (lambda: controller_alive(recovery.record))
+        more = None if recovery is None else (lambda: controller_alive(recovery.record, self.run_id))
         self.backend.follow(self.record, observe, Follow(follow=follow, node=node, rank=rank, more=more))
         return codes
 
@@ -367,7 +367,7 @@ class DetachedRun:
         attempt); then, and when that controller is gone, every node is stopped directly."""
         recovery = self.recovery()
         if recovery is not None:
-            stop_controller(recovery.record, self.record.grace if grace is None else grace)
+            stop_controller(recovery.record, self.run_id, self.record.grace if grace is None else grace)
             self._reload()
         return self.backend.stop(self.record, grace)
 

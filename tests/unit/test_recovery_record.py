@@ -35,6 +35,7 @@ from torchherd.runrecord import (
     RecoveryStatus,
     RunRecord,
     controller_alive,
+    hold_controller_lock,
     load,
     recovery_of,
     remote_log_file,
@@ -102,21 +103,62 @@ def test_a_damaged_recovery_record_is_named_at_load(damage: dict[str, object], n
 # the controller, alive or gone -------------------------------------------------------------
 
 
-def test_a_controller_is_its_pid_and_start_time() -> None:
+def test_a_controller_is_its_lock_pid_and_start_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     me = os.getpid()
-    assert controller_alive(RecoveryRecord(me, process_start(me), 1))
-    assert not controller_alive(RecoveryRecord(me, (process_start(me) or 0) + 1, 1))  # a reused pid
+    assert not controller_alive(RecoveryRecord(me, process_start(me), 1), RUN)  # no lock held
+    fd = hold_controller_lock(RUN)
+    try:
+        assert controller_alive(RecoveryRecord(me, process_start(me), 1), RUN)
+        assert controller_alive(RecoveryRecord(me, None, 1), RUN)
+        assert not controller_alive(RecoveryRecord(me, (process_start(me) or 0) + 1, 1), RUN)  # a reused pid
+        assert not controller_alive(RecoveryRecord(me + 1, None, 1), RUN)  # not the pid that holds it
+        assert not controller_alive(RecoveryRecord(me, None, 1), "th-other")
+    finally:
+        os.close(fd)
+    assert not controller_alive(RecoveryRecord(me, process_start(me), 1), RUN)
 
 
-def test_an_ended_controller_is_gone_even_unreaped() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
+CONTROLLER = """
+import sys, time
+from torchherd.runrecord import hold_controller_lock
+hold_controller_lock(sys.argv[1])
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_an_ended_controller_is_gone_even_unreaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c", CONTROLLER, RUN], stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline() == b"locked\n"
     start = process_start(child.pid)
     try:
+        assert controller_alive(RecoveryRecord(child.pid, start, 1), RUN)
+        child.kill()
         os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped: a zombie
-        assert not controller_alive(RecoveryRecord(child.pid, start, 1))
+        assert not controller_alive(RecoveryRecord(child.pid, start, 1), RUN)
     finally:
+        child.kill()
         child.wait()
-    assert not controller_alive(RecoveryRecord(child.pid, start, 1))
+        child.stdout.close()
+    assert not controller_alive(RecoveryRecord(child.pid, start, 1), RUN)
+
+
+def test_stop_goes_on_when_the_controller_cannot_be_signalled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user's process (PermissionError), or one gone since: ``stop_controller``
+    says the controller was not stopped, raises nothing, and ``stop`` goes on to the nodes."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    fd = hold_controller_lock(RUN)
+
+    def refused(pid: int, signum: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "kill", refused)
+    try:
+        assert not background.stop_controller(RecoveryRecord(os.getpid(), None, 1), RUN, 0.0)
+    finally:
+        os.close(fd)
 
 
 PLANTED = ("secrets", "logging", "queue", "json", "pickle", "subprocess", "threading")
@@ -135,6 +177,24 @@ def test_the_background_controller_never_imports_from_its_start_directory(tmp_pa
     # it got as far as reading its order: every import of the controller was done
     assert started.returncode == 2, started.stderr.decode()
     assert b"takes its run id, and its order on stdin" in started.stderr
+
+
+def test_stop_never_signals_a_process_that_only_has_the_controllers_pid(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a reboot or a crash the recorded pid is another process's (here a ``sleep``;
+    a record without a start time, as on macOS where there is no /proc): ``stop`` finds
+    no controller and leaves it alone."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        recovery = RecoveryRecord(stranger.pid, None, 1)
+        assert not controller_alive(recovery, RUN)
+        assert not background.stop_controller(recovery, RUN, 0.0)
+        time.sleep(0.3)
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 # what the controller records ---------------------------------------------------------------

@@ -60,6 +60,7 @@ from torchherd.runrecord import (
     RecoveryRecord,
     RunRecord,
     controller_alive,
+    hold_controller_lock,
     load,
     recovery_of,
     remote_log_file,
@@ -163,19 +164,29 @@ def _spawn(order: Order) -> None:
                              f"its log: {log}")
 
 
-def stop_controller(recovery: RecoveryRecord, grace: float) -> bool:
+def stop_controller(recovery: RecoveryRecord, run_id: str, grace: float) -> bool:
     """SIGTERM to the background controller, which stops the run as Ctrl-C does (no
     further attempt), then waits until it is gone; SIGKILL when it takes longer than its
-    own teardown may (the nodes' stop then does the rest). False: it was gone already."""
-    if not controller_alive(recovery):
+    own teardown may (the nodes' stop then does the rest). False: it was gone already, or
+    could not be signalled. Only a process that holds the run's controller lock is ever
+    signalled (``controller_alive``): never another process that got its pid."""
+    if not controller_alive(recovery, run_id) or not _signal(recovery.pid, signal.SIGTERM):
         return False
-    os.kill(recovery.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace + 2 * STOP_MARGIN + 10.0
-    while controller_alive(recovery):
+    while controller_alive(recovery, run_id):
         if time.monotonic() > deadline:
-            os.kill(recovery.pid, signal.SIGKILL)
+            _signal(recovery.pid, signal.SIGKILL)
             break
         time.sleep(0.2)
+    return True
+
+
+def _signal(pid: int, signum: int) -> bool:
+    """False where the process is gone, or is not ours to signal: ``stop`` goes on to the nodes."""
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
     return True
 
 
@@ -292,6 +303,7 @@ def _controller(order: Order) -> RecoveryRecord:
 def serve(order: Order, said: IO[bytes]) -> int:
     """Runs the order to its end; says STARTED (or why not) on ``said`` once the first
     attempt runs. The exit code is the run's."""
+    hold_controller_lock(order.plan.run_id)  # held until this process ends: ``stop`` knows it by this
     recorder = first_record(order)
     save(recorder.record)
     cluster = order.plan.inventory.cluster
