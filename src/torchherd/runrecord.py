@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, NoReturn, TypeVar
 
 from torchherd.errors import UsageError
-from torchherd.inventory import ADDRESS_PATTERN, Host, valid_hostname, valid_ruser
+from torchherd.inventory import ADDRESS_PATTERN, SCHEDULERS, Host, valid_hostname, valid_ruser
 from torchherd.remote.wire import is_run_id
 
 T = TypeVar("T")
@@ -142,7 +142,9 @@ class RunRecord:
             _recovery(_Fields(source, f"extra.{RECOVERY_KEY}.", extra[RECOVERY_KEY]))
         if extra.get("login") is not None:  # a SLURM run's login host: reached over SSH as a node is
             extra = {**extra, "login": asdict(_node(_Fields(source, "extra.login.", extra["login"])))}
-        return cls(run_id=read.run_id("run_id"), inventory=read.text("inventory"), created=read.number("created"),
+        run_id = read.run_id("run_id")
+        _scheduler(_Fields(source, "extra.", extra), run_id)
+        return cls(run_id=run_id, inventory=read.text("inventory"), created=read.number("created"),
                    command=read.texts("command"), nodes=records, max_rank=read.integer("max_rank", low=-1),
                    grace=read.number("grace"), ssh_config=read.optional_text("ssh_config"),
                    ssh_timeout=read.number("ssh_timeout", 10.0, positive=True),
@@ -249,6 +251,28 @@ def _node(read: _Fields) -> NodeRecord:
                       workdir=read.text("workdir"), log_file=read.text("log_file"),
                       state_file=read.text("state_file"), supervisor=read.optional_integer("supervisor"),
                       pid=read.optional_integer("pid"), pgid=read.optional_integer("pgid"))
+
+
+_JOB_ID = re.compile(r"(?:[0-9]+(?:_[0-9]+)?)?\Z", re.ASCII)
+"""``sbatch --parsable``'s job id (``commands.parse_job_id``); empty before the first
+submission of a run with retries."""
+
+
+def _scheduler(read: _Fields, run_id: str) -> None:
+    """The scheduler's part of ``extra``: its values reach ``scancel``, ``squeue`` and
+    remote paths (a job id ``--partition=gpu`` once made ``stop`` cancel every job of the
+    user in that partition), so each is what torchherd writes, or the record is damaged."""
+    scheduler = read.data.get("scheduler")
+    if scheduler is not None and scheduler not in SCHEDULERS:
+        read.fail("scheduler", f"{scheduler!r} is not one of {', '.join(SCHEDULERS)}")
+    if scheduler != "slurm":
+        return
+    job_id = read.value("job_id", str)
+    if not _JOB_ID.match(job_id):
+        read.fail("job_id", f"{job_id!r} is not a SLURM job id")
+    directory = read.value("run_dir", str)
+    if not re.fullmatch(re.escape(remote_run_dir(run_id)) + r"(?:/attempt-[1-9][0-9]{0,8})?", directory):
+        read.fail("run_dir", f"{directory!r} is not the run's directory ({remote_run_dir(run_id)})")
 
 
 def _coordinator(read: _Fields, nodes: tuple[NodeRecord, ...]) -> CoordinatorRecord:
