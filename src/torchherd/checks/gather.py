@@ -141,10 +141,16 @@ def _answer(started: StartedFacts) -> FactsSession | _Failed:
     facts_line, received = reader.line(deadline), time.time()
     try:
         raw = json.loads((facts_line or b"").decode("utf-8", "replace"))
-    except ValueError:
+    except (ValueError, RecursionError):
         return _failure(process)
-    shell = raw.get("shell_seconds") if isinstance(raw, dict) else None
-    shell_seconds = float(shell) if isinstance(shell, (int, float)) else None
+    if not isinstance(raw, dict):  # every analysis reads it as an object: anything else is this node's failure
+        stop_listener(process)
+        raise TransportError(connection.node, "facts",
+                             f"{connection.node}: the facts script's answer is not a JSON object")
+    shell = raw.get("shell_seconds")
+    # a number in range only (a huge int would raise OverflowError as a float; NaN compares False)
+    shell_seconds = float(shell) if isinstance(shell, (int, float)) and not isinstance(shell, bool) and \
+        0 <= shell <= 3600 else None
     session = FactsSession(connection.node, NodeFacts(raw=raw, sent=sent, received=received), shell_seconds)
     if not config.get("listen"):
         stop_listener(process)
@@ -152,9 +158,11 @@ def _answer(started: StartedFacts) -> FactsSession | _Failed:
     bound_line = reader.line(deadline)
     try:
         session.bound = json.loads((bound_line or b"").decode("utf-8", "replace"))
-    except ValueError:
+    except (ValueError, RecursionError):
+        session.bound = None
+    if not isinstance(session.bound, dict):
         stop_listener(process)
-        raise TransportError(connection.node, "probe", f"{connection.node}: the listener did not start") from None
+        raise TransportError(connection.node, "probe", f"{connection.node}: the listener did not start")
     session.listener, session.reader = process, reader
     return session
 

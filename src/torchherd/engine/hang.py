@@ -270,7 +270,7 @@ class HangWatch:
             dumps = answer.get("dumps") if answer is not None else None
             if not isinstance(dumps, dict):
                 return {}
-            return {(name, int(rank)): str(text) for rank, text in dumps.items() if str(rank).lstrip("-").isdigit()}
+            return {(name, int(rank)): str(text) for rank, text in dumps.items() if str(rank).lstrip("-").isascii() and str(rank).lstrip("-").isdigit()}
 
         for found in fan_out(list(self.job.hang_targets().items()), ask):
             self.dumps.update(found)

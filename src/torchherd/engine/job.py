@@ -154,7 +154,7 @@ def rank_base(argv: Sequence[str]) -> int | None:
     own = list(argv[:argv.index("--")]) if "--" in argv else list(argv)
     options = dict(zip(own, own[1:]))
     node_rank, nproc = options.get("--node-rank", ""), options.get("--nproc-per-node", "")
-    if "--rdzv-backend" in options or not (node_rank.isdigit() and nproc.isdigit()):
+    if "--rdzv-backend" in options or not (node_rank + nproc).isascii() or not (node_rank.isdigit() and nproc.isdigit()):
         return None
     return int(node_rank) * int(nproc)
 
