@@ -128,3 +128,77 @@ def test_a_facts_answer_that_is_not_an_object_is_that_nodes_failure(tmp_path: Pa
             finish_facts(started, host)
     finally:
         session.close()
+
+
+FLOOD = "import sys, time\nsys.stdout.write('x' * (20 << 20)); sys.stdout.flush(); time.sleep(30)\n"
+
+
+def _read_line(script: str, seconds: float) -> tuple[float, bytes | None, int]:
+    """A line read from a real local process that never ends one: how long it took, what it
+    gave, and how much the reader held after. The process is killed after 8 s whatever
+    happens (so a reader that never gives up still ends, and the test fails, not hangs)."""
+    import shlex
+    import sys
+    import threading
+    import time
+
+    from torchherd.checks.gather import LineReader
+    from torchherd.transport.local import LocalSession
+
+    session = LocalSession("node1")
+    process = session.start(f"exec {shlex.quote(sys.executable)} -u -c {shlex.quote(script)}")
+    reader = LineReader(process)
+    found: list[bytes | None] = []
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: found.append(reader.line(time.monotonic() + seconds)), daemon=True)
+    thread.start()
+    thread.join(8.0)
+    took = time.monotonic() - started
+    process.close()
+    session.close()
+    thread.join(10.0)
+    return took, found[0] if found else b"never returned", len(reader.buffer)
+
+
+class _Trickle:
+    """A node's stdout that always has a little more, never a newline (as a hostile node
+    over SSH: every read gets bytes, so a reader that looks at its deadline only when
+    nothing arrives never does). Ends (EOF) once ``ended`` is set."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.ended = threading.Event()
+
+    def read(self, timeout: float) -> bytes:
+        if self.ended.wait(min(timeout, 0.005)):
+            return b""
+        return b"x" * 512
+
+
+def test_a_node_that_never_ends_a_line_is_given_up_at_the_deadline() -> None:
+    import threading
+    import time
+    from typing import cast
+
+    from torchherd.checks.gather import LineReader
+    from torchherd.transport import Process
+
+    trickle = _Trickle()
+    reader = LineReader(cast(Process, trickle))
+    found: list[bytes | None] = []
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: found.append(reader.line(time.monotonic() + 1.0)), daemon=True)
+    thread.start()
+    thread.join(4.0)
+    took = time.monotonic() - started
+    trickle.ended.set()
+    thread.join(10.0)
+    assert found == [None] and took < 3.0, (took, found[:1] and (found[0] or b"")[:10])
+
+
+def test_a_line_without_end_is_cut_off_at_the_readers_cap() -> None:
+    from torchherd.checks.gather import MAX_LINE
+
+    took, line, held = _read_line(FLOOD, 6.0)
+    assert line is None and took < 5.0 and held <= MAX_LINE, (took, line, held)

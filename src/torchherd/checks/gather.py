@@ -64,29 +64,57 @@ class _Failed:
     stderr: str
 
 
+MAX_LINE = 8 << 20
+"""The longest line a node's script may answer (a facts document of a large cluster's
+/etc/hosts is well under): beyond, the node is given up, not held in memory."""
+LATE = 1.0
+"""How long past its deadline a reader goes on taking what has already arrived (the nodes'
+answers are read one after the other, the later ones after the deadline); a node that
+keeps sending without a newline is given up then."""
+
+
 class LineReader:
     """A remote process's stdout, line by line; what follows a line is kept for the next."""
 
     def __init__(self, process: Process) -> None:
         self.process = process
         self.buffer = b""
+        self.broken = False
+        """A line longer than MAX_LINE came: nothing more is read from this process."""
 
     def line(self, deadline: float) -> bytes | None:
-        """The next line without its newline, or None at EOF or when the deadline passes
-        without one; what has arrived by then counts even when it is read later (the nodes'
-        answers are read one after the other)."""
-        while b"\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            chunk = self.process.read(min(0.2, max(left, 0.0)))
-            if chunk is None:
-                if left <= 0:
-                    return None
-                continue
-            if not chunk:
-                return None
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
+        """The next line without its newline, or None at EOF, when the deadline passes
+        without one, or after MAX_LINE bytes without one; what has arrived by then counts
+        even when it is read later (up to LATE after the deadline). The clock is looked at
+        on every read: a node that keeps sending without a newline is given up in time too."""
+        end = self.buffer.find(b"\n")
+        if end < 0:
+            pending = bytearray(self.buffer)
+            while end < 0:
+                left = deadline - time.monotonic()
+                if self.broken or left <= -LATE:
+                    return self._held(pending)
+                chunk = self.process.read(min(0.2, max(left, 0.0)))
+                if chunk is None:
+                    if left <= 0:
+                        return self._held(pending)
+                    continue
+                if not chunk:
+                    return self._held(pending)
+                found = chunk.find(b"\n")
+                end = len(pending) + found if found >= 0 else -1
+                pending += chunk
+                if end < 0 and len(pending) > MAX_LINE:
+                    self.broken = True
+                    return self._held(bytearray())
+            self.buffer = bytes(pending)
+        line, self.buffer = self.buffer[:end], self.buffer[end + 1:]
         return line
+
+    def _held(self, pending: bytearray) -> bytes | None:
+        """No line (yet): what arrived is kept for the next call."""
+        self.buffer = bytes(pending)
+        return None
 
 
 @dataclass
