@@ -4,8 +4,11 @@ floor's syntax, and the node script itself between two processes on loopback."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,11 +153,11 @@ def test_bandwidth_is_opt_in() -> None:
     assert selected_checks(frozenset({"mtu"}), frozenset(), smoke=False) == ("mtu",)
 
 
-def node_script(key: bytes = b"k3y") -> subprocess.Popen[bytes]:
+def node_script(key: bytes = b"k3y", stderr: int | None = None) -> subprocess.Popen[bytes]:
     """The node script, its key given on stdin first as the controller gives it."""
-    config = json.dumps({"family": 4, "seconds": 60})
+    config = json.dumps({"family": 4, "seconds": 60, "address": "127.0.0.1"})
     process = subprocess.Popen([sys.executable, "-S", "-c", remote_source("bandwidth.py"), config],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
     assert process.stdin is not None
     process.stdin.write(b'{"key": "' + key + b'"}\n')
     process.stdin.flush()
@@ -225,3 +228,50 @@ def test_report_and_matrix_show_every_figure() -> None:
     assert "bandwidth: rows sent to columns" in text
     row = next(line for line in text.splitlines() if line.startswith("node1 ") and "50M" in line)
     assert row.split() == ["node1", "10G", "-", "50M", "·"]
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_the_bandwidth_listener_takes_no_stranger() -> None:
+    """Another user on the node connects to the receiver's port: it listens on the job's
+    address only, at most a few connections wait for a header (each 2 s at most), and a
+    header that is not the check's (not JSON, not an object, wrong types) is dropped
+    without a word on stderr (whose pipe shares the SSH window with the answers)."""
+    receiver = node_script(stderr=subprocess.PIPE)
+    idle: list[socket.socket] = []
+    try:
+        assert receiver.stdout is not None and receiver.stderr is not None
+        port = json.loads(receiver.stdout.readline())["tcp"]
+        with pytest.raises(OSError):  # another address of this machine: not the job's
+            socket.create_connection(("127.0.0.2", port), timeout=2).close()
+        base = _threads(receiver.pid)
+        for _ in range(100):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.5)
+        assert _threads(receiver.pid) <= base + 16, _threads(receiver.pid)
+        for header in (b"[1]\n", b"42\n", b'{"key": "k3y", "seconds": [1]}\n', b'{"key": 7}\n', b"\xff\xfe\n",
+                       b'{"key": "k3y", "seconds": 1e400}\n'):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(header)
+                sock.settimeout(5)
+                assert sock.recv(100) == b"", header
+        assert idle[0].recv(100) == b"", "an idle stranger is dropped"
+        sender = node_script()
+        try:
+            assert sender.stdout is not None
+            json.loads(sender.stdout.readline())
+            sent = ask(sender, {"id": 1, "send": ["127.0.0.1", port], "seconds": 0.2})
+            assert sent["bytes"] > 0, sent  # the check itself still measures
+        finally:
+            assert sender.stdin is not None
+            sender.stdin.close()
+            sender.wait(timeout=10)
+    finally:
+        for sock in idle:
+            sock.close()
+        assert receiver.stdin is not None
+        receiver.stdin.close()
+        receiver.wait(timeout=10)
+    assert receiver.stderr.read() == b""

@@ -102,7 +102,8 @@ def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Ses
         address = observed.networks[host.name].address
         facts = observed.facts.get(host.name)
         python = FALLBACK_PYTHON if facts is not None and facts.python_error else host.python
-        config = {"family": _family(address), "seconds": SCRIPT_SECONDS}
+        # the job's address only: another user on the node reaches no other
+        config = {"family": _family(address), "seconds": SCRIPT_SECONDS, "address": address}
         try:
             process = sessions[host.name].start("exec " + python_command(python, "bandwidth.py", config))
         except TransportError as error:

@@ -4,12 +4,14 @@ Standard library only, Python >= 3.8, Linux; needs no root. Run as
 ``PYTHON -S -c SOURCE CONFIG`` where CONFIG is a JSON object:
   family   4 or 6        the family of the addresses the job uses
   seconds  S             the longest this process lives (it ends at EOF on stdin too)
+  address  A             the node's address the job uses: the only one bound
 It reads the check's key from the first line on stdin, {"key": HEX} (never on a command
 line; the same on every node of one check), binds a TCP and a UDP port (any free one,
-every address), prints {"tcp": PORT, "udp": PORT} (or {"error": TEXT}) on one line (so
+on the job's address), prints {"tcp": PORT, "udp": PORT} (or {"error": TEXT}) on one line (so
 every node that answered has its key before any peer's request), and then serves only
 what carries that key:
-  - receives: every TCP connection sends a header line {"seconds": D, "key": K} and then data
+  - receives: every TCP connection sends a header line {"seconds": D, "key": K} (within
+    HEADER_SECONDS, at most RECEIVERS connections at once: a stranger's is dropped) and then data
     until it shuts its side; the receiver counts what arrives (for at most D + DRAIN
     seconds) and answers on the same connection with one line
     {"bytes": B, "seconds": S, "cpu": F, "wait": F}: B bytes arrived in S seconds after
@@ -49,7 +51,13 @@ PMTUDISC_DO = 2
 """Set don't-fragment and never fragment locally (IP_PMTUDISC_DO, IPV6_PMTUDISC_DO)."""
 BISECT_STEP = 32
 """Bytes: the bisection for the largest size that passes stops this close."""
+HEADER_SECONDS = 2.0
+"""How long a connection may take to send its header: a stranger's idle one is dropped then."""
+RECEIVERS = 16
+"""Connections served at once; more are closed at once (the check makes one per link of a round)."""
+MAX_SECONDS = 600.0
 OUT_LOCK = threading.Lock()
+SLOTS = threading.BoundedSemaphore(RECEIVERS)
 KEY = {"value": b""}
 """The check's key, from the first line on stdin (nothing is served without one)."""
 
@@ -88,14 +96,32 @@ def read_line(sock: socket.socket, limit: int = 4096) -> bytes:
     return data
 
 
-def receive(conn: socket.socket) -> None:
-    """Counts one sender's bytes and tells it what arrived, then drains what is left."""
+def check_header(line: bytes) -> Optional[float]:
+    """The seconds of a header that carries the check's key; None for anything else
+    (not JSON, not an object, another key, a number out of range)."""
     try:
-        conn.settimeout(10.0)
-        header = json.loads(read_line(conn).partition(b"\n")[0].decode("utf-8"))
-        if not KEY["value"] or str(header.get("key", "")).encode() != KEY["value"]:
+        header = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(header, dict) or not KEY["value"]:
+        return None
+    key, seconds = header.get("key"), header.get("seconds")
+    if not isinstance(key, str) or key.encode() != KEY["value"]:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS:
+        return None
+    return float(seconds)
+
+
+def receive(conn: socket.socket) -> None:
+    """Counts one sender's bytes and tells it what arrived, then drains what is left.
+    Every error ends the connection quietly: this runs for whoever connects."""
+    try:
+        conn.settimeout(HEADER_SECONDS)
+        seconds = check_header(read_line(conn).partition(b"\n")[0])
+        if seconds is None:
             return
-        seconds = float(header["seconds"])
+        conn.settimeout(10.0)
         buffer = bytearray(1024 * 1024)
         view = memoryview(buffer)
         counted, started, last = 0, None, None
@@ -120,10 +146,11 @@ def receive(conn: socket.socket) -> None:
         conn.settimeout(2.0)
         while conn.recv_into(view):
             pass
-    except (OSError, ValueError, KeyError):
+    except Exception:  # noqa: BLE001 - a stranger's connection: nothing of it may reach stderr
         pass
     finally:
         conn.close()
+        SLOTS.release()
 
 
 def accept_loop(server: socket.socket) -> None:
@@ -132,7 +159,14 @@ def accept_loop(server: socket.socket) -> None:
             conn = server.accept()[0]
         except OSError:
             return
-        threading.Thread(target=receive, args=(conn,), daemon=True).start()
+        if not SLOTS.acquire(blocking=False):
+            conn.close()  # more than the check ever opens at once: a stranger's
+            continue
+        try:
+            threading.Thread(target=receive, args=(conn,), daemon=True).start()
+        except RuntimeError:  # no thread to be had
+            conn.close()
+            SLOTS.release()
 
 
 def headers(family: int) -> int:
@@ -268,15 +302,17 @@ def serve(request: Dict[str, Any], family: int) -> None:
     answer(found)
 
 
-def bind(family: int) -> Tuple[List[socket.socket], Dict[str, Any]]:
-    address = "::" if family == socket.AF_INET6 else ""
+def bind(family: int, address: str) -> Tuple[List[socket.socket], Dict[str, Any]]:
+    """The receiver and the echo, on the job's address only (its scope too, for IPv6)."""
+    where = socket.getaddrinfo(address or None, 0, family, socket.SOCK_STREAM, 0,
+                               socket.AI_NUMERICHOST | socket.AI_PASSIVE)[0][4]
     server = socket.socket(family, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind((address, 0))
+    server.bind(where)
     server.listen(64)
     echo = socket.socket(family, socket.SOCK_DGRAM)
     dont_fragment(echo, family)
-    echo.bind((address, 0))
+    echo.bind(where)
     return [server, echo], {"tcp": server.getsockname()[1], "udp": echo.getsockname()[1]}
 
 
@@ -294,7 +330,13 @@ def first_line(deadline: float) -> Tuple[bytes, bytes]:
     return line, rest
 
 
+def quiet(args: Any) -> None:
+    """A thread's uncaught exception: not a word on stderr, whose pipe shares the SSH
+    window with the answers (a stranger could fill it)."""
+
+
 def main() -> None:
+    threading.excepthook = quiet
     config = json.loads(sys.argv[1])
     family = socket.AF_INET6 if config.get("family") == 6 else socket.AF_INET
     deadline = time.monotonic() + float(config.get("seconds") or 300)
@@ -305,7 +347,7 @@ def main() -> None:
         answer({"error": "no key on the first line of stdin"})
         return
     try:
-        (server, echo), bound = bind(family)
+        (server, echo), bound = bind(family, str(config.get("address") or ""))
     except OSError as error:
         answer({"error": "%s: %s" % (type(error).__name__, error)})
         return
