@@ -98,6 +98,8 @@ def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Ses
     # The scripts serve only what carries this key (no stranger can make them send
     # datagrams or count bytes); it goes on stdin, never on a command line.
     key = secrets.token_hex(8)
+    # the echo answers these addresses only (the nodes' own, each binds its sockets there)
+    peers = sorted({observed.networks[host.name].address for host in hosts})
     for host in hosts:
         address = observed.networks[host.name].address
         facts = observed.facts.get(host.name)
@@ -110,7 +112,7 @@ def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Ses
             observed.bandwidth_errors[host.name] = f"the bandwidth script did not start: {error}"
             continue
         endpoint = Endpoint(host.name, process, LineReader(process), address)
-        if _ask(endpoint, {"key": key}):
+        if _ask(endpoint, {"key": key, "peers": peers}):
             started[host.name] = endpoint
         else:
             observed.bandwidth_errors[host.name] = "the bandwidth script did not start: its session closed"

@@ -5,8 +5,9 @@ Standard library only, Python >= 3.8, Linux; needs no root. Run as
   family   4 or 6        the family of the addresses the job uses
   seconds  S             the longest this process lives (it ends at EOF on stdin too)
   address  A             the node's address the job uses: the only one bound
-It reads the check's key from the first line on stdin, {"key": HEX} (never on a command
-line; the same on every node of one check), binds a TCP and a UDP port (any free one,
+It reads the check's key and its nodes' addresses from the first line on stdin,
+{"key": HEX, "peers": [ADDRESS, ...]} (never on a command line; the same on every node of
+one check), binds a TCP and a UDP port (any free one,
 on the job's address), prints {"tcp": PORT, "udp": PORT} (or {"error": TEXT}) on one line (so
 every node that answered has its key before any peer's request), and then serves only
 what carries that key:
@@ -17,9 +18,11 @@ what carries that key:
     {"bytes": B, "seconds": S, "cpu": F, "wait": F}: B bytes arrived in S seconds after
     the first read (whose bytes are not counted); F: this thread's share of those seconds
     on a CPU, and waiting on a run queue for one (/proc/thread-self/schedstat);
-  - echoes: every UDP datagram "TOKEN SIZE KEY ..." is answered with a datagram of SIZE
-    bytes (IP and UDP headers included) beginning "TOKEN", sent with don't-fragment (with
-    the key only: nobody else can make it send large datagrams anywhere);
+  - echoes: every UDP datagram "TOKEN SIZE MAC ..." is answered with a datagram of SIZE
+    bytes (IP and UDP headers included) beginning "TOKEN", sent with don't-fragment. MAC
+    is an HMAC of "TOKEN SIZE" with the key (the key itself never travels in a datagram);
+    a token is answered once, only to one of the peers, at most ECHO_RATE a second: no one
+    who reads the traffic can make a node send large datagrams to an address of theirs;
   - on stdin, one JSON request a line, each answered with one line carrying its "id":
     {"id": I, "send": [HOST, PORT], "seconds": D}: sends to that receiver for D seconds,
     answers {"id": I, "bytes": B, "seconds": S, "receiver": {"cpu": F, "wait": F},
@@ -33,6 +36,9 @@ what carries that key:
     OK is true, false, or the error's text.
 """
 
+import hashlib
+import hmac
+import ipaddress
 import json
 import os
 import select
@@ -56,10 +62,16 @@ HEADER_SECONDS = 2.0
 RECEIVERS = 16
 """Connections served at once; more are closed at once (the check makes one per link of a round)."""
 MAX_SECONDS = 600.0
+ECHO_RATE = 500
+"""Echo answers a second at most (a check's whole MTU round is a few per pair)."""
+SEEN_TOKENS = 65536
+"""Tokens remembered, so that a copy of a request is not answered again."""
 OUT_LOCK = threading.Lock()
 SLOTS = threading.BoundedSemaphore(RECEIVERS)
 KEY = {"value": b""}
 """The check's key, from the first line on stdin (nothing is served without one)."""
+PEERS: Dict[str, Any] = {"addresses": frozenset(), "own": ""}
+"""The check's nodes' addresses (the only ones the echo answers), and this node's own."""
 
 
 def schedstat() -> Optional[Tuple[int, int]]:
@@ -180,7 +192,45 @@ def dont_fragment(sock: socket.socket, family: int) -> None:
         sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, PMTUDISC_DO)
 
 
+def mac(token: bytes, size: bytes) -> bytes:
+    """What proves an echo request comes from the check: never the key itself."""
+    return hmac.new(KEY["value"], token + b" " + size, hashlib.sha256).hexdigest()[:32].encode()
+
+
+def plain(address: str) -> str:
+    """An address as compared with the peers': without an IPv6 scope, in its one form."""
+    try:
+        return str(ipaddress.ip_address(address.split("%")[0]))
+    except ValueError:
+        return address
+
+
+class Echoes:
+    """Which requests the echo answers: authenticated, from a peer, once, at a bounded rate."""
+
+    def __init__(self) -> None:
+        self.seen: Dict[bytes, None] = {}
+        self.window, self.count = 0, 0
+
+    def answers(self, words: List[bytes], peer: str) -> bool:
+        if not KEY["value"] or len(words) < 3 or plain(peer) not in PEERS["addresses"]:
+            return False
+        if not hmac.compare_digest(words[2], mac(words[0], words[1])) or words[0] in self.seen:
+            return False
+        now = int(time.monotonic())
+        if now != self.window:
+            self.window, self.count = now, 0
+        if self.count >= ECHO_RATE:
+            return False
+        self.count += 1
+        self.seen[words[0]] = None
+        if len(self.seen) > SEEN_TOKENS:
+            del self.seen[next(iter(self.seen))]
+        return True
+
+
 def echo_loop(sock: socket.socket, family: int) -> None:
+    echoes = Echoes()
     while True:
         try:
             data, peer = sock.recvfrom(65535)
@@ -188,7 +238,7 @@ def echo_loop(sock: socket.socket, family: int) -> None:
             return
         words = data[:128].split(b" ")
         try:
-            if not KEY["value"] or words[2] != KEY["value"]:
+            if not echoes.answers(words, str(peer[0])):
                 continue
             size = max(len(words[0]) + 1, min(65507, int(words[1])) - headers(family))
         except (ValueError, IndexError):
@@ -229,7 +279,8 @@ def echo_once(sock: socket.socket, family: int, size: int, reply: int, timeout: 
     ``attempts`` tries of ``timeout`` seconds; False when none came; else the error's text."""
     for _ in range(attempts):
         token = os.urandom(6).hex().encode()
-        head = token + b" " + str(reply).encode() + b" " + KEY["value"] + b" "
+        size_word = str(reply).encode()
+        head = token + b" " + size_word + b" " + mac(token, size_word) + b" "
         payload = head + b"x" * max(0, size - headers(family) - len(head))
         try:
             sock.send(payload)
@@ -256,6 +307,8 @@ def mtu(request: Dict[str, Any], family: int) -> Dict[str, Any]:
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
         dont_fragment(sock, family)
+        if PEERS["own"]:  # from the job's address: the one the peer's echo answers
+            sock.bind(socket.getaddrinfo(PEERS["own"], 0, family, socket.SOCK_DGRAM, 0, socket.AI_NUMERICHOST)[0][4])
         sock.connect((host, int(port)))
         found: Dict[str, Any] = {"small": echo_once(sock, family, small, small, timeout, attempts)}
         found["full"] = echo_once(sock, family, full, full, timeout, attempts)
@@ -342,10 +395,13 @@ def main() -> None:
     deadline = time.monotonic() + float(config.get("seconds") or 300)
     line, pending = first_line(deadline)
     try:
-        KEY["value"] = str(json.loads(line.decode("utf-8"))["key"]).encode()
-    except (ValueError, KeyError, TypeError):
+        first = json.loads(line.decode("utf-8"))
+        KEY["value"] = str(first["key"]).encode()
+        PEERS["addresses"] = frozenset(plain(str(address)) for address in first.get("peers") or ())
+    except (ValueError, KeyError, TypeError, AttributeError):
         answer({"error": "no key on the first line of stdin"})
         return
+    PEERS["own"] = str(config.get("address") or "")
     try:
         (server, echo), bound = bind(family, str(config.get("address") or ""))
     except OSError as error:
