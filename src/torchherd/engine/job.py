@@ -251,7 +251,7 @@ class Job:
 
     def hang_targets(self) -> Targets:
         """The nodes as the hang watch reaches them: over the run's own sessions."""
-        return targets_of(self.plan, self.sessions)
+        return targets_of(self.plan, self.sessions, {name: node.supervisor for name, node in self.nodes.items()})
 
     # starting -----------------------------------------------------------------
     def start_all(self) -> None:
@@ -372,6 +372,8 @@ class Job:
         fields = status.fields
         if status.event == "started":
             pid, supervisor = fields.get("pid"), fields.get("supervisor")
+            if isinstance(supervisor, int) and not isinstance(supervisor, bool) and supervisor > 0:
+                node.supervisor = supervisor  # the hang probe's root: only its descendants are ranks
             self.emit(NodeStarted(node.name, int(pid) if isinstance(pid, int) else None,
                                   int(supervisor) if isinstance(supervisor, int) else None))
         elif status.event == "error":
