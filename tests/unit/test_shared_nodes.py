@@ -363,6 +363,40 @@ def test_an_attached_run_writes_only_private_logs(tmp_path: Path, umask_022: Non
     assert mode(run_dir) == 0o700 and mode(run_dir / "n0.log") == 0o600
 
 
+def test_a_log_directory_swapped_between_attempts_gets_nothing(other_user: str, tmp_path: Path) -> None:
+    """``--log-dir`` in a directory others can write (a group project): between two
+    attempts another user moves the run's directory away and puts theirs in its place,
+    with a world-readable ``n0.log``. The next attempt writes on in the run's own
+    directory (opened once, checked: ours, 0700), never into theirs."""
+    import tempfile
+
+    from test_engine import faked
+
+    base = Path(tempfile.mkdtemp(prefix="th-project-", dir="/tmp"))  # the other user can reach it
+    try:
+        base.chmod(0o755)
+        logs = base / "logs"
+        logs.mkdir()
+        logs.chmod(0o777)  # anyone may add and rename entries here (no sticky bit)
+        cluster = Cluster([{"name": "n0", "address": "127.0.0.1"}], python=PY, workdir=str(tmp_path),
+                          nproc_per_node=1, connector=LocalConnector())
+        plan = faked(cluster.plan("train.py", run_id="tw-" + uuid.uuid4().hex[:8]), n0="lines=2")
+        options = LaunchOptions(check=False, log_dir=logs, grace=1.0)
+        assert launch(plan, options, LocalConnector(), Collector()).wait(timeout=60).exit_code == 0
+        ours = logs / plan.run_id
+        written = (ours / "n0.log").stat().st_size
+        moved = logs / "moved-away"
+        theirs = as_user(other_user, f"mv {ours} {moved} && mkdir -m 777 {ours} && touch {ours}/n0.log && "
+                                     f"chmod 666 {ours}/n0.log")
+        assert theirs.returncode == 0, theirs.stderr
+        launch(plan, options, LocalConnector(), Collector()).wait(timeout=60)
+        assert (ours / "n0.log").stat().st_size == 0, "nothing of the run in their file"
+        assert pwd.getpwuid((ours / "n0.log").stat().st_uid).pw_name == other_user
+        assert (moved / "n0.log").stat().st_size > written, "the second attempt went on in the run's own directory"
+    finally:
+        shutil.rmtree(base)
+
+
 def test_a_job_that_cannot_start_leaves_no_log_directory(tmp_path: Path) -> None:
     log_dir = tmp_path / "torchherd-t6-n0"
     records = supervise(wire.SupervisorConfig(run_id="t6", argv=("/nonexistent/python",), heartbeat=0,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence, Union
 
-from torchherd.engine.bookkeeping import NodeLog, dispatch
+from torchherd.engine.bookkeeping import NodeLog, dispatch, log_dir
 from torchherd.engine.events import (
     CoordinatorStarted,
     Interrupted,
@@ -255,7 +255,7 @@ class Job:
 
     # starting -----------------------------------------------------------------
     def start_all(self) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        log_dir(self.log_dir)  # made and checked once: every attempt's files open relative to it
         self.coordination = self._start_coordinator()
         source = supervisor_source()
         fan_out(list(self.nodes.values()), lambda node: self._start(node, source))
