@@ -89,10 +89,23 @@ def descends(stats: Dict[int, List[bytes]], pid: int, root: int) -> bool:
     return False
 
 
+def state_of(pid: int, start: bytes) -> Optional[bytes]:
+    """The process's state letter while it is still the process that started at ``start``;
+    None once it is gone (or its pid is another's)."""
+    try:
+        with open("/proc/" + str(pid) + "/stat", "rb") as file:
+            stat = file.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+    except (OSError, ValueError):
+        return None
+    return fields[0] if len(fields) > 19 and fields[19] == start and fields[0] not in (b"Z", b"X") else None
+
+
 def thaw_later(found: Found, seconds: float) -> None:
     """A guard, in a process of its own that outlives this one (its output closed: the SSH
-    command ends now): ``seconds`` later, SIGCONT to each of ``found`` still the same
-    process (its start time). A rank ended by ``abort`` meanwhile is gone: nothing to do."""
+    command ends now): ``seconds`` later, SIGCONT to each of ``found`` still stopped and
+    still the same process (its start time). It ends as soon as none is left to thaw (each
+    gone, or continued: ``abort`` came), so it outlives the run by a moment at most."""
     try:
         if os.fork():
             return
@@ -103,15 +116,23 @@ def thaw_later(found: Found, seconds: float) -> None:
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
-        time.sleep(seconds)
-        for pid, _, _, start in found:
-            try:
-                with open("/proc/" + str(pid) + "/stat", "rb") as file:
-                    stat = file.read()
-                if stat[stat.rindex(b")") + 2:].split()[19] == start:
+        started = time.monotonic()
+        watched = {pid: (start, False) for pid, _, _, start in found}  # pid -> (start, seen stopped)
+        while watched and time.monotonic() - started < seconds:
+            time.sleep(0.2)
+            for pid, (start, seen) in list(watched.items()):
+                state = state_of(pid, start)
+                stopped = state == b"T"
+                if state is None or (seen and not stopped) or (not stopped and time.monotonic() - started > 2.0):
+                    del watched[pid]  # gone, continued, or never stopped: nothing to thaw
+                else:
+                    watched[pid] = (start, seen or stopped)
+        for pid, (start, _) in watched.items():
+            if state_of(pid, start) == b"T":
+                try:
                     os.kill(pid, signal.SIGCONT)
-            except (OSError, ValueError, IndexError):
-                continue
+                except OSError:
+                    continue
     finally:
         os._exit(0)
 
