@@ -98,14 +98,17 @@ def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Ses
     # The scripts serve only what carries this key (no stranger can make them send
     # datagrams or count bytes); it goes on stdin, never on a command line.
     key = secrets.token_hex(8)
-    # the echo answers these addresses only (the nodes' own, each binds its sockets there)
-    peers = sorted({observed.networks[host.name].address for host in hosts})
+    # The scripts bind the job's address, where it is one of the node's own (an interface
+    # has it), and the echo answers those addresses only; where some node's is not its own
+    # (its packets leave from another), the echo answers any sender of a valid request.
+    own = {host.name: observed.networks[host.name].interface is not None for host in hosts}
+    peers = sorted({observed.networks[host.name].address for host in hosts}) if all(own.values()) else []
     for host in hosts:
         address = observed.networks[host.name].address
         facts = observed.facts.get(host.name)
         python = FALLBACK_PYTHON if facts is not None and facts.python_error else host.python
         # the job's address only: another user on the node reaches no other
-        config = {"family": _family(address), "seconds": SCRIPT_SECONDS, "address": address}
+        config = {"family": _family(address), "seconds": SCRIPT_SECONDS, "address": address if own[host.name] else ""}
         try:
             process = sessions[host.name].start("exec " + python_command(python, "bandwidth.py", config))
         except TransportError as error:

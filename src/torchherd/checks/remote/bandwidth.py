@@ -213,7 +213,7 @@ class Echoes:
         self.window, self.count = 0, 0
 
     def answers(self, words: List[bytes], peer: str) -> bool:
-        if not KEY["value"] or len(words) < 3 or plain(peer) not in PEERS["addresses"]:
+        if not KEY["value"] or len(words) < 3 or (PEERS["addresses"] and plain(peer) not in PEERS["addresses"]):
             return False
         if not hmac.compare_digest(words[2], mac(words[0], words[1])) or words[0] in self.seen:
             return False
@@ -357,8 +357,11 @@ def serve(request: Dict[str, Any], family: int) -> None:
 
 def bind(family: int, address: str) -> Tuple[List[socket.socket], Dict[str, Any]]:
     """The receiver and the echo, on the job's address only (its scope too, for IPv6)."""
-    where = socket.getaddrinfo(address or None, 0, family, socket.SOCK_STREAM, 0,
-                               socket.AI_NUMERICHOST | socket.AI_PASSIVE)[0][4]
+    try:
+        where = socket.getaddrinfo(address or None, 0, family, socket.SOCK_STREAM, 0,
+                                   socket.AI_NUMERICHOST | socket.AI_PASSIVE)[0][4]
+    except socket.gaierror:  # not an address (the controller sends one): every address, as without one
+        where = socket.getaddrinfo(None, 0, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)[0][4]
     server = socket.socket(family, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind(where)
