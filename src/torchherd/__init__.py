@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 _API = {
     "Cluster": "torchherd.api", "Run": "torchherd.api", "DetachedRun": "torchherd.api", "runs": "torchherd.api",
+    "damaged_runs": "torchherd.api",
     "attach": "torchherd.api", "new_run_id": "torchherd.api", "LaunchAborted": "torchherd.api",
     "DetachedStartFailed": "torchherd.api", "Plan": "torchherd.plan", "RunSummary": "torchherd.runlog",
     "NodeOutcome": "torchherd.runlog", "OutputLine": "torchherd.runlog", "CheckReport": "torchherd.results",
@@ -37,6 +38,7 @@ if TYPE_CHECKING:  # the names __getattr__ loads, for type checkers and editors
         RecoveringRun,  # noqa: F401
         Run,
         attach,
+        damaged_runs,
         new_run_id,
         runs,
     )
