@@ -68,9 +68,9 @@ MAX_LINE = 8 << 20
 """The longest line a node's script may answer (a facts document of a large cluster's
 /etc/hosts is well under): beyond, the node is given up, not held in memory."""
 LATE = 1.0
-"""How long past its deadline a reader goes on taking what has already arrived (the nodes'
-answers are read one after the other, the later ones after the deadline); a node that
-keeps sending without a newline is given up then."""
+"""How long a read past its deadline goes on taking what is already there (the nodes'
+answers are read one after the other, the later ones after the deadline, however long
+after): a node that keeps sending without a newline is given up then."""
 
 
 class LineReader:
@@ -85,14 +85,17 @@ class LineReader:
     def line(self, deadline: float) -> bytes | None:
         """The next line without its newline, or None at EOF, when the deadline passes
         without one, or after MAX_LINE bytes without one; what has arrived by then counts
-        even when it is read later (up to LATE after the deadline). The clock is looked at
-        on every read: a node that keeps sending without a newline is given up in time too."""
+        even when it is read later (what is there is taken for up to LATE). The clock is
+        looked at on every read: a node that keeps sending without a newline is given up
+        in time too."""
         end = self.buffer.find(b"\n")
         if end < 0:
             pending = bytearray(self.buffer)
+            late = max(time.monotonic(), deadline) + LATE  # reading what is there, past the deadline: this long
             while end < 0:
-                left = deadline - time.monotonic()
-                if self.broken or left <= -LATE:
+                now = time.monotonic()
+                left = deadline - now
+                if self.broken or now > late:
                     return self._held(pending)
                 chunk = self.process.read(min(0.2, max(left, 0.0)))
                 if chunk is None:
