@@ -13,7 +13,8 @@ user never imports rich. The public names:
 - ``Cluster``: the hosts (``from_toml``, ``from_hosts``, ``from_nodelist``, ``from_file``),
   ``check``, ``plan``, ``launch``.
 - ``Run``, ``DetachedRun``, ``RecoveringRun``: what ``launch`` returns; ``runs()`` and
-  ``attach(run_id)`` find detached runs again; ``new_run_id()``.
+  ``attach(run_id)`` find detached runs again (``damaged_runs()``: the records that could
+  not be read); ``new_run_id()``.
 - ``Plan``: each node's exact command; ``Recovery``: retries, spares, minimum nodes.
 - ``RunSummary``, ``NodeOutcome``, ``AttemptRecord``, ``OutputLine``: how a run ended, and
   its lines; ``CheckReport``, ``CheckResult``: what the preflight found.
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 
 _API = {
     "Cluster": "torchherd.api", "Run": "torchherd.api", "DetachedRun": "torchherd.api", "runs": "torchherd.api",
+    "damaged_runs": "torchherd.api",
     "attach": "torchherd.api", "new_run_id": "torchherd.api", "LaunchAborted": "torchherd.api",
     "DetachedStartFailed": "torchherd.api", "Plan": "torchherd.plan", "RunSummary": "torchherd.runlog",
     "NodeOutcome": "torchherd.runlog", "OutputLine": "torchherd.runlog", "CheckReport": "torchherd.results",
@@ -48,6 +50,7 @@ if TYPE_CHECKING:  # the names __getattr__ loads, for type checkers and editors
         RecoveringRun,  # noqa: F401
         Run,
         attach,
+        damaged_runs,
         new_run_id,
         runs,
     )

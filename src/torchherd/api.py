@@ -55,14 +55,14 @@ from torchherd.nodeset import NodesetError, expand
 from torchherd.plan import Plan, RunOptions, SyncOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import OutputLine, flat
-from torchherd.runrecord import NodeState, RecoveryStatus, RunRecord, controller_alive, load_all, recovery_of
+from torchherd.runrecord import NodeState, RecoveryStatus, RunRecord, controller_alive, load_all, recovery_of, scan
 from torchherd.runrecord import load as load_record
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
 from torchherd.tree import project_root, refusal
 
 __all__ = ["Cluster", "DetachedRun", "DetachedStartFailed", "LaunchAborted", "RecoveringRun", "Recovery", "Run", "attach",
-           "new_run_id", "runs"]
+           "damaged_runs", "new_run_id", "runs"]
 
 
 def new_run_id() -> str:
@@ -390,7 +390,7 @@ class DetachedRun:
         runs on without recovery). None for a run without retries."""
         self._reload()
         found = recovery_of(self.record)
-        return None if found is None else RecoveryStatus(found, controller_alive(found))
+        return None if found is None else RecoveryStatus(found, controller_alive(found, self.run_id))
 
     def _reload(self) -> None:
         """A recovering run's record changes as it goes (each attempt's nodes): read it again."""
@@ -410,7 +410,7 @@ class DetachedRun:
             on_event(event)
 
         recovery = self.recovery()
-        more = None if recovery is None else (lambda: controller_alive(recovery.record))
+        more = None if recovery is None else (lambda: controller_alive(recovery.record, self.run_id))
         self.backend.follow(self.record, observe, Follow(follow=follow, node=node, rank=rank, more=more))
         return codes
 
@@ -431,7 +431,7 @@ class DetachedRun:
         attempt); then, and when that controller is gone, every node is stopped directly."""
         recovery = self.recovery()
         if recovery is not None:
-            stop_controller(recovery.record, self.record.grace if grace is None else grace)
+            stop_controller(recovery.record, self.run_id, self.record.grace if grace is None else grace)
             self._reload()
         return self.backend.stop(self.record, grace)
 
@@ -484,6 +484,12 @@ class _LineFeed:
 def runs() -> list[DetachedRun]:
     """Every detached run this user started from this machine, oldest first."""
     return [DetachedRun(record) for record in load_all()]
+
+
+def damaged_runs() -> list[str]:
+    """Per run record that cannot be read (damaged, or written by hand): what is wrong
+    with it, naming the file; ``status`` lists them rather than hide a run."""
+    return [f"{error} ({error.hint})" if error.hint else str(error) for error in scan()[1]]
 
 
 def attach(run_id: str, connector: Connector | None = None) -> DetachedRun:

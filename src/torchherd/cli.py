@@ -368,7 +368,7 @@ def _view_options(args: argparse.Namespace, console: Console) -> ViewOptions:
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    from torchherd.api import DetachedRun, attach, runs
+    from torchherd.api import DetachedRun, attach, damaged_runs, runs
     from torchherd.console.detach import ListedRun, render_runs, render_status
 
     def listed(run: DetachedRun) -> ListedRun:
@@ -380,7 +380,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
         recovery = run.recovery()
         render_status(console, run.record, run.status(), recovery)
     else:
-        render_runs(console, [listed(run) for run in runs()])
+        render_runs(console, [listed(run) for run in runs()], damaged_runs())
     return EXIT_OK
 
 

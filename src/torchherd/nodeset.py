@@ -15,7 +15,7 @@ import re
 MAX_NAMES = 1_000_000
 """More names than any cluster has: a typo like ``[1-10000000]`` fails instead of eating memory."""
 
-_RANGE = re.compile(r"(\d+)(?:-(\d+)(?:/(\d+))?)?")
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+)(?:/([0-9]+))?)?")
 """``7``, ``1-4``, or ``1-10/2`` (ClusterShell's step; a step needs a range, as there)."""
 
 
@@ -49,29 +49,37 @@ def split_top(text: str) -> list[str]:
 def expand(text: str) -> list[str]:
     """Every name ``text`` stands for, in order. Raises NodesetError for empty items,
     unbalanced brackets, a range whose end is below its start, or too many names."""
-    names: list[str] = []
-    for part in split_top(text):
+    parts = split_top(text)
+    count = 0
+    for part in parts:  # the whole text is counted before anything expands
         if not part:
             raise NodesetError(f"{text!r}: empty item (two commas, or one at an end)")
-        names.extend(expand_pattern(part))
-        if len(names) > MAX_NAMES:
-            raise NodesetError(f"{text!r}: more than {MAX_NAMES:,} names")
-    return names
+        count += pattern_size(part, MAX_NAMES - count)
+    return [name for part in parts for name in expand_pattern(part)]
+
+
+def pattern_size(pattern: str, limit: int = MAX_NAMES) -> int:
+    """How many names one pattern stands for, counted without making them; more than
+    ``limit`` is refused (NodesetError)."""
+    count = 1
+    for _, group in _tokens(pattern):
+        if group is not None:
+            count *= _group_size(pattern, group, limit)
+            if count > limit:
+                raise NodesetError(f"{pattern!r}: more than {MAX_NAMES:,} names")
+    return count
 
 
 def expand_pattern(pattern: str) -> list[str]:
-    """One pattern without top-level commas: ``a[1-2]b[1-2]`` -> a1b1 a1b2 a2b1 a2b2."""
+    """One pattern without top-level commas: ``a[1-2]b[1-2]`` -> a1b1 a1b2 a2b1 a2b2.
+    Refused before anything is made when it stands for more than ``MAX_NAMES``."""
+    pattern_size(pattern)
     pieces: list[list[str]] = []
-    count = 1
     for literal, group in _tokens(pattern):
         if literal:
             pieces.append([literal])
         if group is not None:
-            values = _group(pattern, group)
-            count *= len(values)
-            if count > MAX_NAMES:
-                raise NodesetError(f"{pattern!r}: more than {MAX_NAMES:,} names")
-            pieces.append(values)
+            pieces.append(_group(pattern, group))
     return ["".join(combination) for combination in itertools.product(*pieces)]
 
 
@@ -97,23 +105,47 @@ def _tokens(pattern: str) -> list[tuple[str, str | None]]:
     return tokens
 
 
-def _group(pattern: str, group: str) -> list[str]:
-    values: list[str] = []
+MAX_DIGITS = 18
+"""The longest number of a range: beyond, ``int()`` of thousands of digits is slow and
+then refused by Python itself (4300 digits), and no node is numbered so."""
+
+
+def _items(pattern: str, group: str) -> list[tuple[str, str | None, int]]:
+    """Each item of a bracket group, checked: (start, end or None, step)."""
+    items: list[tuple[str, str | None, int]] = []
     for item in group.split(","):
         match = _RANGE.fullmatch(item.strip())
         if match is None:
             raise NodesetError(f"{pattern!r}: [{group}]: {item.strip()!r} is not a number or a range "
                                "like 1-4 or 1-9/2")
-        low, high, step = match.group(1), match.group(2), int(match.group(3) or 1)
+        low, high, step = match.group(1), match.group(2), match.group(3) or "1"
+        if high is not None and max(len(low), len(high), len(step)) > MAX_DIGITS:
+            raise NodesetError(f"{pattern!r}: [{group}]: the range {item.strip()} has a number of more than "
+                               f"{MAX_DIGITS} digits")
+        if high is not None and int(high) < int(low):
+            raise NodesetError(f"{pattern!r}: [{group}]: the range {item.strip()} ends below its start")
+        if int(step) < 1:
+            raise NodesetError(f"{pattern!r}: [{group}]: the range {item.strip()} has a step below 1")
+        items.append((low, high, int(step)))
+    return items
+
+
+def _group_size(pattern: str, group: str, limit: int) -> int:
+    """How many values the group has, counted without making them; refused past ``limit``."""
+    count = 0
+    for low, high, step in _items(pattern, group):
+        count += 1 if high is None else (int(high) - int(low)) // step + 1
+        if count > limit:
+            raise NodesetError(f"{pattern!r}: [{group}]: more than {MAX_NAMES:,} names")
+    return count
+
+
+def _group(pattern: str, group: str) -> list[str]:
+    values: list[str] = []
+    for low, high, step in _items(pattern, group):
         if high is None:
             values.append(low)
             continue
-        if int(high) < int(low):
-            raise NodesetError(f"{pattern!r}: [{group}]: the range {item.strip()} ends below its start")
-        if step < 1:
-            raise NodesetError(f"{pattern!r}: [{group}]: the range {item.strip()} has a step below 1")
-        if (int(high) - int(low)) // step >= MAX_NAMES:
-            raise NodesetError(f"{pattern!r}: [{group}]: more than {MAX_NAMES:,} names")
         # The start's width is the padding: [08-10] -> 08 09 10, [8-10] -> 8 9 10.
         width = len(low)
         values.extend(str(number).zfill(width) for number in range(int(low), int(high) + 1, step))

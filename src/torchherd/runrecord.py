@@ -8,6 +8,8 @@ inventory to reconnect even when the inventory file changed or moved.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
 import os
@@ -19,11 +21,15 @@ from types import MappingProxyType
 from typing import Any, Mapping, NoReturn, TypeVar
 
 from torchherd.errors import UsageError
-from torchherd.inventory import ADDRESS_PATTERN, Host, valid_hostname, valid_ruser
+from torchherd.inventory import ADDRESS_PATTERN, SCHEDULERS, Host, valid_hostname, valid_ruser
 from torchherd.remote.wire import is_run_id
 
 T = TypeVar("T")
 MAX_RECORD_BYTES = 16 << 20
+STORED_TEXT_CHARS = 4096
+"""The most of a headline a record keeps: it quotes the job's first error line, which
+may be a megabyte of undecodable bytes (each six bytes of JSON); the whole line stays in
+the node's log."""
 
 REMOTE_RUNS_DIR = "~/.torchherd/runs"
 """On each node: ``<this>/<run-id>/<node>.log`` and ``<node>.state.json``. The node's
@@ -136,7 +142,9 @@ class RunRecord:
             _recovery(_Fields(source, f"extra.{RECOVERY_KEY}.", extra[RECOVERY_KEY]))
         if extra.get("login") is not None:  # a SLURM run's login host: reached over SSH as a node is
             extra = {**extra, "login": asdict(_node(_Fields(source, "extra.login.", extra["login"])))}
-        return cls(run_id=read.run_id("run_id"), inventory=read.text("inventory"), created=read.number("created"),
+        run_id = read.run_id("run_id")
+        _scheduler(_Fields(source, "extra.", extra), run_id)
+        return cls(run_id=run_id, inventory=read.text("inventory"), created=read.number("created"),
                    command=read.texts("command"), nodes=records, max_rank=read.integer("max_rank", low=-1),
                    grace=read.number("grace"), ssh_config=read.optional_text("ssh_config"),
                    ssh_timeout=read.number("ssh_timeout", 10.0, positive=True),
@@ -245,6 +253,28 @@ def _node(read: _Fields) -> NodeRecord:
                       pid=read.optional_integer("pid"), pgid=read.optional_integer("pgid"))
 
 
+_JOB_ID = re.compile(r"(?:[0-9]+(?:_[0-9]+)?)?\Z", re.ASCII)
+"""``sbatch --parsable``'s job id (``commands.parse_job_id``); empty before the first
+submission of a run with retries."""
+
+
+def _scheduler(read: _Fields, run_id: str) -> None:
+    """The scheduler's part of ``extra``: its values reach ``scancel``, ``squeue`` and
+    remote paths (a job id ``--partition=gpu`` once made ``stop`` cancel every job of the
+    user in that partition), so each is what torchherd writes, or the record is damaged."""
+    scheduler = read.data.get("scheduler")
+    if scheduler is not None and scheduler not in SCHEDULERS:
+        read.fail("scheduler", f"{scheduler!r} is not one of {', '.join(SCHEDULERS)}")
+    if scheduler != "slurm":
+        return
+    job_id = read.value("job_id", str)
+    if not _JOB_ID.match(job_id):
+        read.fail("job_id", f"{job_id!r} is not a SLURM job id")
+    directory = read.value("run_dir", str)
+    if not re.fullmatch(re.escape(remote_run_dir(run_id)) + r"(?:/attempt-[1-9][0-9]{0,8})?", directory):
+        read.fail("run_dir", f"{directory!r} is not the run's directory ({remote_run_dir(run_id)})")
+
+
 def _coordinator(read: _Fields, nodes: tuple[NodeRecord, ...]) -> CoordinatorRecord:
     node = read.name("node")
     if node not in {record.name for record in nodes}:
@@ -303,8 +333,24 @@ class RecoveryRecord:
 
     def to_json_object(self) -> dict[str, object]:
         data = asdict(self)
-        data["attempts"] = [{**asdict(attempt), "nodes": list(attempt.nodes)} for attempt in self.attempts]
+        data["headline"] = stored_text(self.headline)
+        data["attempts"] = [{**asdict(attempt), "nodes": list(attempt.nodes), "headline": stored_text(attempt.headline)}
+                            for attempt in self.attempts]
         return data
+
+
+_UNSTORABLE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def stored_text(text: str) -> str:
+    """``text`` as a record keeps what the job said: control characters as their escapes
+    (a coloured error line must not make the record one the loader refuses), a lone
+    surrogate as U+FFFD, at most ``STORED_TEXT_CHARS`` characters."""
+    text = _UNSTORABLE.sub(lambda found: "\ufffd" if found.group() >= "\ud800" else f"\\x{ord(found.group()):02x}",
+                           text[:STORED_TEXT_CHARS + 1])
+    if len(text) > STORED_TEXT_CHARS:
+        return text[:STORED_TEXT_CHARS] + " [cut: the node's log has the whole line]"
+    return text
 
 
 def recovery_of(record: RunRecord) -> RecoveryRecord | None:
@@ -327,10 +373,11 @@ def _recovery(read: _Fields) -> RecoveryRecord:
         ended = item.text("ended")
         if ended not in ATTEMPT_STATES:
             item.fail("ended", f"{ended!r} is not one of {', '.join(ATTEMPT_STATES)}")
-        attempts.append(AttemptState(item.integer("number"), nodes, ended, item.text("headline")))
+        attempts.append(AttemptState(item.integer("number"), nodes, ended, stored_text(item.value("headline", str))))
     return RecoveryRecord(pid=read.integer("pid"), start=read.optional_integer("start", 0),
                           retries=read.integer("retries", 0), attempts=tuple(attempts),
-                          exit_code=read.optional_integer("exit_code", 0, 255), headline=read.text("headline"))
+                          exit_code=read.optional_integer("exit_code", 0, 255),
+                          headline=stored_text(read.value("headline", str)))
 
 
 @dataclass(frozen=True)
@@ -342,28 +389,71 @@ class RecoveryStatus:
     alive: bool
 
 
-def controller_alive(recovery: RecoveryRecord) -> bool:
-    """Whether the recovering controller still runs: its pid, started when the record says
-    (a reused pid is another process); a zombie has ended. Without /proc (macOS), the pid."""
+def controller_lock(run_id: str, directory: Path | None = None) -> Path:
+    """The file the background controller of ``run_id`` holds locked for as long as it
+    lives, in the private run-record directory: what tells it from a process that reuses
+    its pid (after a reboot, or where there is no /proc to read its start time)."""
+    return (directory or runs_dir()) / f"{run_id}.controller.lock"
+
+
+def hold_controller_lock(run_id: str, directory: Path | None = None, timeout: float = 10.0) -> int:
+    """The background controller: locks its run's file and writes its pid in it. The
+    descriptor is never closed: the kernel releases the lock when the process ends, however
+    it ends. Not inherited by the processes it starts (Python's descriptors are not)."""
+    path = controller_lock(run_id, directory)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    deadline = time.monotonic() + timeout
+    while True:  # a ``status`` may hold it shared for a moment
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise
+            time.sleep(0.05)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _lock_holder(run_id: str) -> int | None:
+    """The pid written in the run's controller lock while some process holds it locked;
+    None when no one does (the controller ended, or never ran on this machine)."""
+    try:
+        fd = os.open(controller_lock(run_id), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # taken: nobody holds it (closing the file lets it go)
+        except OSError as error:
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return None
+        text = os.read(fd, 32).decode("ascii", "replace").strip()
+        return int(text) if text.isascii() and text.isdigit() else None
+    finally:
+        os.close(fd)
+
+
+def controller_alive(recovery: RecoveryRecord, run_id: str) -> bool:
+    """Whether the recovering controller of ``run_id`` still runs: it holds its run's lock
+    (``controller_lock``), with the pid the record names written in it; where /proc says,
+    also started when the record says, and not a zombie. A pid alone is never enough: after
+    a reboot or a crash it is another process's, perhaps another user's."""
+    if _lock_holder(run_id) != recovery.pid:
+        return False
     try:
         with open(f"/proc/{recovery.pid}/stat", "rb") as file:
             fields = file.read().rsplit(b")", 1)[1].split()
     except OSError:
-        return recovery.start is None and _pid_exists(recovery.pid)
+        return True  # no /proc (macOS): the lock is the proof
     except IndexError:
         return False
     # after the command: state is field 3, the start time field 22 (proc(5))
     return fields[0] != b"Z" and (recovery.start is None or fields[19:20] == [str(recovery.start).encode()])
-
-
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: not our controller, but the pid lives
-        return True
-    return True
 
 
 def save(record: RunRecord, directory: Path | None = None) -> Path:
@@ -411,13 +501,19 @@ def read_record(path: Path) -> RunRecord:
 
 def load_all(directory: Path | None = None) -> list[RunRecord]:
     """Every readable record, oldest first."""
-    records = []
+    return scan(directory)[0]
+
+
+def scan(directory: Path | None = None) -> tuple[list[RunRecord], list[RecordError]]:
+    """Every readable record, oldest first, and what is wrong with each damaged one (its
+    error names the file): ``status`` lists those too, never hides a run."""
+    records, damaged = [], []
     for path in _record_files(directory or runs_dir()):
         try:
             records.append(read_record(path))
-        except RecordError:
-            continue
-    return sorted(records, key=lambda record: record.created)
+        except RecordError as error:
+            damaged.append(error)
+    return sorted(records, key=lambda record: record.created), damaged
 
 
 def _record_files(directory: Path) -> list[Path]:

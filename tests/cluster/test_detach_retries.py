@@ -132,7 +132,7 @@ def test_stop_during_the_first_attempt_stops_the_controller_and_the_job(cluster:
     assert f"the recovering controller (pid {status.record.pid}): stopped the run, no further attempt" in out, out
     assert_clean(cluster)
     after = attach(run_id).recovery()
-    assert after is not None and not controller_alive(after.record)
+    assert after is not None and not controller_alive(after.record, run_id)
     assert after.record.exit_code == 130 and [attempt.number for attempt in after.record.attempts] == [1], after
     code, out = cli(cluster, "status", run_id)
     assert "recovery ended after attempt 1: exit 130" in out, out

@@ -4,6 +4,7 @@ file, the key or the flag, a hint, and never a traceback."""
 from __future__ import annotations
 
 import json
+import os
 from io import StringIO
 from pathlib import Path
 
@@ -261,3 +262,54 @@ def test_a_run_record_name_a_shell_would_run_is_refused(tmp_path: Path, monkeypa
     code, output = run_cli(tmp_path, HOSTS, [*command, "th-x"])
     assert_one_line(code, output, f"th-x.json: {'nodes[0]' if where == 'node' else 'extra.login'}.{field}")
     assert not _marker(tmp_path).exists()
+
+
+SLURM_TOOLS = ("scancel", "squeue", "sacct", "scontrol", "sbatch")
+
+
+@pytest.mark.parametrize("damage,named", [
+    pytest.param({"job_id": "--partition=gpu"}, "extra.job_id", id="job-id-option"),
+    pytest.param({"job_id": 42}, "extra.job_id", id="job-id-type"),
+    pytest.param({"run_dir": "/etc"}, "extra.run_dir", id="run-dir-elsewhere"),
+    pytest.param({"run_dir": "~/.torchherd/runs/th-x/../../.ssh"}, "extra.run_dir", id="run-dir-up"),
+    pytest.param({"scheduler": "pbs"}, "extra.scheduler", id="scheduler"),
+])
+@pytest.mark.parametrize("command", [["status"], ["stop"], ["logs"]])
+def test_a_damaged_slurm_record_is_reported_never_acted_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           command: list[str], damage: dict[str, object],
+                                                           named: str) -> None:
+    """A run record whose job id is ``--partition=gpu`` once made ``stop`` run ``scancel
+    --partition=gpu`` (every job of the user there). The SLURM tools here only leave a
+    marker: none runs."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in SLURM_TOOLS:
+        (tools / tool).write_text(f"#!/bin/sh\necho \"$0 $*\" >> {_marker(tmp_path)}\n")
+        (tools / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    runs = tmp_path / "state" / "torchherd" / "runs"
+    runs.mkdir(parents=True)
+    node = {"name": "a", "address": "a", "user": None, "ssh_port": None, "identity_file": None,
+            "python": "python3", "workdir": "~", "log_file": "~/.torchherd/runs/th-x/a.out",
+            "state_file": "~/.torchherd/runs/th-x/a.exit", "supervisor": None, "pid": None, "pgid": None}
+    extra = {"scheduler": "slurm", "job_id": "7", "run_dir": "~/.torchherd/runs/th-x", "login": None, **damage}
+    (runs / "th-x.json").write_text(json.dumps({
+        "run_id": "th-x", "inventory": "/h.toml", "created": 1.0, "command": ["t.py"], "nodes": [node],
+        "max_rank": 0, "grace": 1.0, "ssh_config": None, "ssh_timeout": 1.0, "extra": extra}))
+    code, output = run_cli(tmp_path, HOSTS, [*command, "th-x"])
+    assert_one_line(code, output, f"th-x.json: {named}")
+    assert not _marker(tmp_path).exists(), _marker(tmp_path).read_text()
+
+
+def test_a_slurm_record_as_torchherd_writes_it_loads() -> None:
+    """The control: the values the damaged ones replace are those of a real record."""
+    from torchherd.runrecord import RunRecord
+
+    node = {"name": "a", "address": "a", "python": "python3", "workdir": "~", "log_file": "x", "state_file": "y"}
+    for job_id, directory in [("", "~/.torchherd/runs/th-x"), ("7", "~/.torchherd/runs/th-x"),
+                              ("12_3", "~/.torchherd/runs/th-x/attempt-2")]:
+        record = RunRecord.from_json(json.dumps({
+            "run_id": "th-x", "inventory": "/h.toml", "created": 1.0, "command": ["t.py"], "nodes": [node],
+            "max_rank": 0, "grace": 1.0, "extra": {"scheduler": "slurm", "job_id": job_id, "run_dir": directory}}))
+        assert record.extra["job_id"] == job_id and record.extra["run_dir"] == directory

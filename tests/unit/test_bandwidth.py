@@ -4,8 +4,11 @@ floor's syntax, and the node script itself between two processes on loopback."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -150,13 +153,13 @@ def test_bandwidth_is_opt_in() -> None:
     assert selected_checks(frozenset({"mtu"}), frozenset(), smoke=False) == ("mtu",)
 
 
-def node_script(key: bytes = b"k3y") -> subprocess.Popen[bytes]:
+def node_script(key: bytes = b"k3y", stderr: int | None = None) -> subprocess.Popen[bytes]:
     """The node script, its key given on stdin first as the controller gives it."""
-    config = json.dumps({"family": 4, "seconds": 60})
+    config = json.dumps({"family": 4, "seconds": 60, "address": "127.0.0.1"})
     process = subprocess.Popen([sys.executable, "-S", "-c", remote_source("bandwidth.py"), config],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
     assert process.stdin is not None
-    process.stdin.write(b'{"key": "' + key + b'"}\n')
+    process.stdin.write(b'{"key": "' + key + b'", "peers": ["127.0.0.1"]}\n')
     process.stdin.flush()
     return process
 
@@ -225,3 +228,115 @@ def test_report_and_matrix_show_every_figure() -> None:
     assert "bandwidth: rows sent to columns" in text
     row = next(line for line in text.splitlines() if line.startswith("node1 ") and "50M" in line)
     assert row.split() == ["node1", "10G", "-", "50M", "·"]
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def _dropped(sock: socket.socket) -> bool:
+    """The other end closed the connection without a word (a reset: it had unread bytes)."""
+    sock.settimeout(5)
+    try:
+        return sock.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_the_bandwidth_listener_takes_no_stranger() -> None:
+    """Another user on the node connects to the receiver's port: it listens on the job's
+    address only, at most a few connections wait for a header (each 2 s at most), and a
+    header that is not the check's (not JSON, not an object, wrong types) is dropped
+    without a word on stderr (whose pipe shares the SSH window with the answers)."""
+    receiver = node_script(stderr=subprocess.PIPE)
+    idle: list[socket.socket] = []
+    try:
+        assert receiver.stdout is not None and receiver.stderr is not None
+        port = json.loads(receiver.stdout.readline())["tcp"]
+        with pytest.raises(OSError):  # another address of this machine: not the job's
+            socket.create_connection(("127.0.0.2", port), timeout=2).close()
+        base = _threads(receiver.pid)
+        for _ in range(100):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.5)
+        assert _threads(receiver.pid) <= base + 16, _threads(receiver.pid)
+        for header in (b"[1]\n", b"42\n", b'{"key": "k3y", "seconds": [1]}\n', b'{"key": 7}\n', b"\xff\xfe\n",
+                       b'{"key": "k3y", "seconds": 1e400}\n'):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(header)
+                assert _dropped(sock), header
+        assert _dropped(idle[0]), "an idle stranger is dropped"
+        sender = node_script()
+        try:
+            assert sender.stdout is not None
+            json.loads(sender.stdout.readline())
+            sent = ask(sender, {"id": 1, "send": ["127.0.0.1", port], "seconds": 0.2})
+            assert sent["bytes"] > 0, sent  # the check itself still measures
+        finally:
+            assert sender.stdin is not None
+            sender.stdin.close()
+            sender.wait(timeout=10)
+    finally:
+        for sock in idle:
+            sock.close()
+        assert receiver.stdin is not None
+        receiver.stdin.close()
+        receiver.wait(timeout=10)
+    assert receiver.stderr.read() == b""
+
+
+def _echoed(port: int, datagram: bytes, source: str = "127.0.0.1", wait: float = 0.5) -> list[bytes]:
+    """What the echo at ``port`` sends back to ``source`` for ``datagram`` (each answer)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((source, 0))
+        sock.sendto(datagram, ("127.0.0.1", port))
+        sock.settimeout(wait)
+        answers = []
+        try:
+            while True:
+                answers.append(sock.recv(65535))
+        except socket.timeout:
+            return answers
+
+
+def test_the_mtu_echo_is_no_reflector() -> None:
+    """Someone who read the check's traffic cannot make a node send MTU-sized datagrams to
+    an address of their choosing: a request carries an HMAC of itself (never the key), is
+    answered once (a copy is not), only to the check's own nodes, and at a bounded rate."""
+    import hashlib
+    import hmac
+
+    echo = node_script()
+    try:
+        assert echo.stdout is not None
+        port = json.loads(echo.stdout.readline())["udp"]
+
+        def request(token: bytes, size: int = 9000) -> bytes:
+            said = token + b" " + str(size).encode()
+            return said + b" " + hmac.new(b"k3y", said, hashlib.sha256).hexdigest()[:32].encode() + b" pad"
+
+        assert _echoed(port, b"t0 9000 k3y pad") == [], "the key itself, in clear, is no request"
+        first = _echoed(port, request(b"t1"))
+        assert len(first) == 1 and first[0].startswith(b"t1 ") and len(first[0]) == 9000 - 28
+        assert _echoed(port, request(b"t1")) == [], "a copy of a request is not answered again"
+        assert _echoed(port, request(b"t2"), source="127.0.0.2") == [], "not one of the check's nodes"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:  # a flood of fresh requests
+            sock.bind(("127.0.0.1", 0))
+            for index in range(2000):
+                sock.sendto(request(b"f%d" % index, 600), ("127.0.0.1", port))
+            sock.settimeout(0.5)
+            answered = 0
+            try:
+                while sock.recv(65535):
+                    answered += 1
+            except socket.timeout:
+                pass
+        assert answered <= 600, answered
+        # the check itself still works: its own request, through the script's own echo_once
+        asked = ask(echo, {"id": 4, "mtu": ["127.0.0.1", port], "size": 1500, "small": 576, "timeout": 1.0,
+                           "attempts": 2, "bisect": None})
+        assert asked == {"id": 4, "small": True, "full": True}, asked
+    finally:
+        assert echo.stdin is not None
+        echo.stdin.close()
+        echo.wait(timeout=10)

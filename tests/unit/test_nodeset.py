@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import tracemalloc
 
 import pytest
 from hypothesis import given
@@ -174,3 +175,22 @@ def test_fold_writes_the_nodeset_of_names(names: list[str], folded: str) -> None
 def test_fold_expands_back_to_the_same_names(parts: list[tuple[str, int, int]]) -> None:
     names = [prefix if prefix == "login" else f"{prefix}{str(number).zfill(width)}" for prefix, number, width in parts]
     assert sorted(expand(fold(names))) == sorted(set(names)) if names else fold(names) == ""
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("n[0-999999,0-999999,0-999999]", id="ranges-of-one-group"),
+    pytest.param("a[0-999999],b[0-999999],c[0-999999]", id="patterns-of-one-list"),
+    pytest.param("n[0-1]x[0-999999]", id="product"),
+    pytest.param("n[1-" + "9" * 5000 + "]", id="a-range-to-a-number-of-5000-digits"),
+])
+def test_too_many_names_are_refused_before_they_are_made(text: str) -> None:
+    """A short text must not cost hundreds of MiB (30 characters once took 180 MiB):
+    the limit is a running count over the whole text, checked before anything expands."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(NodesetError, match="more than 1,000,000 names|digits"):
+            expand(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"{peak >> 20} MiB"

@@ -4,7 +4,9 @@ the loop of attempts driven by a fake backend (the real one: tests/cluster/test_
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -480,6 +482,63 @@ def test_the_hang_probe_finds_ranks_by_their_environment_only(tmp_path: Path) ->
             process.wait()
 
 
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as file:
+        return file.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+SUPERVISOR = """
+import os, subprocess, sys, time
+env = {"PATH": "/usr/bin:/bin", "TORCHHERD_RUN_ID": sys.argv[1], "LOCAL_RANK": "0", "RANK": "7"}
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+print(rank.pid, flush=True)
+rank.wait()
+"""
+
+
+def test_the_hang_probe_takes_only_the_supervisors_descendants_and_thaws_what_it_froze() -> None:
+    """A decoy with the run's environment (another user's, when torchherd runs as root) is
+    neither counted nor frozen: only descendants of the node's supervisor are ranks. And a
+    rank the probe froze (``stop``) is continued by itself when no ``abort`` follows (the
+    controller died between the two): a persist-mode job never stays frozen."""
+    import json
+
+    from torchherd.remote import argv
+
+    run_id = "th-probe-tree"
+    env = {"PATH": "/usr/bin:/bin", "TORCHHERD_RUN_ID": run_id, "LOCAL_RANK": "0", "RANK": "0"}
+    supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR, run_id], stdout=subprocess.PIPE)
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    rank = 0
+    try:
+        assert supervisor.stdout is not None
+        rank = int(supervisor.stdout.readline())
+
+        def probe(*words: str) -> dict[str, object]:
+            result = subprocess.run([sys.executable, *argv("hangprobe.py"), run_id, *words],
+                                    capture_output=True, text=True, timeout=30, check=True)
+            return dict(json.loads(result.stdout))
+
+        assert probe("cpu", str(supervisor.pid))["ranks"] == [7]
+        assert probe("stop", str(supervisor.pid), "1")["ranks"] == [7]
+        assert _state(rank) == "T" and _state(decoy.pid) != "T"
+        for _ in range(50):
+            if _state(rank) != "T":
+                break
+            time.sleep(0.1)
+        assert _state(rank) != "T", "continued by the probe's own guard"
+        assert probe("cpu", "0")["ranks"] == [], "a supervisor not known yet: no rank"
+        assert probe("cpu")["ranks"] == [0, 7], "without a supervisor (SLURM): the environment alone"
+    finally:
+        if rank:
+            os.kill(rank, signal.SIGKILL)  # the supervisor's child, started by this test
+        for process in (supervisor, decoy):
+            process.kill()
+            process.wait()
+        if supervisor.stdout is not None:
+            supervisor.stdout.close()
+
+
 def test_the_hang_probe_takes_py_spys_dump_of_a_stopped_rank() -> None:
     # py-spy is a test extra: installed beside this Python, where the probe looks first.
     from torchherd.remote import argv
@@ -543,7 +602,7 @@ class _ProbeSession:
         self.actions: list[str] = []
 
     def run(self, command: str, stdin: bytes = b"", timeout: float = 30.0) -> CommandResult:
-        self.actions.append(command.rsplit(" ", 1)[-1])
+        self.actions.append(command.split()[-3])  # ... RUN_ID ACTION SUPERVISOR THAW
         answer = json.dumps({"ticks": 0, "cpu": 0.0, "ranks": self.ranks}).encode()
         return CommandResult(0, answer + b"\n", b"", 0.0)
 
@@ -560,7 +619,7 @@ def _watch(ranks: list[int], seconds: float) -> tuple[HangWatch, list[float], di
     plan = plan_of()
     sessions = {node.host.name: _ProbeSession(ranks) for node in plan.nodes}
     found: list[float] = []
-    job = _Reach(targets_of(plan, sessions))  # type: ignore[arg-type]
+    job = _Reach(targets_of(plan, sessions, {node.host.name: 4242 for node in plan.nodes}))  # type: ignore[arg-type]
     watch = HangWatch(plan.run_id, job, 1.0, found.append, lambda: None).start()
     time.sleep(seconds)
     watch.close()

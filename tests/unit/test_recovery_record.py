@@ -6,6 +6,7 @@ about it. No sockets."""
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -16,7 +17,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from torchherd.cli import main
+from torchherd.console import make_console
 from torchherd.console.detach import ListedRun, render_recovery, render_runs, render_stopped
+from torchherd.engine import background
 from torchherd.engine.background import Recorder
 from torchherd.engine.events import AttemptFailed, AttemptStarted, NodeStarted, RunFinished
 from torchherd.inventory import Host
@@ -31,6 +35,7 @@ from torchherd.runrecord import (
     RecoveryStatus,
     RunRecord,
     controller_alive,
+    hold_controller_lock,
     load,
     recovery_of,
     remote_log_file,
@@ -98,21 +103,98 @@ def test_a_damaged_recovery_record_is_named_at_load(damage: dict[str, object], n
 # the controller, alive or gone -------------------------------------------------------------
 
 
-def test_a_controller_is_its_pid_and_start_time() -> None:
+def test_a_controller_is_its_lock_pid_and_start_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     me = os.getpid()
-    assert controller_alive(RecoveryRecord(me, process_start(me), 1))
-    assert not controller_alive(RecoveryRecord(me, (process_start(me) or 0) + 1, 1))  # a reused pid
+    assert not controller_alive(RecoveryRecord(me, process_start(me), 1), RUN)  # no lock held
+    fd = hold_controller_lock(RUN)
+    try:
+        assert controller_alive(RecoveryRecord(me, process_start(me), 1), RUN)
+        assert controller_alive(RecoveryRecord(me, None, 1), RUN)
+        assert not controller_alive(RecoveryRecord(me, (process_start(me) or 0) + 1, 1), RUN)  # a reused pid
+        assert not controller_alive(RecoveryRecord(me + 1, None, 1), RUN)  # not the pid that holds it
+        assert not controller_alive(RecoveryRecord(me, None, 1), "th-other")
+    finally:
+        os.close(fd)
+    assert not controller_alive(RecoveryRecord(me, process_start(me), 1), RUN)
 
 
-def test_an_ended_controller_is_gone_even_unreaped() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
+CONTROLLER = """
+import sys, time
+from torchherd.runrecord import hold_controller_lock
+hold_controller_lock(sys.argv[1])
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_an_ended_controller_is_gone_even_unreaped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c", CONTROLLER, RUN], stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline() == b"locked\n"
     start = process_start(child.pid)
     try:
+        assert controller_alive(RecoveryRecord(child.pid, start, 1), RUN)
+        child.kill()
         os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped: a zombie
-        assert not controller_alive(RecoveryRecord(child.pid, start, 1))
+        assert not controller_alive(RecoveryRecord(child.pid, start, 1), RUN)
     finally:
+        child.kill()
         child.wait()
-    assert not controller_alive(RecoveryRecord(child.pid, start, 1))
+        child.stdout.close()
+    assert not controller_alive(RecoveryRecord(child.pid, start, 1), RUN)
+
+
+def test_stop_goes_on_when_the_controller_cannot_be_signalled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user's process (PermissionError), or one gone since: ``stop_controller``
+    says the controller was not stopped, raises nothing, and ``stop`` goes on to the nodes."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    fd = hold_controller_lock(RUN)
+
+    def refused(pid: int, signum: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "kill", refused)
+    try:
+        assert not background.stop_controller(RecoveryRecord(os.getpid(), None, 1), RUN, 0.0)
+    finally:
+        os.close(fd)
+
+
+PLANTED = ("secrets", "logging", "queue", "json", "pickle", "subprocess", "threading")
+
+
+def test_the_background_controller_never_imports_from_its_start_directory(tmp_path: Path) -> None:
+    """A project directory (or a shared one) with a ``secrets.py``: the background
+    controller started there (as ``run --detach --retries`` starts it) never runs it."""
+    hits = tmp_path / "hits"
+    hits.mkdir()
+    for name in PLANTED:
+        (tmp_path / f"{name}.py").write_text(f"open({str(hits / name)!r}, 'w').close()\n")
+    started = subprocess.run(background.command(RUN), cwd=tmp_path, input=pickle.dumps("not an order"),
+                             capture_output=True, timeout=60)
+    assert sorted(os.listdir(hits)) == []
+    # it got as far as reading its order: every import of the controller was done
+    assert started.returncode == 2, started.stderr.decode()
+    assert b"takes its run id, and its order on stdin" in started.stderr
+
+
+def test_stop_never_signals_a_process_that_only_has_the_controllers_pid(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a reboot or a crash the recorded pid is another process's (here a ``sleep``;
+    a record without a start time, as on macOS where there is no /proc): ``stop`` finds
+    no controller and leaves it alone."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        recovery = RecoveryRecord(stranger.pid, None, 1)
+        assert not controller_alive(recovery, RUN)
+        assert not background.stop_controller(recovery, RUN, 0.0)
+        time.sleep(0.3)
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 # what the controller records ---------------------------------------------------------------
@@ -143,6 +225,39 @@ def test_the_controller_records_attempts_nodes_and_the_end(tmp_path: Path, monke
     ended = recovery_of(load(RUN))
     assert ended is not None and ended.exit_code == 130 and ended.attempts[-1].ended == "interrupted"
     assert oct((tmp_path / "torchherd" / "runs" / f"{RUN}.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_the_jobs_error_line_never_makes_the_record_unreadable(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coloured first error line of a megabyte of undecodable bytes (U+FFFD, six bytes
+    of JSON each), in two failed attempts and the run's end: the record stays small and
+    loads; its headlines show the colour as escapes and are cut."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    line = "\x1b[31mRuntimeError: " + "\ufffd" * (1 << 20)
+    recorder = Recorder(with_recovery(record(), RecoveryRecord(4242, 77, 2)), {name: host(name) for name in TWO}, {})
+    for number in (1, 2):
+        recorder(AttemptStarted(number, 3, TWO))
+        recorder(AttemptFailed(number, line, 3.0))
+    recorder(RunFinished(summary(1, line, AttemptRecord(1, TWO, "failed", line, 1.0),
+                                 AttemptRecord(2, TWO, "failed", line, 1.0))))
+    assert (tmp_path / "torchherd" / "runs" / f"{RUN}.json").stat().st_size < 128 << 10
+    recovery = recovery_of(load(RUN))
+    assert recovery is not None and recovery.exit_code == 1
+    for headline in (recovery.headline, *(attempt.headline for attempt in recovery.attempts)):
+        assert headline.startswith("\\x1b[31mRuntimeError: \ufffd") and headline.endswith("has the whole line]")
+        assert len(headline) < 5000
+
+
+def test_status_lists_a_damaged_record_as_damaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    runs = tmp_path / "torchherd" / "runs"
+    runs.mkdir(parents=True)
+    (runs / "th-broken.json").write_text('{"run_id": "th-broken"')
+    out = StringIO()
+    assert main(["status"], console=make_console(out, width=400)) == 0
+    assert out.getvalue().splitlines() == [
+        f"damaged run record: {runs / 'th-broken.json'}: not valid JSON (the run record is damaged: remove the file "
+        "(torchherd status lists the other runs))"]
 
 
 # what status and stop say ------------------------------------------------------------------

@@ -68,28 +68,35 @@ def as_user(user: str, command: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_log_directory_is_made_private_by_the_supervisor_and_removed(tmp_path: Path) -> None:
     log_dir = tmp_path / "torchherd-t1-n0"
-    code = f"import os; print(oct(os.stat({str(log_dir)!r}).st_mode & 0o777))"
-    records = supervise(wire.SupervisorConfig(run_id="t1", argv=(PY, "-c", code), heartbeat=0,
+    code = "import os, sys; print(oct(os.stat(sys.argv[1]).st_mode & 0o777), sys.argv[1])"
+    records = supervise(wire.SupervisorConfig(run_id="t1", argv=(PY, "-c", code, str(log_dir)), heartbeat=0,
                                               cleanup_dir=str(log_dir)))
-    assert b"O0o700" in records
+    said = next(record for record in records if record.startswith(b"O0o"))
+    used = said.split()[1].decode()
+    assert said.startswith(b"O0o700 ") and used.startswith(f"{log_dir}-"), said  # a fresh name of its own
     assert status(records, "done")["code"] == 0
-    assert not log_dir.exists()
+    assert not Path(used).exists() and not log_dir.exists()
 
 
-def test_a_log_directory_that_already_exists_is_refused_and_left_alone(tmp_path: Path) -> None:
+def test_a_log_directory_made_first_by_someone_else_is_never_used_nor_refused(tmp_path: Path) -> None:
+    """The name an attempt's log directory would have is public (the run id is in every
+    process list): made first by someone else, it is neither used (their planted files
+    never reach the output) nor a reason to refuse the attempt; each attempt makes a fresh
+    private directory of its own (``mkdtemp``)."""
     log_dir = tmp_path / "torchherd-t2-n0"
     planted = log_dir / "none_x" / "attempt_0" / "0"
     planted.mkdir(parents=True)
     (planted / "stdout.log").write_text("I am rank 0, trust me\n")
     ran = tmp_path / "ran"
-    records = supervise(wire.SupervisorConfig(run_id="t2", argv=(PY, "-c", f"open({str(ran)!r}, 'w')"),
-                                              heartbeat=0, cleanup_dir=str(log_dir), rank_logs=str(log_dir)))
-    error = status(records, "error")
-    assert "already exists" in str(error["message"]) and str(log_dir) in str(error["message"])
-    assert status(records, "done")["code"] != 0
-    assert not ran.exists(), "the job never started"
-    assert not any(b"trust me" in record for record in records)
-    assert (planted / "stdout.log").exists(), "not ours: never removed"
+    code = f"import sys; open({str(ran)!r}, 'w').write(sys.argv[2])"
+    for _ in range(2):  # a retried attempt too
+        records = supervise(wire.SupervisorConfig(run_id="t2", argv=(PY, "-c", code, "--log-dir", str(log_dir)),
+                                                  heartbeat=0, cleanup_dir=str(log_dir), rank_logs=str(log_dir)))
+        assert status(records, "done")["code"] == 0, records
+        assert ran.read_text().startswith(f"{log_dir}-"), "torchrun's --log-dir: the fresh directory"
+        assert not any(b"trust me" in record for record in records)
+        assert (planted / "stdout.log").exists(), "not ours: never removed"
+        assert [path.name for path in tmp_path.iterdir() if path.name.startswith("torchherd-")] == [log_dir.name]
 
 
 def test_every_node_has_its_own_log_directory() -> None:
@@ -117,9 +124,9 @@ def test_another_user_who_made_the_log_directory_first_gets_nothing(other_user: 
         events = Collector()
         summary = launch(plan, LaunchOptions(check=False, log_dir=tmp_path / "logs", grace=1.0), LocalConnector(),
                          events).wait(timeout=60)
-        assert summary.exit_code == 1
-        refused = events.of(NodeNotStarted)
-        assert refused and "already exists" in refused[0].message
+        assert summary.exit_code == 0, "the attempt runs, in a fresh directory of its own"
+        assert not events.of(NodeNotStarted)
+        assert any(line.text for line in events.lines.get("n0", []))
         assert not any("planted" in line.text for line in events.lines.get("n0", []))
         assert pwd.getpwuid(os.stat(log_dir).st_uid).pw_name == other_user, "theirs, left as it was"
     finally:
@@ -356,9 +363,43 @@ def test_an_attached_run_writes_only_private_logs(tmp_path: Path, umask_022: Non
     assert mode(run_dir) == 0o700 and mode(run_dir / "n0.log") == 0o600
 
 
+def test_a_log_directory_swapped_between_attempts_gets_nothing(other_user: str, tmp_path: Path) -> None:
+    """``--log-dir`` in a directory others can write (a group project): between two
+    attempts another user moves the run's directory away and puts theirs in its place,
+    with a world-readable ``n0.log``. The next attempt writes on in the run's own
+    directory (opened once, checked: ours, 0700), never into theirs."""
+    import tempfile
+
+    from test_engine import faked
+
+    base = Path(tempfile.mkdtemp(prefix="th-project-", dir="/tmp"))  # the other user can reach it
+    try:
+        base.chmod(0o755)
+        logs = base / "logs"
+        logs.mkdir()
+        logs.chmod(0o777)  # anyone may add and rename entries here (no sticky bit)
+        cluster = Cluster([{"name": "n0", "address": "127.0.0.1"}], python=PY, workdir=str(tmp_path),
+                          nproc_per_node=1, connector=LocalConnector())
+        plan = faked(cluster.plan("train.py", run_id="tw-" + uuid.uuid4().hex[:8]), n0="lines=2")
+        options = LaunchOptions(check=False, log_dir=logs, grace=1.0)
+        assert launch(plan, options, LocalConnector(), Collector()).wait(timeout=60).exit_code == 0
+        ours = logs / plan.run_id
+        written = (ours / "n0.log").stat().st_size
+        moved = logs / "moved-away"
+        theirs = as_user(other_user, f"mv {ours} {moved} && mkdir -m 777 {ours} && touch {ours}/n0.log && "
+                                     f"chmod 666 {ours}/n0.log")
+        assert theirs.returncode == 0, theirs.stderr
+        launch(plan, options, LocalConnector(), Collector()).wait(timeout=60)
+        assert (ours / "n0.log").stat().st_size == 0, "nothing of the run in their file"
+        assert pwd.getpwuid((ours / "n0.log").stat().st_uid).pw_name == other_user
+        assert (moved / "n0.log").stat().st_size > written, "the second attempt went on in the run's own directory"
+    finally:
+        shutil.rmtree(base)
+
+
 def test_a_job_that_cannot_start_leaves_no_log_directory(tmp_path: Path) -> None:
     log_dir = tmp_path / "torchherd-t6-n0"
     records = supervise(wire.SupervisorConfig(run_id="t6", argv=("/nonexistent/python",), heartbeat=0,
                                               cleanup_dir=str(log_dir)))
     assert status(records, "done")["code"] == 127
-    assert not log_dir.exists()
+    assert not [path for path in tmp_path.iterdir() if path.name.startswith(log_dir.name)]

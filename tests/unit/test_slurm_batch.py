@@ -179,7 +179,10 @@ def test_a_failed_cd_is_recorded_as_the_setup_phase(tmp_path: Path) -> None:
     assert record is not None and record.phase == "setup"
 
 
-def test_a_log_directory_someone_else_made_first_is_refused_and_left_alone(tmp_path: Path) -> None:
+def test_a_log_directory_someone_else_made_first_is_never_used_nor_refused(tmp_path: Path) -> None:
+    """The name has the run id and the job id, both public: made first by someone else, the
+    task neither uses it nor fails on it (that burnt every retry on that node): torchrun
+    gets a fresh private directory (``mktemp -d``), theirs is left as it was."""
     made = Cluster(["n0"], scheduler="slurm", python=_fake_python(tmp_path, 0), workdir=str(tmp_path))
     the_plan = made.plan("train.py", run_id=f"th-taken-{os.getpid()}")
     planted = Path(f"{the_plan.nodes[0].remote_log_dir}-42")  # the job id follows the node's name
@@ -188,9 +191,13 @@ def test_a_log_directory_someone_else_made_first_is_refused_and_left_alone(tmp_p
         (planted / "theirs").write_text("kept")
         env = {**os.environ, "TORCHHERD_DIR": str(tmp_path), "SLURMD_NODENAME": "n0", "SLURM_JOB_ID": "42"}
         ran = subprocess.run(["bash", "-c", node_command(the_plan, the_plan.nodes)], env=env, capture_output=True)
-        assert ran.returncode != 0 and not (tmp_path / "argv").exists()  # torchrun never started
+        assert ran.returncode == 0, ran.stderr
+        argv = (tmp_path / "argv").read_text().splitlines()
+        used = argv[argv.index("--log-dir") + 1]
+        assert used.startswith(f"{planted}-") and len(used) > len(str(planted)) + 5, used
+        assert not Path(used).exists(), "removed after"
         record = parse_exit_file("n0", (tmp_path / "n0.exit").read_text())
-        assert record is not None and record.phase == "setup"
+        assert record is not None and record.phase == "job" and record.code == 0
         assert (planted / "theirs").read_text() == "kept"
     finally:
         shutil.rmtree(planted)
@@ -212,7 +219,8 @@ def test_the_log_directory_torchrun_gets_is_new_private_and_removed_after(tmp_pa
         left.rmdir()
     assert ran.returncode == 0, ran.stderr
     assert (tmp_path / "mode").read_text() == "700\n"
-    assert not Path(f"{the_plan.nodes[0].remote_log_dir}-43").exists()
+    named = Path(f"{the_plan.nodes[0].remote_log_dir}-43")
+    assert not list(named.parent.glob(f"{named.name}*"))
 
 
 # the poll of the run directory -----------------------------------------------------------

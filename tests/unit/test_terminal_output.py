@@ -141,3 +141,27 @@ def test_the_slurm_dry_run_shows_the_jobs_arguments_and_environment_escaped() ->
     text = console.export_text()
     assert "\x1b" not in text, repr(text)
     assert f"'--name={SHOWN}'" in text and f"export BANNER='{SHOWN}'" in text, text
+
+
+def test_the_straggler_line_is_shown_escaped() -> None:
+    """The run's last line names the slowest node and what it did, from the job's output."""
+    from torchherd.console.observer import ConsoleObserver
+    from torchherd.engine.events import RunFinished
+    from torchherd.runlog import RunSummary
+
+    console = terminal()
+    observer = ConsoleObserver(console)
+    observer(RunFinished(RunSummary("r", 0, "ok", (), "/logs", straggler=f"node1{OSC} was 3.0x slower")))
+    text = console.export_text()
+    assert "\x1b" not in text, repr(text)
+    assert f"node1{SHOWN} was 3.0x slower" in text
+
+
+def test_a_slurm_node_name_from_a_file_the_job_made_is_no_node() -> None:
+    """On SLURM a node's output is ``<node>.out`` in the run directory, which the job can
+    write to: a file name that is not a host name names no node (nothing of it is shown)."""
+    from torchherd.engine.slurm.files import split_name
+
+    assert split_name("node0.out") == ("node0", ".out") and split_name("gpu-7.err") == ("gpu-7", ".err")
+    for name in (f"n{OSC}.out", "\x1b[2J.err", "-x.exit", "a b.out", "." * 3 + ".out"):
+        assert split_name(name) is None, name

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import json
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -97,18 +98,24 @@ def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Ses
     # The scripts serve only what carries this key (no stranger can make them send
     # datagrams or count bytes); it goes on stdin, never on a command line.
     key = secrets.token_hex(8)
+    # The scripts bind the job's address, where it is one of the node's own (an interface
+    # has it), and the echo answers those addresses only; where some node's is not its own
+    # (its packets leave from another), the echo answers any sender of a valid request.
+    own = {host.name: observed.networks[host.name].interface is not None for host in hosts}
+    peers = sorted({observed.networks[host.name].address for host in hosts}) if all(own.values()) else []
     for host in hosts:
         address = observed.networks[host.name].address
         facts = observed.facts.get(host.name)
         python = FALLBACK_PYTHON if facts is not None and facts.python_error else host.python
-        config = {"family": _family(address), "seconds": SCRIPT_SECONDS}
+        # the job's address only: another user on the node reaches no other
+        config = {"family": _family(address), "seconds": SCRIPT_SECONDS, "address": address if own[host.name] else ""}
         try:
             process = sessions[host.name].start("exec " + python_command(python, "bandwidth.py", config))
         except TransportError as error:
             observed.bandwidth_errors[host.name] = f"the bandwidth script did not start: {error}"
             continue
         endpoint = Endpoint(host.name, process, LineReader(process), address)
-        if _ask(endpoint, {"key": key}):
+        if _ask(endpoint, {"key": key, "peers": peers}):
             started[host.name] = endpoint
         else:
             observed.bandwidth_errors[host.name] = "the bandwidth script did not start: its session closed"
@@ -117,7 +124,8 @@ def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Ses
     ready: dict[str, Endpoint] = {}
     for name, endpoint in started.items():
         bound = _json(endpoint.reader.line(deadline))
-        if isinstance(bound.get("tcp"), int) and isinstance(bound.get("udp"), int):
+        if all(isinstance(bound.get(kind), int) and not isinstance(bound.get(kind), bool)
+               and 1 <= bound[kind] <= 65535 for kind in ("tcp", "udp")):
             endpoint.tcp, endpoint.udp = bound["tcp"], bound["udp"]
             ready[name] = endpoint
             continue
@@ -237,15 +245,52 @@ def _transfers(observed: Observed, endpoints: Mapping[str, Endpoint], links: Seq
         observed.transfers.append(_transfer(link, found.get(request_id), alone))
 
 
+MAX_BYTES = 1 << 50
+"""More than any link moves in a transfer of MEASURE_SECONDS (a PiB): a count beyond is a
+malformed answer (and one past a float's range would raise OverflowError)."""
+SIDES = ("sender", "receiver")
+SHARES = ("cpu", "wait")
+
+
 def _transfer(link: Link, answer: Mapping[str, Any] | None, alone: bool) -> Transfer:
     if answer is None:
         return Transfer(link[0], link[1], None, alone=alone, error="no answer in time")
+    if answer.get("error"):
+        return Transfer(link[0], link[1], None, alone=alone, error=str(answer.get("error")))
     count, seconds = answer.get("bytes"), answer.get("seconds")
-    if answer.get("error") or not isinstance(count, int) or not isinstance(seconds, (int, float)) or seconds <= 0:
-        return Transfer(link[0], link[1], None, alone=alone, error=str(answer.get("error") or "nothing arrived"))
-    shares = {f"{side}_{kind}": (answer.get(side) or {}).get(kind) for side in ("sender", "receiver")
-              for kind in ("cpu", "wait")}
-    return Transfer(link[0], link[1], count * 8 / seconds, float(seconds), shares, alone)
+    if count is None or seconds is None:
+        return Transfer(link[0], link[1], None, alone=alone, error="nothing arrived")
+    # What the node said is checked for type and range: a bad answer fails the link, never the check.
+    shares = _shares(answer)
+    rate = count * 8 / seconds if isinstance(count, int) and _number(count) and 0 <= count <= MAX_BYTES and \
+        _number(seconds) and 0 < seconds <= MAX_BYTES else math.nan
+    if shares is None or not math.isfinite(rate):
+        return Transfer(link[0], link[1], None, alone=alone,
+                        error="a malformed answer from the node: " + json.dumps(dict(answer))[:200])
+    return Transfer(link[0], link[1], rate, float(seconds), shares, alone)
+
+
+def _number(value: object) -> bool:
+    """An int (any size: compared, never made a float here) or a finite float; not a bool."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or isinstance(value, float) and math.isfinite(value)
+
+
+def _shares(answer: Mapping[str, Any]) -> dict[str, float | None] | None:
+    """The shares of the transfer's time each side spent on a CPU and waiting for one
+    (None: not measured there); None when one is not an object or not a number >= 0."""
+    shares: dict[str, float | None] = {}
+    for side in SIDES:
+        found = answer.get(side)
+        if found is not None and not isinstance(found, dict):
+            return None
+        for kind in SHARES:
+            value = None if found is None else found.get(kind)
+            if value is not None and not (_number(value) and 0 <= value <= 1000):
+                return None
+            shares[f"{side}_{kind}"] = None if value is None else float(value)
+    return shares
 
 
 def _stop(endpoints: Sequence[Endpoint]) -> None:

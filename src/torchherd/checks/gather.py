@@ -64,29 +64,60 @@ class _Failed:
     stderr: str
 
 
+MAX_LINE = 8 << 20
+"""The longest line a node's script may answer (a facts document of a large cluster's
+/etc/hosts is well under): beyond, the node is given up, not held in memory."""
+LATE = 1.0
+"""How long a read past its deadline goes on taking what is already there (the nodes'
+answers are read one after the other, the later ones after the deadline, however long
+after): a node that keeps sending without a newline is given up then."""
+
+
 class LineReader:
     """A remote process's stdout, line by line; what follows a line is kept for the next."""
 
     def __init__(self, process: Process) -> None:
         self.process = process
         self.buffer = b""
+        self.broken = False
+        """A line longer than MAX_LINE came: nothing more is read from this process."""
 
     def line(self, deadline: float) -> bytes | None:
-        """The next line without its newline, or None at EOF or when the deadline passes
-        without one; what has arrived by then counts even when it is read later (the nodes'
-        answers are read one after the other)."""
-        while b"\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            chunk = self.process.read(min(0.2, max(left, 0.0)))
-            if chunk is None:
-                if left <= 0:
-                    return None
-                continue
-            if not chunk:
-                return None
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
+        """The next line without its newline, or None at EOF, when the deadline passes
+        without one, or after MAX_LINE bytes without one; what has arrived by then counts
+        even when it is read later (what is there is taken for up to LATE). The clock is
+        looked at on every read: a node that keeps sending without a newline is given up
+        in time too."""
+        end = self.buffer.find(b"\n")
+        if end < 0:
+            pending = bytearray(self.buffer)
+            late = max(time.monotonic(), deadline) + LATE  # reading what is there, past the deadline: this long
+            while end < 0:
+                now = time.monotonic()
+                left = deadline - now
+                if self.broken or now > late:
+                    return self._held(pending)
+                chunk = self.process.read(min(0.2, max(left, 0.0)))
+                if chunk is None:
+                    if left <= 0:
+                        return self._held(pending)
+                    continue
+                if not chunk:
+                    return self._held(pending)
+                found = chunk.find(b"\n")
+                end = len(pending) + found if found >= 0 else -1
+                pending += chunk
+                if end < 0 and len(pending) > MAX_LINE:
+                    self.broken = True
+                    return self._held(bytearray())
+            self.buffer = bytes(pending)
+        line, self.buffer = self.buffer[:end], self.buffer[end + 1:]
         return line
+
+    def _held(self, pending: bytearray) -> bytes | None:
+        """No line (yet): what arrived is kept for the next call."""
+        self.buffer = bytes(pending)
+        return None
 
 
 @dataclass
@@ -141,10 +172,16 @@ def _answer(started: StartedFacts) -> FactsSession | _Failed:
     facts_line, received = reader.line(deadline), time.time()
     try:
         raw = json.loads((facts_line or b"").decode("utf-8", "replace"))
-    except ValueError:
+    except (ValueError, RecursionError):
         return _failure(process)
-    shell = raw.get("shell_seconds") if isinstance(raw, dict) else None
-    shell_seconds = float(shell) if isinstance(shell, (int, float)) else None
+    if not isinstance(raw, dict):  # every analysis reads it as an object: anything else is this node's failure
+        stop_listener(process)
+        raise TransportError(connection.node, "facts",
+                             f"{connection.node}: the facts script's answer is not a JSON object")
+    shell = raw.get("shell_seconds")
+    # a number in range only (a huge int would raise OverflowError as a float; NaN compares False)
+    shell_seconds = float(shell) if isinstance(shell, (int, float)) and not isinstance(shell, bool) and \
+        0 <= shell <= 3600 else None
     session = FactsSession(connection.node, NodeFacts(raw=raw, sent=sent, received=received), shell_seconds)
     if not config.get("listen"):
         stop_listener(process)
@@ -152,9 +189,11 @@ def _answer(started: StartedFacts) -> FactsSession | _Failed:
     bound_line = reader.line(deadline)
     try:
         session.bound = json.loads((bound_line or b"").decode("utf-8", "replace"))
-    except ValueError:
+    except (ValueError, RecursionError):
+        session.bound = None
+    if not isinstance(session.bound, dict):
         stop_listener(process)
-        raise TransportError(connection.node, "probe", f"{connection.node}: the listener did not start") from None
+        raise TransportError(connection.node, "probe", f"{connection.node}: the listener did not start")
     session.listener, session.reader = process, reader
     return session
 

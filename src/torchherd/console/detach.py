@@ -145,10 +145,13 @@ class ListedRun:
     recovery: RecoveryStatus | None = None
 
 
-def render_runs(console: Console, rows: Sequence[ListedRun]) -> None:
-    """Every known run; with a "recovery" column where one has retries."""
+def render_runs(console: Console, rows: Sequence[ListedRun], damaged: Sequence[str] = ()) -> None:
+    """Every known run; with a "recovery" column where one has retries; then one line per
+    record that cannot be read (what is wrong with it)."""
     if not rows:
-        _plain(console, "no detached runs")
+        if not damaged:
+            _plain(console, "no detached runs")
+        _render_damaged(console, damaged)
         return
     recovering = any(row.recovery is not None for row in rows)
     table = Table(title=Text("detached runs"), title_justify="left")
@@ -162,6 +165,12 @@ def render_runs(console: Console, rows: Sequence[ListedRun]) -> None:
             cells.append(Text(*controller_cell(row.recovery, row.states)) if row.recovery else Text(""))
         table.add_row(*cells, Text(printable(shlex.join(row.record.command))))
     console.print(table)
+    _render_damaged(console, damaged)
+
+
+def _render_damaged(console: Console, damaged: Sequence[str]) -> None:
+    for problem in damaged:
+        _plain(console, f"damaged run record: {problem}", "bold red")
 
 
 def render_stopped(console: Console, record: RunRecord, left: Mapping[str, Sequence[str]],

@@ -12,7 +12,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.text import Text
 
-from torchherd.console import render_error
+from torchherd.console import printable, render_error
 from torchherd.console.checks import render_report
 from torchherd.console.detach import status_note
 from torchherd.console.recovery import RecoveryEvent, recovery_note, render_attempts
@@ -86,7 +86,7 @@ class ConsoleObserver:
             render_summary(self.console, event.summary)
             straggler = event.summary.straggler
             if straggler is not None:
-                self.console.print(Text(straggler, style="bold magenta" if "x slower" in straggler else "dim"),
+                self.console.print(Text(printable(straggler), style="bold magenta" if "x slower" in straggler else "dim"),
                                    soft_wrap=True)
             render_attempts(self.console, event.summary.attempts)
         elif isinstance(event, NodeStatus):

@@ -60,6 +60,7 @@ from torchherd.runrecord import (
     RecoveryRecord,
     RunRecord,
     controller_alive,
+    hold_controller_lock,
     load,
     recovery_of,
     remote_log_file,
@@ -70,10 +71,15 @@ from torchherd.runrecord import (
 )
 from torchherd.transport.ssh import SshConnector
 
-ENTRY = "import sys; from torchherd.engine.background import main; sys.exit(main(sys.argv[1:]))"
+ENTRY = ("import sys; sys.path[:] = [entry for entry in sys.path if entry]; "
+         "from torchherd.engine.background import main; sys.exit(main(sys.argv[1:]))")
 """The background controller's program: this module's ``main`` (run as ``-m``, its classes
 would be ``__main__``'s, not those the order was pickled with). Its command line names
-the run, nothing more."""
+the run, nothing more. ``-c`` puts the start directory first on ``sys.path`` (as ``''``),
+so its first act is to drop it: a ``secrets.py`` or ``logging.py`` where ``run`` was
+typed must never run in the process that holds the plan, the job's environment and SSH
+to every node. ``-I`` would do it too, but also drop ``PYTHONPATH`` and the user's
+site-packages, where torchherd itself may be installed; ``-P`` is 3.11's."""
 STARTED = b"started\n"
 """What the background controller says on its stdout once the first attempt runs."""
 
@@ -125,12 +131,17 @@ def start_background(backend: Backend, plan: Plan, options: LaunchOptions, recov
     return load(plan.run_id)
 
 
+def command(run_id: str) -> list[str]:
+    """The background controller's command line: this Python, ``ENTRY``, the run."""
+    return [sys.executable, "-c", ENTRY, run_id]
+
+
 def _spawn(order: Order) -> None:
     run_id = order.plan.run_id
     log = controller_log(run_id)
     log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "ab") as errors:
-        process = subprocess.Popen([sys.executable, "-c", ENTRY, run_id],
+        process = subprocess.Popen(command(run_id),
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
                                    start_new_session=True, close_fds=True)
     assert process.stdin is not None and process.stdout is not None
@@ -153,19 +164,29 @@ def _spawn(order: Order) -> None:
                              f"its log: {log}")
 
 
-def stop_controller(recovery: RecoveryRecord, grace: float) -> bool:
+def stop_controller(recovery: RecoveryRecord, run_id: str, grace: float) -> bool:
     """SIGTERM to the background controller, which stops the run as Ctrl-C does (no
     further attempt), then waits until it is gone; SIGKILL when it takes longer than its
-    own teardown may (the nodes' stop then does the rest). False: it was gone already."""
-    if not controller_alive(recovery):
+    own teardown may (the nodes' stop then does the rest). False: it was gone already, or
+    could not be signalled. Only a process that holds the run's controller lock is ever
+    signalled (``controller_alive``): never another process that got its pid."""
+    if not controller_alive(recovery, run_id) or not _signal(recovery.pid, signal.SIGTERM):
         return False
-    os.kill(recovery.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace + 2 * STOP_MARGIN + 10.0
-    while controller_alive(recovery):
+    while controller_alive(recovery, run_id):
         if time.monotonic() > deadline:
-            os.kill(recovery.pid, signal.SIGKILL)
+            _signal(recovery.pid, signal.SIGKILL)
             break
         time.sleep(0.2)
+    return True
+
+
+def _signal(pid: int, signum: int) -> bool:
+    """False where the process is gone, or is not ours to signal: ``stop`` goes on to the nodes."""
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
     return True
 
 
@@ -282,6 +303,7 @@ def _controller(order: Order) -> RecoveryRecord:
 def serve(order: Order, said: IO[bytes]) -> int:
     """Runs the order to its end; says STARTED (or why not) on ``said`` once the first
     attempt runs. The exit code is the run's."""
+    hold_controller_lock(order.plan.run_id)  # held until this process ends: ``stop`` knows it by this
     recorder = first_record(order)
     save(recorder.record)
     cluster = order.plan.inventory.cluster

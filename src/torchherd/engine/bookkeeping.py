@@ -10,12 +10,17 @@ and the records are the same whichever backend ran the job.
 from __future__ import annotations
 
 import os
+import pwd
+import stat
+import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Mapping, Sequence, TypeVar, Union
 
 from torchherd.engine.events import NodeStatus, Observer, Output, RanksRunning
 from torchherd.engine.outcome import OutputTrack
+from torchherd.errors import TorchherdError
 from torchherd.inventory import Host
 from torchherd.plan import Plan
 from torchherd.runlog import OutputLine, RankLines, Status, flat
@@ -26,6 +31,84 @@ Line = Union[OutputLine, RankLines]
 
 
 # the node logs ------------------------------------------------------------------------
+
+
+class LogDir:
+    """A run's log directory on this machine (``<log dir>/<run id>``), held open: every file
+    of the run is opened relative to it. Where the parent of ``--log-dir`` is writable by
+    others (a group project), the directory could be renamed away and another put in its
+    place between two attempts; files opened through the path would then be theirs to
+    read. Through this descriptor they stay in the directory that was checked."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+
+    def open(self, name: str, flags: int) -> int:
+        """``name`` in the directory, opened (created 0600) with ``flags``, never through a
+        symbolic link; refused unless it is the user's own regular file (made private)."""
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
+        try:
+            found = os.fstat(fd)
+            if not stat.S_ISREG(found.st_mode) or found.st_uid != os.geteuid():
+                raise TorchherdError(f"{self.path / name}: not your own file ({_owner(found.st_uid)}'s): not written",
+                                     "someone else can write the log directory's parent: choose a --log-dir "
+                                     "only you can write")
+            if found.st_mode & 0o077:
+                os.fchmod(fd, 0o600)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def __del__(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+_LOG_DIRS: OrderedDict[Path, LogDir] = OrderedDict()
+_LOG_DIRS_LOCK = threading.Lock()
+KEPT_LOG_DIRS = 64
+"""Run log directories kept open by one process (each attempt of a run finds its own
+again); one no longer kept is closed once nothing uses it."""
+
+
+def log_dir(path: Path) -> LogDir:
+    """The run's log directory, made (0700) and checked the first time this process asks
+    for it (the user's own, private), then the same open directory for every later
+    attempt, wherever its path leads by then. TorchherdError when it is someone else's."""
+    key = Path(os.path.abspath(path))
+    with _LOG_DIRS_LOCK:
+        found = _LOG_DIRS.get(key)
+        if found is not None:
+            _LOG_DIRS.move_to_end(key)
+            return found
+        key.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(key, 0o700)
+        except FileExistsError:
+            pass
+        fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        made = LogDir(key, fd)
+        seen = os.fstat(fd)
+        if seen.st_uid != os.geteuid():
+            raise TorchherdError(f"{key}: the run's log directory is {_owner(seen.st_uid)}'s, not yours: not used",
+                                 "someone else can write its parent: choose a --log-dir only you can write")
+        if seen.st_mode & 0o077:
+            os.fchmod(fd, 0o700)
+        _LOG_DIRS[key] = made
+        while len(_LOG_DIRS) > KEPT_LOG_DIRS:
+            _LOG_DIRS.popitem(last=False)
+        return made
+
+
+def _owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def log_bytes(chunk: Line) -> bytes:
@@ -42,9 +125,9 @@ class NodeLog:
     line that opens an attempt's part). Written by one thread."""
 
     def __init__(self, path: Path, marker: bytes = b"") -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
         self.path = path
-        self._file: IO[bytes] = os.fdopen(os.open(path, flags, 0o600), "ab")
+        fd = log_dir(path.parent).open(path.name, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self._file: IO[bytes] = os.fdopen(fd, "ab")
         if marker:
             self._file.write(marker)
             self._file.flush()

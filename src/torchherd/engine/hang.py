@@ -39,6 +39,9 @@ PROBE_TIMEOUT = 20.0
 """Seconds one probe may take on a node (a SLURM job step starts in about one)."""
 SPY_PROBE_TIMEOUT = 60.0
 """Seconds the py-spy probe may take on a node (a second or so per rank)."""
+THAW_AFTER = PROBE_TIMEOUT + SPY_PROBE_TIMEOUT + 40.0
+"""Seconds after ``stop`` the probe's own guard continues the ranks it froze, should no
+``abort`` come (the controller died): longer than the spy and the abort may take."""
 ABORT_WAIT = 10.0
 """Seconds the ranks have to print their stacks and die before the run is stopped."""
 
@@ -157,6 +160,9 @@ class Target:
 
     python: str
     session: Session
+    supervisor: int | None = None
+    """The pid of the node's supervisor: only its descendants are the job's ranks (0: not
+    known yet, no rank). None: the environment alone (a SLURM job step, SLURM's job)."""
 
 
 Targets = Mapping[str, Target]
@@ -170,9 +176,10 @@ class Reachable(Protocol):
     def hang_targets(self) -> Targets: ...
 
 
-def targets_of(plan: Plan, sessions: Mapping[str, Session]) -> Targets:
-    """The targets of a plan's nodes, over ``sessions`` (an SSH run's own)."""
-    return {node.host.name: Target(node.host.python, sessions[node.host.name])
+def targets_of(plan: Plan, sessions: Mapping[str, Session], supervisors: Mapping[str, int | None]) -> Targets:
+    """The targets of a plan's nodes, over ``sessions`` (an SSH run's own), each with its
+    supervisor's pid (0 until the node said it started)."""
+    return {node.host.name: Target(node.host.python, sessions[node.host.name], supervisors.get(node.host.name) or 0)
             for node in plan.nodes if node.host.name in sessions}
 
 
@@ -270,14 +277,16 @@ class HangWatch:
             dumps = answer.get("dumps") if answer is not None else None
             if not isinstance(dumps, dict):
                 return {}
-            return {(name, int(rank)): str(text) for rank, text in dumps.items() if str(rank).lstrip("-").isdigit()}
+            return {(name, int(rank)): str(text) for rank, text in dumps.items() if str(rank).lstrip("-").isascii() and str(rank).lstrip("-").isdigit()}
 
         for found in fan_out(list(self.job.hang_targets().items()), ask):
             self.dumps.update(found)
 
     def _ask(self, target: Target, action: str, timeout: float) -> dict[str, Any] | None:
         """The probe's JSON answer on one node; None when it gave none."""
-        command = f"{quote_path(target.python)} {node_program('hangprobe.py')} {shlex.quote(self.run_id)} {action}"
+        supervisor = "-" if target.supervisor is None else str(target.supervisor)
+        command = (f"{quote_path(target.python)} {node_program('hangprobe.py')} {shlex.quote(self.run_id)} {action} "
+                   f"{supervisor} {THAW_AFTER:g}")
         try:
             result = target.session.run(command, timeout=timeout)
             answer = json.loads(result.stdout.strip().splitlines()[-1])

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence, Union
 
-from torchherd.engine.bookkeeping import NodeLog, dispatch
+from torchherd.engine.bookkeeping import NodeLog, dispatch, log_dir
 from torchherd.engine.events import (
     CoordinatorStarted,
     Interrupted,
@@ -154,7 +154,7 @@ def rank_base(argv: Sequence[str]) -> int | None:
     own = list(argv[:argv.index("--")]) if "--" in argv else list(argv)
     options = dict(zip(own, own[1:]))
     node_rank, nproc = options.get("--node-rank", ""), options.get("--nproc-per-node", "")
-    if "--rdzv-backend" in options or not (node_rank.isdigit() and nproc.isdigit()):
+    if "--rdzv-backend" in options or not (node_rank + nproc).isascii() or not (node_rank.isdigit() and nproc.isdigit()):
         return None
     return int(node_rank) * int(nproc)
 
@@ -251,11 +251,11 @@ class Job:
 
     def hang_targets(self) -> Targets:
         """The nodes as the hang watch reaches them: over the run's own sessions."""
-        return targets_of(self.plan, self.sessions)
+        return targets_of(self.plan, self.sessions, {name: node.supervisor for name, node in self.nodes.items()})
 
     # starting -----------------------------------------------------------------
     def start_all(self) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        log_dir(self.log_dir)  # made and checked once: every attempt's files open relative to it
         self.coordination = self._start_coordinator()
         source = supervisor_source()
         fan_out(list(self.nodes.values()), lambda node: self._start(node, source))
@@ -372,6 +372,8 @@ class Job:
         fields = status.fields
         if status.event == "started":
             pid, supervisor = fields.get("pid"), fields.get("supervisor")
+            if isinstance(supervisor, int) and not isinstance(supervisor, bool) and supervisor > 0:
+                node.supervisor = supervisor  # the hang probe's root: only its descendants are ranks
             self.emit(NodeStarted(node.name, int(pid) if isinstance(pid, int) else None,
                                   int(supervisor) if isinstance(supervisor, int) else None))
         elif status.event == "error":

@@ -127,6 +127,8 @@ class NodeRun(OutputTrack):
         self.reader_done = False
         """Set by the reader thread when the channel ended; its Closed event may still be queued."""
         self.start_error: str | None = None
+        self.supervisor: int | None = None
+        """The pid of the node's supervisor, once its ``started`` record said it."""
         self.stop_sent: StopLevel | None = None
         self.stop_at = 0.0
 

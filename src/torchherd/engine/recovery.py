@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
 from torchherd.checks import CheckOptions
+from torchherd.engine.bookkeeping import log_dir
 from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
@@ -375,8 +376,7 @@ class RecoveringRun:
         path = self.log_dir / f"py-spy-attempt-{number}.txt"
         text = "".join(f"==== rank {rank} on {node}\n{dumps[(node, rank)].rstrip()}\n\n"
                        for node, rank in sorted(dumps, key=lambda key: key[1]))
-        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        descriptor = log_dir(self.log_dir).open(path.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
             file.write(text)
         return path

@@ -53,6 +53,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import List, Mapping, Optional, Tuple
 
@@ -105,22 +106,20 @@ def make_private_dirs(path: str, run_id: str) -> None:
         os.chmod(path, 0o700)
 
 
-def make_private_dir(path: str) -> Optional[str]:
-    """Creates torchrun's log directory, mode 0700; None when done, else why not. One that
-    already exists is refused: its name is guessable (the run id is in every process
-    list), and another user who made it first could read the ranks' output, or plant
-    files the supervisor would report as theirs."""
+def make_private_dir(path: str) -> Tuple[Optional[str], Optional[str]]:
+    """Creates torchrun's log directory for this attempt: ``PATH-XXXXXXXX``, a fresh random
+    name, mode 0700 (``mkdtemp``: atomic, ours or it fails). (the directory, None), or
+    (None, why not). ``PATH`` itself is never used: its name is guessable (the run id is in
+    every process list), and another user who made it first could read the ranks' output,
+    plant files the supervisor would report as theirs, or, were it refused, make every
+    attempt on this node fail."""
     path = os.path.expanduser(path).rstrip("/")
     if not os.path.basename(path).startswith(TEE_DIR_PREFIX):
-        return "%s: not a torchherd directory name" % path
+        return None, "%s: not a torchherd directory name" % path
     try:
-        os.mkdir(path, 0o700)  # atomic: it is ours, or it fails
-    except FileExistsError:
-        return ("%s already exists (another user's, or left by a run): refusing to use it; "
-                "remove it if it is yours" % path)
+        return tempfile.mkdtemp(prefix=os.path.basename(path) + "-", dir=os.path.dirname(path) or "."), None
     except OSError as exc:
-        return "%s: cannot create it: %s" % (path, exc.strerror)
-    return None
+        return None, "%s: cannot create it: %s" % (path, exc.strerror)
 
 
 def remove_tee_dir(path: str) -> None:
@@ -326,11 +325,12 @@ class Supervisor:
     # job ------------------------------------------------------------------
     def _spawn(self) -> bool:
         if self.cfg.cleanup_dir:
-            refused = make_private_dir(self.cfg.cleanup_dir)
-            if refused is not None:
+            made, refused = make_private_dir(self.cfg.cleanup_dir)
+            if made is None:
                 self.code = 1
-                self._announce(wire.error_record("cannot start job: torchrun's log directory " + refused))
+                self._announce(wire.error_record("cannot start job: torchrun's log directory " + str(refused)))
                 return False
+            self._log_dir_is(made)
             self.made_dir = True
         spec = self.cfg.container
         if spec is not None:
@@ -359,6 +359,16 @@ class Supervisor:
         for stream, tag in ((proc.stdout, wire.TAG_STDOUT), (proc.stderr, wire.TAG_STDERR)):
             self.pipes.add(stream, LineFramer(tag, mender=RankMender(marker.encode()) if marker else None))
         return True
+
+    def _log_dir_is(self, made: str) -> None:
+        """torchrun's ``--log-dir``, the ranks' files and the teardown's removal: the fresh
+        directory ``made`` instead of the configured name."""
+        named = self.cfg.cleanup_dir
+        self.cfg = self.cfg._replace(argv=tuple(made if word == named else word for word in self.cfg.argv),
+                                     cleanup_dir=made,
+                                     rank_logs=made if self.cfg.rank_logs == named else self.cfg.rank_logs)
+        if self.ranks is not None and self.cfg.rank_logs == made:
+            self.ranks.log_dir = made
 
     def _announce(self, record: bytes) -> None:
         """The first status record: to the output, the state file, and (detached)

@@ -12,15 +12,24 @@ from torchherd.results import CheckResult
 NodeAnalysis = Callable[[Observed, Host, NodeFacts], CheckResult]
 
 
+MALFORMED = (AttributeError, TypeError, ValueError, IndexError, KeyError, OverflowError)
+"""What reading a facts document of the wrong shape raises (a list where an object is
+expected, a number no float holds, ``int('²')``)."""
+
+
 def per_node(observed: Observed, check: str, analyse: NodeAnalysis) -> list[CheckResult]:
-    """``analyse`` for every node that has facts; a skip saying why for the others."""
+    """``analyse`` for every node that has facts; a skip saying why for the others; a
+    node whose facts are not of the shape facts.py writes fails this check (``malformed``)."""
     results = []
     for host in observed.inventory.hosts:
         missing = observed.missing(host.name)
         if missing is not None:
             results.append(CheckResult(host.name, check, "skip", missing))
-        else:
+            continue
+        try:
             results.append(analyse(observed, host, observed.facts[host.name]))
+        except MALFORMED as error:
+            results.append(malformed(host.name, check, error))
     return results
 
 
@@ -28,6 +37,15 @@ def mapping(value: object) -> dict[str, Any]:
     """``value`` when it is a JSON object, else an empty one: a node's facts are read as
     they come, and a field of another shape (an old script, a hostile node) is absent."""
     return value if isinstance(value, dict) else {}
+
+
+def malformed(node: str, check: str, error: Exception) -> CheckResult:
+    """The failed check of a node whose answer could not be read: what went wrong, cut short."""
+    return CheckResult(node, check, "fail",
+                       f"{node}: its answer to the {check} check is malformed ({type(error).__name__}: "
+                       f"{str(error)[:200]})",
+                       "the node answered what its facts script never writes: look at what runs there as the "
+                       "configured python (a wrapper, or something standing in for it)")
 
 
 def is_loopback(address: str) -> bool:

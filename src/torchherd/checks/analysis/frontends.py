@@ -47,10 +47,15 @@ def parse_ufw(text: str) -> Ufw:
     return state
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only: ``'²'.isdigit()`` is True, and ``int('²')`` raises."""
+    return text.isascii() and text.isdigit()
+
+
 def _covers_port(spec: str, port: int) -> bool:
     for part in re.split(r"[,\s]", spec.split("/")[0]):
         low, _, high = part.partition(":")
-        if low.isdigit() and int(low) <= port <= int(high if high.isdigit() else low):
+        if _digits(low) and int(low) <= port <= int(high if _digits(high) else low):
             return True
     return False
 

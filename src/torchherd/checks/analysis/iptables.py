@@ -93,7 +93,7 @@ def _rule(line: str, words: list[str]) -> Rule:
 def _port_matches(spec: str, port: int) -> bool:
     for part in spec.split(","):
         low, sep, high = part.partition(":")
-        if not (low or high).isdigit():
+        if not all(side.isascii() and side.isdigit() for side in (low, high) if side) or not (low or high):
             continue
         first = int(low) if low else 0
         last = int(high) if high else (65535 if sep else first)

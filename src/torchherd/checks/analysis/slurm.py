@@ -49,7 +49,7 @@ def parse_sinfo(stdout: str) -> list[NodeInfo]:
             continue
         node, partition, available, state, cpus, gres, reason = fields
         rows.append(NodeInfo(node, partition.rstrip("*"), partition.endswith("*"), available, state,
-                             int(cpus) if cpus.isdigit() else None, gres_gpus(gres),
+                             int(cpus) if cpus.isascii() and cpus.isdigit() else None, gres_gpus(gres),
                              "" if reason in ("none", "(null)") else reason))
     return rows
 
@@ -59,7 +59,7 @@ def gres_gpus(gres: str) -> int:
     total = 0
     for item in re.split(r",(?![^(]*\))", gres):
         parts = re.sub(r"\(.*\)$", "", item.strip()).split(":")
-        if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
+        if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isascii() and parts[-1].isdigit():
             total += int(parts[-1])
     return total
 

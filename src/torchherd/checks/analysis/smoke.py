@@ -10,6 +10,7 @@ node that failed first by itself; else every node that did not finish.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import zlib
@@ -80,7 +81,7 @@ def parse_marks(lines: Sequence[OutputLine]) -> NodeMarks:
         if step in ("busbw", "pair", "rdma"):
             _figure(marks, step, rest.split())
         elif step == "gathered":
-            marks.gathered = [int(value) for value in rest.split(",") if value.isdigit()]
+            marks.gathered = [int(value) for value in rest.split(",") if value.isascii() and value.isdigit()]
         elif step == "error":
             marks.errors.setdefault(rank, rest)
         else:
@@ -193,7 +194,9 @@ def _collective(context: SmokeContext, names: list[str], marks: Mapping[str, Nod
     """The collective's figures on ``cluster``: each size's bus bandwidth, the slowest node
     pair, NCCL's transport (warn: sockets on nodes with an RDMA device)."""
     busbw = [figure for mark in marks.values() for figure in mark.busbw]
-    pairs = [figure for mark in marks.values() for figure in mark.pairs]
+    # the job's output names pairs by node index: one out of range, or no finite figure, is left out
+    pairs = [figure for mark in marks.values() for figure in mark.pairs
+             if 0 <= figure[0] < len(names) and 0 <= figure[1] < len(names) and math.isfinite(figure[2])]
     if not busbw and not pairs:
         return []
     words = []

@@ -4,20 +4,25 @@ Standard library only, Python >= 3.8, Linux; needs no root. Run as
 ``PYTHON -S -c SOURCE CONFIG`` where CONFIG is a JSON object:
   family   4 or 6        the family of the addresses the job uses
   seconds  S             the longest this process lives (it ends at EOF on stdin too)
-It reads the check's key from the first line on stdin, {"key": HEX} (never on a command
-line; the same on every node of one check), binds a TCP and a UDP port (any free one,
-every address), prints {"tcp": PORT, "udp": PORT} (or {"error": TEXT}) on one line (so
+  address  A             the node's address the job uses: the only one bound
+It reads the check's key and its nodes' addresses from the first line on stdin,
+{"key": HEX, "peers": [ADDRESS, ...]} (never on a command line; the same on every node of
+one check), binds a TCP and a UDP port (any free one,
+on the job's address), prints {"tcp": PORT, "udp": PORT} (or {"error": TEXT}) on one line (so
 every node that answered has its key before any peer's request), and then serves only
 what carries that key:
-  - receives: every TCP connection sends a header line {"seconds": D, "key": K} and then data
+  - receives: every TCP connection sends a header line {"seconds": D, "key": K} (within
+    HEADER_SECONDS, at most RECEIVERS connections at once: a stranger's is dropped) and then data
     until it shuts its side; the receiver counts what arrives (for at most D + DRAIN
     seconds) and answers on the same connection with one line
     {"bytes": B, "seconds": S, "cpu": F, "wait": F}: B bytes arrived in S seconds after
     the first read (whose bytes are not counted); F: this thread's share of those seconds
     on a CPU, and waiting on a run queue for one (/proc/thread-self/schedstat);
-  - echoes: every UDP datagram "TOKEN SIZE KEY ..." is answered with a datagram of SIZE
-    bytes (IP and UDP headers included) beginning "TOKEN", sent with don't-fragment (with
-    the key only: nobody else can make it send large datagrams anywhere);
+  - echoes: every UDP datagram "TOKEN SIZE MAC ..." is answered with a datagram of SIZE
+    bytes (IP and UDP headers included) beginning "TOKEN", sent with don't-fragment. MAC
+    is an HMAC of "TOKEN SIZE" with the key (the key itself never travels in a datagram);
+    a token is answered once, only to one of the peers, at most ECHO_RATE a second: no one
+    who reads the traffic can make a node send large datagrams to an address of theirs;
   - on stdin, one JSON request a line, each answered with one line carrying its "id":
     {"id": I, "send": [HOST, PORT], "seconds": D}: sends to that receiver for D seconds,
     answers {"id": I, "bytes": B, "seconds": S, "receiver": {"cpu": F, "wait": F},
@@ -31,6 +36,9 @@ what carries that key:
     OK is true, false, or the error's text.
 """
 
+import hashlib
+import hmac
+import ipaddress
 import json
 import os
 import select
@@ -49,9 +57,21 @@ PMTUDISC_DO = 2
 """Set don't-fragment and never fragment locally (IP_PMTUDISC_DO, IPV6_PMTUDISC_DO)."""
 BISECT_STEP = 32
 """Bytes: the bisection for the largest size that passes stops this close."""
+HEADER_SECONDS = 2.0
+"""How long a connection may take to send its header: a stranger's idle one is dropped then."""
+RECEIVERS = 16
+"""Connections served at once; more are closed at once (the check makes one per link of a round)."""
+MAX_SECONDS = 600.0
+ECHO_RATE = 500
+"""Echo answers a second at most (a check's whole MTU round is a few per pair)."""
+SEEN_TOKENS = 65536
+"""Tokens remembered, so that a copy of a request is not answered again."""
 OUT_LOCK = threading.Lock()
+SLOTS = threading.BoundedSemaphore(RECEIVERS)
 KEY = {"value": b""}
 """The check's key, from the first line on stdin (nothing is served without one)."""
+PEERS: Dict[str, Any] = {"addresses": frozenset(), "own": ""}
+"""The check's nodes' addresses (the only ones the echo answers), and this node's own."""
 
 
 def schedstat() -> Optional[Tuple[int, int]]:
@@ -88,14 +108,32 @@ def read_line(sock: socket.socket, limit: int = 4096) -> bytes:
     return data
 
 
-def receive(conn: socket.socket) -> None:
-    """Counts one sender's bytes and tells it what arrived, then drains what is left."""
+def check_header(line: bytes) -> Optional[float]:
+    """The seconds of a header that carries the check's key; None for anything else
+    (not JSON, not an object, another key, a number out of range)."""
     try:
-        conn.settimeout(10.0)
-        header = json.loads(read_line(conn).partition(b"\n")[0].decode("utf-8"))
-        if not KEY["value"] or str(header.get("key", "")).encode() != KEY["value"]:
+        header = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(header, dict) or not KEY["value"]:
+        return None
+    key, seconds = header.get("key"), header.get("seconds")
+    if not isinstance(key, str) or key.encode() != KEY["value"]:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS:
+        return None
+    return float(seconds)
+
+
+def receive(conn: socket.socket) -> None:
+    """Counts one sender's bytes and tells it what arrived, then drains what is left.
+    Every error ends the connection quietly: this runs for whoever connects."""
+    try:
+        conn.settimeout(HEADER_SECONDS)
+        seconds = check_header(read_line(conn).partition(b"\n")[0])
+        if seconds is None:
             return
-        seconds = float(header["seconds"])
+        conn.settimeout(10.0)
         buffer = bytearray(1024 * 1024)
         view = memoryview(buffer)
         counted, started, last = 0, None, None
@@ -120,10 +158,11 @@ def receive(conn: socket.socket) -> None:
         conn.settimeout(2.0)
         while conn.recv_into(view):
             pass
-    except (OSError, ValueError, KeyError):
+    except Exception:  # noqa: BLE001 - a stranger's connection: nothing of it may reach stderr
         pass
     finally:
         conn.close()
+        SLOTS.release()
 
 
 def accept_loop(server: socket.socket) -> None:
@@ -132,7 +171,14 @@ def accept_loop(server: socket.socket) -> None:
             conn = server.accept()[0]
         except OSError:
             return
-        threading.Thread(target=receive, args=(conn,), daemon=True).start()
+        if not SLOTS.acquire(blocking=False):
+            conn.close()  # more than the check ever opens at once: a stranger's
+            continue
+        try:
+            threading.Thread(target=receive, args=(conn,), daemon=True).start()
+        except RuntimeError:  # no thread to be had
+            conn.close()
+            SLOTS.release()
 
 
 def headers(family: int) -> int:
@@ -146,7 +192,45 @@ def dont_fragment(sock: socket.socket, family: int) -> None:
         sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, PMTUDISC_DO)
 
 
+def mac(token: bytes, size: bytes) -> bytes:
+    """What proves an echo request comes from the check: never the key itself."""
+    return hmac.new(KEY["value"], token + b" " + size, hashlib.sha256).hexdigest()[:32].encode()
+
+
+def plain(address: str) -> str:
+    """An address as compared with the peers': without an IPv6 scope, in its one form."""
+    try:
+        return str(ipaddress.ip_address(address.split("%")[0]))
+    except ValueError:
+        return address
+
+
+class Echoes:
+    """Which requests the echo answers: authenticated, from a peer, once, at a bounded rate."""
+
+    def __init__(self) -> None:
+        self.seen: Dict[bytes, None] = {}
+        self.window, self.count = 0, 0
+
+    def answers(self, words: List[bytes], peer: str) -> bool:
+        if not KEY["value"] or len(words) < 3 or (PEERS["addresses"] and plain(peer) not in PEERS["addresses"]):
+            return False
+        if not hmac.compare_digest(words[2], mac(words[0], words[1])) or words[0] in self.seen:
+            return False
+        now = int(time.monotonic())
+        if now != self.window:
+            self.window, self.count = now, 0
+        if self.count >= ECHO_RATE:
+            return False
+        self.count += 1
+        self.seen[words[0]] = None
+        if len(self.seen) > SEEN_TOKENS:
+            del self.seen[next(iter(self.seen))]
+        return True
+
+
 def echo_loop(sock: socket.socket, family: int) -> None:
+    echoes = Echoes()
     while True:
         try:
             data, peer = sock.recvfrom(65535)
@@ -154,7 +238,7 @@ def echo_loop(sock: socket.socket, family: int) -> None:
             return
         words = data[:128].split(b" ")
         try:
-            if not KEY["value"] or words[2] != KEY["value"]:
+            if not echoes.answers(words, str(peer[0])):
                 continue
             size = max(len(words[0]) + 1, min(65507, int(words[1])) - headers(family))
         except (ValueError, IndexError):
@@ -195,7 +279,8 @@ def echo_once(sock: socket.socket, family: int, size: int, reply: int, timeout: 
     ``attempts`` tries of ``timeout`` seconds; False when none came; else the error's text."""
     for _ in range(attempts):
         token = os.urandom(6).hex().encode()
-        head = token + b" " + str(reply).encode() + b" " + KEY["value"] + b" "
+        size_word = str(reply).encode()
+        head = token + b" " + size_word + b" " + mac(token, size_word) + b" "
         payload = head + b"x" * max(0, size - headers(family) - len(head))
         try:
             sock.send(payload)
@@ -222,6 +307,8 @@ def mtu(request: Dict[str, Any], family: int) -> Dict[str, Any]:
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
         dont_fragment(sock, family)
+        if PEERS["own"]:  # from the job's address: the one the peer's echo answers
+            sock.bind(socket.getaddrinfo(PEERS["own"], 0, family, socket.SOCK_DGRAM, 0, socket.AI_NUMERICHOST)[0][4])
         sock.connect((host, int(port)))
         found: Dict[str, Any] = {"small": echo_once(sock, family, small, small, timeout, attempts)}
         found["full"] = echo_once(sock, family, full, full, timeout, attempts)
@@ -268,15 +355,20 @@ def serve(request: Dict[str, Any], family: int) -> None:
     answer(found)
 
 
-def bind(family: int) -> Tuple[List[socket.socket], Dict[str, Any]]:
-    address = "::" if family == socket.AF_INET6 else ""
+def bind(family: int, address: str) -> Tuple[List[socket.socket], Dict[str, Any]]:
+    """The receiver and the echo, on the job's address only (its scope too, for IPv6)."""
+    try:
+        where = socket.getaddrinfo(address or None, 0, family, socket.SOCK_STREAM, 0,
+                                   socket.AI_NUMERICHOST | socket.AI_PASSIVE)[0][4]
+    except socket.gaierror:  # not an address (the controller sends one): every address, as without one
+        where = socket.getaddrinfo(None, 0, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)[0][4]
     server = socket.socket(family, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind((address, 0))
+    server.bind(where)
     server.listen(64)
     echo = socket.socket(family, socket.SOCK_DGRAM)
     dont_fragment(echo, family)
-    echo.bind((address, 0))
+    echo.bind(where)
     return [server, echo], {"tcp": server.getsockname()[1], "udp": echo.getsockname()[1]}
 
 
@@ -294,18 +386,27 @@ def first_line(deadline: float) -> Tuple[bytes, bytes]:
     return line, rest
 
 
+def quiet(args: Any) -> None:
+    """A thread's uncaught exception: not a word on stderr, whose pipe shares the SSH
+    window with the answers (a stranger could fill it)."""
+
+
 def main() -> None:
+    threading.excepthook = quiet
     config = json.loads(sys.argv[1])
     family = socket.AF_INET6 if config.get("family") == 6 else socket.AF_INET
     deadline = time.monotonic() + float(config.get("seconds") or 300)
     line, pending = first_line(deadline)
     try:
-        KEY["value"] = str(json.loads(line.decode("utf-8"))["key"]).encode()
-    except (ValueError, KeyError, TypeError):
+        first = json.loads(line.decode("utf-8"))
+        KEY["value"] = str(first["key"]).encode()
+        PEERS["addresses"] = frozenset(plain(str(address)) for address in first.get("peers") or ())
+    except (ValueError, KeyError, TypeError, AttributeError):
         answer({"error": "no key on the first line of stdin"})
         return
+    PEERS["own"] = str(config.get("address") or "")
     try:
-        (server, echo), bound = bind(family)
+        (server, echo), bound = bind(family, str(config.get("address") or ""))
     except OSError as error:
         answer({"error": "%s: %s" % (type(error).__name__, error)})
         return

@@ -224,8 +224,9 @@ def node_command(plan: Plan, nodes: Sequence[NodePlan]) -> str:
     first = nodes[0]
     parts = ["\n".join(_nproc_case(nodes))] if _uneven(nodes) else []
     # torchrun would take an existing directory as its own: on a shared /tmp another user
-    # could have made it first. mkdir without -p is atomic: ours, private, or the task fails.
-    parts.append('mkdir -m 700 "$logs" && logs_made=1')
+    # could have made it first (its name, with the job id, is public). mktemp -d makes a
+    # fresh, random, private one, atomically: never theirs, and never a reason to fail.
+    parts.append('logs="$(mktemp -d "$logs-XXXXXXXXXX")" && logs_made=1')
     parts.append(f"cd {quote_path(first.workdir)}")
     if first.setup.strip():
         parts.append("{ " + first.setup.strip() + "\n}")

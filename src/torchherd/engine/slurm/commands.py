@@ -129,7 +129,7 @@ def parse_poll(data: bytes) -> Poll:
         if header == "== squeue":
             return Poll(tuple(chunks), data[end + 1:].decode("utf-8", "replace"))
         parts = header.rsplit(" ", 2)
-        if not header.startswith("== file ") or len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        if not header.startswith("== file ") or len(parts) != 3 or not (parts[1] + parts[2]).isascii() or not parts[1].isdigit() or not parts[2].isdigit():
             break
         name, offset, length = parts[0][len("== file "):], int(parts[1]), int(parts[2])
         body = data[end + 1:end + 1 + length]
@@ -236,7 +236,7 @@ class NodeExit:
 
 def parse_exit_file(node: str, text: str) -> NodeExit | None:
     parts = text.split()
-    if len(parts) != 3 or parts[0] not in ("setup", "job") or not parts[1].isdigit():
+    if len(parts) != 3 or parts[0] not in ("setup", "job") or not (parts[1].isascii() and parts[1].isdigit()):
         return None
     # GNU date writes nanoseconds; another date may leave "%N" as it is.
     at = re.match(r"\d+(\.\d+)?", parts[2])

@@ -6,6 +6,7 @@ as a supervisor's (``runlog``), so a SLURM run's lines are an SSH run's.
 
 from __future__ import annotations
 
+import re
 from typing import Sequence, Union
 
 from torchherd.engine.slurm.batch import (
@@ -67,13 +68,20 @@ class NodeFiles:
         return [chunk for chunk in self.parser.feed(records) if not isinstance(chunk, Status)]
 
 
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}\Z")
+"""A host name as SLURM's ``$SLURMD_NODENAME`` gives it."""
+
+
 def split_name(name: str) -> tuple[str, str] | None:
-    """``node0.out`` -> ("node0", ".out"); ``batch.out`` -> (BATCH_NODE, ".out")."""
+    """``node0.out`` -> ("node0", ".out"); ``batch.out`` -> (BATCH_NODE, ".out"). None for
+    any other name: the job can make files in the run directory, and a name that is not a
+    host name (escape sequences, spaces, a leading ``-``) must never become a node's."""
     if name == BATCH_OUTPUT:
         return BATCH_NODE, OUT
     for suffix in (OUT, ERR, EXIT):
         if name.endswith(suffix) and len(name) > len(suffix):
-            return name[:-len(suffix)], suffix
+            node = name[:-len(suffix)]
+            return (node, suffix) if _NODE_NAME.match(node) else None
     return None
 
 
