@@ -76,11 +76,12 @@ CLUSTER_KEYS = (
     "master", "port", "nproc_per_node", "rdzv_backend", "master_addr",
     "ssh_config", "ssh_timeout", "scheduler",
 )
-NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "setup")
+NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "setup", "uv", "venv_dir")
 HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare") + NODE_KEYS
 STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
 SYNC_KEYS = ("dir", "exclude", "dest")
+VENV_DIR = "~/.cache/torchherd/venvs"
 TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks")
 RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout")
 MAX_RETRIES = 1000
@@ -116,6 +117,10 @@ class Host:
     """This node's own process count (uneven GPU counts); None: the cluster's."""
     spare: bool = False
     """Checked in the first preflight, not launched: it takes the place of an excluded node."""
+    uv: str | None = None
+    """The uv binary on the node, for a uv-locked project (None: looked for on the node)."""
+    venv_dir: str = VENV_DIR
+    """Where a uv-locked project's venvs are kept on the node, one per lock."""
 
 
 @dataclass(frozen=True)
@@ -638,7 +643,8 @@ def _nodeset(read: _Reader, key: str) -> list[str]:
 def _read_node_keys(read: _Reader, base: Mapping[str, Any]) -> dict[str, Any]:
     values = dict(base)
     for key, convert in (("user", read.user), ("ssh_port", read.port), ("identity_file", read.existing_file),
-                         ("python", read.text), ("workdir", read.text), ("setup", read.script)):
+                         ("python", read.text), ("workdir", read.text), ("setup", read.script),
+                         ("uv", read.text), ("venv_dir", read.text)):
         if key in read.table:
             values[key] = convert(key, read.table[key])
     if "env" in read.table:
@@ -667,4 +673,6 @@ def _parse_host(read: _Reader, base: Mapping[str, Any]) -> Host:
         local_addr=read.get("local_addr", None, read.local_addr),
         nproc_per_node=read.get("nproc_per_node", None, read.nproc),
         spare=read.get("spare", False, read.flag),
+        uv=values.get("uv"),
+        venv_dir=values.get("venv_dir", VENV_DIR),
     )

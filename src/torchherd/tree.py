@@ -2,11 +2,13 @@
 and ``exclude`` rules honoured), and what each node lacks, given its receiver's answer.
 
 Pure: reads the local tree (names and ``lstat`` only; no file's content is read here,
-so large files are read once, when they are sent), never the network.
+so large files are read once, when they are sent; a uv project's two small files are
+hashed, ``uv_lock_hash``), never the network.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -285,3 +287,24 @@ def decide(answer: NodeHas, local: Mapping[str, str]) -> Transfer:
 
 def is_large(entry: Entry) -> bool:
     return entry.size >= LARGE
+
+
+# a uv-locked project ---------------------------------------------------------------------
+
+UV_FILES = ("pyproject.toml", "uv.lock")
+"""What makes the synced project a uv-locked one, and what its environment is keyed by."""
+
+
+def uv_lock_hash(root: Path) -> str | None:
+    """The SHA-256 of the project's ``pyproject.toml`` and ``uv.lock`` (each file's length,
+    then its bytes), or None when it lacks either: what a node's venv is keyed by, so an
+    edited lock (or project table) builds a new venv and an unchanged one reuses its own."""
+    digest = hashlib.sha256()
+    for name in UV_FILES:
+        try:
+            data = (root / name).read_bytes()
+        except OSError:
+            return None
+        digest.update(f"{name} {len(data)}\n".encode())
+        digest.update(data)
+    return digest.hexdigest()

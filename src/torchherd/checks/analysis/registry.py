@@ -17,6 +17,7 @@ from torchherd.checks.analysis import (
     python,
     script,
     ssh,
+    venv,
 )
 from torchherd.checks.model import Observed
 from torchherd.results import CheckResult
@@ -26,6 +27,6 @@ Analysis = Callable[[Observed], list[CheckResult]]
 ANALYSES: dict[str, Analysis] = {
     "ssh": ssh.analyse, "ping": ping.analyse, "hostname": hostname.analyse, "port": port.analyse,
     "firewall": firewall.analyse, "network": network.analyse, "env": env.analyse,
-    "python": python.analyse, "gpu": gpu.analyse, "script": script.analyse, "clock": clock.analyse,
+    "python": python.analyse, "gpu": gpu.analyse, "script": script.analyse, "venv": venv.analyse, "clock": clock.analyse,
     "bandwidth": bandwidth.analyse, "mtu": bandwidth.analyse_mtu,
 }
