@@ -56,7 +56,15 @@ def write_marker(path: str, content: dict[str, str]) -> None:
 
 
 def tail(output: bytes) -> str:
-    lines = [line for line in output.decode("utf-8", "replace").splitlines() if line.strip()]
+    """uv's last lines on one line; an indented line continues the one before (uv wraps its hints)."""
+    lines: list[str] = []
+    for line in output.decode("utf-8", "replace").splitlines():
+        if not line.strip():
+            continue
+        if lines and line[:1].isspace():
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line.strip())
     return " | ".join(lines[-TAIL_LINES:]) or "no output"
 
 
