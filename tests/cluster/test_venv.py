@@ -106,3 +106,15 @@ def test_a_locked_project_runs_in_its_venv_everywhere_reuses_it_and_check_names_
                           "remove extra==0.1.0"),
     }, out
     assert sorted(builds(log)) == ["node0", "node1"]  # check built nothing: the marker still matched
+
+    # A node without uv (its venv in a place of its own, so it must build): the run stops
+    # before the preflight, naming the node and the fix; nothing starts.
+    missing = inventory.with_name("nouv.toml")
+    missing.write_text(inventory.read_text().replace(
+        'name = "node1"', 'name = "node1"\nuv = "/nowhere/uv"\nvenv_dir = "/tmp/venvs-other"'))
+    code, out = cli("-i", str(missing), *run[2:])
+    assert code == 1, out
+    assert "node1: venv not built: uv not found (looked for /nowhere/uv)" in out, out
+    assert ("node1: fix: install uv on node1 (" + cluster.python + " -m pip install --user uv, or uv's own "
+            'installer), or set uv = "/path/to/uv" for node1 in the inventory') in out, out
+    assert "rank 0" not in out
