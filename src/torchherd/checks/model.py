@@ -19,6 +19,9 @@ CHECK_IDS = ("ssh", "ping", "hostname", "port", "firewall", "network", "env", "p
 and ``mtu`` with --bandwidth or --smoke (or when --only names them)."""
 OPT_IN = frozenset({"bandwidth", "mtu", "smoke"})
 """The checks a plain ``check`` leaves out: they send real traffic or run a job."""
+WHERE_THEY_APPLY = frozenset({"venv"})
+"""Checks that report nothing where they do not apply (``venv``: only for a uv-locked
+project), so a run without one sees the report it always saw."""
 
 Json = Mapping[str, Any]
 
