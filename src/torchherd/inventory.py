@@ -81,7 +81,6 @@ HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare") + NODE_
 STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
 SYNC_KEYS = ("dir", "exclude", "dest")
-VENV_DIR = "~/.cache/torchherd/venvs"
 TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks")
 RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout")
 MAX_RETRIES = 1000
@@ -119,8 +118,9 @@ class Host:
     """Checked in the first preflight, not launched: it takes the place of an excluded node."""
     uv: str | None = None
     """The uv binary on the node, for a uv-locked project (None: looked for on the node)."""
-    venv_dir: str = VENV_DIR
-    """Where a uv-locked project's venvs are kept on the node, one per lock."""
+    venv_dir: str | None = None
+    """Where a uv-locked project's venvs are kept on the node, one per lock; None: in the
+    synced project (``.torchherd-venvs``), as local or as shared as the project is."""
 
 
 @dataclass(frozen=True)
@@ -674,5 +674,5 @@ def _parse_host(read: _Reader, base: Mapping[str, Any]) -> Host:
         nproc_per_node=read.get("nproc_per_node", None, read.nproc),
         spare=read.get("spare", False, read.flag),
         uv=values.get("uv"),
-        venv_dir=values.get("venv_dir", VENV_DIR),
+        venv_dir=values.get("venv_dir"),
     )

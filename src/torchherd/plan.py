@@ -63,7 +63,8 @@ class NodeVenv:
     """One node's venv for a uv-locked project: where it is, and how it is built."""
 
     path: str
-    """``<venv_dir>/<project>-<key>``: one venv per lock, python and kind."""
+    """``<project>/.torchherd-venvs/<key>``, or ``<venv_dir>/<project name>-<key>``: one
+    venv per lock, python and kind."""
     key: str
     """What the marker in the venv holds once it is built; the same key: nothing to do."""
     project: str
@@ -85,6 +86,8 @@ class NodeVenv:
         return posixpath.join(self.path, VENV_MARKER)
 
 
+VENVS_IN_PROJECT = ".torchherd-venvs"
+"""Where the venvs are kept in the synced project on a node, unless ``venv_dir`` says."""
 VENV_MARKER = ".torchherd-venv"
 """Written into a venv once ``uv sync`` built it: its key, and the uv and python that built it."""
 
@@ -107,7 +110,12 @@ def node_venv(host: Host, uv: UvOptions, source: str, project: str) -> NodeVenv:
     its own, even in a home shared with other nodes."""
     kind = "system-site-packages" if uv.system_site_packages else "isolated"
     key = hashlib.sha256(f"{uv.lock_hash}\n{host.python}\n{kind}".encode()).hexdigest()[:16]
-    path = posixpath.join(host.venv_dir, f"{_project_name(source)}-{key}")
+    # By default in the project itself: uv's venv refers to the project's files (a path
+    # dependency, the project installed as a package) by their path and their ctime, so a
+    # venv shared by nodes that each have their own copy of the project is, for uv, out of
+    # date on all but one of them.
+    path = (posixpath.join(host.venv_dir, f"{_project_name(source)}-{key}") if host.venv_dir is not None
+            else posixpath.join(project, VENVS_IN_PROJECT, key))
     return NodeVenv(path=path, key=key, project=project, python=host.python, uv=uv_candidates(host),
                     lock_hash=uv.lock_hash, system_site_packages=uv.system_site_packages)
 

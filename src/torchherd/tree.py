@@ -18,8 +18,9 @@ from typing import Iterable, Mapping, Sequence
 
 from torchherd.remote.receive import LARGE, MANIFEST
 
-ALWAYS_LEFT_OUT = (".git",)
-"""Never sent, whatever the rules say: the repository's own database."""
+ALWAYS_LEFT_OUT = (".git", ".torchherd-venvs")
+"""Never sent, whatever the rules say: the repository's own database, and the venvs a
+uv-locked project gets on a node (should this directory be one a node synced to)."""
 
 
 @dataclass(frozen=True)

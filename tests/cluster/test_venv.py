@@ -66,13 +66,13 @@ def test_a_locked_project_runs_in_its_venv_everywhere_reuses_it_and_check_names_
     shared.mkdir()
     cluster: LocalCluster = make_cluster(2, shared_paths=(str(REPO_ROOT), sys.prefix, str(shared)))  # type: ignore[operator]
     wrapper, log = counting_uv(shared)
-    # Per node a venv of its own (/tmp is each node's own), and the uv that counts.
+    # The uv that counts; the venvs in the synced project (/tmp/work: each node's own).
     inventory = cluster.inventory.with_name("uv.toml")
-    inventory.write_text(cluster.inventory.read_text().replace(
-        'workdir = "/tmp"', f'workdir = "/tmp"\nuv = "{wrapper}"\nvenv_dir = "/tmp/venvs"'))
+    inventory.write_text(cluster.inventory.read_text().replace('workdir = "/tmp"', f'workdir = "/tmp"\nuv = "{wrapper}"'))
     project = locked_project(tmp_path / "proj", TRAIN)
-    venv = Cluster.from_toml(inventory).plan("train.py", sync=project, uv_system_site_packages=True).nodes[0].venv
-    assert venv is not None and venv.path.startswith("/tmp/venvs/proj-")
+    venv = Cluster.from_toml(inventory).override(workdir="/tmp/work").plan(
+        "train.py", sync=project, uv_system_site_packages=True).nodes[0].venv
+    assert venv is not None and venv.path == f"/tmp/work/.torchherd-venvs/{venv.key}"
     run = ("-i", str(inventory), "run", "--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"),
            "--workdir", "/tmp/work", "--sync", str(project), "--uv-system-site-packages", "--", "train.py")
 
@@ -111,7 +111,7 @@ def test_a_locked_project_runs_in_its_venv_everywhere_reuses_it_and_check_names_
     # before the preflight, naming the node and the fix; nothing starts.
     missing = inventory.with_name("nouv.toml")
     missing.write_text(inventory.read_text().replace(
-        'name = "node1"', 'name = "node1"\nuv = "/nowhere/uv"\nvenv_dir = "/tmp/venvs-other"'))
+        'name = "node1"', 'name = "node1"\nuv = "/nowhere/uv"\nvenv_dir = "/tmp/venvs"'))
     code, out = cli("-i", str(missing), *run[2:])
     assert code == 1, out
     assert "node1: venv not built: uv not found (looked for /nowhere/uv)" in out, out

@@ -85,7 +85,7 @@ def test_each_node_runs_the_venvs_python_and_keeps_its_own_for_the_sync() -> Non
     plan = build_plan(inventory(), options())
     n0, n1 = plan.nodes
     assert n0.venv is not None and n1.venv is not None
-    assert n0.venv.path.startswith("~/.cache/torchherd/venvs/my-proj-") and len(n0.venv.key) == 16
+    assert n0.venv.path == f"/w/.torchherd-venvs/{n0.venv.key}" and len(n0.venv.key) == 16
     assert n0.argv[0] == f"{n0.venv.path}/bin/python" == n0.host.python
     assert n0.base_python == "/opt/py/bin/python3" and n1.base_python == "/usr/bin/python3"
     assert n0.venv.key != n1.venv.key  # another python: another venv, even in a shared home
@@ -298,7 +298,7 @@ def test_a_venv_changed_by_hand_is_named_with_what_changed() -> None:
     assert n1.summary == ("the venv on n1 differs from uv.lock (changed since it was built): a sync would "
                           "remove extra==0.1.0, install thdemo==0.1.0")
     venv = seen.venvs["n1"]
-    assert n1.fix == (f"make it the lock's again on n1: cd /w && UV_PROJECT_ENVIRONMENT=~/{venv.path[2:]} "
+    assert n1.fix == (f"make it the lock's again on n1: cd /w && UV_PROJECT_ENVIRONMENT={venv.path} "
                       f"/opt/py/bin/uv sync --frozen (or remove {venv.path} there: the next run builds it)")
 
 
