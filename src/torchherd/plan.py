@@ -93,15 +93,14 @@ VENV_MARKER = ".torchherd-venv"
 
 
 def uv_candidates(host: Host) -> tuple[str, ...]:
-    """Where a node's uv is looked for: the inventory's ``uv`` alone when set; else on
-    PATH, where uv's own installer and ``pip install --user uv`` put it, and beside the
-    configured python (a venv or a pyenv that has ``pip install uv``)."""
+    """Where a node's uv is looked for: the inventory's ``uv`` alone when set; else beside
+    the configured python (``pip install uv`` into its venv or pyenv: the uv that belongs
+    to it, and no shim to go through), on PATH, and where uv's own installer and ``pip
+    install --user uv`` put it."""
     if host.uv is not None:
         return (host.uv,)
-    found = ["uv", "~/.local/bin/uv", "~/.cargo/bin/uv"]
-    if "/" in host.python:
-        found.append(posixpath.join(posixpath.dirname(host.python), "uv"))
-    return tuple(found)
+    beside = [posixpath.join(posixpath.dirname(host.python), "uv")] if "/" in host.python else []
+    return (*beside, "uv", "~/.local/bin/uv", "~/.cargo/bin/uv")
 
 
 def node_venv(host: Host, uv: UvOptions, source: str, project: str) -> NodeVenv:

@@ -119,7 +119,7 @@ def test_uv_without_a_sync_is_refused() -> None:
 
 def test_where_uv_is_looked_for() -> None:
     hosts = inventory().hosts
-    assert uv_candidates(hosts[0]) == ("uv", "~/.local/bin/uv", "~/.cargo/bin/uv", "/opt/py/bin/uv")
+    assert uv_candidates(hosts[0]) == ("/opt/py/bin/uv", "uv", "~/.local/bin/uv", "~/.cargo/bin/uv")
     configured = inventory(uv="/opt/tools/uv", venv_dir="/scratch/venvs")
     assert uv_candidates(configured.hosts[0]) == ("/opt/tools/uv",)
     venv = build_plan(configured, options()).nodes[0].venv
@@ -137,7 +137,7 @@ def test_the_build_command_carries_no_environment_and_the_config_does() -> None:
     assert config["env"]["UV_INDEX_URL"] == "https://user:secret@example.invalid/simple"  # type: ignore[index]
     assert {key: config[key] for key in ("path", "key", "project", "uv", "system_site_packages")} == {
         "path": node.venv.path, "key": node.venv.key, "project": "/w",  # type: ignore[union-attr]
-        "uv": ["uv", "~/.local/bin/uv", "~/.cargo/bin/uv", "/opt/py/bin/uv"], "system_site_packages": False}
+        "uv": ["/opt/py/bin/uv", "uv", "~/.local/bin/uv", "~/.cargo/bin/uv"], "system_site_packages": False}
 
 
 # the api and the command line ------------------------------------------------------------
