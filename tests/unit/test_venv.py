@@ -302,6 +302,23 @@ def test_a_venv_changed_by_hand_is_named_with_what_changed() -> None:
                       f"/opt/py/bin/uv sync --frozen (or remove {venv.path} there: the next run builds it)")
 
 
+def test_uv_putting_back_the_same_local_package_is_a_warning_not_a_failure() -> None:
+    # What uv says after a path wheel of the project was merely touched on the node (tried).
+    lines = ["Would use project environment at: /v", "Would download 1 package", "Would uninstall 1 package",
+             "Would install 1 package", "- thdemo==0.1.0 (from file:///w/wheels/thdemo-0.1.0-py3-none-any.whl)",
+             "+ thdemo @ file:///w/wheels/thdemo-0.1.0-py3-none-any.whl",
+             "error: The environment is outdated; run `uv sync` to update the environment"]
+    seen = observed_with({"lock_hash": LOCK, "marker": MARKER, "check": {"code": 1, "lines": lines}})
+    result = venv_check.analyse(seen)[0]
+    assert result.status == "warn"
+    assert result.summary == ("the venv on n0 has the lock's packages, but uv would reinstall thdemo from the "
+                              "project's own files (changed on the node, or their timestamps, since it was built)")
+    another = [*lines[:4], "- thdemo==0.1.0 (from file:///w/x)", "+ thdemo==0.2.0 (from file:///w/x)"]
+    seen = observed_with({"lock_hash": LOCK, "marker": MARKER, "check": {"code": 1, "lines": another}})
+    result = venv_check.analyse(seen)[0]
+    assert result.status == "fail" and result.summary.endswith("remove thdemo==0.1.0, install thdemo==0.2.0")
+
+
 def test_a_venv_not_built_yet_is_no_failure_of_the_venv_or_python_check() -> None:
     seen = observed_with({"lock_hash": LOCK, "marker": None}, python_error="No such file or directory")
     assert [result.status for result in venv_check.analyse(seen)] == ["skip", "skip"]

@@ -19,8 +19,9 @@ from torchherd.results import CheckResult
 from torchherd.shell import quote_path
 
 CHECK = "venv"
-CHANGE = re.compile(r"^([+~-]) (\S+)")
-"""uv's lines for what a sync would do: ``+ name==1.0`` install, ``- name==1.0`` remove."""
+CHANGE = re.compile(r"^([+~-]) ([A-Za-z0-9._-]+)(?:==(\S+)| @ \S+)?")
+"""uv's lines for what a sync would do: ``+ name==1.0`` (or ``+ name @ file:///...``)
+install, ``- name==1.0`` remove."""
 SHOWN = 4
 
 
@@ -67,7 +68,14 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
         return CheckResult(host.name, CHECK, "pass",
                            f"{venv.path} matches uv.lock (sha256 {venv.lock_hash[:12]}; {uv} sync --check)")
     lines = [str(line) for line in outcome.get("lines") or []]
-    changes = [_change(match.group(1), match.group(2)) for line in lines if (match := CHANGE.match(line))]
+    matches = [match for line in lines if (match := CHANGE.match(line))]
+    if matches and _reinstalls_only(matches):
+        names = ", ".join(sorted({match.group(2) for match in matches}))
+        return CheckResult(host.name, CHECK, "warn",
+                           f"the venv on {host.name} has the lock's packages, but uv would reinstall {names} from "
+                           "the project's own files (changed on the node, or their timestamps, since it was built)",
+                           _rebuild(host, venv, state))
+    changes = [_change(match.group(1), _package(match)) for match in matches]
     if changes:
         shown = ", ".join(changes[:SHOWN]) + (f" and {len(changes) - SHOWN} more" if len(changes) > SHOWN else "")
     else:
@@ -75,6 +83,21 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
     return CheckResult(host.name, CHECK, "fail",
                        f"the venv on {host.name} differs from uv.lock (changed since it was built): a sync would "
                        f"{shown}", _rebuild(host, venv, state))
+
+
+def _package(match: re.Match[str]) -> str:
+    return match.group(2) + (f"=={match.group(3)}" if match.group(3) else "")
+
+
+def _reinstalls_only(matches: list[re.Match[str]]) -> bool:
+    """Whether a sync would only put back the same packages (a local path source whose file
+    uv finds newer: same name, same version where shown), nothing added, removed or changed.
+    The lock is unchanged (the key says so) and records a local wheel's hash: not a drift."""
+    removed = {match.group(2): match.group(3) for match in matches if match.group(1) == "-"}
+    added = {match.group(2): match.group(3) for match in matches if match.group(1) == "+"}
+    return bool(removed) and removed.keys() == added.keys() and all(
+        added[name] in (None, version) for name, version in removed.items()) and not any(
+        match.group(1) == "~" for match in matches)
 
 
 def _change(sign: str, package: str) -> str:
