@@ -18,6 +18,7 @@ from uvproject import locked_project, uv_binary, wheel
 from torchherd.api import Cluster
 from torchherd.cli import main
 from torchherd.console import make_console
+from torchherd.engine.venvs import local_uv
 
 pytestmark = pytest.mark.cluster
 
@@ -59,7 +60,7 @@ def builds(log: Path) -> list[str]:
             and "--check" not in line]
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_a_locked_project_runs_in_its_venv_everywhere_reuses_it_and_check_names_a_changed_one(
         make_cluster: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     shared = tmp_path / "shared"
@@ -118,3 +119,25 @@ def test_a_locked_project_runs_in_its_venv_everywhere_reuses_it_and_check_names_
     assert ("node1: fix: install uv on node1 (" + cluster.python + " -m pip install --user uv, or uv's own "
             'installer), or set uv = "/path/to/uv" for node1 in the inventory') in out, out
     assert "rank 0" not in out
+
+    # A node without uv, none configured (its python a link where no uv lies beside, a PATH
+    # without one): this machine's own uv is sent there, beside its venvs, and builds.
+    pybin = shared / "pybin"
+    pybin.mkdir()
+    (pybin / "python3").symlink_to(cluster.python)
+    bare = inventory.with_name("bare.toml")
+    bare.write_text(cluster.inventory.read_text().replace(
+        'name = "node1"', f'name = "node1"\npython = "{pybin / "python3"}"\nenv = {{ PATH = "/usr/bin:/bin" }}'))
+    shipped = Cluster.from_toml(bare).override(workdir="/tmp/work").plan(
+        "train.py", sync=project, uv_system_site_packages=True).nodes[1].venv
+    assert shipped is not None and shipped.key != venv.key  # another python: a venv of its own
+    code, out = cli("-i", str(bare), *run[2:])
+    assert code == 0, out
+    local = local_uv()
+    assert local is not None
+    sent = f"/tmp/work/.torchherd-venvs/uv-{local.digest[:16]}"
+    assert f"node1: had no uv: this machine's sent ({sent})" in out, out
+    assert "node0: venv " + venv.path + " as uv.lock made it (cached)" in out, out
+    assert f"node1:1 │ rank 1 sum 2 prefix {shipped.path} value from the lock" in out, out
+    assert cluster.ssh("node1", f"test -x {sent}").returncode == 0
+    assert cluster.ssh("node0", f"test -e {sent}").returncode != 0  # node0 had its own: nothing sent there

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import platform
 import subprocess
 import sys
 from io import StringIO
@@ -23,7 +24,7 @@ from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.sync import venv_notes
 from torchherd.engine.events import VenvFailed, VenvReady, VenvsDone
-from torchherd.engine.venvs import venv_command, venv_config
+from torchherd.engine.venvs import _not_for, local_uv, venv_command, venv_config
 from torchherd.errors import UsageError
 from torchherd.inventory import parse
 from torchherd.plan import NodeNetwork, RunOptions, SyncOptions, UvOptions, build_plan, uv_candidates
@@ -249,7 +250,20 @@ def test_the_node_program_with_system_site_packages_sees_this_pythons_packages(t
 def test_the_node_program_without_uv_says_where_it_looked(tmp_path: Path) -> None:
     config = {"path": str(tmp_path / "v"), "key": "k", "project": str(tmp_path), "uv": ["/nowhere/uv", "no-such-uv"],
               "system_site_packages": False, "env": {}}
-    assert build_here(config) == {"error": "uv not found (looked for /nowhere/uv, no-such-uv)", "uv_missing": True}
+    answer = build_here({**config, "env": {"PATH": str(tmp_path)}})
+    assert answer == {"error": "uv not found (looked for /nowhere/uv, no-such-uv)", "uv_missing": True,
+                      "system": platform.system(), "machine": platform.machine(), "libc": platform.libc_ver()[0]}
+
+
+def test_this_machines_uv_is_found_and_judged_against_the_nodes_platform() -> None:
+    local = local_uv()
+    assert local is not None and local.path.read_bytes()[:4] == b"\x7fELF"
+    same = {"system": local.system, "machine": local.machine, "libc": local.libc}
+    assert _not_for(local, same) == ""
+    assert _not_for(local, {**same, "machine": "aarch64"}) == (
+        f"this machine's uv is for {local.system} {local.machine} {local.libc or 'no glibc'}, the node is "
+        f"{local.system} aarch64 {local.libc or 'no glibc'}")
+    assert _not_for(None, same) == "this machine has no uv binary to send"
 
 
 def test_a_failed_sync_gives_uvs_last_lines(tmp_path: Path) -> None:
@@ -339,9 +353,10 @@ def test_without_a_uv_project_the_check_reports_nothing() -> None:
 
 
 def test_the_venv_notes() -> None:
-    done = VenvsDone((VenvReady("n0", "/v", True, 2.04, "/u"), VenvReady("n1", "/v", False),
+    done = VenvsDone((VenvReady("n0", "/v", True, 2.04, "/u", shipped=True), VenvReady("n1", "/v", False),
                       VenvFailed("n2", "uv not found (looked for uv)", "install uv on n2")), 2.1)
     assert [text for text, _ in venv_notes(done)] == [
+        "n0: had no uv: this machine's sent (/u)",
         "n2: venv not built: uv not found (looked for uv)", "n2: fix: install uv on n2",
         "n0: venv /v built from uv.lock by uv sync --frozen (2.0 s)", "n1: venv /v as uv.lock made it (cached)"]
 

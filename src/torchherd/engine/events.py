@@ -224,6 +224,8 @@ class VenvReady:
     seconds: float = 0.0
     uv: str = ""
     """The uv that built it."""
+    shipped: bool = False
+    """That uv was sent from the controller (the node had none)."""
 
 
 @dataclass(frozen=True)

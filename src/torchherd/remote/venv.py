@@ -28,12 +28,12 @@ TAIL_LINES = 6
 """uv's last lines of output shown when it fails (it says what it could not get)."""
 
 
-def find_uv(candidates: list[str]) -> str | None:
-    """The first candidate that is an executable file (a bare name: looked up on PATH)."""
+def find_uv(candidates: list[str], search_path: str | None) -> str | None:
+    """The first candidate that is an executable file (a bare name: looked up on the job's PATH)."""
     for candidate in candidates:
         path = os.path.expanduser(candidate)
         if "/" not in path:
-            path = shutil.which(path) or ""
+            path = shutil.which(path, path=search_path) or ""
         if path and os.path.isfile(path) and os.access(path, os.X_OK):
             return path
     return None
@@ -80,12 +80,15 @@ def build(config: dict[str, Any]) -> dict[str, object]:
     if isinstance(marker, dict) and marker.get("key") == config["key"] \
             and os.path.exists(os.path.join(path, "bin", "python")):
         return {"cached": True}
-    uv = find_uv(config["uv"])
-    if uv is None:
-        return {"error": "uv not found (looked for " + ", ".join(config["uv"]) + ")", "uv_missing": True}
-    project = os.path.expanduser(config["project"])
     env = dict(os.environ)
     env.update(config.get("env") or {})
+    uv = find_uv(config["uv"], env.get("PATH"))
+    if uv is None:
+        import platform  # only here: what the controller needs to send a uv that runs on this node
+
+        return {"error": "uv not found (looked for " + ", ".join(config["uv"]) + ")", "uv_missing": True,
+                "system": platform.system(), "machine": platform.machine(), "libc": platform.libc_ver()[0]}
+    project = os.path.expanduser(config["project"])
     env.pop("VIRTUAL_ENV", None)  # uv warns, and would compare it with the project's environment
     env["UV_PROJECT_ENVIRONMENT"] = path
     started = time.monotonic()
