@@ -7,7 +7,8 @@ command line): ``path`` (the venv), ``key``, ``project`` (the synced project), `
 marker holds ``key`` the venv is as the lock made it: nothing runs, not even uv. Else it
 finds uv, runs ``uv sync --frozen`` into the venv and writes the marker last, so a build
 cut short is built again. Prints one JSON line: ``{"cached": true}``, ``{"built": true,
-"uv": PATH, "seconds": S}``, or ``{"error": TEXT, "uv_missing": bool}``.
+"uv": PATH, "seconds": S}``, or ``{"error": TEXT}``; with no uv found, ``"uv_missing": true`` and the
+node's ``system``, ``machine`` and ``libc`` (the controller may send a uv that runs there).
 
 Nodes that share a home build one venv: uv locks it while it syncs (the others wait, then
 find it in sync); the marker is replaced atomically.
