@@ -199,7 +199,8 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     only, skip = _id_list(args.only), _id_list(args.skip) or frozenset()
     _sync_choices(args, bool(args.sync))  # check syncs only with --sync, [sync] table or not
     more = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth,
-            "sync_include": tuple(args.sync_include), "sync_anyway": args.sync_anyway}
+            "sync_include": tuple(args.sync_include), "sync_anyway": args.sync_anyway, "uv": args.uv,
+            "uv_system_site_packages": args.uv_system_site_packages}
     cluster.backend.allow("--matrix", args.matrix)
     if args.json:
         from torchherd.console import make_console
@@ -259,7 +260,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                         master_addr=args.master_addr, max_restarts=args.max_restarts,
                         monitor_interval=args.monitor_interval, rdzv_conf=args.rdzv_conf,
                         rdzv_backend=args.rdzv_backend, sync=args.sync, sync_include=args.sync_include,
-                        sync_anyway=args.sync_anyway)
+                        sync_anyway=args.sync_anyway, uv=args.uv,
+                        uv_system_site_packages=args.uv_system_site_packages)
     if args.dry_run:
         render_description(console, cluster.describe(plan, fail_fast=not args.no_fail_fast))
         return _dry_sync(cluster, plan, console, args.log_dir) if plan.sync is not None else EXIT_OK
@@ -326,6 +328,15 @@ def _add_sync_flag(parser: argparse.ArgumentParser, run: bool) -> None:
     if run:
         parser.add_argument("--no-sync", dest="sync", action="store_const", const=False,
                             help="do not sync, even with a [sync] table in the inventory")
+    parser.add_argument("--uv", action="store_true", default=None,
+                        help="run the job in a venv that uv sync --frozen builds on every node from the synced "
+                             "project's uv.lock, kept while the lock is unchanged (on by itself when the project "
+                             "has pyproject.toml and uv.lock)")
+    parser.add_argument("--no-uv", dest="uv", action="store_false",
+                        help="the node's configured python, even for a project with uv.lock")
+    parser.add_argument("--uv-system-site-packages", action="store_true",
+                        help="the venv also sees the packages of the node's configured python (a torch installed "
+                             "there)")
     parser.add_argument("--sync-include", metavar="PATTERN", action="append", default=[],
                         help="send what matches although the private list or [sync].exclude leaves it out, "
                              "e.g. .env (gitignore syntax; repeatable; adds to [sync].include)")

@@ -77,7 +77,7 @@ CLUSTER_KEYS = (
     "master", "port", "nproc_per_node", "rdzv_backend", "master_addr",
     "ssh_config", "ssh_timeout", "scheduler",
 )
-NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "setup")
+NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "setup", "uv", "venv_dir")
 HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare", "container") + NODE_KEYS
 CONTAINER_KEYS = ("image", "runtime", "mounts", "options", "pull")
 STEP_KEYS = ("address", "local_addr")
@@ -137,6 +137,11 @@ class Host:
     """Checked in the first preflight, not launched: it takes the place of an excluded node."""
     container: ContainerSettings | None = None
     """The image the job runs in on this node; None: on the node itself."""
+    uv: str | None = None
+    """The uv binary on the node, for a uv-locked project (None: looked for on the node)."""
+    venv_dir: str | None = None
+    """Where a uv-locked project's venvs are kept on the node, one per lock; None: in the
+    synced project (``.torchherd-venvs``), as local or as shared as the project is."""
 
 
 @dataclass(frozen=True)
@@ -763,7 +768,8 @@ def _nodeset(read: _Reader, key: str) -> list[str]:
 def _read_node_keys(read: _Reader, base: Mapping[str, Any]) -> dict[str, Any]:
     values = dict(base)
     for key, convert in (("user", read.user), ("ssh_port", read.port), ("identity_file", read.existing_file),
-                         ("python", read.text), ("workdir", read.text), ("setup", read.script)):
+                         ("python", read.text), ("workdir", read.text), ("setup", read.script),
+                         ("uv", read.text), ("venv_dir", read.text)):
         if key in read.table:
             values[key] = convert(key, read.table[key])
     if "env" in read.table:
@@ -793,4 +799,6 @@ def _parse_host(read: _Reader, base: Mapping[str, Any], container: Mapping[str, 
         nproc_per_node=read.get("nproc_per_node", None, read.nproc),
         spare=read.get("spare", False, read.flag),
         container=_host_container(read, container),
+        uv=values.get("uv"),
+        venv_dir=values.get("venv_dir"),
     )

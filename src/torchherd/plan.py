@@ -6,6 +6,7 @@ Nothing here touches the network or the clock; ``--dry-run`` prints what this bu
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import posixpath
 import re
@@ -49,6 +50,79 @@ class SyncOptions:
 
 
 @dataclass(frozen=True)
+class UvOptions:
+    """A uv-locked project (``--uv``; on by itself when the synced project has
+    ``pyproject.toml`` and ``uv.lock``): every node runs the job in a venv that
+    ``uv sync --frozen`` built from the lock, kept under the lock's hash."""
+
+    lock_hash: str
+    """SHA-256 of the project's pyproject.toml and uv.lock, as the controller has them (``tree.uv_lock_hash``)."""
+    system_site_packages: bool = False
+    """The venv also sees the node python's own packages (a torch installed there)."""
+
+
+@dataclass(frozen=True)
+class NodeVenv:
+    """One node's venv for a uv-locked project: where it is, and how it is built."""
+
+    path: str
+    """``<project>/.torchherd-venvs/<key>``, or ``<venv_dir>/<project name>-<key>``: one
+    venv per lock, python and kind."""
+    key: str
+    """What the marker in the venv holds once it is built; the same key: nothing to do."""
+    project: str
+    """The synced project on the node, where uv reads pyproject.toml and uv.lock."""
+    python: str
+    """The configured python: the venv's base interpreter, and what runs the sync's receiver and the build."""
+    uv: tuple[str, ...]
+    """Where uv is looked for on the node, in order (a bare name: on PATH)."""
+    lock_hash: str
+    system_site_packages: bool = False
+
+    @property
+    def python_path(self) -> str:
+        """The venv's python: the job's interpreter."""
+        return posixpath.join(self.path, "bin", "python")
+
+    @property
+    def marker(self) -> str:
+        return posixpath.join(self.path, VENV_MARKER)
+
+
+VENVS_IN_PROJECT = ".torchherd-venvs"
+"""Where the venvs are kept in the synced project on a node, unless ``venv_dir`` says."""
+VENV_MARKER = ".torchherd-venv"
+"""Written into a venv once ``uv sync`` built it: its key, and the uv and python that built it."""
+
+
+def uv_candidates(host: Host) -> tuple[str, ...]:
+    """Where a node's uv is looked for: the inventory's ``uv`` alone when set; else beside
+    the configured python (``pip install uv`` into its venv or pyenv: the uv that belongs
+    to it, and no shim to go through), on PATH, and where uv's own installer and ``pip
+    install --user uv`` put it."""
+    if host.uv is not None:
+        return (host.uv,)
+    beside = [posixpath.join(posixpath.dirname(host.python), "uv")] if "/" in host.python else []
+    return (*beside, "uv", "~/.local/bin/uv", "~/.cargo/bin/uv")
+
+
+def node_venv(host: Host, uv: UvOptions, source: str, project: str) -> NodeVenv:
+    """The venv ``host`` runs a uv-locked project in. Its key covers the lock, the
+    configured python and the kind of venv: a node whose python differs gets a venv of
+    its own, even in a home shared with other nodes."""
+    kind = "system-site-packages" if uv.system_site_packages else "isolated"
+    key = hashlib.sha256(f"{uv.lock_hash}\n{host.python}\n{kind}".encode()).hexdigest()[:16]
+    # By default in the project itself: uv's venv refers to the project's files (a path
+    # dependency, the project installed as a package) by their path and their ctime, so a
+    # venv shared by nodes that each have their own copy of the project is, for uv, out of
+    # date on all but one of them.
+    path = (posixpath.join(host.venv_dir, f"{_project_name(source)}-{key}") if host.venv_dir is not None
+            else posixpath.join(project, VENVS_IN_PROJECT, key))
+    return NodeVenv(path=path, key=key, project=project, python=host.python, uv=uv_candidates(host),
+                    lock_hash=uv.lock_hash, system_site_packages=uv.system_site_packages)
+
+
+@dataclass(frozen=True)
 class RunOptions:
     script: str
     script_args: tuple[str, ...] = ()
@@ -65,6 +139,7 @@ class RunOptions:
     rdzv_conf: str | None = None
     rdzv_backend: str | None = None
     sync: SyncOptions | None = None
+    uv: UvOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +172,15 @@ class NodePlan:
         identity = containers.Identity(DRY_USER, False, bool(self.container.gpus))
         return tuple(containers.run_argv(self.container, runtime, self.argv, names, DRY_WORKDIR, identity,
                                          (self.remote_log_dir,)))
+
+    venv: NodeVenv | None = None
+    """A uv-locked project's venv: ``host.python`` (the job's, the checks', the
+    supervisor's) is its python; it is built after the sync, before the preflight."""
+
+    @property
+    def base_python(self) -> str:
+        """The configured python: what runs before the venv exists (the sync's receiver, the build)."""
+        return self.venv.python if self.venv is not None else self.host.python
 
     def shell_prefix(self) -> list[str]:
         """What the node's shell does before the job, as the launch sends it: change into
@@ -220,6 +304,10 @@ def build_plan(inventory: Inventory, options: RunOptions, networks: Mapping[str,
     given = inventory
     if options.sync is not None:
         inventory = _synced(inventory, options.sync)
+    venvs = _venvs(inventory, options)
+    if venvs:
+        inventory = replace(inventory, hosts=tuple(replace(host, python=venvs[host.name].python_path)
+                                                   for host in inventory.hosts))
     cluster = inventory.cluster
     backend, backend_note = _rendezvous(inventory, options)
     if options.nnodes and ":" in options.nnodes and backend != "c10d":
@@ -236,6 +324,8 @@ def build_plan(inventory: Inventory, options: RunOptions, networks: Mapping[str,
     nodes = (replace(nodes[0], notes=head + nodes[0].notes),) + nodes[1:]
     if options.sync is not None:
         nodes = tuple(_sync_node(node, given.hosts[index], options.sync) for index, node in enumerate(nodes))
+    if venvs:
+        nodes = tuple(_venv_node(node, venvs[node.host.name]) for node in nodes)
     nproc = options.nproc_per_node if options.nproc_per_node is not None else cluster.nproc_per_node
     return Plan(run_id=options.run_id, master=master.name, master_addr=master_addr,
                 port=cluster.port, rdzv_backend=backend, nodes=nodes, inventory=inventory, options=options,
@@ -248,6 +338,27 @@ def _synced(inventory: Inventory, sync: SyncOptions) -> Inventory:
     checks (the ``script`` check) and the launch see the project where it was sent."""
     hosts = tuple(replace(host, workdir=sync_dest(host.workdir, sync)[0]) for host in inventory.hosts)
     return replace(inventory, hosts=hosts)
+
+
+def _venvs(inventory: Inventory, options: RunOptions) -> dict[str, NodeVenv]:
+    """Per host, the venv of a uv-locked project (none without ``options.uv``)."""
+    if options.uv is None:
+        return {}
+    if options.sync is None:
+        raise UsageError("--uv: the locked environment is built from the synced project's uv.lock",
+                         "add --sync (or a [sync] table) to send the project with its lock")
+    return {host.name: node_venv(host, options.uv, options.sync.source, host.workdir) for host in inventory.hosts}
+
+
+def _venv_node(node: NodePlan, venv: NodeVenv) -> NodePlan:
+    kind = ", with the node python's own packages" if venv.system_site_packages else ""
+    note = (f"python {venv.python_path}: the venv uv sync --frozen builds from uv.lock (sha256 "
+            f"{venv.lock_hash[:12]}) with {venv.python}{kind}; kept while the lock is unchanged")
+    return replace(node, venv=venv, notes=node.notes + (note,))
+
+
+def _project_name(source: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "-", posixpath.basename(source.rstrip("/"))) or "project"
 
 
 def _sync_node(node: NodePlan, given: Host, sync: SyncOptions) -> NodePlan:
@@ -264,7 +375,7 @@ def sync_dest(workdir: str, sync: SyncOptions) -> tuple[str, str]:
     """Where the project goes on a node whose workdir is ``workdir``, and why when it
     is not the workdir. Refuses (UsageError) the home directory itself and a path
     plainly outside the workdir; the node checks again with real paths."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "-", posixpath.basename(sync.source.rstrip("/"))) or "project"
+    name = _project_name(sync.source)
     if sync.dest is None:
         if _is_home(workdir):
             return f"~/{name}", "the workdir is the home directory; [sync].dest or --workdir chooses another place"

@@ -3,11 +3,13 @@ and ``exclude`` rules honoured, private material and torchherd's logs left out),
 it is a project at all (``refusal``), and what each node lacks, given its receiver's answer.
 
 Pure: reads the local tree (names and ``lstat`` only; no file's content is read here,
-so large files are read once, when they are sent), never the network.
+so large files are read once, when they are sent; a uv project's two small files are
+hashed, ``uv_lock_hash``), never the network.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -17,8 +19,9 @@ from typing import Iterable, Mapping, Sequence
 
 from torchherd.remote.receive import LARGE, MANIFEST
 
-ALWAYS_LEFT_OUT = (".git",)
-"""Never sent, whatever the rules say: the repository's own database."""
+ALWAYS_LEFT_OUT = (".git", ".torchherd-venvs")
+"""Never sent, whatever the rules say: the repository's own database, and the venvs a
+uv-locked project gets on a node (should this directory be one a node synced to)."""
 LOG_DIR = "torchherd-logs"
 """``run``'s default log directory: a directory of this name is never sent (at any depth:
 runs started from a subdirectory leave theirs there), nor is the run's own ``--log-dir``."""
@@ -391,3 +394,24 @@ def decide(answer: NodeHas, local: Mapping[str, str]) -> Transfer:
 
 def is_large(entry: Entry) -> bool:
     return entry.size >= LARGE
+
+
+# a uv-locked project ---------------------------------------------------------------------
+
+UV_FILES = ("pyproject.toml", "uv.lock")
+"""What makes the synced project a uv-locked one, and what its environment is keyed by."""
+
+
+def uv_lock_hash(root: Path) -> str | None:
+    """The SHA-256 of the project's ``pyproject.toml`` and ``uv.lock`` (each file's length,
+    then its bytes), or None when it lacks either: what a node's venv is keyed by, so an
+    edited lock (or project table) builds a new venv and an unchanged one reuses its own."""
+    digest = hashlib.sha256()
+    for name in UV_FILES:
+        try:
+            data = (root / name).read_bytes()
+        except OSError:
+            return None
+        digest.update(f"{name} {len(data)}\n".encode())
+        digest.update(data)
+    return digest.hexdigest()

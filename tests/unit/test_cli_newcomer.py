@@ -108,7 +108,7 @@ def test_check_help_lists_the_ids_only_and_skip_take(capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert out.splitlines()[-4:] == [
         "check ids for --only and --skip: ssh, ping, hostname, port, firewall, network,",
-        "env, python, gpu, xid, ib, script, clock, container; with --bandwidth or",
+        "env, python, gpu, xid, ib, script, venv, clock, container; with --bandwidth or",
         "--smoke (or named by --only): bandwidth, mtu; with --smoke: smoke; SLURM runs",
         "also: slurm, slurm-node, gres, sbatch. What each establishes: docs/checks.md."]
     listed = re.findall(r"[a-z-]+", " ".join(out.splitlines()[-4:]).split(":", 1)[1])

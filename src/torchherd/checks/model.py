@@ -11,14 +11,17 @@ from typing import Any, Literal, Mapping
 
 from torchherd.errors import TransportError
 from torchherd.inventory import Host, Inventory
-from torchherd.plan import NodeNetwork
+from torchherd.plan import NodeNetwork, NodeVenv
 
 CHECK_IDS = ("ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "xid", "ib",
-             "script", "clock", "bandwidth", "mtu", "smoke", "container")
+             "script", "venv", "clock", "bandwidth", "mtu", "smoke", "container")
 """Every check id, in report column order; ``smoke`` only runs with --smoke, ``bandwidth``
 and ``mtu`` with --bandwidth or --smoke (or when --only names them)."""
 OPT_IN = frozenset({"bandwidth", "mtu", "smoke"})
 """The checks a plain ``check`` leaves out: they send real traffic or run a job."""
+WHERE_THEY_APPLY = frozenset({"venv"})
+"""Checks that report nothing where they do not apply (``venv``: only for a uv-locked
+project), so a run without one sees the report it always saw."""
 
 Json = Mapping[str, Any]
 
@@ -228,6 +231,8 @@ class Observed:
     """Bits per second: a link or node below fails (--min-bandwidth, [checks] min_bandwidth)."""
     slow_ratio: float = 0.5
     """A link or node below this share of the cluster's median warns."""
+    venvs: Mapping[str, NodeVenv] = field(default_factory=dict)
+    """Per node, a uv-locked project's venv (``check`` verifies it against the lock)."""
 
     @property
     def nproc(self) -> int | str:

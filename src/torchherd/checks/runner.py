@@ -12,6 +12,7 @@ from typing import Callable
 from torchherd.checks.analysis.network import compute_networks
 from torchherd.checks.analysis.registry import ANALYSES
 from torchherd.checks.analysis.ssh import SLOW_SHELL_SECONDS, busy_node_explains
+from torchherd.checks.analysis.venv import venv_config
 from torchherd.checks.bandwidth import measure
 from torchherd.checks.container import gather as gather_containers
 from torchherd.checks.gather import NODES_AT_ONCE, FactsSession, StartedFacts, finish_facts, start_facts, stop_listeners
@@ -63,7 +64,8 @@ def facts_config(observed: Observed, host: Host, listen: bool, master_ssh_name: 
     ssh_name = master_ssh_name or resolve_target(observed.master, observed.inventory.cluster.ssh_config).hostname
     return {"port": observed.port, "resolve": [] if is_ip(target) else [target],
             "route_to": [target, ssh_name], "script": observed.script, "workdir": host.workdir,
-            "torch": observed.with_torch, "listen": listen_config(observed, host) if listen else None}
+            "torch": observed.with_torch, "listen": listen_config(observed, host) if listen else None,
+            "venv": venv_config(observed.venvs[host.name]) if host.name in observed.venvs else None}
 
 
 class _Collector:
@@ -198,7 +200,8 @@ def observe(plan: Plan, selected: tuple[str, ...], min_bandwidth: float | None =
                     nproc_per_node=plan.nproc_per_node,
                     node_nproc={node.host.name: node.nproc_per_node for node in plan.nodes},
                     job_env={node.host.name: node.env for node in plan.nodes}, ssh_hostnames=plan.ssh_hostnames,
-                    min_bandwidth=floor, slow_ratio=plan.inventory.checks.slow_ratio)
+                    min_bandwidth=floor, slow_ratio=plan.inventory.checks.slow_ratio,
+                    venvs={node.host.name: node.venv for node in plan.nodes if node.venv is not None})
 
 
 def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progress: Progress | None,

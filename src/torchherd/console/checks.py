@@ -165,7 +165,7 @@ def live_progress(console: Console, inventory: Inventory,
     if not console.is_terminal:
         yield lambda result: None
         return
-    from torchherd.checks.model import CHECK_IDS, OPT_IN
+    from torchherd.checks.model import CHECK_IDS, OPT_IN, WHERE_THEY_APPLY
 
     nodes = [host.name for host in inventory.hosts]
     columns = [check for check in CHECK_IDS if check not in OPT_IN or (measured and check != "smoke")]
@@ -173,7 +173,10 @@ def live_progress(console: Console, inventory: Inventory,
     lock = threading.Lock()
 
     def view() -> Group:
-        return Group(Text("torchherd check: running on every node...", style="bold"), _grid(nodes, columns, results, PENDING))
+        # A check that applies to few runs (venv: a uv-locked project) gets its column with its first result.
+        shown = [check for check in columns
+                 if check not in WHERE_THEY_APPLY or any(result.check == check for result in results)]
+        return Group(Text("torchherd check: running on every node...", style="bold"), _grid(nodes, shown, results, PENDING))
 
     with Live(view(), console=console, refresh_per_second=8, transient=True) as live:
         def progress(result: CheckResult) -> None:

@@ -11,10 +11,10 @@ from rich.console import Console
 from rich.text import Text
 
 from torchherd.console import printable
-from torchherd.engine.events import NodeSynced, SyncDone, SyncFailed, SyncStarted
+from torchherd.engine.events import NodeSynced, SyncDone, SyncFailed, SyncStarted, VenvFailed, VenvReady, VenvsDone
 from torchherd.words import count
 
-SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone)
+SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone, VenvsDone)
 LISTED = 40
 """Paths listed per group of nodes on a dry run; the rest are counted."""
 
@@ -30,7 +30,7 @@ def files(count: int) -> str:
     return f"{count} file{'' if count == 1 else 's'}"
 
 
-def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone) -> Iterator[tuple[str, str]]:
+def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone | VenvsDone) -> Iterator[tuple[str, str]]:
     """The notes (text, style) a live run shows for a sync event. Nodes in sync are told
     at the end, alike nodes on one line (a run on 256 nodes is not 256 lines of it)."""
     if isinstance(event, SyncStarted):
@@ -52,6 +52,30 @@ def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone) -> Itera
         good = sum(isinstance(node, NodeSynced) for node in event.nodes)
         yield (f"sync: {good} of {count(len(event.nodes), 'node')} in sync ({event.seconds:.1f} s)",
                "green" if event.ok else "bold red")
+    elif isinstance(event, VenvsDone):
+        yield from venv_notes(event)
+
+
+def venv_notes(done: VenvsDone) -> Iterator[tuple[str, str]]:
+    """A uv-locked project's venvs: the nodes that built theirs, that found theirs built
+    (uv not run), and each failure with its fix."""
+    groups: dict[tuple[str, bool], list[VenvReady]] = {}
+    for node in done.nodes:
+        if isinstance(node, VenvReady):
+            groups.setdefault((node.path, node.built), []).append(node)
+            if node.shipped:
+                yield f"{printable(node.node)}: had no uv: this machine's sent ({printable(node.uv)})", "yellow"
+        elif isinstance(node, VenvFailed):
+            yield f"{printable(node.node)}: venv not built: {printable(node.message)}", "bold red"
+            if node.hint:
+                yield f"{printable(node.node)}: fix: {printable(node.hint)}", "red"
+    for (path, built), nodes in groups.items():
+        if built:
+            slowest = max(node.seconds for node in nodes)
+            yield (f"{names(node.node for node in nodes)}: venv {printable(path)} built from uv.lock by uv sync "
+                   f"--frozen ({slowest:.1f} s)", "dim")
+        else:
+            yield f"{names(node.node for node in nodes)}: venv {printable(path)} as uv.lock made it (cached)", "dim"
 
 
 def _in_sync(done: SyncDone) -> Iterator[tuple[str, str]]:

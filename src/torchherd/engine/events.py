@@ -218,6 +218,46 @@ class SyncDone:
 
 
 @dataclass(frozen=True)
+class VenvReady:
+    """A uv-locked project's venv is on the node: ``built`` now by ``uv sync --frozen``
+    (in ``seconds``), or found built from the same lock (uv not run)."""
+
+    node: str
+    path: str
+    built: bool
+    seconds: float = 0.0
+    uv: str = ""
+    """The uv that built it."""
+    shipped: bool = False
+    """That uv was sent from the controller (the node had none)."""
+
+
+@dataclass(frozen=True)
+class VenvFailed:
+    """The node's venv could not be built: no uv there, or ``uv sync --frozen`` failed (its last lines)."""
+
+    node: str
+    message: str
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class VenvsDone:
+    """Every node's venv, in node-rank order; after the sync, before the preflight."""
+
+    nodes: tuple[Union[VenvReady, VenvFailed], ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(isinstance(node, VenvReady) for node in self.nodes)
+
+    @property
+    def failed(self) -> tuple[VenvFailed, ...]:
+        return tuple(node for node in self.nodes if isinstance(node, VenvFailed))
+
+
+@dataclass(frozen=True)
 class AttemptStarted:
     """A run with retries (``run --retries``) starts attempt ``number`` on ``nodes``
     (node-rank order, its master first)."""
@@ -307,7 +347,7 @@ RECOVERY_EVENTS = (AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, Spar
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
               NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished, JobQueued,
               SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptFailed, TriageDone,
-              NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted]
+              VenvsDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000

@@ -39,6 +39,7 @@ from torchherd.engine.events import (
 from torchherd.engine.hang import Targets
 from torchherd.engine.job import Job, LaunchOptions
 from torchherd.engine.sync import sync_nodes
+from torchherd.engine.venvs import build_venvs
 from torchherd.errors import TorchherdError, TransportError
 from torchherd.inventory import Host
 from torchherd.plan import NodePlan, Plan
@@ -166,12 +167,20 @@ def open_nodes(plan: Plan, options: LaunchOptions, connector: Connector, observe
 
 
 def sync_first(plan: Plan, connector: Connector, observer: Observer, log_dir: Path | None = None) -> Connector:
-    """Connects to every node and syncs the project over those sessions (never ``log_dir``);
-    returns a connector that hands the preflight and the launch the very same sessions.
-    Raises LaunchAborted (the sessions closed) when a node could not be reached or synced."""
+    """Connects to every node and syncs the project over those sessions (never ``log_dir``),
+    and builds a uv-locked project's venv there (``engine.venvs``); returns a connector that
+    hands the preflight and the launch the very same sessions. Raises LaunchAborted (the
+    sessions closed) when a node could not be reached or synced."""
     opened = _connect(plan, connector, observer)
     try:
         done = sync_nodes(plan, opened.sessions, observer, log_dir=log_dir)
+        if done.ok and any(node.venv is not None for node in plan.nodes):
+            # The project's lock is on every node now: its venv is built before the
+            # preflight, which checks the job's python (the venv's) and the venv itself.
+            venvs = build_venvs(plan, opened.sessions, observer)
+            if not venvs.ok:
+                raise LaunchAborted(f"the locked environment could not be built on {len(venvs.failed)} of "
+                                    f"{count(len(plan.nodes), 'node')}")
     except BaseException:
         opened.close()
         raise

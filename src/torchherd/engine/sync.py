@@ -54,9 +54,10 @@ def frame(message: Mapping[str, Any]) -> bytes:
 
 
 def receiver_command(node: NodePlan, dest: str, within: str) -> str:
-    """The receiver with the node's python; a ``~`` in the destination is the node's
-    home, expanded there (by the receiver, not the shell)."""
-    return (f"{quote_path(node.host.python)} {command('receive.py')} "
+    """The receiver with the node's configured python (a uv project's venv does not exist
+    yet); a ``~`` in the destination is the node's home, expanded there (by the receiver,
+    not the shell)."""
+    return (f"{quote_path(node.base_python)} {command('receive.py')} "
             f"{shlex.quote(dest)} {shlex.quote(within)}")
 
 

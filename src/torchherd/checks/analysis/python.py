@@ -4,6 +4,7 @@ CUDA and NCCL versions agree across nodes."""
 from __future__ import annotations
 
 from torchherd.checks.analysis.common import per_node
+from torchherd.checks.analysis.venv import not_built
 from torchherd.checks.model import NodeFacts, Observed
 from torchherd.inventory import Host
 from torchherd.results import CheckResult, CheckStatus
@@ -34,12 +35,21 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
     if host.container is not None:  # the job's python is the image's: the container check reads it there
         return CheckResult(host.name, CHECK, "skip", f"the job runs in image {host.container.image}: the container "
                            "check reads python and torch inside it")
+    if facts.python_error and host.name in observed.venvs and not_built(facts):
+        return CheckResult(host.name, CHECK, "skip", f"{host.python} (the uv-locked project's venv) is not built "
+                           "yet: run builds it (check --sync too)")
     if facts.python_error:
         return CheckResult(host.name, CHECK, "fail", f"python {host.python} does not run on {host.name}: "
                            f"{facts.python_error}",
                            f"set python for {host.name} in the inventory to the interpreter that has torch "
                            f"(an absolute path: the non-interactive shell skips ~/.bashrc)")
     torch = facts.get("torch") or {}
+    if "error" in torch and host.name in observed.venvs:
+        return CheckResult(host.name, CHECK, "fail",
+                           f"{host.python} (the venv built from uv.lock) on {host.name} cannot import torch: "
+                           f"{torch['error']}",
+                           "add torch to the project's dependencies and lock it (uv add torch), or give the venv the "
+                           "node python's own packages (run --uv-system-site-packages)")
     if "error" in torch:
         executable = (facts.get("python") or {}).get("executable")
         return CheckResult(host.name, CHECK, "fail",

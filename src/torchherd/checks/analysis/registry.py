@@ -19,6 +19,7 @@ from torchherd.checks.analysis import (
     python,
     script,
     ssh,
+    venv,
     xid,
 )
 from torchherd.checks.model import Observed
@@ -30,6 +31,6 @@ ANALYSES: dict[str, Analysis] = {
     "ssh": ssh.analyse, "ping": ping.analyse, "hostname": hostname.analyse, "port": port.analyse,
     "firewall": firewall.analyse, "network": network.analyse, "env": env.analyse,
     "python": python.analyse, "gpu": gpu.analyse, "xid": xid.analyse, "ib": ib.analyse, "script": script.analyse,
-    "clock": clock.analyse,
+    "venv": venv.analyse, "clock": clock.analyse,
     "bandwidth": bandwidth.analyse, "mtu": bandwidth.analyse_mtu, "container": container.analyse,
 }

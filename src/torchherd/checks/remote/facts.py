@@ -30,6 +30,10 @@ Standard library only, Python >= 3.8, Linux, read-only. Run as
                            each failed one is tried again after them, alone, with T2; R is
                            the last attempt's: ok, refused, timeout, unreachable, unresolved,
                            untried (no time left in B) or the error's text.
+  venv      object or null {"path": VENV, "key": KEY, "project": DIR}: a uv-locked project's
+                           venv; its marker is read and, when it holds KEY, the uv that built
+                           it checks it against the project's lock (``uv sync --frozen
+                           --offline --check``: reads, never changes, never downloads)
 Prints the facts as one JSON line.
 Every probe is wrapped: a failing one records its error and the others go on.
 """
@@ -285,6 +289,51 @@ def script_hash(workdir: str, script: str) -> Dict[str, Any]:
             return {"path": path, "sha256": hashlib.sha256(file.read()).hexdigest()}
     except OSError as error:
         return {"path": path, "error": error.strerror or str(error)}
+
+
+VENV_MARKER = ".torchherd-venv"
+UV_FILES = ("pyproject.toml", "uv.lock")
+UV_CHECK_SECONDS = 60.0
+
+
+def uv_lock_hash(project: str) -> Optional[str]:
+    """As the controller's ``tree.uv_lock_hash``: each file's name and length, then its bytes."""
+    digest = hashlib.sha256()
+    for name in UV_FILES:
+        try:
+            with open(os.path.join(project, name), "rb") as file:
+                data = file.read()
+        except OSError:
+            return None
+        digest.update(f"{name} {len(data)}\n".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def venv_state(config: Dict[str, Any]) -> Dict[str, Any]:
+    path = os.path.expanduser(config["path"])
+    project = os.path.expanduser(config["project"])
+    state: Dict[str, Any] = {"path": path, "lock_hash": uv_lock_hash(project), "marker": None}
+    try:
+        with open(os.path.join(path, VENV_MARKER), encoding="utf-8") as file:
+            marker = json.load(file)
+    except (OSError, ValueError):
+        return state
+    if not isinstance(marker, dict) or marker.get("key") != config["key"]:
+        return state
+    state["marker"] = marker
+    env = dict(os.environ, UV_PROJECT_ENVIRONMENT=path)
+    env.pop("VIRTUAL_ENV", None)
+    try:
+        done = subprocess.run([str(marker["uv"]), "sync", "--frozen", "--offline", "--check", "--python",
+                               str(marker["python"])], cwd=project, env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=UV_CHECK_SECONDS, check=False)
+    except (OSError, subprocess.SubprocessError, KeyError) as error:
+        state["check"] = {"error": str(error)}
+        return state
+    lines = [line.strip() for line in done.stdout.decode("utf-8", "replace").splitlines() if line.strip()]
+    state["check"] = {"code": done.returncode, "lines": lines[-40:]}
+    return state
 
 
 SMI_QUERIES = {
@@ -671,6 +720,7 @@ def main() -> None:
         "script": guarded(script_hash, config["workdir"], config["script"]) if config["script"] else None,
         "infiniband": guarded(infiniband, root),
         "ping": bool(shutil.which("ping")),
+        "venv": guarded(venv_state, config["venv"]) if config.get("venv") else None,
     }
     if config.get("torch", True):
         facts["torch"] = torch_facts()

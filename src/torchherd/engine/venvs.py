@@ -1,0 +1,177 @@
+"""A uv-locked project's venv on every node, after the sync and before the preflight.
+
+Per node, one command runs ``remote/venv.py`` with the node's configured python: when the
+venv's marker holds the plan's key (same lock, python and kind of venv) nothing else runs;
+else it finds uv there and runs ``uv sync --frozen`` into the venv. The job's environment
+(``[defaults].env``, ``--env``: an index URL, ``UV_OFFLINE``, a proxy) reaches uv through
+the program's stdin, never a command line. A node without uv (and none configured) gets
+this machine's own uv binary, when it runs there (Linux, the same machine and libc), sent
+over SFTP beside the node's venvs. The observer is told ``VenvsDone``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import posixpath
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Union
+
+from torchherd.engine.events import Observer, VenvFailed, VenvReady, VenvsDone
+from torchherd.errors import TransportError
+from torchherd.plan import NodePlan, Plan
+from torchherd.remote import command
+from torchherd.shell import quote_path
+from torchherd.transport import Session, fan_out
+
+BUILD_SECONDS = 3600.0
+"""How long one node's ``uv sync`` may take: a first build downloads torch and CUDA's
+libraries (gigabytes); a cached venv answers in well under a second."""
+
+
+def venv_command(node: NodePlan) -> str:
+    """The node program that builds (or finds) the venv, with the configured python."""
+    assert node.venv is not None
+    return f"{quote_path(node.venv.python)} {command('venv.py')}"
+
+
+def venv_config(node: NodePlan) -> dict[str, object]:
+    """What ``remote/venv.py`` reads on its stdin."""
+    venv = node.venv
+    assert venv is not None
+    return {"path": venv.path, "key": venv.key, "project": venv.project, "uv": list(venv.uv),
+            "system_site_packages": venv.system_site_packages, "env": dict(node.env)}
+
+
+def missing_uv_hint(node: NodePlan) -> str:
+    assert node.venv is not None
+    name = node.host.name
+    return (f"install uv on {name} ({node.venv.python} -m pip install --user uv, or uv's own installer), "
+            f"or set uv = \"/path/to/uv\" for {name} in the inventory")
+
+
+def build_venvs(plan: Plan, sessions: Mapping[str, Session], observer: Observer) -> VenvsDone:
+    """Builds (or finds built) every node's venv, all nodes at once. Never raises for one
+    node's failure: ``VenvsDone.failed`` says which and why."""
+    started = time.monotonic()
+    nodes = [node for node in plan.nodes if node.venv is not None]
+    results = tuple(fan_out(nodes, lambda node: _build(node, sessions.get(node.host.name))))
+    done = VenvsDone(results, time.monotonic() - started)
+    observer(done)
+    return done
+
+
+def _build(node: NodePlan, session: Session | None) -> Union[VenvReady, VenvFailed]:
+    assert node.venv is not None
+    name = node.host.name
+    if session is None:
+        return VenvFailed(name, "no SSH session")
+    config = venv_config(node)
+    answer = _ask(session, node, config)
+    if "error" not in answer or not answer.get("uv_missing") or node.host.uv is not None:
+        return _outcome(node, answer)
+    # No uv on the node, none configured: this machine's own, where it runs there.
+    local = local_uv()
+    why = _not_for(local, answer)
+    if local is None or why:
+        return VenvFailed(name, str(answer["error"]), missing_uv_hint(node) + (f" ({why})" if why else ""))
+    try:
+        shipped = ship_uv(session, node, local)
+    except TransportError as error:
+        return VenvFailed(name, f"{answer['error']}; sending this machine's uv failed: {error}", missing_uv_hint(node))
+    return _outcome(node, _ask(session, node, {**config, "uv": [shipped]}), shipped=True)
+
+
+def _ask(session: Session, node: NodePlan, config: Mapping[str, object]) -> dict[str, Any]:
+    stdin = (json.dumps(config) + "\n").encode()
+    try:
+        result = session.run(venv_command(node), stdin=stdin, timeout=BUILD_SECONDS)
+    except TransportError as error:
+        return {"error": str(error)}
+    try:
+        answer = json.loads(result.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        stderr = result.stderr.decode("utf-8", "replace").strip().splitlines()
+        reason = stderr[-1] if stderr else f"exit status {result.exit_code}"
+        return {"error": f"the venv builder did not answer: {reason}"}
+    answer.setdefault("seconds", result.seconds)
+    return dict(answer)
+
+
+def _outcome(node: NodePlan, answer: Mapping[str, Any], shipped: bool = False) -> Union[VenvReady, VenvFailed]:
+    assert node.venv is not None
+    name = node.host.name
+    if "error" in answer:
+        hint = missing_uv_hint(node) if answer.get("uv_missing") else (
+            "make the lock installable on the node (its index reachable, or UV_OFFLINE=1 with every wheel in "
+            "uv's cache), or run uv sync --frozen there to see more")
+        return VenvFailed(name, str(answer["error"]), hint)
+    return VenvReady(name, node.venv.path, bool(answer.get("built")), float(answer.get("seconds", 0.0)),
+                     str(answer.get("uv", "")), shipped)
+
+
+@dataclass(frozen=True)
+class LocalUv:
+    """This machine's uv binary, as it would run on a node."""
+
+    path: Path
+    digest: str
+    system: str
+    machine: str
+    libc: str
+
+
+@functools.lru_cache(maxsize=1)
+def local_uv() -> LocalUv | None:
+    """This machine's own uv binary (beside this python: the ``uv`` package's; else on PATH),
+    when it is one (an ELF file, not a shim script)."""
+    for candidate in (Path(sys.executable).parent / "uv", Path(shutil.which("uv") or "/nonexistent")):
+        try:
+            path = candidate.resolve()
+            with path.open("rb") as file:
+                if file.read(4) != b"\x7fELF":
+                    continue
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            continue
+        return LocalUv(path, digest, platform.system(), platform.machine(), platform.libc_ver()[0])
+    return None
+
+
+def _not_for(local: LocalUv | None, answer: Mapping[str, Any]) -> str:
+    """Why this machine's uv would not run on the node ("" when it would)."""
+    if local is None:
+        return "this machine has no uv binary to send"
+    node = (str(answer.get("system", "")), str(answer.get("machine", "")), str(answer.get("libc", "")))
+    if node != (local.system, local.machine, local.libc):
+        return (f"this machine's uv is for {local.system} {local.machine} {local.libc or 'no glibc'}, the node is "
+                f"{node[0]} {node[1]} {node[2] or 'no glibc'}")
+    return ""
+
+
+def ship_uv(session: Session, node: NodePlan, local: LocalUv) -> str:
+    """Sends ``local`` beside the node's venvs (as local, or as shared, as they are), under
+    its hash: a node that has it already (a shared directory, an earlier run) gets nothing.
+    Returns its path on the node."""
+    assert node.venv is not None
+    final = posixpath.join(posixpath.dirname(node.venv.path), f"uv-{local.digest[:16]}")
+    # One already there is taken only when it is this user's own (another user's file of
+    # that name in a shared venv_dir is replaced, never run).
+    found = session.run(f"mkdir -p {quote_path(posixpath.dirname(final))} && test -x {quote_path(final)} "
+                        f"&& test -O {quote_path(final)}", timeout=60.0)
+    if found.exit_code == 0:
+        return final
+    partial = f"{final}.{os.getpid()}-{node.host.name}"
+    # SFTP takes no ~: a path there is relative to the home directory already.
+    session.put(partial[2:] if partial.startswith("~/") else partial, local.path.read_bytes(), 0o700)
+    moved = session.run(f"mv -f {quote_path(partial)} {quote_path(final)}", timeout=60.0)
+    if moved.exit_code != 0:
+        raise TransportError(node.host.name, "uv", moved.stderr.decode("utf-8", "replace").strip() or "mv failed")
+    return final

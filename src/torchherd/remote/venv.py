@@ -1,0 +1,121 @@
+"""Makes a uv-locked project's venv on a node (standard library only; run with the node's
+configured python, which becomes the venv's base interpreter).
+
+Reads its config, one JSON line, on stdin (the job's environment travels there, never on a
+command line): ``path`` (the venv), ``key``, ``project`` (the synced project), ``uv``
+(where to look for uv, in order), ``system_site_packages``, ``env``. When the venv's
+marker holds ``key`` the venv is as the lock made it: nothing runs, not even uv. Else it
+finds uv, runs ``uv sync --frozen`` into the venv and writes the marker last, so a build
+cut short is built again. Prints one JSON line: ``{"cached": true}``, ``{"built": true,
+"uv": PATH, "seconds": S}``, or ``{"error": TEXT}``; with no uv found, ``"uv_missing": true`` and the
+node's ``system``, ``machine`` and ``libc`` (the controller may send a uv that runs there).
+
+Nodes that share a home build one venv: uv locks it while it syncs (the others wait, then
+find it in sync); the marker is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+MARKER = ".torchherd-venv"
+TAIL_LINES = 6
+"""uv's last lines of output shown when it fails (it says what it could not get)."""
+
+
+def find_uv(candidates: list[str], search_path: str | None) -> str | None:
+    """The first candidate that is an executable file (a bare name: looked up on the job's PATH)."""
+    for candidate in candidates:
+        path = os.path.expanduser(candidate)
+        if "/" not in path:
+            path = shutil.which(path, path=search_path) or ""
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def read_marker(path: str) -> object:
+    try:
+        with open(os.path.join(path, MARKER), encoding="utf-8") as file:
+            return json.load(file)
+    except (OSError, ValueError):
+        return None
+
+
+def write_marker(path: str, content: dict[str, str]) -> None:
+    final = os.path.join(path, MARKER)
+    partial = f"{final}.{os.getpid()}"
+    with open(partial, "w", encoding="utf-8") as file:
+        json.dump(content, file)
+    os.replace(partial, final)
+
+
+def tail(output: bytes) -> str:
+    """uv's last lines on one line; an indented line continues the one before (uv wraps its hints)."""
+    lines: list[str] = []
+    for line in output.decode("utf-8", "replace").splitlines():
+        if not line.strip():
+            continue
+        if lines and line[:1].isspace():
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line.strip())
+    return " | ".join(lines[-TAIL_LINES:]) or "no output"
+
+
+def run(argv: list[str], cwd: str, env: dict[str, str]) -> tuple[int, bytes]:
+    done = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, check=False)
+    return done.returncode, done.stdout
+
+
+def build(config: dict[str, Any]) -> dict[str, object]:
+    path = os.path.expanduser(config["path"])
+    marker = read_marker(path)
+    if isinstance(marker, dict) and marker.get("key") == config["key"] \
+            and os.path.exists(os.path.join(path, "bin", "python")):
+        return {"cached": True}
+    env = dict(os.environ)
+    env.update(config.get("env") or {})
+    uv = find_uv(config["uv"], env.get("PATH"))
+    if uv is None:
+        import platform  # only here: what the controller needs to send a uv that runs on this node
+
+        return {"error": "uv not found (looked for " + ", ".join(config["uv"]) + ")", "uv_missing": True,
+                "system": platform.system(), "machine": platform.machine(), "libc": platform.libc_ver()[0]}
+    project = os.path.expanduser(config["project"])
+    env.pop("VIRTUAL_ENV", None)  # uv warns, and would compare it with the project's environment
+    env["UV_PROJECT_ENVIRONMENT"] = path
+    started = time.monotonic()
+    if config.get("system_site_packages") and not os.path.exists(os.path.join(path, "pyvenv.cfg")):
+        # uv sync keeps an existing venv's settings: made here with the system's packages
+        # visible, it stays so (uv sync alone makes an isolated one).
+        code, output = run([uv, "venv", "--allow-existing", "--system-site-packages", "--python", sys.executable,
+                            path], project, env)
+        if code != 0:
+            return {"error": f"uv venv failed (exit {code}): {tail(output)}"}
+    code, output = run([uv, "sync", "--frozen", "--python", sys.executable], project, env)
+    if code != 0:
+        return {"error": f"uv sync --frozen failed (exit {code}): {tail(output)}"}
+    write_marker(path, {"key": config["key"], "uv": uv, "python": sys.executable})
+    return {"built": True, "uv": uv, "seconds": round(time.monotonic() - started, 3)}
+
+
+def main() -> None:
+    config = json.loads(sys.stdin.readline())
+    try:
+        answer = build(config)
+    except OSError as error:
+        answer = {"error": f"{error.filename or 'uv'}: {error.strerror}"}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

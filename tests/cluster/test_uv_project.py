@@ -1,0 +1,143 @@
+"""A uv-locked project on the local cluster (nodes without internet; the lock's one
+dependency is a wheel in the project): the job runs in a venv built from the lock on every
+node, a second run reuses it without running uv, and a venv changed by hand on one node
+is named by ``check``."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from localcluster import REPO_ROOT, LocalCluster
+from uvproject import locked_project, uv_binary, wheel
+
+from torchherd.api import Cluster
+from torchherd.cli import main
+from torchherd.console import make_console
+from torchherd.engine.venvs import local_uv
+
+pytestmark = pytest.mark.cluster
+
+TRAIN = """\
+import sys
+
+import torch
+import torch.distributed as dist
+
+import thdemo
+
+dist.init_process_group("gloo")
+total = torch.ones(1)
+dist.all_reduce(total)
+print(f"rank {dist.get_rank()} sum {int(total.item())} prefix {sys.prefix} value {thdemo.VALUE}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def cli(*args: str) -> tuple[int, str]:
+    out = StringIO()
+    code = main(list(args), console=make_console(out, width=300))
+    return code, out.getvalue()
+
+
+def counting_uv(shared: Path) -> tuple[Path, Path]:
+    """A uv (where every node sees it) that notes each call, with the node's name, then runs the real one."""
+    log = shared / "uv-calls"
+    wrapper = shared / "uv"
+    wrapper.write_text(f"#!/bin/sh\necho \"$(hostname) $*\" >> {log}\nexec {uv_binary()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    log.touch()
+    return wrapper, log
+
+
+def builds(log: Path) -> list[str]:
+    """The nodes that ran uv sync to build (not the checks' ``--check``), in order."""
+    return [line.split()[0] for line in log.read_text().splitlines() if "sync --frozen" in line
+            and "--check" not in line]
+
+
+@pytest.mark.timeout(600)
+def test_a_locked_project_runs_in_its_venv_everywhere_reuses_it_and_check_names_a_changed_one(
+        make_cluster: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    cluster: LocalCluster = make_cluster(2, shared_paths=(str(REPO_ROOT), sys.prefix, str(shared)))  # type: ignore[operator]
+    wrapper, log = counting_uv(shared)
+    # The uv that counts; the venvs in the synced project (/tmp/work: each node's own).
+    inventory = cluster.inventory.with_name("uv.toml")
+    inventory.write_text(cluster.inventory.read_text().replace('workdir = "/tmp"', f'workdir = "/tmp"\nuv = "{wrapper}"'))
+    project = locked_project(tmp_path / "proj", TRAIN)
+    venv = Cluster.from_toml(inventory).override(workdir="/tmp/work").plan(
+        "train.py", sync=project, uv_system_site_packages=True).nodes[0].venv
+    assert venv is not None and venv.path == f"/tmp/work/.torchherd-venvs/{venv.key}"
+    run = ("-i", str(inventory), "run", "--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"),
+           "--workdir", "/tmp/work", "--sync", str(project), "--uv-system-site-packages", "--", "train.py")
+
+    code, out = cli(*run)
+    assert code == 0, out
+    assert sorted(builds(log)) == ["node0", "node1"], log.read_text()
+    assert "node0, node1: venv " + venv.path + " built from uv.lock by uv sync --frozen" in out, out
+    ranks = re.findall(r"^(node\d):\d +│ rank (\d) sum 2 prefix (\S+) value from the lock$", out, re.M)
+    assert sorted(ranks) == [("node0", "0", venv.path), ("node1", "1", venv.path)], out
+
+    code, out = cli(*run)
+    assert code == 0, out
+    assert sorted(builds(log)) == ["node0", "node1"], log.read_text()  # no uv sync ran: the marker matched
+    assert "node0, node1: venv " + venv.path + " as uv.lock made it (cached)" in out, out
+    assert len(re.findall(r"│ rank \d sum 2 prefix \S+ value from the lock$", out, re.M)) == 2, out
+
+    # By hand on node1 only: a package the lock does not have.
+    extra = wheel(shared, "extra")
+    changed = cluster.ssh("node1", f"{uv_binary()} pip install --offline --quiet --python {venv.path}/bin/python {extra}")
+    assert changed.returncode == 0, changed
+    capsys.readouterr()
+    code, _ = cli("-i", str(inventory), "check", "--json", "--only", "venv", "--workdir", "/tmp/work", "--sync",
+                  str(project), "--uv-system-site-packages")
+    out = capsys.readouterr().out  # the JSON document, printed on stdout itself
+    assert code == 1, out
+    report = json.loads(out)
+    verdicts = {result["node"]: (result["status"], result["summary"]) for result in report["checks"]}
+    assert verdicts == {
+        "node0": ("pass", f"{venv.path} matches uv.lock (sha256 {venv.lock_hash[:12]}; {wrapper} sync --check)"),
+        "node1": ("fail", "the venv on node1 differs from uv.lock (changed since it was built): a sync would "
+                          "remove extra==0.1.0"),
+    }, out
+    assert sorted(builds(log)) == ["node0", "node1"]  # check built nothing: the marker still matched
+
+    # A node without uv (its venv in a place of its own, so it must build): the run stops
+    # before the preflight, naming the node and the fix; nothing starts.
+    missing = inventory.with_name("nouv.toml")
+    missing.write_text(inventory.read_text().replace(
+        'name = "node1"', 'name = "node1"\nuv = "/nowhere/uv"\nvenv_dir = "/tmp/venvs"'))
+    code, out = cli("-i", str(missing), *run[2:])
+    assert code == 1, out
+    assert "node1: venv not built: uv not found (looked for /nowhere/uv)" in out, out
+    assert ("node1: fix: install uv on node1 (" + cluster.python + " -m pip install --user uv, or uv's own "
+            'installer), or set uv = "/path/to/uv" for node1 in the inventory') in out, out
+    assert "rank 0" not in out
+
+    # A node without uv, none configured (its python a link where no uv lies beside, a PATH
+    # without one): this machine's own uv is sent there, beside its venvs, and builds.
+    pybin = shared / "pybin"
+    pybin.mkdir()
+    (pybin / "python3").symlink_to(cluster.python)
+    bare = inventory.with_name("bare.toml")
+    bare.write_text(cluster.inventory.read_text().replace(
+        'name = "node1"', f'name = "node1"\npython = "{pybin / "python3"}"\nenv = {{ PATH = "/usr/bin:/bin" }}'))
+    shipped = Cluster.from_toml(bare).override(workdir="/tmp/work").plan(
+        "train.py", sync=project, uv_system_site_packages=True).nodes[1].venv
+    assert shipped is not None and shipped.key != venv.key  # another python: a venv of its own
+    code, out = cli("-i", str(bare), *run[2:])
+    assert code == 0, out
+    local = local_uv()
+    assert local is not None
+    sent = f"/tmp/work/.torchherd-venvs/uv-{local.digest[:16]}"
+    assert f"node1: had no uv: this machine's sent ({sent})" in out, out
+    assert "node0: venv " + venv.path + " as uv.lock made it (cached)" in out, out
+    assert f"node1:1 │ rank 1 sum 2 prefix {shipped.path} value from the lock" in out, out
+    assert cluster.ssh("node1", f"test -x {sent}").returncode == 0
+    assert cluster.ssh("node0", f"test -e {sent}").returncode != 0  # node0 had its own: nothing sent there

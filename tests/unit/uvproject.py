@@ -1,0 +1,62 @@
+"""A uv-locked project that resolves offline: its one dependency is a wheel built here,
+named by path in ``[tool.uv.sources]`` (no index, no build backend, no network), and
+``uv lock --offline`` writes its lock. Shared by the unit and the cluster tests."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+
+def uv_binary() -> str:
+    """The uv the test extra installs (beside this python, or on PATH)."""
+    beside = Path(sys.executable).parent / "uv"
+    found = str(beside) if os.access(beside, os.X_OK) else shutil.which("uv")
+    assert found, "uv is not installed: pip install uv (it is in the test extra)"
+    return found
+
+
+def wheel(directory: Path, name: str, version: str = "0.1.0", value: str = "from the lock") -> Path:
+    """A pure-Python wheel of one module ``name`` whose ``VALUE`` is ``value``."""
+    files = {
+        f"{name}/__init__.py": f"VALUE = {value!r}\n",
+        f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: torchherd-tests\nRoot-Is-Purelib: true\n"
+                                               "Tag: py3-none-any\n",
+    }
+
+    def digest(text: str) -> str:
+        raw = hashlib.sha256(text.encode()).digest()
+        return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    record = "".join(f"{path},{digest(text)},{len(text.encode())}\n" for path, text in files.items())
+    record += f"{name}-{version}.dist-info/RECORD,,\n"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in files.items():
+            archive.writestr(member, text)
+        archive.writestr(f"{name}-{version}.dist-info/RECORD", record)
+    return path
+
+
+def locked_project(root: Path, script: str = "", dependency: str = "thdemo", value: str = "from the lock") -> Path:
+    """``root`` made a uv project that depends on the wheel ``dependency`` (in ``wheels/``),
+    locked; ``script`` written as ``train.py`` when given."""
+    root.mkdir(parents=True, exist_ok=True)
+    built = wheel(root / "wheels", dependency, value=value)
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "demo"\nversion = "0.1.0"\nrequires-python = ">=3.8"\n'
+        f'dependencies = ["{dependency}"]\n\n[tool.uv.sources]\n'
+        f'{dependency} = {{ path = "wheels/{built.name}" }}\n')
+    if script:
+        (root / "train.py").write_text(script)
+    subprocess.run([uv_binary(), "lock", "--offline", "--quiet"], cwd=root, check=True,
+                   env={**os.environ, "UV_PYTHON": sys.executable})
+    return root
