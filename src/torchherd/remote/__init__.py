@@ -1,7 +1,7 @@
 """The programs torchherd runs on the nodes, and how they travel there.
 
 The node programs (``supervisor.py``, ``coordinator.py``, ``stop.py``, ``hangprobe.py``,
-``receive.py``) and the modules they share (``wire``, ``framing``, ``proctable``, ``ranks``)
+``receive.py``, ``checkpoint.py``) and the modules they share (``wire``, ``framing``, ``proctable``, ``ranks``)
 use the standard library only, and run on the node's own Python (>= 3.8); nothing is
 installed on a node. ``program(name)`` is the text to run there with ``python -c``: a short
 loader and, in one packed blob, the modules the program imports, then the program.
@@ -29,6 +29,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "stop.py": ("wire.py", "proctable.py"),
     "hangprobe.py": (),
     "receive.py": (),
+    "checkpoint.py": (),
 }
 """Each node program and the modules it imports, in the order they are loaded (a module
 after those it imports)."""
