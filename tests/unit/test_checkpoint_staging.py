@@ -11,17 +11,21 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
+from typing import Sequence
 
 import pytest
+from test_recovery import FakeBackend, ended, names, plan_of, recover
 
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.recovery import recovery_note
-from torchherd.engine.events import CheckpointMissing, CheckpointStaged
+from torchherd.engine.events import AttemptStarted, CheckpointMissing, CheckpointStaged, SpareTaken
 from torchherd.engine.staging import Copy, lacking, newest
-from torchherd.inventory import checkpoint_problem
+from torchherd.inventory import Recovery, checkpoint_problem
+from torchherd.plan import Plan
 from torchherd.remote import argv
 
 HOSTS = '[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n[[hosts]]\nname = "b"\naddress = "192.0.2.2"\n'
@@ -102,6 +106,54 @@ def test_the_key_and_the_flag_reach_the_recovery(tmp_path: Path) -> None:
     flags = dict(retries=None, final_exit_codes=None, min_nodes=None, hang_timeout=None)
     assert _recovery(argparse.Namespace(**flags, checkpoint=None), cluster).checkpoint == "ckpt/step-*.pt"
     assert _recovery(argparse.Namespace(**flags, checkpoint="snap.pt"), cluster).checkpoint == "snap.pt"
+
+
+# ------------------------------------------------------------------ the recovery asks for it
+
+
+@dataclass
+class StagingBackend(FakeBackend):
+    """The recovery tests' backend, whose staging is recorded and answers ``answer``."""
+
+    staged: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], str, int]] = field(default_factory=list)
+    answer: str = "staged"
+
+    def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
+                         attempt: int) -> CheckpointStaged | CheckpointMissing:
+        self.staged.append((names(plan), tuple(sources), tuple(receivers), path, attempt))
+        if self.answer == "missing":
+            return CheckpointMissing(attempt, f"{path} found on none of {', '.join(sources)}")
+        return CheckpointStaged(attempt, path, 2000, sources[0], ("node3",), 0.5)
+
+
+def test_before_the_next_attempt_the_checkpoint_goes_from_the_nodes_left_to_the_next_ones() -> None:
+    backend = StagingBackend([lambda plan: ended(plan, "node2", "lost", "node2 vanished"),
+                              lambda plan: ended(plan, None)], bad={"node2": "timed out"})
+    summary, events = recover(backend, plan_of("node3", 4), Recovery(retries=1, checkpoint="snapshot.pt"))
+    assert summary.exit_code == 0
+    # node2 was lost and the triage could not reach it: never asked; the spare node3 is a receiver.
+    assert backend.staged == [(("node0", "node1", "node3"), ("node0", "node1"), ("node0", "node1", "node3"),
+                               "snapshot.pt", 2)]
+    kinds = [type(event).__name__ for event in events.events
+             if isinstance(event, (CheckpointStaged, SpareTaken, AttemptStarted))]
+    assert kinds == ["AttemptStarted", "SpareTaken", "CheckpointStaged", "AttemptStarted"]
+    assert summary.attempts[0].next == ("attempt 2 on node0,node1,node3; node3 for node2; checkpoint snapshot.pt "
+                                        "from node0 to node3")
+
+
+def test_a_checkpoint_found_nowhere_is_a_note_and_the_attempt_starts() -> None:
+    backend = StagingBackend([lambda plan: ended(plan, "node1"), lambda plan: ended(plan, None)], answer="missing")
+    summary, events = recover(backend, plan_of(), Recovery(retries=1, checkpoint="snapshot.pt"))
+    assert summary.exit_code == 0 and len(backend.launched) == 2
+    assert [event.message for event in events.of(CheckpointMissing)] == [
+        "snapshot.pt found on none of node0, node1, node2"]
+    assert summary.attempts[0].next.endswith("; no checkpoint: snapshot.pt found on none of node0, node1, node2")
+
+
+def test_without_a_checkpoint_nothing_is_staged() -> None:
+    backend = StagingBackend([lambda plan: ended(plan, "node1"), lambda plan: ended(plan, None)])
+    summary, _ = recover(backend, plan_of(), Recovery(retries=1))
+    assert summary.exit_code == 0 and backend.staged == []
 
 
 # ------------------------------------------------------------------ the console
