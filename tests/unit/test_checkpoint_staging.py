@@ -10,19 +10,22 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pytest
-from test_recovery import FakeBackend, ended, names, plan_of, recover
+from test_recovery import Collector, FakeBackend, ended, names, plan_of, recover
 
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.recovery import recovery_note
 from torchherd.engine.events import AttemptStarted, CheckpointMissing, CheckpointStaged, SpareTaken
+from torchherd.engine.job import LaunchOptions
+from torchherd.engine.recovery import RecoveringRun
 from torchherd.engine.staging import Copy, lacking, newest
 from torchherd.inventory import Recovery, checkpoint_problem
 from torchherd.plan import Plan
@@ -118,9 +121,17 @@ class StagingBackend(FakeBackend):
     staged: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], str, int]] = field(default_factory=list)
     answer: str = "staged"
 
+    staging: threading.Event = field(default_factory=threading.Event)
+
     def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
-                         attempt: int) -> CheckpointStaged | CheckpointMissing:
+                         attempt: int, stopping: Callable[[], bool] = lambda: False,
+                         ) -> CheckpointStaged | CheckpointMissing:
         self.staged.append((names(plan), tuple(sources), tuple(receivers), path, attempt))
+        self.staging.set()
+        if self.answer == "wait":  # a long copy, given up on Ctrl-C
+            while not stopping():
+                time.sleep(0.01)
+            return CheckpointMissing(attempt, "given up")
         if self.answer == "missing":
             return CheckpointMissing(attempt, f"{path} found on none of {', '.join(sources)}")
         return CheckpointStaged(attempt, path, 2000, sources[0], ("node3",), 0.5)
@@ -148,6 +159,17 @@ def test_a_checkpoint_found_nowhere_is_a_note_and_the_attempt_starts() -> None:
     assert [event.message for event in events.of(CheckpointMissing)] == [
         "snapshot.pt found on none of node0, node1, node2"]
     assert summary.attempts[0].next.endswith("; no checkpoint: snapshot.pt found on none of node0, node1, node2")
+
+
+def test_ctrl_c_during_the_staging_starts_no_further_attempt() -> None:
+    backend = StagingBackend([lambda plan: ended(plan, "node1"), lambda plan: ended(plan, None)], answer="wait")
+    run = RecoveringRun(backend, plan_of(), LaunchOptions(check=False, log_dir=Path("/nonexistent")),
+                        Recovery(retries=1, checkpoint="snapshot.pt"), Collector()).start()
+    assert backend.staging.wait(timeout=20)
+    run.stop()
+    summary = run.wait(timeout=20)
+    assert summary.exit_code == 130 and len(backend.launched) == 1
+    assert [record.next for record in summary.attempts] == ["interrupted"]
 
 
 def test_without_a_checkpoint_nothing_is_staged() -> None:

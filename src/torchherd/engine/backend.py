@@ -93,9 +93,10 @@ class Backend(ABC):
         self.allow("--checkpoint", recovery.checkpoint is not None)
 
     def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
-                         attempt: int) -> Staged:
+                         attempt: int, stopping: Callable[[], bool] = lambda: False) -> Staged:
         """Puts the newest copy of the checkpoint ``path`` among ``sources`` on each node of
-        ``receivers`` that lacks it (``engine.staging``); ``plan`` has every one of them."""
+        ``receivers`` that lacks it (``engine.staging``); ``plan`` has every one of them.
+        ``stopping`` true: the copy is given up (Ctrl-C)."""
         return CheckpointMissing(attempt, "this scheduler cannot stage a checkpoint")
 
     @abstractmethod
@@ -191,9 +192,9 @@ class SshBackend(Backend):
         return ssh_hostnames(hosts, self.connector.ssh_config)
 
     def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
-                         attempt: int) -> Staged:
+                         attempt: int, stopping: Callable[[], bool] = lambda: False) -> Staged:
         nodes = {node.host.name: node for node in plan.nodes}
-        return stage(self._connector(), nodes, sources, receivers, path, attempt)
+        return stage(self._connector(), nodes, sources, receivers, path, attempt, stopping)
 
     def _connector(self) -> Connector:
         assert self.connector is not None, "a Cluster's backend has its connector"

@@ -83,7 +83,8 @@ class Backendish(Protocol):
     def picked_nodes(self, plan: Plan) -> int | None: ...
 
     def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
-                         attempt: int) -> CheckpointStaged | CheckpointMissing: ...
+                         attempt: int, stopping: Callable[[], bool] = lambda: False,
+                         ) -> CheckpointStaged | CheckpointMissing: ...
 
 
 def attempt_plan(base: Plan, nodes: Sequence[str], attempt: int,
@@ -317,6 +318,11 @@ class RecoveringRun:
                 return self._final(summary, triaged.outcome.message)
             following = triaged.outcome
             staged = self._stage(attempt, following)
+            if self.stopping:  # during the staging: no attempt starts
+                self.records.append(AttemptRecord(number, nodes, attempt.ended, summary.headline, seconds,
+                                                  triaged.found, "interrupted"))
+                self.emit(Interrupted())
+                return self._final(summary, "interrupted")
             self.records.append(AttemptRecord(number, nodes, attempt.ended, summary.headline, seconds,
                                               triaged.found, self._described(number + 1, following) + staged))
             number, nodes = number + 1, following.nodes
@@ -518,7 +524,8 @@ class RecoveringRun:
         everyone = tuple(dict.fromkeys([*following.nodes, *sources]))
         try:
             event = self.backend.stage_checkpoint(attempt_plan(self.plan, everyone, attempt.number + 1, self.networks),
-                                                  sources, following.nodes, path, attempt.number + 1)
+                                                  sources, following.nodes, path, attempt.number + 1,
+                                                  lambda: self.stopping)
         except TorchherdError as error:  # staging never ends a run: the job decides without its checkpoint
             event = CheckpointMissing(attempt.number + 1, f"{path} could not be staged: {error}")
         self.emit(event)

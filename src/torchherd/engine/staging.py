@@ -26,7 +26,7 @@ import secrets
 import shlex
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, Sequence, Union
 
 from torchherd.engine.events import CheckpointMissing, CheckpointStaged
 from torchherd.errors import TransportError
@@ -42,6 +42,10 @@ START_SECONDS = 60.0
 BYTES_PER_SECOND = 10e6
 """The slowest rate the wait for the copy allows for (on top of START_SECONDS): a link slower
 than this is taken as stalled (each node program also gives up after 2 minutes without a byte)."""
+
+POLL_SECONDS = 0.5
+"""While the copy runs, how often the controller looks whether the run was interrupted
+(all sends to the relays are done by then: a short read's timeout delays none)."""
 
 Staged = Union[CheckpointStaged, CheckpointMissing]
 
@@ -89,9 +93,11 @@ def program(node: NodePlan, mode: str, path: str) -> str:
 
 
 def stage(connector: Connector, nodes: Mapping[str, NodePlan], sources: Sequence[str], receivers: Sequence[str],
-          path: str, attempt: int) -> Staged:
+          path: str, attempt: int, stopping: Callable[[], bool] = lambda: False) -> Staged:
     """Puts the newest copy of ``path`` on the ``sources`` (the failed attempt's nodes still
-    reached) on every node of ``receivers`` (the next attempt's) that lacks it."""
+    reached) on every node of ``receivers`` (the next attempt's) that lacks it. Once
+    ``stopping()`` is true (Ctrl-C) the copy is given up: the relays end and remove
+    their temporary copies."""
     started = time.monotonic()
     names = list(dict.fromkeys([*sources, *receivers]))
     connected = connect_all(connector, [nodes[name].host for name in names])
@@ -108,7 +114,7 @@ def stage(connector: Connector, nodes: Mapping[str, NodePlan], sources: Sequence
         if not needing:
             return CheckpointStaged(attempt, best.path, best.size, best.node, (), time.monotonic() - started,
                                     tuple(failed))
-        results = _relay(sessions, nodes, best, needing)
+        results = _relay(sessions, nodes, best, needing, stopping)
         staged = tuple(name for name in needing if results[name] is None)
         failed += [(name, why) for name in needing if (why := results[name]) is not None]
         return CheckpointStaged(attempt, best.path, best.size, best.node, staged, time.monotonic() - started,
@@ -161,12 +167,12 @@ class _Lines:
         self.process = process
         self.buffer = b""
 
-    def json(self, deadline: float) -> dict[str, Any] | None:
+    def json(self, deadline: float, stopping: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
         while b"\n" not in self.buffer:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or stopping():
                 return None
-            data = self.process.read(left)
+            data = self.process.read(min(left, POLL_SECONDS))
             if data is None:
                 continue
             if not data:
@@ -177,7 +183,7 @@ class _Lines:
 
 
 def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best: Copy,
-           needing: Sequence[str]) -> dict[str, str | None]:
+           needing: Sequence[str], stopping: Callable[[], bool]) -> dict[str, str | None]:
     """The chain source -> needing[0] -> needing[1] ...; per receiver None (staged) or why not."""
     chain = [best.node, *needing]
     token = secrets.token_hex(16)
@@ -208,7 +214,9 @@ def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best:
             processes[name].send((json.dumps(where) + "\n").encode())
         finish = time.monotonic() + START_SECONDS + best.size / BYTES_PER_SECOND
         for name in chain:
-            answer = lines[name].json(finish)
+            answer = lines[name].json(finish, stopping)
+            if answer is None and stopping():
+                return {name: "given up: the run was interrupted" for name in needing}
             results[name] = None if answer is not None and answer.get("ok") else _why(answer, processes[name])
         source_failed = results.pop(best.node)
         return {name: f"{why} (the source {best.node}: {source_failed})" if why and source_failed else why
