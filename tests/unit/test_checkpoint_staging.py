@@ -28,7 +28,7 @@ from torchherd.engine.job import LaunchOptions
 from torchherd.engine.recovery import RecoveringRun
 from torchherd.engine.staging import Copy, lacking, newest
 from torchherd.inventory import Recovery, checkpoint_problem
-from torchherd.plan import Plan
+from torchherd.plan import NodePlan, Plan
 from torchherd.remote import argv
 
 HOSTS = '[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n[[hosts]]\nname = "b"\naddress = "192.0.2.2"\n'
@@ -109,6 +109,54 @@ def test_the_key_and_the_flag_reach_the_recovery(tmp_path: Path) -> None:
     flags = dict(retries=None, final_exit_codes=None, min_nodes=None, hang_timeout=None)
     assert _recovery(argparse.Namespace(**flags, checkpoint=None), cluster).checkpoint == "ckpt/step-*.pt"
     assert _recovery(argparse.Namespace(**flags, checkpoint="snap.pt"), cluster).checkpoint == "snap.pt"
+
+
+# ------------------------------------------------------------------ the controller's side, on this machine
+
+
+def nodes_in(tmp_path: Path, count: int) -> dict[str, NodePlan]:
+    """``count`` "nodes" (the in-process transport), each with a workdir of its own."""
+    from torchherd.api import Cluster
+    from torchherd.transport.local import LocalConnector
+
+    hosts = [{"name": f"n{index}", "address": "127.0.0.1", "workdir": str(tmp_path / f"n{index}")}
+             for index in range(count)]
+    for host in hosts:
+        Path(host["workdir"]).mkdir()
+    plan = Cluster(hosts, python=sys.executable, nproc_per_node=1, connector=LocalConnector()).plan("train.py")
+    return {node.host.name: node for node in plan.nodes}
+
+
+def test_staging_copies_the_newest_to_the_nodes_that_lack_it_only(tmp_path: Path) -> None:
+    from torchherd.engine.staging import stage
+    from torchherd.transport.local import LocalConnector
+
+    nodes = nodes_in(tmp_path, 5)
+    newest_data, older = os.urandom(200_000), b"older"
+    for name, data, mtime in (("n0", newest_data, 2000), ("n1", older, 1000), ("n2", newest_data, 2000)):
+        (tmp_path / name / "ckpt").mkdir()
+        (tmp_path / name / "ckpt" / "step-20.pt").write_bytes(data)
+        os.utime(tmp_path / name / "ckpt" / "step-20.pt", (mtime, mtime))
+    untouched = (tmp_path / "n2" / "ckpt" / "step-20.pt").stat().st_ino
+    event = stage(LocalConnector(unreachable=frozenset({"n4"})), nodes, ["n1", "n0"], ["n0", "n1", "n3", "n2", "n4"],
+                  "ckpt/step-*.pt", 2)
+    assert isinstance(event, CheckpointStaged), event
+    assert (event.attempt, event.path, event.size, event.source, event.nodes) == (
+        2, "ckpt/step-20.pt", 200_000, "n0", ("n1", "n3"))
+    assert [node for node, _ in event.failed] == ["n4"] and "not reached" in event.failed[0][1]
+    for name in ("n1", "n3"):
+        assert (tmp_path / name / "ckpt" / "step-20.pt").read_bytes() == newest_data
+    assert (tmp_path / "n2" / "ckpt" / "step-20.pt").stat().st_ino == untouched  # had it: left alone
+
+
+def test_staging_says_where_it_looked_when_no_node_has_it(tmp_path: Path) -> None:
+    from torchherd.engine.staging import stage
+    from torchherd.transport.local import LocalConnector
+
+    nodes = nodes_in(tmp_path, 3)
+    (tmp_path / "n2" / "snapshot.pt").write_bytes(b"on the spare only: not a source")
+    event = stage(LocalConnector(), nodes, ["n0", "n1"], ["n0", "n1", "n2"], "snapshot.pt", 3)
+    assert event == CheckpointMissing(3, "snapshot.pt found on none of n0, n1")
 
 
 # ------------------------------------------------------------------ the recovery asks for it
