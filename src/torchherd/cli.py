@@ -297,7 +297,11 @@ def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
                                            ("min_nodes", args.min_nodes), ("hang_timeout", args.hang_timeout),
                                            ("checkpoint", args.checkpoint))
              if value is not None}
-    return replace(recovery, **given) if given else recovery
+    recovery = replace(recovery, **given) if given else recovery
+    if args.checkpoint is not None and not recovery.retries:
+        raise UsageError("--checkpoint: it is staged before a new attempt, and without retries there is none",
+                         "add --retries N (or retries in [recovery])")
+    return recovery
 
 
 def _dry_sync(cluster: Cluster, plan: Plan, console: Console, log_dir: str) -> int:

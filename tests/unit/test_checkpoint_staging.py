@@ -96,6 +96,11 @@ def test_a_bad_checkpoint_flag_is_one_line_naming_it(tmp_path: Path, value: str)
     assert_one_line(code, out, "--checkpoint")
 
 
+def test_the_flag_without_retries_is_refused_before_any_node_is_reached(tmp_path: Path) -> None:
+    code, out = run_cli(tmp_path, HOSTS, ["run", "--checkpoint", "snapshot.pt", "--", "t.py"])
+    assert_one_line(code, out, "--checkpoint: it is staged before a new attempt, and without retries there is none")
+
+
 def test_the_key_and_the_flag_reach_the_recovery(tmp_path: Path) -> None:
     import argparse
 
@@ -108,6 +113,7 @@ def test_the_key_and_the_flag_reach_the_recovery(tmp_path: Path) -> None:
     assert cluster.recovery.checkpoint == "ckpt/step-*.pt"
     flags = dict(retries=None, final_exit_codes=None, min_nodes=None, hang_timeout=None)
     assert _recovery(argparse.Namespace(**flags, checkpoint=None), cluster).checkpoint == "ckpt/step-*.pt"
+    flags["retries"] = 1
     assert _recovery(argparse.Namespace(**flags, checkpoint="snap.pt"), cluster).checkpoint == "snap.pt"
 
 
