@@ -298,9 +298,14 @@ def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
 
     recovery = cluster.recovery
     given = {key: value for key, value in (("retries", args.retries), ("final_exit_codes", args.final_exit_codes),
-                                           ("min_nodes", args.min_nodes), ("hang_timeout", args.hang_timeout))
+                                           ("min_nodes", args.min_nodes), ("hang_timeout", args.hang_timeout),
+                                           ("checkpoint", args.checkpoint))
              if value is not None}
-    return replace(recovery, **given) if given else recovery
+    recovery = replace(recovery, **given) if given else recovery
+    if args.checkpoint is not None and not recovery.retries:
+        raise UsageError("--checkpoint: it is staged before a new attempt, and without retries there is none",
+                         "add --retries N (or retries in [recovery])")
+    return recovery
 
 
 def _dry_sync(cluster: Cluster, plan: Plan, console: Console, log_dir: str) -> int:
@@ -511,6 +516,15 @@ def _retries(text: str) -> int:
     return int(text)
 
 
+def _checkpoint(text: str) -> str:
+    from torchherd.inventory import CHECKPOINT_HINT, checkpoint_problem
+
+    problem = checkpoint_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{problem} ({CHECKPOINT_HINT})")
+    return text
+
+
 def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
     group = run.add_argument_group("recovery (docs/run.md, Recovery); each flag overrides [recovery]")
     group.add_argument("--retries", type=_retries, metavar="N",
@@ -524,6 +538,9 @@ def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
     group.add_argument("--hang-timeout", type=_hang_timeout, metavar="S",
                        help="no rank printed and none used CPU for S seconds: the job is hung; every rank's stack is "
                             "taken and the summary names the rank that differs (default: off)")
+    group.add_argument("--checkpoint", type=_checkpoint, metavar="PATH",
+                       help="before each new attempt, put the newest copy of PATH (relative to the workdir; a glob: "
+                            "its newest match) on every node that lacks it, copied node to node")
 
 
 def _check_ids() -> str:

@@ -84,7 +84,7 @@ STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
 SYNC_KEYS = ("dir", "exclude", "include", "dest")
 TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks", "container")
-RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout")
+RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout", "checkpoint")
 MAX_RETRIES = 1000
 """More attempts than any run makes: a larger count is a typo."""
 CHECKS_KEYS = ("min_bandwidth", "slow_ratio")
@@ -204,6 +204,29 @@ class Recovery:
     hang_timeout: float | None = None
     """Seconds without a line from any rank and without CPU used by any: the job is hung
     (every rank's stack is taken, the attempt fails); None: never."""
+    checkpoint: str | None = None
+    """The job's checkpoint, a file or a directory relative to the workdir (a glob: its
+    newest match), put on every node of a new attempt that lacks it; None: none staged."""
+
+
+CHECKPOINT_HINT = "give a path inside the job's workdir, relative to it (e.g. snapshot.pt or checkpoints/step-*.pt)"
+
+
+def checkpoint_problem(path: str) -> str | None:
+    """Why ``path`` cannot name a checkpoint (relative to the workdir, staying inside it:
+    staging writes it on every node, and nothing outside the workdir is ever written), or None."""
+    if not path.strip():
+        return "an empty path"
+    if CONTROL.search(path):
+        return f"{path!r} holds a control character"
+    if path.startswith(("/", "~")):
+        return f"{path!r} is absolute: a checkpoint is staged inside the workdir only"
+    parts = path.split("/")
+    if ".." in parts:
+        return f"{path!r} leaves the workdir ('..'): a checkpoint is staged inside the workdir only"
+    if all(part in ("", ".") for part in parts):
+        return f"{path!r} is the workdir itself"
+    return None
 
 
 @dataclass(frozen=True)
@@ -351,6 +374,13 @@ class _Reader:
         if not isinstance(value, bool):
             self.fail(key, f"expected true or false, got {_show(value)}")
         return value
+
+    def checkpoint(self, key: str, value: Any) -> str:
+        text = self.text(key, value)
+        problem = checkpoint_problem(text)
+        if problem is not None:
+            self.fail(key, problem, CHECKPOINT_HINT)
+        return text
 
     def retries(self, key: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
@@ -509,7 +539,8 @@ def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, fro
     min_nodes = read.get("min_nodes", None, read.count)
     recovery = Recovery(retries=read.get("retries", 0, read.retries),
                         final_exit_codes=read.get("final_exit_codes", (), read.exit_codes), min_nodes=min_nodes,
-                        hang_timeout=read.get("hang_timeout", None, read.seconds))
+                        hang_timeout=read.get("hang_timeout", None, read.seconds),
+                        checkpoint=read.get("checkpoint", None, read.checkpoint))
     return recovery, frozenset(expand(spares) if spares else ())
 
 

@@ -309,3 +309,39 @@ esac
     assert "spare node3 takes the place of node1" in text
     assert re.search(r"attempt 2 of 2 on 3 nodes: node0, (node3, node2|node2, node3)", text), text
     assert_clean(four)
+
+
+MULTINODE = str(Path(__file__).resolve().parent / "jobs" / "multinode.py")
+
+
+@pytest.mark.timeout(300)
+def test_the_tutorial_resumes_every_rank_from_the_staged_snapshot(
+        make_cluster: Callable[..., LocalCluster], tmp_path: Path,
+        controllers: Callable[..., Controller]) -> None:
+    """PyTorch's ddp-tutorial multinode.py on 3 nodes with private workdirs (/tmp is each
+    node's own) and a spare: only node0 (global rank 0) writes snapshot.pt. node2 dies
+    after a few snapshots; before attempt 2 the newest snapshot goes from node0 to node1
+    and the spare node3, node to node, so every rank resumes from the same epoch."""
+    cluster = make_cluster(4, nproc_per_node=1)
+    controller = controllers(cluster, tmp_path / "logs", "--spares", "node3", "--retries", "1", "--checkpoint",
+                             "snapshot.pt", "--plain", "--", MULTINODE, "15", "1", "--epoch-seconds", "0.4")
+    controller.wait_for(r"Epoch 4 \| Training snapshot saved at snapshot.pt", timeout=120)
+    kill_node(cluster, "node2")
+    try:
+        assert controller.wait(timeout=200) == 0, controller.output
+        out = controller.output
+        staged = re.search(r"checkpoint: snapshot\.pt \((\d+ B|[\d.]+ kB), from node0\) staged on node1, node3 in "
+                           r"[\d.]+ s", out)
+        assert staged, out
+        attempt_two = out[out.index("attempt 2 of 2"):]
+        assert "Resuming" not in out[:out.index("attempt 2 of 2")]  # no node had a snapshot at the start
+        resumed = dict(re.findall(r"\[RANK(\d)\] Resuming training from snapshot at Epoch (\d+)", attempt_two))
+        assert sorted(resumed) == ["0", "1", "2"], attempt_two[-3000:]
+        assert len(set(resumed.values())) == 1 and int(resumed["0"]) >= 4, resumed
+        summary = out[out.rindex("attempts"):]  # the table folds its long cells: the row on several lines
+        assert "checkpoint snapshot.pt from node0 to" in summary, summary
+        assert "node1,node3" in summary[summary.index("checkpoint snapshot.pt from node0 to"):], summary
+        for name in ("node0", "node1", "node3"):
+            assert cluster.wait_no_processes(name, timeout=10) == [], f"processes left on {name}"
+    finally:
+        cluster.restore_network("node2")

@@ -10,9 +10,12 @@ from rich.table import Table
 from rich.text import Text
 
 from torchherd.console import printable
+from torchherd.console.sync import size
 from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
+    CheckpointMissing,
+    CheckpointStaged,
     HangFound,
     NodeExcluded,
     RecoveryEnded,
@@ -24,7 +27,7 @@ from torchherd.runlog import AttemptRecord
 from torchherd.words import count
 
 RecoveryEvent = Union[AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
-                      HangFound]
+                      HangFound, CheckpointStaged, CheckpointMissing]
 ENDED_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "hung": "bold red", "interrupted": "yellow"}
 
 
@@ -48,9 +51,25 @@ def recovery_note(event: RecoveryEvent) -> tuple[str, str]:
     if isinstance(event, HangFound):
         return (f"hung: no rank printed a line or used CPU for {event.seconds:.0f} s; every rank is asked for its "
                 "stack (SIGABRT)", "bold red")
+    if isinstance(event, CheckpointStaged):
+        return checkpoint_note(event)
+    if isinstance(event, CheckpointMissing):
+        return f"checkpoint: {event.message}; attempt {event.attempt} starts without one", "bold yellow"
     if isinstance(event, RunShrunk):
         return f"no spare left: the run goes on with {event.nodes} nodes instead of {event.was}", "bold yellow"
     return f"no further attempt: {event.message}", "bold red"
+
+
+def checkpoint_note(event: CheckpointStaged) -> tuple[str, str]:
+    """"checkpoint: snapshot.pt (12.3 MB, from node0) staged on node2 in 0.4 s"."""
+    what = f"checkpoint: {printable(event.path)} ({size(event.size)}, from {event.source})"
+    if event.failed:
+        why = "; ".join(f"{node}: {printable(reason)}" for node, reason in event.failed)
+        done = f"staged on {', '.join(event.nodes)}, " if event.nodes else ""
+        return f"{what} {done}not on {why}; attempt {event.attempt} starts anyway", "bold yellow"
+    if not event.nodes:
+        return f"{what}: every node of attempt {event.attempt} has it already", "dim"
+    return f"{what} staged on {', '.join(event.nodes)} in {event.seconds:.1f} s", "bold"
 
 
 def render_attempts(console: Console, attempts: tuple[AttemptRecord, ...]) -> None:

@@ -21,7 +21,7 @@ from typing import Callable, ClassVar, Mapping, Sequence, Union
 
 from torchherd.checks import CheckOptions
 from torchherd.engine import detach as detached
-from torchherd.engine.events import Observer, ignore
+from torchherd.engine.events import CheckpointMissing, Observer, ignore
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, launch, open_nodes, preflight, sync_first, with_probes
 from torchherd.engine.recovery_policy import TRIAGE_CHECKS
@@ -29,6 +29,7 @@ from torchherd.engine.slurm import check as slurm_check
 from torchherd.engine.slurm import detached as slurm_detached
 from torchherd.engine.slurm import job as slurm_job
 from torchherd.engine.slurm.batch import BatchJob, batch_job, picked_count, placement
+from torchherd.engine.staging import Staged, stage
 from torchherd.errors import TorchherdError, UsageError
 from torchherd.inventory import Host, Recovery
 from torchherd.plan import Plan
@@ -89,6 +90,14 @@ class Backend(ABC):
         backend cannot give ``plan``."""
         self.allow("--retries", recovery.retries > 0)
         self.allow("--hang-timeout", recovery.hang_timeout is not None)
+        self.allow("--checkpoint", recovery.checkpoint is not None)
+
+    def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
+                         attempt: int, stopping: Callable[[], bool] = lambda: False) -> Staged:
+        """Puts the newest copy of the checkpoint ``path`` among ``sources`` on each node of
+        ``receivers`` that lacks it (``engine.staging``); ``plan`` has every one of them.
+        ``stopping`` true: the copy is given up (Ctrl-C)."""
+        return CheckpointMissing(attempt, "this scheduler cannot stage a checkpoint")
 
     @abstractmethod
     def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
@@ -182,6 +191,11 @@ class SshBackend(Backend):
             return {}
         return ssh_hostnames(hosts, self.connector.ssh_config)
 
+    def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
+                         attempt: int, stopping: Callable[[], bool] = lambda: False) -> Staged:
+        nodes = {node.host.name: node for node in plan.nodes}
+        return stage(self._connector(), nodes, sources, receivers, path, attempt, stopping)
+
     def _connector(self) -> Connector:
         assert self.connector is not None, "a Cluster's backend has its connector"
         return self.connector
@@ -199,6 +213,8 @@ class SlurmBackend(Backend):
         "--grace": ("not for SLURM runs (SLURM's KillWait is the grace period)", "leave --grace out"),
         "--smoke": ("not for SLURM checks (the nodes are reached as steps of an allocation, not by run's supervisor)",
                     "leave --smoke out; a short torchherd run is the smoke test"),
+        "--checkpoint": ("not for SLURM runs (torchherd does not reach SLURM's nodes to copy it)",
+                         "keep checkpoints on the cluster's shared filesystem, and leave --checkpoint out"),
         "--matrix": ("not for SLURM checks (the probes run inside an allocation; the report lists the failed ones)",
                      "leave --matrix out"),
     }

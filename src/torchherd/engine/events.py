@@ -341,13 +341,38 @@ class RecoveryEnded:
     message: str
 
 
+@dataclass(frozen=True)
+class CheckpointStaged:
+    """Before attempt ``attempt``: the newest copy of the checkpoint (``[recovery].checkpoint``),
+    found on ``source``, was put on ``nodes`` (empty: every node had it already); it could
+    not be on ``failed`` (node, why)."""
+
+    attempt: int
+    path: str
+    size: int
+    source: str
+    nodes: tuple[str, ...]
+    seconds: float
+    failed: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckpointMissing:
+    """Before attempt ``attempt``: no checkpoint to stage (none found on any node reached,
+    or the nodes could not be asked); the attempt starts anyway."""
+
+    attempt: int
+    message: str
+
+
 RECOVERY_EVENTS = (AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
-                   HangFound)
+                   HangFound, CheckpointStaged, CheckpointMissing)
 
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
               NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished, JobQueued,
               SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptFailed, TriageDone,
-              VenvsDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted]
+              VenvsDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
+              CheckpointStaged, CheckpointMissing]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000

@@ -27,6 +27,8 @@ from torchherd.engine.bookkeeping import log_dir
 from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
+    CheckpointMissing,
+    CheckpointStaged,
     Event,
     HangFound,
     Interrupted,
@@ -80,6 +82,10 @@ class Backendish(Protocol):
     def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run: ...
 
     def picked_nodes(self, plan: Plan) -> int | None: ...
+
+    def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
+                         attempt: int, stopping: Callable[[], bool] = lambda: False,
+                         ) -> CheckpointStaged | CheckpointMissing: ...
 
 
 def attempt_plan(base: Plan, nodes: Sequence[str], attempt: int,
@@ -164,6 +170,8 @@ class RecoveringRun:
         self.excluded: list[str] = []
         """Every node excluded so far: a scheduler that places the job itself is told to
         leave them out (``LaunchOptions.exclude``: SLURM's ``--exclude``)."""
+        self.unreachable: set[str] = set()
+        """Nodes a triage could not reach: not asked for the checkpoint (a wait for nothing)."""
         self._lock = threading.Lock()
         self._stopping = 0
         self._current: Run | None = None
@@ -310,8 +318,14 @@ class RecoveringRun:
                 self.emit(RecoveryEnded(triaged.outcome.message))
                 return self._final(summary, triaged.outcome.message)
             following = triaged.outcome
+            staged = self._stage(attempt, following)
+            if self.stopping:  # during the staging: no attempt starts
+                self.records.append(AttemptRecord(number, nodes, attempt.ended, summary.headline, seconds,
+                                                  triaged.found, "interrupted"))
+                self.emit(Interrupted())
+                return self._final(summary, "interrupted")
             self.records.append(AttemptRecord(number, nodes, attempt.ended, summary.headline, seconds,
-                                              triaged.found, self._described(number + 1, following)))
+                                              triaged.found, self._described(number + 1, following) + staged))
             number, nodes = number + 1, following.nodes
             run = self._try_launch(number, nodes, later)
 
@@ -435,6 +449,8 @@ class RecoveringRun:
             failed = triage_failures(report.results, checked)
             self.emit(TriageDone(checked, tuple(failed.items()), time.monotonic() - started))
             for node, why in failed.items():
+                if why.startswith("ssh:"):
+                    self.unreachable.add(node)
                 excluded[node] = why
                 found.append(f"{node}: {why}")
                 if node in self.spares:
@@ -497,6 +513,27 @@ class RecoveringRun:
             self.emit(RunShrunk(len(proposal.nodes), was))
         return proposal
 
+
+    def _stage(self, attempt: Attempt, following: NextNodes) -> str:
+        """The checkpoint (``Recovery.checkpoint``) put on the next attempt's nodes that lack
+        it, from the failed attempt's nodes still reached; what the summary's table says of it."""
+        path = self.recovery.checkpoint
+        if path is None or self.picked is not None or self.stopping:
+            return ""
+        sources = [node for node in attempt.nodes if node not in attempt.lost and node not in self.unreachable]
+        everyone = tuple(dict.fromkeys([*following.nodes, *sources]))
+        try:
+            event = self.backend.stage_checkpoint(attempt_plan(self.plan, everyone, attempt.number + 1, self.networks),
+                                                  sources, following.nodes, path, attempt.number + 1,
+                                                  lambda: self.stopping)
+        except TorchherdError as error:  # staging never ends a run: the job decides without its checkpoint
+            event = CheckpointMissing(attempt.number + 1, f"{path} could not be staged: {error}")
+        self.emit(event)
+        if isinstance(event, CheckpointMissing):
+            return f"; no checkpoint: {event.message}"
+        where = f" to {','.join(event.nodes)}" if event.nodes else " (every node had it)"
+        failed = f", not to {','.join(node for node, _ in event.failed)}" if event.failed else ""
+        return f"; checkpoint {event.path} from {event.source}{where}{failed}"
 
     def _described(self, number: int, following: NextNodes) -> str:
         """The next attempt, for the summary's table."""

@@ -1,8 +1,8 @@
 """The programs torchherd runs on the nodes, and how they travel there.
 
 The node programs (``supervisor.py``, ``coordinator.py``, ``stop.py``, ``hangprobe.py``,
-``receive.py``, ``venv.py``) and the modules they share (``container``, ``wire``, ``framing``, ``proctable``,
-``ranks``)
+``receive.py``, ``venv.py``, ``checkpoint.py``) and the modules they share (``container``, ``wire``,
+``framing``, ``proctable``, ``ranks``)
 use the standard library only, and run on the node's own Python (>= 3.8); nothing is
 installed on a node. ``program(name)`` is the text to run there with ``python -c``: a short
 loader and, in one packed blob, the modules the program imports, then the program.
@@ -31,6 +31,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "hangprobe.py": (),
     "receive.py": (),
     "venv.py": (),
+    "checkpoint.py": (),
 }
 """Each node program and the modules it imports, in the order they are loaded (a module
 after those it imports)."""

@@ -1,0 +1,241 @@
+"""Checkpoint staging (``[recovery] checkpoint``, ``run --checkpoint``): before a new
+attempt, the newest copy of the job's checkpoint is put on every node of that attempt
+that lacks it, copied node to node over the cluster's network, never through the controller.
+
+1. On every node reached, of the failed attempt and of the next one, the node program
+   ``remote/checkpoint.py find`` names the newest match of the path in the node's workdir
+   with its size, mtime and SHA-256 (``Copy``).
+2. The newest copy on a node of the failed attempt is the one (``newest``); every node
+   of the next attempt that has no copy with the same path and hash needs it (``lacking``).
+3. One chain of ``checkpoint.py relay`` programs carries it: the source listens on its job
+   address, the first receiver connects to it, listens in turn for the second, and so on;
+   each receiver writes what it gets and passes it on at once, so N nodes take about the
+   time of one copy. Every connection starts with a random token the controller sends on
+   each program's stdin (never on a command line); each receiver checks the SHA-256 and
+   renames the copy into place.
+
+The outcome is one event: ``CheckpointStaged`` (or ``CheckpointMissing`` when there is
+nothing to stage); a node that could not take it is named there, and the attempt starts
+anyway (the job decides what to do without its checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence, Union
+
+from torchherd.engine.events import CheckpointMissing, CheckpointStaged
+from torchherd.errors import TransportError
+from torchherd.plan import NodePlan
+from torchherd.remote import command
+from torchherd.shell import quote_path
+from torchherd.transport import Connector, Process, Session, connect_all, fan_out
+
+FIND_SECONDS = 300.0
+"""The most a node may take to find and hash its copy (a few GB: seconds; a slow disk: more)."""
+START_SECONDS = 60.0
+"""The most a relay program may take to start and say its port."""
+BYTES_PER_SECOND = 10e6
+"""The slowest rate the wait for the copy allows for (on top of START_SECONDS): a link slower
+than this is taken as stalled (each node program also gives up after 2 minutes without a byte)."""
+
+POLL_SECONDS = 0.5
+"""While the copy runs, how often the controller looks whether the run was interrupted
+(all sends to the relays are done by then: a short read's timeout delays none)."""
+
+Staged = Union[CheckpointStaged, CheckpointMissing]
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A node's newest copy of the checkpoint, as ``checkpoint.py find`` reported it."""
+
+    node: str
+    path: str
+    """Relative to the node's workdir (a glob's match)."""
+    kind: str
+    """"file" or "dir"."""
+    size: int
+    mtime: float
+    sha256: str
+
+
+def newest(copies: Sequence[Copy]) -> Copy | None:
+    """The newest copy by mtime (the first of equal ones: the sources are in node-rank order)."""
+    best: Copy | None = None
+    for copy in copies:
+        if best is None or copy.mtime > best.mtime:
+            best = copy
+    return best
+
+
+def lacking(best: Copy, found: Mapping[str, Copy | None], nodes: Sequence[str]) -> tuple[str, ...]:
+    """The nodes of ``nodes`` without ``best``: no copy, or one at another path or with another hash."""
+    return tuple(node for node in nodes
+                 if (have := found.get(node)) is None or (have.path, have.sha256) != (best.path, best.sha256))
+
+
+def job_address(node: NodePlan) -> str:
+    """The address the other nodes reach ``node`` at: its torchrun ``--local-addr`` when the
+    plan has one, else its SSH address."""
+    if "--local-addr" in node.argv:
+        return node.argv[node.argv.index("--local-addr") + 1]
+    return node.host.local_addr or node.host.address
+
+
+def program(node: NodePlan, mode: str, path: str) -> str:
+    return (f"{quote_path(node.host.python)} {command('checkpoint.py')} {mode} "
+            f"{shlex.quote(node.workdir)} {shlex.quote(path)}")
+
+
+def stage(connector: Connector, nodes: Mapping[str, NodePlan], sources: Sequence[str], receivers: Sequence[str],
+          path: str, attempt: int, stopping: Callable[[], bool] = lambda: False) -> Staged:
+    """Puts the newest copy of ``path`` on the ``sources`` (the failed attempt's nodes still
+    reached) on every node of ``receivers`` (the next attempt's) that lacks it. Once
+    ``stopping()`` is true (Ctrl-C) the copy is given up: the relays end and remove
+    their temporary copies."""
+    started = time.monotonic()
+    names = list(dict.fromkeys([*sources, *receivers]))
+    connected = connect_all(connector, [nodes[name].host for name in names])
+    try:
+        sessions = connected.succeeded
+        answers = dict(zip(sessions, fan_out(list(sessions.items()),
+                                             lambda item: _find(item[1], nodes[item[0]], path))))
+        found = {name: answer for name, answer in answers.items() if isinstance(answer, Copy)}
+        best = newest([found[name] for name in sources if name in found])
+        if best is None:
+            return CheckpointMissing(attempt, _nowhere(path, sources, connected.failed, answers))
+        needing = tuple(name for name in lacking(best, found, receivers) if name in sessions)
+        failed = [(name, f"not reached: {connected.failed[name]}") for name in receivers if name in connected.failed]
+        if not needing:
+            return CheckpointStaged(attempt, best.path, best.size, best.node, (), time.monotonic() - started,
+                                    tuple(failed))
+        results = _relay(sessions, nodes, best, needing, stopping)
+        staged = tuple(name for name in needing if results[name] is None)
+        failed += [(name, why) for name in needing if (why := results[name]) is not None]
+        return CheckpointStaged(attempt, best.path, best.size, best.node, staged, time.monotonic() - started,
+                                tuple(failed))
+    finally:
+        connected.close()
+
+
+def _nowhere(path: str, sources: Sequence[str], unreached: Mapping[str, TransportError],
+             answers: Mapping[str, Copy | str | None]) -> str:
+    asked = [name for name in sources if name in answers]
+    problems = [f"{name}: {answer}" for name, answer in answers.items() if isinstance(answer, str)]
+    problems += [f"{name} not reached" for name in sources if name in unreached]
+    where = f"on none of {', '.join(asked)}" if asked else "on no node"
+    return f"{path} found {where}" + (f" ({'; '.join(problems)})" if problems else "")
+
+
+def _find(session: Session, node: NodePlan, path: str) -> Copy | str | None:
+    """The node's newest copy; None: it has none; a string: why it could not say."""
+    try:
+        result = session.run(program(node, "find", path), timeout=FIND_SECONDS)
+    except TransportError as error:
+        return str(error)
+    answer = _last_json(result.stdout)
+    if answer is None:
+        return f"no answer (exit {result.exit_code}): {result.stderr.decode(errors='replace').strip()[-200:]}"
+    if "error" in answer:
+        return str(answer["error"])
+    if answer.get("path") is None:
+        return None
+    return Copy(node.host.name, str(answer["path"]), str(answer["kind"]), int(answer["size"]), float(answer["mtime"]),
+                str(answer["sha256"]))
+
+
+def _last_json(data: bytes) -> dict[str, Any] | None:
+    for line in reversed(data.decode("utf-8", errors="replace").splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+class _Lines:
+    """Whole lines out of a relay program's stdout."""
+
+    def __init__(self, process: Process) -> None:
+        self.process = process
+        self.buffer = b""
+
+    def json(self, deadline: float, stopping: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or stopping():
+                return None
+            data = self.process.read(min(left, POLL_SECONDS))
+            if data is None:
+                continue
+            if not data:
+                return None
+            self.buffer += data
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return _last_json(line)
+
+
+def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best: Copy,
+           needing: Sequence[str], stopping: Callable[[], bool]) -> dict[str, str | None]:
+    """The chain source -> needing[0] -> needing[1] ...; per receiver None (staged) or why not."""
+    chain = [best.node, *needing]
+    token = secrets.token_hex(16)
+    expect = {"path": best.path, "kind": best.kind, "sha256": best.sha256, "size": best.size}
+    processes: dict[str, Process] = {}
+    lines: dict[str, _Lines] = {}
+    ports: dict[str, int | None] = {}
+    results: dict[str, str | None] = {}
+    deadline = time.monotonic() + START_SECONDS
+    try:
+        for index, name in enumerate(chain):
+            node = nodes[name]
+            try:
+                process = sessions[name].start(program(node, "relay", best.path))
+                processes[name], lines[name] = process, _Lines(process)
+                config = {"token": token, "expect": expect, "source": index == 0, "bind": job_address(node),
+                          "downstream": index < len(chain) - 1}
+                process.send((json.dumps(config) + "\n").encode())
+            except TransportError as error:
+                return _broken(needing, name, str(error))
+        for name in chain:
+            answer = lines[name].json(deadline)
+            if answer is None or "error" in answer:
+                return _broken(needing, name, _why(answer, processes[name]))
+            ports[name] = answer.get("port")
+        for upstream, name in zip(chain, chain[1:]):
+            where = {"upstream": [job_address(nodes[upstream]), ports[upstream]]}
+            processes[name].send((json.dumps(where) + "\n").encode())
+        finish = time.monotonic() + START_SECONDS + best.size / BYTES_PER_SECOND
+        for name in chain:
+            answer = lines[name].json(finish, stopping)
+            if answer is None and stopping():
+                return {name: "given up: the run was interrupted" for name in needing}
+            results[name] = None if answer is not None and answer.get("ok") else _why(answer, processes[name])
+        source_failed = results.pop(best.node)
+        return {name: f"{why} (the source {best.node}: {source_failed})" if why and source_failed else why
+                for name, why in results.items()}
+    finally:
+        for process in processes.values():
+            process.close()
+
+
+def _broken(needing: Sequence[str], where: str, why: str) -> dict[str, str | None]:
+    text = f"the copy from node to node could not start on {where}: {why}"
+    return {name: text for name in needing}
+
+
+def _why(answer: Mapping[str, Any] | None, process: Process) -> str:
+    if answer is not None and "error" in answer:
+        return str(answer["error"])
+    try:
+        text = process.read_stderr().decode(errors="replace").strip()
+    except TransportError:
+        text = ""
+    return "no answer" + (f": {text.splitlines()[-1][:200]}" if text else "")

@@ -1,0 +1,366 @@
+"""torchherd checkpoint staging, on a node: find the newest checkpoint, relay it node to node.
+
+Standard library only, Python >= 3.8, Linux. Run as ``PYTHON -I -S -u -c PROGRAM MODE WORKDIR PATH``
+(``remote.command``); PATH is relative to WORKDIR (``~`` is the node's home) and may be a
+glob, of which the newest match (by mtime) counts. MODE is one of:
+
+``find``: prints one JSON line, the newest copy here: ``{"path": REL, "kind": "file" or
+  "dir", "size": BYTES, "mtime": SECONDS, "sha256": HEX}`` (a directory: its files' total
+  size, its newest file's mtime, the SHA-256 of its listing of ``relpath NUL size NUL
+  sha256`` lines), or ``{"path": null}`` when there is none, or ``{"error": TEXT}``.
+
+``relay``: one link of a chain that carries a copy from the node that has it (the source)
+  to the nodes that lack it, each receiver passing it on to the next while it writes it.
+  The controller sends on stdin one JSON line ``{"token": HEX, "expect": COPY, "source":
+  BOOL, "bind": ADDRESS or null, "downstream": BOOL}``: with ``downstream``, the program
+  listens on ADDRESS (the node's job address; a free port) and prints ``{"port": P}``,
+  else ``{"port": null}``. A receiver then gets ``{"upstream": [HOST, PORT]}``, connects
+  there and sends the token as its first line; a listener serves only the one connection
+  whose first line is the token (a stranger's is closed), then sends a header line
+  (the files, their sizes and mtimes) and the bytes. A receiver writes each file into a
+  temporary name in the target's own directory (0600, a directory 0700), checks the
+  SHA-256 against the controller's ``expect``, sets the source's mtimes and renames it
+  into place (a directory: the old one renamed aside, then removed). Its last line is
+  ``{"ok": true, "bytes": N, "seconds": S}`` or ``{"error": TEXT}``. Nothing is written
+  outside WORKDIR: the controller refuses an absolute PATH or one with ``..``, and this
+  program refuses it again.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Any, Dict, List, Optional, Tuple
+
+CHUNK = 1 << 20
+CONNECT_SECONDS = 30.0
+"""The longest a receiver waits to connect to its upstream, and a listener for its receiver."""
+STALL_SECONDS = 120.0
+"""A link that moves no byte for this long is broken."""
+TEMPORARY = ".torchherd-stage-"
+"""In the names of the files and directories being received (never a glob's match)."""
+
+
+def emit(message: Dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def safe_relative(path: str) -> str:
+    """``path`` as written when it stays inside the workdir, else ValueError."""
+    parts = path.split("/")
+    if not path or path.startswith("/") or "\0" in path or ".." in parts or path.startswith("~"):
+        raise ValueError(f"refused path {path!r}: it must stay inside the workdir")
+    return path
+
+
+def listing(full: str) -> List[Tuple[str, int, float]]:
+    """The files of a checkpoint (relative to it; a file: itself, as ""), sorted: path,
+    size, mtime. Symbolic links inside a directory are left out (never followed)."""
+    if not os.path.isdir(full):
+        info = os.stat(full)
+        return [("", info.st_size, info.st_mtime)]
+    files = []
+    for folder, names, found in os.walk(full):
+        names[:] = sorted(name for name in names if TEMPORARY not in name)
+        for name in found:
+            path = os.path.join(folder, name)
+            info = os.lstat(path)
+            if os.path.isfile(path) and not os.path.islink(path) and TEMPORARY not in name:
+                files.append((os.path.relpath(path, full), info.st_size, info.st_mtime))
+    return sorted(files)
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while True:
+            block = file.read(CHUNK)
+            if not block:
+                return digest.hexdigest()
+            digest.update(block)
+
+
+def combined(kind: str, hashes: List[Tuple[str, int, str]]) -> str:
+    """A file's own SHA-256; a directory's: that of its listing with each file's hash."""
+    if kind == "file":
+        return hashes[0][2]
+    digest = hashlib.sha256()
+    for path, size, sha in hashes:
+        digest.update(f"{path}\0{size}\0{sha}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def newest(workdir: str, pattern: str) -> Optional[str]:
+    """The newest match of ``pattern`` under ``workdir`` (relative), or None."""
+    matches = [path for path in glob.glob(os.path.join(workdir, pattern)) if TEMPORARY not in path]
+    best = None
+    best_mtime = -1.0
+    for path in sorted(matches):
+        try:
+            files = listing(path)
+        except OSError:
+            continue
+        mtime = max([mtime for _, _, mtime in files] + [os.stat(path).st_mtime])
+        if mtime > best_mtime:
+            best, best_mtime = path, mtime
+    return None if best is None else os.path.relpath(best, workdir)
+
+
+def find(workdir: str, pattern: str) -> Dict[str, Any]:
+    relative = newest(workdir, pattern)
+    if relative is None:
+        return {"path": None}
+    full = os.path.join(workdir, relative)
+    kind = "dir" if os.path.isdir(full) else "file"
+    files = listing(full)
+    hashes = [(path, size, file_sha256(os.path.join(full, path) if path else full)) for path, size, _ in files]
+    mtime = max([mtime for _, _, mtime in files] + [os.stat(full).st_mtime])
+    return {"path": relative, "kind": kind, "size": sum(size for _, size, _ in files), "mtime": mtime,
+            "sha256": combined(kind, hashes), "files": len(files)}
+
+
+class Link:
+    """Bytes from one socket, a line or a block at a time."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def line(self, limit: int = 1 << 24) -> bytes:
+        while b"\n" not in self.buffer:
+            data = self.sock.recv(CHUNK)
+            if not data:
+                raise EOFError("the upstream node closed the connection")
+            self.buffer += data
+            if len(self.buffer) > limit:
+                raise ValueError("a line too long from the upstream node")
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line
+
+    def block(self, most: int) -> bytes:
+        if self.buffer:
+            data, self.buffer = self.buffer[:most], self.buffer[most:]
+            return data
+        data = self.sock.recv(min(most, CHUNK))
+        if not data:
+            raise EOFError("the upstream node closed the connection")
+        return data
+
+
+def accept(listener: socket.socket, token: bytes) -> socket.socket:
+    """The one connection that sends the token first; others are closed."""
+    deadline = time.monotonic() + CONNECT_SECONDS
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the next node never connected")
+        listener.settimeout(left)
+        sock, _ = listener.accept()
+        sock.settimeout(5.0)
+        try:
+            first = Link(sock).line(limit=256)
+        except (OSError, EOFError, ValueError):
+            sock.close()
+            continue
+        if hmac.compare_digest(first, token):
+            sock.settimeout(STALL_SECONDS)
+            return sock
+        sock.close()
+
+
+def place(workdir: str, relative: str) -> Tuple[str, str]:
+    """The target's full path, and a new temporary name beside it (its directory made 0700)."""
+    target = os.path.join(workdir, safe_relative(relative))
+    folder, name = os.path.split(target)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    return target, os.path.join(folder, f".{name}{TEMPORARY}{os.urandom(6).hex()}")
+
+
+def write_file(path: str) -> IO[bytes]:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o600), "wb")
+
+
+def put_in_place(temporary: str, target: str, kind: str) -> None:
+    if kind == "file" or not os.path.lexists(target):
+        os.replace(temporary, target)
+        return
+    aside = temporary + "-old"
+    os.rename(target, aside)
+    os.rename(temporary, target)
+    if os.path.isdir(aside) and not os.path.islink(aside):
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.unlink(aside)
+
+
+def watch_controller() -> None:
+    """Ends this program when the controller closes its stdin (it gave up, or is gone): a
+    relay never outlives the staging that started it. The temporary copy stays behind
+    under its hidden name only if the process is killed outright."""
+    import threading
+
+    def wait() -> None:
+        while os.read(0, 4096):
+            pass
+        cleanup()
+        os._exit(1)
+
+    threading.Thread(target=wait, daemon=True).start()
+
+
+CLEANUP: List[str] = []
+"""The temporary file or directory being received, removed if the controller goes away."""
+
+
+def cleanup() -> None:
+    for path in CLEANUP:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.lexists(path):
+            os.unlink(path)
+
+
+def relay(workdir: str, config: Dict[str, Any]) -> Dict[str, Any]:
+    token = str(config["token"]).encode("ascii")
+    expect = config["expect"]
+    relative = safe_relative(str(expect["path"]))
+    listener = None
+    if config["downstream"]:
+        bind = config.get("bind") or ""
+        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.bind((bind, 0))
+        listener.listen(4)
+        emit({"port": listener.getsockname()[1]})
+    else:
+        emit({"port": None})
+    started = time.monotonic()
+    try:
+        if config["source"]:
+            watch_controller()
+            return send_own(workdir, relative, expect, listener, token, started)
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError("the controller went away")
+        watch_controller()
+        host, port = json.loads(line)["upstream"]
+        upstream = socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS)
+        upstream.settimeout(STALL_SECONDS)
+        upstream.sendall(token + b"\n")
+        return receive(workdir, relative, expect, Link(upstream), listener, token, started)
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def send_own(workdir: str, relative: str, expect: Dict[str, Any], listener: Optional[socket.socket],
+             token: bytes, started: float) -> Dict[str, Any]:
+    assert listener is not None
+    full = os.path.join(workdir, relative)
+    files = listing(full)
+    header = {"files": [[path, size, mtime] for path, size, mtime in files]}
+    downstream = accept(listener, token)
+    sent = 0
+    try:
+        downstream.sendall((json.dumps(header) + "\n").encode("utf-8"))
+        for path, _, _ in files:
+            with open(os.path.join(full, path) if path else full, "rb") as file:
+                while True:
+                    block = file.read(CHUNK)
+                    if not block:
+                        break
+                    downstream.sendall(block)
+                    sent += len(block)
+        downstream.shutdown(socket.SHUT_WR)
+        downstream.recv(1)  # the next node closes once it has read everything
+    finally:
+        downstream.close()
+    return {"ok": True, "bytes": sent, "seconds": round(time.monotonic() - started, 3)}
+
+
+def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: Link,
+            listener: Optional[socket.socket], token: bytes, started: float) -> Dict[str, Any]:
+    raw = upstream.line()
+    header = json.loads(raw)
+    downstream = accept(listener, token) if listener is not None else None
+    kind = str(expect["kind"])
+    target, temporary = place(workdir, relative)
+    CLEANUP.append(temporary)
+    received = 0
+    hashes = []
+    try:
+        if downstream is not None:
+            downstream.sendall(raw + b"\n")
+        if kind == "dir":
+            os.mkdir(temporary, 0o700)
+        for path, size, mtime in header["files"]:
+            if kind == "dir":
+                inner = os.path.join(temporary, safe_relative(path))
+                os.makedirs(os.path.dirname(inner), mode=0o700, exist_ok=True)
+            else:
+                inner = temporary
+            digest = hashlib.sha256()
+            with write_file(inner) as output:
+                left = int(size)
+                while left:
+                    block = upstream.block(left)
+                    left -= len(block)
+                    received += len(block)
+                    if downstream is not None:
+                        downstream.sendall(block)
+                    digest.update(block)
+                    output.write(block)
+                output.flush()
+                os.fsync(output.fileno())
+            os.utime(inner, (mtime, mtime))
+            hashes.append((path, int(size), digest.hexdigest()))
+        if downstream is not None:
+            downstream.shutdown(socket.SHUT_WR)
+            downstream.recv(1)
+        found = combined(kind, hashes)
+        if found != expect["sha256"]:
+            raise ValueError(f"the copy received has SHA-256 {found[:12]}..., not the {str(expect['sha256'])[:12]}... "
+                             "found on the source (did it change on the way?)")
+        put_in_place(temporary, target, kind)
+    except BaseException:
+        cleanup()
+        raise
+    finally:
+        upstream.sock.close()
+        if downstream is not None:
+            downstream.close()
+    return {"ok": True, "bytes": received, "seconds": round(time.monotonic() - started, 3)}
+
+
+def main() -> int:
+    mode, workdir, pattern = sys.argv[1:4]
+    workdir = os.path.expanduser(workdir)
+    try:
+        safe_relative(pattern)
+        if mode == "find":
+            emit(find(workdir, pattern))
+            return 0
+        line = sys.stdin.readline()
+        if not line:
+            return 1
+        emit(relay(workdir, json.loads(line)))
+        return 0
+    except (OSError, ValueError, EOFError, KeyError, TypeError) as error:
+        emit({"error": str(error) or type(error).__name__})
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
