@@ -177,7 +177,7 @@ def cmd_hosts(args: argparse.Namespace, console: Console) -> int:
     inventory = _cluster(args).inventory
     targets = [resolve_target(host, inventory.cluster.ssh_config).describe() for host in inventory.hosts]
     if args.json:
-        print(json.dumps({"hosts": hosts_rows(inventory, targets)}, indent=2))
+        _emit(args, {"hosts": hosts_rows(inventory, targets)})
     else:
         render_hosts(console, inventory, targets)
     return EXIT_OK
@@ -205,7 +205,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 
         report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
                                on_event=SyncPrinter(make_console(stderr=True)), **more)  # stdout: the JSON
-        print(json.dumps(report.as_json(), indent=2))
+        _emit(args, report.as_json())
     elif not cluster.backend.live_checks:  # the results come at once: no live grid
         report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
                                on_event=_sync_printer(console), **more)
@@ -259,7 +259,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                         rdzv_backend=args.rdzv_backend, sync=args.sync, sync_include=args.sync_include,
                         sync_anyway=args.sync_anyway)
     if args.dry_run:
-        render_description(console, cluster.describe(plan, fail_fast=not args.no_fail_fast))
+        described = cluster.describe(plan, fail_fast=not args.no_fail_fast)
+        if args.json:  # the plan only: what --sync would send needs the nodes asked (run --sync --dry-run)
+            from torchherd.console.run import plan_json
+
+            _emit(args, plan_json(described))
+            return EXIT_OK
+        render_description(console, described)
         return _dry_sync(cluster, plan, console, args.log_dir) if plan.sync is not None else EXIT_OK
     recovery = _recovery(args, cluster)
     if args.json:
@@ -282,10 +288,47 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         with sigterm_as_interrupt():
             summary = launched.wait()
         if args.json:
-            print(json.dumps(summary.as_json(), indent=2))
+            _emit(args, {"ok": summary.exit_code == EXIT_OK, **summary.as_json()})
         return summary.exit_code
     finally:
         observer.close()  # the panel goes, whichever way the command leaves
+
+
+JSON_SCHEMA = 1
+"""The ``schema`` of every JSON document the CLI prints: raised only when a key changes
+meaning or goes (keys are added without a change)."""
+
+
+def _emit(args: argparse.Namespace, document: dict[str, object]) -> None:
+    """Prints ``document`` as the command's one JSON document on stdout, ``schema`` first."""
+    print(json.dumps({"schema": JSON_SCHEMA, **document}, indent=2))
+    args.json_printed = True
+
+
+def _json_wanted(args: argparse.Namespace | None, argv: Sequence[str]) -> bool:
+    """Whether the command promised one JSON document on stdout: ``--json`` parsed, or,
+    where parsing failed, ``--json`` among the words before ``--``."""
+    if args is not None:
+        return bool(getattr(args, "json", False))
+    words = list(argv)
+    return "--json" in (words[:words.index("--")] if "--" in words else words)
+
+
+def _failure_json(error: BaseException, exit_code: int) -> dict[str, object]:
+    """The one JSON document of a command that ended without its result: the error and its
+    hint as the terminal shows them, and for an aborted launch the checks or nodes behind it."""
+    from torchherd.api import LaunchAborted
+
+    message = "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)
+    document: dict[str, object] = {"ok": False, "exit_code": exit_code, "error": message,
+                                   "hint": getattr(error, "hint", "")}
+    if isinstance(error, LaunchAborted):
+        if error.report is not None:
+            document["checks"] = error.report.as_json()["checks"]
+        if error.errors:
+            document["unreachable"] = [{"node": failure.node, "kind": failure.kind, "error": str(failure),
+                                        "hint": failure.hint} for failure in error.errors]
+    return document
 
 
 def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
@@ -367,16 +410,20 @@ def _view_options(args: argparse.Namespace, console: Console) -> ViewOptions:
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
     from torchherd.api import DetachedRun, attach, runs
-    from torchherd.console.detach import ListedRun, render_runs, render_status
+    from torchherd.console.detach import ListedRun, render_runs, render_status, run_json
 
     def listed(run: DetachedRun) -> ListedRun:
         recovery = run.recovery()  # first: it reads the record again (a later attempt's nodes)
         return ListedRun(run.record, run.status(), recovery)
 
     if args.run:
-        run = attach(args.run)
-        recovery = run.recovery()
-        render_status(console, run.record, run.status(), recovery)
+        row = listed(attach(args.run))
+        if args.json:
+            _emit(args, run_json(row))
+        else:
+            render_status(console, row.record, row.states, row.recovery)
+    elif args.json:
+        _emit(args, {"runs": [run_json(listed(run)) for run in runs()]})
     else:
         render_runs(console, [listed(run) for run in runs()])
     return EXIT_OK
@@ -720,7 +767,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="plain lines, no live panel (the default when stdout is not a terminal)")
     run.add_argument("--json", action="store_true",
                      help="the job's lines on stderr, and on stdout one JSON document at the end: the summary, "
-                          "every node and attempt, the slowest node")
+                          "every node and attempt, the slowest node; the error where the run never started; "
+                          "with --dry-run the plan")
     run.add_argument("--collapse", dest="collapse", action="store_true", default=None,
                      help="show a line many ranks print within half a second once, with who printed it "
                           "(the default on a terminal)")
@@ -740,6 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_detached_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = commands.add_parser("status", help="state of detached runs, per node")
+    status.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     status.add_argument("run", nargs="?", metavar="RUN", help="run id (default: every known run)")
     status.set_defaults(handler=cmd_status)
 
@@ -767,50 +816,80 @@ def _strip_separator(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
-    from torchherd.console import make_console, render_error
+    """Parses, runs the command, and maps every ending to its exit code (the one place that
+    does); a command given ``--json`` prints one JSON document on stdout in each of them."""
+    words = sys.argv[1:] if argv is None else list(argv)
+    args: argparse.Namespace | None = None
+    try:
+        args = _parse(words, console)
+        if args.command is None:  # torchherd alone: the help, as git does, and a usage error's 2 (git's too)
+            sys.stdout.write(build_parser().format_help())
+            return EXIT_USAGE
+        return _run(args, console)
+    except SystemExit as stop:  # --help, --version
+        return int(stop.code) if isinstance(stop.code, int) else EXIT_USAGE
+    except _Ended as ended:
+        if _json_wanted(args, words) and not getattr(args, "json_printed", False):
+            print(json.dumps({"schema": JSON_SCHEMA, **_failure_json(ended.error, ended.exit_code)}, indent=2))
+        return ended.exit_code
+
+
+class _Ended(Exception):
+    """A command that ended without its result, already told on stderr: ``main`` adds the
+    JSON document, where one was asked for, and returns the exit code."""
+
+    def __init__(self, error: BaseException, exit_code: int) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.exit_code = exit_code
+
+
+def _parse(words: Sequence[str], console: Console | None) -> argparse.Namespace:
+    from torchherd.console import render_error
 
     parser = build_parser()
     try:
         # parse_known_args, then parse_args' own check: an unknown argument after --sync
         # is told as what it most likely is (the script taken as --sync's DIR)
-        args, extra = parser.parse_known_args(argv)
+        args, extra = parser.parse_known_args(words)
         _sync_took_the_script(args, extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(parser, args, extra[0])}")
-    except SystemExit as stop:  # --help, --version
-        return int(stop.code) if isinstance(stop.code, int) else EXIT_USAGE
     except UsageError as error:
         render_error(_error_console(console), error)
-        return EXIT_USAGE
-    if args.command is None:  # torchherd alone: the help, as git does, and a usage error's 2 (git's is non-zero too)
-        sys.stdout.write(parser.format_help())
-        return EXIT_USAGE
+        raise _Ended(error, EXIT_USAGE) from None
     _strip_separator(args)
-    from torchherd.api import DetachedStartFailed, LaunchAborted  # after --help: it must stay fast
+    return args
 
-    console = console or make_console()
+
+def _run(args: argparse.Namespace, given: Console | None) -> int:
+    from torchherd.api import DetachedStartFailed, LaunchAborted  # after --help: it must stay fast
+    from torchherd.console import make_console, render_error
+
+    console = given or make_console()
     error_console = _error_console(console)
     handler: Handler = args.handler
     try:
         _warn_unfilled(args, error_console)
         return handler(args, console)
-    except LaunchAborted:  # the observer has shown why (the report, the unreachable nodes)
-        return EXIT_FAILED
+    except LaunchAborted as error:  # the observer has shown why (the report, the unreachable nodes)
+        raise _Ended(error, EXIT_FAILED) from None
     except DetachedStartFailed as error:
         _render_detached_failure(error_console, error)
-        return EXIT_FAILED
+        raise _Ended(error, EXIT_FAILED) from None
     except TorchherdError as error:
         render_error(error_console, error)
-        return error.exit_code
-    except KeyboardInterrupt:
+        raise _Ended(error, error.exit_code) from None
+    except KeyboardInterrupt as error:
         error_console.print("interrupted")
-        return EXIT_INTERRUPTED
+        raise _Ended(error, EXIT_INTERRUPTED) from None
     except Exception as error:  # a bug: one line, never a traceback (TORCHHERD_DEBUG=1 shows it)
         if os.environ.get("TORCHHERD_DEBUG"):
             raise
-        render_error(error_console, TorchherdError(f"internal error: {type(error).__name__}: {error}",
-                                                   "rerun with TORCHHERD_DEBUG=1 and report the traceback"))
-        return EXIT_FAILED
+        internal = TorchherdError(f"internal error: {type(error).__name__}: {error}",
+                                  "rerun with TORCHHERD_DEBUG=1 and report the traceback")
+        render_error(error_console, internal)
+        raise _Ended(internal, EXIT_FAILED) from None
 
 
 def _warn_unfilled(args: argparse.Namespace, console: Console) -> None:

@@ -1,0 +1,143 @@
+"""The command line as a script meets it, exact text: one JSON document on stdout with a
+``schema`` in every ending of a ``--json`` command, the plan as JSON."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torchherd.cli import main
+from torchherd.console import make_console
+from torchherd.runrecord import NodeRecord, RunRecord, remote_log_file, remote_state_file, save
+
+HOSTS = ["-H", "192.0.2.1,192.0.2.2", "--python", "/opt/py", "--workdir", "/w", "--nproc-per-node", "2"]
+"""Two hosts no test reaches (TEST-NET-1): enough for a plan, which touches no network."""
+REFUSED = ["-H", "127.0.0.1:1", "--python", "python3", "--workdir", "/tmp", "--nproc-per-node", "1"]
+"""A host whose SSH port refuses at once: a run that cannot start, without a cluster."""
+
+
+def json_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any, list[str]]:
+    """The exit code, stdout read as exactly one JSON document, and the lines the console got."""
+    out = StringIO()
+    code = main(list(args), console=make_console(out, width=400))
+    return code, json.loads(capsys.readouterr().out), out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("args,error,hint", [
+    (["run", "--json", "-i", "missing.toml", "--", "x.py"], "missing.toml: inventory file not found",
+     "pass one with -i FILE or set TORCHHERD_INVENTORY; write one with `torchherd init -H HOSTS` (or `torchherd "
+     "init --example`: every key, explained); or give the hosts with -H instead"),
+    (["run", "--json", "--bogus", "--", "x.py"], "torchherd: unrecognized arguments: --bogus",
+     "torchherd --help lists the options"),
+    (["run", "--json", *HOSTS], "run: no training script given", "torchherd run [options] -- train.py [args...]"),
+    (["check", "--json", "-H", ""], "-H '': empty (an unset variable?)",
+     "name the hosts: -H node0,node1 (or leave out -H to use the inventory)"),
+    (["hosts", "--json", "-i", "missing.toml"], "missing.toml: inventory file not found",
+     "pass one with -i FILE or set TORCHHERD_INVENTORY; write one with `torchherd init -H HOSTS` (or `torchherd "
+     "init --example`: every key, explained); or give the hosts with -H instead"),
+])
+def test_json_usage_error_is_one_document_with_the_error_and_its_hint(
+        args: list[str], error: str, hint: str, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, document, lines = json_cli(capsys, *args)
+    assert (code, document) == (2, {"schema": 1, "ok": False, "exit_code": 2, "error": error, "hint": hint})
+    assert lines == [f"error: {error}", f"  hint: {hint}"]  # the terminal's line as well, on the console
+
+
+def test_json_after_the_separator_is_the_scripts_own(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--bogus", "--", "x.py", "--json"], console=make_console(StringIO())) == 2
+    assert capsys.readouterr().out == ""
+
+
+def test_run_json_preflight_failed_is_one_document_with_the_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    code, document, _ = json_cli(capsys, "run", "--json", *REFUSED, "--", "x.py")
+    assert code == 1
+    assert {key: document[key] for key in ("schema", "ok", "exit_code", "error", "hint")} == {
+        "schema": 1, "ok": False, "exit_code": 1, "error": "the preflight checks failed", "hint": ""}
+    first = document["checks"][0]
+    assert {key: value for key, value in first.items() if key != "summary"} == {
+        "node": "127.0.0.1", "check": "ssh", "status": "fail",
+        "fix": "is sshd running on the node and listening on that port?"}
+    assert first["summary"].startswith("127.0.0.1: connection refused by ")  # the user is this machine's
+    assert {check["status"] for check in document["checks"][1:]} == {"skip"}
+
+
+def test_run_json_connection_failed_is_one_document_naming_the_node(capsys: pytest.CaptureFixture[str]) -> None:
+    code, document, _ = json_cli(capsys, "run", "--no-check", "--json", *REFUSED, "--", "x.py")
+    assert code == 1
+    assert {key: value for key, value in document.items() if key != "unreachable"} == {
+        "schema": 1, "ok": False, "exit_code": 1, "error": "1 of 1 node could not be reached", "hint": ""}
+    [node] = document["unreachable"]
+    assert (node["node"], node["kind"], node["hint"]) == (
+        "127.0.0.1", "refused", "is sshd running on the node and listening on that port?")
+    assert node["error"].startswith("127.0.0.1: connection refused by ")
+
+
+def test_run_json_interrupted_before_the_job_is_one_document(capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchherd.api import Cluster
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Cluster, "launch", interrupted)  # Ctrl-C during the preflight
+    code, document, lines = json_cli(capsys, "run", "--json", *HOSTS, "--", "x.py")
+    assert (code, document) == (130, {"schema": 1, "ok": False, "exit_code": 130, "error": "interrupted",
+                                      "hint": ""})
+    assert lines == ["interrupted"]
+
+
+def test_run_dry_run_json_is_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    code, plan, _ = json_cli(capsys, "run", "--dry-run", "--json", *HOSTS, "--env", "HF_TOKEN=hf_secret",
+                             "--", "train.py", "--lr", "3e-4")
+    assert code == 0
+    run_id = plan["run_id"]
+    assert {key: value for key, value in plan.items() if key != "nodes"} == {
+        "schema": 1, "dry_run": True, "run_id": run_id, "scheduler": "ssh", "master": "192.0.2.1",
+        "master_addr": "192.0.2.1", "port": 29500, "rdzv_backend": "static", "world_size": 4, "sync": None}
+    worker = plan["nodes"][1]
+    argv = ["/opt/py", "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", "1",
+            "--master-addr", "192.0.2.1", "--master-port", "29500", "--local-addr", "192.0.2.2", "--max-restarts",
+            "0", "--tee", "3", "--log-dir", f"/tmp/torchherd-{run_id}-192.0.2.2", "--", "train.py", "--lr", "3e-4"]
+    assert worker == {
+        "name": "192.0.2.2", "node_rank": 1, "address": "192.0.2.2", "local_addr": None, "nproc_per_node": 2,
+        "workdir": "/w", "argv": argv,
+        "command": "cd /w && env HF_TOKEN=*** PYTHONUNBUFFERED=1 TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[torchherd-rank"
+                   f" ${{rank}}] ' TORCHHERD_RUN_ID={run_id} " + " ".join(argv),
+        "env": ["HF_TOKEN", "PYTHONUNBUFFERED", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "TORCHHERD_RUN_ID"],
+        "notes": ["--local-addr 192.0.2.2",
+                  "PYTHONUNBUFFERED=1 so each line reaches the controller as it is printed"]}
+    assert [node["name"] for node in plan["nodes"]] == ["192.0.2.1", "192.0.2.2"]
+    assert "hf_secret" not in json.dumps(plan)
+
+
+def test_hosts_json_has_the_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    code, document, _ = json_cli(capsys, "hosts", "--json", "-H", "192.0.2.1")
+    assert code == 0 and list(document) == ["schema", "hosts"] and document["schema"] == 1
+
+
+def test_status_json_lists_the_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert json_cli(capsys, "status", "--json")[:2] == (0, {"schema": 1, "runs": []})
+    run_id = "th-20240501-120000-abcdef"
+    node = NodeRecord(name="node0", address="127.0.0.1", user="u", ssh_port=1, identity_file=None, python="/opt/py",
+                      workdir="~/w", log_file=remote_log_file(run_id, "node0"),
+                      state_file=remote_state_file(run_id, "node0"), supervisor=40, pid=50, pgid=50)
+    save(RunRecord(run_id=run_id, inventory="-H", created=100.0, command=("train.py",), nodes=(node,), max_rank=0,
+                   grace=5.0, ssh_timeout=2.0), tmp_path / "torchherd" / "runs")
+    code, listed, _ = json_cli(capsys, "status", "--json")
+    [run] = listed["runs"]
+    [state] = run["nodes"]
+    assert code == 0 and state["state"] == "unreachable"
+    assert run == {"run_id": run_id, "state": "unknown", "created": 100.0, "command": ["train.py"],
+                   "nodes": [state], "recovery": None}
+    assert json_cli(capsys, "status", "--json", run_id)[:2] == (0, {"schema": 1, **run})
+    assert json_cli(capsys, "status", "--json", "zzz")[:2] == (2, {
+        "schema": 1, "ok": False, "exit_code": 2, "error": f"no detached run 'zzz' in {tmp_path}/torchherd/runs",
+        "hint": "torchherd status lists the known runs"})
