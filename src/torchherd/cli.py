@@ -258,6 +258,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                         monitor_interval=args.monitor_interval, rdzv_conf=args.rdzv_conf,
                         rdzv_backend=args.rdzv_backend, sync=args.sync, sync_include=args.sync_include,
                         sync_anyway=args.sync_anyway)
+    _ranks_exist(args.ranks, plan)
     if args.dry_run:
         described = cluster.describe(plan, fail_fast=not args.no_fail_fast)
         if args.json:  # the plan only: what --sync would send needs the nodes asked (run --sync --dry-run)
@@ -406,6 +407,20 @@ def _view_options(args: argparse.Namespace, console: Console) -> ViewOptions:
 
     ranks = parse_ranks(args.ranks) if args.ranks is not None else None
     return ViewOptions.choose(console, plain=args.plain, collapse=args.collapse, ranks=ranks)
+
+
+def _ranks_exist(text: str | None, plan: Plan) -> None:
+    """--ranks naming a rank the job does not have would show nothing of it, silently: refused
+    where the plan knows the world size (not where a node counts its GPUs at the start)."""
+    from torchherd.console.collapse import parse_ranks
+
+    size = plan.world_size
+    if text is None or size is None:
+        return
+    missing = sorted(rank for rank in parse_ranks(text) if rank >= size)
+    if missing:
+        raise UsageError(f"--ranks {text}: the job has no rank {missing[0]} (its ranks are 0 to {size - 1})",
+                         f"name ranks below the world size, {size}")
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:

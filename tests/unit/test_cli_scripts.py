@@ -141,3 +141,30 @@ def test_status_json_lists_the_runs(capsys: pytest.CaptureFixture[str], tmp_path
     assert json_cli(capsys, "status", "--json", "zzz")[:2] == (2, {
         "schema": 1, "ok": False, "exit_code": 2, "error": f"no detached run 'zzz' in {tmp_path}/torchherd/runs",
         "hint": "torchherd status lists the known runs"})
+
+
+def cli(*args: str) -> tuple[int, list[str]]:
+    out = StringIO()
+    code = main(list(args), console=make_console(out, width=400))
+    return code, out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("args,error,hint", [
+    (["--ranks", "0,8-15"], "--ranks 0,8-15: the job has no rank 8 (its ranks are 0 to 3)",
+     "name ranks below the world size, 4"),
+    (["--ranks", "4"], "--ranks 4: the job has no rank 4 (its ranks are 0 to 3)", "name ranks below the world size, 4"),
+    (["--rdzv-conf", "timeout=60"], "--rdzv-conf timeout=60: only the c10d rendezvous takes it, and this run's is "
+     "static", "add --rdzv-backend c10d, or leave --rdzv-conf out"),
+    (["--rdzv-backend", "static", "--rdzv-conf", "timeout=60"], "--rdzv-conf timeout=60: only the c10d rendezvous "
+     "takes it, and this run's is static", "add --rdzv-backend c10d, or leave --rdzv-conf out"),
+])
+def test_a_rank_the_job_lacks_or_rdzv_conf_with_static_is_refused(args: list[str], error: str, hint: str) -> None:
+    assert cli("run", "--dry-run", *HOSTS, *args, "--", "x.py") == (2, [f"error: {error}", f"  hint: {hint}"])
+
+
+@pytest.mark.parametrize("args", [["--ranks", "0,2-3"], ["--rdzv-backend", "c10d", "--rdzv-conf", "timeout=60"],
+                                  ["--nproc-per-node", "gpu", "--ranks", "0,8-15"]])
+def test_ranks_the_job_has_and_rdzv_conf_with_c10d_are_taken(args: list[str]) -> None:
+    code, out = cli("run", "--dry-run", *HOSTS, *args, "--", "x.py")
+    assert code == 0 and out[-1] == "dry run: nothing was started"
+    assert ("--rdzv-conf timeout=60,is_host=1" in out[2]) == ("--rdzv-conf" in args)
