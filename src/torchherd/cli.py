@@ -183,10 +183,26 @@ def cmd_hosts(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _id_list(text: str | None) -> frozenset[str] | None:
+def _id_list(text: str | None, flag: str, known: Sequence[str]) -> frozenset[str] | None:
+    """The check ids of --only or --skip; one it does not know is exit 2 naming the flag."""
     if text is None:
         return None
-    return frozenset(item.strip() for item in text.split(",") if item.strip())
+    ids = frozenset(item.strip() for item in text.split(",") if item.strip())
+    unknown = sorted(ids - set(known))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
+        raise UsageError(f"{flag} {text}: unknown check id {', '.join(map(repr, unknown))}"
+                         + (f"; did you mean {close[0]!r}?" if close else ""), f"known ids: {', '.join(known)}")
+    return ids
+
+
+def _known_checks(cluster: Cluster) -> tuple[str, ...]:
+    """The check ids this cluster's checks take: SLURM's own too where SLURM runs the job."""
+    from torchherd.checks.model import CHECK_IDS
+    from torchherd.engine.backend import SlurmBackend
+    from torchherd.engine.slurm.check import SLURM_CHECKS
+
+    return CHECK_IDS + (SLURM_CHECKS if isinstance(cluster.backend, SlurmBackend) else ())
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
@@ -194,7 +210,8 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 
     cluster = _cluster(args)
     script = args.script[0] if args.script else None
-    only, skip = _id_list(args.only), _id_list(args.skip) or frozenset()
+    known = _known_checks(cluster)
+    only, skip = _id_list(args.only, "--only", known), _id_list(args.skip, "--skip", known) or frozenset()
     _sync_choices(args, bool(args.sync))  # check syncs only with --sync, [sync] table or not
     more = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth,
             "sync_include": tuple(args.sync_include), "sync_anyway": args.sync_anyway}
@@ -259,6 +276,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                         rdzv_backend=args.rdzv_backend, sync=args.sync, sync_include=args.sync_include,
                         sync_anyway=args.sync_anyway)
     _ranks_exist(args.ranks, plan)
+    only, skip = _run_checks(args, cluster)
     if args.dry_run:
         described = cluster.describe(plan, fail_fast=not args.no_fail_fast)
         if args.json:  # the plan only: what --sync would send needs the nodes asked (run --sync --dry-run)
@@ -279,6 +297,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     observer = ConsoleObserver(console, view=_view_options(args, console))
     try:
         launched = cluster.launch(plan, log_dir=args.log_dir, on_event=observer, check=not args.no_check,
+                                  only=only, skip=skip,
                                   grace=args.grace, fail_fast=not args.no_fail_fast, detach=bool(args.detach),
                                   recovery=recovery)
         if isinstance(launched, DetachedRun):
@@ -407,6 +426,18 @@ def _view_options(args: argparse.Namespace, console: Console) -> ViewOptions:
 
     ranks = parse_ranks(args.ranks) if args.ranks is not None else None
     return ViewOptions.choose(console, plain=args.plain, collapse=args.collapse, ranks=ranks)
+
+
+def _run_checks(args: argparse.Namespace, cluster: Cluster) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """run's --only and --skip: the preflight's check ids (SLURM's view takes neither)."""
+    from torchherd.checks.model import CHECK_IDS
+
+    given = [flag for flag, value in (("--only", args.only), ("--skip", args.skip)) if value is not None]
+    if given and args.no_check:
+        raise UsageError(f"{given[0]} with --no-check: no check runs", f"leave out {given[0]} or --no-check")
+    for flag in given:
+        cluster.backend.allow(flag, True)
+    return _id_list(args.only, "--only", CHECK_IDS), _id_list(args.skip, "--skip", CHECK_IDS) or frozenset()
 
 
 def _ranks_exist(text: str | None, plan: Plan) -> None:
@@ -759,6 +790,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", parents=[inventory, scheduler], help="check, then launch the job on every node")
     run.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
     run.add_argument("--no-check", action="store_true", help="skip the preflight checks")
+    run.add_argument("--only", metavar="ID,...", help="the preflight runs only these checks (ids: check --help)")
+    run.add_argument("--skip", metavar="ID,...", help="the preflight leaves these checks out (ids: check --help)")
     run.add_argument("--dry-run", action="store_true", help="print each node's command; start nothing")
     run.add_argument("--log-dir", metavar="DIR", default="torchherd-logs", help="where <run-id>/<node>.log go")
     run.add_argument("--env", metavar="K=V", action="append", default=[], help="set a variable on every rank")

@@ -168,3 +168,31 @@ def test_ranks_the_job_has_and_rdzv_conf_with_c10d_are_taken(args: list[str]) ->
     code, out = cli("run", "--dry-run", *HOSTS, *args, "--", "x.py")
     assert code == 0 and out[-1] == "dry run: nothing was started"
     assert ("--rdzv-conf timeout=60,is_host=1" in out[2]) == ("--rdzv-conf" in args)
+
+
+KNOWN = "known ids: ssh, ping, hostname, port, firewall, network, env, python, gpu, script, clock, bandwidth, mtu, smoke"
+
+
+@pytest.mark.parametrize("args,lines", [
+    (["--only", "ssh,foo"], ["error: --only ssh,foo: unknown check id 'foo'", f"  hint: {KNOWN}"]),
+    (["--skip", "gpuu"], ["error: --skip gpuu: unknown check id 'gpuu'; did you mean 'gpu'?", f"  hint: {KNOWN}"]),
+    (["--only", "ssh", "--no-check"], ["error: --only with --no-check: no check runs",
+                                       "  hint: leave out --only or --no-check"]),
+    (["--scheduler", "slurm", "--skip", "gpu"], [
+        "error: --skip: not for SLURM runs (run's preflight there is SLURM's view only: sbatch --test-only)",
+        "  hint: leave --skip out, or --no-check to submit unchecked"]),
+])
+def test_run_only_and_skip_refuse_what_they_cannot_do(args: list[str], lines: list[str]) -> None:
+    assert cli("run", "--dry-run", *HOSTS, *args, "--", "x.py") == (2, lines)
+
+
+@pytest.mark.parametrize("args,checks", [
+    (["--only", "ssh,ping"], ["ssh", "ping"]),
+    (["--skip", "ping,hostname,port,firewall,network,env,python,gpu"], ["ssh", "script", "clock"]),
+    ([], ["ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "script", "clock"]),
+])
+def test_run_only_and_skip_choose_the_preflights_checks(args: list[str], checks: list[str],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, document, _ = json_cli(capsys, "run", "--json", *REFUSED, *args, "--", "x.py")
+    assert (code, document["error"]) == (1, "the preflight checks failed")
+    assert [check["check"] for check in document["checks"]] == checks
