@@ -383,16 +383,17 @@ def _add_sync_flag(parser: argparse.ArgumentParser, run: bool) -> None:
                         help="first make the local project (DIR, else [sync].dir, else the enclosing git repository, "
                              "else .) identical on every node under its workdir; only changed files travel. "
                              "Never sent: .git, the log directory, and unless included: .ssh/ .gnupg/ .aws/ .netrc "
-                             "*.pem id_rsa* id_ed25519* (SSH keys) .env .env.*")
+                             "*.pem id_rsa* id_ed25519* (SSH keys) .env .env.* (default: "
+                             + ("with a [sync] table in the inventory" if run else "off") + ")")
     if run:
         parser.add_argument("--no-sync", dest="sync", action="store_const", const=False,
-                            help="do not sync, even with a [sync] table in the inventory")
+                            help="do not sync, even with a [sync] table in the inventory (default: off)")
     parser.add_argument("--sync-include", metavar="PATTERN", action="append", default=[],
                         help="send what matches although the private list or [sync].exclude leaves it out, "
-                             "e.g. .env (gitignore syntax; repeatable; adds to [sync].include)")
+                             "e.g. .env (gitignore syntax; repeatable; adds to [sync].include; default: none)")
     parser.add_argument("--sync-anyway", action="store_true",
                         help="send the home directory, or a directory outside git with over 5000 files or 500 MB, "
-                             "which --sync otherwise refuses")
+                             "which --sync otherwise refuses (default: off)")
 
 
 def _sync_choices(args: argparse.Namespace, syncs: bool) -> None:
@@ -594,11 +595,13 @@ def _retries(text: str) -> int:
 def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
     group = run.add_argument_group("recovery (docs/run.md, Recovery); each flag overrides [recovery]")
     group.add_argument("--retries", type=_retries, metavar="N",
-                       help="after a failed attempt, triage the nodes and try again, up to N times (default 0)")
+                       help="after a failed attempt, triage the nodes and try again, up to N times (default: 0)")
     group.add_argument("--final-exit-codes", type=_exit_codes, metavar="CODE,...",
-                       help="exit codes that end the run at once, without a retry (e.g. 2 for bad arguments)")
+                       help="exit codes that end the run at once, without a retry, e.g. 2 for bad arguments "
+                            "(default: none)")
     group.add_argument("--spares", metavar="NODESET",
-                       help="these hosts are spares: checked, not launched, until one takes an excluded node's place")
+                       help="these hosts are spares: checked, not launched, until one takes an excluded node's place "
+                            "(default: none)")
     group.add_argument("--min-nodes", type=_positive, metavar="K",
                        help="with no spare left, go on with fewer nodes, down to K (default: never shrink)")
     group.add_argument("--hang-timeout", type=_hang_timeout, metavar="S",
@@ -688,10 +691,16 @@ def _positive(text: str) -> int:
 
 
 def _scheduler_flags() -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(add_help=False)
+    _add_scheduler_flags(flags)
+    return flags
+
+
+def _add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
     from torchherd.inventory import SCHEDULERS
 
-    flags = argparse.ArgumentParser(add_help=False)
-    group = flags.add_argument_group("SLURM (docs/slurm.md); each --slurm-KEY overrides [slurm].KEY")
+    group = parser.add_argument_group("SLURM (docs/slurm.md); each --slurm-KEY overrides [slurm].KEY",
+                                      "default for each --slurm-KEY: [slurm].KEY, else sbatch's own")
     group.add_argument("--scheduler", choices=SCHEDULERS,
                        help="who starts the job on the nodes (default: [cluster].scheduler, else ssh)")
     group.add_argument("--slurm-login", metavar="HOST", help="submit on this host over SSH (default: here)")
@@ -703,27 +712,44 @@ def _scheduler_flags() -> argparse.ArgumentParser:
     group.add_argument("--slurm-time", metavar="LIMIT", help="sbatch --time")
     group.add_argument("--slurm-extra", metavar="OPTION", action="append",
                        help="one more sbatch option, e.g. --slurm-extra=--qos=high (repeatable)")
-    return flags
 
 
 def _add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False) -> None:
     """Hosts without an inventory file, and the choices that override it for one run."""
     group = parser.add_argument_group("hosts without an inventory, and choices for this run")
+    _add_first_host_flags(group)
+    _add_more_host_flags(group)
+    if nproc:
+        group.add_argument("--nproc-per-node", metavar="N", help=NPROC_HELP)
+
+
+def _add_first_host_flags(group: argparse._ActionsContainer) -> None:
+    """The hosts, and where and with what the job runs on them."""
     group.add_argument("-H", "--hosts", metavar="HOSTS",
-                       help="[user@]host[:port],... (nodesets: gpu[01-16]); no inventory file needed")
-    group.add_argument("--nodelist", metavar="LIST", help="hosts as a SLURM nodelist: gpu[01-04],cpu1")
-    group.add_argument("--python", metavar="PATH", help="the interpreter with torch on every node")
-    group.add_argument("--workdir", metavar="DIR", help="where the job runs on every node")
+                       help="[user@]host[:port],... (nodesets: gpu[01-16]); no inventory file needed "
+                            "(default: the inventory's hosts)")
+    group.add_argument("--nodelist", metavar="LIST",
+                       help="hosts as a SLURM nodelist: gpu[01-04],cpu1 (default: the inventory's hosts)")
+    group.add_argument("--python", metavar="PATH",
+                       help="the interpreter with torch on every node (default: the inventory's python, else python3)")
+    group.add_argument("--workdir", metavar="DIR",
+                       help="where the job runs on every node (default: the inventory's workdir, else ~)")
+
+
+def _add_more_host_flags(group: argparse._ActionsContainer) -> None:
+    """The master, SSH's patience, and a subset of the hosts, for one command."""
     group.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
     group.add_argument("--master-port", metavar="PORT", type=_port,
                        help="the master (rendezvous) port, torchrun's --master-port (default: [cluster].port, "
                             "else 29500)")
     group.add_argument("--ssh-timeout", metavar="S", type=_interval,
                        help="seconds to connect and authenticate to a node (default: [cluster].ssh_timeout, else 10)")
-    group.add_argument("--include", metavar="HOSTS", help="only these hosts (names, nodesets, globs)")
-    group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs)")
-    if nproc:
-        group.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
+    group.add_argument("--include", metavar="HOSTS", help="only these hosts (names, nodesets, globs; default: all)")
+    group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs; default: "
+                       "none)")
+
+
+NPROC_HELP = "processes per node: an int, gpu, cpu or auto (default: each host's nproc_per_node, else 1)"
 
 
 def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -787,51 +813,79 @@ def build_parser() -> argparse.ArgumentParser:
     _add_host_flags(check, nproc=True)
     _add_sync_flag(check, run=False)
 
-    run = commands.add_parser("run", parents=[inventory, scheduler], help="check, then launch the job on every node")
-    run.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
-    run.add_argument("--no-check", action="store_true", help="skip the preflight checks")
-    run.add_argument("--only", metavar="ID,...", help="the preflight runs only these checks (ids: check --help)")
-    run.add_argument("--skip", metavar="ID,...", help="the preflight leaves these checks out (ids: check --help)")
-    run.add_argument("--dry-run", action="store_true", help="print each node's command; start nothing")
-    run.add_argument("--log-dir", metavar="DIR", default="torchherd-logs", help="where <run-id>/<node>.log go")
-    run.add_argument("--env", metavar="K=V", action="append", default=[], help="set a variable on every rank")
-    run.add_argument("--env-pass", metavar="NAME", action="append", default=[],
-                     help="pass this variable from the controller's environment")
-    run.add_argument("--grace", type=_grace, metavar="S", help="SIGTERM to SIGKILL, in seconds (default: 10)")
-    run.add_argument("--no-fail-fast", action="store_true",
-                     help="let the other nodes go on when one fails (default: tear them down at once)")
-    run.add_argument("--master-addr", metavar="ADDR", help="address the workers reach the master at")
-    run.add_argument("--rdzv-backend", choices=("static", "c10d"), help="override [cluster].rdzv_backend")
-    run.add_argument("--nnodes", type=_nnodes, metavar="N|MIN:MAX", help="torchrun --nnodes (MIN:MAX: elastic, c10d)")
-    run.add_argument("--max-restarts", type=_count, default=0, metavar="N", help="torchrun --max-restarts")
-    run.add_argument("--monitor-interval", type=_interval, metavar="S", help="torchrun --monitor-interval")
-    run.add_argument("--rdzv-conf", metavar="K=V,...", help="torchrun --rdzv-conf")
-    run.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
-    run.add_argument("--accept-new-host-keys", action="store_true",
-                     help="trust and record unknown SSH host keys (changed keys are always refused)")
-    run.add_argument("--detach", action="store_true",
-                     help="start the job so it outlives this command; print the run id and return")
-    run.add_argument("--plain", action="store_true",
-                     help="plain lines, no live panel (the default when stdout is not a terminal)")
-    run.add_argument("--json", action="store_true",
-                     help="the job's lines on stderr, and on stdout one JSON document at the end: the summary, "
-                          "every node and attempt, the slowest node; the error where the run never started; "
-                          "with --dry-run the plan")
-    run.add_argument("--collapse", dest="collapse", action="store_true", default=None,
-                     help="show a line many ranks print within half a second once, with who printed it "
-                          "(the default on a terminal)")
-    run.add_argument("--no-collapse", dest="collapse", action="store_false",
-                     help="show every rank's every line on the terminal (the logs always keep them all)")
-    run.add_argument("--ranks", metavar="R,...", help="show only these global ranks on the terminal, e.g. 0,8-15 "
-                     "(the logs keep them all)")
-    run.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT [ARGS...]")
-    run.set_defaults(handler=cmd_run)
-    _add_recovery_flags(run)
-    _add_host_flags(run)
-    _add_sync_flag(run, run=True)
+    _add_run(commands, inventory)
     _add_detached_commands(commands)
     _add_init(commands, inventory)
     return parser
+
+
+def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+             inventory: argparse.ArgumentParser) -> None:
+    """``run``: what a newcomer needs first (the hosts, python, workdir, processes, --sync),
+    every default said; torchrun's own flags, the output, recovery and SLURM in groups after."""
+    run = commands.add_parser("run", parents=[inventory], help="check, then launch the job on every node",
+                              usage="torchherd run [options] [--] SCRIPT [ARGS...]")
+    run.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT [ARGS...]: the training script, run "
+                     "by torchrun on every node")
+    _add_first_host_flags(run)
+    run.add_argument("--nproc-per-node", metavar="N", help=NPROC_HELP)
+    _add_sync_flag(run, run=True)
+    run.add_argument("--env", metavar="K=V", action="append", default=[],
+                     help="set a variable on every rank (repeatable; default: the inventory's env only)")
+    run.add_argument("--env-pass", metavar="NAME", action="append", default=[],
+                     help="pass this variable from the controller's environment (repeatable; default: none)")
+    run.add_argument("--dry-run", action="store_true", help="print each node's command; start nothing (default: off)")
+    run.add_argument("--no-check", action="store_true", help="skip the preflight checks; only connect (default: check)")
+    run.add_argument("--only", metavar="ID,...",
+                     help="the preflight runs only these checks (ids: check --help; default: all)")
+    run.add_argument("--skip", metavar="ID,...", help="the preflight leaves these checks out (default: none)")
+    run.add_argument("--detach", action="store_true",
+                     help="start the job so it outlives this command; print the run id and return (default: off)")
+    run.add_argument("--accept-new-host-keys", action="store_true",
+                     help="trust and record unknown SSH host keys (changed keys are always refused; default: off)")
+    run.add_argument("--grace", type=_grace, metavar="S", help="SIGTERM to SIGKILL, in seconds (default: 10)")
+    run.add_argument("--no-fail-fast", action="store_true",
+                     help="let the other nodes go on when one fails (default: tear them down at once)")
+    _add_more_host_flags(run)
+
+    torchrun = run.add_argument_group("torchrun's own flags, passed through")
+    torchrun.add_argument("--master-addr", metavar="ADDR",
+                          help="address the workers reach the master at (default: [cluster].master_addr, else "
+                               "found by the preflight)")
+    torchrun.add_argument("--rdzv-backend", choices=("static", "c10d"),
+                          help="the rendezvous (default: [cluster].rdzv_backend, else static; c10d where the "
+                               "nodes' process counts differ)")
+    torchrun.add_argument("--nnodes", type=_nnodes, metavar="N|MIN:MAX",
+                          help="torchrun --nnodes; MIN:MAX is elastic, c10d only (default: the number of hosts)")
+    torchrun.add_argument("--max-restarts", type=_count, default=0, metavar="N",
+                          help="torchrun --max-restarts (default: 0)")
+    torchrun.add_argument("--monitor-interval", type=_interval, metavar="S",
+                          help="torchrun --monitor-interval (default: torchrun's)")
+    torchrun.add_argument("--rdzv-conf", metavar="K=V,...",
+                          help="torchrun --rdzv-conf, c10d only (default: none)")
+    torchrun.add_argument("-m", "--module", action="store_true",
+                          help="SCRIPT is a module name, python -m (default: a file)")
+
+    output = run.add_argument_group("output")
+    output.add_argument("--log-dir", metavar="DIR", default="torchherd-logs",
+                        help="where <run-id>/<node>.log go (default: torchherd-logs)")
+    output.add_argument("--plain", action="store_true",
+                        help="plain lines, no live panel (default: the panel on a terminal, plain lines otherwise)")
+    output.add_argument("--json", action="store_true",
+                        help="the job's lines on stderr, and on stdout one JSON document at the end: the summary, "
+                             "every node and attempt, the slowest node; the error where the run never started; "
+                             "with --dry-run the plan (default: off)")
+    output.add_argument("--collapse", dest="collapse", action="store_true", default=None,
+                        help="show a line many ranks print within half a second once, with who printed it "
+                             "(default: on a terminal)")
+    output.add_argument("--no-collapse", dest="collapse", action="store_false",
+                        help="show every rank's every line on the terminal (the logs always keep them all; "
+                             "default: when not on a terminal)")
+    output.add_argument("--ranks", metavar="R,...", help="show only these global ranks on the terminal, e.g. 0,8-15 "
+                        "(the logs keep them all; default: every rank)")
+    run.set_defaults(handler=cmd_run)
+    _add_recovery_flags(run)
+    _add_scheduler_flags(run)
 
 
 def _add_detached_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -196,3 +196,36 @@ def test_run_only_and_skip_choose_the_preflights_checks(args: list[str], checks:
     code, document, _ = json_cli(capsys, "run", "--json", *REFUSED, *args, "--", "x.py")
     assert (code, document["error"]) == (1, "the preflight checks failed")
     assert [check["check"] for check in document["checks"]] == checks
+
+
+def test_run_help_starts_with_what_a_newcomer_needs(capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["run", "--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "usage: torchherd run [options] [--] SCRIPT [ARGS...]"
+    options = [line.strip().split("  ")[0] for line in lines if line.startswith("  -")]
+    assert options[:13] == ["-h, --help", "-i FILE, --inventory FILE", "-H HOSTS, --hosts HOSTS", "--nodelist LIST",
+                            "--python PATH", "--workdir DIR", "--nproc-per-node N", "--sync [DIR]", "--no-sync",
+                            "--sync-include PATTERN", "--sync-anyway", "--env K=V", "--env-pass NAME"]
+    assert [line for line in lines if line and not line.startswith(" ") and line.endswith(":")] == [
+        "positional arguments:", "options:", "torchrun's own flags, passed through:", "output:",
+        "recovery (docs/run.md, Recovery); each flag overrides [recovery]:",
+        "SLURM (docs/slurm.md); each --slurm-KEY overrides [slurm].KEY:"]
+    at = lines.index("torchrun's own flags, passed through:")
+    assert lines[at + 1:at + 3] == [
+        "  --master-addr ADDR    address the workers reach the master at (default: [cluster].master_addr,",
+        "                        else found by the preflight)"]
+
+
+def test_run_help_says_every_default() -> None:
+    import argparse
+
+    from torchherd.cli import build_parser
+
+    [commands] = [action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    run = commands.choices["run"]
+    silent = [action.option_strings[-1] for group in run._action_groups for action in group._group_actions
+              if action.option_strings and action.help != argparse.SUPPRESS and action.dest != "help"
+              and "default" not in (action.help or "") and "default" not in (group.description or "")]
+    assert silent == []
