@@ -816,7 +816,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(commands, inventory)
     _add_detached_commands(commands)
     _add_init(commands, inventory)
+    completion = commands.add_parser("completion", help="print a shell completion script: "
+                                     "source <(torchherd completion bash)")
+    completion.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"), help="bash, zsh or fish")
+    completion.set_defaults(handler=cmd_completion)
     return parser
+
+
+def cmd_completion(args: argparse.Namespace, console: Console) -> int:
+    from torchherd.completion import script
+
+    sys.stdout.write(script(build_parser(), args.shell))
+    return EXIT_OK
 
 
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -1002,7 +1013,7 @@ def _warn_unfilled(args: argparse.Namespace, console: Console) -> None:
     from torchherd import hostspec
     from torchherd.inventory import MAX_INVENTORY_BYTES
 
-    if args.handler is cmd_init or getattr(args, "hosts", None) or getattr(args, "nodelist", None):
+    if args.handler in (cmd_init, cmd_completion) or getattr(args, "hosts", None) or getattr(args, "nodelist", None):
         return
     path = _inventory_path(args)
     try:

@@ -4,12 +4,17 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import torchherd
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.runrecord import NodeRecord, RunRecord, remote_log_file, remote_state_file, save
@@ -229,3 +234,75 @@ def test_run_help_says_every_default() -> None:
               if action.option_strings and action.help != argparse.SUPPRESS and action.dest != "help"
               and "default" not in (action.help or "") and "default" not in (group.description or "")]
     assert silent == []
+
+
+SRC = str(Path(torchherd.__file__).parent.parent)
+"""The torchherd under test, for the shells that run ``python -m torchherd``."""
+
+
+def shell(program: list[str], script: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": SRC, "TORCHHERD_PY": sys.executable}
+    return subprocess.run([*program, script], capture_output=True, text=True, timeout=60, env=env, check=False)
+
+
+BASH_COMPLETE = """
+source <("$TORCHHERD_PY" -m torchherd completion bash)
+complete -p torchherd
+t() { COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _torchherd; echo "${COMPREPLY[*]}"; }
+t torchherd ru
+t torchherd -i h.toml ch
+t torchherd run --nproc
+t torchherd run -H a,b --rdzv-backend ''
+t torchherd check --me
+t torchherd completion ''
+t torchherd run -- --no
+t torchherd ''
+"""
+
+
+def test_bash_completion_completes_commands_flags_and_choices() -> None:
+    done = shell(["bash", "-c"], BASH_COMPLETE)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == [
+        "complete -o default -F _torchherd torchherd",
+        "run", "check", "--nproc-per-node", "static c10d", "--mesh", "bash zsh fish",
+        "",  # after --: the script's own words, left to the shell's file completion
+        "hosts check run status logs stop attach init completion"]
+
+
+@pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
+def test_fish_completion_completes_commands_and_choices() -> None:
+    done = shell(["fish", "-c"], '"$TORCHHERD_PY" -m torchherd completion fish | source; complete -C "torchherd ru"; '
+                 'complete -C "torchherd run --rdzv-backend "; complete -C "torchherd completion "')
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == ["run\tcheck, then launch the job on every node", "c10d\tthe rendezvous",
+                                        "static\tthe rendezvous", "bash", "fish", "zsh"]
+
+
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
+def test_zsh_completion_parses_and_registers_itself(tmp_path: Path) -> None:
+    done = shell(["zsh", "-c"], 'autoload -U compinit; compinit -u -D; '
+                 'source <("$TORCHHERD_PY" -m torchherd completion zsh); print -r -- $_comps[torchherd]; '
+                 'functions _torchherd | grep -c "run) opts=("')
+    assert (done.returncode, done.stderr, done.stdout) == (0, "", "_torchherd\n1\n")
+
+
+@pytest.mark.parametrize("shell_name", ["bash", "zsh", "fish"])
+def test_completion_names_every_flag_of_run(shell_name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from torchherd.cli import build_parser
+
+    assert main(["completion", shell_name]) == 0
+    text = capsys.readouterr().out
+    [commands] = [action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    flags = [flag for action in commands.choices["run"]._actions for flag in action.option_strings]
+    spelled = [flag if shell_name != "fish" else ("-l " + flag[2:] if flag.startswith("--") else "-s " + flag[1:])
+               for flag in flags]
+    assert [flag for flag in spelled if flag not in text] == []
+
+
+def test_completion_of_an_unknown_shell_is_exit_2() -> None:
+    assert cli("completion", "tcsh") == (2, [
+        "error: torchherd completion: argument SHELL: invalid choice 'tcsh' (choose from bash, zsh, fish)",
+        "  hint: torchherd completion --help lists the options"])
