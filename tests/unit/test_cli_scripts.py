@@ -306,3 +306,38 @@ def test_completion_of_an_unknown_shell_is_exit_2() -> None:
     assert cli("completion", "tcsh") == (2, [
         "error: torchherd completion: argument SHELL: invalid choice 'tcsh' (choose from bash, zsh, fish)",
         "  hint: torchherd completion --help lists the options"])
+
+
+def saved_run(runs: Path, run_id: str) -> None:
+    """A detached run's record whose node refuses SSH at once (status says unreachable)."""
+    node = NodeRecord(name="node0", address="127.0.0.1", user="u", ssh_port=1, identity_file=None, python="/opt/py",
+                      workdir="~/w", log_file=remote_log_file(run_id, "node0"),
+                      state_file=remote_state_file(run_id, "node0"), supervisor=40, pid=50, pgid=50)
+    save(RunRecord(run_id=run_id, inventory="-H", created=100.0, command=("train.py",), nodes=(node,), max_rank=0,
+                   grace=5.0, ssh_timeout=2.0), runs)
+
+
+def test_status_and_logs_take_a_unique_prefix_and_list_an_ambiguous_ones_runs(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    runs = tmp_path / "torchherd" / "runs"
+    for run_id in ("th-20240501-120000-aaaaaa", "th-20240501-130000-bbbbbb", "th-20240502-090000-cccccc"):
+        saved_run(runs, run_id)
+    code, document, _ = json_cli(capsys, "status", "--json", "th-20240502")
+    assert (code, document["run_id"]) == (0, "th-20240502-090000-cccccc")
+    ambiguous = ["error: run id 'th-20240501' is ambiguous: th-20240501-120000-aaaaaa, th-20240501-130000-bbbbbb",
+                 "  hint: give more of the run id"]
+    assert cli("status", "th-20240501") == (2, ambiguous)
+    assert cli("logs", "th-20240501") == (2, ambiguous)
+    assert cli("stop", "th-2024") == (2, ["error: run id 'th-2024' is ambiguous: th-20240501-120000-aaaaaa, "
+                                          "th-20240501-130000-bbbbbb, th-20240502-090000-cccccc",
+                                          "  hint: give more of the run id"])
+
+
+def test_an_ambiguous_run_id_lists_ten_runs_on_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    ids = [f"th-20240501-1200{second:02d}-abcdef" for second in range(12)]
+    for run_id in ids:
+        saved_run(tmp_path / "torchherd" / "runs", run_id)
+    assert cli("status", "abcdef") == (2, [f"error: run id 'abcdef' is ambiguous: {', '.join(ids[:10])}, ... "
+                                           "(12 in all)", "  hint: give more of the run id"])
