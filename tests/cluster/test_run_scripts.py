@@ -13,6 +13,8 @@ from localcluster import LocalCluster
 from torchherd.cli import main
 from torchherd.console import make_console
 
+pytestmark = pytest.mark.cluster
+
 
 @pytest.mark.timeout(180)
 def test_run_json_after_a_skipping_preflight_is_one_document_with_the_schema(
