@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
 from torchherd import hostspec
 from torchherd.checks import CheckOptions
-from torchherd.checks.model import Mesh
+from torchherd.checks.model import CHECK_IDS, Mesh
 from torchherd.engine.backend import (
     BACKENDS,
     Backend,
@@ -312,23 +312,28 @@ class Cluster:
 
     @overload
     def launch(self, plan: Plan, *, log_dir: str | Path = ..., on_event: Observer | None = ...,
-               check: bool = ..., grace: float | None = ..., fail_fast: bool = ...,
+               check: bool = ..., only: Iterable[str] | None = ..., skip: Iterable[str] = ...,
+               grace: float | None = ..., fail_fast: bool = ...,
                detach: Literal[True], recovery: Recovery | None = ...) -> DetachedRun: ...
 
     @overload
     def launch(self, plan: Plan, *, log_dir: str | Path = ..., on_event: Observer | None = ...,
-               check: bool = ..., grace: float | None = ..., fail_fast: bool = ...,
+               check: bool = ..., only: Iterable[str] | None = ..., skip: Iterable[str] = ...,
+               grace: float | None = ..., fail_fast: bool = ...,
                detach: Literal[False] = ..., recovery: Recovery | None = ...) -> Run | RecoveringRun: ...
 
     @overload
     def launch(self, plan: Plan, *, log_dir: str | Path = ..., on_event: Observer | None = ...,
-               check: bool = ..., grace: float | None = ..., fail_fast: bool = ...,
+               check: bool = ..., only: Iterable[str] | None = ..., skip: Iterable[str] = ...,
+               grace: float | None = ..., fail_fast: bool = ...,
                detach: bool = ..., recovery: Recovery | None = ...) -> Run | DetachedRun | RecoveringRun: ...
 
     def launch(self, plan: Plan, *, log_dir: str | Path = "torchherd-logs", on_event: Observer | None = None,
-               check: bool = True, grace: float | None = None, fail_fast: bool = True,
+               check: bool = True, only: Iterable[str] | None = None, skip: Iterable[str] = (),
+               grace: float | None = None, fail_fast: bool = True,
                detach: bool = False, recovery: Recovery | None = None) -> Run | DetachedRun | RecoveringRun:
-        """Preflights ``plan`` (``check=False`` only connects), then starts it on every node.
+        """Preflights ``plan`` (``check=False`` only connects; ``only``/``skip``: the check ids
+        the preflight runs or leaves out, as ``check`` takes them; SSH only), then starts it on every node.
         Attached: returns the ``Run`` (``wait``, ``stop``, ``lines``); its lines also go to
         ``log_dir/<run id>/<node>.log``. With ``detach``: the job outlives this process;
         returns a ``DetachedRun``. ``grace``: seconds from SIGTERM to SIGKILL (None: 10;
@@ -338,7 +343,14 @@ class Cluster:
         returns a ``RecoveringRun`` (``wait``, ``stop``; ``summary.attempts``). With both
         (SSH or SLURM): the recovering controller runs in the background on this machine and
         outlives this process; returns a ``DetachedRun`` (``recovery()``: the attempts)."""
-        options = LaunchOptions(check=check, log_dir=Path(log_dir), grace=grace, fail_fast=fail_fast)
+        picked, left_out = None if only is None else frozenset(only), frozenset(skip)
+        self.backend.allow("--only", picked is not None and check)
+        self.backend.allow("--skip", bool(left_out) and check)
+        unknown = sorted(((picked or frozenset()) | left_out) - set(CHECK_IDS))
+        if unknown:  # before the sync and the connections, not after them
+            raise UsageError(f"unknown check id {', '.join(unknown)}", f"known ids: {', '.join(CHECK_IDS)}")
+        options = LaunchOptions(check=check, only=picked, skip=left_out, log_dir=Path(log_dir), grace=grace,
+                                fail_fast=fail_fast)
         observer = on_event or ignore
         recovery = recovery if recovery is not None else self.recovery
         if recovery.retries > 0 or recovery.hang_timeout is not None:

@@ -179,16 +179,32 @@ def cmd_hosts(args: argparse.Namespace, console: Console) -> int:
     inventory = _cluster(args).inventory
     targets = [resolve_target(host, inventory.cluster.ssh_config).describe() for host in inventory.hosts]
     if args.json:
-        print(json.dumps({"hosts": hosts_rows(inventory, targets)}, indent=2))
+        _emit(args, {"hosts": hosts_rows(inventory, targets)})
     else:
         render_hosts(console, inventory, targets)
     return EXIT_OK
 
 
-def _id_list(text: str | None) -> frozenset[str] | None:
+def _id_list(text: str | None, flag: str, known: Sequence[str]) -> frozenset[str] | None:
+    """The check ids of --only or --skip; one it does not know is exit 2 naming the flag."""
     if text is None:
         return None
-    return frozenset(item.strip() for item in text.split(",") if item.strip())
+    ids = frozenset(item.strip() for item in text.split(",") if item.strip())
+    unknown = sorted(ids - set(known))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
+        raise UsageError(f"{flag} {text}: unknown check id {', '.join(map(repr, unknown))}"
+                         + (f"; did you mean {close[0]!r}?" if close else ""), f"known ids: {', '.join(known)}")
+    return ids
+
+
+def _known_checks(cluster: Cluster) -> tuple[str, ...]:
+    """The check ids this cluster's checks take: SLURM's own too where SLURM runs the job."""
+    from torchherd.checks.model import CHECK_IDS
+    from torchherd.engine.backend import SlurmBackend
+    from torchherd.engine.slurm.check import SLURM_CHECKS
+
+    return CHECK_IDS + (SLURM_CHECKS if isinstance(cluster.backend, SlurmBackend) else ())
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
@@ -196,7 +212,8 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 
     cluster = _cluster(args)
     script = args.script[0] if args.script else None
-    only, skip = _id_list(args.only), _id_list(args.skip) or frozenset()
+    known = _known_checks(cluster)
+    only, skip = _id_list(args.only, "--only", known), _id_list(args.skip, "--skip", known) or frozenset()
     _sync_choices(args, bool(args.sync))  # check syncs only with --sync, [sync] table or not
     more = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth,
             "sync_include": tuple(args.sync_include), "sync_anyway": args.sync_anyway, "uv": args.uv,
@@ -208,7 +225,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 
         report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
                                on_event=SyncPrinter(make_console(stderr=True)), **more)  # stdout: the JSON
-        print(json.dumps(report.as_json(), indent=2))
+        _emit(args, report.as_json())
     elif not cluster.backend.live_checks:  # the results come at once: no live grid
         report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
                                on_event=_sync_printer(console), **more)
@@ -262,8 +279,16 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                         rdzv_backend=args.rdzv_backend, sync=args.sync, sync_include=args.sync_include,
                         sync_anyway=args.sync_anyway, uv=args.uv,
                         uv_system_site_packages=args.uv_system_site_packages)
+    _ranks_exist(args.ranks, plan)
+    only, skip = _run_checks(args, cluster)
     if args.dry_run:
-        render_description(console, cluster.describe(plan, fail_fast=not args.no_fail_fast))
+        described = cluster.describe(plan, fail_fast=not args.no_fail_fast)
+        if args.json:  # the plan only: what --sync would send needs the nodes asked (run --sync --dry-run)
+            from torchherd.console.run import plan_json
+
+            _emit(args, plan_json(described))
+            return EXIT_OK
+        render_description(console, described)
         return _dry_sync(cluster, plan, console, args.log_dir) if plan.sync is not None else EXIT_OK
     recovery = _recovery(args, cluster)
     if args.json:
@@ -276,6 +301,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     observer = ConsoleObserver(console, view=_view_options(args, console))
     try:
         launched = cluster.launch(plan, log_dir=args.log_dir, on_event=observer, check=not args.no_check,
+                                  only=only, skip=skip,
                                   grace=args.grace, fail_fast=not args.no_fail_fast, detach=bool(args.detach),
                                   recovery=recovery)
         if isinstance(launched, DetachedRun):
@@ -286,10 +312,47 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         with sigterm_as_interrupt():
             summary = launched.wait()
         if args.json:
-            print(json.dumps(summary.as_json(), indent=2))
+            _emit(args, {"ok": summary.exit_code == EXIT_OK, **summary.as_json()})
         return summary.exit_code
     finally:
         observer.close()  # the panel goes, whichever way the command leaves
+
+
+JSON_SCHEMA = 1
+"""The ``schema`` of every JSON document the CLI prints: raised only when a key changes
+meaning or goes (keys are added without a change)."""
+
+
+def _emit(args: argparse.Namespace, document: dict[str, object]) -> None:
+    """Prints ``document`` as the command's one JSON document on stdout, ``schema`` first."""
+    print(json.dumps({"schema": JSON_SCHEMA, **document}, indent=2))
+    args.json_printed = True
+
+
+def _json_wanted(args: argparse.Namespace | None, argv: Sequence[str]) -> bool:
+    """Whether the command promised one JSON document on stdout: ``--json`` parsed, or,
+    where parsing failed, ``--json`` among the words before ``--``."""
+    if args is not None:
+        return bool(getattr(args, "json", False))
+    words = list(argv)
+    return "--json" in (words[:words.index("--")] if "--" in words else words)
+
+
+def _failure_json(error: BaseException, exit_code: int) -> dict[str, object]:
+    """The one JSON document of a command that ended without its result: the error and its
+    hint as the terminal shows them, and for an aborted launch the checks or nodes behind it."""
+    from torchherd.api import LaunchAborted
+
+    message = "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)
+    document: dict[str, object] = {"ok": False, "exit_code": exit_code, "error": message,
+                                   "hint": getattr(error, "hint", "")}
+    if isinstance(error, LaunchAborted):
+        if error.report is not None:
+            document["checks"] = error.report.as_json()["checks"]
+        if error.errors:
+            document["unreachable"] = [{"node": failure.node, "kind": failure.kind, "error": str(failure),
+                                        "hint": failure.hint} for failure in error.errors]
+    return document
 
 
 def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
@@ -329,25 +392,26 @@ def _add_sync_flag(parser: argparse.ArgumentParser, run: bool) -> None:
                         help="first make the local project (DIR, else [sync].dir, else the enclosing git repository, "
                              "else .) identical on every node under its workdir; only changed files travel. "
                              "Never sent: .git, the log directory, and unless included: .ssh/ .gnupg/ .aws/ .netrc "
-                             "*.pem id_rsa* id_ed25519* (SSH keys) .env .env.*")
+                             "*.pem id_rsa* id_ed25519* (SSH keys) .env .env.* (default: "
+                             + ("with a [sync] table in the inventory" if run else "off") + ")")
     if run:
         parser.add_argument("--no-sync", dest="sync", action="store_const", const=False,
-                            help="do not sync, even with a [sync] table in the inventory")
+                            help="do not sync, even with a [sync] table in the inventory (default: off)")
+    parser.add_argument("--sync-include", metavar="PATTERN", action="append", default=[],
+                        help="send what matches although the private list or [sync].exclude leaves it out, "
+                             "e.g. .env (gitignore syntax; repeatable; adds to [sync].include; default: none)")
+    parser.add_argument("--sync-anyway", action="store_true",
+                        help="send the home directory, or a directory outside git with over 5000 files or 500 MB, "
+                             "which --sync otherwise refuses (default: off)")
     parser.add_argument("--uv", action="store_true", default=None,
                         help="run the job in a venv that uv sync --frozen builds on every node from the synced "
                              "project's uv.lock, kept while the lock is unchanged (on by itself when the project "
-                             "has pyproject.toml and uv.lock)")
+                             "has pyproject.toml and uv.lock; default: that)")
     parser.add_argument("--no-uv", dest="uv", action="store_false",
-                        help="the node's configured python, even for a project with uv.lock")
+                        help="the node's configured python, even for a project with uv.lock (default: off)")
     parser.add_argument("--uv-system-site-packages", action="store_true",
                         help="the venv also sees the packages of the node's configured python (a torch installed "
-                             "there)")
-    parser.add_argument("--sync-include", metavar="PATTERN", action="append", default=[],
-                        help="send what matches although the private list or [sync].exclude leaves it out, "
-                             "e.g. .env (gitignore syntax; repeatable; adds to [sync].include)")
-    parser.add_argument("--sync-anyway", action="store_true",
-                        help="send the home directory, or a directory outside git with over 5000 files or 500 MB, "
-                             "which --sync otherwise refuses")
+                             "there; default: off)")
 
 
 def _sync_choices(args: argparse.Namespace, syncs: bool) -> None:
@@ -383,18 +447,48 @@ def _view_options(args: argparse.Namespace, console: Console) -> ViewOptions:
     return ViewOptions.choose(console, plain=args.plain, collapse=args.collapse, ranks=ranks)
 
 
+def _run_checks(args: argparse.Namespace, cluster: Cluster) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """run's --only and --skip: the preflight's check ids (SLURM's view takes neither)."""
+    from torchherd.checks.model import CHECK_IDS
+
+    given = [flag for flag, value in (("--only", args.only), ("--skip", args.skip)) if value is not None]
+    if given and args.no_check:
+        raise UsageError(f"{given[0]} with --no-check: no check runs", f"leave out {given[0]} or --no-check")
+    for flag in given:
+        cluster.backend.allow(flag, True)
+    return _id_list(args.only, "--only", CHECK_IDS), _id_list(args.skip, "--skip", CHECK_IDS) or frozenset()
+
+
+def _ranks_exist(text: str | None, plan: Plan) -> None:
+    """--ranks naming a rank the job does not have would show nothing of it, silently: refused
+    where the plan knows the world size (not where a node counts its GPUs at the start)."""
+    from torchherd.console.collapse import parse_ranks
+
+    size = plan.world_size
+    if text is None or size is None:
+        return
+    missing = sorted(rank for rank in parse_ranks(text) if rank >= size)
+    if missing:
+        raise UsageError(f"--ranks {text}: the job has no rank {missing[0]} (its ranks are 0 to {size - 1})",
+                         f"name ranks below the world size, {size}")
+
+
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
     from torchherd.api import DetachedRun, attach, damaged_runs, runs
-    from torchherd.console.detach import ListedRun, render_runs, render_status
+    from torchherd.console.detach import ListedRun, render_runs, render_status, run_json
 
     def listed(run: DetachedRun) -> ListedRun:
         recovery = run.recovery()  # first: it reads the record again (a later attempt's nodes)
         return ListedRun(run.record, run.status(), recovery)
 
     if args.run:
-        run = attach(args.run)
-        recovery = run.recovery()
-        render_status(console, run.record, run.status(), recovery)
+        row = listed(attach(args.run))
+        if args.json:
+            _emit(args, run_json(row))
+        else:
+            render_status(console, row.record, row.states, row.recovery)
+    elif args.json:
+        _emit(args, {"runs": [run_json(listed(run)) for run in runs()]})
     else:
         render_runs(console, [listed(run) for run in runs()], damaged_runs())
     return EXIT_OK
@@ -528,11 +622,13 @@ def _checkpoint(text: str) -> str:
 def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
     group = run.add_argument_group("recovery (docs/run.md, Recovery); each flag overrides [recovery]")
     group.add_argument("--retries", type=_retries, metavar="N",
-                       help="after a failed attempt, triage the nodes and try again, up to N times (default 0)")
+                       help="after a failed attempt, triage the nodes and try again, up to N times (default: 0)")
     group.add_argument("--final-exit-codes", type=_exit_codes, metavar="CODE,...",
-                       help="exit codes that end the run at once, without a retry (e.g. 2 for bad arguments)")
+                       help="exit codes that end the run at once, without a retry, e.g. 2 for bad arguments "
+                            "(default: none)")
     group.add_argument("--spares", metavar="NODESET",
-                       help="these hosts are spares: checked, not launched, until one takes an excluded node's place")
+                       help="these hosts are spares: checked, not launched, until one takes an excluded node's place "
+                            "(default: none)")
     group.add_argument("--min-nodes", type=_positive, metavar="K",
                        help="with no spare left, go on with fewer nodes, down to K (default: never shrink)")
     group.add_argument("--hang-timeout", type=_hang_timeout, metavar="S",
@@ -540,7 +636,8 @@ def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
                             "taken and the summary names the rank that differs (default: off)")
     group.add_argument("--checkpoint", type=_checkpoint, metavar="PATH",
                        help="before each new attempt, put the newest copy of PATH (relative to the workdir; a glob: "
-                            "its newest match) on every node that lacks it, copied node to node")
+                            "its newest match) on every node that lacks it, copied node to node (default: "
+                            "[recovery].checkpoint, else none)")
 
 
 def _check_ids() -> str:
@@ -625,10 +722,16 @@ def _positive(text: str) -> int:
 
 
 def _scheduler_flags() -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(add_help=False)
+    _add_scheduler_flags(flags)
+    return flags
+
+
+def _add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
     from torchherd.inventory import SCHEDULERS
 
-    flags = argparse.ArgumentParser(add_help=False)
-    group = flags.add_argument_group("SLURM (docs/slurm.md); each --slurm-KEY overrides [slurm].KEY")
+    group = parser.add_argument_group("SLURM (docs/slurm.md); each --slurm-KEY overrides [slurm].KEY",
+                                      "default for each --slurm-KEY: [slurm].KEY, else sbatch's own")
     group.add_argument("--scheduler", choices=SCHEDULERS,
                        help="who starts the job on the nodes (default: [cluster].scheduler, else ssh)")
     group.add_argument("--slurm-login", metavar="HOST", help="submit on this host over SSH (default: here)")
@@ -640,34 +743,52 @@ def _scheduler_flags() -> argparse.ArgumentParser:
     group.add_argument("--slurm-time", metavar="LIMIT", help="sbatch --time")
     group.add_argument("--slurm-extra", metavar="OPTION", action="append",
                        help="one more sbatch option, e.g. --slurm-extra=--qos=high (repeatable)")
-    return flags
 
 
 def _add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False) -> None:
     """Hosts without an inventory file, and the choices that override it for one run."""
     group = parser.add_argument_group("hosts without an inventory, and choices for this run")
+    _add_first_host_flags(group)
+    _add_more_host_flags(group)
+    if nproc:
+        group.add_argument("--nproc-per-node", metavar="N", help=NPROC_HELP)
+
+
+def _add_first_host_flags(group: argparse._ActionsContainer) -> None:
+    """The hosts, and where and with what the job runs on them."""
     group.add_argument("-H", "--hosts", metavar="HOSTS",
-                       help="[user@]host[:port],... (nodesets: gpu[01-16]); no inventory file needed")
-    group.add_argument("--nodelist", metavar="LIST", help="hosts as a SLURM nodelist: gpu[01-04],cpu1")
-    group.add_argument("--python", metavar="PATH", help="the interpreter with torch on every node")
-    group.add_argument("--workdir", metavar="DIR", help="where the job runs on every node")
+                       help="[user@]host[:port],... (nodesets: gpu[01-16]); no inventory file needed "
+                            "(default: the inventory's hosts)")
+    group.add_argument("--nodelist", metavar="LIST",
+                       help="hosts as a SLURM nodelist: gpu[01-04],cpu1 (default: the inventory's hosts)")
+    group.add_argument("--python", metavar="PATH",
+                       help="the interpreter with torch on every node (default: the inventory's python, else python3)")
+    group.add_argument("--workdir", metavar="DIR",
+                       help="where the job runs on every node (default: the inventory's workdir, else ~)")
+
+
+def _add_more_host_flags(group: argparse._ActionsContainer) -> None:
+    """The master, SSH's patience, and a subset of the hosts, for one command."""
     group.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
     group.add_argument("--master-port", metavar="PORT", type=_port,
                        help="the master (rendezvous) port, torchrun's --master-port (default: [cluster].port, "
                             "else 29500)")
     group.add_argument("--ssh-timeout", metavar="S", type=_interval,
                        help="seconds to connect and authenticate to a node (default: [cluster].ssh_timeout, else 10)")
-    group.add_argument("--include", metavar="HOSTS", help="only these hosts (names, nodesets, globs)")
-    group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs)")
-    if nproc:
-        group.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
+    group.add_argument("--include", metavar="HOSTS", help="only these hosts (names, nodesets, globs; default: all)")
+    group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs; default: "
+                       "none)")
     group.add_argument("--image", metavar="IMAGE",
-                       help="run the job inside this container image on every node (docs/containers.md)")
+                       help="run the job inside this container image on every node (docs/containers.md; default: "
+                            "[container].image, else none)")
     group.add_argument("--container-runtime", metavar="RUNTIME",
                        help="auto, podman, docker, apptainer or enroot (default: [container].runtime, auto)")
     group.add_argument("--pull", metavar="POLICY",
                        help="never (default), missing or always: docker/podman pull the image on each node as its "
                             "container starts (check never pulls)")
+
+
+NPROC_HELP = "processes per node: an int, gpu, cpu or auto (default: each host's nproc_per_node, else 1)"
 
 
 def _add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -731,52 +852,95 @@ def build_parser() -> argparse.ArgumentParser:
     _add_host_flags(check, nproc=True)
     _add_sync_flag(check, run=False)
 
-    run = commands.add_parser("run", parents=[inventory, scheduler], help="check, then launch the job on every node")
-    run.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
-    run.add_argument("--no-check", action="store_true", help="skip the preflight checks")
-    run.add_argument("--dry-run", action="store_true", help="print each node's command; start nothing")
-    run.add_argument("--log-dir", metavar="DIR", default="torchherd-logs", help="where <run-id>/<node>.log go")
-    run.add_argument("--env", metavar="K=V", action="append", default=[], help="set a variable on every rank")
+    _add_run(commands, inventory)
+    _add_detached_commands(commands)
+    _add_init(commands, inventory)
+    completion = commands.add_parser("completion", help="print a shell completion script: "
+                                     "source <(torchherd completion bash)")
+    completion.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"), help="bash, zsh or fish")
+    completion.set_defaults(handler=cmd_completion)
+    return parser
+
+
+def cmd_completion(args: argparse.Namespace, console: Console) -> int:
+    from torchherd.completion import script
+
+    sys.stdout.write(script(build_parser(), args.shell))
+    return EXIT_OK
+
+
+def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+             inventory: argparse.ArgumentParser) -> None:
+    """``run``: what a newcomer needs first (the hosts, python, workdir, processes, --sync),
+    every default said; torchrun's own flags, the output, recovery and SLURM in groups after."""
+    run = commands.add_parser("run", parents=[inventory], help="check, then launch the job on every node",
+                              usage="torchherd run [options] [--] SCRIPT [ARGS...]")
+    run.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT [ARGS...]: the training script, run "
+                     "by torchrun on every node")
+    _add_first_host_flags(run)
+    run.add_argument("--nproc-per-node", metavar="N", help=NPROC_HELP)
+    _add_sync_flag(run, run=True)
+    run.add_argument("--env", metavar="K=V", action="append", default=[],
+                     help="set a variable on every rank (repeatable; default: the inventory's env only)")
     run.add_argument("--env-pass", metavar="NAME", action="append", default=[],
-                     help="pass this variable from the controller's environment")
+                     help="pass this variable from the controller's environment (repeatable; default: none)")
+    run.add_argument("--dry-run", action="store_true", help="print each node's command; start nothing (default: off)")
+    run.add_argument("--no-check", action="store_true", help="skip the preflight checks; only connect (default: check)")
+    run.add_argument("--only", metavar="ID,...",
+                     help="the preflight runs only these checks (ids: check --help; default: all)")
+    run.add_argument("--skip", metavar="ID,...", help="the preflight leaves these checks out (default: none)")
+    run.add_argument("--detach", action="store_true",
+                     help="start the job so it outlives this command; print the run id and return (default: off)")
+    run.add_argument("--accept-new-host-keys", action="store_true",
+                     help="trust and record unknown SSH host keys (changed keys are always refused; default: off)")
     run.add_argument("--grace", type=_grace, metavar="S", help="SIGTERM to SIGKILL, in seconds (default: 10)")
     run.add_argument("--no-fail-fast", action="store_true",
                      help="let the other nodes go on when one fails (default: tear them down at once)")
-    run.add_argument("--master-addr", metavar="ADDR", help="address the workers reach the master at")
-    run.add_argument("--rdzv-backend", choices=("static", "c10d"), help="override [cluster].rdzv_backend")
-    run.add_argument("--nnodes", type=_nnodes, metavar="N|MIN:MAX", help="torchrun --nnodes (MIN:MAX: elastic, c10d)")
-    run.add_argument("--max-restarts", type=_count, default=0, metavar="N", help="torchrun --max-restarts")
-    run.add_argument("--monitor-interval", type=_interval, metavar="S", help="torchrun --monitor-interval")
-    run.add_argument("--rdzv-conf", metavar="K=V,...", help="torchrun --rdzv-conf")
-    run.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
-    run.add_argument("--accept-new-host-keys", action="store_true",
-                     help="trust and record unknown SSH host keys (changed keys are always refused)")
-    run.add_argument("--detach", action="store_true",
-                     help="start the job so it outlives this command; print the run id and return")
-    run.add_argument("--plain", action="store_true",
-                     help="plain lines, no live panel (the default when stdout is not a terminal)")
-    run.add_argument("--json", action="store_true",
-                     help="the job's lines on stderr, and on stdout one JSON document at the end: the summary, "
-                          "every node and attempt, the slowest node")
-    run.add_argument("--collapse", dest="collapse", action="store_true", default=None,
-                     help="show a line many ranks print within half a second once, with who printed it "
-                          "(the default on a terminal)")
-    run.add_argument("--no-collapse", dest="collapse", action="store_false",
-                     help="show every rank's every line on the terminal (the logs always keep them all)")
-    run.add_argument("--ranks", metavar="R,...", help="show only these global ranks on the terminal, e.g. 0,8-15 "
-                     "(the logs keep them all)")
-    run.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT [ARGS...]")
+    _add_more_host_flags(run)
+
+    torchrun = run.add_argument_group("torchrun's own flags, passed through")
+    torchrun.add_argument("--master-addr", metavar="ADDR",
+                          help="address the workers reach the master at (default: [cluster].master_addr, else "
+                               "found by the preflight)")
+    torchrun.add_argument("--rdzv-backend", choices=("static", "c10d"),
+                          help="the rendezvous (default: [cluster].rdzv_backend, else static; c10d where the "
+                               "nodes' process counts differ)")
+    torchrun.add_argument("--nnodes", type=_nnodes, metavar="N|MIN:MAX",
+                          help="torchrun --nnodes; MIN:MAX is elastic, c10d only (default: the number of hosts)")
+    torchrun.add_argument("--max-restarts", type=_count, default=0, metavar="N",
+                          help="torchrun --max-restarts (default: 0)")
+    torchrun.add_argument("--monitor-interval", type=_interval, metavar="S",
+                          help="torchrun --monitor-interval (default: torchrun's)")
+    torchrun.add_argument("--rdzv-conf", metavar="K=V,...",
+                          help="torchrun --rdzv-conf, c10d only (default: none)")
+    torchrun.add_argument("-m", "--module", action="store_true",
+                          help="SCRIPT is a module name, python -m (default: a file)")
+
+    output = run.add_argument_group("output")
+    output.add_argument("--log-dir", metavar="DIR", default="torchherd-logs",
+                        help="where <run-id>/<node>.log go (default: torchherd-logs)")
+    output.add_argument("--plain", action="store_true",
+                        help="plain lines, no live panel (default: the panel on a terminal, plain lines otherwise)")
+    output.add_argument("--json", action="store_true",
+                        help="the job's lines on stderr, and on stdout one JSON document at the end: the summary, "
+                             "every node and attempt, the slowest node; the error where the run never started; "
+                             "with --dry-run the plan (default: off)")
+    output.add_argument("--collapse", dest="collapse", action="store_true", default=None,
+                        help="show a line many ranks print within half a second once, with who printed it "
+                             "(default: on a terminal)")
+    output.add_argument("--no-collapse", dest="collapse", action="store_false",
+                        help="show every rank's every line on the terminal (the logs always keep them all; "
+                             "default: when not on a terminal)")
+    output.add_argument("--ranks", metavar="R,...", help="show only these global ranks on the terminal, e.g. 0,8-15 "
+                        "(the logs keep them all; default: every rank)")
     run.set_defaults(handler=cmd_run)
     _add_recovery_flags(run)
-    _add_host_flags(run)
-    _add_sync_flag(run, run=True)
-    _add_detached_commands(commands)
-    _add_init(commands, inventory)
-    return parser
+    _add_scheduler_flags(run)
 
 
 def _add_detached_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = commands.add_parser("status", help="state of detached runs, per node")
+    status.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     status.add_argument("run", nargs="?", metavar="RUN", help="run id (default: every known run)")
     status.set_defaults(handler=cmd_status)
 
@@ -804,50 +968,80 @@ def _strip_separator(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
-    from torchherd.console import make_console, render_error
+    """Parses, runs the command, and maps every ending to its exit code (the one place that
+    does); a command given ``--json`` prints one JSON document on stdout in each of them."""
+    words = sys.argv[1:] if argv is None else list(argv)
+    args: argparse.Namespace | None = None
+    try:
+        args = _parse(words, console)
+        if args.command is None:  # torchherd alone: the help, as git does, and a usage error's 2 (git's too)
+            sys.stdout.write(build_parser().format_help())
+            return EXIT_USAGE
+        return _run(args, console)
+    except SystemExit as stop:  # --help, --version
+        return int(stop.code) if isinstance(stop.code, int) else EXIT_USAGE
+    except _Ended as ended:
+        if _json_wanted(args, words) and not getattr(args, "json_printed", False):
+            print(json.dumps({"schema": JSON_SCHEMA, **_failure_json(ended.error, ended.exit_code)}, indent=2))
+        return ended.exit_code
+
+
+class _Ended(Exception):
+    """A command that ended without its result, already told on stderr: ``main`` adds the
+    JSON document, where one was asked for, and returns the exit code."""
+
+    def __init__(self, error: BaseException, exit_code: int) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.exit_code = exit_code
+
+
+def _parse(words: Sequence[str], console: Console | None) -> argparse.Namespace:
+    from torchherd.console import render_error
 
     parser = build_parser()
     try:
         # parse_known_args, then parse_args' own check: an unknown argument after --sync
         # is told as what it most likely is (the script taken as --sync's DIR)
-        args, extra = parser.parse_known_args(argv)
+        args, extra = parser.parse_known_args(words)
         _sync_took_the_script(args, extra)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(parser, args, extra[0])}")
-    except SystemExit as stop:  # --help, --version
-        return int(stop.code) if isinstance(stop.code, int) else EXIT_USAGE
     except UsageError as error:
         render_error(_error_console(console), error)
-        return EXIT_USAGE
-    if args.command is None:  # torchherd alone: the help, as git does, and a usage error's 2 (git's is non-zero too)
-        sys.stdout.write(parser.format_help())
-        return EXIT_USAGE
+        raise _Ended(error, EXIT_USAGE) from None
     _strip_separator(args)
-    from torchherd.api import DetachedStartFailed, LaunchAborted  # after --help: it must stay fast
+    return args
 
-    console = console or make_console()
+
+def _run(args: argparse.Namespace, given: Console | None) -> int:
+    from torchherd.api import DetachedStartFailed, LaunchAborted  # after --help: it must stay fast
+    from torchherd.console import make_console, render_error
+
+    console = given or make_console()
     error_console = _error_console(console)
     handler: Handler = args.handler
     try:
         _warn_unfilled(args, error_console)
         return handler(args, console)
-    except LaunchAborted:  # the observer has shown why (the report, the unreachable nodes)
-        return EXIT_FAILED
+    except LaunchAborted as error:  # the observer has shown why (the report, the unreachable nodes)
+        raise _Ended(error, EXIT_FAILED) from None
     except DetachedStartFailed as error:
         _render_detached_failure(error_console, error)
-        return EXIT_FAILED
+        raise _Ended(error, EXIT_FAILED) from None
     except TorchherdError as error:
         render_error(error_console, error)
-        return error.exit_code
-    except KeyboardInterrupt:
+        raise _Ended(error, error.exit_code) from None
+    except KeyboardInterrupt as error:
         error_console.print("interrupted")
-        return EXIT_INTERRUPTED
+        raise _Ended(error, EXIT_INTERRUPTED) from None
     except Exception as error:  # a bug: one line, never a traceback (TORCHHERD_DEBUG=1 shows it)
         if os.environ.get("TORCHHERD_DEBUG"):
             raise
-        render_error(error_console, TorchherdError(f"internal error: {type(error).__name__}: {error}",
-                                                   "rerun with TORCHHERD_DEBUG=1 and report the traceback"))
-        return EXIT_FAILED
+        internal = TorchherdError(f"internal error: {type(error).__name__}: {error}",
+                                  "rerun with TORCHHERD_DEBUG=1 and report the traceback")
+        render_error(error_console, internal)
+        raise _Ended(internal, EXIT_FAILED) from None
 
 
 def _warn_unfilled(args: argparse.Namespace, console: Console) -> None:
@@ -858,7 +1052,7 @@ def _warn_unfilled(args: argparse.Namespace, console: Console) -> None:
     from torchherd import hostspec
     from torchherd.inventory import MAX_INVENTORY_BYTES
 
-    if args.handler is cmd_init or getattr(args, "hosts", None) or getattr(args, "nodelist", None):
+    if args.handler in (cmd_init, cmd_completion) or getattr(args, "hosts", None) or getattr(args, "nodelist", None):
         return
     path = _inventory_path(args)
     try:

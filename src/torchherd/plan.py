@@ -313,6 +313,9 @@ def build_plan(inventory: Inventory, options: RunOptions, networks: Mapping[str,
     if options.nnodes and ":" in options.nnodes and backend != "c10d":
         raise UsageError(f"--nnodes {options.nnodes}: an elastic range needs the c10d rendezvous",
                          "add --rdzv-backend c10d, or set rdzv_backend = \"c10d\" in [cluster]")
+    if options.rdzv_conf and backend != "c10d":  # torchrun's static rendezvous reads no --rdzv-conf
+        raise UsageError(f"--rdzv-conf {options.rdzv_conf}: only the c10d rendezvous takes it, and this run's is "
+                         f"{backend}", "add --rdzv-backend c10d, or leave --rdzv-conf out")
     master = inventory.hosts[0]
     master_addr, master_note = _master_address(inventory, options, networks, ssh_hostnames)
     nodes = tuple(

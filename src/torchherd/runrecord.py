@@ -469,6 +469,10 @@ def save(record: RunRecord, directory: Path | None = None) -> Path:
     return path
 
 
+AMBIGUOUS_SHOWN = 10
+"""The runs an ambiguous run id lists."""
+
+
 def load(run_id: str, directory: Path | None = None) -> RunRecord:
     """The record of ``run_id``; a unique prefix (or the last characters) is enough."""
     if not is_run_id(run_id):  # never a path: "../../x" must not name a file
@@ -481,9 +485,10 @@ def load(run_id: str, directory: Path | None = None) -> RunRecord:
     matches = [path for path in _record_files(directory) if run_id in path.stem]
     if len(matches) == 1:
         return read_record(matches[0])
-    if matches:
-        raise UsageError(f"run id {run_id!r} is ambiguous: " + ", ".join(path.stem for path in matches),
-                         "give more of the run id")
+    if matches:  # one line still, however many runs the state directory holds
+        shown = ", ".join(path.stem for path in matches[:AMBIGUOUS_SHOWN])
+        more = f", ... ({len(matches)} in all)" if len(matches) > AMBIGUOUS_SHOWN else ""
+        raise UsageError(f"run id {run_id!r} is ambiguous: {shown}{more}", "give more of the run id")
     raise UsageError(f"no detached run {run_id!r} in {directory}", "torchherd status lists the known runs")
 
 

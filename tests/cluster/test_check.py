@@ -64,7 +64,7 @@ def test_healthy_cluster_passes_with_json(cluster: LocalCluster, capsys: pytest.
     document = json.loads(capsys.readouterr().out)
     assert code == 0, document
     assert document["ok"] is True
-    assert set(document) == {"ok", "checks"}
+    assert set(document) == {"schema", "ok", "checks"}
     for entry in document["checks"]:
         assert set(entry) == {"node", "check", "status", "summary", "fix"}
         assert entry["status"] in ("pass", "skip"), entry

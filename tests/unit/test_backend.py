@@ -4,6 +4,7 @@ check's paths, JSON and terminal, alike)."""
 
 from __future__ import annotations
 
+import json
 import time
 from io import StringIO
 from pathlib import Path
@@ -32,13 +33,18 @@ def _main(tmp_path: Path, *args: str) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-@pytest.mark.parametrize("json", [["--json"], []], ids=["json", "terminal"])
+@pytest.mark.parametrize("flags", [["--json"], []], ids=["json", "terminal"])
 def test_check_sync_with_slurm_is_refused_on_both_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                        json: list[str]) -> None:
-    code, text = _main(tmp_path, "check", "--scheduler", "slurm", *json, "--sync", str(tmp_path))
+                                                        flags: list[str]) -> None:
+    code, text = _main(tmp_path, "check", "--scheduler", "slurm", *flags, "--sync", str(tmp_path))
     assert code == 2
     assert text.splitlines()[0] == "error: --sync: not for SLURM runs (torchherd does not reach SLURM's nodes itself)"
-    assert capsys.readouterr().out == ""  # no JSON document, no report
+    # no report: with --json, the error's own document
+    assert capsys.readouterr().out == ("" if not flags else json.dumps({
+        "schema": 1, "ok": False, "exit_code": 2,
+        "error": "--sync: not for SLURM runs (torchherd does not reach SLURM's nodes itself)",
+        "hint": "keep the project on the cluster's shared filesystem, or sync it to the login host first"},
+        indent=2) + "\n")
 
 
 @pytest.mark.parametrize("args,flag", [

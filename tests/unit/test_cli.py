@@ -22,7 +22,7 @@ INVENTORY = '[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n[[hosts]]\nname = "b"
     (["run", "--env-pass", "TORCHHERD_SURELY_UNSET", "--", "x.py"],
      "error: --env-pass TORCHHERD_SURELY_UNSET: not set in this shell"),
     (["run"], "error: run: no training script given"),
-    (["check", "--only", "bogus"], "error: unknown check id bogus"),
+    (["check", "--only", "bogus"], "error: --only bogus: unknown check id 'bogus'"),
 ])
 def test_usage_errors_exit_2_without_touching_a_node(tmp_path: Path, args: list[str], message: str) -> None:
     path = tmp_path / "hosts.toml"

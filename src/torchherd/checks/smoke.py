@@ -59,9 +59,11 @@ def smoke_plan(observed: Observed) -> Plan:
     args = (str(INIT_TIMEOUT), ",".join(backends(observed)))
     # NCCL's channel lines say which transport it chose (analysis.smoke reads them).
     nccl_env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"} if "nccl" in backends(observed) else {}
-    options = RunOptions(script="smoke.py", script_args=args, run_id=run_id, extra_env=nccl_env,
-                         rdzv_conf=f"join_timeout={INIT_TIMEOUT},read_timeout={INIT_TIMEOUT}")
+    options = RunOptions(script="smoke.py", script_args=args, run_id=run_id, extra_env=nccl_env)
     plan = build_plan(observed.inventory, options, observed.networks, observed.ssh_hostnames)
+    if plan.rdzv_backend == "c10d":  # the static rendezvous takes no --rdzv-conf (build_plan refuses it)
+        options = replace(options, rdzv_conf=f"join_timeout={INIT_TIMEOUT},read_timeout={INIT_TIMEOUT}")
+        plan = build_plan(observed.inventory, options, observed.networks, observed.ssh_hostnames)
     return replace(plan, nodes=tuple(_writing_script(node, len(args)) for node in plan.nodes))
 
 

@@ -145,6 +145,16 @@ class ListedRun:
     recovery: RecoveryStatus | None = None
 
 
+def run_json(row: ListedRun) -> dict[str, object]:
+    """``status --json``: one run, as ``status`` shows it."""
+    recovery = row.recovery
+    return {"run_id": row.record.run_id, "state": run_state(row.states), "created": row.record.created,
+            "command": list(row.record.command),
+            "nodes": [{"node": state.node, "state": state.state, "code": state.code, "since": state.since,
+                       "detail": state.detail, "stopped": state.stopped} for state in row.states],
+            "recovery": None if recovery is None else {**recovery.record.to_json_object(), "alive": recovery.alive}}
+
+
 def render_runs(console: Console, rows: Sequence[ListedRun], damaged: Sequence[str] = ()) -> None:
     """Every known run; with a "recovery" column where one has retries; then one line per
     record that cannot be read (what is wrong with it)."""

@@ -45,6 +45,23 @@ def render_description(console: Console, described: Plan | BatchJob) -> None:
         render_plan(console, described)
 
 
+def plan_json(described: Plan | BatchJob) -> dict[str, object]:
+    """``run --dry-run --json``: every node's exact command, its environment's names (never
+    their values: a token may be among them), or SLURM's batch script with secrets as ***."""
+    if isinstance(described, BatchJob):
+        return {"dry_run": True, "run_id": described.run_id, "scheduler": "slurm",
+                "batch_script": shown_script(described), "run_dir": described.run_dir, "notes": list(described.notes)}
+    plan = described
+    return {"dry_run": True, "run_id": plan.run_id, "scheduler": "ssh", "master": plan.master,
+            "master_addr": plan.master_addr, "port": plan.port, "rdzv_backend": plan.rdzv_backend,
+            "world_size": plan.world_size, "sync": None if plan.sync is None else plan.sync.source,
+            "nodes": [{"name": node.host.name, "node_rank": node.node_rank, "address": node.host.address,
+                       "local_addr": None if node.network is None else node.network.address,
+                       "nproc_per_node": node.nproc_per_node, "workdir": node.workdir, "argv": list(node.argv),
+                       "command": node.shell_line(hide_secrets=True), "env": sorted(node.env),
+                       "notes": list(node.notes)} for node in plan.nodes]}
+
+
 def render_batch_script(console: Console, job: BatchJob) -> None:
     """The batch script SLURM would get (secrets as ***), and why each choice was made."""
     console.print(Text(f"run {job.run_id}: SLURM batch script ({job.run_dir}/job.sbatch), "

@@ -217,6 +217,10 @@ class SlurmBackend(Backend):
                          "keep checkpoints on the cluster's shared filesystem, and leave --checkpoint out"),
         "--matrix": ("not for SLURM checks (the probes run inside an allocation; the report lists the failed ones)",
                      "leave --matrix out"),
+        "--only": ("not for SLURM runs (run's preflight there is SLURM's view only: sbatch --test-only)",
+                   "leave --only out, or --no-check to submit unchecked"),
+        "--skip": ("not for SLURM runs (run's preflight there is SLURM's view only: sbatch --test-only)",
+                   "leave --skip out, or --no-check to submit unchecked"),
     }
 
     triage_checks: ClassVar[frozenset[str]] = frozenset({"slurm-node"})

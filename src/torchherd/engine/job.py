@@ -79,6 +79,10 @@ DEFAULT_GRACE = 10.0
 @dataclass(frozen=True)
 class LaunchOptions:
     check: bool = True
+    only: frozenset[str] | None = None
+    """With ``check``: the preflight runs only these check ids (``run --only``); None: all."""
+    skip: frozenset[str] = frozenset()
+    """With ``check``: the preflight leaves these check ids out (``run --skip``)."""
     log_dir: Path = Path("torchherd-logs")
     grace: float | None = None
     """Seconds from SIGTERM to SIGKILL; None: DEFAULT_GRACE (a backend whose scheduler

@@ -162,7 +162,7 @@ def open_nodes(plan: Plan, options: LaunchOptions, connector: Connector, observe
     if plan.sync is not None:
         connector = sync_first(plan, connector, observer, options.log_dir)
     if options.check:
-        return _after_preflight(plan, connector, observer)
+        return _after_preflight(plan, connector, observer, options)
     return _connect(plan, connector, observer)
 
 
@@ -217,8 +217,10 @@ def _connect(plan: Plan, connector: Connector, observer: Observer,
     return Opened(plan, sessions, lambda: close_all(sessions.values()))
 
 
-def _after_preflight(plan: Plan, connector: Connector, observer: Observer) -> Opened:
-    outcome = preflight(plan, CheckOptions(), connector)
+def _after_preflight(plan: Plan, connector: Connector, observer: Observer, options: LaunchOptions) -> Opened:
+    only = options.only
+    outcome = preflight(plan, CheckOptions(only=only, skip=options.skip, smoke=only is not None and "smoke" in only),
+                        connector)
     observer(PreflightDone(outcome.report))
     if not outcome.report.ok:
         outcome.close()
