@@ -442,12 +442,16 @@ class DetachedRun:
                rank: int | None = None) -> dict[str, int]:
         """Reports the run's output (``Output``) and each node's status records (``NodeStatus``)
         from the start; with ``follow`` until every node is done. Per node: its exit code,
-        for the nodes whose job ended."""
+        for the nodes whose job ended (1 for one whose job could not start, or whose log
+        could not be read)."""
         codes: dict[str, int] = {}
 
         def observe(event: Event) -> None:
             if isinstance(event, NodeStatus) and event.status.event == "exit":
                 codes[event.status.node] = int(event.status.fields.get("code", 1))
+            elif isinstance(event, NodeStatus) and event.status.event == "error":
+                # the job could not start there, or its log could not be read: not a success
+                codes.setdefault(event.status.node, 1)
             on_event(event)
 
         recovery = self.recovery()

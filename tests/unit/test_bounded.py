@@ -96,6 +96,36 @@ def test_following_many_nodes_takes_a_bounded_number_of_threads() -> None:
     assert max(connector.seen) <= before + MAX_PARALLEL + 2
 
 
+class Refusing:
+    """A node whose sshd is not there: every connect fails at once."""
+
+    def connect(self, host: Host) -> Instant:
+        from torchherd.errors import TransportError
+
+        raise TransportError(host.name, "refused", f"{host.name}: connection refused by {host.address}")
+
+
+def test_logs_of_a_node_that_cannot_be_reached_say_so_and_end() -> None:
+    """`logs RUN` with one node refusing SSH printed nothing and never returned; now the
+    node is named with why, the other node's log is read, and a plain logs ends."""
+    class OneRefusing(InstantConnector):
+        def connect(self, host: Host) -> Instant:
+            return Refusing().connect(host) if host.name == "n1" else super().connect(host)
+
+    nodes = tuple(NodeRecord(f"n{index}", "10.0.0.1", None, None, None, "python3", "~", f"~/l{index}", "~/s")
+                  for index in range(2))
+    record = RunRecord("tb-refused", "/h.toml", 1.0, ("t.py",), nodes, 599, 1.0)
+    seen = Collector()
+    started = time.monotonic()
+    followers = detach.follow_logs(record, seen, detach.Follow(follow=False), OneRefusing())  # type: ignore[arg-type]
+    assert time.monotonic() - started < 10 and all(follower.finished for follower in followers.values())
+    errors = [(event.status.node, event.status.fields["message"]) for event in seen.events
+              if isinstance(event, events.NodeStatus) and event.status.event == "error"]
+    assert errors == [("n1", "cannot read its log (~/l1): n1: connection refused by 10.0.0.1")]
+    assert [event.status.node for event in seen.events
+            if isinstance(event, events.NodeStatus) and event.status.event == "done"] == ["n0"]
+
+
 def test_a_line_without_end_is_cut_and_costs_linear_time() -> None:
     splitter, chunk, records = RecordSplitter(), b"x" * 65536, []
     started = time.monotonic()

@@ -59,6 +59,9 @@ FETCH_TIMEOUT = 5.0
 """A fetch that takes longer means the connection is gone: reconnect and resume."""
 POLL_EVERY = 0.5
 RETRY_EVERY = 1.0
+CONNECT_TRIES = 3
+"""Connects a plain ``logs`` makes to a node before it says it could not read its log and
+goes on without it (``logs -f`` retries on, having said so once)."""
 
 # starting ----------------------------------------------------------------------
 
@@ -254,12 +257,17 @@ class NodeFollower:
         self.reconnects = 0
         self.finished = False
         self.last_round = False
+        self.failed_connects = 0
+        self.unreachable: TransportError | None = None
+        """The last connect's failure, while the node cannot be reached."""
+        self.told = False
 
     def step(self) -> float | None:
         """One fetch; the seconds until the next one is due, or None when this node is done."""
         fetched = self._fetch()
         if fetched is None:
-            return RETRY_EVERY
+            return self._not_reached()
+        self.failed_connects, self.unreachable = 0, None
         size, done, gone = fetched
         if self.more is not None:
             if self.more():
@@ -271,6 +279,23 @@ class NodeFollower:
         # The supervisor may write its last records between the read and the check.
         self.last_round = gone
         return POLL_EVERY if size == 0 else 0.0
+
+    def _not_reached(self) -> float | None:
+        """After a failed fetch: when the node could not even be connected to, said once (a
+        node that refuses SSH must not be silence that never ends); a plain ``logs`` then
+        goes on without it, ``logs -f`` keeps trying."""
+        if self.unreachable is None:
+            return RETRY_EVERY  # the connection dropped mid-read: resumed at once on a new one
+        self.failed_connects += 1
+        if self.failed_connects < CONNECT_TRIES:
+            return RETRY_EVERY
+        if not self.told:
+            self.told = True
+            retrying = f"; trying again every {RETRY_EVERY:g} s" if self.follow else ""
+            self._put([Status(self.node.name, "error", {
+                "event": "error",
+                "message": f"cannot read its log ({self.node.log_file}): {self.unreachable}{retrying}"})])
+        return RETRY_EVERY if self.follow else None
 
     def _last_attempt(self) -> None:
         """Once the recovering controller ended (or is gone): the node as its record has it
@@ -322,8 +347,10 @@ class NodeFollower:
     def _connect(self) -> bool:
         try:
             self.connection = self.connector.connect(self.node.host())
-        except TransportError:
+        except TransportError as error:
+            self.unreachable = error
             return False
+        self.unreachable = None
         return True
 
     def _drop(self) -> None:
