@@ -731,13 +731,27 @@ def _quiet_paramiko() -> None:
         logger.addHandler(logging.NullHandler())
 
 
+def _silent(error: BaseException) -> bool:
+    """An sshd that took the connection and never sent its banner within the timeout (out
+    of memory, a hung sshd, a kernel stuck in D-state). paramiko reports it as the same
+    "Error reading SSH protocol banner" as a dropped banner; the socket timeout it raised
+    from is what tells them apart."""
+    import paramiko
+
+    return (isinstance(error, paramiko.SSHException) and "banner" in str(error).lower()
+            and isinstance(error.__context__, TimeoutError))
+
+
 def _dropped_early(error: BaseException) -> bool:
     """An sshd that drops or resets a connection before authentication (``MaxStartups``):
-    worth another try. A refusal, a timeout, a key or an authentication failure is not."""
+    worth another try. A refusal, a timeout (a silent banner included: another try would
+    wait as long again), a key or an authentication failure is not."""
     import paramiko
 
     if isinstance(error, (EOFError, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
         return True
+    if _silent(error):
+        return False
     if isinstance(error, paramiko.SSHException) and not isinstance(
             error, (paramiko.AuthenticationException, paramiko.BadHostKeyException, paramiko.ChannelException)):
         text = str(error).lower()
@@ -785,6 +799,12 @@ def _explain(target: SshTarget, error: BaseException, check: _HostKeyCheck | Non
     if isinstance(error, OSError) and error.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
         return TransportError(node, "unreachable", f"{node}: no route to {where} ({error.strerror})",
                               "check the address and the controller's network (VPN?)")
+    if _silent(error):
+        return TransportError(node, "silent",
+                              f"{node}: sshd on {where} accepted the connection but never answered: the node may be "
+                              "overloaded or hung",
+                              "log in on its console, or look at its memory and load; a node that accepts TCP "
+                              "but sends no SSH banner in ssh_timeout is not usable")
     if _dropped_early(error):
         return TransportError(node, "dropped",
                               f"{node}: {where} dropped the connection before login, {ATTEMPTS} times ({error})",
