@@ -323,18 +323,29 @@ def test_a_crash_once_then_success_on_the_same_nodes() -> None:
     assert len(events.of(RunFinished)) == 1
 
 
-def test_a_lost_node_failing_triage_is_replaced_by_the_spare() -> None:
-    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost", "node2 vanished"), lambda plan: ended(plan, None)],
+def test_a_lost_node_is_excluded_at_once_with_why_and_replaced_by_the_spare() -> None:
+    lost = "node2 vanished: nothing heard from it for 10 s"
+    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost", lost), lambda plan: ended(plan, None)],
                           bad={"node2": "timed out"})
     summary, events = recover(backend, plan_of("node3", 4), Recovery(retries=1))
     assert summary.exit_code == 0
     assert names(backend.launched[1]) == ("node0", "node1", "node3")
     assert backend.launched[1].nodes[2].argv[backend.launched[1].nodes[2].argv.index("--node-rank") + 1] == "2"
     assert [(event.spare, event.replacing) for event in events.of(SpareTaken)] == [("node3", "node2")]
-    assert summary.attempts[0].ended == "lost" and summary.attempts[0].triage == ("node2: ssh: timed out",)
+    why = "lost in attempt 1: vanished: nothing heard from it for 10 s"
+    assert [(event.node, event.reason) for event in events.of(NodeExcluded)] == [("node2", why)]
+    assert summary.attempts[0].ended == "lost" and summary.attempts[0].triage == (f"node2: {why}",)
     assert "node3 for node2" in summary.attempts[0].next
-    # one triage round: the spare was checked with the others, under the same master
-    assert backend.checked == [("node0", "node1", "node2", "node3")]
+    # one triage round, without the lost node (its SSH connect would only wait for the
+    # timeout): the spare is checked with the others, under the same master
+    assert backend.checked == [("node0", "node1", "node3")]
+
+
+def test_a_lost_node_without_a_spare_is_checked_and_kept_when_it_is_back() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost", "node2 vanished"), lambda plan: ended(plan, None)])
+    summary, events = recover(backend, plan_of(), Recovery(retries=1))
+    assert summary.exit_code == 0 and events.of(NodeExcluded) == []
+    assert backend.checked == [NODES] and names(backend.launched[1]) == NODES
 
 
 def test_an_excluded_master_gives_way_and_the_run_shrinks() -> None:
@@ -346,8 +357,8 @@ def test_an_excluded_master_gives_way_and_the_run_shrinks() -> None:
     assert names(second) == ("node1", "node2") and second.master == "node1"
     assert "--nnodes" in second.nodes[0].argv and second.nodes[0].argv[second.nodes[0].argv.index("--nnodes") + 1] == "2"
     assert len(events.of(RunShrunk)) == 1
-    # the master was lost: its workers' cross-node checks are taken again under the new one
-    assert backend.checked == [("node0", "node1", "node2"), ("node1", "node2")]
+    # the lost master is excluded at once: its workers are checked under the new one
+    assert backend.checked == [("node1", "node2")]
 
 
 def test_the_same_error_twice_ends_the_run_as_a_job_bug() -> None:
@@ -382,6 +393,7 @@ def test_no_spare_left_ends_the_run_naming_the_node() -> None:
     summary, _ = recover(backend, plan_of(), Recovery(retries=3))
     assert summary.exit_code == 1 and len(backend.launched) == 1
     assert summary.headline.startswith("node2 excluded, no spare left")
+    assert backend.checked == [NODES]  # no spare to take its place: the lost node had its chance
 
 
 def test_stop_never_retries() -> None:
@@ -394,7 +406,7 @@ def test_stop_never_retries() -> None:
 
 
 def test_the_console_shows_the_attempts(tmp_path: Path) -> None:
-    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost"), lambda plan: ended(plan, None)],
+    backend = FakeBackend([lambda plan: ended(plan, "node2"), lambda plan: ended(plan, None)],
                           bad={"node2": "timed out"})
     out = StringIO()
     observer = ConsoleObserver(make_console(out, width=200))

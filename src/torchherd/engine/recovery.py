@@ -50,6 +50,7 @@ from torchherd.engine.recovery_policy import (
     attempt_of,
     cooldown,
     doubtful,
+    known_lost,
     next_nodes,
     triage_failures,
     verdict,
@@ -422,6 +423,10 @@ class RecoveringRun:
         self._cool(attempt, excluded, found)
         if self.picked is not None:
             return self._triage_picked(attempt, excluded, found)
+        for node, why in known_lost(attempt, list(excluded), self.spares, self.recovery).items():
+            excluded[node] = why
+            found.append(f"{node}: {why}")
+            self._exclude(node, why)
         for _ in range(TRIAGE_ROUNDS):
             if self.stopping:
                 break
