@@ -271,6 +271,7 @@ class FakeBackend:
     bad: dict[str, str] = field(default_factory=dict)
     launched: list[Plan] = field(default_factory=list)
     checked: list[tuple[str, ...]] = field(default_factory=list)
+    only: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
     hold: bool = False
     jobs: list[_Job] = field(default_factory=list)
     triage_checks: ClassVar[frozenset[str]] = TRIAGE_CHECKS
@@ -280,6 +281,7 @@ class FakeBackend:
         assert options.only is not None and "smoke" not in options.only and "ssh" in options.only
         names = tuple(node.host.name for node in plan.nodes)
         self.checked.append(names)
+        self.only[names] = options.only
         return CheckReport(tuple(CheckResult(name, "ssh", "fail" if name in self.bad else "pass",
                                              self.bad.get(name, "")) for name in names))
 
@@ -346,6 +348,20 @@ def test_a_lost_node_without_a_spare_is_checked_and_kept_when_it_is_back() -> No
     summary, events = recover(backend, plan_of(), Recovery(retries=1))
     assert summary.exit_code == 0 and events.of(NodeExcluded) == []
     assert backend.checked == [NODES] and names(backend.launched[1]) == NODES
+
+
+def test_a_spare_checked_at_the_start_is_only_reached_again_until_it_is_taken() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost"), lambda plan: ended(plan, "node1", "lost"),
+                           lambda plan: ended(plan, None)])
+    run = RecoveringRun(backend, plan_of("node3,node4", 5), LaunchOptions(check=False, log_dir=Path("/nonexistent")),
+                        Recovery(retries=2), Collector(), check_spares=True)
+    assert run.start().wait(timeout=20).exit_code == 0
+    first, second = ("node0", "node1"), ("node0", "node3")
+    assert backend.checked[0] == ("node0", "node3", "node4")
+    assert sorted(backend.checked[1:]) == sorted([first, ("node3", "node4"), second, ("node4",)])
+    assert backend.only[first] == backend.only[second] == TRIAGE_CHECKS  # node3 ran attempt 2: in full again
+    assert backend.only[("node3", "node4")] == backend.only[("node4",)] == {"ssh"}
+    assert names(backend.launched[2]) == ("node0", "node3", "node4")
 
 
 def test_an_excluded_master_gives_way_and_the_run_shrinks() -> None:
