@@ -51,7 +51,9 @@ from torchherd.engine.recovery_policy import (
     End,
     NextNodes,
     cooldown,
+    attempt_of,
     error_key,
+    known_lost,
     next_nodes,
     triage_failures,
     verdict,
@@ -210,6 +212,22 @@ def test_without_a_spare_the_run_shrinks_to_min_nodes_or_ends() -> None:
     assert isinstance(end, End) and end.message == "node2 excluded, no spare left"
     same = next_nodes(NODES, [], [], "node0", Recovery())
     assert isinstance(same, NextNodes) and same.nodes == NODES and not same.shrunk
+
+
+def test_the_lost_nodes_are_known_with_why_where_the_run_can_go_on_without_them() -> None:
+    summary = RunSummary("th-test", 1, "node2 vanished", (
+        outcome("node0", "torn down"), outcome("node1", "unresponsive", "node1 did not confirm the teardown; its "
+                                                "processes may still run"),
+        outcome("node2", "lost", "node2 vanished: nothing heard from it for 10 s")), "logs", "node2")
+    attempt = attempt_of(3, NODES, summary)
+    assert attempt.ended == "lost" and attempt.lost == ("node1", "node2")
+    assert known_lost(attempt, [], ["node3", "node4"], Recovery(retries=5)) == {
+        "node1": "lost in attempt 3: did not confirm the teardown; its processes may still run",
+        "node2": "lost in attempt 3: vanished: nothing heard from it for 10 s"}
+    assert known_lost(attempt, [], [], Recovery(retries=5, min_nodes=1)).keys() == {"node1", "node2"}
+    # one spare for two lost nodes, and no --min-nodes: both are checked, as before
+    assert known_lost(attempt, [], ["node3"], Recovery(retries=5)) == {}
+    assert known_lost(attempt, ["node1"], ["node3", "node4"], Recovery(retries=5)).keys() == {"node2"}
 
 
 def test_triage_failures_do_not_blame_cross_node_checks_on_an_unreachable_round() -> None:
