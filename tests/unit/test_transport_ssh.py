@@ -292,6 +292,19 @@ def test_an_sshd_that_accepts_and_never_answers_costs_one_timeout_and_says_so(tm
                                  "answered: the node may be overloaded or hung")
 
 
+def test_a_connect_timeout_shorter_than_ssh_timeout_bounds_the_banner_wait_and_names_it(
+        tmp_path: Path, silent: Listener) -> None:
+    """ConnectTimeout (as in OpenSSH) also bounds the banner; paramiko's handshake then gives
+    up at the same moment as the banner's read, and used to win with "No existing session"."""
+    connector = SshConnector(config(tmp_path, "Host *\n  ConnectTimeout 1\n"), 5.0)
+    started = time.monotonic()
+    with pytest.raises(TransportError) as caught:
+        connector.connect(at(silent.port))
+    elapsed = time.monotonic() - started
+    assert len(silent.accepted) == 1 and 1.0 <= elapsed < 3.0
+    assert caught.value.kind == "silent" and "never answered" in str(caught.value)
+
+
 def test_an_sshd_that_closes_before_its_banner_is_still_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ssh, "BACKOFF_SECONDS", 0.001)
     listener = Listener(close_at_once=True)

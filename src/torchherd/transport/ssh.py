@@ -56,6 +56,8 @@ HANDSHAKES = 4
 ATTEMPTS = 5
 """Tries of one connection whose banner or handshake is dropped or reset, the first included."""
 BACKOFF_SECONDS = 0.3
+HANDSHAKE_GRACE_SECONDS = 1.0
+"""How long a handshake's thread is given to report its own failure (paramiko reads in 0.1 s steps)."""
 MAX_JUMP_DEPTH = 8
 KEEPALIVE_SECONDS = 5
 
@@ -694,7 +696,8 @@ class SshConnector:
                 try:
                     connection.open()
                     break
-                except BaseException as error:
+                except BaseException as failure:
+                    error = _handshake_failure(connection.client, failure)
                     connection.client.close()
                     if attempt == ATTEMPTS - 1 or not _dropped_early(error):
                         raise _explain(target, error, check) from None
@@ -711,7 +714,7 @@ class SshConnector:
         keys = [path for path in target.key_files if os.path.isfile(path)]
         connect_kwargs: dict[str, Any] = {
             "allow_agent": not target.identities_only, "look_for_keys": False, "timeout": timeout,
-            "banner_timeout": self.timeout, "auth_timeout": self.timeout, "channel_timeout": self.timeout,
+            "banner_timeout": timeout, "auth_timeout": self.timeout, "channel_timeout": self.timeout,
             "transport_factory": _transport_class()}
         if keys:
             connect_kwargs["key_filename"] = keys
@@ -729,6 +732,24 @@ def _quiet_paramiko() -> None:
     logger = logging.getLogger("paramiko")
     if not logger.handlers:
         logger.addHandler(logging.NullHandler())
+
+
+def _handshake_failure(client: paramiko.SSHClient, error: BaseException) -> BaseException:
+    """What really failed when paramiko says "No existing session": its ``start_client``
+    gives up at the connect timeout, the moment the banner's own timeout ends too, and
+    when it wins that race the transport's thread is about to fail with the cause (a
+    banner that never came, or one dropped). Read before the client is closed: closing
+    makes the thread fail with EOF instead."""
+    import paramiko
+
+    if not isinstance(error, paramiko.SSHException) or "no existing session" not in str(error).lower():
+        return error
+    transport = client.get_transport()
+    cause = None
+    if transport is not None:
+        transport.join(HANDSHAKE_GRACE_SECONDS)
+        cause = transport.get_exception()
+    return cause if isinstance(cause, BaseException) else error
 
 
 def _silent(error: BaseException) -> bool:
