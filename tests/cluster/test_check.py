@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -213,6 +215,28 @@ def test_unreachable_node_costs_one_ssh_timeout(inventory: Inventory, cluster: L
     assert failures(results) == {("node1", "ssh")}
     assert "timed out" in results[("node1", "ssh")].summary
     assert elapsed < 3.0 + 5
+
+
+@pytest.mark.timeout(90)
+def test_a_silent_sshd_costs_one_ssh_timeout(inventory: Inventory, cluster: LocalCluster) -> None:
+    """A stopped sshd: the kernel still accepts the connection, no banner ever comes (a
+    node out of memory or hung). It was retried as a dropped banner: five timeouts."""
+    quick = dataclasses.replace(inventory, cluster=dataclasses.replace(inventory.cluster, ssh_timeout=4.0))
+    pid = cluster.sshd_pid("node1")
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        results = check(quick)
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert failures(results) == {("node1", "ssh")}
+    assert "accepted the connection but never answered: the node may be overloaded or hung" in \
+        results[("node1", "ssh")].summary
+    # One timeout and the rest of the check (some 6 s on a loaded 2-core machine); five
+    # tries took 5 timeouts (20 s) and their backoffs.
+    assert elapsed < 2 * 4.0 + 6
 
 
 @pytest.mark.timeout(90)

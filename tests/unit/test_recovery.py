@@ -52,8 +52,10 @@ from torchherd.engine.recovery_policy import (
     Attempt,
     End,
     NextNodes,
+    attempt_of,
     cooldown,
     error_key,
+    known_lost,
     next_nodes,
     triage_failures,
     verdict,
@@ -214,6 +216,22 @@ def test_without_a_spare_the_run_shrinks_to_min_nodes_or_ends() -> None:
     assert isinstance(same, NextNodes) and same.nodes == NODES and not same.shrunk
 
 
+def test_the_lost_nodes_are_known_with_why_where_the_run_can_go_on_without_them() -> None:
+    summary = RunSummary("th-test", 1, "node2 vanished", (
+        outcome("node0", "torn down"), outcome("node1", "unresponsive", "node1 did not confirm the teardown; its "
+                                                "processes may still run"),
+        outcome("node2", "lost", "node2 vanished: nothing heard from it for 10 s")), "logs", "node2")
+    attempt = attempt_of(3, NODES, summary)
+    assert attempt.ended == "lost" and attempt.lost == ("node1", "node2")
+    assert known_lost(attempt, [], ["node3", "node4"], Recovery(retries=5)) == {
+        "node1": "lost in attempt 3: did not confirm the teardown; its processes may still run",
+        "node2": "lost in attempt 3: vanished: nothing heard from it for 10 s"}
+    assert known_lost(attempt, [], [], Recovery(retries=5, min_nodes=1)).keys() == {"node1", "node2"}
+    # one spare for two lost nodes, and no --min-nodes: both are checked, as before
+    assert known_lost(attempt, [], ["node3"], Recovery(retries=5)) == {}
+    assert known_lost(attempt, ["node1"], ["node3", "node4"], Recovery(retries=5)).keys() == {"node2"}
+
+
 def test_triage_failures_do_not_blame_cross_node_checks_on_an_unreachable_round() -> None:
     results = [CheckResult("node0", "ssh", "fail", "timed out"), CheckResult("node1", "port", "fail", "no route"),
                CheckResult("node2", "python", "fail", "no torch"), CheckResult("node1", "gpu", "pass", "")]
@@ -273,6 +291,7 @@ class FakeBackend:
     bad: dict[str, str] = field(default_factory=dict)
     launched: list[Plan] = field(default_factory=list)
     checked: list[tuple[str, ...]] = field(default_factory=list)
+    only: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
     hold: bool = False
     jobs: list[_Job] = field(default_factory=list)
     triage_checks: ClassVar[frozenset[str]] = TRIAGE_CHECKS
@@ -282,6 +301,7 @@ class FakeBackend:
         assert options.only is not None and "smoke" not in options.only and "ssh" in options.only
         names = tuple(node.host.name for node in plan.nodes)
         self.checked.append(names)
+        self.only[names] = options.only
         return CheckReport(tuple(CheckResult(name, "ssh", "fail" if name in self.bad else "pass",
                                              self.bad.get(name, "")) for name in names))
 
@@ -325,18 +345,43 @@ def test_a_crash_once_then_success_on_the_same_nodes() -> None:
     assert len(events.of(RunFinished)) == 1
 
 
-def test_a_lost_node_failing_triage_is_replaced_by_the_spare() -> None:
-    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost", "node2 vanished"), lambda plan: ended(plan, None)],
+def test_a_lost_node_is_excluded_at_once_with_why_and_replaced_by_the_spare() -> None:
+    lost = "node2 vanished: nothing heard from it for 10 s"
+    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost", lost), lambda plan: ended(plan, None)],
                           bad={"node2": "timed out"})
     summary, events = recover(backend, plan_of("node3", 4), Recovery(retries=1))
     assert summary.exit_code == 0
     assert names(backend.launched[1]) == ("node0", "node1", "node3")
     assert backend.launched[1].nodes[2].argv[backend.launched[1].nodes[2].argv.index("--node-rank") + 1] == "2"
     assert [(event.spare, event.replacing) for event in events.of(SpareTaken)] == [("node3", "node2")]
-    assert summary.attempts[0].ended == "lost" and summary.attempts[0].triage == ("node2: ssh: timed out",)
+    why = "lost in attempt 1: vanished: nothing heard from it for 10 s"
+    assert [(event.node, event.reason) for event in events.of(NodeExcluded)] == [("node2", why)]
+    assert summary.attempts[0].ended == "lost" and summary.attempts[0].triage == (f"node2: {why}",)
     assert "node3 for node2" in summary.attempts[0].next
-    # one triage round: the spare was checked with the others, under the same master
-    assert backend.checked == [("node0", "node1", "node2", "node3")]
+    # one triage round, without the lost node (its SSH connect would only wait for the
+    # timeout): the spare is checked with the others, under the same master
+    assert backend.checked == [("node0", "node1", "node3")]
+
+
+def test_a_lost_node_without_a_spare_is_checked_and_kept_when_it_is_back() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost", "node2 vanished"), lambda plan: ended(plan, None)])
+    summary, events = recover(backend, plan_of(), Recovery(retries=1))
+    assert summary.exit_code == 0 and events.of(NodeExcluded) == []
+    assert backend.checked == [NODES] and names(backend.launched[1]) == NODES
+
+
+def test_a_spare_checked_at_the_start_is_only_reached_again_until_it_is_taken() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost"), lambda plan: ended(plan, "node1", "lost"),
+                           lambda plan: ended(plan, None)])
+    run = RecoveringRun(backend, plan_of("node3,node4", 5), LaunchOptions(check=False, log_dir=Path("/nonexistent")),
+                        Recovery(retries=2), Collector(), check_spares=True)
+    assert run.start().wait(timeout=20).exit_code == 0
+    first, second = ("node0", "node1"), ("node0", "node3")
+    assert backend.checked[0] == ("node0", "node3", "node4")
+    assert sorted(backend.checked[1:]) == sorted([first, ("node3", "node4"), second, ("node4",)])
+    assert backend.only[first] == backend.only[second] == TRIAGE_CHECKS  # node3 ran attempt 2: in full again
+    assert backend.only[("node3", "node4")] == backend.only[("node4",)] == {"ssh"}
+    assert names(backend.launched[2]) == ("node0", "node3", "node4")
 
 
 def test_an_excluded_master_gives_way_and_the_run_shrinks() -> None:
@@ -348,8 +393,8 @@ def test_an_excluded_master_gives_way_and_the_run_shrinks() -> None:
     assert names(second) == ("node1", "node2") and second.master == "node1"
     assert "--nnodes" in second.nodes[0].argv and second.nodes[0].argv[second.nodes[0].argv.index("--nnodes") + 1] == "2"
     assert len(events.of(RunShrunk)) == 1
-    # the master was lost: its workers' cross-node checks are taken again under the new one
-    assert backend.checked == [("node0", "node1", "node2"), ("node1", "node2")]
+    # the lost master is excluded at once: its workers are checked under the new one
+    assert backend.checked == [("node1", "node2")]
 
 
 def test_the_same_error_twice_ends_the_run_as_a_job_bug() -> None:
@@ -384,6 +429,7 @@ def test_no_spare_left_ends_the_run_naming_the_node() -> None:
     summary, _ = recover(backend, plan_of(), Recovery(retries=3))
     assert summary.exit_code == 1 and len(backend.launched) == 1
     assert summary.headline.startswith("node2 excluded, no spare left")
+    assert backend.checked == [NODES]  # no spare to take its place: the lost node had its chance
 
 
 def test_stop_never_retries() -> None:
@@ -396,7 +442,7 @@ def test_stop_never_retries() -> None:
 
 
 def test_the_console_shows_the_attempts(tmp_path: Path) -> None:
-    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost"), lambda plan: ended(plan, None)],
+    backend = FakeBackend([lambda plan: ended(plan, "node2"), lambda plan: ended(plan, None)],
                           bad={"node2": "timed out"})
     out = StringIO()
     observer = ConsoleObserver(make_console(out, width=200))

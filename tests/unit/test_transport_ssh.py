@@ -5,11 +5,12 @@ and which failures are retried. The connections are fakes in place of fabric's."
 from __future__ import annotations
 
 import getpass
+import socket
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import paramiko
 import pytest
@@ -236,3 +237,81 @@ def test_paramikos_wrapper_of_every_failed_address_is_explained_by_the_address_s
     error = ssh._explain(target, paramiko.ssh_exception.NoValidConnectionsError({("10.9.9.9", 22): failure}))
     assert isinstance(error, TransportError)
     assert (error.kind, str(error)) == (kind, message)
+
+
+class Listener:
+    """A TCP port on 127.0.0.1 that accepts connections and never speaks SSH: it either
+    holds them open in silence (a hung sshd) or closes them at once (MaxStartups)."""
+
+    def __init__(self, close_at_once: bool) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.close_at_once = close_at_once
+        self.accepted: list[socket.socket] = []
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.server.accept()
+            except OSError:  # closed by the test
+                return
+            self.accepted.append(connection)
+            if self.close_at_once:
+                connection.close()
+
+    def close(self) -> None:
+        self.server.close()
+        for connection in self.accepted:
+            connection.close()
+
+
+@pytest.fixture
+def silent() -> Iterator[Listener]:
+    listener = Listener(close_at_once=False)
+    yield listener
+    listener.close()
+
+
+def at(port: int) -> Host:
+    return Host(name="n0", address="127.0.0.1", user="me", ssh_port=port, identity_file=None, python="python3",
+                workdir="~", env={}, setup="", local_addr=None)
+
+
+def test_an_sshd_that_accepts_and_never_answers_costs_one_timeout_and_says_so(tmp_path: Path, silent: Listener) -> None:
+    """A silent banner was retried as a dropped one: five timeouts (55.9 s at the default),
+    blamed on MaxStartups."""
+    connector = SshConnector(config(tmp_path, ""), 1.0)
+    started = time.monotonic()
+    with pytest.raises(TransportError) as caught:
+        connector.connect(at(silent.port))
+    elapsed = time.monotonic() - started
+    assert len(silent.accepted) == 1 and 1.0 <= elapsed < 3.0  # five tries took 5 timeouts and the backoffs
+    assert caught.value.kind == "silent" and "MaxStartups" not in caught.value.hint
+    assert str(caught.value) == (f"n0: sshd on me@127.0.0.1:{silent.port} accepted the connection but never "
+                                 "answered: the node may be overloaded or hung")
+
+
+def test_a_connect_timeout_shorter_than_ssh_timeout_bounds_the_banner_wait_and_names_it(
+        tmp_path: Path, silent: Listener) -> None:
+    """ConnectTimeout (as in OpenSSH) also bounds the banner; paramiko's handshake then gives
+    up at the same moment as the banner's read, and used to win with "No existing session"."""
+    connector = SshConnector(config(tmp_path, "Host *\n  ConnectTimeout 1\n"), 5.0)
+    started = time.monotonic()
+    with pytest.raises(TransportError) as caught:
+        connector.connect(at(silent.port))
+    elapsed = time.monotonic() - started
+    assert len(silent.accepted) == 1 and 1.0 <= elapsed < 3.0
+    assert caught.value.kind == "silent" and "never answered" in str(caught.value)
+
+
+def test_an_sshd_that_closes_before_its_banner_is_still_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ssh, "BACKOFF_SECONDS", 0.001)
+    listener = Listener(close_at_once=True)
+    try:
+        with pytest.raises(TransportError) as caught:
+            SshConnector(config(tmp_path, ""), 1.0).connect(at(listener.port))
+    finally:
+        listener.close()
+    assert caught.value.kind == "dropped" and "MaxStartups" in caught.value.hint
+    assert len(listener.accepted) == ssh.ATTEMPTS

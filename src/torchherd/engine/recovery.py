@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
@@ -53,6 +54,7 @@ from torchherd.engine.recovery_policy import (
     attempt_of,
     cooldown,
     doubtful,
+    known_lost,
     next_nodes,
     triage_failures,
     verdict,
@@ -164,6 +166,9 @@ class RecoveringRun:
         self.check_spares = options.check if check_spares is None else check_spares
         """The spares in the first preflight (a detached run's was made before, without them)."""
         self.spares = [host.name for host in (plan.base_inventory or plan.inventory).spares]
+        self.vouched: tuple[str, frozenset[str]] = ("", frozenset())
+        """The master and the spares that passed the first preflight's checks with it: in a
+        triage under the same master, such a spare needs only to be reached again."""
         self.records: list[AttemptRecord] = []
         self.attempts: list[Attempt] = []
         self.networks: dict[str, NodeNetwork] = {}
@@ -427,6 +432,7 @@ class RecoveringRun:
         for spare, why in failed.items():
             self.spares.remove(spare)
             self._exclude(spare, f"spare dropped: {why}")
+        self.vouched = (master, frozenset(self.spares))
 
     def _triage(self, attempt: Attempt) -> _Triaged:
         """The fast checks on the next attempt's nodes (and the unchecked spares), round
@@ -436,6 +442,10 @@ class RecoveringRun:
         self._cool(attempt, excluded, found)
         if self.picked is not None:
             return self._triage_picked(attempt, excluded, found)
+        for node, why in known_lost(attempt, list(excluded), self.spares, self.recovery).items():
+            excluded[node] = why
+            found.append(f"{node}: {why}")
+            self._exclude(node, why)
         for _ in range(TRIAGE_ROUNDS):
             if self.stopping:
                 break
@@ -444,8 +454,7 @@ class RecoveringRun:
                 return _Triaged(proposal, tuple(found))
             checked = proposal.nodes + tuple(spare for spare in self.spares if spare not in proposal.nodes)
             started = time.monotonic()
-            report = self.backend.check(attempt_plan(self.plan, checked, attempt.number + 1),
-                                        CheckOptions(only=self.backend.triage_checks))
+            report = self._check_round(checked, attempt.number + 1)
             failed = triage_failures(report.results, checked)
             self.emit(TriageDone(checked, tuple(failed.items()), time.monotonic() - started))
             for node, why in failed.items():
@@ -463,6 +472,24 @@ class RecoveringRun:
                 return _Triaged(self._take(settled, len(attempt.nodes)), tuple(found))
         return _Triaged(End("no node left", f"the triage still excluded nodes after {TRIAGE_ROUNDS} rounds"),
                         tuple(found))
+
+    def _check_round(self, checked: tuple[str, ...], number: int) -> CheckReport:
+        """The fast checks on ``checked`` (its master first); a spare the first preflight
+        vouched for under the same master is only reached again (``ssh``), beside them."""
+        master, spares = self.vouched
+        # A spare taken into an attempt since ran the job there: it is checked in full again.
+        again = (tuple(node for node in checked[1:] if node in spares and node in self.spares)
+                 if checked[0] == master else ())
+        full = tuple(node for node in checked if node not in again)
+        if not again:
+            return self.backend.check(attempt_plan(self.plan, full, number),
+                                      CheckOptions(only=self.backend.triage_checks))
+        with ThreadPoolExecutor(1, thread_name_prefix="torchherd-triage-spares") as pool:
+            reached = pool.submit(self.backend.check, attempt_plan(self.plan, again, number),
+                                  CheckOptions(only=frozenset({"ssh"})))
+            report = self.backend.check(attempt_plan(self.plan, full, number),
+                                        CheckOptions(only=self.backend.triage_checks))
+            return CheckReport(report.results + reached.result().results)
 
     def _cool(self, attempt: Attempt, excluded: dict[str, str], found: list[str]) -> None:
         """Excludes the node whose ranks failed first in this attempt and the one before."""

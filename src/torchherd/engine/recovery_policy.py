@@ -46,11 +46,15 @@ class Attempt:
     """The failed rank's own exit code where torchrun reported it, else the node's."""
     lost: tuple[str, ...] = ()
     """Nodes the controller lost (nothing heard, or an unconfirmed teardown)."""
+    why_lost: tuple[tuple[str, str], ...] = ()
+    """(node, why the controller gave it up) for each node of ``lost``."""
 
 
 def attempt_of(number: int, nodes: Sequence[str], summary: RunSummary) -> Attempt:
     """The policy's view of an attempt from its summary."""
-    lost = tuple(outcome.node for outcome in summary.nodes if outcome.state in ("lost", "unresponsive"))
+    gone = [outcome for outcome in summary.nodes if outcome.state in ("lost", "unresponsive")]
+    lost = tuple(outcome.node for outcome in gone)
+    why_lost = tuple((outcome.node, _why_lost(outcome.node, outcome.first_error)) for outcome in gone)
     culprit = next((outcome for outcome in summary.nodes if outcome.node == summary.culprit), None)
     if summary.exit_code == 0:
         ended: AttemptEnd = "ok"
@@ -63,9 +67,16 @@ def attempt_of(number: int, nodes: Sequence[str], summary: RunSummary) -> Attemp
     if culprit is None:  # failed without a first node (none started): the first one that did not end well
         culprit = next((outcome for outcome in summary.nodes if outcome.state not in ("ok", "torn down")), None)
     if culprit is None:
-        return Attempt(number, tuple(nodes), ended, None, None, None, lost)
+        return Attempt(number, tuple(nodes), ended, None, None, None, lost, why_lost)
     code = culprit.rank_exit_code if culprit.rank_exit_code is not None else culprit.exit_code
-    return Attempt(number, tuple(nodes), ended, culprit.node, culprit.first_error, code, lost)
+    return Attempt(number, tuple(nodes), ended, culprit.node, culprit.first_error, code, lost, why_lost)
+
+
+def _why_lost(node: str, error: str | None) -> str:
+    """"vanished: nothing heard from it for 10 s": the controller's reason, without the
+    node's name (the exclusion names it)."""
+    text = (error or "nothing heard from it").strip()
+    return text[len(node) + 1:] if text.startswith(f"{node} ") else text
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,19 @@ def cooldown(attempt: Attempt, earlier: Sequence[Attempt]) -> str | None:
             and attempt.ended == previous.ended == "failed"):
         return attempt.culprit
     return None
+
+
+def known_lost(attempt: Attempt, excluded: Sequence[str], spares: Sequence[str],
+               recovery: Recovery) -> dict[str, str]:
+    """The nodes the attempt lost, each with why, to exclude without a check: connecting
+    to a node already known gone only waits for the SSH timeout. Only where the run can go
+    on without them (a spare each, or ``min_nodes``); else none: the triage checks them,
+    and a node back after a blip keeps the run going rather than ending it."""
+    lost = [node for node in attempt.lost if node not in excluded]
+    if not lost or isinstance(next_nodes(attempt.nodes, [*excluded, *lost], spares, attempt.nodes[0], recovery), End):
+        return {}
+    why = dict(attempt.why_lost)
+    return {node: f"lost in attempt {attempt.number}: {why.get(node, 'nothing heard from it')}" for node in lost}
 
 
 def triage_failures(results: Sequence[CheckResult], nodes: Sequence[str]) -> dict[str, str]:

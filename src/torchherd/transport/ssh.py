@@ -56,6 +56,8 @@ HANDSHAKES = 4
 ATTEMPTS = 5
 """Tries of one connection whose banner or handshake is dropped or reset, the first included."""
 BACKOFF_SECONDS = 0.3
+HANDSHAKE_GRACE_SECONDS = 1.0
+"""How long a handshake's thread is given to report its own failure (paramiko reads in 0.1 s steps)."""
 MAX_JUMP_DEPTH = 8
 KEEPALIVE_SECONDS = 5
 
@@ -694,7 +696,8 @@ class SshConnector:
                 try:
                     connection.open()
                     break
-                except BaseException as error:
+                except BaseException as failure:
+                    error = _handshake_failure(connection.client, failure)
                     connection.client.close()
                     if attempt == ATTEMPTS - 1 or not _dropped_early(error):
                         raise _explain(target, error, check) from None
@@ -711,7 +714,7 @@ class SshConnector:
         keys = [path for path in target.key_files if os.path.isfile(path)]
         connect_kwargs: dict[str, Any] = {
             "allow_agent": not target.identities_only, "look_for_keys": False, "timeout": timeout,
-            "banner_timeout": self.timeout, "auth_timeout": self.timeout, "channel_timeout": self.timeout,
+            "banner_timeout": timeout, "auth_timeout": self.timeout, "channel_timeout": self.timeout,
             "transport_factory": _transport_class()}
         if keys:
             connect_kwargs["key_filename"] = keys
@@ -731,13 +734,45 @@ def _quiet_paramiko() -> None:
         logger.addHandler(logging.NullHandler())
 
 
+def _handshake_failure(client: paramiko.SSHClient, error: BaseException) -> BaseException:
+    """What really failed when paramiko says "No existing session": its ``start_client``
+    gives up at the connect timeout, the moment the banner's own timeout ends too, and
+    when it wins that race the transport's thread is about to fail with the cause (a
+    banner that never came, or one dropped). Read before the client is closed: closing
+    makes the thread fail with EOF instead."""
+    import paramiko
+
+    if not isinstance(error, paramiko.SSHException) or "no existing session" not in str(error).lower():
+        return error
+    transport = client.get_transport()
+    cause = None
+    if transport is not None:
+        transport.join(HANDSHAKE_GRACE_SECONDS)
+        cause = transport.get_exception()
+    return cause if isinstance(cause, BaseException) else error
+
+
+def _silent(error: BaseException) -> bool:
+    """An sshd that took the connection and never sent its banner within the timeout (out
+    of memory, a hung sshd, a kernel stuck in D-state). paramiko reports it as the same
+    "Error reading SSH protocol banner" as a dropped banner; the socket timeout it raised
+    from is what tells them apart."""
+    import paramiko
+
+    return (isinstance(error, paramiko.SSHException) and "banner" in str(error).lower()
+            and isinstance(error.__context__, TimeoutError))
+
+
 def _dropped_early(error: BaseException) -> bool:
     """An sshd that drops or resets a connection before authentication (``MaxStartups``):
-    worth another try. A refusal, a timeout, a key or an authentication failure is not."""
+    worth another try. A refusal, a timeout (a silent banner included: another try would
+    wait as long again), a key or an authentication failure is not."""
     import paramiko
 
     if isinstance(error, (EOFError, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
         return True
+    if _silent(error):
+        return False
     if isinstance(error, paramiko.SSHException) and not isinstance(
             error, (paramiko.AuthenticationException, paramiko.BadHostKeyException, paramiko.ChannelException)):
         text = str(error).lower()
@@ -785,6 +820,12 @@ def _explain(target: SshTarget, error: BaseException, check: _HostKeyCheck | Non
     if isinstance(error, OSError) and error.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
         return TransportError(node, "unreachable", f"{node}: no route to {where} ({error.strerror})",
                               "check the address and the controller's network (VPN?)")
+    if _silent(error):
+        return TransportError(node, "silent",
+                              f"{node}: sshd on {where} accepted the connection but never answered: the node may be "
+                              "overloaded or hung",
+                              "log in on its console, or look at its memory and load; a node that accepts TCP "
+                              "but sends no SSH banner in ssh_timeout is not usable")
     if _dropped_early(error):
         return TransportError(node, "dropped",
                               f"{node}: {where} dropped the connection before login, {ATTEMPTS} times ({error})",
