@@ -181,6 +181,9 @@ def test_stop_of_a_detached_run_removes_its_containers(boxed: LocalCluster, runs
     if supervisor_killed:
         # The supervisor, the podman client and conmon all killed (the OOM killer, a user's
         # kill -9): nobody is left to run --rm or the removal, but stop, by the state file.
+        # Every node's pids are read first, then killed: a node killed before the next is
+        # read would end that node's torchrun (its master gone), and its conmon with it.
+        doomed = {}
         for name in boxed.names:
             state = json.loads(boxed.ssh(name, f"cat {remote_state_file(run_id, name)}", check=True).stdout)
             container = f"torchherd-{run_id}-{name}"
@@ -188,8 +191,9 @@ def test_stop_of_a_detached_run_removes_its_containers(boxed: LocalCluster, runs
             table = boxed.ssh(name, "ps -eo pid=,comm=", check=True).stdout.split("\n")
             conmon = [int(line.split()[0]) for line in table if line.split()[1:] == ["conmon"]]
             assert conmon, table  # the node's own process table: only this run's conmon is there
-            pids = [int(state["supervisor"]), int(state["pid"]), *conmon]
-            assert all(pid > 1 for pid in pids), pids
+            doomed[name] = [int(state["supervisor"]), int(state["pid"]), *conmon]
+            assert all(pid > 1 for pid in doomed[name]), doomed
+        for name, pids in doomed.items():
             boxed.ssh(name, "kill -9 " + " ".join(map(str, pids)), check=True)
     done = subprocess.run([sys.executable, "-m", "torchherd", "stop", run_id], capture_output=True, text=True,
                           timeout=120, stdin=subprocess.DEVNULL, env=runs.env(boxed))
