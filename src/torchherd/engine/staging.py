@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, Union
 
 from torchherd.engine.events import CheckpointMissing, CheckpointStaged
+from torchherd.engine.sync import Lines
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan
 from torchherd.remote import command
@@ -160,26 +161,10 @@ def _last_json(data: bytes) -> dict[str, Any] | None:
     return None
 
 
-class _Lines:
-    """Whole lines out of a relay program's stdout."""
-
-    def __init__(self, process: Process) -> None:
-        self.process = process
-        self.buffer = b""
-
-    def json(self, deadline: float, stopping: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
-        while b"\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or stopping():
-                return None
-            data = self.process.read(min(left, POLL_SECONDS))
-            if data is None:
-                continue
-            if not data:
-                return None
-            self.buffer += data
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return _last_json(line)
+def _answer(lines: Lines, deadline: float, stopping: Callable[[], bool] | None = None) -> dict[str, Any] | None:
+    """A relay program's next line as the JSON object it carries (None: no such line in time)."""
+    line = lines.line(deadline - time.monotonic(), stopping, POLL_SECONDS)
+    return None if line is None else _last_json(line)
 
 
 def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best: Copy,
@@ -189,7 +174,7 @@ def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best:
     token = secrets.token_hex(16)
     expect = {"path": best.path, "kind": best.kind, "sha256": best.sha256, "size": best.size}
     processes: dict[str, Process] = {}
-    lines: dict[str, _Lines] = {}
+    lines: dict[str, Lines] = {}
     ports: dict[str, int | None] = {}
     results: dict[str, str | None] = {}
     deadline = time.monotonic() + START_SECONDS
@@ -198,14 +183,14 @@ def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best:
             node = nodes[name]
             try:
                 process = sessions[name].start(program(node, "relay", best.path))
-                processes[name], lines[name] = process, _Lines(process)
+                processes[name], lines[name] = process, Lines(process)
                 config = {"token": token, "expect": expect, "source": index == 0, "bind": job_address(node),
                           "downstream": index < len(chain) - 1}
                 process.send((json.dumps(config) + "\n").encode())
             except TransportError as error:
                 return _broken(needing, name, str(error))
         for name in chain:
-            answer = lines[name].json(deadline)
+            answer = _answer(lines[name], deadline)
             if answer is None or "error" in answer:
                 return _broken(needing, name, _why(answer, processes[name]))
             ports[name] = answer.get("port")
@@ -214,7 +199,7 @@ def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best:
             processes[name].send((json.dumps(where) + "\n").encode())
         finish = time.monotonic() + START_SECONDS + best.size / BYTES_PER_SECOND
         for name in chain:
-            answer = lines[name].json(finish, stopping)
+            answer = _answer(lines[name], finish, stopping)
             if answer is None and stopping():
                 return {name: "given up: the run was interrupted" for name in needing}
             results[name] = None if answer is not None and answer.get("ok") else _why(answer, processes[name])

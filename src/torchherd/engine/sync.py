@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union, cast
+from typing import Any, Callable, Mapping, Sequence, Union, cast
 
 from torchherd import tree
 from torchherd.engine.events import NodeSynced, Observer, SyncDone, SyncFailed, SyncStarted
@@ -61,23 +61,26 @@ def receiver_command(node: NodePlan, dest: str, within: str) -> str:
             f"{shlex.quote(dest)} {shlex.quote(within)}")
 
 
-class _Lines:
-    """Whole lines out of a process's stdout."""
+class Lines:
+    """Whole lines out of a process's stdout (the sync's receivers, the checkpoint relays)."""
 
     def __init__(self, process: Process) -> None:
         self.process = process
         self.buffer = b""
 
-    def line(self, timeout: float) -> bytes | None:
+    def line(self, timeout: float, stopping: Callable[[], bool] | None = None,
+             poll: float = 0.5) -> bytes | None:
+        """The next line; None at EOF, past ``timeout``, or once ``stopping()`` (asked every
+        ``poll`` seconds: only a reader that may be stopped reads in short slices)."""
         deadline = time.monotonic() + timeout
         while b"\n" not in self.buffer:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or (stopping is not None and stopping()):
                 return None
             # One long read, not short polls: over SSH the channel keeps the last read's
             # timeout, and the sends that follow (the files) time out by it too; a node's
             # receiver stalled a second on a busy machine must not read as gone.
-            data = self.process.read(left)
+            data = self.process.read(left if stopping is None else min(left, poll))
             if data is None:
                 continue
             if not data:
@@ -94,7 +97,7 @@ class _Node:
     plan: NodePlan
     session: Session | None
     process: Process | None = None
-    lines: _Lines | None = None
+    lines: Lines | None = None
     answer: tree.NodeHas | None = None
     transfer: tree.Transfer | None = None
     error: str | None = None
@@ -119,7 +122,7 @@ class _Node:
         except TransportError as error:
             self.error = str(error)
             return
-        self.lines = _Lines(self.process)
+        self.lines = Lines(self.process)
 
     def ask(self, want: bytes, timeout: float) -> None:
         """Sends the listing and reads what the node has."""
