@@ -41,14 +41,20 @@ def _cell(result: CheckResult | None, missing: str) -> Text:
 def _grid(nodes: list[str], columns: list[str], results: list[CheckResult] | tuple[CheckResult, ...],
           missing: str = "") -> Table:
     by_key = {(result.node, result.check): result for result in results}
+    return _table(columns, [(node, [_cell(by_key.get((node, check)), missing) for check in columns])
+                            for node in nodes])
+
+
+def _table(columns: list[str], rows: list[tuple[str, list[Text]]]) -> Table:
+    """The node x check table: a row's name, then its cells."""
     # Columns one space apart: every check id stays whole on an 80-column terminal.
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False, collapse_padding=True)
     # The node name is the row's identity: the check headers give way first on a narrow terminal.
-    table.add_column("node", no_wrap=True, min_width=max((len(node) for node in nodes), default=4))
+    table.add_column("node", no_wrap=True, min_width=max((len(name) for name, _ in rows), default=4))
     for check in columns:
         table.add_column(check, justify="center")
-    for node in nodes:
-        table.add_row(node, *(_cell(by_key.get((node, check)), missing) for check in columns))
+    for name, cells in rows:
+        table.add_row(name, *cells)
     return table
 
 
@@ -107,19 +113,14 @@ def _folded_grid(nodes: list[str], columns: list[str], results: tuple[CheckResul
     """The table with one row per distinct line of verdicts, named by its nodes' nodeset and count."""
     from torchherd.nodeset import fold
 
-    by_key = {(result.node, result.check): result.status for result in results}
+    by_key = {(result.node, result.check): result for result in results}
     rows: dict[tuple[str | None, ...], list[str]] = {}
     for node in nodes:
-        rows.setdefault(tuple(by_key.get((node, check)) for check in columns), []).append(node)
-    folded = [f"{fold(names)} ({len(names)})" if len(names) > 1 else names[0] for names in rows.values()]
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False, collapse_padding=True)
-    table.add_column("node", no_wrap=True, min_width=max((len(name) for name in folded), default=4))
-    for check in columns:
-        table.add_column(check, justify="center")
-    for name, statuses in zip(folded, rows):
-        table.add_row(name, *(Text(SYMBOLS[status], style=STATUS_STYLES[status]) if status else Text("")
-                              for status in statuses))
-    return table
+        rows.setdefault(tuple(getattr(by_key.get((node, check)), "status", None) for check in columns),
+                        []).append(node)
+    return _table(columns, [(f"{fold(names)} ({len(names)})" if len(names) > 1 else names[0],
+                             [_cell(by_key.get((names[0], check)), "") for check in columns])
+                            for names in rows.values()])
 
 
 def _coalesced(results: list[CheckResult]) -> list[tuple[CheckResult, int]]:
