@@ -6,6 +6,8 @@ from __future__ import annotations
 from io import StringIO
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rich.console import Console
 
 from torchherd.console import make_console
@@ -16,6 +18,7 @@ from torchherd.console.run import LiveRenderer
 from torchherd.console.view import TerminalView, ViewOptions
 from torchherd.engine.events import NodeExited, NodeStarted, NodeStatus, Output, RanksRunning, RunStarted
 from torchherd.errors import UsageError
+from torchherd.nodeset import expand
 from torchherd.remote import wire
 from torchherd.runlog import GpuUsage, OutputLine, OutputParser, RankLines, Status, gpu_usage, parse_status, progress_of
 
@@ -44,6 +47,27 @@ def chunk(node: str, *lines: tuple[int, str]) -> RankLines:
 def collapser(nodes: list[str], world: int | None, clock: Clock) -> tuple[Collapser, StringIO]:
     out = StringIO()
     return Collapser(LiveRenderer(make_console(out), nodes, (world or 4) - 1), nodes, world, clock=clock), out
+
+
+@pytest.mark.parametrize("names,folded", [
+    # as ClusterShell's `nodeset -f` writes them (its tests/NodeSetTest.py: padding kept per range)
+    (["node0", "node1"], "node[0-1]"),
+    (["gpu01", "gpu02", "gpu03", "gpu07", "cpu1"], "gpu[01-03,07],cpu1"),
+    (["n8", "n9", "n10"], "n[8-10]"),
+    (["n08", "n09", "n10"], "n[08-10]"),
+    (["login", "n1", "login"], "n1,login"),
+    (["rack1-n3", "rack1-n4"], "rack1-n[3-4]"),
+    (["n1", "n01"], "n1,n01"),
+])
+def test_fold_names_writes_the_nodeset_of_names(names: list[str], folded: str) -> None:
+    assert fold_names(names) == folded
+
+
+@given(st.lists(st.tuples(st.sampled_from(["gpu", "n", "rack1-n", "login"]), st.integers(0, 120),
+                          st.sampled_from([0, 2, 3])), max_size=40))
+def test_fold_names_expands_back_to_the_same_names(parts: list[tuple[str, int, int]]) -> None:
+    names = [prefix if prefix == "login" else f"{prefix}{str(number).zfill(width)}" for prefix, number, width in parts]
+    assert sorted(expand(fold_names(names))) == sorted(set(names)) if names else fold_names(names) == ""
 
 
 def test_nodesets_and_rank_lists_fold() -> None:

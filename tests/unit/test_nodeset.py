@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchherd.nodeset import NodesetError, expand, fold, split_top
+from torchherd.nodeset import NodesetError, expand, split_top
 
 
 @pytest.mark.parametrize("text,names", [
@@ -154,27 +154,6 @@ def test_clustershell_bad_steps_are_refused(group: str) -> None:
 def test_a_step_range_is_every_step_th_number(low: int, span: int, step: int, width: int) -> None:
     group = f"{low:0{width}d}-{low + span:0{width}d}/{step}"
     assert expand(f"n[{group}]") == [f"n{number:0{width}d}" for number in range(low, low + span + 1, step)]
-
-
-@pytest.mark.parametrize("names,folded", [
-    # as ClusterShell's `nodeset -f` writes them (its tests/NodeSetTest.py: padding kept per range)
-    (["node0", "node1"], "node[0-1]"),
-    (["gpu01", "gpu02", "gpu03", "gpu07", "cpu1"], "gpu[01-03,07],cpu1"),
-    (["n8", "n9", "n10"], "n[8-10]"),
-    (["n08", "n09", "n10"], "n[08-10]"),
-    (["login", "n1", "login"], "login,n1"),
-    (["rack1-n3", "rack1-n4"], "rack1-n[3-4]"),
-    (["n1", "n01"], "n1,n01"),
-])
-def test_fold_writes_the_nodeset_of_names(names: list[str], folded: str) -> None:
-    assert fold(names) == folded
-
-
-@given(st.lists(st.tuples(st.sampled_from(["gpu", "n", "rack1-n", "login"]), st.integers(0, 120),
-                          st.sampled_from([0, 2, 3])), max_size=40))
-def test_fold_expands_back_to_the_same_names(parts: list[tuple[str, int, int]]) -> None:
-    names = [prefix if prefix == "login" else f"{prefix}{str(number).zfill(width)}" for prefix, number, width in parts]
-    assert sorted(expand(fold(names))) == sorted(set(names)) if names else fold(names) == ""
 
 
 @pytest.mark.parametrize("text", [

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchherd.console import STATUS_STYLES, printable
+from torchherd.console.collapse import fold_names
 from torchherd.inventory import Inventory
 from torchherd.results import CheckReport, CheckResult
 
@@ -111,14 +112,12 @@ FOLD_ROWS = 16
 
 def _folded_grid(nodes: list[str], columns: list[str], results: tuple[CheckResult, ...]) -> Table:
     """The table with one row per distinct line of verdicts, named by its nodes' nodeset and count."""
-    from torchherd.nodeset import fold
-
     by_key = {(result.node, result.check): result for result in results}
     rows: dict[tuple[str | None, ...], list[str]] = {}
     for node in nodes:
         rows.setdefault(tuple(getattr(by_key.get((node, check)), "status", None) for check in columns),
                         []).append(node)
-    return _table(columns, [(f"{fold(names)} ({len(names)})" if len(names) > 1 else names[0],
+    return _table(columns, [(f"{fold_names(names)} ({len(names)})" if len(names) > 1 else names[0],
                              [_cell(by_key.get((names[0], check)), "") for check in columns])
                             for names in rows.values()])
 
@@ -126,8 +125,6 @@ def _folded_grid(nodes: list[str], columns: list[str], results: tuple[CheckResul
 def _coalesced(results: list[CheckResult]) -> list[tuple[CheckResult, int]]:
     """Results that say the same of different nodes (each node's name in its own text), once
     each: under the nodes' nodeset, with how many they are."""
-    from torchherd.nodeset import fold
-
     groups: dict[tuple[str, str, str], list[CheckResult]] = {}
     for result in results:
         name = _name_pattern(result.node)
@@ -138,7 +135,7 @@ def _coalesced(results: list[CheckResult]) -> list[tuple[CheckResult, int]]:
         if len(members) == 1:
             merged.append((members[0], 1))
             continue
-        label = fold([member.node for member in members])
+        label = fold_names([member.node for member in members])
         merged.append((CheckResult(label, check, members[0].status, summary.replace("\0", label),
                                    fix.replace("\0", label)), len(members)))
     return merged
