@@ -26,8 +26,8 @@ def size(count: int) -> str:
     return f"{count} B"
 
 
-def files(count: int) -> str:
-    return f"{count} file{'' if count == 1 else 's'}"
+def files(number: int) -> str:
+    return count(number, "file")
 
 
 def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone | VenvsDone) -> Iterator[tuple[str, str]]:
