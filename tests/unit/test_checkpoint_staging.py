@@ -13,15 +13,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from io import StringIO
 from pathlib import Path
 from typing import Callable, Sequence
 
 import pytest
+from test_bad_input import assert_one_line, run_cli
 from test_recovery import Collector, FakeBackend, ended, names, plan_of, recover
 
-from torchherd.cli import main
-from torchherd.console import make_console
 from torchherd.console.recovery import recovery_note
 from torchherd.engine.events import AttemptStarted, CheckpointMissing, CheckpointStaged, SpareTaken
 from torchherd.engine.job import LaunchOptions
@@ -67,21 +65,6 @@ def test_a_path_inside_the_workdir_is_taken(path: str) -> None:
 def test_a_path_leaving_the_workdir_is_refused(path: str, why: str) -> None:
     problem = checkpoint_problem(path)
     assert problem is not None and why in problem
-
-
-def run_cli(tmp_path: Path, inventory: str, args: list[str]) -> tuple[int, str]:
-    path = tmp_path / "hosts.toml"
-    path.write_text(inventory, encoding="utf-8")
-    out = StringIO()
-    code = main(["-i", str(path), *args], console=make_console(out, width=400))
-    return code, out.getvalue()
-
-
-def assert_one_line(code: int, output: str, named: str) -> None:
-    assert code == 2, output
-    assert "Traceback" not in output
-    errors = [line for line in output.splitlines() if not line.startswith("  hint:")]
-    assert len(errors) == 1 and errors[0].startswith("error: ") and named in errors[0], output
 
 
 @pytest.mark.parametrize("value", ['"/abs/snap.pt"', '"../snap.pt"', "3"])
