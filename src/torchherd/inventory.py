@@ -415,21 +415,22 @@ class _Reader:
         return str(value)
 
     def mounts(self, key: str, value: Any) -> tuple[str, ...]:
-        if not isinstance(value, list):
-            self.fail(key, f"expected a list of mounts, got {_show(value)}", 'write mounts = ["/data:/data:ro"]')
-        for item in value:
-            problem = containers.mount_problem(item)
-            if problem:
-                self.fail(key, problem, 'write mounts = ["/data:/data:ro"]')
-        return tuple(value)
+        return self._items(key, value, "mounts", containers.mount_problem, 'write mounts = ["/data:/data:ro"]',
+                           'write mounts = ["/data:/data:ro"]')
 
     def runtime_options(self, key: str, value: Any) -> tuple[str, ...]:
+        return self._items(key, value, "options", containers.option_problem,
+                           'write options = ["--cap-add=SYS_PTRACE"]', "one option per item, as one word: --name=value")
+
+    def _items(self, key: str, value: Any, what: str, problem_of: Callable[[Any], str | None], shape_hint: str,
+               item_hint: str) -> tuple[str, ...]:
+        """A list whose every item ``problem_of`` passes (it names what is wrong with one)."""
         if not isinstance(value, list):
-            self.fail(key, f"expected a list of options, got {_show(value)}", 'write options = ["--cap-add=SYS_PTRACE"]')
+            self.fail(key, f"expected a list of {what}, got {_show(value)}", shape_hint)
         for item in value:
-            problem = containers.option_problem(item)
+            problem = problem_of(item)
             if problem:
-                self.fail(key, problem, "one option per item, as one word: --name=value")
+                self.fail(key, problem, item_hint)
         return tuple(value)
 
     def choice(self, choices: tuple[str, ...]) -> Callable[[str, Any], str]:
