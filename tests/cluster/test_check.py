@@ -444,20 +444,26 @@ cat {directory}/dcgm-pass.txt
     return str(wrapper)
 
 
-@pytest.mark.timeout(90)
-def test_gpu_faults_are_named_on_their_node_alone(inventory: Inventory, cluster: LocalCluster) -> None:
-    """Over real SSH, with nvidia-smi, dmesg and torch stood in for on the nodes: node1's
-    pending remap fails gpu there only, node2's Xid 79 fails xid there only, node0 passes
-    both, and every node skips ib (no RDMA device here)."""
+def check_with_gpu_stand_ins(inventory: Inventory, cluster: LocalCluster,
+                             only: set[str]) -> dict[tuple[str, str], CheckResult]:
+    """``check --only ONLY`` with every node's python the stand-ins' wrapper; the stand-ins removed after."""
     directory = cluster.state_dir / "gpu-stand-ins"
     try:
         python = gpu_stand_ins(cluster, directory)
         stood_in = inventory
         for host in inventory.hosts:
             stood_in = with_host(stood_in, host.name, python=python)
-        results = check(stood_in, only=frozenset({"gpu", "xid", "ib"}))
+        return check(stood_in, only=frozenset(only))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.timeout(90)
+def test_gpu_faults_are_named_on_their_node_alone(inventory: Inventory, cluster: LocalCluster) -> None:
+    """Over real SSH, with nvidia-smi, dmesg and torch stood in for on the nodes: node1's
+    pending remap fails gpu there only, node2's Xid 79 fails xid there only, node0 passes
+    both, and every node skips ib (no RDMA device here)."""
+    results = check_with_gpu_stand_ins(inventory, cluster, {"gpu", "xid", "ib"})
     assert failures(results) == {("node1", "gpu"), ("node2", "xid")}
     assert results["node1", "gpu"].summary == "node1 GPU 1 (00000000:C1:00.0): a row remapping pending"
     assert results["node1", "gpu"].fix.startswith("drain node1 and reset GPU 1: `sudo nvidia-smi -r -i 1`")
@@ -474,15 +480,7 @@ def test_gpu_diag_fails_only_the_node_whose_dcgm_failure_comes_back(inventory: I
                                                                     cluster: LocalCluster) -> None:
     """``--gpu-diag`` over real SSH with dcgmi stood in for: node1's GPU 3 fails both runs
     (fail), node2's fails only its first (a warning), node0 passes."""
-    directory = cluster.state_dir / "gpu-stand-ins"
-    try:
-        python = gpu_stand_ins(cluster, directory)
-        stood_in = inventory
-        for host in inventory.hosts:
-            stood_in = with_host(stood_in, host.name, python=python)
-        results = check(stood_in, only=frozenset({"gpudiag"}))
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    results = check_with_gpu_stand_ins(inventory, cluster, {"gpudiag"})
     assert failures(results) == {("node1", "gpudiag")}
     assert results["node1", "gpudiag"].summary.startswith("node1: DCGM level 1 failed software on GPU 3 (GPU 3 has")
     assert results["node2", "gpudiag"].status == "warn"
