@@ -8,7 +8,8 @@ marker holds ``key`` the venv is as the lock made it: nothing runs, not even uv.
 finds uv, runs ``uv sync --frozen`` into the venv and writes the marker last, so a build
 cut short is built again. Prints one JSON line: ``{"cached": true}``, ``{"built": true,
 "uv": PATH, "seconds": S}``, or ``{"error": TEXT}``; with no uv found, ``"uv_missing": true`` and the
-node's ``system``, ``machine`` and ``libc`` (the controller may send a uv that runs there).
+node's ``system``, ``machine``, ``libc`` (glibc, musl or "") and ``libc_version`` (the
+controller may send a uv that runs there).
 
 Nodes that share a home build one venv: uv locks it while it syncs (the others wait, then
 find it in sync); the marker is replaced atomically.
@@ -69,6 +70,25 @@ def tail(output: bytes) -> str:
     return " | ".join(lines[-TAIL_LINES:]) or "no output"
 
 
+def libc_of(glibc: tuple[str, str]) -> tuple[str, str]:
+    """This node's C library and its version: glibc as Python reads it, else musl from its
+    loader (``/lib/ld-musl-<arch>.so.1``, which prints its version when run bare), else none."""
+    if glibc[0]:
+        return glibc[0], glibc[1]
+    import glob
+
+    loaders = sorted(glob.glob("/lib/ld-musl-*.so.1"))
+    if not loaders:
+        return "", ""
+    try:
+        said = subprocess.run([loaders[0]], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=10, check=False).stdout.decode("ascii", "replace")
+    except (OSError, subprocess.SubprocessError):
+        said = ""
+    found = [line.split()[-1] for line in said.splitlines() if line.startswith("Version ")]
+    return "musl", found[0] if found else ""
+
+
 def run(argv: list[str], cwd: str, env: dict[str, str]) -> tuple[int, bytes]:
     done = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, check=False)
@@ -87,8 +107,9 @@ def build(config: dict[str, Any]) -> dict[str, object]:
     if uv is None:
         import platform  # only here: what the controller needs to send a uv that runs on this node
 
+        libc, version = libc_of(platform.libc_ver())
         return {"error": "uv not found (looked for " + ", ".join(config["uv"]) + ")", "uv_missing": True,
-                "system": platform.system(), "machine": platform.machine(), "libc": platform.libc_ver()[0]}
+                "system": platform.system(), "machine": platform.machine(), "libc": libc, "libc_version": version}
     project = os.path.expanduser(config["project"])
     env.pop("VIRTUAL_ENV", None)  # uv warns, and would compare it with the project's environment
     env["UV_PROJECT_ENVIRONMENT"] = path
