@@ -564,11 +564,11 @@ def test_where_slurm_picks_every_node_and_one_is_excluded_the_run_ends_without_b
 
 
 def stand_in_docker(directory: Path) -> Path:
-    """A ``docker`` for the SLURM nodes (no runtime runs under slurmd here: its cgroup v1
-    mounts hide the cgroup2 one podman's crun needs in a node): it appends how it was
+    """A ``docker`` for this module's nodes, which are not set up for podman (real podman
+    under SLURM: test_slurm_containers.py, a cluster of its own): it appends how it was
     called and on which node to ``calls``, and for ``run`` runs the job's argv (after the
     image) in ``-w``'s directory, as the container would; the task's own command line,
-    trap and removal are the real ones."""
+    trap and removal are the real ones, and the 3-node job is real DDP."""
     directory.mkdir(parents=True, exist_ok=True)
     fake = directory / "docker"
     fake.write_text(f"""#!{sys.executable}
