@@ -3,7 +3,9 @@ configured python, which becomes the venv's base interpreter).
 
 Reads its config, one JSON line, on stdin (the job's environment travels there, never on a
 command line): ``path`` (the venv), ``key``, ``project`` (the synced project), ``uv``
-(where to look for uv, in order), ``system_site_packages``, ``env``. When the venv's
+(where to look for uv, in order), ``system_site_packages``, ``env``, and optionally
+``wheelhouse`` (a directory holding the lock's wheels and ``requirements.txt``, the lock
+exported with hashes: the venv is built from those files alone, offline). When the venv's
 marker holds ``key`` the venv is as the lock made it: nothing runs, not even uv. Else it
 finds uv, runs ``uv sync --frozen`` into the venv and writes the marker last, so a build
 cut short is built again. Prints one JSON line: ``{"cached": true}``, ``{"built": true,
@@ -114,16 +116,27 @@ def build(config: dict[str, Any]) -> dict[str, object]:
     env.pop("VIRTUAL_ENV", None)  # uv warns, and would compare it with the project's environment
     env["UV_PROJECT_ENVIRONMENT"] = path
     started = time.monotonic()
-    if config.get("system_site_packages") and not os.path.exists(os.path.join(path, "pyvenv.cfg")):
+    wheelhouse = os.path.expanduser(config["wheelhouse"]) if config.get("wheelhouse") else None
+    system = bool(config.get("system_site_packages"))
+    if (system or wheelhouse) and not os.path.exists(os.path.join(path, "pyvenv.cfg")):
         # uv sync keeps an existing venv's settings: made here with the system's packages
         # visible, it stays so (uv sync alone makes an isolated one).
-        code, output = run([uv, "venv", "--allow-existing", "--system-site-packages", "--python", sys.executable,
-                            path], project, env)
+        code, output = run([uv, "venv", "--allow-existing", *(["--system-site-packages"] if system else []),
+                            "--python", sys.executable, path], project, env)
         if code != 0:
             return {"error": f"uv venv failed (exit {code}): {tail(output)}"}
-    code, output = run([uv, "sync", "--frozen", "--python", sys.executable], project, env)
-    if code != 0:
-        return {"error": f"uv sync --frozen failed (exit {code}): {tail(output)}"}
+    if wheelhouse:
+        # uv sync --frozen takes a registry package from the lock's URL, never from
+        # --find-links: the lock's own files (exported with their hashes) are installed.
+        argv = [uv, "pip", "sync", "--offline", "--no-index", "--find-links", wheelhouse, "--require-hashes",
+                "--python", os.path.join(path, "bin", "python"), os.path.join(wheelhouse, "requirements.txt")]
+        code, output = run(argv, project, env)
+        if code != 0:
+            return {"error": f"uv pip sync from {wheelhouse} failed (exit {code}): {tail(output)}"}
+    else:
+        code, output = run([uv, "sync", "--frozen", "--python", sys.executable], project, env)
+        if code != 0:
+            return {"error": f"uv sync --frozen failed (exit {code}): {tail(output)}"}
     write_marker(path, {"key": config["key"], "uv": uv, "python": sys.executable})
     return {"built": True, "uv": uv, "seconds": round(time.monotonic() - started, 3)}
 
