@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from uvproject import locked_project, uv_binary
 
+from torchherd.console.sync import venv_notes
 from torchherd.engine import venvs
-from torchherd.engine.events import VenvFailed, VenvReady
+from torchherd.engine.events import VenvFailed, VenvReady, VenvsDone
 from torchherd.engine.uvwheels import (
     NodePlatform,
     WheelError,
@@ -201,6 +202,9 @@ def test_a_node_without_uv_builds_its_venv_with_the_uv_of_the_wheel_for_its_plat
     result = venvs._build(node, LocalSession("n0"), inventory.uv.wheels)
     assert isinstance(result, VenvReady), result
     assert result.shipped and result.built and result.uv.startswith(str(tmp_path / "v" / "uv-"))
+    assert result.wheel == f"uv-9.9.9-py3-none-{this_machines_tag()}.whl"
+    (note, _), = [line for line in venv_notes(VenvsDone((result,), 1.0)) if "had no uv" in line[0]]
+    assert note == f"n0: had no uv: the one of {result.wheel} sent ({result.uv})"
     assert Path(result.uv).read_bytes() == Path(uv_binary()).read_bytes()
     assert os.access(Path(node.venv.path) / "bin" / "python", os.X_OK)
 

@@ -102,7 +102,7 @@ def _build(node: NodePlan, session: Session | None, wheels: str | None = None) -
         shipped = ship_uv(session, node, local)
     except TransportError as error:
         return VenvFailed(name, f"{answer['error']}; sending this machine's uv failed: {error}", missing_uv_hint(node))
-    return _outcome(node, _ask(session, node, {**config, "uv": [shipped]}), shipped=True)
+    return _outcome(node, _ask(session, node, {**config, "uv": [shipped]}), shipped=True, wheel=local.wheel)
 
 
 def _ask(session: Session, node: NodePlan, config: Mapping[str, object]) -> dict[str, Any]:
@@ -121,7 +121,8 @@ def _ask(session: Session, node: NodePlan, config: Mapping[str, object]) -> dict
     return dict(answer)
 
 
-def _outcome(node: NodePlan, answer: Mapping[str, Any], shipped: bool = False) -> Union[VenvReady, VenvFailed]:
+def _outcome(node: NodePlan, answer: Mapping[str, Any], shipped: bool = False,
+             wheel: str = "") -> Union[VenvReady, VenvFailed]:
     assert node.venv is not None
     name = node.host.name
     if "error" in answer:
@@ -130,7 +131,7 @@ def _outcome(node: NodePlan, answer: Mapping[str, Any], shipped: bool = False) -
             "uv's cache), or run uv sync --frozen there to see more")
         return VenvFailed(name, str(answer["error"]), hint)
     return VenvReady(name, node.venv.path, bool(answer.get("built")), float(answer.get("seconds", 0.0)),
-                     str(answer.get("uv", "")), shipped)
+                     str(answer.get("uv", "")), shipped, wheel)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ class LocalUv:
     system: str
     machine: str
     libc: str
+    wheel: str = ""
+    """The wheel it was taken out of; "": this machine's own."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -180,7 +183,7 @@ def uv_from_wheel(node: NodePlatform, wheels: str | None, node_name: str = "") -
         path, digest = extract_uv(found.path, EXTRACTED)
     except WheelError as error:
         raise WheelMissing(f"{error}: {missing_wheel(node_name or 'the node', node, wheels)}") from None
-    return LocalUv(path, digest, node.system, node.machine, node.libc)
+    return LocalUv(path, digest, node.system, node.machine, node.libc, found.path.name)
 
 
 def _not_for(local: LocalUv | None, answer: Mapping[str, Any]) -> str:
