@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -208,12 +209,17 @@ def test_without_pyxis_the_task_runs_torchrun_in_the_nodes_runtime_and_removes_t
 
 
 def test_no_runtime_on_the_node_is_a_setup_failure_naming_the_node(tmp_path: Path) -> None:
+    # A PATH with the task's own tools only: this machine may have a docker (podman-docker's) in /usr/bin.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    for tool in ("mktemp", "date", "rm", "id"):
+        found = shutil.which(tool)
+        assert found is not None
+        (bin_dir / tool).symlink_to(found)
     the_plan = Cluster(["n0"], scheduler="slurm", python="python3", workdir=str(tmp_path),
                        container={"image": "img:1", "runtime": "docker"}).plan("train.py", run_id="th-m")
-    ran = subprocess.run(["bash", "-c", node_command(the_plan, the_plan.nodes)], capture_output=True, text=True,
-                         env=task_env(tmp_path, bin_dir))
+    ran = subprocess.run([shutil.which("bash") or "/bin/bash", "-c", node_command(the_plan, the_plan.nodes)],
+                         capture_output=True, text=True, env={**task_env(tmp_path, bin_dir), "PATH": str(bin_dir)})
     assert ran.returncode != 0
     assert "no container runtime on n1: docker is not installed there" in ran.stderr
     assert calls(tmp_path) == []
