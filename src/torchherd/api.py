@@ -217,7 +217,7 @@ class Cluster:
 
     def batch_script(self, plan: Plan, *, fail_fast: bool = True) -> BatchJob:
         """The SLURM batch script ``plan`` becomes (what ``run --dry-run`` prints for SLURM)."""
-        return batch_job(plan, self.inventory.slurm, fail_fast)
+        return batch_job(plan, self.inventory.slurm, fail_fast, pyxis=None)
 
     def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
         """What ``run --dry-run`` prints: ``plan`` itself (SSH), or its batch script (SLURM)."""

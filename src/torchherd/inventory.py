@@ -83,7 +83,8 @@ CONTAINER_KEYS = ("image", "runtime", "mounts", "options", "pull")
 STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
 SYNC_KEYS = ("dir", "exclude", "include", "dest")
-TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks", "container")
+TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks", "container", "uv")
+UV_KEYS = ("wheels",)
 RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout", "checkpoint")
 MAX_RETRIES = 1000
 """More attempts than any run makes: a larger count is a typo."""
@@ -177,6 +178,15 @@ class SlurmSettings:
 
 
 @dataclass(frozen=True)
+class UvSettings:
+    """The ``[uv]`` table: what this machine offers nodes that lack uv (docs/environments.md)."""
+
+    wheels: str | None = None
+    """A directory of this machine's holding ``uv`` wheels (``pip download uv --platform ...``):
+    a node of another platform gets the binary of the wheel for its own."""
+
+
+@dataclass(frozen=True)
 class SyncSettings:
     """The ``[sync]`` table: what ``--sync`` sends, and where it goes on each node."""
 
@@ -260,6 +270,7 @@ class Inventory:
     ``hosts``, never launched unless recovery takes one."""
     recovery: Recovery = Recovery()
     checks: ChecksSettings = ChecksSettings()
+    uv: UvSettings = UvSettings()
 
     def host(self, name: str) -> Host:
         for host in self.hosts:
@@ -529,8 +540,19 @@ def parse(document: Mapping[str, Any], path: Path) -> Inventory:
     ranked = (master,) + tuple(host for host in hosts if host is not master)
     sync = _parse_sync(_table(document, "sync", path), path) if "sync" in document else None
     checks = _parse_checks(_table(document, "checks", path), path)
+    uv = _parse_uv(_table(document, "uv", path), path)
     return Inventory(path=path, cluster=cluster, hosts=ranked, sync=sync, slurm=slurm, spares=spares,
-                     recovery=recovery, checks=checks)
+                     recovery=recovery, checks=checks, uv=uv)
+
+
+def _parse_uv(table: Mapping[str, Any], path: Path) -> UvSettings:
+    read = _Reader(path, "[uv].", table, UV_KEYS)
+    wheels = read.get("wheels", None, read.text)
+    if wheels is not None and not Path(wheels).expanduser().is_dir():
+        read.fail("wheels", f"{wheels} is not a directory on this machine",
+                  f"mkdir -p {wheels} && pip download uv --no-deps --only-binary=:all: --platform "
+                  f"manylinux_2_17_x86_64 -d {wheels} (the nodes' platform)")
+    return UvSettings(wheels=wheels)
 
 
 def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, frozenset[str]]:

@@ -71,6 +71,9 @@ class SlurmCluster:
         self.conf = self.etc / "slurm.conf"
         self.socket = self.dir / "munge.socket"
         self.port = 0
+        # A node with podman (LocalCluster(containers=True)) has a cgroup2 hierarchy at
+        # /sys/fs/cgroup that its crun needs: slurmd's cgroup v1 mounts go elsewhere.
+        self.cgroups = "/run/slurm-cgroup" if getattr(cluster, "containers", False) else "/sys/fs/cgroup"
         self._munged: subprocess.Popen[bytes] | None = None
         self._slurmctld: subprocess.Popen[bytes] | None = None
 
@@ -149,7 +152,8 @@ class SlurmCluster:
         lines.append(f"PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(lines) + "\n")
         # slurmd insists on a cgroup filesystem even with proctrack/linuxproc.
-        (self.etc / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=yes\n")
+        (self.etc / "cgroup.conf").write_text(f"CgroupPlugin=cgroup/v1\nCgroupAutomount=yes\n"
+                                              f"CgroupMountpoint={self.cgroups}\n")
         (self.etc / "plugstack.conf").write_text("")
         for directory in ("state", "spool"):
             (self.dir / directory).mkdir()
@@ -163,8 +167,9 @@ class SlurmCluster:
     def _start_slurmd(self, name: str) -> None:
         """Inside the node: cgroups (``ip netns exec`` hid the host's), the config at
         /etc/slurm, then slurmd, which daemonizes into the node's process table."""
-        mounts = ["mount -t tmpfs cg /sys/fs/cgroup"] + [
-            f"mkdir -p /sys/fs/cgroup/{c} && mount -t cgroup -o {c} cgroup /sys/fs/cgroup/{c}"
+        root = self.cgroups
+        mounts = [f"mkdir -p {root} && mount -t tmpfs cg {root}"] + [
+            f"mkdir -p {root}/{c} && mount -t cgroup -o {c} cgroup {root}/{c}"
             for c in CGROUP_CONTROLLERS]
         script = " && ".join(mounts + [
             f"mount --bind {shlex.quote(str(self.etc))} /etc/slurm",

@@ -9,6 +9,7 @@ two cores shared with other tests: small jobs, short runs, generous timeouts.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -560,3 +561,76 @@ def test_where_slurm_picks_every_node_and_one_is_excluded_the_run_ends_without_b
                                        "attempt 2: attempt 2 could not start"), summary.headline
     assert len({event.job_id for event in events.of(JobQueued)}) == 1
     assert slurm.queue() == []
+
+
+def stand_in_docker(directory: Path) -> Path:
+    """A ``docker`` for this module's nodes, which are not set up for podman (real podman
+    under SLURM: test_slurm_containers.py, a cluster of its own): it appends how it was
+    called and on which node to ``calls``, and for ``run`` runs the job's argv (after the
+    image) in ``-w``'s directory, as the container would; the task's own command line,
+    trap and removal are the real ones, and the 3-node job is real DDP."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fake = directory / "docker"
+    fake.write_text(f"""#!{sys.executable}
+import json, os, sys
+with open({str(directory / "calls")!r}, "a") as log:
+    log.write(json.dumps([os.environ.get("SLURMD_NODENAME", "")] + sys.argv[1:]) + "\\n")
+args = sys.argv[1:]
+if args[0] == "run":
+    at = args.index("img:1")
+    os.chdir(args[args.index("-w") + 1])
+    os.execvp(args[at + 1], args[at + 1:])
+""")
+    fake.chmod(0o755)
+    return directory
+
+
+@pytest.mark.timeout(420)
+def test_a_job_in_a_container_runs_with_the_nodes_runtime_and_scancel_removes_it(slurm: SlurmCluster,
+                                                                                inventory: Path,
+                                                                                tmp_path: Path) -> None:
+    # In the shared home: each node has a /tmp of its own.
+    shim = stand_in_docker(Path.home() / f".torchherd-test-runtime-{os.getpid()}")
+    try:
+        job_in_a_stand_in_container(slurm, inventory, tmp_path, shim)
+    finally:
+        shutil.rmtree(shim, ignore_errors=True)
+
+
+def job_in_a_stand_in_container(slurm: SlurmCluster, inventory: Path, tmp_path: Path, shim: Path) -> None:
+    inventory.write_text(inventory.read_text() + '\n[container]\nimage = "img:1"\nruntime = "docker"\n')
+    path = f"PATH={shim}:/usr/local/bin:/usr/bin:/bin"
+
+    def calls() -> list[list[str]]:
+        return [json.loads(line) for line in (shim / "calls").read_text().splitlines()]
+
+    code, out = run(inventory, tmp_path / "logs", "--env", path, "--nproc-per-node", "1", "--",
+                    DDP_DEMO, "--steps", "5")
+    assert code == 0, out
+    assert "all 3 nodes finished (exit 0)" in out
+    (job_id,) = re.findall(r"SLURM job (\d+): submitted", out)
+    names = {call[0]: call[call.index("--name") + 1] for call in calls() if call[1] == "run"}
+    assert sorted(names) == slurm.cluster.names, calls()
+    for node, name in names.items():
+        assert re.fullmatch(rf"torchherd-th-[\w-]+-{node}-{job_id}", name), name
+        assert [node, "rm", "-f", name] in calls()
+        assert re.search(rf"{node}:\d +│ .*host {node} step \d+ loss", out), out
+    run_call = next(call for call in calls() if call[1] == "run")
+    assert run_call[run_call.index("--network") + 1] == "host" and ["-e", "PATH"] == run_call[
+        run_call.index("PATH") - 1:run_call.index("PATH") + 1]
+
+    # Cancelled mid-run (stop of a detached run: scancel): every node's task removes its container.
+    (shim / "calls").unlink()
+    code, out = torchherd(inventory, "run", "--detach", "--no-check", "--env", path, "--nproc-per-node", "1", "--",
+                          TICKER, "100000", "0.2")
+    assert code == 0, out
+    (run_id,) = re.findall(r"^(th-\S+)$", out, re.M)
+    deadline = time.monotonic() + 120
+    while "tick 2 3" not in (logs := torchherd(inventory, "logs", run_id, "--node", "node2")[1]):
+        assert time.monotonic() < deadline, logs
+        time.sleep(1)
+    code, out = torchherd(inventory, "stop", run_id)
+    assert code == 0, out
+    removed = {call[0] for call in calls() if call[1:3] == ["rm", "-f"] and call[3].startswith(f"torchherd-{run_id}-")}
+    assert removed == set(slurm.cluster.names), calls()
+    assert_clean(slurm.cluster)

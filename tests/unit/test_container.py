@@ -251,13 +251,16 @@ def test_check_command_quotes_the_image_and_resolves_the_runtime_on_the_node() -
         "runtime": "podman", "id": "abc", "versions": {"python": "3.11.7"}}
 
 
-def test_slurm_refuses_a_job_in_a_container_instead_of_running_it_outside() -> None:
+def test_slurm_runs_a_job_in_a_container_inside_it_never_outside() -> None:
     from torchherd.engine.slurm.batch import batch_job
 
     inventory = parse({"cluster": {"scheduler": "slurm"}, "container": {"image": "img:1"},
                        "hosts": [{"name": "a"}, {"name": "b"}]}, Path("h.toml"))
-    with pytest.raises(UsageError, match=r"^--image / \[container\]: a job in a container is not handed to SLURM"):
-        batch_job(build_plan(inventory, RunOptions(script="t.py", run_id="r1")), inventory.slurm)
+    the_plan = build_plan(inventory, RunOptions(script="t.py", run_id="r1"))
+    for pyxis in (False, True):
+        script = batch_job(the_plan, inventory.slurm, pyxis=pyxis).script
+        assert ("--container-image=img:1" in script) is pyxis
+        assert ("podman run --rm" in script) is not pyxis
 
 
 def test_pull_policy_reaches_the_run_command_and_check_never_pulls() -> None:

@@ -252,7 +252,8 @@ def test_the_node_program_without_uv_says_where_it_looked(tmp_path: Path) -> Non
               "system_site_packages": False, "env": {}}
     answer = build_here({**config, "env": {"PATH": str(tmp_path)}})
     assert answer == {"error": "uv not found (looked for /nowhere/uv, no-such-uv)", "uv_missing": True,
-                      "system": platform.system(), "machine": platform.machine(), "libc": platform.libc_ver()[0]}
+                      "system": platform.system(), "machine": platform.machine(), "libc": platform.libc_ver()[0],
+                      "libc_version": platform.libc_ver()[1]}
 
 
 def test_this_machines_uv_is_found_and_judged_against_the_nodes_platform() -> None:

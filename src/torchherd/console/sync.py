@@ -64,7 +64,8 @@ def venv_notes(done: VenvsDone) -> Iterator[tuple[str, str]]:
         if isinstance(node, VenvReady):
             groups.setdefault((node.path, node.built), []).append(node)
             if node.shipped:
-                yield f"{printable(node.node)}: had no uv: this machine's sent ({printable(node.uv)})", "yellow"
+                whose = f"the one of {printable(node.wheel)}" if node.wheel else "this machine's"
+                yield f"{printable(node.node)}: had no uv: {whose} sent ({printable(node.uv)})", "yellow"
         elif isinstance(node, VenvFailed):
             yield f"{printable(node.node)}: venv not built: {printable(node.message)}", "bold red"
             if node.hint:

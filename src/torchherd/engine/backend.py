@@ -251,7 +251,7 @@ class SlurmBackend(Backend):
 
     def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
         self.allow("--sync", plan.sync is not None)
-        return batch_job(plan, plan.inventory.slurm, fail_fast)
+        return batch_job(plan, plan.inventory.slurm, fail_fast, pyxis=None)
 
     def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
         return slurm_job.launch(self._attached(plan, options), options, self._connector(), observer)

@@ -230,6 +230,8 @@ class VenvReady:
     """The uv that built it."""
     shipped: bool = False
     """That uv was sent from the controller (the node had none)."""
+    wheel: str = ""
+    """The wheel that uv was taken out of (a node of another platform); "": the controller's own."""
 
 
 @dataclass(frozen=True)

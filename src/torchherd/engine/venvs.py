@@ -5,8 +5,9 @@ venv's marker holds the plan's key (same lock, python and kind of venv) nothing 
 else it finds uv there and runs ``uv sync --frozen`` into the venv. The job's environment
 (``[defaults].env``, ``--env``: an index URL, ``UV_OFFLINE``, a proxy) reaches uv through
 the program's stdin, never a command line. A node without uv (and none configured) gets
-this machine's own uv binary, when it runs there (Linux, the same machine and libc), sent
-over SFTP beside the node's venvs. The observer is told ``VenvsDone``.
+this machine's own uv binary, when it runs there (Linux, the same machine and libc), else
+the binary of the ``uv`` wheel for the node's platform from a local wheel directory
+(engine/uvwheels.py), sent over SFTP beside the node's venvs. The observer is told ``VenvsDone``.
 """
 
 from __future__ import annotations
@@ -25,11 +26,22 @@ from pathlib import Path
 from typing import Any, Mapping, Union
 
 from torchherd.engine.events import Observer, VenvFailed, VenvReady, VenvsDone
+from torchherd.engine.uvwheels import (
+    NodePlatform,
+    WheelError,
+    extract_uv,
+    find_wheel,
+    missing_wheel,
+    wheel_dirs,
+)
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command
 from torchherd.shell import quote_path
 from torchherd.transport import Session, fan_out
+
+EXTRACTED = Path.home() / ".cache" / "torchherd" / "uv"
+"""Where a uv binary taken out of a wheel is kept (under its hash) before it is sent."""
 
 BUILD_SECONDS = 3600.0
 """How long one node's ``uv sync`` may take: a first build downloads torch and CUDA's
@@ -62,13 +74,14 @@ def build_venvs(plan: Plan, sessions: Mapping[str, Session], observer: Observer)
     node's failure: ``VenvsDone.failed`` says which and why."""
     started = time.monotonic()
     nodes = [node for node in plan.nodes if node.venv is not None]
-    results = tuple(fan_out(nodes, lambda node: _build(node, sessions.get(node.host.name))))
+    wheels = plan.inventory.uv.wheels
+    results = tuple(fan_out(nodes, lambda node: _build(node, sessions.get(node.host.name), wheels)))
     done = VenvsDone(results, time.monotonic() - started)
     observer(done)
     return done
 
 
-def _build(node: NodePlan, session: Session | None) -> Union[VenvReady, VenvFailed]:
+def _build(node: NodePlan, session: Session | None, wheels: str | None = None) -> Union[VenvReady, VenvFailed]:
     assert node.venv is not None
     name = node.host.name
     if session is None:
@@ -77,16 +90,19 @@ def _build(node: NodePlan, session: Session | None) -> Union[VenvReady, VenvFail
     answer = _ask(session, node, config)
     if "error" not in answer or not answer.get("uv_missing") or node.host.uv is not None:
         return _outcome(node, answer)
-    # No uv on the node, none configured: this machine's own, where it runs there.
+    # No uv on the node, none configured: this machine's own, where it runs there; else
+    # the binary of the uv wheel for the node's platform, from a wheel directory here.
     local = local_uv()
-    why = _not_for(local, answer)
-    if local is None or why:
-        return VenvFailed(name, str(answer["error"]), missing_uv_hint(node) + (f" ({why})" if why else ""))
+    if local is None or _not_for(local, answer):
+        try:
+            local = uv_from_wheel(node_platform(answer), wheels, name)
+        except WheelMissing as missing:
+            return VenvFailed(name, str(answer["error"]), f"{missing}; or {missing_uv_hint(node)}")
     try:
         shipped = ship_uv(session, node, local)
     except TransportError as error:
         return VenvFailed(name, f"{answer['error']}; sending this machine's uv failed: {error}", missing_uv_hint(node))
-    return _outcome(node, _ask(session, node, {**config, "uv": [shipped]}), shipped=True)
+    return _outcome(node, _ask(session, node, {**config, "uv": [shipped]}), shipped=True, wheel=local.wheel)
 
 
 def _ask(session: Session, node: NodePlan, config: Mapping[str, object]) -> dict[str, Any]:
@@ -105,7 +121,8 @@ def _ask(session: Session, node: NodePlan, config: Mapping[str, object]) -> dict
     return dict(answer)
 
 
-def _outcome(node: NodePlan, answer: Mapping[str, Any], shipped: bool = False) -> Union[VenvReady, VenvFailed]:
+def _outcome(node: NodePlan, answer: Mapping[str, Any], shipped: bool = False,
+             wheel: str = "") -> Union[VenvReady, VenvFailed]:
     assert node.venv is not None
     name = node.host.name
     if "error" in answer:
@@ -114,7 +131,7 @@ def _outcome(node: NodePlan, answer: Mapping[str, Any], shipped: bool = False) -
             "uv's cache), or run uv sync --frozen there to see more")
         return VenvFailed(name, str(answer["error"]), hint)
     return VenvReady(name, node.venv.path, bool(answer.get("built")), float(answer.get("seconds", 0.0)),
-                     str(answer.get("uv", "")), shipped)
+                     str(answer.get("uv", "")), shipped, wheel)
 
 
 @dataclass(frozen=True)
@@ -126,6 +143,8 @@ class LocalUv:
     system: str
     machine: str
     libc: str
+    wheel: str = ""
+    """The wheel it was taken out of; "": this machine's own."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -143,6 +162,28 @@ def local_uv() -> LocalUv | None:
             continue
         return LocalUv(path, digest, platform.system(), platform.machine(), platform.libc_ver()[0])
     return None
+
+
+class WheelMissing(Exception):
+    """No uv wheel here for the node's platform (or an unreadable one): the one-line fix."""
+
+
+def node_platform(answer: Mapping[str, Any]) -> NodePlatform:
+    return NodePlatform(str(answer.get("system", "")), str(answer.get("machine", "")), str(answer.get("libc", "")),
+                        str(answer.get("libc_version", "")))
+
+
+def uv_from_wheel(node: NodePlatform, wheels: str | None, node_name: str = "") -> LocalUv:
+    """The binary of the newest uv wheel here for ``node``'s platform, extracted once under
+    its hash. Raises WheelMissing with the node, its platform and the download that fixes it."""
+    found = find_wheel(wheel_dirs(wheels), node)
+    if found is None:
+        raise WheelMissing(missing_wheel(node_name or "the node", node, wheels))
+    try:
+        path, digest = extract_uv(found.path, EXTRACTED)
+    except WheelError as error:
+        raise WheelMissing(f"{error}: {missing_wheel(node_name or 'the node', node, wheels)}") from None
+    return LocalUv(path, digest, node.system, node.machine, node.libc, found.path.name)
 
 
 def _not_for(local: LocalUv | None, answer: Mapping[str, Any]) -> str:

@@ -3,12 +3,15 @@ configured python, which becomes the venv's base interpreter).
 
 Reads its config, one JSON line, on stdin (the job's environment travels there, never on a
 command line): ``path`` (the venv), ``key``, ``project`` (the synced project), ``uv``
-(where to look for uv, in order), ``system_site_packages``, ``env``. When the venv's
+(where to look for uv, in order), ``system_site_packages``, ``env``, and optionally
+``wheelhouse`` (a directory holding the lock's wheels and ``requirements.txt``, the lock
+exported with hashes: the venv is built from those files alone, offline). When the venv's
 marker holds ``key`` the venv is as the lock made it: nothing runs, not even uv. Else it
 finds uv, runs ``uv sync --frozen`` into the venv and writes the marker last, so a build
 cut short is built again. Prints one JSON line: ``{"cached": true}``, ``{"built": true,
 "uv": PATH, "seconds": S}``, or ``{"error": TEXT}``; with no uv found, ``"uv_missing": true`` and the
-node's ``system``, ``machine`` and ``libc`` (the controller may send a uv that runs there).
+node's ``system``, ``machine``, ``libc`` (glibc, musl or "") and ``libc_version`` (the
+controller may send a uv that runs there).
 
 Nodes that share a home build one venv: uv locks it while it syncs (the others wait, then
 find it in sync); the marker is replaced atomically.
@@ -69,6 +72,25 @@ def tail(output: bytes) -> str:
     return " | ".join(lines[-TAIL_LINES:]) or "no output"
 
 
+def libc_of(glibc: tuple[str, str]) -> tuple[str, str]:
+    """This node's C library and its version: glibc as Python reads it, else musl from its
+    loader (``/lib/ld-musl-<arch>.so.1``, which prints its version when run bare), else none."""
+    if glibc[0]:
+        return glibc[0], glibc[1]
+    import glob
+
+    loaders = sorted(glob.glob("/lib/ld-musl-*.so.1"))
+    if not loaders:
+        return "", ""
+    try:
+        said = subprocess.run([loaders[0]], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=10, check=False).stdout.decode("ascii", "replace")
+    except (OSError, subprocess.SubprocessError):
+        said = ""
+    found = [line.split()[-1] for line in said.splitlines() if line.startswith("Version ")]
+    return "musl", found[0] if found else ""
+
+
 def run(argv: list[str], cwd: str, env: dict[str, str]) -> tuple[int, bytes]:
     done = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, check=False)
@@ -87,22 +109,34 @@ def build(config: dict[str, Any]) -> dict[str, object]:
     if uv is None:
         import platform  # only here: what the controller needs to send a uv that runs on this node
 
+        libc, version = libc_of(platform.libc_ver())
         return {"error": "uv not found (looked for " + ", ".join(config["uv"]) + ")", "uv_missing": True,
-                "system": platform.system(), "machine": platform.machine(), "libc": platform.libc_ver()[0]}
+                "system": platform.system(), "machine": platform.machine(), "libc": libc, "libc_version": version}
     project = os.path.expanduser(config["project"])
     env.pop("VIRTUAL_ENV", None)  # uv warns, and would compare it with the project's environment
     env["UV_PROJECT_ENVIRONMENT"] = path
     started = time.monotonic()
-    if config.get("system_site_packages") and not os.path.exists(os.path.join(path, "pyvenv.cfg")):
+    wheelhouse = os.path.expanduser(config["wheelhouse"]) if config.get("wheelhouse") else None
+    system = bool(config.get("system_site_packages"))
+    if (system or wheelhouse) and not os.path.exists(os.path.join(path, "pyvenv.cfg")):
         # uv sync keeps an existing venv's settings: made here with the system's packages
         # visible, it stays so (uv sync alone makes an isolated one).
-        code, output = run([uv, "venv", "--allow-existing", "--system-site-packages", "--python", sys.executable,
-                            path], project, env)
+        code, output = run([uv, "venv", "--allow-existing", *(["--system-site-packages"] if system else []),
+                            "--python", sys.executable, path], project, env)
         if code != 0:
             return {"error": f"uv venv failed (exit {code}): {tail(output)}"}
-    code, output = run([uv, "sync", "--frozen", "--python", sys.executable], project, env)
-    if code != 0:
-        return {"error": f"uv sync --frozen failed (exit {code}): {tail(output)}"}
+    if wheelhouse:
+        # uv sync --frozen takes a registry package from the lock's URL, never from
+        # --find-links: the lock's own files (exported with their hashes) are installed.
+        argv = [uv, "pip", "sync", "--offline", "--no-index", "--find-links", wheelhouse, "--require-hashes",
+                "--python", os.path.join(path, "bin", "python"), os.path.join(wheelhouse, "requirements.txt")]
+        code, output = run(argv, project, env)
+        if code != 0:
+            return {"error": f"uv pip sync from {wheelhouse} failed (exit {code}): {tail(output)}"}
+    else:
+        code, output = run([uv, "sync", "--frozen", "--python", sys.executable], project, env)
+        if code != 0:
+            return {"error": f"uv sync --frozen failed (exit {code}): {tail(output)}"}
     write_marker(path, {"key": config["key"], "uv": uv, "python": sys.executable})
     return {"built": True, "uv": uv, "seconds": round(time.monotonic() - started, 3)}
 

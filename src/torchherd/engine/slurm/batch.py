@@ -13,10 +13,12 @@ import shlex
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from torchherd.engine.slurm.container import PYXIS_RUNTIMES, node_run_command, pyxis_options, uses_pyxis
 from torchherd.errors import UsageError
 from torchherd.inventory import SlurmSettings
 from torchherd.nodeset import expand
 from torchherd.plan import NodePlan, Plan, looks_secret, node_log_dir
+from torchherd.remote.container import NAME_PREFIX, RUNTIMES
 from torchherd.shell import quote_path
 
 BATCH_SCRIPT = "job.sbatch"
@@ -122,18 +124,29 @@ def placement(plan: Plan, settings: SlurmSettings) -> Placement:
     return Placement(len(names), ",".join(names), "the inventory's hosts")
 
 
-def batch_job(plan: Plan, settings: SlurmSettings, fail_fast: bool = True) -> BatchJob:
+def batch_job(plan: Plan, settings: SlurmSettings, fail_fast: bool = True, pyxis: bool | None = False) -> BatchJob:
     """The batch script for ``plan``: one task per node, each running the plan's torchrun
-    with SLURM's node id as its node rank. Raises UsageError for what SLURM cannot run."""
-    if any(node.container is not None for node in plan.nodes):
-        raise UsageError("--image / [container]: a job in a container is not handed to SLURM yet (pyxis's "
-                         "srun --container-image is not built)", "run it over SSH: --scheduler ssh")
+    with SLURM's node id as its node rank. With a container: inside it, through pyxis
+    (``pyxis``: the submit host's srun lists ``--container-image``), else with the runtime
+    found on each node; None: not asked (``--dry-run``), the runtime's script with a note.
+    Raises UsageError for what SLURM cannot run."""
     where = placement(plan, settings)
     nodes = plan.nodes if where.source != "[slurm]" else plan.nodes[:1]
     _same_everywhere(nodes)
+    spec = nodes[0].container
+    in_pyxis = spec is not None and uses_pyxis(spec, bool(pyxis))
     notes = [f"nodes: {_describe(where)} (from {where.source}); node_rank = $SLURM_NODEID, "
              f"master = the first node of the allocation"]
     options = sbatch_options(plan, settings, where, notes)
+    step: list[str] = []
+    if spec is not None and in_pyxis:
+        step = pyxis_options(spec, nodes[0].workdir, notes)
+    elif spec is not None:
+        notes.append(f"container: {spec.runtime} on each node (the first of {', '.join(RUNTIMES)} found there for "
+                     f"auto), named {NAME_PREFIX}{plan.run_id}-<node>-<job id>, removed when the task ends or is "
+                     "cancelled" + ("; where srun --help lists --container-image (pyxis), srun runs the image "
+                                    "instead (asked at submission)" if pyxis is None and spec.runtime in
+                                    PYXIS_RUNTIMES else ""))
     lines = ["#!/bin/bash"] + [f"#SBATCH {option}" for option in options] + [
         f"# torchherd run {plan.run_id}: {one_line(shlex.join((plan.options.script, *plan.options.script_args)))}",
         "# Made by torchherd (docs/md). The job's environment is in this file only (0600),",
@@ -143,8 +156,8 @@ def batch_job(plan: Plan, settings: SlurmSettings, fail_fast: bool = True) -> Ba
     lines += [f'export {DIR_VAR}="$SLURM_SUBMIT_DIR"', _master_line(plan)]
     srun = ["srun", f"--kill-on-bad-exit={1 if fail_fast else 0}", "--ntasks-per-node=1",
             '--nodes="$SLURM_JOB_NUM_NODES"', '${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"}',
-            f'--output="${DIR_VAR}/%N{OUT}"', f'--error="${DIR_VAR}/%N{ERR}"', "bash", "-c",
-            shlex.quote(node_command(plan, nodes))]
+            f'--output="${DIR_VAR}/%N{OUT}"', f'--error="${DIR_VAR}/%N{ERR}"', *step, "bash", "-c",
+            shlex.quote(node_command(plan, nodes, in_pyxis))]
     lines.append(" ".join(srun))
     return BatchJob(plan.run_id, "\n".join(lines) + "\n", run_dir(plan.run_id), where, tuple(notes), tuple(options))
 
@@ -168,11 +181,17 @@ def _same_everywhere(nodes: Sequence[NodePlan]) -> None:
     for node in nodes[1:]:
         for key, mine, theirs in (("python", node.host.python, first.host.python),
                                   ("workdir", node.workdir, first.workdir), ("setup", node.setup, first.setup),
-                                  ("env", dict(node.env), dict(first.env))):
+                                  ("env", dict(node.env), dict(first.env)),
+                                  ("container", _unnamed(node), _unnamed(first))):
             if mine != theirs:
                 raise UsageError(f"{node.host.name}: {key} differs from {first.host.name}'s; a SLURM job runs "
                                  "the same command on every node",
                                  f"set {key} once, in [defaults]")
+
+
+def _unnamed(node: NodePlan) -> object:
+    """The node's container but its node-scoped name (one script names it per node)."""
+    return node.container._replace(name="") if node.container is not None else None
 
 
 def sbatch_options(plan: Plan, settings: SlurmSettings, where: Placement, notes: list[str]) -> list[str]:
@@ -218,9 +237,11 @@ def _master_line(plan: Plan) -> str:
 _SLURM_VALUES = {"--node-rank": '"$SLURM_NODEID"', "--master-addr": f'"${MASTER_VAR}"'}
 
 
-def node_command(plan: Plan, nodes: Sequence[NodePlan]) -> str:
+def node_command(plan: Plan, nodes: Sequence[NodePlan], in_pyxis: bool = False) -> str:
     """What each task runs: the plan's cd, setup and torchrun (node rank, master and node
-    count from SLURM), then its exit status into ``<node>.exit`` for the controller."""
+    count from SLURM), then its exit status into ``<node>.exit`` for the controller. With
+    a container and no pyxis, torchrun runs in it with the runtime the node has (the cd
+    and setup on the node); pyxis runs the whole task in the image."""
     first = nodes[0]
     parts = ["\n".join(_nproc_case(nodes))] if _uneven(nodes) else []
     # torchrun would take an existing directory as its own: on a shared /tmp another user
@@ -230,7 +251,12 @@ def node_command(plan: Plan, nodes: Sequence[NodePlan]) -> str:
     parts.append(f"cd {quote_path(first.workdir)}")
     if first.setup.strip():
         parts.append("{ " + first.setup.strip() + "\n}")
-    parts.append("{ phase=job; " + " ".join(torchrun_words(plan, first)) + "; }")
+    words = torchrun_words(plan, first)
+    if first.container is not None and not in_pyxis:
+        inside = node_run_command(first.container, words, list(first.env), first.workdir)
+        parts.append("{ phase=job\n" + inside + "\n}")
+    else:
+        parts.append("{ phase=job; " + " ".join(words) + "; }")
     return "\n".join([
         "phase=setup",
         f"logs={_log_dir_word(plan)}",

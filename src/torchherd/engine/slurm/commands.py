@@ -21,7 +21,8 @@ from torchherd.engine.slurm.batch import (
     BatchJob,
     submit_command,
 )
-from torchherd.errors import TorchherdError, Unplaceable, UsageError
+from torchherd.engine.slurm.container import PYXIS_PROBE, has_pyxis
+from torchherd.errors import TorchherdError, TransportError, Unplaceable, UsageError
 from torchherd.inventory import Host, Inventory
 from torchherd.shell import quote_path
 from torchherd.transport import Connector, Session
@@ -278,6 +279,16 @@ def ask(session: Session, command: str, what: str, stdin: bytes = b"") -> str:
         said = (result.stderr or result.stdout).decode("utf-8", "replace").strip().splitlines()
         raise TorchherdError(f"{what} failed on {session.node}: {said[-1] if said else f'exit {result.exit_code}'}")
     return result.stdout.decode("utf-8", "replace")
+
+
+def pyxis_installed(session: Session) -> bool:
+    """Whether the submit host's srun has pyxis's ``--container-image`` (``srun --help``);
+    an srun that does not answer has no pyxis to offer."""
+    try:
+        result = session.run(PYXIS_PROBE, timeout=COMMAND_TIMEOUT)
+    except TransportError:
+        return False
+    return result.exit_code == 0 and has_pyxis(result.stdout.decode("utf-8", "replace"))
 
 
 NEVER_PLACED = "Requested node configuration is not available"

@@ -46,6 +46,7 @@ from torchherd.engine.slurm.commands import (
     frontend,
     hostnames,
     parse_squeue,
+    pyxis_installed,
     queue_state,
     submit,
 )
@@ -351,9 +352,9 @@ def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: O
 
 def submitted(plan: Plan, options: LaunchOptions, connector: Connector,
                observer: Observer) -> tuple[Session, BatchJob, str]:
-    batch = attempt_job(plan, options)
     session = frontend(plan.inventory, connector)
     try:
+        batch = attempt_job(plan, options, session)
         if options.check:
             _preflight(session, plan, batch, observer)
         return session, batch, submit(session, batch)
@@ -362,10 +363,12 @@ def submitted(plan: Plan, options: LaunchOptions, connector: Connector,
         raise
 
 
-def attempt_job(plan: Plan, options: LaunchOptions) -> BatchJob:
-    """The batch job ``plan`` is submitted as (an attempt of a recovering run: its own)."""
+def attempt_job(plan: Plan, options: LaunchOptions, session: Session) -> BatchJob:
+    """The batch job ``plan`` is submitted as (an attempt of a recovering run: its own);
+    in a container, through pyxis where ``session``'s srun has it."""
     settings = attempt_settings(plan.inventory.slurm, options.exclude)
-    return for_attempt(batch_job(plan, settings, options.fail_fast), options.attempt, options.exclude,
+    pyxis = any(node.container is not None for node in plan.nodes) and pyxis_installed(session)
+    return for_attempt(batch_job(plan, settings, options.fail_fast, pyxis), options.attempt, options.exclude,
                        options.shrink_to)
 
 
@@ -375,7 +378,7 @@ def preflight(plan: Plan, options: LaunchOptions, connector: Connector, observer
     with retries). Raises LaunchAborted when SLURM would not run it."""
     session = frontend(plan.inventory, connector)
     try:
-        _preflight(session, plan, attempt_job(plan, options), observer)
+        _preflight(session, plan, attempt_job(plan, options, session), observer)
     finally:
         session.close()
 
