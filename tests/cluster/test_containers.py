@@ -39,15 +39,20 @@ def boxed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
     cluster = _start(2, tmp_path_factory.mktemp("containers"), containers=True)
     try:
-        archive = write_image_archive(cluster.state_dir / "image.tar")
-        ids = {name: cluster.load_image(name, archive) for name in cluster.names}
-        assert len(set(ids.values())) == 1, ids
-        mounts = ", ".join(f'"{mount}"' for mount in image_mounts())
-        with cluster.inventory.open("a") as inventory:
-            inventory.write(f'\n[container]\nimage = "{IMAGE_TAG}"\nruntime = "podman"\nmounts = [{mounts}]\n')
-        yield cluster
+        yield with_image(cluster)
     finally:
         cluster.down()
+
+
+def with_image(cluster: LocalCluster, runtime: str = "podman") -> LocalCluster:
+    """``cluster`` with the test image loaded on every node and its inventory running in it."""
+    archive = write_image_archive(cluster.state_dir / "image.tar")
+    ids = {name: cluster.load_image(name, archive) for name in cluster.names}
+    assert len(set(ids.values())) == 1, ids
+    mounts = ", ".join(f'"{mount}"' for mount in image_mounts())
+    with cluster.inventory.open("a") as inventory:
+        inventory.write(f'\n[container]\nimage = "{IMAGE_TAG}"\nruntime = "{runtime}"\nmounts = [{mounts}]\n')
+    return cluster
 
 
 def containers_left(cluster: LocalCluster) -> dict[str, str]:
@@ -231,3 +236,30 @@ def test_a_retried_run_starts_its_next_attempt_in_fresh_containers(boxed: LocalC
         # the same run-scoped name on the same node, attempt after attempt: the first one's was removed
         assert f"rank {rank} in attempt 2 on {name}" in out, out
     assert_clean(boxed)
+
+
+@pytest.mark.timeout(420)
+def test_a_spare_takes_the_place_of_a_node_killed_mid_run_in_containers(
+        make_cluster: Callable[..., LocalCluster], tmp_path: Path, controllers: Callable[..., Controller]) -> None:
+    """node2 dies (its link down, every process of it killed: sshd, conmon, the container's
+    ranks); the spare node3 starts attempt 2 in a container of its own and the run ends 0.
+    node2 comes back (as a rebooted machine: sshd again, its podman storage as it was) and
+    holds no container of the run either."""
+    from test_run_recovery import RESUMABLE, kill_node
+
+    cluster = with_image(make_cluster(4, nproc_per_node=1, containers=True))
+    controller = controllers(cluster, tmp_path / "logs", "--spares", "node3", "--retries", "1", "--plain", "--",
+                             RESUMABLE, "--steps", "40", "--step-seconds", "0.15")
+    controller.wait_for(r"step 12 loss", timeout=120)
+    kill_node(cluster, "node2")
+    try:
+        controller.wait_for(r"attempt 2 of 2 on 3 nodes: node0, node1, node3", timeout=150)
+        assert controller.wait(timeout=180) == 0, controller.output
+        out = controller.output
+        assert "node2 excluded: lost in attempt 1: vanished: nothing heard from it" in out, out
+        assert "spare node3 takes the place of node2" in out
+        assert re.search(r"attempt 2, starting at step (10|15)", out), out
+    finally:
+        cluster.restore_network("node2")
+    cluster.start_sshd("node2")
+    assert_clean(cluster, timeout=30)
