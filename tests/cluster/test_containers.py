@@ -242,24 +242,28 @@ def test_a_retried_run_starts_its_next_attempt_in_fresh_containers(boxed: LocalC
 def test_a_spare_takes_the_place_of_a_node_killed_mid_run_in_containers(
         make_cluster: Callable[..., LocalCluster], tmp_path: Path, controllers: Callable[..., Controller]) -> None:
     """node2 dies (its link down, every process of it killed: sshd, conmon, the container's
-    ranks); the spare node3 starts attempt 2 in a container of its own and the run ends 0.
-    node2 comes back (as a rebooted machine: sshd again, its podman storage as it was) and
-    holds no container of the run either."""
+    ranks); the spare node3 starts attempt 2 in a container of its own. node2 comes back
+    while attempt 2 runs (a rebooted machine: sshd again, its podman storage as it was,
+    listing the dead container): at the end the controller removes the run's container
+    there, and the run ends 0 with nothing of it left on any node."""
     from test_run_recovery import RESUMABLE, kill_node
 
     cluster = with_image(make_cluster(4, nproc_per_node=1, containers=True))
     controller = controllers(cluster, tmp_path / "logs", "--spares", "node3", "--retries", "1", "--plain", "--",
-                             RESUMABLE, "--steps", "40", "--step-seconds", "0.15")
+                             RESUMABLE, "--steps", "100", "--step-seconds", "0.15")
     controller.wait_for(r"step 12 loss", timeout=120)
     kill_node(cluster, "node2")
     try:
         controller.wait_for(r"attempt 2 of 2 on 3 nodes: node0, node1, node3", timeout=150)
-        assert controller.wait(timeout=180) == 0, controller.output
-        out = controller.output
-        assert "node2 excluded: lost in attempt 1: vanished: nothing heard from it" in out, out
-        assert "spare node3 takes the place of node2" in out
-        assert re.search(r"attempt 2, starting at step (10|15)", out), out
     finally:
         cluster.restore_network("node2")
     cluster.start_sshd("node2")
+    listed = cluster.ssh("node2", "podman ps -a --format '{{.Names}}'", timeout=60).stdout
+    assert re.search(r"^torchherd-th-\S+-node2$", listed, re.M), listed  # what the test is about: it is there
+    assert controller.wait(timeout=240) == 0, controller.output
+    out = controller.output
+    assert "node2 excluded: lost in attempt 1: vanished: nothing heard from it" in out, out
+    assert "spare node3 takes the place of node2" in out
+    assert re.search(r"attempt 2, starting at step (10|15)", out), out
+    assert "the run's container removed from node2, lost in an attempt" in out, out
     assert_clean(cluster, timeout=30)

@@ -291,3 +291,40 @@ def test_a_missing_image_that_the_launch_will_pull_is_a_warning() -> None:
     (result,) = analysis.analyse(observed)  # type: ignore[arg-type]
     assert (result.status, result.summary) == ("warn", "image img:1 is not on n0 yet: the launch pulls it "
                                                "(pull = missing); its id is compared once it is there")
+
+
+# ------------------------------------------------------------------ a lost node's container
+
+
+@pytest.mark.parametrize(("answer", "code", "printed"), [
+    ("echo torchherd-r1-node2", 0, "removed"),
+    ('echo "Error: no container with name or ID \\"torchherd-r1-node2\\" found: no such container" >&2; exit 1', 0, ""),
+    ('echo "Error: No such container: torchherd-r1-node2" >&2; exit 1', 0, ""),
+    ('echo "Error: cannot remove: device busy" >&2; exit 125', 1, ""),
+])
+def test_the_lost_nodes_removal_says_removed_only_when_there_was_one(tmp_path: Path, answer: str, code: int,
+                                                                     printed: str) -> None:
+    """A stand-in ``podman``, alone on PATH: the command's verdict from each answer."""
+    import subprocess
+
+    from torchherd.engine.containers import remove_command
+
+    (tmp_path / "podman").write_text(f'#!/bin/sh\n[ "$*" = "rm -f torchherd-r1-node2" ] || exit 9\n{answer}\n')
+    (tmp_path / "podman").chmod(0o755)
+    done = subprocess.run(["/bin/sh", "-c", remove_command(("podman", "docker"), "torchherd-r1-node2")],
+                          capture_output=True, text=True, env={"PATH": str(tmp_path)}, timeout=10)
+    assert (done.returncode, done.stdout.strip()) == (code, printed), done
+    if code:
+        assert done.stderr.strip() == "Error: cannot remove: device busy"
+
+
+def test_the_lost_containers_note_names_the_removed_and_the_command_for_the_left() -> None:
+    from torchherd.console.recovery import recovery_note
+    from torchherd.engine.events import LostContainers
+
+    assert recovery_note(LostContainers(("node2",))) == (
+        "the run's container removed from node2, lost in an attempt", "dim")
+    assert recovery_note(LostContainers((), (("node5", "torchherd-r1-node5", "podman or docker",
+                                                "not reached: timed out"),))) == (
+        "node5 may still hold the run's container torchherd-r1-node5 (not reached: timed out): once it is back, "
+        "run podman rm -f torchherd-r1-node5 or docker rm -f torchherd-r1-node5 there", "bold yellow")

@@ -365,14 +365,25 @@ class CheckpointMissing:
     message: str
 
 
+@dataclass(frozen=True)
+class LostContainers:
+    """At the end of a run with retries in containers: the run's containers on nodes lost in
+    an attempt (their supervisor died with them, so nobody removed them), removed where the
+    node answers again (``removed``: node names), or named where it does not (``left``:
+    node, container name, its runtime ("podman", "docker" or "podman or docker"), why)."""
+
+    removed: tuple[str, ...]
+    left: tuple[tuple[str, str, str, str], ...] = ()
+
+
 RECOVERY_EVENTS = (AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
-                   HangFound, CheckpointStaged, CheckpointMissing)
+                   HangFound, CheckpointStaged, CheckpointMissing, LostContainers)
 
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
               NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished, JobQueued,
               SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptFailed, TriageDone,
               VenvsDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
-              CheckpointStaged, CheckpointMissing]
+              CheckpointStaged, CheckpointMissing, LostContainers]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000
