@@ -267,3 +267,47 @@ def test_a_spare_takes_the_place_of_a_node_killed_mid_run_in_containers(
     assert re.search(r"attempt 2, starting at step (10|15)", out), out
     assert "the run's container removed from node2, lost in an attempt" in out, out
     assert_clean(cluster, timeout=30)
+
+
+PODMAN_DOCKER = Path("/usr/bin/docker")
+
+
+def podman_docker() -> bool:
+    """Debian's podman-docker: /usr/bin/docker, a script that execs podman (scripts/install-deps)."""
+    try:
+        return "exec /usr/bin/podman" in PODMAN_DOCKER.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not podman_docker(), reason="/usr/bin/docker is not podman-docker's (scripts/install-deps)")
+def test_ddp_through_the_docker_command(make_cluster: Callable[..., LocalCluster], tmp_path: Path) -> None:
+    """``runtime = "docker"``, through podman-docker's ``docker`` (Debian's package; no docker
+    daemon on this machine). The nodes' PATH (sshd's SetEnv) has /usr/bin first: this
+    machine's /usr/local/bin/docker, a docker client without a daemon, shadows it otherwise,
+    as a second docker install would on a real node. The preflight runs: the container
+    check reads the image's id and the versions through ``docker`` too."""
+    from torchherd.cli import main
+    from torchherd.console import make_console
+
+    cluster = with_image(make_cluster(2, containers=True,
+                                      node_path="/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin"), runtime="docker")
+    assert cluster.ssh("node0", "command -v docker").stdout.strip() == str(PODMAN_DOCKER)
+    printed = StringIO()
+    code = main(["-i", str(cluster.inventory), "run", "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "2",
+                 "--", str(JOBS / "in_container.py")], console=make_console(printed, width=200))
+    out = printed.getvalue()
+    assert code == 0, out
+    found = {int(match.group(1)): match for match in
+             re.finditer(r"rank (\d) of 4 on (node\d) in-image (\w+) uid (\d+:\d+) file (\d+:\d+) sum 10", out)}
+    assert sorted(found) == [0, 1, 2, 3], out
+    assert all(match.group(3) == "True" and match.group(2) == f"node{rank // 2}" for rank, match in found.items())
+    image_id = cluster.ssh("node0", f"podman image inspect --format '{{{{.Id}}}}' {IMAGE_TAG}").stdout.strip()
+    assert len(image_id) == 64, image_id
+    found_by_check = check(cluster)
+    for name in cluster.names:
+        # the id, not podman-docker's "Emulate Docker CLI using podman..." said before it
+        assert found_by_check[name]["summary"].startswith(f"docker, image {IMAGE_TAG} {image_id[:12]}; inside: "), \
+            found_by_check
+    assert_clean(cluster)

@@ -66,7 +66,8 @@ def node_command(host: Host) -> str:
         f"  *) out=$(sha256sum -- {image} 2>&1) && out=sha256:${{out%% *}} ;;",
         "esac",
         'if [ $? -ne 0 ]; then echo "image-error $(printf %s "$out" | tr "\\n" " ")"; exit 0; fi',
-        'echo "id $out"',
+        # the id is the last line: a wrapper may say something first (podman-docker's "Emulate Docker CLI...")
+        'echo "id $(printf "%s\\n" "$out" | tail -n 1)"',
         'case "$rt:$(id -u)" in',
     ]
     python = quote_path(host.python) if host.python.startswith("~") else host.python
