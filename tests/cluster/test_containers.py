@@ -311,3 +311,46 @@ def test_ddp_through_the_docker_command(make_cluster: Callable[..., LocalCluster
         assert found_by_check[name]["summary"].startswith(f"docker, image {IMAGE_TAG} {image_id[:12]}; inside: "), \
             found_by_check
     assert_clean(cluster)
+
+
+UNPULLABLE = "127.0.0.1:9/torchherd/none:1"
+"""An image no registry serves: nothing listens on the node's own port 9 (no registry is ever reached)."""
+
+
+@pytest.mark.timeout(240)
+def test_an_image_that_cannot_be_pulled_stops_the_run_before_the_launch_in_one_line(boxed: LocalCluster,
+                                                                                    tmp_path: Path) -> None:
+    started = time.monotonic()
+    code, out = run(boxed, tmp_path / "logs", "--nproc-per-node", "1", "--image", UNPULLABLE, "--pull", "missing",
+                    "--", str(JOBS / "in_container.py"))
+    print(f"the failed pull took {time.monotonic() - started:.1f} s")
+    assert code == 1, out
+    failed = [line for line in out.splitlines() if "could not be pulled" in line]
+    assert len(failed) == 1, out  # both nodes, one line: the same image, the same error
+    assert re.fullmatch(rf"torchherd │ pull: {re.escape(UNPULLABLE)} could not be pulled on node\[0-1\]: "
+                        rf"initializing source docker://{re.escape(UNPULLABLE)}: .*127\.0\.0\.1:9.*", failed[0]), failed
+    assert f"pull: {UNPULLABLE} on 2 nodes (pull missing), all at once" in out
+    assert "pull: 0 of 2 nodes have the image" in out
+    assert "torchrun started" not in out and "preflight" not in out  # before the preflight and the launch
+    assert_clean(boxed)
+
+
+@pytest.mark.timeout(240)
+def test_the_image_there_is_not_pulled_again_with_missing(boxed: LocalCluster, tmp_path: Path) -> None:
+    code, out = run(boxed, tmp_path / "logs", "--nproc-per-node", "1", "--pull", "missing", "--",
+                    str(JOBS / "in_container.py"))
+    assert code == 0, out
+    assert f"node[0-1]: {IMAGE_TAG} there already" in out, out
+    assert "pull: 2 of 2 nodes have the image" in out
+    assert_clean(boxed)
+
+
+@pytest.mark.timeout(240)
+def test_check_with_pull_never_fails_each_node_without_the_image(boxed: LocalCluster) -> None:
+    inventory = boxed.inventory.with_name("absent-image.toml")
+    inventory.write_text(boxed.inventory.read_text().replace(f'image = "{IMAGE_TAG}"', 'image = "localhost/absent:1"'))
+    found = check(boxed, inventory)
+    for name in boxed.names:
+        assert found[name]["status"] == "fail", found
+        assert found[name]["summary"].startswith(f"image localhost/absent:1 is not on {name} (podman: "), found
+        assert "--pull missing" in found[name]["fix"]
