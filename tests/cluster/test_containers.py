@@ -354,3 +354,34 @@ def test_check_with_pull_never_fails_each_node_without_the_image(boxed: LocalClu
         assert found[name]["status"] == "fail", found
         assert found[name]["summary"].startswith(f"image localhost/absent:1 is not on {name} (podman: "), found
         assert "--pull missing" in found[name]["fix"]
+
+
+STAND_INS = "/tmp/torchherd-stand-ins"
+"""In each node's private /tmp: a stand-in written there is that node's alone."""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(any(Path(d).is_dir() and any(Path(d).iterdir()) for d in ("/etc/cdi", "/var/run/cdi")),
+                    reason="this machine has CDI specs (/etc/cdi, /var/run/cdi): every node would see them")
+def test_gpu_ranks_in_podman_need_the_cdi_device_named_by_check(make_cluster: Callable[..., LocalCluster]) -> None:
+    """nproc_per_node = gpu: node0 has a stand-in nvidia-ctk whose ``cdi list`` prints the real
+    list of a 4-GPU machine (tests/unit/data/nvidia-toolkit); node1 has neither nvidia-ctk nor a
+    CDI spec. The nodes' PATH starts with their private stand-in directory (sshd's SetEnv)."""
+    data = Path(__file__).resolve().parents[1] / "unit" / "data" / "nvidia-toolkit" / "nvidia-ctk-1.17-cdi-list.txt"
+    cluster = with_image(make_cluster(2, containers=True, node_path=f"{STAND_INS}:/usr/local/sbin:/usr/local/bin:"
+                                                                   "/usr/sbin:/usr/bin:/sbin:/bin"))
+    cluster.write_file("node0", f"{STAND_INS}/nvidia-ctk",
+                       f'#!/bin/sh\n[ "$*" = "cdi list" ] || exit 2\necho "INFO[0000] Found 9 CDI devices" >&2\n'
+                       f"cat {data}\n", mode=0o755)
+    done = subprocess.run([sys.executable, "-m", "torchherd", "-i", str(cluster.inventory), "check", "--only",
+                           "ssh,container", "--nproc-per-node", "gpu", "--json"], capture_output=True, text=True,
+                          timeout=200, stdin=subprocess.DEVNULL, env=cluster.env())
+    found = {item["node"]: item for item in json.loads(done.stdout)["checks"] if item["check"] == "container"}
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert found["node0"]["status"] == "pass", found
+    assert found["node0"]["summary"].endswith("; GPUs passed in through nvidia.com/gpu=all"), found
+    assert found["node1"]["status"] == "fail", found
+    assert found["node1"]["summary"] == ("podman on node1 cannot pass the GPUs in: the NVIDIA container toolkit is "
+                                         "not installed (no nvidia-ctk, no CDI spec of nvidia.com/gpu in /etc/cdi or "
+                                         "/var/run/cdi)")
+    assert found["node1"]["fix"].startswith("install nvidia-container-toolkit there, then sudo nvidia-ctk cdi generate")
