@@ -385,3 +385,28 @@ def test_gpu_ranks_in_podman_need_the_cdi_device_named_by_check(make_cluster: Ca
                                          "not installed (no nvidia-ctk, no CDI spec of nvidia.com/gpu in /etc/cdi or "
                                          "/var/run/cdi)")
     assert found["node1"]["fix"].startswith("install nvidia-container-toolkit there, then sudo nvidia-ctk cdi generate")
+
+
+@pytest.mark.timeout(240)
+def test_the_hang_watch_names_the_hung_rank_inside_a_container(boxed: LocalCluster, tmp_path: Path) -> None:
+    """Rank 1 (node1) sleeps at step 5 inside its container; rank 0 waits for it in all_reduce.
+    The hang probe runs outside the containers (the supervisor's side): it finds the ranks in
+    the node's process table by their environment, stops them, has py-spy (the test extra,
+    beside the node's Python) read their stacks, and SIGABRTs them (faulthandler inside)."""
+    from test_run_recovery import RESUMABLE
+
+    sleeping = next(number for number, text in enumerate(Path(RESUMABLE).read_text().splitlines(), 1)
+                    if "time.sleep(100_000)" in text)
+    code, out = run(boxed, tmp_path / "logs", "--no-check", "--nproc-per-node", "1", "--hang-timeout", "5", "--",
+                    RESUMABLE, "--steps", "100", "--step-seconds", "0.05", "--hang-rank", "1", "--hang-step", "5")
+    assert code == 1, out
+    # two ranks, two places: both named, the sleeping one in its own frame
+    assert re.search(rf"hung: no rank printed a line or used CPU for 5 s; rank 0 on node0 in \S+ at "
+                     rf"resumable.py:\d+; rank 1 on node1 in main at resumable.py:{sleeping} \(py-spy: ", out), out
+    spied = re.search(r"\(py-spy: (\S+py-spy-attempt-1\.txt)\)", out)
+    assert spied, out  # py-spy, outside, reads a rank in its container (another mount namespace)
+    dumps = Path(spied.group(1)).read_text(encoding="utf-8")
+    one = dumps[dumps.index("==== rank 1 on node1"):]
+    assert re.search(rf"^\s+main \(\S+/resumable\.py:{sleeping}\)$", one, re.M), dumps
+    assert "Fatal Python error: Aborted" in out  # faulthandler inside the container, after the SIGABRT
+    assert_clean(boxed, timeout=30)

@@ -270,8 +270,9 @@ def test_pull_policy_reaches_the_run_command_and_check_never_pulls() -> None:
         assert argv[argv.index("--pull") + 1] == policy
     inventory = parse({"container": {"image": "img:1", "pull": "always"}, "hosts": [{"name": "a"}]}, Path("h.toml"))
     plan = build_plan(inventory, RunOptions(script="t.py", run_id="r1"))
-    assert plan.nodes[0].container is not None and plan.nodes[0].container.pull == "always"
-    assert "--pull always" in plan.nodes[0].shell_line()
+    # the run pulls first (engine/pull.py): the job's container itself never pulls
+    assert plan.nodes[0].container is not None and plan.nodes[0].container.pull == "never"
+    assert "--pull never" in plan.nodes[0].shell_line()
     assert "--pull always" not in node_command(inventory.hosts[0])
     assert "--pull never" in node_command(inventory.hosts[0])
 

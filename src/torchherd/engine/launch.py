@@ -38,7 +38,7 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.hang import Targets
 from torchherd.engine.job import Job, LaunchOptions
-from torchherd.engine.pull import pull_images, pulled_nodes, without_pull
+from torchherd.engine.pull import pull_images, pulled_nodes
 from torchherd.engine.sync import sync_nodes
 from torchherd.engine.venvs import build_venvs
 from torchherd.errors import TorchherdError, TransportError
@@ -162,14 +162,11 @@ def open_nodes(plan: Plan, options: LaunchOptions, connector: Connector, observe
     preflight checks the files the job will run."""
     if plan.sync is not None:
         connector = sync_first(plan, connector, observer, options.log_dir)
-    pulling = bool(pulled_nodes(plan))
-    if pulling:
+    if pulled_nodes(plan):
         connector = pull_first(plan, connector, observer)
-    opened = _after_preflight(plan, connector, observer, options) if options.check else \
-        _connect(plan, connector, observer)
-    if pulling:  # every node has the image now: the launch pulls nothing (not twice for "always")
-        opened.plan = without_pull(opened.plan)
-    return opened
+    if options.check:
+        return _after_preflight(plan, connector, observer, options)
+    return _connect(plan, connector, observer)
 
 
 def pull_first(plan: Plan, connector: Connector, observer: Observer) -> Connector:

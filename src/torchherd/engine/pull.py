@@ -3,8 +3,8 @@
 event (``PullProgress``: the layers there so far), before the preflight, so that the
 ``container`` check compares the ids of the images the job will run.
 
-The launch itself then runs with ``--pull never``: nothing is pulled twice, and a run's
-start never waits on a registry unseen. Apptainer and enroot take no pull policy: a node
+The job's container itself always runs with ``--pull never`` (plan.py): nothing is pulled
+twice, and a run's start never waits on a registry unseen. Apptainer and enroot take no pull policy: a node
 whose runtime is one of them is left out of the step.
 
 What the runtimes print, without a terminal (tests/unit/test_pull.py has their real output):
@@ -22,7 +22,7 @@ import re
 import shlex
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from torchherd.engine.events import NodePulled, Observer, PullFailed, PullProgress, PullsDone, PullStarted
@@ -84,8 +84,13 @@ class Tracker:
 def pulled_nodes(plan: Plan) -> tuple[NodePlan, ...]:
     """The nodes whose image is pulled before the launch: docker, podman or "auto", with a
     pull policy other than "never"."""
-    return tuple(node for node in plan.nodes if node.container is not None and node.container.pull != "never"
+    return tuple(node for node in plan.nodes if node.container is not None and node.host.container is not None
+                 and node.host.container.pull != "never"
                  and node.container.runtime in ("auto", *containers.OCI_RUNTIMES))
+
+
+def _policy(node: NodePlan) -> str:
+    return node.host.container.pull if node.host.container is not None else "never"
 
 
 def node_command(node: NodePlan) -> str:
@@ -103,7 +108,7 @@ def node_command(node: NodePlan) -> str:
         f'if [ -z "$rt" ]; then echo "{MARK} no-runtime"; exit 3; fi',
         f'case "$rt" in {oci}) ;; *) echo "{MARK} not-pulled $rt"; exit 0 ;; esac',
         f'echo "{MARK} runtime $rt"',
-        f'if [ {shlex.quote(spec.pull)} = missing ] && "$rt" image inspect {image} >/dev/null 2>&1; then',
+        f'if [ {shlex.quote(_policy(node))} = missing ] && "$rt" image inspect {image} >/dev/null 2>&1; then',
         f'  echo "{MARK} present"; exit 0',
         "fi",
         # a background list's stdin is /dev/null: the watcher reads the channel's through fd 3
@@ -141,7 +146,7 @@ def pull_images(plan: Plan, sessions: dict[str, Session], observer: Observer) ->
             observer(event)
 
     started = time.monotonic()
-    policy = wanted[0].container.pull if wanted[0].container is not None else "missing"
+    policy = _policy(wanted[0])
     emit(PullStarted(tuple((node.host.name, node.container.image) for node in wanted if node.container is not None),
                      policy))
     nodes = [_Node(node, sessions[node.host.name]) for node in wanted]
@@ -219,10 +224,3 @@ def _error(said: Sequence[str], code: int | None, stopped: bool) -> str:
     line = errors[-1] if errors else (said[-1] if said else f"exit status {code}" if code is not None else
                                       "no exit status (the connection was lost, or the pull stalled)")
     return re.sub(r"^Error( response from daemon)?: ", "", line)[:400]
-
-
-def without_pull(plan: Plan) -> Plan:
-    """``plan`` as it launches once the pull step is done: ``run --pull never`` on every node."""
-    nodes = tuple(replace(node, container=node.container._replace(pull="never"))
-                  if node.container is not None else node for node in plan.nodes)
-    return replace(plan, nodes=nodes)
