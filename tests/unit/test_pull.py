@@ -207,3 +207,25 @@ def test_the_view_follows_the_events_to_the_notes() -> None:
                                            f"node[0-1]: {IMAGE} pulled (2 layers, 3.0 s)",
                                            "pull: 2 of 2 nodes have the image (3.1 s)"]
     assert view.states["node0"].ended == "pulled" and view.states["node0"].done == 2
+
+
+def test_on_a_terminal_the_bars_live_while_pulling_and_go_before_the_notes() -> None:
+    from io import StringIO
+
+    from torchherd.console.observer import ConsoleObserver
+    from torchherd.console.view import ViewOptions
+
+    out = StringIO()
+    console = Console(file=out, width=100, force_terminal=True, color_system=None)
+    observer = ConsoleObserver(console, view=ViewOptions.choose(console))
+    observer(PullStarted((("node0", IMAGE), ("node1", IMAGE)), "missing"))
+    assert observer.pulls.live is not None and observer.pulls.live.is_started
+    observer(PullProgress("node0", 1, 3, "pull complete"))
+    observer(NodePulled("node0", IMAGE, True, 3, 2.0))
+    observer(PullFailed("node1", IMAGE, "connection refused"))
+    observer(PullsDone((NodePulled("node0", IMAGE, True, 3, 2.0), PullFailed("node1", IMAGE, "connection refused")),
+                       2.2))
+    assert observer.pulls.live is None
+    text = out.getvalue()
+    assert f"pull: {IMAGE} could not be pulled on node1: connection refused" in text
+    assert f"node0: {IMAGE} pulled (3 layers, 2.0 s)" in text

@@ -63,7 +63,7 @@ class ConsoleObserver:
         """The panel, collapsed duplicates, a rank filter (``run``); none by default."""
         self.c10d_noted = False
         """Whether c10d's "cannot name a peer" warning was explained already (once a run)."""
-        self.pulls = PullView(console, live=console.is_terminal and not self.view.plain)
+        self.pulls = PullView(console, live=self.view.panel)  # a terminal, not --plain
 
     def __call__(self, event: Event) -> None:
         if isinstance(self.renderer, TerminalView):
