@@ -61,7 +61,7 @@ from torchherd.engine.recovery_policy import (
     triage_failures,
     verdict,
 )
-from torchherd.errors import InventoryError
+from torchherd.errors import InventoryError, TorchherdError
 from torchherd.inventory import Recovery, parse, with_spares
 from torchherd.plan import Plan, RunOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
@@ -297,6 +297,7 @@ class FakeBackend:
     jobs: list[_Job] = field(default_factory=list)
     removed: list[tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=list)
     containers: bool = False
+    remove_error: str = ""
     triage_checks: ClassVar[frozenset[str]] = TRIAGE_CHECKS
 
     def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
@@ -313,6 +314,8 @@ class FakeBackend:
 
     def remove_lost_containers(self, plan: Plan, nodes: Sequence[str]) -> LostContainers | None:
         self.removed.append((names(plan), tuple(nodes)))
+        if self.remove_error:
+            raise TorchherdError(self.remove_error)
         return LostContainers(tuple(nodes)) if self.containers else None
 
     def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
@@ -386,6 +389,16 @@ def test_at_the_end_the_nodes_lost_and_left_out_are_asked_to_remove_the_runs_con
     assert backend.removed == [(("node2",), ("node2",))]
     kinds = [type(event).__name__ for event in events.events if isinstance(event, (LostContainers, RunFinished))]
     assert kinds == ["LostContainers", "RunFinished"]  # before the summary: the note comes with the run
+
+
+def test_a_removal_that_cannot_be_asked_names_what_may_be_left_and_the_run_ends_as_it_did() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost", "node2 vanished"), lambda plan: ended(plan, None)],
+                          remove_error="node2: no route")
+    summary, events = recover(backend, plan_of("node3", 4), Recovery(retries=1))
+    assert summary.exit_code == 0
+    (event,) = events.of(LostContainers)
+    assert event.removed == () and [(node, why) for node, _, _, why in event.left] == [("node2", "node2: no route")]
+    assert event.left[0][1] == f"torchherd-{summary.run_id}-node2"
 
 
 def test_a_run_without_a_lost_node_removes_nothing_at_its_end() -> None:

@@ -63,6 +63,7 @@ from torchherd.engine.recovery_policy import (
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan
+from torchherd.remote.container import container_name
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import AttemptRecord, OutputLine, RankLines, RunSummary
 
@@ -433,7 +434,11 @@ class RecoveringRun:
         if not lost or not self.recovery.retries or self.picked is not None:
             return
         nodes = tuple(dict.fromkeys(lost))
-        event = self.backend.remove_lost_containers(attempt_plan(self.plan, nodes, len(self.records)), nodes)
+        try:
+            event = self.backend.remove_lost_containers(attempt_plan(self.plan, nodes, len(self.records)), nodes)
+        except TorchherdError as error:  # the run's outcome stands; what may be left is named
+            event = LostContainers((), tuple((node, container_name(self.run_id, node), "podman or docker", str(error))
+                                             for node in nodes))
         if event is not None and (event.removed or event.left):
             self.emit(event)
 
