@@ -32,7 +32,7 @@ def document(**container_table: object) -> dict[str, object]:
 def test_podman_as_root_without_gpus_is_exact() -> None:
     argv = container.run_argv(SPEC, "podman", ARGV, ["NCCL_DEBUG", "TORCHHERD_RUN_ID"], "/work", ROOT,
                               ["/tmp/torchherd-r1-node0"])
-    assert argv == ["podman", "run", "--rm", "--name", "torchherd-r1-node0", "--label", "torchherd.run=r1",
+    assert argv == ["podman", "run", "--rm", "--name", "torchherd-r1-node0", "--replace", "--label", "torchherd.run=r1",
                     "--pull", "never", "--network", "host", "--ipc", "host", "--user", "0:0",
                     "-v", "/work:/work", "-v", "/tmp/torchherd-r1-node0:/tmp/torchherd-r1-node0",
                     "-v", "/data:/data:ro", "-w", "/work", "-e", "NCCL_DEBUG", "-e", "TORCHHERD_RUN_ID",

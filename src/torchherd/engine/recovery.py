@@ -63,11 +63,12 @@ from torchherd.engine.recovery_policy import (
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan
+from torchherd.remote import wire
 from torchherd.remote.container import container_name
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import AttemptRecord, OutputLine, RankLines, RunSummary
 
-ATTEMPT_VARIABLE = "TORCHHERD_ATTEMPT"
+ATTEMPT_VARIABLE = wire.ATTEMPT_ENV
 TRIAGE_ROUNDS = 4
 """Triage rounds before an attempt at most: a round that excluded a node, or whose
 cross-node checks could not count, is followed by one on the new set of nodes."""

@@ -197,8 +197,13 @@ def run_argv(spec: ContainerSpec, runtime: str, argv: Sequence[str], env_names: 
     mounts = own + list(spec.mounts)
     names = sorted(set(env_names))
     if runtime in OCI_RUNTIMES:
-        words = [runtime, "run", "--rm", "--name", spec.name, "--label", LABEL + "=" + spec.run_id,
-                 "--pull", spec.pull, "--network", "host", "--ipc", "host"]
+        words = [runtime, "run", "--rm", "--name", spec.name]
+        if runtime == "podman" and spec.name:
+            # A container of this run's own name left by an attempt whose node died (its
+            # supervisor with it) would refuse the name when the node is back in a later
+            # attempt: podman replaces it (docker has no --replace: the supervisor removes it).
+            words.append("--replace")
+        words += ["--label", LABEL + "=" + spec.run_id, "--pull", spec.pull, "--network", "host", "--ipc", "host"]
         if runtime == "podman" and identity.rootless:
             # rootless podman: the user's uid inside is mapped to the user's uid outside
             words += ["--userns", "keep-id"]
