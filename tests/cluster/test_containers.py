@@ -335,6 +335,7 @@ def test_an_image_that_cannot_be_pulled_stops_the_run_before_the_launch_in_one_l
     assert_clean(boxed)
 
 
+@pytest.mark.slow  # a whole run for what tests/unit/test_pull.py shows on in-process nodes
 @pytest.mark.timeout(240)
 def test_the_image_there_is_not_pulled_again_with_missing(boxed: LocalCluster, tmp_path: Path) -> None:
     code, out = run(boxed, tmp_path / "logs", "--nproc-per-node", "1", "--pull", "missing", "--",
