@@ -411,3 +411,21 @@ def test_the_hang_watch_names_the_hung_rank_inside_a_container(boxed: LocalClust
     assert re.search(rf"^\s+main \(\S+/resumable\.py:{sleeping}\)$", one, re.M), dumps
     assert "Fatal Python error: Aborted" in out  # faulthandler inside the container, after the SIGABRT
     assert_clean(boxed, timeout=30)
+
+
+@pytest.mark.slow  # the docker command's own path in a later attempt; the podman one runs in CI
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not podman_docker(), reason="/usr/bin/docker is not podman-docker's (scripts/install-deps)")
+def test_a_retried_run_through_the_docker_command(make_cluster: Callable[..., LocalCluster], tmp_path: Path) -> None:
+    """Attempt 2 through ``docker``: its supervisor removes a container of the run's name
+    first (docker has no --replace), then starts its own under that name."""
+    from test_run import run_cli
+
+    cluster = with_image(make_cluster(2, containers=True,
+                                      node_path="/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin"), runtime="docker")
+    code, out = run_cli(cluster, tmp_path / "logs", "--no-check", "--nproc-per-node", "1", "--retries", "1", "--",
+                        str(JOBS / "fail_first_attempt.py"), "--count", "2")
+    assert code == 0, out
+    for rank, name in enumerate(cluster.names):
+        assert f"rank {rank} in attempt 2 on {name}" in out, out
+    assert_clean(cluster)
