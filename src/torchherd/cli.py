@@ -784,8 +784,8 @@ def _add_more_host_flags(group: argparse._ActionsContainer) -> None:
     group.add_argument("--container-runtime", metavar="RUNTIME",
                        help="auto, podman, docker, apptainer or enroot (default: [container].runtime, auto)")
     group.add_argument("--pull", metavar="POLICY",
-                       help="never (default), missing or always: docker/podman pull the image on each node as its "
-                            "container starts (check never pulls)")
+                       help="never (default), missing or always: run pulls the image on every node at once before "
+                            "its preflight, a bar per node (check never pulls)")
 
 
 NPROC_HELP = "processes per node: an int, gpu, cpu or auto (default: each host's nproc_per_node, else 1)"

@@ -112,8 +112,8 @@ class ContainerSettings:
     options: tuple[str, ...] = ()
     """More options of the runtime's run command, one word each."""
     pull: str = "never"
-    """docker/podman: "never" (the image must be there), "missing" or "always": each node
-    pulls as its container starts (``run --pull``); ``check`` never pulls."""
+    """docker/podman: "never" (the image must be there), "missing" or "always": ``run``
+    pulls it on every node before its preflight (``engine.pull``); ``check`` never pulls."""
 
 
 @dataclass(frozen=True)

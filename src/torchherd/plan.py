@@ -485,14 +485,17 @@ def _container(host: Host, run_id: str, nproc: int | str, notes: list[str]) -> c
     if settings is None:
         return None
     gpus = True if nproc == "gpu" else False if nproc == "cpu" else None
+    # The container itself never pulls: with pull "missing"/"always" the run pulls the image
+    # on every node before its preflight (engine/pull.py reads the host's policy).
     spec = containers.ContainerSpec(image=settings.image, runtime=settings.runtime,
                                     name=containers.container_name(run_id, host.name), run_id=run_id,
-                                    mounts=settings.mounts, options=settings.options, gpus=gpus, pull=settings.pull)
+                                    mounts=settings.mounts, options=settings.options, gpus=gpus, pull="never")
     problem = containers.spec_problem(spec)
     if problem:
         raise UsageError(f"{host.name}: container: {problem}")
     notes.append(f"in container {spec.name} of image {spec.image} (runtime {spec.runtime}); "
-                 + containers.SHM_NOTE + ("" if gpus is not None else "; GPUs passed through where the node has them"))
+                 + containers.SHM_NOTE + ("" if gpus is not None else "; GPUs passed through where the node has them")
+                 + (f"; the image pulled first (pull = {settings.pull})" if settings.pull != "never" else ""))
     return spec
 
 

@@ -673,6 +673,7 @@ class LocalCluster:
         jump_hosts: int = 0,
         include_aliases: bool = False,
         containers: bool = False,
+        node_path: str | None = None,
     ) -> None:
         if n < 1:
             raise ValueError(f"a cluster needs at least one node, got n={n}")
@@ -699,6 +700,9 @@ class LocalCluster:
         # disabled, and a storage and /etc/containers of the node's own, so that two nodes
         # can hold different images under one name, as real machines can.
         self.containers = containers
+        # The PATH of every SSH session on the nodes (sshd's SetEnv), where the default
+        # would find the wrong program first (this machine's /usr/local/bin/docker).
+        self.node_path = node_path
         self.prefix = prefix
         self.workdir = Path(workdir).absolute()
         self.python = python or sys.executable
@@ -1046,6 +1050,7 @@ class LocalCluster:
                             if host.name in self.jump_names
                             else ["MaxStartups 200:30:400", "MaxSessions 100"]
                         ),
+                        *([f"SetEnv PATH={self.node_path}"] if self.node_path else []),
                         "LogLevel INFO",
                         "Subsystem sftp internal-sftp",
                         "",

@@ -39,15 +39,20 @@ def boxed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
     cluster = _start(2, tmp_path_factory.mktemp("containers"), containers=True)
     try:
-        archive = write_image_archive(cluster.state_dir / "image.tar")
-        ids = {name: cluster.load_image(name, archive) for name in cluster.names}
-        assert len(set(ids.values())) == 1, ids
-        mounts = ", ".join(f'"{mount}"' for mount in image_mounts())
-        with cluster.inventory.open("a") as inventory:
-            inventory.write(f'\n[container]\nimage = "{IMAGE_TAG}"\nruntime = "podman"\nmounts = [{mounts}]\n')
-        yield cluster
+        yield with_image(cluster)
     finally:
         cluster.down()
+
+
+def with_image(cluster: LocalCluster, runtime: str = "podman") -> LocalCluster:
+    """``cluster`` with the test image loaded on every node and its inventory running in it."""
+    archive = write_image_archive(cluster.state_dir / "image.tar")
+    ids = {name: cluster.load_image(name, archive) for name in cluster.names}
+    assert len(set(ids.values())) == 1, ids
+    mounts = ", ".join(f'"{mount}"' for mount in image_mounts())
+    with cluster.inventory.open("a") as inventory:
+        inventory.write(f'\n[container]\nimage = "{IMAGE_TAG}"\nruntime = "{runtime}"\nmounts = [{mounts}]\n')
+    return cluster
 
 
 def containers_left(cluster: LocalCluster) -> dict[str, str]:
@@ -231,3 +236,196 @@ def test_a_retried_run_starts_its_next_attempt_in_fresh_containers(boxed: LocalC
         # the same run-scoped name on the same node, attempt after attempt: the first one's was removed
         assert f"rank {rank} in attempt 2 on {name}" in out, out
     assert_clean(boxed)
+
+
+@pytest.mark.timeout(420)
+def test_a_spare_takes_the_place_of_a_node_killed_mid_run_in_containers(
+        make_cluster: Callable[..., LocalCluster], tmp_path: Path, controllers: Callable[..., Controller]) -> None:
+    """node2 dies (its link down, every process of it killed: sshd, conmon, the container's
+    ranks); the spare node3 starts attempt 2 in a container of its own. node2 comes back
+    while attempt 2 runs (a rebooted machine: sshd again, its podman storage as it was,
+    listing the dead container): at the end the controller removes the run's container
+    there, and the run ends 0 with nothing of it left on any node."""
+    from test_run_recovery import RESUMABLE, kill_node
+
+    cluster = with_image(make_cluster(4, nproc_per_node=1, containers=True))
+    controller = controllers(cluster, tmp_path / "logs", "--spares", "node3", "--retries", "1", "--plain", "--",
+                             RESUMABLE, "--steps", "100", "--step-seconds", "0.15")
+    controller.wait_for(r"step 12 loss", timeout=120)
+    kill_node(cluster, "node2")
+    try:
+        controller.wait_for(r"attempt 2 of 2 on 3 nodes: node0, node1, node3", timeout=150)
+    finally:
+        cluster.restore_network("node2")
+    cluster.start_sshd("node2")
+    listed = cluster.ssh("node2", "podman ps -a --format '{{.Names}}'", timeout=60).stdout
+    assert re.search(r"^torchherd-th-\S+-node2$", listed, re.M), listed  # what the test is about: it is there
+    assert controller.wait(timeout=240) == 0, controller.output
+    out = controller.output
+    assert "node2 excluded: lost in attempt 1: vanished: nothing heard from it" in out, out
+    assert "spare node3 takes the place of node2" in out
+    assert re.search(r"attempt 2, starting at step (10|15)", out), out
+    assert "the run's container removed from node2, lost in an attempt" in out, out
+    assert_clean(cluster, timeout=30)
+
+
+PODMAN_DOCKER = Path("/usr/bin/docker")
+
+
+def podman_docker() -> bool:
+    """Debian's podman-docker: /usr/bin/docker, a script that execs podman (scripts/install-deps)."""
+    try:
+        return "exec /usr/bin/podman" in PODMAN_DOCKER.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not podman_docker(), reason="/usr/bin/docker is not podman-docker's (scripts/install-deps)")
+def test_ddp_through_the_docker_command(make_cluster: Callable[..., LocalCluster], tmp_path: Path) -> None:
+    """``runtime = "docker"``, through podman-docker's ``docker`` (Debian's package; no docker
+    daemon on this machine). The nodes' PATH (sshd's SetEnv) has /usr/bin first: this
+    machine's /usr/local/bin/docker, a docker client without a daemon, shadows it otherwise,
+    as a second docker install would on a real node. The preflight runs: the container
+    check reads the image's id and the versions through ``docker`` too."""
+    from torchherd.cli import main
+    from torchherd.console import make_console
+
+    cluster = with_image(make_cluster(2, containers=True,
+                                      node_path="/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin"), runtime="docker")
+    assert cluster.ssh("node0", "command -v docker").stdout.strip() == str(PODMAN_DOCKER)
+    printed = StringIO()
+    code = main(["-i", str(cluster.inventory), "run", "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "2",
+                 "--", str(JOBS / "in_container.py")], console=make_console(printed, width=200))
+    out = printed.getvalue()
+    assert code == 0, out
+    found = {int(match.group(1)): match for match in
+             re.finditer(r"rank (\d) of 4 on (node\d) in-image (\w+) uid (\d+:\d+) file (\d+:\d+) sum 10", out)}
+    assert sorted(found) == [0, 1, 2, 3], out
+    assert all(match.group(3) == "True" and match.group(2) == f"node{rank // 2}" for rank, match in found.items())
+    image_id = cluster.ssh("node0", f"podman image inspect --format '{{{{.Id}}}}' {IMAGE_TAG}").stdout.strip()
+    assert len(image_id) == 64, image_id
+    found_by_check = check(cluster)
+    for name in cluster.names:
+        # the id, not podman-docker's "Emulate Docker CLI using podman..." said before it
+        assert found_by_check[name]["summary"].startswith(f"docker, image {IMAGE_TAG} {image_id[:12]}; inside: "), \
+            found_by_check
+    assert_clean(cluster)
+
+
+UNPULLABLE = "127.0.0.1:9/torchherd/none:1"
+"""An image no registry serves: nothing listens on the node's own port 9 (no registry is ever reached)."""
+
+
+@pytest.mark.timeout(240)
+def test_an_image_that_cannot_be_pulled_stops_the_run_before_the_launch_in_one_line(boxed: LocalCluster,
+                                                                                    tmp_path: Path) -> None:
+    started = time.monotonic()
+    code, out = run(boxed, tmp_path / "logs", "--nproc-per-node", "1", "--image", UNPULLABLE, "--pull", "missing",
+                    "--", str(JOBS / "in_container.py"))
+    print(f"the failed pull took {time.monotonic() - started:.1f} s")
+    assert code == 1, out
+    failed = [line for line in out.splitlines() if "could not be pulled" in line]
+    assert len(failed) == 1, out  # both nodes, one line: the same image, the same error
+    assert re.fullmatch(rf"torchherd │ pull: {re.escape(UNPULLABLE)} could not be pulled on node\[0-1\]: "
+                        rf"initializing source docker://{re.escape(UNPULLABLE)}: .*127\.0\.0\.1:9.*", failed[0]), failed
+    assert f"pull: {UNPULLABLE} on 2 nodes (pull missing), all at once" in out
+    assert "pull: 0 of 2 nodes have the image" in out
+    assert "torchrun started" not in out and "preflight" not in out  # before the preflight and the launch
+    assert_clean(boxed)
+
+
+@pytest.mark.slow  # a whole run for what tests/unit/test_pull.py shows on in-process nodes
+@pytest.mark.timeout(240)
+def test_the_image_there_is_not_pulled_again_with_missing(boxed: LocalCluster, tmp_path: Path) -> None:
+    code, out = run(boxed, tmp_path / "logs", "--nproc-per-node", "1", "--pull", "missing", "--",
+                    str(JOBS / "in_container.py"))
+    assert code == 0, out
+    assert f"node[0-1]: {IMAGE_TAG} there already" in out, out
+    assert "pull: 2 of 2 nodes have the image" in out
+    assert_clean(boxed)
+
+
+@pytest.mark.timeout(240)
+def test_check_with_pull_never_fails_each_node_without_the_image(boxed: LocalCluster) -> None:
+    inventory = boxed.inventory.with_name("absent-image.toml")
+    inventory.write_text(boxed.inventory.read_text().replace(f'image = "{IMAGE_TAG}"', 'image = "localhost/absent:1"'))
+    found = check(boxed, inventory)
+    for name in boxed.names:
+        assert found[name]["status"] == "fail", found
+        assert found[name]["summary"].startswith(f"image localhost/absent:1 is not on {name} (podman: "), found
+        assert "--pull missing" in found[name]["fix"]
+
+
+STAND_INS = "/tmp/torchherd-stand-ins"
+"""In each node's private /tmp: a stand-in written there is that node's alone."""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(any(Path(d).is_dir() and any(Path(d).iterdir()) for d in ("/etc/cdi", "/var/run/cdi")),
+                    reason="this machine has CDI specs (/etc/cdi, /var/run/cdi): every node would see them")
+def test_gpu_ranks_in_podman_need_the_cdi_device_named_by_check(make_cluster: Callable[..., LocalCluster]) -> None:
+    """nproc_per_node = gpu: node0 has a stand-in nvidia-ctk whose ``cdi list`` prints the real
+    list of a 4-GPU machine (tests/unit/data/nvidia-toolkit); node1 has neither nvidia-ctk nor a
+    CDI spec. The nodes' PATH starts with their private stand-in directory (sshd's SetEnv)."""
+    data = Path(__file__).resolve().parents[1] / "unit" / "data" / "nvidia-toolkit" / "nvidia-ctk-1.17-cdi-list.txt"
+    cluster = with_image(make_cluster(2, containers=True, node_path=f"{STAND_INS}:/usr/local/sbin:/usr/local/bin:"
+                                                                   "/usr/sbin:/usr/bin:/sbin:/bin"))
+    cluster.write_file("node0", f"{STAND_INS}/nvidia-ctk",
+                       f'#!/bin/sh\n[ "$*" = "cdi list" ] || exit 2\necho "INFO[0000] Found 9 CDI devices" >&2\n'
+                       f"cat {data}\n", mode=0o755)
+    done = subprocess.run([sys.executable, "-m", "torchherd", "-i", str(cluster.inventory), "check", "--only",
+                           "ssh,container", "--nproc-per-node", "gpu", "--json"], capture_output=True, text=True,
+                          timeout=200, stdin=subprocess.DEVNULL, env=cluster.env())
+    found = {item["node"]: item for item in json.loads(done.stdout)["checks"] if item["check"] == "container"}
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert found["node0"]["status"] == "pass", found
+    assert found["node0"]["summary"].endswith("; GPUs passed in through nvidia.com/gpu=all"), found
+    assert found["node1"]["status"] == "fail", found
+    assert found["node1"]["summary"] == ("podman on node1 cannot pass the GPUs in: the NVIDIA container toolkit is "
+                                         "not installed (no nvidia-ctk, no CDI spec of nvidia.com/gpu in /etc/cdi or "
+                                         "/var/run/cdi)")
+    assert found["node1"]["fix"].startswith("install nvidia-container-toolkit there, then sudo nvidia-ctk cdi generate")
+
+
+@pytest.mark.timeout(240)
+def test_the_hang_watch_names_the_hung_rank_inside_a_container(boxed: LocalCluster, tmp_path: Path) -> None:
+    """Rank 1 (node1) sleeps at step 5 inside its container; rank 0 waits for it in all_reduce.
+    The hang probe runs outside the containers (the supervisor's side): it finds the ranks in
+    the node's process table by their environment, stops them, has py-spy (the test extra,
+    beside the node's Python) read their stacks, and SIGABRTs them (faulthandler inside)."""
+    from test_run_recovery import RESUMABLE
+
+    sleeping = next(number for number, text in enumerate(Path(RESUMABLE).read_text().splitlines(), 1)
+                    if "time.sleep(100_000)" in text)
+    code, out = run(boxed, tmp_path / "logs", "--no-check", "--nproc-per-node", "1", "--hang-timeout", "5", "--",
+                    RESUMABLE, "--steps", "100", "--step-seconds", "0.05", "--hang-rank", "1", "--hang-step", "5")
+    assert code == 1, out
+    # two ranks, two places: both named, the sleeping one in its own frame
+    assert re.search(rf"hung: no rank printed a line or used CPU for 5 s; rank 0 on node0 in \S+ at "
+                     rf"resumable.py:\d+; rank 1 on node1 in main at resumable.py:{sleeping} \(py-spy: ", out), out
+    spied = re.search(r"\(py-spy: (\S+py-spy-attempt-1\.txt)\)", out)
+    assert spied, out  # py-spy, outside, reads a rank in its container (another mount namespace)
+    dumps = Path(spied.group(1)).read_text(encoding="utf-8")
+    one = dumps[dumps.index("==== rank 1 on node1"):]
+    assert re.search(rf"^\s+main \(\S+/resumable\.py:{sleeping}\)$", one, re.M), dumps
+    assert "Fatal Python error: Aborted" in out  # faulthandler inside the container, after the SIGABRT
+    assert_clean(boxed, timeout=30)
+
+
+@pytest.mark.slow  # the docker command's own path in a later attempt; the podman one runs in CI
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not podman_docker(), reason="/usr/bin/docker is not podman-docker's (scripts/install-deps)")
+def test_a_retried_run_through_the_docker_command(make_cluster: Callable[..., LocalCluster], tmp_path: Path) -> None:
+    """Attempt 2 through ``docker``: its supervisor removes a container of the run's name
+    first (docker has no --replace), then starts its own under that name."""
+    from test_run import run_cli
+
+    cluster = with_image(make_cluster(2, containers=True,
+                                      node_path="/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin"), runtime="docker")
+    code, out = run_cli(cluster, tmp_path / "logs", "--no-check", "--nproc-per-node", "1", "--retries", "1", "--",
+                        str(JOBS / "fail_first_attempt.py"), "--count", "2")
+    assert code == 0, out
+    for rank, name in enumerate(cluster.names):
+        assert f"rank {rank} in attempt 2 on {name}" in out, out
+    assert_clean(cluster)

@@ -4,6 +4,7 @@ machines (neither is a Debian package): their command lines are tested here only
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def document(**container_table: object) -> dict[str, object]:
 def test_podman_as_root_without_gpus_is_exact() -> None:
     argv = container.run_argv(SPEC, "podman", ARGV, ["NCCL_DEBUG", "TORCHHERD_RUN_ID"], "/work", ROOT,
                               ["/tmp/torchherd-r1-node0"])
-    assert argv == ["podman", "run", "--rm", "--name", "torchherd-r1-node0", "--label", "torchherd.run=r1",
+    assert argv == ["podman", "run", "--rm", "--name", "torchherd-r1-node0", "--replace", "--label", "torchherd.run=r1",
                     "--pull", "never", "--network", "host", "--ipc", "host", "--user", "0:0",
                     "-v", "/work:/work", "-v", "/tmp/torchherd-r1-node0:/tmp/torchherd-r1-node0",
                     "-v", "/data:/data:ro", "-w", "/work", "-e", "NCCL_DEBUG", "-e", "TORCHHERD_RUN_ID",
@@ -183,12 +184,13 @@ def test_a_bad_image_through_the_api_is_a_usage_error() -> None:
     assert cluster.with_container("img:2").inventory.hosts[0].container.image == "img:2"  # type: ignore[union-attr]
 
 
-def observed_with(containers: dict[str, dict[str, object]], hosts: int = 3, pull: str = "never") -> object:
+def observed_with(containers: dict[str, dict[str, object]], hosts: int = 3, pull: str = "never",
+                  nproc: int | str | None = None) -> object:
     from torchherd.checks.model import NodeFacts, Observed
 
     inventory = parse({"container": {"image": "img:1", "runtime": "auto", "pull": pull},
                        "hosts": [{"name": f"n{index}"} for index in range(hosts)]}, Path("h.toml"))
-    observed = Observed(inventory=inventory, master_target="n0")
+    observed = Observed(inventory=inventory, master_target="n0", nproc_per_node=nproc)
     observed.facts.update({host.name: NodeFacts(raw={}, sent=0.0, received=0.0) for host in inventory.hosts})
     observed.containers.update({name: dict(found) for name, found in containers.items()})
     return observed
@@ -271,8 +273,9 @@ def test_pull_policy_reaches_the_run_command_and_check_never_pulls() -> None:
         assert argv[argv.index("--pull") + 1] == policy
     inventory = parse({"container": {"image": "img:1", "pull": "always"}, "hosts": [{"name": "a"}]}, Path("h.toml"))
     plan = build_plan(inventory, RunOptions(script="t.py", run_id="r1"))
-    assert plan.nodes[0].container is not None and plan.nodes[0].container.pull == "always"
-    assert "--pull always" in plan.nodes[0].shell_line()
+    # the run pulls first (engine/pull.py): the job's container itself never pulls
+    assert plan.nodes[0].container is not None and plan.nodes[0].container.pull == "never"
+    assert "--pull never" in plan.nodes[0].shell_line()
     assert "--pull always" not in node_command(inventory.hosts[0])
     assert "--pull never" in node_command(inventory.hosts[0])
 
@@ -294,3 +297,126 @@ def test_a_missing_image_that_the_launch_will_pull_is_a_warning() -> None:
     (result,) = analysis.analyse(observed)  # type: ignore[arg-type]
     assert (result.status, result.summary) == ("warn", "image img:1 is not on n0 yet: the launch pulls it "
                                                "(pull = missing); its id is compared once it is there")
+
+
+# ------------------------------------------------------------------ a lost node's container
+
+
+@pytest.mark.parametrize(("answer", "code", "printed"), [
+    ("echo torchherd-r1-node2", 0, "removed"),
+    ('echo "Error: no container with name or ID \\"torchherd-r1-node2\\" found: no such container" >&2; exit 1', 0, ""),
+    ('echo "Error: No such container: torchherd-r1-node2" >&2; exit 1', 0, ""),
+    ('echo "Error: cannot remove: device busy" >&2; exit 125', 1, ""),
+])
+def test_the_lost_nodes_removal_says_removed_only_when_there_was_one(tmp_path: Path, answer: str, code: int,
+                                                                     printed: str) -> None:
+    """A stand-in ``podman``, alone on PATH: the command's verdict from each answer."""
+    import subprocess
+
+    from torchherd.engine.containers import remove_command
+
+    (tmp_path / "podman").write_text(f'#!/bin/sh\n[ "$*" = "rm -f torchherd-r1-node2" ] || exit 9\n{answer}\n')
+    (tmp_path / "podman").chmod(0o755)
+    done = subprocess.run(["/bin/sh", "-c", remove_command(("podman", "docker"), "torchherd-r1-node2")],
+                          capture_output=True, text=True, env={"PATH": str(tmp_path)}, timeout=10)
+    assert (done.returncode, done.stdout.strip()) == (code, printed), done
+    if code:
+        assert done.stderr.strip() == "Error: cannot remove: device busy"
+
+
+def test_the_lost_containers_note_names_the_removed_and_the_command_for_the_left() -> None:
+    from torchherd.console.recovery import recovery_note
+    from torchherd.engine.events import LostContainers
+
+    assert recovery_note(LostContainers(("node2",))) == (
+        "the run's container removed from node2, lost in an attempt", "dim")
+    assert recovery_note(LostContainers((), (("node5", "torchherd-r1-node5", "podman or docker",
+                                                "not reached: timed out"),))) == (
+        "node5 may still hold the run's container torchherd-r1-node5 (not reached: timed out): once it is back, "
+        "run podman rm -f torchherd-r1-node5 or docker rm -f torchherd-r1-node5 there", "bold yellow")
+
+
+# ------------------------------------------------------------------ the NVIDIA container toolkit
+
+TOOLKIT_DATA = Path(__file__).resolve().parent / "data" / "nvidia-toolkit"
+
+
+def toolkit_facts(runtime: str, *lines: str) -> dict[str, object]:
+    """A node's facts as ``parse`` reads the check command's output: the image's id and versions,
+    then the GPU lines given."""
+    from torchherd.checks.container import parse as parse_facts
+
+    text = "\n".join([*lines, f"runtime {runtime}", "id sha256:" + "a" * 64,
+                      "versions " + json.dumps(VERSIONS)]) + "\n"
+    return parse_facts(text)
+
+
+def cdi_list() -> list[str]:
+    return ["cdi-device " + line for line in (TOOLKIT_DATA / "nvidia-ctk-1.17-cdi-list.txt").read_text().splitlines()]
+
+
+def docker_runtimes(name: str) -> str:
+    return "docker-runtimes " + (TOOLKIT_DATA / f"docker-info-runtimes-{name}.json").read_text().strip()
+
+
+def test_the_check_command_reads_cdi_specs_as_grep_finds_their_kind(tmp_path: Path) -> None:
+    """The command's CDI scan, run by sh over a copy of a real spec (the node's /etc/cdi is
+    the machine's own: not written by a test), and its lines parsed."""
+    import subprocess
+
+    from torchherd.checks.container import node_command
+    from torchherd.checks.container import parse as parse_facts
+
+    inventory = parse({"container": {"image": "img:1"}, "hosts": [{"name": "a"}]}, Path("h.toml"))
+    command = node_command(inventory.hosts[0])
+    start, end = command.index("for f in /etc/cdi"), command.index("done", command.index("for f in /etc/cdi")) + 4
+    scan = command[start:end].replace("/etc/cdi/", f"{tmp_path}/etc/").replace("/var/run/cdi/", f"{tmp_path}/run/")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "nvidia.yaml").write_text((TOOLKIT_DATA / "nvidia.yaml").read_text())
+    (tmp_path / "etc" / "other.json").write_text('{"cdiVersion": "0.6.0", "kind": "vendor.com/fpga", "devices": []}')
+    done = subprocess.run(["/bin/sh", "-c", scan], capture_output=True, text=True, timeout=10)
+    assert parse_facts(done.stdout)["cdi-specs"] == [(f"{tmp_path}/etc/nvidia.yaml", "nvidia.com/gpu"),
+                                                      (f"{tmp_path}/etc/other.json", "vendor.com/fpga")]
+
+
+@pytest.mark.parametrize(("runtime", "lines", "status", "summary_end", "fix"), [
+    ("podman", ["nvidia-ctk /usr/bin/nvidia-ctk", *cdi_list()], "pass",
+     "; GPUs passed in through nvidia.com/gpu=all", ""),
+    ("podman", ["cdi-spec /etc/cdi/nvidia.yaml kind: nvidia.com/gpu"], "pass",
+     "; GPUs passed in through CDI spec /etc/cdi/nvidia.yaml", ""),
+    ("podman", ["nvidia-ctk /usr/bin/nvidia-ctk"], "fail",
+     "podman on n0 cannot pass the GPUs in: no CDI device nvidia.com/gpu=all (nvidia-ctk cdi list; /etc/cdi, "
+     "/var/run/cdi)", "sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml there (again after a driver upgrade)"),
+    ("podman", [], "fail",
+     "podman on n0 cannot pass the GPUs in: the NVIDIA container toolkit is not installed (no nvidia-ctk, no CDI "
+     "spec of nvidia.com/gpu in /etc/cdi or /var/run/cdi)",
+     "install nvidia-container-toolkit there, then sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml there "
+     "(again after a driver upgrade)"),
+    ("docker", [docker_runtimes("nvidia")], "pass", "; GPUs passed in through the nvidia runtime", ""),
+    ("docker", [docker_runtimes("plain"), "nvidia-hook yes"], "pass",
+     "; GPUs passed in through nvidia-container-runtime-hook", ""),
+    ("docker", [docker_runtimes("plain")], "fail",
+     "docker on n0 cannot pass the GPUs in (--gpus all): no nvidia runtime in docker info, no "
+     "nvidia-container-runtime-hook on PATH",
+     "install nvidia-container-toolkit there, then sudo nvidia-ctk runtime configure --runtime=docker there and "
+     "restart docker"),
+], ids=["podman-cdi-list", "podman-cdi-file", "podman-ctk-no-spec", "podman-nothing", "docker-nvidia-runtime",
+        "docker-hook", "docker-nothing"])
+def test_gpu_ranks_need_the_toolkit_of_their_runtime(runtime: str, lines: list[str], status: str, summary_end: str,
+                                                     fix: str) -> None:
+    from torchherd.checks.analysis import container as analysis
+
+    (result,) = analysis.analyse(observed_with({"n0": toolkit_facts(runtime, *lines)}, hosts=1,  # type: ignore[arg-type]
+                                               nproc="gpu"))
+    assert (result.status, result.fix) == (status, fix), result
+    assert result.summary.endswith(summary_end) if status == "pass" else result.summary == summary_end
+
+
+def test_the_toolkit_is_asked_for_only_where_the_ranks_use_gpus() -> None:
+    from torchherd.checks.analysis import container as analysis
+
+    bare = toolkit_facts("podman", "gpus no")
+    with_devices = toolkit_facts("podman", "gpus yes")
+    assert [r.status for r in analysis.analyse(observed_with({"n0": bare}, hosts=1, nproc=2))] == ["pass"]  # type: ignore[arg-type]
+    assert [r.status for r in analysis.analyse(observed_with({"n0": with_devices}, hosts=1, nproc=2))] == ["fail"]  # type: ignore[arg-type]
+    assert [r.status for r in analysis.analyse(observed_with({"n0": with_devices}, hosts=1, nproc="cpu"))] == ["pass"]  # type: ignore[arg-type]

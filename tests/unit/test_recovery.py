@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Sequence
 
 import pytest
 from test_bad_input import assert_one_line, run_cli
@@ -26,6 +26,7 @@ from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
     Collector,
+    LostContainers,
     NodeExcluded,
     Observer,
     RecoveryEnded,
@@ -60,7 +61,7 @@ from torchherd.engine.recovery_policy import (
     triage_failures,
     verdict,
 )
-from torchherd.errors import InventoryError
+from torchherd.errors import InventoryError, TorchherdError
 from torchherd.inventory import Recovery, parse, with_spares
 from torchherd.plan import Plan, RunOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
@@ -294,6 +295,9 @@ class FakeBackend:
     only: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
     hold: bool = False
     jobs: list[_Job] = field(default_factory=list)
+    removed: list[tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=list)
+    containers: bool = False
+    remove_error: str = ""
     triage_checks: ClassVar[frozenset[str]] = TRIAGE_CHECKS
 
     def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
@@ -307,6 +311,12 @@ class FakeBackend:
 
     def picked_nodes(self, plan: Plan) -> int | None:
         return None  # the SSH backend's answer: the plan names every node
+
+    def remove_lost_containers(self, plan: Plan, nodes: Sequence[str]) -> LostContainers | None:
+        self.removed.append((names(plan), tuple(nodes)))
+        if self.remove_error:
+            raise TorchherdError(self.remove_error)
+        return LostContainers(tuple(nodes)) if self.containers else None
 
     def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
         summary = self.script[len(self.launched)](plan)
@@ -368,6 +378,33 @@ def test_a_lost_node_without_a_spare_is_checked_and_kept_when_it_is_back() -> No
     summary, events = recover(backend, plan_of(), Recovery(retries=1))
     assert summary.exit_code == 0 and events.of(NodeExcluded) == []
     assert backend.checked == [NODES] and names(backend.launched[1]) == NODES
+    assert backend.removed == []  # back in the last attempt: its supervisor there owns the name
+
+
+def test_at_the_end_the_nodes_lost_and_left_out_are_asked_to_remove_the_runs_container() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost", "node2 vanished"), lambda plan: ended(plan, None)],
+                          containers=True)
+    summary, events = recover(backend, plan_of("node3", 4), Recovery(retries=1))
+    assert summary.exit_code == 0
+    assert backend.removed == [(("node2",), ("node2",))]
+    kinds = [type(event).__name__ for event in events.events if isinstance(event, (LostContainers, RunFinished))]
+    assert kinds == ["LostContainers", "RunFinished"]  # before the summary: the note comes with the run
+
+
+def test_a_removal_that_cannot_be_asked_names_what_may_be_left_and_the_run_ends_as_it_did() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node2", "lost", "node2 vanished"), lambda plan: ended(plan, None)],
+                          remove_error="node2: no route")
+    summary, events = recover(backend, plan_of("node3", 4), Recovery(retries=1))
+    assert summary.exit_code == 0
+    (event,) = events.of(LostContainers)
+    assert event.removed == () and [(node, why) for node, _, _, why in event.left] == [("node2", "node2: no route")]
+    assert event.left[0][1] == f"torchherd-{summary.run_id}-node2"
+
+
+def test_a_run_without_a_lost_node_removes_nothing_at_its_end() -> None:
+    backend = FakeBackend([lambda plan: ended(plan, "node1"), lambda plan: ended(plan, None)], containers=True)
+    recover(backend, plan_of(), Recovery(retries=1))
+    assert backend.removed == []
 
 
 def test_a_spare_checked_at_the_start_is_only_reached_again_until_it_is_taken() -> None:

@@ -8,6 +8,7 @@ One shell command per node, every value in it quoted; it prints ``KEY VALUE`` li
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from typing import Any, Mapping
 
@@ -57,6 +58,16 @@ def node_command(host: Host) -> str:
     candidates = containers.RUNTIMES if settings.runtime == "auto" else (settings.runtime,)
     image = shlex.quote(settings.image)
     lines = [
+        # what passing the GPUs through needs (the analysis asks only where the ranks use them)
+        'if [ -e /dev/nvidiactl ]; then echo "gpus yes"; else echo "gpus no"; fi',
+        'if command -v nvidia-ctk >/dev/null 2>&1; then echo "nvidia-ctk $(command -v nvidia-ctk)"; '
+        'nvidia-ctk cdi list 2>/dev/null | sed "s/^/cdi-device /"; fi',
+        "for f in /etc/cdi/*.yaml /etc/cdi/*.yml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.yml "
+        "/var/run/cdi/*.json; do",
+        '  [ -r "$f" ] && grep -E -o \'^kind:[[:space:]]*["]?[A-Za-z0-9._/-]+|"kind"[[:space:]]*:[[:space:]]*"[A-Za-z0-9._/-]+\' '
+        '"$f" | head -n 1 | sed "s|^|cdi-spec $f |"',
+        "done",
+        'if command -v nvidia-container-runtime-hook >/dev/null 2>&1; then echo "nvidia-hook yes"; fi',
         "rt=",
         f"for r in {' '.join(candidates)}; do if command -v \"$r\" >/dev/null 2>&1; then rt=$r; break; fi; done",
         'if [ -z "$rt" ]; then echo runtime-missing; exit 0; fi',
@@ -66,7 +77,10 @@ def node_command(host: Host) -> str:
         f"  *) out=$(sha256sum -- {image} 2>&1) && out=sha256:${{out%% *}} ;;",
         "esac",
         'if [ $? -ne 0 ]; then echo "image-error $(printf %s "$out" | tr "\\n" " ")"; exit 0; fi',
-        'echo "id $out"',
+        # the id is the last line: a wrapper may say something first (podman-docker's "Emulate Docker CLI...")
+        'echo "id $(printf "%s\\n" "$out" | tail -n 1)"',
+        'if [ "$rt" = docker ]; then echo "docker-runtimes $(docker info --format \'{{json .Runtimes}}\' 2>/dev/null | '
+        'tail -n 1)"; fi',
         'case "$rt:$(id -u)" in',
     ]
     python = quote_path(host.python) if host.python.startswith("~") else host.python
@@ -93,8 +107,21 @@ def parse(text: str) -> dict[str, Any]:
                 found["versions"] = json.loads(value)
             except ValueError:
                 found["versions-error"] = "unreadable: " + value[:200]
-        elif key in ("runtime-missing", "runtime", "id", "image-error", "versions-error"):
+        elif key in ("runtime-missing", "runtime", "id", "image-error", "versions-error", "gpus", "nvidia-ctk",
+                     "nvidia-hook"):
             found[key] = value.strip()
+        elif key == "cdi-device":
+            found.setdefault("cdi-devices", []).append(value.strip())
+        elif key == "cdi-spec":
+            path, _, kind = value.strip().partition(" ")
+            found.setdefault("cdi-specs", []).append((path, re.sub(r'^("kind"|kind)\s*:\s*"?', "", kind)))
+        elif key == "docker-runtimes":
+            try:
+                runtimes = json.loads(value)
+            except ValueError:
+                continue
+            if isinstance(runtimes, dict):
+                found["docker-runtimes"] = sorted(runtimes)
     return found
 
 

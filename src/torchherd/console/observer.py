@@ -15,11 +15,13 @@ from rich.text import Text
 from torchherd.console import printable, render_error
 from torchherd.console.checks import render_report
 from torchherd.console.detach import status_note
+from torchherd.console.pull import PullView
 from torchherd.console.recovery import RecoveryEvent, recovery_note, render_attempts
 from torchherd.console.run import LiveRenderer, render_summary
 from torchherd.console.sync import SYNC_EVENTS, sync_notes
 from torchherd.console.view import TerminalView, ViewOptions
 from torchherd.engine.events import (
+    PULL_EVENTS,
     RECOVERY_EVENTS,
     AttemptFailed,
     ConnectFailed,
@@ -61,12 +63,17 @@ class ConsoleObserver:
         """The panel, collapsed duplicates, a rank filter (``run``); none by default."""
         self.c10d_noted = False
         """Whether c10d's "cannot name a peer" warning was explained already (once a run)."""
+        self.pulls = PullView(console, live=self.view.panel)  # a terminal, not --plain
 
     def __call__(self, event: Event) -> None:
         if isinstance(self.renderer, TerminalView):
             self.renderer.observe(event)
         if isinstance(event, SYNC_EVENTS):
             for message, style in sync_notes(event):
+                self._note(message, style)
+            return
+        if isinstance(event, PULL_EVENTS):
+            for message, style in self.pulls.observe(event):
                 self._note(message, style)
             return
         if isinstance(event, RECOVERY_EVENTS):
@@ -166,6 +173,7 @@ class ConsoleObserver:
     def close(self) -> None:
         """Shows what the view still holds and takes the panel away (the run ended, or
         the command is leaving); harmless when there is nothing to close."""
+        self.pulls.close()
         if isinstance(self.renderer, TerminalView):
             self.renderer.close()
 

@@ -17,6 +17,7 @@ from torchherd.engine.events import (
     CheckpointMissing,
     CheckpointStaged,
     HangFound,
+    LostContainers,
     NodeExcluded,
     RecoveryEnded,
     RunShrunk,
@@ -27,7 +28,7 @@ from torchherd.runlog import AttemptRecord
 from torchherd.words import count
 
 RecoveryEvent = Union[AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
-                      HangFound, CheckpointStaged, CheckpointMissing]
+                      HangFound, CheckpointStaged, CheckpointMissing, LostContainers]
 ENDED_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "hung": "bold red", "interrupted": "yellow"}
 
 
@@ -55,6 +56,8 @@ def recovery_note(event: RecoveryEvent) -> tuple[str, str]:
         return checkpoint_note(event)
     if isinstance(event, CheckpointMissing):
         return f"checkpoint: {event.message}; attempt {event.attempt} starts without one", "bold yellow"
+    if isinstance(event, LostContainers):
+        return lost_containers_note(event)
     if isinstance(event, RunShrunk):
         return f"no spare left: the run goes on with {event.nodes} nodes instead of {event.was}", "bold yellow"
     return f"no further attempt: {event.message}", "bold red"
@@ -70,6 +73,19 @@ def checkpoint_note(event: CheckpointStaged) -> tuple[str, str]:
     if not event.nodes:
         return f"{what}: every node of attempt {event.attempt} has it already", "dim"
     return f"{what} staged on {', '.join(event.nodes)} in {event.seconds:.1f} s", "bold"
+
+
+def lost_containers_note(event: LostContainers) -> tuple[str, str]:
+    """"the run's container removed from node2, lost in an attempt" and, for a node not
+    reached, the container it may still hold and the command that removes it there."""
+    notes = []
+    if event.removed:
+        notes.append(f"the run's container removed from {', '.join(event.removed)}, lost in an attempt")
+    for node, name, runtime, why in event.left:
+        commands = " or ".join(f"{word} rm -f {name}" for word in runtime.split(" or "))
+        notes.append(f"{node} may still hold the run's container {name} ({printable(why)}): once it is back, "
+                     f"run {commands} there")
+    return "; ".join(notes), "bold yellow" if event.left else "dim"
 
 
 def render_attempts(console: Console, attempts: tuple[AttemptRecord, ...]) -> None:

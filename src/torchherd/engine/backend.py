@@ -21,7 +21,8 @@ from typing import Callable, ClassVar, Mapping, Sequence, Union
 
 from torchherd.checks import CheckOptions
 from torchherd.engine import detach as detached
-from torchherd.engine.events import CheckpointMissing, Observer, ignore
+from torchherd.engine.containers import remove_lost
+from torchherd.engine.events import CheckpointMissing, LostContainers, Observer, ignore
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, launch, open_nodes, preflight, sync_first, with_probes
 from torchherd.engine.recovery_policy import TRIAGE_CHECKS
@@ -98,6 +99,11 @@ class Backend(ABC):
         ``receivers`` that lacks it (``engine.staging``); ``plan`` has every one of them.
         ``stopping`` true: the copy is given up (Ctrl-C)."""
         return CheckpointMissing(attempt, "this scheduler cannot stage a checkpoint")
+
+    def remove_lost_containers(self, plan: Plan, nodes: Sequence[str]) -> LostContainers | None:
+        """Removes the run's containers on ``nodes`` (lost in an attempt: their supervisor died
+        with them); ``plan`` has every one of them. None: no container to remove."""
+        return None
 
     @abstractmethod
     def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
@@ -195,6 +201,10 @@ class SshBackend(Backend):
                          attempt: int, stopping: Callable[[], bool] = lambda: False) -> Staged:
         nodes = {node.host.name: node for node in plan.nodes}
         return stage(self._connector(), nodes, sources, receivers, path, attempt, stopping)
+
+    def remove_lost_containers(self, plan: Plan, nodes: Sequence[str]) -> LostContainers | None:
+        hosts = {node.host.name: node.host for node in plan.nodes}
+        return remove_lost(self._connector(), [hosts[name] for name in nodes], plan.run_id)
 
     def _connector(self) -> Connector:
         assert self.connector is not None, "a Cluster's backend has its connector"

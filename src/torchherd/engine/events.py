@@ -367,14 +367,82 @@ class CheckpointMissing:
     message: str
 
 
+@dataclass(frozen=True)
+class PullStarted:
+    """``--pull missing|always``: each of ``nodes`` (node, image) pulls its image before
+    the launch, all at once."""
+
+    nodes: tuple[tuple[str, str], ...]
+    policy: str
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    """A node's pull went on: ``done`` of the ``layers`` it has named so far are there
+    (docker names them all first; podman one by one, so ``layers`` grows); ``status`` is
+    what the runtime says it is doing."""
+
+    node: str
+    done: int
+    layers: int
+    status: str
+
+
+@dataclass(frozen=True)
+class NodePulled:
+    """The node has the image: pulled now (``pulled``), or found there (``missing``)."""
+
+    node: str
+    image: str
+    pulled: bool
+    layers: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PullFailed:
+    """The node could not pull the image: the runtime's own last error line."""
+
+    node: str
+    image: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PullsDone:
+    """Every node's pull, in node-rank order; the launch goes on only when all have the image."""
+
+    nodes: tuple[Union[NodePulled, PullFailed], ...]
+    seconds: float
+
+    @property
+    def failed(self) -> tuple[PullFailed, ...]:
+        return tuple(node for node in self.nodes if isinstance(node, PullFailed))
+
+
+PULL_EVENTS = (PullStarted, PullProgress, NodePulled, PullFailed, PullsDone)
+
+
+@dataclass(frozen=True)
+class LostContainers:
+    """At the end of a run with retries in containers: the run's containers on nodes lost in
+    an attempt (their supervisor died with them, so nobody removed them), removed where the
+    node answers again (``removed``: node names), or named where it does not (``left``:
+    node, container name, its runtime ("podman", "docker" or "podman or docker"), why)."""
+
+    removed: tuple[str, ...]
+    left: tuple[tuple[str, str, str, str], ...] = ()
+
+
 RECOVERY_EVENTS = (AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
-                   HangFound, CheckpointStaged, CheckpointMissing)
+                   HangFound, CheckpointStaged, CheckpointMissing, LostContainers)
 
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
               NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished, JobQueued,
               SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptFailed, TriageDone,
               VenvsDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
-              CheckpointStaged, CheckpointMissing]
+              CheckpointStaged, CheckpointMissing, LostContainers, PullStarted, PullProgress, NodePulled,
+              PullFailed, PullsDone]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000

@@ -38,6 +38,7 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.hang import Targets
 from torchherd.engine.job import Job, LaunchOptions
+from torchherd.engine.pull import pull_images, pulled_nodes
 from torchherd.engine.sync import sync_nodes
 from torchherd.engine.venvs import build_venvs
 from torchherd.errors import TorchherdError, TransportError
@@ -161,9 +162,30 @@ def open_nodes(plan: Plan, options: LaunchOptions, connector: Connector, observe
     preflight checks the files the job will run."""
     if plan.sync is not None:
         connector = sync_first(plan, connector, observer, options.log_dir)
+    if pulled_nodes(plan):
+        connector = pull_first(plan, connector, observer)
     if options.check:
         return _after_preflight(plan, connector, observer, options)
     return _connect(plan, connector, observer)
+
+
+def pull_first(plan: Plan, connector: Connector, observer: Observer) -> Connector:
+    """Connects to every node and pulls the image on those with a pull policy, all at once
+    (``engine.pull``), before the preflight compares the images' ids; returns a connector
+    that hands the preflight and the launch the very same sessions. Raises LaunchAborted
+    (the sessions closed) when a node could not be reached or could not pull."""
+    opened = _connect(plan, connector, observer)
+    try:
+        done = pull_images(plan, dict(opened.sessions), observer)
+    except BaseException:
+        opened.close()
+        raise
+    if done is not None and done.failed:
+        opened.close()
+        images = sorted({failed.image for failed in done.failed})
+        raise LaunchAborted(f"the image could not be pulled on {len(done.failed)} of "
+                            f"{count(len(done.nodes), 'node')} ({', '.join(images)})")
+    return _Reusing(opened.sessions, connector)
 
 
 def sync_first(plan: Plan, connector: Connector, observer: Observer, log_dir: Path | None = None) -> Connector:

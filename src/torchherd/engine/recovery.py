@@ -33,6 +33,7 @@ from torchherd.engine.events import (
     Event,
     HangFound,
     Interrupted,
+    LostContainers,
     NodeExcluded,
     Observer,
     Output,
@@ -71,11 +72,12 @@ from torchherd.engine.recovery_policy import (
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan
-from torchherd.remote import flight
+from torchherd.remote import flight, wire
+from torchherd.remote.container import container_name
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import AttemptRecord, OutputLine, RankLines, RunSummary
 
-ATTEMPT_VARIABLE = "TORCHHERD_ATTEMPT"
+ATTEMPT_VARIABLE = wire.ATTEMPT_ENV
 TRIAGE_ROUNDS = 4
 """Triage rounds before an attempt at most: a round that excluded a node, or whose
 cross-node checks could not count, is followed by one on the new set of nodes."""
@@ -98,6 +100,8 @@ class Backendish(Protocol):
     def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
                          attempt: int, stopping: Callable[[], bool] = lambda: False,
                          ) -> CheckpointStaged | CheckpointMissing: ...
+
+    def remove_lost_containers(self, plan: Plan, nodes: Sequence[str]) -> LostContainers | None: ...
 
 
 def attempt_plan(base: Plan, nodes: Sequence[str], attempt: int,
@@ -295,6 +299,7 @@ class RecoveringRun:
     def _loop(self, first: Run) -> None:
         try:
             self._summary = self._attempts(first)
+            self._remove_lost_containers(self._summary)
             self.emit(RunFinished(self._summary))
         except BaseException as error:  # handed to wait(): a bug must not vanish in a thread
             self._error = error
@@ -432,6 +437,25 @@ class RecoveringRun:
         elif len(self.records) > 1:
             headline = f"{summary.headline} (attempt {len(self.records)})"
         return replace(summary, exit_code=code, headline=headline, attempts=tuple(self.records))
+
+    def _remove_lost_containers(self, summary: RunSummary) -> None:
+        """The containers of the nodes lost in an attempt and not in the last one: their
+        supervisor died with them, so the runtime still holds them wherever the node is back."""
+        gone = ("lost", "unresponsive")
+        kept = {outcome.node for outcome in summary.nodes if outcome.state not in gone}
+        lost = [node for attempt in self.attempts for node in attempt.lost]
+        lost += [outcome.node for outcome in summary.nodes if outcome.state in gone]
+        lost = [node for node in lost if node not in kept]
+        if not lost or not self.recovery.retries or self.picked is not None:
+            return
+        nodes = tuple(dict.fromkeys(lost))
+        try:
+            event = self.backend.remove_lost_containers(attempt_plan(self.plan, nodes, len(self.records)), nodes)
+        except TorchherdError as error:  # the run's outcome stands; what may be left is named
+            event = LostContainers((), tuple((node, container_name(self.run_id, node), "podman or docker", str(error))
+                                             for node in nodes))
+        if event is not None and (event.removed or event.left):
+            self.emit(event)
 
     # triage ------------------------------------------------------------------------------
     def _check_spares(self) -> None:

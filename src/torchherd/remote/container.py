@@ -58,8 +58,8 @@ class ContainerSpec(NamedTuple):
     gpus: Optional[bool] = None
     """Pass the GPUs through; None: where the node has NVIDIA devices."""
     pull: str = "never"
-    """docker/podman ``run --pull``: "never" (the default: a launch never pulls unasked),
-    "missing" or "always"; each node pulls for itself as its container starts."""
+    """docker/podman ``run --pull``: "never" for a job's container (the run's pull step,
+    ``engine.pull``, brought the image first); the check's throwaway container too."""
 
     def to_json_object(self) -> Dict[str, object]:
         return {"image": self.image, "runtime": self.runtime, "name": self.name, "run_id": self.run_id,
@@ -197,8 +197,13 @@ def run_argv(spec: ContainerSpec, runtime: str, argv: Sequence[str], env_names: 
     mounts = own + list(spec.mounts)
     names = sorted(set(env_names))
     if runtime in OCI_RUNTIMES:
-        words = [runtime, "run", "--rm", "--name", spec.name, "--label", LABEL + "=" + spec.run_id,
-                 "--pull", spec.pull, "--network", "host", "--ipc", "host"]
+        words = [runtime, "run", "--rm", "--name", spec.name]
+        if runtime == "podman" and spec.name:
+            # A container of this run's own name left by an attempt whose node died (its
+            # supervisor with it) would refuse the name when the node is back in a later
+            # attempt: podman replaces it (docker has no --replace: the supervisor removes it).
+            words.append("--replace")
+        words += ["--label", LABEL + "=" + spec.run_id, "--pull", spec.pull, "--network", "host", "--ipc", "host"]
         if runtime == "podman" and identity.rootless:
             # rootless podman: the user's uid inside is mapped to the user's uid outside
             words += ["--userns", "keep-id"]

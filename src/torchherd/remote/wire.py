@@ -79,6 +79,8 @@ def is_run_id(text: object) -> bool:
 
 RUN_ID_ENV: Final = "TORCHHERD_RUN_ID"
 """Every process of a job carries its run id in this variable: teardown and stop find them by it."""
+ATTEMPT_ENV: Final = "TORCHHERD_ATTEMPT"
+"""A --retries run's attempt number, in the job's environment (engine.recovery sets it)."""
 SUPERVISOR_ENV: Final = "TORCHHERD_SUPERVISOR"
 """The token of the supervisor that started the process (sibling supervisors on one process table)."""
 

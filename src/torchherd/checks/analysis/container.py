@@ -30,8 +30,52 @@ def analyse(observed: Observed) -> list[CheckResult]:
             results.append(CheckResult(host.name, CHECK, "skip", missing))
             continue
         facts = observed.containers.get(host.name)
-        results.append(_node(host, facts or {"error": "no answer"}, reference))
+        result = _node(host, facts or {"error": "no answer"}, reference)
+        if result.status == "pass" and uses_gpus(observed.nproc_of(host), facts or {}):
+            result = _gpus(host, facts or {}, result)
+        results.append(result)
     return results
+
+
+def uses_gpus(nproc: int | str, facts: dict[str, Any]) -> bool:
+    """The ranks use the GPUs, as the launch decides it (plan's ``_container``): nproc "gpu"
+    always, "cpu" never, otherwise where the node has NVIDIA devices."""
+    return nproc == "gpu" or (nproc != "cpu" and facts.get("gpus") == "yes")
+
+
+CDI_FIX = "sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml there (again after a driver upgrade)"
+TOOLKIT = "install nvidia-container-toolkit there"
+
+
+def _gpus(host: Host, facts: dict[str, Any], passed: CheckResult) -> CheckResult:
+    """The runtime can pass the GPUs in: podman through CDI (a spec of kind nvidia.com/gpu,
+    which ``--device nvidia.com/gpu=all`` names), docker through the NVIDIA runtime or its
+    hook (``--gpus all``). Apptainer's ``--nv`` needs only the driver on the host, and
+    enroot's hooks are not looked at: both pass as they are."""
+    runtime = str(facts.get("runtime", ""))
+    ctk = facts.get("nvidia-ctk")
+    if runtime == "podman":
+        devices = [str(device) for device in facts.get("cdi-devices", [])]
+        specs = [path for path, kind in facts.get("cdi-specs", []) if kind == "nvidia.com/gpu"]
+        if "nvidia.com/gpu=all" in devices or (not devices and specs):
+            where = "nvidia.com/gpu=all" if devices else f"CDI spec {specs[0]}"
+            return CheckResult(host.name, CHECK, "pass", f"{passed.summary}; GPUs passed in through {where}")
+        if ctk:
+            return CheckResult(host.name, CHECK, "fail", f"podman on {host.name} cannot pass the GPUs in: no CDI "
+                               "device nvidia.com/gpu=all (nvidia-ctk cdi list; /etc/cdi, /var/run/cdi)", CDI_FIX)
+        return CheckResult(host.name, CHECK, "fail", f"podman on {host.name} cannot pass the GPUs in: the NVIDIA "
+                           "container toolkit is not installed (no nvidia-ctk, no CDI spec of nvidia.com/gpu in "
+                           "/etc/cdi or /var/run/cdi)", f"{TOOLKIT}, then {CDI_FIX}")
+    if runtime == "docker":
+        runtimes = [str(name) for name in facts.get("docker-runtimes", [])]
+        if "nvidia" in runtimes or facts.get("nvidia-hook") == "yes":
+            how = "the nvidia runtime" if "nvidia" in runtimes else "nvidia-container-runtime-hook"
+            return CheckResult(host.name, CHECK, "pass", f"{passed.summary}; GPUs passed in through {how}")
+        configure = "sudo nvidia-ctk runtime configure --runtime=docker there and restart docker"
+        return CheckResult(host.name, CHECK, "fail", f"docker on {host.name} cannot pass the GPUs in (--gpus all): "
+                           "no nvidia runtime in docker info, no nvidia-container-runtime-hook on PATH",
+                           configure if ctk else f"{TOOLKIT}, then {configure}")
+    return passed
 
 
 def _reference(observed: Observed, hosts: list[Host]) -> dict[str, tuple[str, str]]:
