@@ -175,7 +175,7 @@ def test_ranks_the_job_has_and_rdzv_conf_with_c10d_are_taken(args: list[str]) ->
     assert ("--rdzv-conf timeout=60,is_host=1" in out[2]) == ("--rdzv-conf" in args)
 
 
-KNOWN = ("known ids: ssh, ping, hostname, port, firewall, network, env, python, gpu, xid, ib, script, venv, clock, "
+KNOWN = ("known ids: ssh, ping, hostname, port, firewall, network, env, python, gpu, xid, ib, gpudiag, script, venv, clock, "
          "bandwidth, mtu, smoke, container")
 
 
