@@ -15,12 +15,15 @@ from rich.text import Text
 from torchherd.console import printable, render_error
 from torchherd.console.checks import render_report
 from torchherd.console.detach import status_note
+from torchherd.console.images import ArchiveBars, ArchiveEvent, archive_notes
 from torchherd.console.recovery import RecoveryEvent, recovery_note, render_attempts
 from torchherd.console.run import LiveRenderer, render_summary
 from torchherd.console.sync import SYNC_EVENTS, sync_notes
 from torchherd.console.view import TerminalView, ViewOptions
 from torchherd.engine.events import (
+    ARCHIVE_EVENTS,
     RECOVERY_EVENTS,
+    ArchiveDone,
     AttemptFailed,
     ConnectFailed,
     Event,
@@ -61,6 +64,8 @@ class ConsoleObserver:
         """The panel, collapsed duplicates, a rank filter (``run``); none by default."""
         self.c10d_noted = False
         """Whether c10d's "cannot name a peer" warning was explained already (once a run)."""
+        self.bars = ArchiveBars(console)
+        """``--image-archive``'s bars, one per node, while the archive travels."""
 
     def __call__(self, event: Event) -> None:
         if isinstance(self.renderer, TerminalView):
@@ -68,6 +73,9 @@ class ConsoleObserver:
         if isinstance(event, SYNC_EVENTS):
             for message, style in sync_notes(event):
                 self._note(message, style)
+            return
+        if isinstance(event, ARCHIVE_EVENTS):
+            self._archive(event)
             return
         if isinstance(event, RECOVERY_EVENTS):
             self._recovery(event)
@@ -166,8 +174,18 @@ class ConsoleObserver:
     def close(self) -> None:
         """Shows what the view still holds and takes the panel away (the run ended, or
         the command is leaving); harmless when there is nothing to close."""
+        self.bars.close()
         if isinstance(self.renderer, TerminalView):
             self.renderer.close()
+
+    def _archive(self, event: ArchiveEvent) -> None:
+        """The notes around the bars: what goes where first, what failed after them."""
+        if isinstance(event, ArchiveDone):
+            self.bars(event)
+        for message, style in archive_notes(event):
+            self._note(message, style)
+        if not isinstance(event, ArchiveDone):
+            self.bars(event)
 
     def _renderer(self) -> LiveRenderer:
         if self.renderer is None:
