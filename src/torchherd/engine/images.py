@@ -118,15 +118,17 @@ def stage(archive: ImageArchive, image: str, runtime: str, nodes: Sequence[NodeP
     observer(ArchiveStarted(archive.path, image, archive.image_id, archive.size, planned.loading, planned.having))
     failed = list(planned.failed)
     loaded: tuple[str, ...] = ()
+    sent = [0]
     if planned.loading:
         results = _relay(archive, image, runtime, sha256, [by_name[name] for name in planned.loading], sessions,
-                         observer, stopping)
+                         observer, stopping, sent)
         loaded = tuple(name for name in planned.loading if results[name] is None)
         failed += [(name, why) for name in planned.loading if (why := results[name]) is not None]
     order = list(by_name)
     failed.sort(key=lambda item: order.index(item[0]))
-    return ArchiveDone(archive.path, image, loaded, planned.having, tuple(failed), time.monotonic() - started,
-                       archive.size if planned.loading else 0)
+    done = ArchiveDone(archive.path, image, loaded, planned.having, tuple(failed), time.monotonic() - started, sent[0])
+    observer(done)
+    return done
 
 
 def file_sha256(path: str) -> str:
@@ -155,7 +157,10 @@ def _have(session: Session, node: NodePlan, runtime: str, image: str) -> NodeIma
 
 
 def _relay(archive: ImageArchive, image: str, runtime: str, sha256: str, nodes: Sequence[NodePlan],
-           sessions: Mapping[str, Session], observer: Observer, stopping: Callable[[], bool]) -> dict[str, str | None]:
+           sessions: Mapping[str, Session], observer: Observer, stopping: Callable[[], bool],
+           sent: list[int]) -> dict[str, str | None]:
+    """The chain this machine -> nodes[0] -> nodes[1] ...; ``sent[0]`` counts the archive's
+    bytes this machine sent (once: the nodes relay it among themselves)."""
     hops = [Hop(node.host.name, sessions[node.host.name], program(node, "relay", runtime, image), job_address(node))
             for node in nodes]
     expect = {"sha256": sha256, "size": archive.size, "id": archive.image_id}
@@ -168,6 +173,7 @@ def _relay(archive: ImageArchive, image: str, runtime: str, sha256: str, nodes: 
             while block := file.read(CHUNK):
                 if not send(block):
                     raise OSError("the first node's channel closed")
+                sent[0] += len(block)
 
     def on_message(node: str, message: Mapping[str, Any]) -> None:
         if "progress" in message:
