@@ -612,7 +612,9 @@ def _host_container(read: _Reader, base: Mapping[str, Any]) -> ContainerSettings
     if "image" not in merged:
         read.fail("container", "no image: [container] has none, nor this host's container table",
                   'set image = "..." in [container]')
-    return _with_archive(read, ContainerSettings(**merged))
+    # The archive's key is named where it was written: the host's table, else [container].
+    named = _Reader(read.path, f"{read.where}container." if "archive" in own else "[container].", {}, CONTAINER_KEYS)
+    return _with_archive(named, ContainerSettings(**merged))
 
 
 def _with_archive(read: _Reader, settings: ContainerSettings) -> ContainerSettings:
