@@ -93,10 +93,10 @@ def groups(nodes: Sequence[NodePlan]) -> list[tuple[ImageArchive, str, str, list
     return [(archive, image, runtime, members) for (_, image, runtime), (archive, members) in found.items()]
 
 
-def program(node: NodePlan, mode: str, runtime: str, image: str) -> str:
+def program(node: NodePlan, mode: str, runtime: str, image: str, folder: str = ARCHIVES_DIR) -> str:
     words = f"{quote_path(node.host.python)} {command('image.py')} {mode} {shlex.quote(runtime)} " \
             f"{shlex.quote(image)}"
-    return words + (f" {quote_path(ARCHIVES_DIR)}" if mode == "relay" else "")
+    return words + (f" {quote_path(folder)}" if mode == "relay" else "")
 
 
 def stage_archives(nodes: Sequence[NodePlan], sessions: Mapping[str, Session], observer: Observer,
@@ -120,8 +120,8 @@ def stage(archive: ImageArchive, image: str, runtime: str, nodes: Sequence[NodeP
     loaded: tuple[str, ...] = ()
     sent = [0]
     if planned.loading:
-        results = _relay(archive, image, runtime, sha256, [by_name[name] for name in planned.loading], sessions,
-                         observer, stopping, sent)
+        results = relay_archive(archive, image, runtime, sha256, [by_name[name] for name in planned.loading],
+                                sessions, observer, stopping, sent)
         loaded = tuple(name for name in planned.loading if results[name] is None)
         failed += [(name, why) for name in planned.loading if (why := results[name]) is not None]
     order = list(by_name)
@@ -156,13 +156,15 @@ def _have(session: Session, node: NodePlan, runtime: str, image: str) -> NodeIma
     return f"no answer (exit {result.exit_code}): {result.stderr.decode(errors='replace').strip()[-200:]}"
 
 
-def _relay(archive: ImageArchive, image: str, runtime: str, sha256: str, nodes: Sequence[NodePlan],
-           sessions: Mapping[str, Session], observer: Observer, stopping: Callable[[], bool],
-           sent: list[int]) -> dict[str, str | None]:
-    """The chain this machine -> nodes[0] -> nodes[1] ...; ``sent[0]`` counts the archive's
-    bytes this machine sent (once: the nodes relay it among themselves)."""
-    hops = [Hop(node.host.name, sessions[node.host.name], program(node, "relay", runtime, image), job_address(node))
-            for node in nodes]
+def relay_archive(archive: ImageArchive, image: str, runtime: str, sha256: str, nodes: Sequence[NodePlan],
+                  sessions: Mapping[str, Session], observer: Observer, stopping: Callable[[], bool],
+                  sent: list[int], *, load: bool = True, folder: str = ARCHIVES_DIR) -> dict[str, str | None]:
+    """The chain this machine -> nodes[0] -> nodes[1] ...; per node None (verified and, with
+    ``load``, loaded) or why not; ``sent[0]`` counts the archive's bytes this machine sent
+    (once: the nodes relay it among themselves). ``load`` and ``folder`` are for
+    scripts/bench-archive, which times the relay alone, into the nodes' tmpfs."""
+    hops = [Hop(node.host.name, sessions[node.host.name], program(node, "relay", runtime, image, folder),
+                job_address(node)) for node in nodes]
     expect = {"sha256": sha256, "size": archive.size, "id": archive.image_id}
 
     def feed(send: Callable[[bytes], bool]) -> None:
@@ -181,5 +183,5 @@ def _relay(archive: ImageArchive, image: str, runtime: str, sha256: str, nodes: 
         elif message.get("loading"):
             observer(ArchiveProgress(node, "loading", archive.size, archive.size))
 
-    return run_chain(hops, {"expect": expect, "load": True, "progress": True}, archive.size, feed=feed,
+    return run_chain(hops, {"expect": expect, "load": load, "progress": True}, archive.size, feed=feed,
                      on_message=on_message, stopping=stopping, extra_seconds=LOAD_SECONDS)
