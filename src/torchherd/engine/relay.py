@@ -114,6 +114,10 @@ def _wait(hops: Sequence[Hop], processes: Mapping[str, Process], lines: Mapping[
                 feed(first.send)
             except (OSError, TransportError) as error:
                 fed.append(str(error))
+                try:
+                    first.close_stdin()  # the first node reads a short stream and ends, not waits for the rest
+                except TransportError:
+                    pass
 
         threading.Thread(target=send, name="relay-feed", daemon=True).start()
     for hop in hops:
