@@ -145,13 +145,9 @@ esac
 """
 
 
-def test_the_archive_goes_down_one_chain_verified_and_loaded_on_each_node(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchherd.api import Cluster
-    from torchherd.engine.images import file_sha256, stage_archives
-    from torchherd.transport import connect_all
-    from torchherd.transport.local import LocalConnector
-
+@pytest.fixture
+def fake_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A stand-in podman on PATH (its state in the returned folder) and a HOME of the test's own."""
     bin_dir, state, home = tmp_path / "bin", tmp_path / "state", tmp_path / "home"
     for folder in (bin_dir, state, home):
         folder.mkdir()
@@ -161,16 +157,43 @@ def test_the_archive_goes_down_one_chain_verified_and_loaded_on_each_node(tmp_pa
     monkeypatch.setenv("FAKE_STATE", str(state))
     monkeypatch.setenv("FAKE_ID", CONFIG_ID)
     monkeypatch.setenv("HOME", str(home))
-    path = write_archive(tmp_path / "image.tar", ["localhost/th:1"], payload=3_000_000)
+    return state, home
+
+
+def staged(path: Path, sha256: str | None = None) -> tuple[Collector, ArchiveDone]:
+    """The archive staged on three in-process nodes (with ``sha256``: the chain told that hash)."""
+    from torchherd.api import Cluster
+    from torchherd.engine.images import file_sha256, relay_archive, stage_archives
+    from torchherd.transport import connect_all
+    from torchherd.transport.local import LocalConnector
+
     cluster = Cluster([{"name": f"n{index}", "address": "127.0.0.1"} for index in range(3)], python=sys.executable,
                       nproc_per_node=1, connector=LocalConnector()).with_container("th:1", archive=path)
     plan = cluster.plan("train.py")
     events = Collector()
     connected = connect_all(LocalConnector(), [node.host for node in plan.nodes])
     try:
-        (done,) = stage_archives(plan.nodes, connected.succeeded, events)
+        if sha256 is None:
+            (done,) = stage_archives(plan.nodes, connected.succeeded, events)
+            return events, done
+        archive = read_archive(str(path))
+        sent = [0]
+        results = relay_archive(archive, "th:1", "auto", sha256, plan.nodes, connected.succeeded, events,
+                                lambda: False, sent)
+        assert file_sha256(str(path)) != sha256
+        failed = tuple((name, why) for name, why in results.items() if why is not None)
+        return events, ArchiveDone(str(path), "th:1", (), (), failed, 0.0, sent[0])
     finally:
         connected.close()
+
+
+def test_the_archive_goes_down_one_chain_verified_and_loaded_on_each_node(tmp_path: Path,
+                                                                          fake_nodes: tuple[Path, Path]) -> None:
+    from torchherd.engine.images import file_sha256
+
+    state, home = fake_nodes
+    path = write_archive(tmp_path / "image.tar", ["localhost/th:1"], payload=3_000_000)
+    events, done = staged(path)
     assert done == events.events[-1]
     assert (done.loaded, done.failed, done.sent) == (("n0", "n1", "n2"), (), path.stat().st_size)
     started = events.events[0]
@@ -179,6 +202,19 @@ def test_the_archive_goes_down_one_chain_verified_and_loaded_on_each_node(tmp_pa
         == {"n0", "n1", "n2"}
     # every node loaded a copy with the archive's own bytes, and removed it after
     assert (state / "loads").read_text().split() == [file_sha256(str(path))] * 3
+    assert list((home / ".cache" / "torchherd" / "archives").iterdir()) == []
+    _, again = staged(path)  # now every node shows the archive's id: nothing sent, nothing loaded
+    assert (again.loaded, again.having, again.sent) == ((), ("n0", "n1", "n2"), 0)
+    assert len((state / "loads").read_text().split()) == 3
+
+
+def test_a_copy_that_is_not_the_archive_is_never_loaded(tmp_path: Path, fake_nodes: tuple[Path, Path]) -> None:
+    state, home = fake_nodes
+    path = write_archive(tmp_path / "image.tar", ["localhost/th:1"], payload=500_000)
+    _, done = staged(path, sha256="0" * 64)
+    assert [node for node, _ in done.failed] == ["n0", "n1", "n2"]
+    assert all("SHA-256" in why for _, why in done.failed), done.failed
+    assert not (state / "loads").exists()
     assert list((home / ".cache" / "torchherd" / "archives").iterdir()) == []
 
 
