@@ -262,7 +262,7 @@ class Cluster:
               on_event: Observer | None = None, bandwidth: bool = False,
               min_bandwidth: float | None = None, sync_include: Iterable[str] = (),
               sync_anyway: bool = False, uv: bool | None = None,
-              uv_system_site_packages: bool = False) -> CheckReport:
+              uv_system_site_packages: bool = False, gpu_diag: bool = False) -> CheckReport:
         """The preflight checks, changing nothing on the nodes. They verify ``plan`` when
         given (its master address, port, processes per node, script, environment), else the
         plan of a default run of ``script``. With ``sync`` the project is first made
@@ -270,9 +270,11 @@ class Cluster:
         ``bandwidth`` (or ``smoke``) the links' throughput and path MTU are measured too;
         ``min_bandwidth`` (bits per second) overrides the inventory's floor. ``sync_include``,
         ``sync_anyway``, ``uv`` and ``uv_system_site_packages``: as for ``plan``; with ``sync``
-        a uv-locked project's venv is built (or found built) first, then checked against the lock."""
+        a uv-locked project's venv is built (or found built) first, then checked against the lock.
+        ``gpu_diag``: DCGM's level-1 diagnostic on every node that has DCGM (a minute or so)."""
         options = CheckOptions(only=frozenset(only) if only is not None else None, skip=frozenset(skip), smoke=smoke,
-                               mesh=mesh, bandwidth=bandwidth, min_bandwidth=min_bandwidth)
+                               mesh=mesh, bandwidth=bandwidth, min_bandwidth=min_bandwidth,
+                               gpu_diag=gpu_diag)
         plan = plan or self.plan(script or "", run_id="check", sync=sync, sync_include=sync_include,
                                  sync_anyway=sync_anyway, uv=uv, uv_system_site_packages=uv_system_site_packages)
         return self.backend.check(plan, options, sync=bool(sync), on_result=on_result, on_event=on_event or ignore)

@@ -217,7 +217,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     known = _known_checks(cluster)
     only, skip = _id_list(args.only, "--only", known), _id_list(args.skip, "--skip", known) or frozenset()
     _sync_choices(args, bool(args.sync))  # check syncs only with --sync, [sync] table or not
-    more = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth,
+    more = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth, "gpu_diag": args.gpu_diag,
             "sync_include": tuple(args.sync_include), "sync_anyway": args.sync_anyway, "uv": args.uv,
             "uv_system_site_packages": args.uv_system_site_packages}
     cluster.backend.allow("--matrix", args.matrix)
@@ -649,9 +649,9 @@ def _check_ids() -> str:
     from torchherd.engine.slurm.check import SLURM_CHECKS
 
     plain = ", ".join(check for check in CHECK_IDS if check not in OPT_IN)
-    measured = ", ".join(check for check in CHECK_IDS if check in OPT_IN and check != "smoke")
+    measured = ", ".join(check for check in CHECK_IDS if check in OPT_IN and check not in ("smoke", "gpudiag"))
     text = (f"check ids for --only and --skip: {plain}; with --bandwidth or --smoke (or named by --only): "
-            f"{measured}; with --smoke: smoke; SLURM runs also: {', '.join(SLURM_CHECKS)}. "
+            f"{measured}; with --smoke: smoke; with --gpu-diag: gpudiag; SLURM runs also: {', '.join(SLURM_CHECKS)}. "
             "What each establishes: docs/checks.md.")
     return textwrap.fill(text, width=79, break_on_hyphens=False)  # an id is never cut at its hyphen
 
@@ -838,6 +838,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--only", metavar="ID,...", help="run only these checks (the ids are listed below)")
     check.add_argument("--skip", metavar="ID,...", help="skip these checks (the ids are listed below)")
     check.add_argument("--smoke", action="store_true", help="also run a tiny real all_reduce on every node")
+    check.add_argument("--gpu-diag", action="store_true",
+                       help="also run DCGM's level-1 GPU diagnostic (dcgmi diag -r 1) where DCGM is installed")
     check.add_argument("--bandwidth", action="store_true",
                        help="also measure the links' throughput and path MTU between the nodes (--smoke does too)")
     check.add_argument("--min-bandwidth", type=_rate, metavar="RATE",

@@ -102,6 +102,19 @@ class GpuUsage(NamedTuple):
     memory_used: float
     """MiB."""
     memory_total: float
+    clock: float | None = None
+    """The SM clock, MHz, where the board reports it (and the three below)."""
+    max_clock: float | None = None
+    power: float | None = None
+    """Watts."""
+    reasons: int = 0
+    """NVML's clock throttle (event) reasons, a bitmask (``THROTTLE_REASONS``)."""
+
+
+THROTTLE_REASONS = {0x4: "power cap", 0x8: "hardware slowdown", 0x20: "thermal slowdown (driver)",
+                    0x40: "thermal slowdown", 0x80: "power brake"}
+"""NVML's clock throttle reasons that slow a busy GPU (nvml.h's ``nvmlClocksThrottleReason*``;
+idle, application clocks, sync boost and display clocks say nothing of a fault)."""
 
 
 def gpu_usage(status: Status) -> tuple[GpuUsage, ...]:
@@ -109,8 +122,14 @@ def gpu_usage(status: Status) -> tuple[GpuUsage, ...]:
     gpus = status.fields.get("gpus") if status.event == "gpu" else None
     found = []
     for gpu in gpus if isinstance(gpus, list) else ():
-        if isinstance(gpu, list) and len(gpu) == 4 and all(isinstance(value, (int, float)) for value in gpu):
-            found.append(GpuUsage(int(gpu[0]), float(gpu[1]), float(gpu[2]), float(gpu[3])))
+        if not (isinstance(gpu, list) and len(gpu) in (4, 8)
+                and all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in gpu)):
+            continue
+        usage = GpuUsage(int(gpu[0]), float(gpu[1]), float(gpu[2]), float(gpu[3]))
+        if len(gpu) == 8:
+            usage = usage._replace(clock=float(gpu[4]), max_clock=float(gpu[5]), power=float(gpu[6]),
+                                   reasons=int(gpu[7]))
+        found.append(usage)
     return tuple(found)
 
 

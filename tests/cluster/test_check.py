@@ -395,9 +395,10 @@ class cuda:
 
 
 def gpu_stand_ins(cluster: LocalCluster, directory: Path) -> str:
-    """A python wrapper for the inventory that puts stand-ins for nvidia-smi, dmesg and
-    torch first on the node's paths; each answers by the node's hostname: node1's GPU 1
-    has a row remap pending, node2's kernel log has an Xid 79, node0 is healthy."""
+    """A python wrapper for the inventory that puts stand-ins for nvidia-smi, dmesg, dcgmi
+    and torch first on the node's paths; each answers by the node's hostname: node1's GPU 1
+    has a row remap pending and its GPU 3 fails DCGM's diagnostic, node2's kernel log has
+    an Xid 79 and its diagnostic fails once, node0 is healthy."""
     data = Path(__file__).resolve().parent.parent / "unit" / "data" / "gpu"
     healthy = (data / "nvidia-smi" / "dual_a5000-v13.xml").read_text(encoding="utf-8")
     first = healthy.index("<remapped_row_pending>No")
@@ -411,6 +412,12 @@ def gpu_stand_ins(cluster: LocalCluster, directory: Path) -> str:
     (directory / "xid79.txt").write_text("[ 3335.451370] NVRM: Xid (PCI:0000:81:00): 79, pid=0, GPU has fallen off the "
                                          "bus.\n", encoding="utf-8")
     (torch_dir / "__init__.py").write_text(STAND_IN_TORCH, encoding="utf-8")
+    dcgm = (data / "dcgmi" / "dcgm-3.1.0-8gpu.txt").read_text(encoding="utf-8")
+    failed = dcgm.replace('"gpu_ids" : 3,\n\t\t\t\t\t\t\t"status" : "PASS"',
+                          '"gpu_ids" : 3, "status" : "FAIL", "warnings" : [{"warning" : "GPU 3 has uncorrectable memory '
+                          'errors"}]')
+    (directory / "dcgm-pass.txt").write_text(dcgm, encoding="utf-8")
+    (directory / "dcgm-fail.txt").write_text(failed, encoding="utf-8")
     scripts = {
         "nvidia-smi": f"""case "$*" in
   "-q -x") if [ "$(hostname)" = node1 ]; then cat {directory}/remap.xml; else cat {directory}/healthy.xml; fi ;;
@@ -419,6 +426,13 @@ def gpu_stand_ins(cluster: LocalCluster, directory: Path) -> str:
 esac
 """,
         "dmesg": f'if [ "$(hostname)" = node2 ]; then cat {directory}/xid79.txt; fi\n',
+        # node1's GPU 3 fails every time; node2's fails once (its first run leaves a mark)
+        "dcgmi": f"""case "$(hostname)" in
+  node1) cat {directory}/dcgm-fail.txt; exit 226 ;;
+  node2) if [ ! -e {directory}/node2-ran ]; then : > {directory}/node2-ran; cat {directory}/dcgm-fail.txt; exit 226; fi ;;
+esac
+cat {directory}/dcgm-pass.txt
+""",
     }
     for name, body in scripts.items():
         (bin_dir / name).write_text("#!/bin/sh\n" + body, encoding="utf-8")
@@ -430,20 +444,26 @@ esac
     return str(wrapper)
 
 
-@pytest.mark.timeout(90)
-def test_gpu_faults_are_named_on_their_node_alone(inventory: Inventory, cluster: LocalCluster) -> None:
-    """Over real SSH, with nvidia-smi, dmesg and torch stood in for on the nodes: node1's
-    pending remap fails gpu there only, node2's Xid 79 fails xid there only, node0 passes
-    both, and every node skips ib (no RDMA device here)."""
+def check_with_gpu_stand_ins(inventory: Inventory, cluster: LocalCluster,
+                             only: set[str]) -> dict[tuple[str, str], CheckResult]:
+    """``check --only ONLY`` with every node's python the stand-ins' wrapper; the stand-ins removed after."""
     directory = cluster.state_dir / "gpu-stand-ins"
     try:
         python = gpu_stand_ins(cluster, directory)
         stood_in = inventory
         for host in inventory.hosts:
             stood_in = with_host(stood_in, host.name, python=python)
-        results = check(stood_in, only=frozenset({"gpu", "xid", "ib"}))
+        return check(stood_in, only=frozenset(only))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.timeout(90)
+def test_gpu_faults_are_named_on_their_node_alone(inventory: Inventory, cluster: LocalCluster) -> None:
+    """Over real SSH, with nvidia-smi, dmesg and torch stood in for on the nodes: node1's
+    pending remap fails gpu there only, node2's Xid 79 fails xid there only, node0 passes
+    both, and every node skips ib (no RDMA device here)."""
+    results = check_with_gpu_stand_ins(inventory, cluster, {"gpu", "xid", "ib"})
     assert failures(results) == {("node1", "gpu"), ("node2", "xid")}
     assert results["node1", "gpu"].summary == "node1 GPU 1 (00000000:C1:00.0): a row remapping pending"
     assert results["node1", "gpu"].fix.startswith("drain node1 and reset GPU 1: `sudo nvidia-smi -r -i 1`")
@@ -453,3 +473,16 @@ def test_gpu_faults_are_named_on_their_node_alone(inventory: Inventory, cluster:
                                                "CUDA 13.1, NVIDIA RTX A5000)")
     assert results["node2", "gpu"].status == "pass" and results["node1", "xid"].status == "pass"
     assert {results[node, "ib"].summary for node in ("node0", "node1", "node2")} == {"no InfiniBand or RoCE device here"}
+
+
+@pytest.mark.timeout(120)
+def test_gpu_diag_fails_only_the_node_whose_dcgm_failure_comes_back(inventory: Inventory,
+                                                                    cluster: LocalCluster) -> None:
+    """``--gpu-diag`` over real SSH with dcgmi stood in for: node1's GPU 3 fails both runs
+    (fail), node2's fails only its first (a warning), node0 passes."""
+    results = check_with_gpu_stand_ins(inventory, cluster, {"gpudiag"})
+    assert failures(results) == {("node1", "gpudiag")}
+    assert results["node1", "gpudiag"].summary.startswith("node1: DCGM level 1 failed software on GPU 3 (GPU 3 has")
+    assert results["node2", "gpudiag"].status == "warn"
+    assert results["node2", "gpudiag"].summary.endswith("once, and passed it on a second run")
+    assert results["node0", "gpudiag"].summary == "DCGM 3.1.0 level 1: no test failed (17 result(s) passed on 8 GPU(s))"

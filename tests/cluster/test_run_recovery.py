@@ -263,7 +263,10 @@ def test_a_hang_names_the_stuck_rank_and_its_frame(four: LocalCluster, tmp_path:
     assert re.search(r"hung: no rank printed a line or used CPU for \d+ s; every rank is asked for its stack", out), out
     assert re.search(rf"hung: no rank printed a line or used CPU for 5 s; rank 1 on node1 in main at "
                      rf"resumable.py:{sleeping}; ranks 0, 2 in \S+ at resumable.py:\d+", out), out
-    assert "Fatal Python error: Aborted" in log_text(tmp_path / "logs", "node1")
+    # torch's flight recorder, read through torchherd's hook in each rank: rank 1 is a collective behind
+    assert re.search(r"; flight recorder: ranks 0, 2 wait in collective (\d+) \(gloo:all_reduce\); rank 1 on node1 "
+                     r"never issued it \(its last: (\d+)\)", out), out
+    assert "Error in sitecustomize" not in out and "Fatal Python error: Aborted" in log_text(tmp_path / "logs", "node1")
     assert_spied(out, sleeping)
     print(f"hang named {seconds:.1f} s after the start (the job hangs about 3 s in)")
     assert seconds < 5 + 15 + 10, out  # the start and torch's import take about 5 s of it

@@ -59,3 +59,27 @@ def test_a_query_that_hangs_is_killed_and_gives_no_sample(fake_smi: Path) -> Non
     assert sampler.proc is not None
     assert sampler.poll(started + ranks.GPU_QUERY_TIMEOUT + 1) == b""
     assert sampler.proc is None and time.monotonic() - started < 5
+
+
+def test_the_clocks_and_throttle_reasons_are_sampled_where_the_driver_answers(fake_smi: Path) -> None:
+    fake_smi.write_text("#!/bin/sh\ncase \"$1\" in *clocks_throttle_reasons*) "
+                        "printf '0, 100, 40000, 81559, 1980, 1980, 698.55, 0x0000000000000000\\n"
+                        "1, 100, 40000, 81559, 1095, 1980, 301.20, 0x0000000000000040\\n' ;; esac\n")
+    sampler = ranks.GpuSampler(0.3)
+    records = sample(sampler, 0.5)
+    sampler.stop()
+    parsed = [chunk for chunk in OutputParser("node0").feed(records) if isinstance(chunk, Status)]
+    assert gpu_usage(parsed[0])[1] == GpuUsage(1, 100.0, 40000.0, 81559.0, 1095.0, 1980.0, 301.2, 0x40)
+
+
+def test_a_driver_that_refuses_a_field_is_asked_less(fake_smi: Path) -> None:
+    """Drivers that renamed the throttle reasons refuse the whole query: the sampler falls
+    back, and at the end every driver's four fields still come."""
+    fake_smi.write_text("#!/bin/sh\ncase \"$1\" in *reasons*) echo 'Field \"x\" is not a valid field to query.'; "
+                        f"exit 2 ;; esac\nprintf '{QUERY_ANSWER}'\n")
+    sampler = ranks.GpuSampler(0.1)
+    records = sample(sampler, 1.0)
+    sampler.stop()
+    assert sampler.query == len(ranks.GPU_QUERIES) - 1
+    parsed = [chunk for chunk in OutputParser("node0").feed(records) if isinstance(chunk, Status)]
+    assert parsed and gpu_usage(parsed[0])[0] == GpuUsage(0, 87.0, 12000.0, 81920.0)

@@ -252,3 +252,57 @@ def test_plain_output_prints_the_summarys_straggler_line() -> None:
     observer(RunFinished(RunSummary("th-1", 0, "all 2 nodes finished (exit 0) in 40.0 s", (), "logs",
                                     straggler=line)))
     assert line in out.getvalue().splitlines()
+
+
+def gpu_record(node: str, gpus: list[list[float]]) -> NodeStatus:
+    return NodeStatus(Status(node, "gpu", {"gpus": gpus}))
+
+
+def feed_gpus(watch: StragglerWatch, clocks: dict[tuple[str, int], tuple[float, int]], until: float,
+              utilisation: float = 98.0) -> None:
+    """Every node's gpu record every 2 s: each GPU's SM clock (of 1,980 MHz) and throttle reasons."""
+    now = 0.0
+    while now <= until:
+        watch.clock = lambda now=now: now  # type: ignore[misc]
+        for node in sorted({node for node, _index in clocks}):
+            gpus = [[index, utilisation, 60000.0, 81559.0, clock, 1980.0, 690.0, reasons]
+                    for (name, index), (clock, reasons) in sorted(clocks.items()) if name == node]
+            watch.observe(gpu_record(node, gpus))
+        now += 2.0
+
+
+def test_a_gpu_clocked_down_by_heat_is_named_with_its_reason_in_the_summary() -> None:
+    watch = StragglerWatch(clock=lambda: 0.0)
+    clocks = {(node, index): (1980.0, 0) for node in ("node0", "node1", "node2", "node3") for index in range(4)}
+    clocks["node3", 2] = (1100.0, 0x40)  # HW thermal slowdown
+    feed_gpus(watch, clocks, 40.0)
+    slowest, line = watch.summary()
+    assert slowest is not None and slowest.node == "node3" and slowest.signal == "gpu clock"
+    assert line == ("slowest node: node3, 1.8x slower than the median (GPU 2 at 1,100 MHz, thermal slowdown; "
+                    "the others at 1,980)")
+
+
+@pytest.mark.parametrize("clocks", [
+    {("node0", 0): (1980.0, 0), ("node1", 0): (1900.0, 0x4), ("node2", 0): (1860.0, 0)},  # a few % apart
+    {("node0", 0): (1980.0, 0), ("node1", 0): (1100.0, 0x40)},  # too few GPUs to say which is odd
+])
+def test_gpu_clocks_that_name_no_straggler(clocks: dict[tuple[str, int], tuple[float, int]]) -> None:
+    watch = StragglerWatch(clock=lambda: 0.0)
+    feed_gpus(watch, clocks, 40.0)
+    assert watch.summary()[0] is None
+
+
+def test_idle_gpus_clocked_down_are_not_judged() -> None:
+    watch = StragglerWatch(clock=lambda: 0.0)
+    clocks = {("node0", 0): (1980.0, 0), ("node1", 0): (1980.0, 0), ("node2", 0): (300.0, 0x1)}
+    feed_gpus(watch, clocks, 40.0, utilisation=3.0)
+    assert watch.summary()[0] is None
+
+
+def test_a_gpu_record_without_clocks_still_gives_the_panel_its_use() -> None:
+    from torchherd.runlog import GpuUsage, gpu_usage
+
+    old = Status("n", "gpu", {"gpus": [[0, 87, 12000, 81920]]})
+    new = Status("n", "gpu", {"gpus": [[1, 99, 1000, 81920, 1410, 1980, 400.5, 0x80], [2, True, 1, 2]]})
+    assert gpu_usage(old) == (GpuUsage(0, 87.0, 12000.0, 81920.0),)
+    assert gpu_usage(new) == (GpuUsage(1, 99.0, 1000.0, 81920.0, 1410.0, 1980.0, 400.5, 0x80),)

@@ -234,7 +234,8 @@ def test_every_program_ships_each_module_it_imports_before_it() -> None:
         for file in (*modules, name):
             assert imports_of(file) <= loaded, (name, file, imports_of(file) - loaded)
             loaded.add(file)
-    assert imports_of("supervisor.py") == {"container.py", "wire.py", "framing.py", "proctable.py", "ranks.py"}
+    assert imports_of("supervisor.py") == {"container.py", "wire.py", "framing.py", "proctable.py", "ranks.py",
+                                            "flight.py"}
     assert imports_of("stop.py") == {"container.py", "wire.py", "proctable.py"}
 
 

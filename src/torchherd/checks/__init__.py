@@ -31,6 +31,8 @@ class CheckOptions:
     """Measure the links' throughput and path MTU (``--bandwidth``; ``--smoke`` does too)."""
     min_bandwidth: float | None = None
     """Bits per second below which a link or node fails; None: the inventory's, else no floor."""
+    gpu_diag: bool = False
+    """Run DCGM's level-1 diagnostic where it is installed (``--gpu-diag``)."""
 
 
 @dataclass
@@ -54,7 +56,8 @@ def run_preflight(plan: Plan, options: CheckOptions, connector: Connector,
     from torchherd.checks import runner
     from torchherd.checks.analysis.bandwidth import figures as bandwidth_figures
 
-    selected = runner.selected_checks(options.only, options.skip, options.smoke, options.bandwidth)
+    selected = runner.selected_checks(options.only, options.skip, options.smoke, options.bandwidth,
+                                       options.gpu_diag)
     observed, connections = runner.collect(plan, selected, connector, progress, options.mesh,
                                            options.min_bandwidth)
     results = runner.analyse(observed, selected)

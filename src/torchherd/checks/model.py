@@ -14,11 +14,13 @@ from torchherd.inventory import Host, Inventory
 from torchherd.plan import NodeNetwork, NodeVenv
 
 CHECK_IDS = ("ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "xid", "ib",
-             "script", "venv", "clock", "bandwidth", "mtu", "smoke", "container")
+             "gpudiag", "script", "venv", "clock", "bandwidth", "mtu", "smoke", "container")
 """Every check id, in report column order; ``smoke`` only runs with --smoke, ``bandwidth``
-and ``mtu`` with --bandwidth or --smoke (or when --only names them)."""
-OPT_IN = frozenset({"bandwidth", "mtu", "smoke"})
-"""The checks a plain ``check`` leaves out: they send real traffic or run a job."""
+and ``mtu`` with --bandwidth or --smoke, ``gpudiag`` with --gpu-diag (or when --only names
+them)."""
+OPT_IN = frozenset({"bandwidth", "mtu", "smoke", "gpudiag"})
+"""The checks a plain ``check`` leaves out: they send real traffic, run a job, or load the
+GPUs for a while (DCGM's diagnostic)."""
 WHERE_THEY_APPLY = frozenset({"venv"})
 """Checks that report nothing where they do not apply (``venv``: only for a uv-locked
 project), so a run without one sees the report it always saw."""
@@ -216,6 +218,8 @@ class Observed:
     """Per node, the environment the job's ranks get (inventory env and ``--env``)."""
     containers: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per node whose job runs in an image: what checks/container.py found there."""
+    gpu_diag: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per reached node, DCGM's diagnostic as checks/gpudiag.py ran it (``--gpu-diag``)."""
 
     node_nproc: Mapping[str, int | str] = field(default_factory=dict)
     """Per node, its own ``--nproc-per-node`` as the plan gives it (nodes may differ)."""

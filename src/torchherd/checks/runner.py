@@ -16,6 +16,7 @@ from torchherd.checks.analysis.venv import venv_config
 from torchherd.checks.bandwidth import measure
 from torchherd.checks.container import gather as gather_containers
 from torchherd.checks.gather import NODES_AT_ONCE, FactsSession, StartedFacts, finish_facts, start_facts, stop_listeners
+from torchherd.checks.gpudiag import gather as gather_gpu_diag
 from torchherd.checks.icmp import echo_all
 from torchherd.checks.model import CHECK_IDS, OPT_IN, Mesh, Observed
 from torchherd.checks.probes import listen_config, run_probes
@@ -42,10 +43,10 @@ MEASURED = frozenset({"bandwidth", "mtu"})
 
 
 def selected_checks(only: frozenset[str] | None, skip: frozenset[str], smoke: bool,
-                    bandwidth: bool = False) -> tuple[str, ...]:
+                    bandwidth: bool = False, gpu_diag: bool = False) -> tuple[str, ...]:
     """The checks to run: ``only`` (else all) less ``skip``; the smoke job with ``smoke``;
-    the bandwidth and MTU measurements with ``bandwidth`` or ``smoke``, or when ``only``
-    names them."""
+    the bandwidth and MTU measurements with ``bandwidth`` or ``smoke``, DCGM's diagnostic
+    with ``gpu_diag``, or any of them when ``only`` names them."""
     unknown = sorted(((only or frozenset()) | skip) - set(CHECK_IDS))
     if unknown:
         raise UsageError(f"unknown check id {', '.join(unknown)}", f"known ids: {', '.join(CHECK_IDS)}")
@@ -53,7 +54,9 @@ def selected_checks(only: frozenset[str] | None, skip: frozenset[str], smoke: bo
     opted = {"smoke"} if smoke else set()
     if bandwidth or smoke:
         opted |= MEASURED
-    opted |= (only or frozenset()) & MEASURED
+    if gpu_diag:
+        opted.add("gpudiag")
+    opted |= (only or frozenset()) & (MEASURED | {"gpudiag"})
     return tuple(check for check in wanted if check not in OPT_IN or check in opted)
 
 
@@ -226,6 +229,8 @@ def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progres
                 started.process.close()
     if "container" in selected:
         observed.containers.update(gather_containers(plan.inventory.hosts, collector.connections))
+    if "gpudiag" in selected:
+        observed.gpu_diag.update(gather_gpu_diag(plan.inventory.hosts, collector.connections))
     if MEASURED & set(selected):
         measure(observed, collector.connections, mesh)
     if "ssh" in selected:

@@ -42,6 +42,8 @@ SPY_PROBE_TIMEOUT = 60.0
 THAW_AFTER = PROBE_TIMEOUT + SPY_PROBE_TIMEOUT + 40.0
 """Seconds after ``stop`` the probe's own guard continues the ranks it froze, should no
 ``abort`` come (the controller died): longer than the spy and the abort may take."""
+FR_PROBE_TIMEOUT = 20.0
+"""The flight recorder probe: the ranks' records are asked, and waited for 3 s on the node."""
 ABORT_WAIT = 10.0
 """Seconds the ranks have to print their stacks and die before the run is stopped."""
 
@@ -155,6 +157,56 @@ def _ranges(ranks: Sequence[int]) -> str:
 
 
 @dataclass(frozen=True)
+class Issued:
+    """What a rank's flight record says of one process group: the last collective it issued."""
+
+    node: str
+    rank: int
+    seq: int
+    """torch's ``collective_seq_id`` (0: none issued yet)."""
+    name: str
+    """``gloo:all_reduce``, ``nccl:all_gather``..."""
+
+
+def flight_issued(records: Mapping[tuple[str, int], Mapping[str, Any]], group: str = "default_pg") -> list[Issued]:
+    """Per rank with a record (node, rank), the last collective of ``group`` it issued."""
+    issued = []
+    for (node, rank), record in records.items():
+        groups = record.get("groups")
+        entries = groups.get(group) if isinstance(groups, dict) else None
+        if not isinstance(entries, list):
+            continue
+        collectives = [entry for entry in entries if isinstance(entry, dict) and not entry.get("p2p")
+                       and isinstance(entry.get("seq"), int) and not isinstance(entry.get("seq"), bool)]
+        last = max(collectives, key=lambda entry: entry["seq"], default=None)
+        issued.append(Issued(node, rank, last["seq"] if last else 0, str(last["name"]) if last else "none"))
+    return sorted(issued, key=lambda one: one.rank)
+
+
+def flight_described(issued: Sequence[Issued]) -> tuple[str, str | None]:
+    """"flight recorder: ranks 0, 2 wait in collective 6 (gloo:all_reduce); rank 1 on
+    node1 never issued it (its last: 5)", and the node of the rank(s) behind when they are
+    on one node; ("", None) without records."""
+    if not issued:
+        return "", None
+    front = max(one.seq for one in issued)
+    ahead = [one for one in issued if one.seq == front]
+    behind = [one for one in issued if one.seq < front]
+    name = ahead[0].name
+    if not behind:
+        who = "every rank" if len(ahead) > 1 else f"rank {ahead[0].rank}"
+        return f"flight recorder: {who} issued collective {front} ({name}), the last", None
+    nodes = sorted({one.node for one in behind})
+    on = f" on {nodes[0]}" if len(nodes) == 1 else ""
+    lasts = sorted({one.seq for one in behind})
+    last = f"its last: {lasts[0]}" if len(behind) == 1 else "their last: " + ", ".join(map(str, lasts))
+    who = f"rank {behind[0].rank}" if len(behind) == 1 else f"ranks {_ranges([one.rank for one in behind])}"
+    waiting = f"rank {ahead[0].rank} waits" if len(ahead) == 1 else f"ranks {_ranges([one.rank for one in ahead])} wait"
+    return (f"flight recorder: {waiting} in collective {front} ({name}); {who}{on} never issued it ({last})",
+            nodes[0] if len(nodes) == 1 else None)
+
+
+@dataclass(frozen=True)
 class Target:
     """One node of the job as the watch reaches it: its Python, and a session on it."""
 
@@ -202,6 +254,8 @@ class HangWatch:
         """When the hang was found (monotonic), or None."""
         self.stopped = False
         """The watch stopped the run itself (its ranks outlived their SIGABRT)."""
+        self.flight: dict[tuple[str, int], dict[str, Any]] = {}
+        """Per node and rank, its flight record's summary (remote/flight.py), asked before the stop."""
         self.dumps: dict[tuple[str, int], str] = {}
         """Per node and rank, ``py-spy dump`` of it while the ranks were stopped (nodes with py-spy)."""
         self._sample: tuple[float, tuple[float, int]] | None = None
@@ -230,6 +284,7 @@ class HangWatch:
             if silent >= self.timeout and not self._done.is_set():
                 self.hung = time.monotonic()
                 self.on_hang(silent)
+                self._flight()
                 self._probe("stop")
                 self._spy()
                 self._probe("abort")
@@ -281,6 +336,20 @@ class HangWatch:
 
         for found in fan_out(list(self.job.hang_targets().items()), ask):
             self.dumps.update(found)
+
+    def _flight(self) -> None:
+        """Every rank's flight record, while the ranks still run (their hooks write them)."""
+        def ask(item: tuple[str, Target]) -> dict[tuple[str, int], dict[str, Any]]:
+            name, target = item
+            answer = self._ask(target, "fr", FR_PROBE_TIMEOUT)
+            records = answer.get("fr") if answer is not None else None
+            if not isinstance(records, dict):
+                return {}
+            return {(name, int(rank)): record for rank, record in records.items()
+                    if isinstance(record, dict) and str(rank).lstrip("-").isascii() and str(rank).lstrip("-").isdigit()}
+
+        for found in fan_out(list(self.job.hang_targets().items()), ask):
+            self.flight.update(found)
 
     def _ask(self, target: Target, action: str, timeout: float) -> dict[str, Any] | None:
         """The probe's JSON answer on one node; None when it gave none."""

@@ -44,7 +44,16 @@ from torchherd.engine.events import (
     TriageDone,
     ignore,
 )
-from torchherd.engine.hang import FAULTHANDLER, HangWatch, described, merged, spy_stacks, stacks_of
+from torchherd.engine.hang import (
+    FAULTHANDLER,
+    HangWatch,
+    described,
+    flight_described,
+    flight_issued,
+    merged,
+    spy_stacks,
+    stacks_of,
+)
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, wait_stopping
 from torchherd.engine.recovery_policy import (
@@ -62,6 +71,7 @@ from torchherd.engine.recovery_policy import (
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan
+from torchherd.remote import flight
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import AttemptRecord, OutputLine, RankLines, RunSummary
 
@@ -126,6 +136,8 @@ def _attempt_options(base: Plan, attempt: int, faulthandler: bool) -> RunOptions
     extra = {ATTEMPT_VARIABLE: str(attempt)}
     if faulthandler and FAULTHANDLER not in base.options.extra_env:
         extra[FAULTHANDLER] = "1"
+    if faulthandler:  # the hang watch's runs: each rank's flight record can be read (remote/flight.py)
+        extra[flight.ENABLE_ENV] = "1"
     return replace(base.options, extra_env={**base.options.extra_env, **extra})
 
 
@@ -383,10 +395,13 @@ class RecoveringRun:
             counts[(stack.function, stack.where)] = counts.get((stack.function, stack.where), 0) + 1
         odd = [stack for stack in stacks if len(counts) > 1 and counts[(stack.function, stack.where)] == min(counts.values())]
         self._hang_text = f"hung: no rank printed a line or used CPU for {watch.timeout:g} s; {described(stacks)}"
+        recorded, behind = flight_described(flight_issued(watch.flight))
+        if recorded:
+            self._hang_text += f"; {recorded}"
         if watch.dumps:
             self._hang_text += f" (py-spy: {self._save_dumps(attempt.number, watch.dumps)})"
         self._stacks = []
-        return replace(attempt, ended="hung", culprit=odd[0].node if odd else None, error=self._hang_text,
+        return replace(attempt, ended="hung", culprit=odd[0].node if odd else behind, error=self._hang_text,
                        exit_code=None)
 
     def _save_dumps(self, number: int, dumps: Mapping[tuple[str, int], str]) -> Path:

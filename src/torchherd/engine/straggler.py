@@ -15,6 +15,13 @@ others sleep in each collective while they wait for the straggler, whose ranks n
 do; a node busy at least ``BUSY_FLOOR`` of the time and ``FACTOR`` times more than the
 median of the other nodes is the one they wait for, and by about that factor.
 
+Where the ranks use GPUs, the supervisors' ``gpu`` records speak of the GPUs themselves: a
+busy GPU (at least ``GPU_BUSY`` % utilised) whose SM clock, as a share of its own maximum,
+is ``GPU_FACTOR`` times below the median of the other busy GPUs of the run is named, with
+the throttle reasons the driver gave (thermal, power brake, hardware slowdown): one slow
+GPU holds back every rank of a synchronous job. Shares of each GPU's own maximum, so
+nodes with different GPU models are compared fairly.
+
 ``StragglerTracker`` is fed samples with their time and knows nothing of the screen;
 ``StragglerWatch`` feeds one from a run's events, for the run's summary.
 """
@@ -30,7 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Literal
 
 from torchherd.engine.events import Event, NodeStatus, Observer, Output
-from torchherd.runlog import RankLines, RunSummary, Slowest, progress_of
+from torchherd.runlog import THROTTLE_REASONS, GpuUsage, RankLines, RunSummary, Slowest, gpu_usage, progress_of
 
 WINDOW = 30.0
 """Seconds over which a node's rate is averaged, and a node must be sampled to be judged."""
@@ -40,10 +47,15 @@ MIN_SAMPLES = 5
 """Samples a node needs in the window to be judged."""
 BUSY_FLOOR = 0.8
 """The share of the time a node's ranks must be busy to be the one the others wait for."""
-Signal = Literal["tqdm rate", "lines per second", "busy share"]
+GPU_BUSY = 50.0
+"""Utilisation (%) at which a GPU's clock is judged: an idle GPU clocks down on purpose."""
+GPU_FACTOR = 1.2
+"""How many times below the other busy GPUs' median clock share a GPU's must be to be named
+(GPU boost clocks differ by a few percent between boards of one model)."""
+Signal = Literal["tqdm rate", "lines per second", "busy share", "gpu clock"]
 RateSignal = Literal["tqdm rate", "lines per second"]
-MIN_NODES: dict[Signal, int] = {"tqdm rate": 2, "lines per second": 3, "busy share": 2}
-"""Judged nodes needed before any is marked, per signal."""
+MIN_NODES: dict[Signal, int] = {"tqdm rate": 2, "lines per second": 3, "busy share": 2, "gpu clock": 3}
+"""Judged nodes (GPUs, for the clock) needed before any is marked, per signal."""
 _PER_SECOND = re.compile(r"(\d+(?:\.\d+)?)([kMGT]?)[^\s/\],\d]*/s[,\]]")
 """tqdm's ``9.80it/s]``, ``9.80it/s, loss=0.2]`` with a postfix (``unit_scale``: ``1.2kit/s]``)."""
 _SECONDS_PER = re.compile(r"(\d+(?:\.\d+)?)s/[^\s\],]+[,\]]")
@@ -87,6 +99,9 @@ class StragglerTracker:
         self._samples: dict[RateSignal, dict[str, deque[tuple[float, float]]]] = {"tqdm rate": {},
                                                                                    "lines per second": {}}
         self._busy: dict[str, deque[tuple[float, int, int]]] = {}
+        self._gpus: dict[tuple[str, int], deque[tuple[float, float, float, int]]] = {}
+        """(node, GPU index) -> (time, SM clock, its maximum, throttle reasons) while busy."""
+        self._gpu_first: dict[tuple[str, int], float] = {}
         self._first: dict[tuple[Signal, str], float] = {}
         self._started: float | None = None
         self.slowest: Slowest | None = None
@@ -107,6 +122,14 @@ class StragglerTracker:
             self._busy.setdefault(node, deque()).append((now, samples, busy))
             self._first.setdefault(("busy share", node), now)
 
+    def gpus(self, node: str, gpus: tuple[GpuUsage, ...], now: float) -> None:
+        """A supervisor's ``gpu`` record: the busy GPUs' clocks, where the board reports them."""
+        for gpu in gpus:
+            if gpu.clock is not None and gpu.max_clock and gpu.utilisation >= GPU_BUSY:
+                key = (node, gpu.gpu)
+                self._gpus.setdefault(key, deque()).append((now, gpu.clock, gpu.max_clock, gpu.reasons))
+                self._gpu_first.setdefault(key, now)
+
     def _add(self, signal: RateSignal, node: str, value: float, now: float) -> None:
         self._samples[signal].setdefault(node, deque()).append((now, value))
         self._first.setdefault((signal, node), now)
@@ -126,7 +149,7 @@ class StragglerTracker:
     def progress(self, now: float) -> Progress:
         """The rates and marks now; the run's slowest node is kept from one call to the next."""
         self._started = now if self._started is None else self._started
-        waited_for = self._busy_marks(now)
+        waited_for = {**self._gpu_marks(now), **self._busy_marks(now)}
         signal: RateSignal
         for signal in ("tqdm rate", "lines per second"):
             rates = self._judged(signal, now)
@@ -162,6 +185,32 @@ class StragglerTracker:
                 self._keep(Slowest(node, marked[node], "busy share", detail))
         return marked
 
+    def _gpu_marks(self, now: float) -> dict[str, float]:
+        """The nodes with a GPU clocked well below the run's other busy GPUs."""
+        judged: dict[tuple[str, int], tuple[float, float, int]] = {}
+        for key, samples in self._gpus.items():
+            while samples and now - samples[0][0] > self.window:
+                samples.popleft()
+            if len(samples) >= self.min_samples and now - self._gpu_first[key] >= self.window:
+                clock = statistics.fmean(sample[1] for sample in samples)
+                share = statistics.fmean(sample[1] / sample[2] for sample in samples)
+                judged[key] = (clock, share, _steady_reasons([sample[3] for sample in samples]))
+        if len(judged) < MIN_NODES["gpu clock"]:
+            return {}
+        marked: dict[str, float] = {}
+        for (node, index), (clock, share, reasons) in judged.items():
+            others = [value for key, value in judged.items() if key != (node, index)]
+            median_share = statistics.median(value[1] for value in others)
+            if share <= 0 or median_share < GPU_FACTOR * share:
+                continue
+            ratio = median_share / share
+            marked[node] = max(marked.get(node, 0.0), ratio)
+            why = "".join(f", {words}" for bit, words in THROTTLE_REASONS.items() if reasons & bit)
+            others_clock = statistics.median(value[0] for value in others)
+            self._keep(Slowest(node, ratio, "gpu clock",
+                               f"GPU {index} at {clock:,.0f} MHz{why}; the others at {others_clock:,.0f}"))
+        return marked
+
     def _keep(self, candidate: Slowest) -> None:
         if self.slowest is None or candidate.ratio > self.slowest.ratio:
             self.slowest = candidate
@@ -175,6 +224,16 @@ class StragglerTracker:
         if not self._first and now - started >= self.window:
             return "slowest node: no progress signal (no tqdm bar or printed line to compare)"
         return None
+
+
+def _steady_reasons(reasons: list[int]) -> int:
+    """The throttle reasons present in at least half of the samples (a brief power cap
+    while a kernel starts is no cause)."""
+    found = 0
+    for bit in THROTTLE_REASONS:
+        if 2 * sum(1 for value in reasons if value & bit) >= len(reasons):
+            found |= bit
+    return found
 
 
 class StragglerWatch:
@@ -216,6 +275,9 @@ class StragglerWatch:
 
     def _status(self, event: NodeStatus, now: float) -> None:
         status = event.status
+        if status.event == "gpu":
+            self.tracker.gpus(status.node, gpu_usage(status), now)
+            return
         if status.event == "busy":
             samples, busy = status.fields.get("samples"), status.fields.get("busy")
             if isinstance(samples, int) and isinstance(busy, int):

@@ -2,8 +2,12 @@
 with ``stop``, SIGSTOP to each; with ``abort``, SIGABRT then SIGCONT (the job runs with
 PYTHONFAULTHANDLER=1, so each rank prints every thread's Python stack before it dies).
 
-    python -I -S -u -c PROGRAM RUN_ID cpu|stop|spy|abort [SUPERVISOR [THAW]]
+    python -I -S -u -c PROGRAM RUN_ID cpu|fr|stop|spy|abort [SUPERVISOR [THAW]]
         ->   one JSON line: {"ticks": N, "cpu": S, "ranks": [...]}
+
+``fr`` adds ``"fr"``: per rank, the last collectives torch's flight recorder holds of it,
+where the job runs with torchherd's hook (remote/flight.py); asked before ``stop``, while
+the ranks still run.
 
 ``spy`` adds ``"dumps"``: per rank, what ``py-spy dump`` says of it, where the node has
 py-spy (beside the Python, or on PATH); nothing otherwise.
@@ -30,9 +34,13 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
+from torchherd.remote import flight
+
 THAW = 120.0
 """Seconds after ``stop`` its guard continues the ranks it froze (the controller's whole
 stop, spy and abort take less)."""
+FR_WAIT = 3.0
+"""Seconds the ranks have to write their flight records (each rank's hook looks every 0.25 s)."""
 SPY_TIMEOUT = 10.0
 """Seconds one ``py-spy dump`` may take (it reads a rank's memory; a second or so)."""
 
@@ -75,6 +83,21 @@ def ranks(run_id: str, supervisor: Optional[int] = None) -> Found:
         rank = names.get(b"RANK", b"-1")
         found.append((pid, int(rank) if rank.lstrip(b"-").isdigit() else -1, ticks, fields[19]))
     return found
+
+
+def hook_dirs(found: Found) -> Dict[int, str]:
+    """Per rank (pid), the flight recorder hook's directory its environment names."""
+    dirs = {}
+    for pid, _, _, _ in found:
+        try:
+            with open("/proc/" + str(pid) + "/environ", "rb") as file:
+                variables = dict(item.split(b"=", 1) for item in file.read().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        directory = flight.directory_of(variables)
+        if directory:
+            dirs[pid] = directory
+    return dirs
 
 
 def descends(stats: Dict[int, List[bytes]], pid: int, root: int) -> bool:
@@ -157,6 +180,8 @@ def main() -> None:
     answer = {"ticks": ticks, "cpu": ticks / os.sysconf("SC_CLK_TCK"), "ranks": sorted(rank for _, rank, _, _ in found)}
     if action == "spy":
         answer["dumps"] = dumps(found)
+    if action == "fr":
+        answer["fr"] = flight.collect(hook_dirs(found), {pid: rank for pid, rank, _, _ in found}, FR_WAIT)
     print(json.dumps(answer))
 
 

@@ -336,11 +336,20 @@ def _subdirs(path: str) -> List[str]:
     return [path + "/" + name for name in names if os.path.isdir(path + "/" + name)]
 
 
+GPU_FIELDS = "index,utilization.gpu,memory.used,memory.total"
+GPU_QUERIES = (
+    GPU_FIELDS + ",clocks.sm,clocks.max.sm,power.draw,clocks_throttle_reasons.active",
+    GPU_FIELDS + ",clocks.sm,clocks.max.sm,power.draw,clocks_event_reasons.active",
+    GPU_FIELDS,
+)
+"""Tried in order until one answers: the clocks and throttle reasons name a GPU straggler;
+drivers that renamed the reasons (``clocks_event_reasons``) or lack a field refuse the
+whole query, and the last one is what every driver answers."""
+
+
 class GpuSampler:
     """``nvidia-smi`` every few seconds where the node has it; never blocks the loop: the
     query runs as a child, and its output is read once it has ended."""
-
-    QUERY = ("--query-gpu=index,utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits")
 
     def __init__(self, every: float) -> None:
         self.every = every
@@ -348,6 +357,8 @@ class GpuSampler:
         self.proc: Optional["subprocess.Popen[bytes]"] = None
         self.started = 0.0
         self.next = 0.0
+        self.query = 0
+        """Which of GPU_QUERIES is asked."""
 
     def poll(self, now: float) -> bytes:
         """A gpu record when a query has just ended; starts the next one when due."""
@@ -362,7 +373,8 @@ class GpuSampler:
         if now >= self.next:
             self.next, self.started = now + self.every, now
             try:
-                self.proc = subprocess.Popen((self.path,) + self.QUERY, stdin=subprocess.DEVNULL,
+                argv = (self.path, "--query-gpu=" + GPU_QUERIES[self.query], "--format=csv,noheader,nounits")
+                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             except OSError:
                 self.path = None
@@ -375,13 +387,9 @@ class GpuSampler:
         assert proc.stdout is not None
         text = proc.stdout.read().decode("ascii", "replace")
         proc.stdout.close()
-        gpus: List[Tuple[int, float, float, float]] = []
-        for line in text.splitlines():
-            fields = [field.strip() for field in line.split(",")]
-            try:
-                gpus.append((int(fields[0]), float(fields[1]), float(fields[2]), float(fields[3])))
-            except (ValueError, IndexError):
-                continue  # "[N/A]" on some boards: no sample rather than a wrong one
+        gpus = [gpu for gpu in (gpu_sample(line) for line in text.splitlines()) if gpu is not None]
+        if not gpus and proc.returncode not in (0, None) and self.query < len(GPU_QUERIES) - 1:
+            self.query += 1  # a field this driver does not know: ask less
         return wire.gpu_record(gpus) if gpus else b""
 
     def stop(self) -> None:
@@ -390,6 +398,23 @@ class GpuSampler:
             self._record(self.proc)
             self.proc = None
         self.path = None
+
+
+def gpu_sample(line: str) -> Optional[List[float]]:
+    """One GPU's line: [index, utilisation %, memory used, memory total] and, where the
+    board reports them, [SM clock MHz, its maximum, power W, throttle reasons bitmask];
+    None where the first four are not numbers ("[N/A]" on some boards: no sample rather
+    than a wrong one)."""
+    fields = [field.strip() for field in line.split(",")]
+    try:
+        sample: List[float] = [int(fields[0])] + [float(field) for field in fields[1:4]]
+    except (ValueError, IndexError):
+        return None
+    try:
+        more: List[float] = [float(fields[4]), float(fields[5]), float(fields[6]), int(fields[7], 16)]
+    except (ValueError, IndexError):
+        return sample
+    return sample + more if more[1] > 0 else sample
 
 
 BUSY_SAMPLE = 0.2

@@ -59,7 +59,7 @@ from typing import List, Mapping, Optional, Tuple
 
 # On a node these are the stand-in modules the shipped program registered; see
 # torchherd/remote/__init__.py.
-from torchherd.remote import container, wire
+from torchherd.remote import container, flight, wire
 from torchherd.remote.framing import OUT_HIGH_WATER, OUT_LOW_WATER, READ_SIZE, JobPipes, LineFramer, Output, RankMender
 from torchherd.remote.proctable import (
     LEFTOVER,
@@ -332,6 +332,12 @@ class Supervisor:
                 return False
             self._log_dir_is(made)
             self.made_dir = True
+            if self.cfg.env.get(flight.ENABLE_ENV) == "1":
+                try:
+                    added = flight.install(made, self.cfg.env)
+                except OSError:
+                    added = {}  # the run goes on; the hang watch reads the stacks without it
+                self.cfg = self.cfg._replace(env=dict(self.cfg.env, **added))
         spec = self.cfg.container
         if spec is not None:
             self.runtime = container.resolve_runtime(spec.runtime)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 import functools
 import json
-from typing import Dict, Final, Iterable, List, Literal, Mapping, NamedTuple, Optional, Tuple, TypedDict
+from typing import Dict, Final, Iterable, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple, TypedDict
 
 from torchherd.remote.container import ContainerSpec
 
@@ -157,9 +157,10 @@ def done_record(code: int, left: int) -> bytes:
     return status_record(EVENT_DONE, code=code, left=left)
 
 
-def gpu_record(gpus: Iterable[Tuple[int, float, float, float]]) -> bytes:
+def gpu_record(gpus: Iterable[Sequence[float]]) -> bytes:
     """The node's GPUs as ``nvidia-smi`` saw them, every few seconds: per GPU
-    [index, utilisation %, memory used MiB, memory total MiB]."""
+    [index, utilisation %, memory used MiB, memory total MiB], and where the board says
+    them [SM clock MHz, maximum SM clock MHz, power W, throttle reasons bitmask]."""
     return status_record(EVENT_GPU, gpus=[list(gpu) for gpu in gpus])
 
 

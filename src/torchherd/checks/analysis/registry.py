@@ -11,6 +11,7 @@ from torchherd.checks.analysis import (
     env,
     firewall,
     gpu,
+    gpudiag,
     hostname,
     ib,
     network,
@@ -30,7 +31,7 @@ Analysis = Callable[[Observed], list[CheckResult]]
 ANALYSES: dict[str, Analysis] = {
     "ssh": ssh.analyse, "ping": ping.analyse, "hostname": hostname.analyse, "port": port.analyse,
     "firewall": firewall.analyse, "network": network.analyse, "env": env.analyse,
-    "python": python.analyse, "gpu": gpu.analyse, "xid": xid.analyse, "ib": ib.analyse, "script": script.analyse,
+    "python": python.analyse, "gpu": gpu.analyse, "xid": xid.analyse, "ib": ib.analyse, "gpudiag": gpudiag.analyse, "script": script.analyse,
     "venv": venv.analyse, "clock": clock.analyse,
     "bandwidth": bandwidth.analyse, "mtu": bandwidth.analyse_mtu, "container": container.analyse,
 }
