@@ -283,3 +283,36 @@ def test_check_says_how_many_nodes_the_archive_would_load_it_on(tmp_path: Path) 
                                    f"would load it over it ({path})")
     assert found["n2"][0] == "pass"
     assert found["cluster"] == ("warn", "image img:1 missing on 2 nodes; --image-archive would load it")
+
+
+def test_a_relay_given_up_midway_leaves_no_copy_and_no_program(tmp_path: Path, fake_nodes: tuple[Path, Path]) -> None:
+    """Ctrl-C while the archive travels: every node's program ends and removes its copy."""
+    import subprocess
+    import time
+
+    from torchherd.api import Cluster
+    from torchherd.engine.images import file_sha256, relay_archive
+    from torchherd.transport import connect_all
+    from torchherd.transport.local import LocalConnector
+
+    state, home = fake_nodes
+    path = write_archive(tmp_path / "image.tar", ["localhost/th:1"], payload=300_000_000)
+    archive = read_archive(str(path))
+    plan = Cluster([{"name": f"n{index}", "address": "127.0.0.1"} for index in range(3)], python=sys.executable,
+                   nproc_per_node=1, connector=LocalConnector()).with_container("th:1", archive=path).plan("t.py")
+    events = Collector()
+    connected = connect_all(LocalConnector(), [node.host for node in plan.nodes])
+    try:
+        results = relay_archive(archive, "th:1", "auto", file_sha256(str(path)), plan.nodes, connected.succeeded,
+                                events, lambda: any(isinstance(event, ArchiveProgress) for event in events.events), [0])
+    finally:
+        connected.close()
+    assert set(results.values()) == {"given up: the run was interrupted"}, results
+    folder = home / ".cache" / "torchherd" / "archives"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (list(folder.iterdir()) or subprocess.run(
+            ["pgrep", "-f", str(folder)], capture_output=True).returncode == 0):
+        time.sleep(0.2)
+    assert list(folder.iterdir()) == []
+    assert subprocess.run(["pgrep", "-f", str(folder)], capture_output=True).returncode == 1  # no program left
+    assert not (state / "loads").exists()
