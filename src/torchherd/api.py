@@ -150,13 +150,16 @@ class Cluster:
 
     def with_container(self, image: str | None = None, *, runtime: str | None = None,
                        mounts: Sequence[str] | None = None, options: Sequence[str] | None = None,
-                       pull: str | None = None, where: str = "with_container") -> Cluster:
+                       pull: str | None = None, archive: str | Path | None = None,
+                       where: str = "with_container") -> Cluster:
         """The same cluster with every host's job inside ``image`` (``--image``): the keys
         of ``[container]``, over the inventory's own; ``where`` names them in errors ("" for
-        the command line's flags)."""
+        the command line's flags). ``archive`` (``--image-archive``): a ``docker save`` tar
+        of the image here, relayed node to node and loaded where the image is missing
+        before the launch (docs/containers.md)."""
         table = {key: list(value) if isinstance(value, (list, tuple)) else value
                  for key, value in (("image", image), ("runtime", runtime), ("mounts", mounts), ("options", options),
-                                    ("pull", pull))
+                                    ("pull", pull), ("archive", None if archive is None else str(archive)))
                  if value is not None}
         if not table:
             return self

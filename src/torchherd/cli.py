@@ -83,9 +83,11 @@ def _hosts(args: argparse.Namespace) -> Cluster:
     timeout = getattr(args, "ssh_timeout", None)
     if master or port is not None or timeout is not None:
         cluster = cluster.override(master=master, port=port, ssh_timeout=timeout)
-    image, runtime, pull = (getattr(args, "image", None), getattr(args, "container_runtime", None),
-                            getattr(args, "pull", None))
-    return cluster.with_container(image, runtime=runtime, pull=pull, where="") if image or runtime or pull else cluster
+    image, runtime, pull, archive = (getattr(args, "image", None), getattr(args, "container_runtime", None),
+                                     getattr(args, "pull", None), getattr(args, "image_archive", None))
+    if not (image or runtime or pull or archive):
+        return cluster
+    return cluster.with_container(image, runtime=runtime, pull=pull, archive=archive, where="")
 
 
 def cmd_init(args: argparse.Namespace, console: Console) -> int:
@@ -786,6 +788,9 @@ def _add_more_host_flags(group: argparse._ActionsContainer) -> None:
     group.add_argument("--pull", metavar="POLICY",
                        help="never (default), missing or always: run pulls the image on every node at once before "
                             "its preflight, a bar per node (check never pulls)")
+    group.add_argument("--image-archive", metavar="FILE",
+                       help="a docker save / podman save tar of the image: sent once, relayed node to node and loaded "
+                            "on every node that lacks the image, before the launch (default: [container].archive)")
 
 
 NPROC_HELP = "processes per node: an int, gpu, cpu or auto (default: each host's nproc_per_node, else 1)"

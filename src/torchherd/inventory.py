@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NoReturn, TypeVar
@@ -20,6 +20,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from torchherd.errors import InventoryError
+from torchherd.imagearchive import HINT as ARCHIVE_HINT
+from torchherd.imagearchive import ImageArchive, holds, read_archive
 from torchherd.nodeset import NodesetError, expand
 from torchherd.remote import container as containers
 
@@ -79,7 +81,7 @@ CLUSTER_KEYS = (
 )
 NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "setup", "uv", "venv_dir")
 HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare", "container") + NODE_KEYS
-CONTAINER_KEYS = ("image", "runtime", "mounts", "options", "pull")
+CONTAINER_KEYS = ("image", "runtime", "mounts", "options", "pull", "archive")
 STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
 SYNC_KEYS = ("dir", "exclude", "include", "dest")
@@ -114,6 +116,9 @@ class ContainerSettings:
     pull: str = "never"
     """docker/podman: "never" (the image must be there), "missing" or "always": ``run``
     pulls it on every node before its preflight (``engine.pull``); ``check`` never pulls."""
+    archive: ImageArchive | None = None
+    """docker/podman: a ``docker save`` tar of the image on the controller, relayed node to
+    node and loaded where the image is missing (``--image-archive``)."""
 
 
 @dataclass(frozen=True)
@@ -425,6 +430,16 @@ class _Reader:
             self.fail(key, problem, "quote nothing: write the reference as docker pull takes it")
         return str(value)
 
+    def archive(self, key: str, value: Any) -> ImageArchive:
+        text = self.text(key, value)
+        path = Path(text).expanduser()
+        if not path.is_absolute() and self.path.is_file():
+            path = self.path.parent / path  # as [sync].dir: relative to the inventory
+        try:
+            return read_archive(str(path))
+        except ValueError as error:
+            self.fail(key, f"{path}: {error}", ARCHIVE_HINT)
+
     def mounts(self, key: str, value: Any) -> tuple[str, ...]:
         return self._items(key, value, "mounts", containers.mount_problem, 'write mounts = ["/data:/data:ro"]',
                            'write mounts = ["/data:/data:ro"]')
@@ -598,7 +613,7 @@ def _container_table(read: _Reader) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for key, convert in (("image", read.image), ("runtime", read.choice(containers.RUNTIME_CHOICES)),
                          ("mounts", read.mounts), ("options", read.runtime_options),
-                         ("pull", read.choice(containers.PULL_CHOICES))):
+                         ("pull", read.choice(containers.PULL_CHOICES)), ("archive", read.archive)):
         if key in read.table:
             values[key] = convert(key, read.table[key])
     return values
@@ -619,10 +634,30 @@ def _host_container(read: _Reader, base: Mapping[str, Any]) -> ContainerSettings
     if "image" not in merged:
         read.fail("container", "no image: [container] has none, nor this host's container table",
                   'set image = "..." in [container]')
-    return ContainerSettings(**merged)
+    # The archive's key is named where it was written: the host's table, else [container].
+    named = _Reader(read.path, f"{read.where}container." if "archive" in own else "[container].", {}, CONTAINER_KEYS)
+    return _with_archive(named, ContainerSettings(**merged))
 
 
-CONTAINER_FLAGS = {"image": "--image", "runtime": "--container-runtime", "pull": "--pull"}
+def _with_archive(read: _Reader, settings: ContainerSettings) -> ContainerSettings:
+    """``settings``, once its archive (if any) is known to hold its image and to be loadable
+    by its runtime (docker or podman: Apptainer and enroot take no ``docker save`` tar)."""
+    archive = settings.archive
+    if archive is None:
+        return settings
+    if settings.runtime not in ("auto", *containers.OCI_RUNTIMES):
+        read.fail("archive", f"{archive.path}: runtime {settings.runtime} does not load docker save archives",
+                  "use runtime = \"podman\" or \"docker\" (or \"auto\") with an archive")
+    if not holds(archive, settings.image):
+        saved = ", ".join(archive.tags) or "no name"
+        read.fail("archive", f"{archive.path} holds {saved}, not {settings.image}",
+                  f"run with --image {archive.tags[0]}" if archive.tags else
+                  f"save it by name: podman save -o FILE {settings.image}")
+    return settings
+
+
+CONTAINER_FLAGS = {"image": "--image", "runtime": "--container-runtime", "pull": "--pull",
+                   "archive": "--image-archive"}
 """The command line's flag for each container key."""
 
 
@@ -641,11 +676,13 @@ def with_container(inventory: Inventory, table: Mapping[str, Any], where: str = 
     values = _container_table(read)
 
     def merged(host: Host) -> Host:
-        keys = {**(asdict(host.container) if host.container is not None else {}), **values}
+        own = host.container
+        keys = {**({field.name: getattr(own, field.name) for field in fields(own)} if own is not None else {}),
+                **values}
         if "image" not in keys:
             read.fail(next(iter(values), "runtime"), "no image to run it with",
                       "give the image too (--image IMAGE), or image in [container]")
-        return replace(host, container=ContainerSettings(**keys))
+        return replace(host, container=_with_archive(read, ContainerSettings(**keys)))
 
     return replace(inventory, hosts=tuple(map(merged, inventory.hosts)), spares=tuple(map(merged, inventory.spares)))
 

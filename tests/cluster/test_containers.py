@@ -120,10 +120,10 @@ def test_controller_signal_leaves_no_container_and_no_process(boxed: LocalCluste
     assert_clean(boxed, timeout=30)
 
 
-def check(cluster: LocalCluster, inventory: Path | None = None) -> dict[str, dict[str, str]]:
+def check(cluster: LocalCluster, inventory: Path | None = None, *flags: str) -> dict[str, dict[str, str]]:
     """``check --only ssh,container --json``: per node, the container check's result."""
     done = subprocess.run([sys.executable, "-m", "torchherd", "-i", str(inventory or cluster.inventory), "check",
-                           "--only", "ssh,container", "--json"], capture_output=True, text=True, timeout=200,
+                           "--only", "ssh,container", "--json", *flags], capture_output=True, text=True, timeout=200,
                           stdin=subprocess.DEVNULL, env=cluster.env())
     document = json.loads(done.stdout)
     assert done.returncode == (0 if document["ok"] else 1), done.stderr
@@ -429,3 +429,61 @@ def test_a_retried_run_through_the_docker_command(make_cluster: Callable[..., Lo
     for rank, name in enumerate(cluster.names):
         assert f"rank {rank} in attempt 2 on {name}" in out, out
     assert_clean(cluster)
+
+
+ARCHIVED = "localhost/th-archive:1"
+"""The test image under a name of its own, which the nodes lack until the archive loads it."""
+
+
+def untag(cluster: LocalCluster, image: str) -> None:
+    for name in cluster.names:
+        cluster.ssh(name, f"podman rmi {image} >/dev/null 2>&1 || true", timeout=60)
+
+
+@pytest.mark.timeout(300)
+def test_a_missing_image_is_relayed_through_the_master_and_loaded_on_every_node(boxed: LocalCluster,
+                                                                                tmp_path: Path) -> None:
+    from torchherd.console.sync import size
+    from torchherd.imagearchive import read_archive
+
+    archive = boxed.state_dir / "th-archive.tar"  # the nodes' /tmp is their own
+    untag(boxed, ARCHIVED)
+    # A real podman save of the test image under another name, then that name removed
+    # again: no node has the image by that name (node0 keeps it under IMAGE_TAG: the
+    # load gives it the name back).
+    boxed.ssh("node0", f"podman tag {IMAGE_TAG} {ARCHIVED} && podman save -o {archive} {ARCHIVED} && "
+                       f"podman rmi {ARCHIVED} >/dev/null", check=True, timeout=120)
+    saved = read_archive(str(archive))
+    assert saved.tags == (ARCHIVED,), saved
+    try:
+        flags = ["--image", ARCHIVED, "--image-archive", str(archive)]
+        found = check(boxed, None, *flags)
+        assert found["node0"]["status"] == found["node1"]["status"] == "warn", found
+        assert "--image-archive would load it" in found["node1"]["summary"], found
+        assert found["cluster"]["summary"] == f"image {ARCHIVED} missing on 2 nodes; --image-archive would load it"
+
+        code, out = run(boxed, tmp_path / "logs", "--nproc-per-node", "1", *flags, "--", str(JOBS / "in_container.py"))
+        assert code == 0, out
+        assert (f"image archive: sending {archive} ({size(saved.size)}, image {ARCHIVED} {saved.image_id[:12]}) once, "
+                "relayed node to node: this machine -> node0 -> node1") in out, out
+        for name in boxed.names:  # one bar per node, in its last state
+            assert re.search(rf"^  {name} ━+ {re.escape(size(saved.size))} / {re.escape(size(saved.size))} loaded$",
+                             out, re.M), out
+        # This machine sent the archive once (to node0): node1's verified copy came from node0.
+        assert re.search(rf"image archive: {re.escape(ARCHIVED)} loaded on 2 of 2 nodes \(\d+\.\d s; "
+                         rf"{re.escape(size(saved.size))} sent from this machine\)", out), out
+        for name in boxed.names:
+            shown = boxed.ssh(name, f"podman image inspect --format '{{{{.Id}}}}' {ARCHIVED}", check=True).stdout
+            assert shown.strip() == saved.image_id, (name, shown)
+            left = boxed.ssh(name, "ls -A ~/.cache/torchherd/archives", check=True).stdout
+            assert ".torchherd-image-" not in left, (name, left)  # each node's copy removed once loaded
+        ranks = re.findall(r"rank (\d) of 2 on (node\d) in-image True", out)
+        assert sorted(ranks) == [("0", "node0"), ("1", "node1")], out
+        assert_clean(boxed)
+
+        found = check(boxed, None, *flags)  # now every node holds the archive's image: nothing to load
+        assert [found[name]["status"] for name in boxed.names] == ["pass", "pass"], found
+        assert "cluster" not in found, found
+    finally:
+        untag(boxed, ARCHIVED)
+        archive.unlink(missing_ok=True)

@@ -15,14 +15,17 @@ from rich.text import Text
 from torchherd.console import printable, render_error
 from torchherd.console.checks import render_report
 from torchherd.console.detach import status_note
+from torchherd.console.images import ArchiveBars, ArchiveEvent, archive_notes
 from torchherd.console.pull import PullView
 from torchherd.console.recovery import RecoveryEvent, recovery_note, render_attempts
 from torchherd.console.run import LiveRenderer, render_summary
 from torchherd.console.sync import SYNC_EVENTS, sync_notes
 from torchherd.console.view import TerminalView, ViewOptions
 from torchherd.engine.events import (
+    ARCHIVE_EVENTS,
     PULL_EVENTS,
     RECOVERY_EVENTS,
+    ArchiveDone,
     AttemptFailed,
     ConnectFailed,
     Event,
@@ -64,6 +67,8 @@ class ConsoleObserver:
         self.c10d_noted = False
         """Whether c10d's "cannot name a peer" warning was explained already (once a run)."""
         self.pulls = PullView(console, live=self.view.panel)  # a terminal, not --plain
+        self.bars = ArchiveBars(console)
+        """``--image-archive``'s bars, one per node, while the archive travels."""
 
     def __call__(self, event: Event) -> None:
         if isinstance(self.renderer, TerminalView):
@@ -75,6 +80,9 @@ class ConsoleObserver:
         if isinstance(event, PULL_EVENTS):
             for message, style in self.pulls.observe(event):
                 self._note(message, style)
+            return
+        if isinstance(event, ARCHIVE_EVENTS):
+            self._archive(event)
             return
         if isinstance(event, RECOVERY_EVENTS):
             self._recovery(event)
@@ -174,8 +182,18 @@ class ConsoleObserver:
         """Shows what the view still holds and takes the panel away (the run ended, or
         the command is leaving); harmless when there is nothing to close."""
         self.pulls.close()
+        self.bars.close()
         if isinstance(self.renderer, TerminalView):
             self.renderer.close()
+
+    def _archive(self, event: ArchiveEvent) -> None:
+        """The notes around the bars: what goes where first, what failed after them."""
+        if isinstance(event, ArchiveDone):
+            self.bars(event)
+        for message, style in archive_notes(event):
+            self._note(message, style)
+        if not isinstance(event, ArchiveDone):
+            self.bars(event)
 
     def _renderer(self) -> LiveRenderer:
         if self.renderer is None:

@@ -433,6 +433,51 @@ class LostContainers:
     removed: tuple[str, ...]
     left: tuple[tuple[str, str, str, str], ...] = ()
 
+@dataclass(frozen=True)
+class ArchiveStarted:
+    """``--image-archive``: ``archive`` (``size`` bytes, image ``image_id``) is being sent once,
+    to ``loading[0]``, and relayed node to node down ``loading``; ``having`` hold the image
+    with that id already (neither sent nor loaded)."""
+
+    archive: str
+    image: str
+    image_id: str
+    size: int
+    loading: tuple[str, ...]
+    having: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ArchiveProgress:
+    """How far ``node`` is: ``phase`` "receiving" (``done`` of ``total`` bytes) or "loading"
+    (the runtime's ``load``, after the whole archive was received and verified)."""
+
+    node: str
+    phase: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class ArchiveDone:
+    """Every node of ``ArchiveStarted.loading`` loaded the image (``loaded``) or not
+    (``failed``: node, why); ``sent``: the bytes this machine sent (the archive once, or
+    nothing when every node had the image)."""
+
+    archive: str
+    image: str
+    loaded: tuple[str, ...]
+    having: tuple[str, ...]
+    failed: tuple[tuple[str, str], ...]
+    seconds: float
+    sent: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+ARCHIVE_EVENTS = (ArchiveStarted, ArchiveProgress, ArchiveDone)
 
 RECOVERY_EVENTS = (AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
                    HangFound, CheckpointStaged, CheckpointMissing, LostContainers)
@@ -442,7 +487,7 @@ Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, Ran
               SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptFailed, TriageDone,
               VenvsDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
               CheckpointStaged, CheckpointMissing, LostContainers, PullStarted, PullProgress, NodePulled,
-              PullFailed, PullsDone]
+              PullFailed, PullsDone, ArchiveStarted, ArchiveProgress, ArchiveDone]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000

@@ -37,6 +37,7 @@ from torchherd.engine.events import (
     ignore,
 )
 from torchherd.engine.hang import Targets
+from torchherd.engine.images import stage_archives
 from torchherd.engine.job import Job, LaunchOptions
 from torchherd.engine.pull import pull_images, pulled_nodes
 from torchherd.engine.sync import sync_nodes
@@ -162,6 +163,9 @@ def open_nodes(plan: Plan, options: LaunchOptions, connector: Connector, observe
     preflight checks the files the job will run."""
     if plan.sync is not None:
         connector = sync_first(plan, connector, observer, options.log_dir)
+    # The archive first: an air-gapped node then has the image a "missing" pull looks for.
+    if any(node.host.container is not None and node.host.container.archive is not None for node in plan.nodes):
+        connector = images_first(plan, connector, observer)
     if pulled_nodes(plan):
         connector = pull_first(plan, connector, observer)
     if options.check:
@@ -209,6 +213,25 @@ def sync_first(plan: Plan, connector: Connector, observer: Observer, log_dir: Pa
     if not done.ok:
         opened.close()
         raise LaunchAborted(f"the project is not in sync on {len(done.failed)} of {count(len(plan.nodes), 'node')}")
+    return _Reusing(opened.sessions, connector)
+
+
+def images_first(plan: Plan, connector: Connector, observer: Observer) -> Connector:
+    """Loads ``--image-archive`` on every node that lacks the image (``engine.images``), so
+    the preflight's ``container`` check and the launch find it there; returns a connector
+    that hands them the same sessions. Raises LaunchAborted (the sessions closed) when a
+    node could not be reached or could not load it."""
+    opened = _connect(plan, connector, observer)
+    try:
+        done = stage_archives(plan.nodes, opened.sessions, observer)
+    except BaseException:
+        opened.close()
+        raise
+    failed = sorted({name for archive in done for name, _ in archive.failed})
+    if failed:
+        opened.close()
+        raise LaunchAborted(f"the image could not be loaded from the archive on {len(failed)} of "
+                            f"{count(len(plan.nodes), 'node')}")
     return _Reusing(opened.sessions, connector)
 
 

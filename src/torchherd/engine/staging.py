@@ -7,12 +7,11 @@ that lacks it, copied node to node over the cluster's network, never through the
    with its size, mtime and SHA-256 (``Copy``).
 2. The newest copy on a node of the failed attempt is the one (``newest``); every node
    of the next attempt that has no copy with the same path and hash needs it (``lacking``).
-3. One chain of ``checkpoint.py relay`` programs carries it: the source listens on its job
-   address, the first receiver connects to it, listens in turn for the second, and so on;
-   each receiver writes what it gets and passes it on at once, so N nodes take about the
-   time of one copy. Every connection starts with a random token the controller sends on
-   each program's stdin (never on a command line); each receiver checks the SHA-256 and
-   renames the copy into place.
+3. One chain of ``checkpoint.py relay`` programs carries it (``engine.relay``, the relay
+   image archives use too): the source listens on its job address, the first receiver
+   connects to it, listens in turn for the second, and so on; each receiver writes what it
+   gets and passes it on at once, so N nodes take about the time of one copy. Each receiver
+   checks the SHA-256 and renames the copy into place.
 
 The outcome is one event: ``CheckpointStaged`` (or ``CheckpointMissing`` when there is
 nothing to stage); a node that could not take it is named there, and the attempt starts
@@ -22,32 +21,21 @@ anyway (the job decides what to do without its checkpoint).
 from __future__ import annotations
 
 import json
-import secrets
 import shlex
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, Union
 
 from torchherd.engine.events import CheckpointMissing, CheckpointStaged
-from torchherd.engine.sync import Lines
+from torchherd.engine.relay import Hop, run_chain
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan
 from torchherd.remote import command
 from torchherd.shell import quote_path
-from torchherd.transport import Connector, Process, Session, connect_all, fan_out
+from torchherd.transport import Connector, Session, connect_all, fan_out
 
 FIND_SECONDS = 300.0
 """The most a node may take to find and hash its copy (a few GB: seconds; a slow disk: more)."""
-START_SECONDS = 60.0
-"""The most a relay program may take to start and say its port."""
-BYTES_PER_SECOND = 10e6
-"""The slowest rate the wait for the copy allows for (on top of START_SECONDS): a link slower
-than this is taken as stalled (each node program also gives up after 2 minutes without a byte)."""
-
-POLL_SECONDS = 0.5
-"""While the copy runs, how often the controller looks whether the run was interrupted
-(all sends to the relays are done by then: a short read's timeout delays none)."""
-
 Staged = Union[CheckpointStaged, CheckpointMissing]
 
 
@@ -161,66 +149,13 @@ def _last_json(data: bytes) -> dict[str, Any] | None:
     return None
 
 
-def _answer(lines: Lines, deadline: float, stopping: Callable[[], bool] | None = None) -> dict[str, Any] | None:
-    """A relay program's next line as the JSON object it carries (None: no such line in time)."""
-    line = lines.line(deadline - time.monotonic(), stopping, POLL_SECONDS)
-    return None if line is None else _last_json(line)
-
-
 def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best: Copy,
            needing: Sequence[str], stopping: Callable[[], bool]) -> dict[str, str | None]:
     """The chain source -> needing[0] -> needing[1] ...; per receiver None (staged) or why not."""
-    chain = [best.node, *needing]
-    token = secrets.token_hex(16)
+    hops = [Hop(name, sessions[name], program(nodes[name], "relay", best.path), job_address(nodes[name]))
+            for name in (best.node, *needing)]
     expect = {"path": best.path, "kind": best.kind, "sha256": best.sha256, "size": best.size}
-    processes: dict[str, Process] = {}
-    lines: dict[str, Lines] = {}
-    ports: dict[str, int | None] = {}
-    results: dict[str, str | None] = {}
-    deadline = time.monotonic() + START_SECONDS
-    try:
-        for index, name in enumerate(chain):
-            node = nodes[name]
-            try:
-                process = sessions[name].start(program(node, "relay", best.path))
-                processes[name], lines[name] = process, Lines(process)
-                config = {"token": token, "expect": expect, "source": index == 0, "bind": job_address(node),
-                          "downstream": index < len(chain) - 1}
-                process.send((json.dumps(config) + "\n").encode())
-            except TransportError as error:
-                return _broken(needing, name, str(error))
-        for name in chain:
-            answer = _answer(lines[name], deadline)
-            if answer is None or "error" in answer:
-                return _broken(needing, name, _why(answer, processes[name]))
-            ports[name] = answer.get("port")
-        for upstream, name in zip(chain, chain[1:]):
-            where = {"upstream": [job_address(nodes[upstream]), ports[upstream]]}
-            processes[name].send((json.dumps(where) + "\n").encode())
-        finish = time.monotonic() + START_SECONDS + best.size / BYTES_PER_SECOND
-        for name in chain:
-            answer = _answer(lines[name], finish, stopping)
-            if answer is None and stopping():
-                return {name: "given up: the run was interrupted" for name in needing}
-            results[name] = None if answer is not None and answer.get("ok") else _why(answer, processes[name])
-        source_failed = results.pop(best.node)
-        return {name: f"{why} (the source {best.node}: {source_failed})" if why and source_failed else why
-                for name, why in results.items()}
-    finally:
-        for process in processes.values():
-            process.close()
-
-
-def _broken(needing: Sequence[str], where: str, why: str) -> dict[str, str | None]:
-    text = f"the copy from node to node could not start on {where}: {why}"
-    return {name: text for name in needing}
-
-
-def _why(answer: Mapping[str, Any] | None, process: Process) -> str:
-    if answer is not None and "error" in answer:
-        return str(answer["error"])
-    try:
-        text = process.read_stderr().decode(errors="replace").strip()
-    except TransportError:
-        text = ""
-    return "no answer" + (f": {text.splitlines()[-1][:200]}" if text else "")
+    results = run_chain(hops, {"expect": expect}, best.size, stopping=stopping)
+    source_failed = results.pop(best.node)
+    return {name: f"{why} (the source {best.node}: {source_failed})" if why and source_failed else why
+            for name, why in results.items()}

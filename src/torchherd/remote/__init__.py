@@ -1,8 +1,8 @@
 """The programs torchherd runs on the nodes, and how they travel there.
 
 The node programs (``supervisor.py``, ``coordinator.py``, ``stop.py``, ``hangprobe.py``,
-``receive.py``, ``venv.py``, ``checkpoint.py``) and the modules they share (``container``, ``wire``,
-``framing``, ``proctable``, ``ranks``, ``flight``)
+``receive.py``, ``venv.py``, ``checkpoint.py``, ``image.py``) and the modules they share
+(``container``, ``wire``, ``relay``, ``framing``, ``proctable``, ``ranks``, ``flight``)
 use the standard library only, and run on the node's own Python (>= 3.8); nothing is
 installed on a node. ``program(name)`` is the text to run there with ``python -c``: a short
 loader and, in one packed blob, the modules the program imports, then the program.
@@ -31,7 +31,8 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "hangprobe.py": ("flight.py",),
     "receive.py": (),
     "venv.py": (),
-    "checkpoint.py": (),
+    "checkpoint.py": ("relay.py",),
+    "image.py": ("container.py", "relay.py"),
 }
 """Each node program and the modules it imports, in the order they are loaded (a module
 after those it imports)."""

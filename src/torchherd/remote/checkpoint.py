@@ -9,20 +9,15 @@ glob, of which the newest match (by mtime) counts. MODE is one of:
   size, its newest file's mtime, the SHA-256 of its listing of ``relpath NUL size NUL
   sha256`` lines), or ``{"path": null}`` when there is none, or ``{"error": TEXT}``.
 
-``relay``: one link of a chain that carries a copy from the node that has it (the source)
-  to the nodes that lack it, each receiver passing it on to the next while it writes it.
-  The controller sends on stdin one JSON line ``{"token": HEX, "expect": COPY, "source":
-  BOOL, "bind": ADDRESS or null, "downstream": BOOL}``: with ``downstream``, the program
-  listens on ADDRESS (the node's job address; a free port) and prints ``{"port": P}``,
-  else ``{"port": null}``. A receiver then gets ``{"upstream": [HOST, PORT]}``, connects
-  there and sends the token as its first line; a listener serves only the one connection
-  whose first line is the token (a stranger's is closed), then sends a header line
-  (the files, their sizes and mtimes) and the bytes. A receiver writes each file into a
-  temporary name in the target's own directory (0600, a directory 0700), checks the
-  SHA-256 against the controller's ``expect``, sets the source's mtimes and renames it
-  into place (a directory: the old one renamed aside, then removed). Its last line is
-  ``{"ok": true, "bytes": N, "seconds": S}`` or ``{"error": TEXT}``. Nothing is written
-  outside WORKDIR: the controller refuses an absolute PATH or one with ``..``, and this
+``relay``: one link of the chain (``relay.py`` has its protocol) that carries a copy from
+  the node that has it (the source) to the nodes that lack it. The controller's first line
+  adds ``"expect": COPY`` and ``"source": BOOL``; the source sends its copy, its files'
+  sizes and mtimes in the header. A receiver writes each file into a temporary name in the
+  target's own directory (0600, a directory 0700), checks the SHA-256 against the
+  controller's ``expect``, sets the source's mtimes and renames it into place (a
+  directory: the old one renamed aside, then removed). Its last line is ``{"ok": true,
+  "bytes": N, "seconds": S}`` or ``{"error": TEXT}``. Nothing is written outside WORKDIR:
+  the controller refuses an absolute PATH or one with ``..``, and this
   program refuses it again.
 """
 
@@ -30,7 +25,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import hmac
 import json
 import os
 import shutil
@@ -38,22 +32,14 @@ import socket
 import sys
 import time
 
+from torchherd.remote import relay as chain
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any, Dict, List, Optional, Tuple
+    from typing import IO, Any, Dict, Iterator, List, Optional, Tuple
 
-CHUNK = 1 << 20
-CONNECT_SECONDS = 30.0
-"""The longest a receiver waits to connect to its upstream, and a listener for its receiver."""
-STALL_SECONDS = 120.0
-"""A link that moves no byte for this long is broken."""
 TEMPORARY = ".torchherd-stage-"
 """In the names of the files and directories being received (never a glob's match)."""
-
-
-def emit(message: Dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
 
 
 def safe_relative(path: str) -> str:
@@ -85,7 +71,7 @@ def file_sha256(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         while True:
-            block = file.read(CHUNK)
+            block = file.read(chain.CHUNK)
             if not block:
                 return digest.hexdigest()
             digest.update(block)
@@ -130,66 +116,12 @@ def find(workdir: str, pattern: str) -> Dict[str, Any]:
             "sha256": combined(kind, hashes), "files": len(files)}
 
 
-class Link:
-    """Bytes from one socket, a line or a block at a time."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = b""
-
-    def line(self, limit: int = 1 << 24) -> bytes:
-        while b"\n" not in self.buffer:
-            data = self.sock.recv(CHUNK)
-            if not data:
-                raise EOFError("the upstream node closed the connection")
-            self.buffer += data
-            if len(self.buffer) > limit:
-                raise ValueError("a line too long from the upstream node")
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return line
-
-    def block(self, most: int) -> bytes:
-        if self.buffer:
-            data, self.buffer = self.buffer[:most], self.buffer[most:]
-            return data
-        data = self.sock.recv(min(most, CHUNK))
-        if not data:
-            raise EOFError("the upstream node closed the connection")
-        return data
-
-
-def accept(listener: socket.socket, token: bytes) -> socket.socket:
-    """The one connection that sends the token first; others are closed."""
-    deadline = time.monotonic() + CONNECT_SECONDS
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the next node never connected")
-        listener.settimeout(left)
-        sock, _ = listener.accept()
-        sock.settimeout(5.0)
-        try:
-            first = Link(sock).line(limit=256)
-        except (OSError, EOFError, ValueError):
-            sock.close()
-            continue
-        if hmac.compare_digest(first, token):
-            sock.settimeout(STALL_SECONDS)
-            return sock
-        sock.close()
-
-
 def place(workdir: str, relative: str) -> Tuple[str, str]:
     """The target's full path, and a new temporary name beside it (its directory made 0700)."""
     target = os.path.join(workdir, safe_relative(relative))
     folder, name = os.path.split(target)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     return target, os.path.join(folder, f".{name}{TEMPORARY}{os.urandom(6).hex()}")
-
-
-def write_file(path: str) -> IO[bytes]:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    return os.fdopen(os.open(path, flags, 0o600), "wb")
 
 
 def put_in_place(temporary: str, target: str, kind: str) -> None:
@@ -205,21 +137,6 @@ def put_in_place(temporary: str, target: str, kind: str) -> None:
         os.unlink(aside)
 
 
-def watch_controller() -> None:
-    """Ends this program when the controller closes its stdin (it gave up, or is gone): a
-    relay never outlives the staging that started it. The temporary copy stays behind
-    under its hidden name only if the process is killed outright."""
-    import threading
-
-    def wait() -> None:
-        while os.read(0, 4096):
-            pass
-        cleanup()
-        os._exit(1)
-
-    threading.Thread(target=wait, daemon=True).start()
-
-
 CLEANUP: List[str] = []
 """The temporary file or directory being received, removed if the controller goes away."""
 
@@ -232,103 +149,45 @@ def cleanup() -> None:
             os.unlink(path)
 
 
-def relay(workdir: str, config: Dict[str, Any]) -> Dict[str, Any]:
+def relay(workdir: str, config: Dict[str, Any], stdin: chain.Link) -> Dict[str, Any]:
     token = str(config["token"]).encode("ascii")
     expect = config["expect"]
     relative = safe_relative(str(expect["path"]))
-    listener = None
-    if config["downstream"]:
-        bind = config.get("bind") or ""
-        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.bind((bind, 0))
-        listener.listen(4)
-        emit({"port": listener.getsockname()[1]})
-    else:
-        emit({"port": None})
+    listener = chain.listen(config)
     started = time.monotonic()
     try:
         if config["source"]:
-            watch_controller()
-            return send_own(workdir, relative, expect, listener, token, started)
-        line = sys.stdin.readline()
-        if not line:
-            raise EOFError("the controller went away")
-        watch_controller()
-        host, port = json.loads(line)["upstream"]
-        upstream = socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS)
-        upstream.settimeout(STALL_SECONDS)
-        upstream.sendall(token + b"\n")
-        return receive(workdir, relative, expect, Link(upstream), listener, token, started)
+            chain.watch_controller(cleanup)
+            return send_own(workdir, relative, listener, token, started)
+        upstream = chain.upstream(token, stdin)
+        chain.watch_controller(cleanup)
+        return receive(workdir, relative, expect, upstream, listener, token, started)
     finally:
         if listener is not None:
             listener.close()
 
 
-def send_own(workdir: str, relative: str, expect: Dict[str, Any], listener: Optional[socket.socket],
-             token: bytes, started: float) -> Dict[str, Any]:
+def send_own(workdir: str, relative: str, listener: Optional[socket.socket], token: bytes,
+             started: float) -> Dict[str, Any]:
     assert listener is not None
     full = os.path.join(workdir, relative)
     files = listing(full)
-    header = {"files": [[path, size, mtime] for path, size, mtime in files]}
-    downstream = accept(listener, token)
-    sent = 0
-    try:
-        downstream.sendall((json.dumps(header) + "\n").encode("utf-8"))
-        for path, _, _ in files:
-            with open(os.path.join(full, path) if path else full, "rb") as file:
-                while True:
-                    block = file.read(CHUNK)
-                    if not block:
-                        break
-                    downstream.sendall(block)
-                    sent += len(block)
-        downstream.shutdown(socket.SHUT_WR)
-        downstream.recv(1)  # the next node closes once it has read everything
-    finally:
-        downstream.close()
+    sent = chain.send(chain.accept(listener, token), files, lambda path: os.path.join(full, path) if path else full)
     return {"ok": True, "bytes": sent, "seconds": round(time.monotonic() - started, 3)}
 
 
-def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: Link,
+def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: chain.Link,
             listener: Optional[socket.socket], token: bytes, started: float) -> Dict[str, Any]:
     raw = upstream.line()
     header = json.loads(raw)
-    downstream = accept(listener, token) if listener is not None else None
+    downstream = chain.accept(listener, token) if listener is not None else None
     kind = str(expect["kind"])
     target, temporary = place(workdir, relative)
     CLEANUP.append(temporary)
-    received = 0
-    hashes = []
     try:
-        if downstream is not None:
-            downstream.sendall(raw + b"\n")
         if kind == "dir":
             os.mkdir(temporary, 0o700)
-        for path, size, mtime in header["files"]:
-            if kind == "dir":
-                inner = os.path.join(temporary, safe_relative(path))
-                os.makedirs(os.path.dirname(inner), mode=0o700, exist_ok=True)
-            else:
-                inner = temporary
-            digest = hashlib.sha256()
-            with write_file(inner) as output:
-                left = int(size)
-                while left:
-                    block = upstream.block(left)
-                    left -= len(block)
-                    received += len(block)
-                    if downstream is not None:
-                        downstream.sendall(block)
-                    digest.update(block)
-                    output.write(block)
-                output.flush()
-                os.fsync(output.fileno())
-            os.utime(inner, (mtime, mtime))
-            hashes.append((path, int(size), digest.hexdigest()))
-        if downstream is not None:
-            downstream.shutdown(socket.SHUT_WR)
-            downstream.recv(1)
+        hashes, received = chain.pass_on(upstream, downstream, raw, outputs(temporary, kind, header["files"]), False)
         found = combined(kind, hashes)
         if found != expect["sha256"]:
             raise ValueError(f"the copy received has SHA-256 {found[:12]}..., not the {str(expect['sha256'])[:12]}... "
@@ -338,10 +197,24 @@ def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: Link,
         cleanup()
         raise
     finally:
-        upstream.sock.close()
+        upstream.close()
         if downstream is not None:
             downstream.close()
     return {"ok": True, "bytes": received, "seconds": round(time.monotonic() - started, 3)}
+
+
+def outputs(temporary: str, kind: str, files: List[List[Any]]) -> Iterator[Tuple[str, int, float, IO[bytes]]]:
+    """Each file of the header opened for writing under ``temporary``; once written, given
+    its source's mtime (the copy is not newer than the original)."""
+    for path, size, mtime in files:
+        if kind == "dir":
+            inner = os.path.join(temporary, safe_relative(path))
+            os.makedirs(os.path.dirname(inner), mode=0o700, exist_ok=True)
+        else:
+            inner = temporary
+        with chain.write_file(inner) as output:
+            yield path, int(size), float(mtime), output
+        os.utime(inner, (mtime, mtime))
 
 
 def main() -> int:
@@ -350,15 +223,17 @@ def main() -> int:
     try:
         safe_relative(pattern)
         if mode == "find":
-            emit(find(workdir, pattern))
+            chain.emit(find(workdir, pattern))
             return 0
-        line = sys.stdin.readline()
-        if not line:
+        stdin = chain.Link(None)
+        try:
+            line = stdin.line()
+        except EOFError:
             return 1
-        emit(relay(workdir, json.loads(line)))
+        chain.emit(relay(workdir, json.loads(line), stdin))
         return 0
     except (OSError, ValueError, EOFError, KeyError, TypeError) as error:
-        emit({"error": str(error) or type(error).__name__})
+        chain.emit({"error": str(error) or type(error).__name__})
         return 1
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from torchherd.checks.model import Observed
 from torchherd.inventory import Host
 from torchherd.results import CheckResult
+from torchherd.words import count
 
 CHECK = "container"
 UNUSABLE = ("permission denied", "cannot connect to the docker daemon", "is the docker daemon running",
@@ -16,8 +17,16 @@ UNUSABLE = ("permission denied", "cannot connect to the docker daemon", "is the 
 """What a runtime says when it is there but will not serve this user."""
 
 
+WOULD_LOAD = "--image-archive would load it"
+
+
 def short(image_id: str) -> str:
-    return image_id.removeprefix("sha256:")[:12]
+    return plain(image_id)[:12]
+
+
+def plain(image_id: str) -> str:
+    """An id as podman says it (docker adds ``sha256:``)."""
+    return image_id.removeprefix("sha256:")
 
 
 def analyse(observed: Observed) -> list[CheckResult]:
@@ -34,7 +43,18 @@ def analyse(observed: Observed) -> list[CheckResult]:
         if result.status == "pass" and uses_gpus(observed.nproc_of(host), facts or {}):
             result = _gpus(host, facts or {}, result)
         results.append(result)
-    return results
+    return results + _would_load(hosts, results)
+
+
+def _would_load(hosts: list[Host], results: list[CheckResult]) -> list[CheckResult]:
+    """One line for the cluster per image an archive would load: on how many nodes."""
+    marked = {result.node for result in results if WOULD_LOAD in result.summary}
+    counted: dict[str, int] = {}
+    for host in hosts:
+        if host.name in marked and host.container is not None:
+            counted[host.container.image] = counted.get(host.container.image, 0) + 1
+    return [CheckResult("cluster", CHECK, "warn", f"image {image} missing on {count(number, 'node')}; {WOULD_LOAD}")
+            for image, number in counted.items()]
 
 
 def uses_gpus(nproc: int | str, facts: dict[str, Any]) -> bool:
@@ -85,7 +105,11 @@ def _reference(observed: Observed, hosts: list[Host]) -> dict[str, tuple[str, st
     found: dict[str, tuple[str, str]] = {}
     for host in hosts:
         facts = observed.containers.get(host.name) or {}
-        if facts.get("id") and host.container is not None:
+        if host.container is not None and host.container.archive is not None:
+            # The archive is what every node will have: a node with another image under
+            # the name is loaded over, not compared with the master's.
+            found[host.container.image] = (host.container.archive.path, host.container.archive.image_id)
+        elif facts.get("id") and host.container is not None:
             found.setdefault(host.container.image, (host.name, str(facts["id"])))
     return found
 
@@ -108,6 +132,9 @@ def _node(host: Host, facts: dict[str, Any], references: dict[str, tuple[str, st
         if any(word in error.lower() for word in UNUSABLE):
             return CheckResult(host.name, CHECK, "fail", f"{runtime} on {host.name} does not answer this user: "
                                f"{error[:300]}", _usable_fix(runtime))
+        if settings.archive is not None and runtime in ("docker", "podman"):
+            return CheckResult(host.name, CHECK, "warn", f"image {image} is not on {host.name}: {WOULD_LOAD} "
+                               f"({settings.archive.path}, {short(settings.archive.image_id)})")
         if settings.pull != "never" and runtime in ("docker", "podman"):
             return CheckResult(host.name, CHECK, "warn", f"image {image} is not on {host.name} yet: the launch pulls "
                                f"it (pull = {settings.pull}); its id is compared once it is there")
@@ -116,7 +143,10 @@ def _node(host: Host, facts: dict[str, Any], references: dict[str, tuple[str, st
                            "or run with --pull missing")
     image_id = str(facts.get("id", ""))
     first, first_id = references.get(image, (host.name, image_id))
-    if image_id != first_id:
+    if plain(image_id) != plain(first_id) and settings.archive is not None:
+        return CheckResult(host.name, CHECK, "warn", f"image {image} on {host.name} is {short(image_id)}, the archive's "
+                           f"is {short(first_id)}: {WOULD_LOAD} over it ({settings.archive.path})")
+    if plain(image_id) != plain(first_id):
         return CheckResult(host.name, CHECK, "fail",
                            f"image {image} on {host.name} is {image_id}, on {first} it is {first_id}: two images "
                            "under one name", f"pull or load {first}'s image on {host.name} (or name the image by "

@@ -1,0 +1,166 @@
+"""The controller's side of a node-to-node relay (``remote/relay.py`` has the protocol): one
+chain of node programs carries files from where they are to the nodes that lack them, each
+node passing the bytes on to the next as it writes them, so N nodes take about the time of
+one copy, and the controller's own link carries them at most once.
+
+Two things use it: checkpoint staging (``engine.staging``: the source is a node that holds
+the checkpoint) and image archives (``engine.images``: the source is the controller, which
+feeds the first receiver over its SSH channel). Every connection between nodes starts with
+a random token the controller sends on each program's stdin (never on a command line).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from torchherd.engine.sync import Lines
+from torchherd.errors import TransportError
+from torchherd.transport import Process, Session
+
+START_SECONDS = 60.0
+"""The most a relay program may take to start and say its port."""
+BYTES_PER_SECOND = 10e6
+"""The slowest rate the wait for the copy allows for (on top of START_SECONDS): a link slower
+than this is taken as stalled (each node program also gives up after 2 minutes without a byte)."""
+POLL_SECONDS = 0.5
+"""While the copy runs, how often the controller looks whether the run was interrupted."""
+
+Feed = Callable[[Callable[[bytes], bool]], None]
+"""The controller as the chain's source: called with the first receiver's ``send``, it sends
+the header line and the bytes (``remote/relay.py``'s stream)."""
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One node of the chain: the program started there, and the address the next node reaches it at."""
+
+    node: str
+    session: Session
+    command: str
+    address: str
+
+
+def run_chain(hops: Sequence[Hop], config: Mapping[str, Any], size: int, *, feed: Feed | None = None,
+              on_message: Callable[[str, Mapping[str, Any]], None] = lambda node, message: None,
+              stopping: Callable[[], bool] = lambda: False, extra_seconds: float = 0.0) -> dict[str, str | None]:
+    """Starts ``hops[0] -> hops[1] -> ...``, each given ``config`` (its own ``bind`` and
+    ``downstream`` added, and ``source``: the first hop, when nothing ``feed``s it); with
+    ``feed`` the controller is the upstream of the first hop. Every line a program prints
+    before its last goes to ``on_message``. Per hop: None (it did its part) or why not.
+    Once ``stopping()`` is true the copy is given up: the programs end and remove their
+    temporary copies. ``extra_seconds``: what the programs may take after the copy (a load)."""
+    token = secrets.token_hex(16)
+    processes: dict[str, Process] = {}
+    lines: dict[str, Lines] = {}
+    names = [hop.node for hop in hops]
+    try:
+        deadline = time.monotonic() + START_SECONDS
+        for index, hop in enumerate(hops):
+            try:
+                process = hop.session.start(hop.command)
+                processes[hop.node], lines[hop.node] = process, Lines(process)
+                own = {**config, "token": token, "source": index == 0 and feed is None, "bind": hop.address,
+                       "downstream": index < len(hops) - 1}
+                process.send((json.dumps(own) + "\n").encode())
+            except TransportError as error:
+                return broken(names, hop.node, str(error))
+        ports: dict[str, Any] = {}
+        for hop in hops:
+            answer = _answer(lines[hop.node], deadline)
+            if answer is None or "error" in answer:
+                return broken(names, hop.node, why(answer, processes[hop.node]))
+            ports[hop.node] = answer.get("port")
+        if feed is not None:
+            processes[hops[0].node].send(b'{"upstream": null}\n')
+        for upstream, hop in zip(hops, hops[1:]):
+            where = {"upstream": [upstream.address, ports[upstream.node]]}
+            processes[hop.node].send((json.dumps(where) + "\n").encode())
+        finish = time.monotonic() + START_SECONDS + size / BYTES_PER_SECOND + extra_seconds
+        return _wait(hops, processes, lines, finish, feed, on_message, stopping)
+    finally:
+        for process in processes.values():
+            process.close()
+
+
+def _wait(hops: Sequence[Hop], processes: Mapping[str, Process], lines: Mapping[str, Lines], finish: float,
+          feed: Feed | None, on_message: Callable[[str, Mapping[str, Any]], None],
+          stopping: Callable[[], bool]) -> dict[str, str | None]:
+    """Every program's last line, read by one thread per program (one long read each: over
+    SSH a channel keeps its last read's timeout, and the feed's sends would time out by a
+    short one), handed here in order; ``on_message`` gets the lines before it."""
+    answers: queue.Queue[tuple[str, dict[str, Any] | None]] = queue.Queue()
+
+    def read(node: str) -> None:
+        while True:
+            answer = _answer(lines[node], finish)
+            if answer is not None and not ({"ok", "error"} & answer.keys()):
+                answers.put((node, {"message": answer}))
+                continue
+            answers.put((node, answer))
+            return
+
+    fed: list[str] = []
+    if feed is not None:
+        first = processes[hops[0].node]
+
+        def send() -> None:
+            try:
+                feed(first.send)
+            except (OSError, TransportError) as error:
+                fed.append(str(error))
+                try:
+                    first.close_stdin()  # the first node reads a short stream and ends, not waits for the rest
+                except TransportError:
+                    pass
+
+        threading.Thread(target=send, name="relay-feed", daemon=True).start()
+    for hop in hops:
+        threading.Thread(target=read, args=(hop.node,), name=f"relay-{hop.node}", daemon=True).start()
+    results: dict[str, str | None] = {}
+    while len(results) < len(hops):
+        if stopping():
+            return {hop.node: "given up: the run was interrupted" for hop in hops}
+        try:
+            node, answer = answers.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            continue
+        if answer is not None and "message" in answer:
+            on_message(node, answer["message"])
+            continue
+        results[node] = None if answer is not None and answer.get("ok") else why(answer, processes[node])
+        if fed and node == hops[0].node and results[node] is not None:
+            results[node] = f"{results[node]} (sending it: {fed[0]})"
+    return {hop.node: results[hop.node] for hop in hops}
+
+
+def _answer(lines: Lines, deadline: float) -> dict[str, Any] | None:
+    """A relay program's next line as the JSON object it carries (None: no such line in time)."""
+    line = lines.line(deadline - time.monotonic())
+    if line is None:
+        return None
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return {}  # not the program's (nothing else prints there): passed over as a message
+    return value if isinstance(value, dict) else {}
+
+
+def broken(names: Sequence[str], where: str, why: str) -> dict[str, str | None]:
+    text = f"the copy from node to node could not start on {where}: {why}"
+    return {name: text for name in names}
+
+
+def why(answer: Mapping[str, Any] | None, process: Process) -> str:
+    if answer is not None and "error" in answer:
+        return str(answer["error"])
+    try:
+        text = process.read_stderr().decode(errors="replace").strip()
+    except TransportError:
+        text = ""
+    return "no answer" + (f": {text.splitlines()[-1][:200]}" if text else "")
