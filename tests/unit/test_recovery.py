@@ -23,12 +23,12 @@ from torchherd.checks import CheckOptions
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.engine.events import (
-    RanksRunning,
     AttemptFailed,
     AttemptStarted,
     Collector,
     NodeExcluded,
     Observer,
+    RanksRunning,
     RecoveryEnded,
     RunFinished,
     RunShrunk,
