@@ -462,7 +462,7 @@ class RecoveringRun:
                 self.torch_known.pop(node, None)
         checked = self._spares_checked
         if checked is None or not checked.done() or attempt.number > 1:
-            return  # still running: the triage checks the spares in full (a failure is its to tell)
+            return  # not done (the triage checks the spares in full: a failure is its to tell), or learnt
         try:
             results = checked.result().results
         except TorchherdError:
