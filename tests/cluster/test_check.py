@@ -263,6 +263,20 @@ def test_python_without_torch(inventory: Inventory) -> None:
 
 
 @pytest.mark.timeout(90)
+def test_torch_read_from_its_files_where_it_ran_lately(inventory: Inventory) -> None:
+    """The triage's check on nodes whose ranks just ran: torch's versions read from its
+    files there, not imported; a python without torch still fails."""
+    known = (("node0", "attempt 1's ranks"), ("node2", "attempt 1's ranks"))
+    results = check(with_host(inventory, "node2", python="/usr/bin/python3"), only=frozenset({"ssh", "python"}),
+                    torch_known=known)
+    assert failures(results) == {("node2", "python")}
+    assert "cannot import torch: ModuleNotFoundError" in results[("node2", "python")].summary
+    assert results[("node0", "python")].summary.endswith("(read from its files: attempt 1's ranks imported it)")
+    assert "torch 2.13.0" in results[("node0", "python")].summary
+    assert "read from its files" not in results[("node1", "python")].summary
+
+
+@pytest.mark.timeout(90)
 def test_python_missing(inventory: Inventory) -> None:
     results = check(with_host(inventory, "node1", python="/opt/nowhere/bin/python"),
                     only=frozenset({"python", "hostname"}))

@@ -263,6 +263,23 @@ def test_python_without_torch_and_version_mismatch() -> None:
     assert result.status == "fail" and "differs from node0 in torch (2.13.0)" in result.summary
 
 
+def test_torch_read_from_its_files_is_compared_without_what_only_the_import_gives() -> None:
+    """A node whose torch ran lately (a triage) gives its versions from torch/version.py:
+    compared as always, but not NCCL's, which only the import gives; whichever node comes
+    first, the reference is one that imported torch."""
+    files = {"version": "2.13.0", "cuda": "12.4", "nccl": None, "files": True}
+    imported = {"version": "2.13.0", "cuda": "12.4", "nccl": "2.21.5", "gpus": 8}
+    seen = observed(node0=facts("node0", torch=files), node1=facts("node1", torch=imported))
+    seen.torch_known = {"node0": "attempt 1's ranks"}
+    results = python.analyse(seen)
+    assert statuses(results) == {"node0": "pass", "node1": "pass"}
+    assert results[0].summary == ("python 3.11.7, torch 2.13.0, CUDA 12.4 (read from its files: attempt 1's ranks "
+                                  "imported it)")
+    seen = observed(node0=facts("node0", torch={**files, "version": "2.12.1"}), node1=facts("node1", torch=imported))
+    result = python.analyse(seen)[0]
+    assert result.status == "fail" and "differs from node1 in torch (2.13.0)" in result.summary
+
+
 def test_script_missing_and_different() -> None:
     seen = observed(node1=facts("node1", script={"path": "/w/train.py", "error": "No such file or directory"}))
     seen.script = "train.py"

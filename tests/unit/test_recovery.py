@@ -29,6 +29,7 @@ from torchherd.engine.events import (
     LostContainers,
     NodeExcluded,
     Observer,
+    RanksRunning,
     RecoveryEnded,
     RunFinished,
     RunShrunk,
@@ -293,6 +294,10 @@ class FakeBackend:
     launched: list[Plan] = field(default_factory=list)
     checked: list[tuple[str, ...]] = field(default_factory=list)
     only: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
+    known: dict[tuple[str, ...], dict[str, str]] = field(default_factory=dict)
+    """Per check, the nodes whose torch it was told ran lately (``CheckOptions.torch_known``)."""
+    running: Callable[[Plan], tuple[str, ...]] = lambda plan: tuple(node.host.name for node in plan.nodes)
+    """The nodes whose ranks get through the rendezvous in each attempt."""
     hold: bool = False
     jobs: list[_Job] = field(default_factory=list)
     removed: list[tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=list)
@@ -306,6 +311,7 @@ class FakeBackend:
         names = tuple(node.host.name for node in plan.nodes)
         self.checked.append(names)
         self.only[names] = options.only
+        self.known[names] = dict(options.torch_known)
         return CheckReport(tuple(CheckResult(name, "ssh", "fail" if name in self.bad else "pass",
                                              self.bad.get(name, "")) for name in names))
 
@@ -326,6 +332,8 @@ class FakeBackend:
             release.set()
         job = _Job(plan, options.log_dir / plan.run_id, summary, release)
         self.jobs.append(job)
+        for node in self.running(plan):
+            observer(RanksRunning(node))
         run = Run(job, RunEvents(observer))
         run.start()
         return run
@@ -369,8 +377,9 @@ def test_a_lost_node_is_excluded_at_once_with_why_and_replaced_by_the_spare() ->
     assert summary.attempts[0].ended == "lost" and summary.attempts[0].triage == (f"node2: {why}",)
     assert "node3 for node2" in summary.attempts[0].next
     # one triage round, without the lost node (its SSH connect would only wait for the
-    # timeout): the spare is checked with the others, under the same master
-    assert backend.checked == [("node0", "node1", "node3")]
+    # timeout): the spare is checked with the others, under the same master (and, before,
+    # alone in the background while attempt 1 ran)
+    assert sorted(backend.checked) == [("node0", "node1", "node3"), ("node3",)]
 
 
 def test_a_lost_node_without_a_spare_is_checked_and_kept_when_it_is_back() -> None:
@@ -407,18 +416,44 @@ def test_a_run_without_a_lost_node_removes_nothing_at_its_end() -> None:
     assert backend.removed == []
 
 
-def test_a_spare_checked_at_the_start_is_only_reached_again_until_it_is_taken() -> None:
+def test_the_triage_reads_torch_from_its_files_where_it_ran_lately() -> None:
+    """Every node gets every triage check; torch is imported again only where nothing
+    proved it lately: the spares checked at the start, the nodes whose ranks got through
+    the rendezvous (not the lost node; in attempt 2, node1 is lost before any rank ran)."""
     backend = FakeBackend([lambda plan: ended(plan, "node2", "lost"), lambda plan: ended(plan, "node1", "lost"),
-                           lambda plan: ended(plan, None)])
+                           lambda plan: ended(plan, None)],
+                          running=lambda plan: tuple(node.host.name for node in plan.nodes
+                                                     if plan.nodes[0].env["TORCHHERD_ATTEMPT"] == "1"))
     run = RecoveringRun(backend, plan_of("node3,node4", 5), LaunchOptions(check=False, log_dir=Path("/nonexistent")),
                         Recovery(retries=2), Collector(), check_spares=True)
     assert run.start().wait(timeout=20).exit_code == 0
-    first, second = ("node0", "node1"), ("node0", "node3")
-    assert backend.checked[0] == ("node0", "node3", "node4")
-    assert sorted(backend.checked[1:]) == sorted([first, ("node3", "node4"), second, ("node4",)])
-    assert backend.only[first] == backend.only[second] == TRIAGE_CHECKS  # node3 ran attempt 2: in full again
-    assert backend.only[("node3", "node4")] == backend.only[("node4",)] == {"ssh"}
+    assert backend.checked == [("node0", "node3", "node4"), ("node0", "node1", "node3", "node4"),
+                               ("node0", "node3", "node4")]
+    assert all(backend.only[names] == TRIAGE_CHECKS for names in backend.checked[1:])
+    assert backend.known[("node0", "node1", "node3", "node4")] == {
+        "node0": "attempt 1's ranks", "node1": "attempt 1's ranks", "node3": "the first preflight",
+        "node4": "the first preflight"}
+    assert backend.known[("node0", "node3", "node4")] == {"node4": "the first preflight"}
     assert names(backend.launched[2]) == ("node0", "node3", "node4")
+
+
+def test_the_spares_torch_is_checked_while_the_first_attempt_runs() -> None:
+    """Without the spares in a first preflight (``run --no-check``), their ``python`` check
+    runs in the background: the triage then reads their torch from its files."""
+    backend = FakeBackend([lambda plan: ended(plan, "node1"), lambda plan: ended(plan, None)], hold=True)
+    run = RecoveringRun(backend, plan_of("node3", 4), LaunchOptions(check=False, log_dir=Path("/nonexistent")),
+                        Recovery(retries=1), Collector()).start()
+    deadline = time.monotonic() + 10
+    while ("node3",) not in backend.checked and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # its future is set just after the fake check returned
+    backend.jobs[0].release.set()
+    backend.hold = False
+    assert run.wait(timeout=20).exit_code == 0
+    assert backend.only[("node3",)] == {"ssh", "python"}
+    # node1's ranks failed first: its torch is imported again
+    assert backend.known[("node0", "node1", "node2", "node3")] == {
+        "node0": "attempt 1's ranks", "node2": "attempt 1's ranks", "node3": "a check while attempt 1 ran"}
 
 
 def test_an_excluded_master_gives_way_and_the_run_shrinks() -> None:

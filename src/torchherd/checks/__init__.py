@@ -33,6 +33,10 @@ class CheckOptions:
     """Bits per second below which a link or node fails; None: the inventory's, else no floor."""
     gpu_diag: bool = False
     """Run DCGM's level-1 diagnostic where it is installed (``--gpu-diag``)."""
+    torch_known: tuple[tuple[str, str], ...] = ()
+    """(node, what imported its torch lately, "attempt 1's ranks"): there the facts read
+    torch's versions from its files instead of importing it again (seconds of CPU each).
+    A triage's, for the nodes whose ranks just ran."""
 
 
 @dataclass
@@ -59,7 +63,7 @@ def run_preflight(plan: Plan, options: CheckOptions, connector: Connector,
     selected = runner.selected_checks(options.only, options.skip, options.smoke, options.bandwidth,
                                        options.gpu_diag)
     observed, connections = runner.collect(plan, selected, connector, progress, options.mesh,
-                                           options.min_bandwidth)
+                                           options.min_bandwidth, dict(options.torch_known))
     results = runner.analyse(observed, selected)
     if progress is not None:
         for result in results:

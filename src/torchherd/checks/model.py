@@ -189,6 +189,9 @@ class Observed:
     script: str | None = None
     with_torch: bool = True
     """Whether the facts import torch: seconds of CPU per node, only for the checks that read it."""
+    torch_known: Mapping[str, str] = field(default_factory=dict)
+    """Per node whose torch ran moments ago, what ran it ("attempt 1's ranks"): its facts
+    read torch's versions from its files, without the import (``CheckOptions.torch_known``)."""
     ssh_errors: dict[str, TransportError] = field(default_factory=dict)
     ssh_addresses: dict[str, str] = field(default_factory=dict)
     """The IP the controller's SSH connection reached each node at."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 from torchherd.checks.analysis.network import compute_networks
 from torchherd.checks.analysis.registry import ANALYSES
@@ -67,7 +67,8 @@ def facts_config(observed: Observed, host: Host, listen: bool, master_ssh_name: 
     ssh_name = master_ssh_name or resolve_target(observed.master, observed.inventory.cluster.ssh_config).hostname
     return {"port": observed.port, "resolve": [] if is_ip(target) else [target],
             "route_to": [target, ssh_name], "script": observed.script, "workdir": host.workdir,
-            "torch": observed.with_torch, "listen": listen_config(observed, host) if listen else None,
+            "torch": "files" if observed.with_torch and host.name in observed.torch_known else observed.with_torch,
+            "listen": listen_config(observed, host) if listen else None,
             "venv": venv_config(observed.venvs[host.name]) if host.name in observed.venvs else None}
 
 
@@ -189,7 +190,8 @@ def _controller_pings(observed: Observed) -> None:
     observed.controller_ping.update((host.name, answers[observed.ssh_addresses[host.name]]) for host in hosts)
 
 
-def observe(plan: Plan, selected: tuple[str, ...], min_bandwidth: float | None = None) -> Observed:
+def observe(plan: Plan, selected: tuple[str, ...], min_bandwidth: float | None = None,
+            torch_known: Mapping[str, str] | None = None) -> Observed:
     """What the checks will verify: the plan's master address, port, processes per node,
     script and each node's job environment (not the inventory's defaults); the bandwidth
     floor given, else the inventory's."""
@@ -204,12 +206,14 @@ def observe(plan: Plan, selected: tuple[str, ...], min_bandwidth: float | None =
                     node_nproc={node.host.name: node.nproc_per_node for node in plan.nodes},
                     job_env={node.host.name: node.env for node in plan.nodes}, ssh_hostnames=plan.ssh_hostnames,
                     min_bandwidth=floor, slow_ratio=plan.inventory.checks.slow_ratio,
-                    venvs={node.host.name: node.venv for node in plan.nodes if node.venv is not None})
+                    venvs={node.host.name: node.venv for node in plan.nodes if node.venv is not None},
+                    torch_known=dict(torch_known or {}))
 
 
 def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progress: Progress | None,
-            mesh: Mesh = "auto", min_bandwidth: float | None = None) -> tuple[Observed, dict[str, Session]]:
-    observed = observe(plan, selected, min_bandwidth)
+            mesh: Mesh = "auto", min_bandwidth: float | None = None,
+            torch_known: Mapping[str, str] | None = None) -> tuple[Observed, dict[str, Session]]:
+    observed = observe(plan, selected, min_bandwidth, torch_known)
     # The measurements need the job's addresses, which the probes find.
     probing = bool((PROBED | MEASURED) & set(selected))
     collector = _Collector(observed, connector, any(check != "ssh" for check in selected), progress,

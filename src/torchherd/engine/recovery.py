@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
@@ -37,6 +37,7 @@ from torchherd.engine.events import (
     NodeExcluded,
     Observer,
     Output,
+    RanksRunning,
     RecoveryEnded,
     RunFinished,
     RunShrunk,
@@ -182,9 +183,14 @@ class RecoveringRun:
         self.check_spares = options.check if check_spares is None else check_spares
         """The spares in the first preflight (a detached run's was made before, without them)."""
         self.spares = [host.name for host in (plan.base_inventory or plan.inventory).spares]
-        self.vouched: tuple[str, frozenset[str]] = ("", frozenset())
-        """The master and the spares that passed the first preflight's checks with it: in a
-        triage under the same master, such a spare needs only to be reached again."""
+        self.torch_known: dict[str, str] = {}
+        """Per node whose torch ran lately, what ran it ("attempt 1's ranks", the first
+        preflight): a triage reads its torch's versions from its files instead of importing
+        it again (``CheckOptions.torch_known``), seconds of CPU on every node."""
+        self._running: set[str] = set()
+        """The current attempt's nodes whose ranks got through the rendezvous."""
+        self._spares_checked: Future[CheckReport] | None = None
+        """The spares' ``python`` check while the first attempt runs (without ``check_spares``)."""
         self.records: list[AttemptRecord] = []
         self.attempts: list[Attempt] = []
         self.networks: dict[str, NodeNetwork] = {}
@@ -214,6 +220,12 @@ class RecoveringRun:
         if self.check_spares and self.spares:
             self._check_spares()
         first = self._launch(1, self._first_nodes(), self.options)
+        if (not self.check_spares and self.spares and self.recovery.retries and self.picked is None
+                and "python" in self.backend.triage_checks):
+            # Meanwhile the spares' torch is imported once, so that a triage need not (and
+            # their page cache holds it when one is taken).
+            self._spares_checked = _in_background(self.backend.check, attempt_plan(self.plan, self.spares, 1),
+                                                  CheckOptions(only=frozenset({"ssh", "python"})))
         threading.Thread(target=self._loop, args=(first,), name="torchherd-recovery", daemon=True).start()
         return self
 
@@ -257,6 +269,7 @@ class RecoveringRun:
         if self.recovery.retries:
             self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes, self._picking()))
         shrink = self.recovery.min_nodes if self.picked is not None and self.excluded else None
+        self._running = set()
         run = self.backend.launch(plan, replace(options, attempt=number if self.recovery.retries else 0,
                                                 exclude=tuple(self.excluded), shrink_to=shrink), self._relay)
         with self._lock:
@@ -274,6 +287,8 @@ class RecoveringRun:
     def _relay(self, event: Event) -> None:
         """An attempt's events go on to the observer; its RunFinished is the recovery's to give."""
         watch = self._watch
+        if isinstance(event, RanksRunning):
+            self._running.add(event.node)
         if isinstance(event, Output) and watch is not None:
             watch.saw_output()
             if watch.hung is not None:
@@ -304,6 +319,8 @@ class RecoveringRun:
         except BaseException as error:  # handed to wait(): a bug must not vanish in a thread
             self._error = error
         finally:
+            if self._spares_checked is not None:  # its commands on the spares end before the run does
+                wait([self._spares_checked])
             self._done.set()
 
     def _attempts(self, run: Run | None) -> RunSummary:
@@ -471,7 +488,27 @@ class RecoveringRun:
         for spare, why in failed.items():
             self.spares.remove(spare)
             self._exclude(spare, f"spare dropped: {why}")
-        self.vouched = (master, frozenset(self.spares))
+        self.torch_known.update((spare, "the first preflight") for spare in self.spares)
+
+    def _learn(self, attempt: Attempt) -> None:
+        """What the failed attempt proved of its nodes' torch (its ranks imported it where
+        they got through the rendezvous; not on the node that failed first, nor a lost one),
+        and what the spares' check in the background proved, if it is done."""
+        for node in attempt.nodes:
+            if node in self._running and node != attempt.culprit and node not in attempt.lost:
+                self.torch_known[node] = f"attempt {attempt.number}'s ranks"
+            else:
+                self.torch_known.pop(node, None)
+        checked = self._spares_checked
+        if checked is None or not checked.done() or attempt.number > 1:
+            return  # not done (the triage checks the spares in full: a failure is its to tell), or learnt
+        try:
+            results = checked.result().results
+        except TorchherdError:
+            return
+        failed = triage_failures(results, self.spares)
+        self.torch_known.update((spare, "a check while attempt 1 ran") for spare in self.spares
+                                if spare not in failed and any(result.node == spare for result in results))
 
     def _triage(self, attempt: Attempt) -> _Triaged:
         """The fast checks on the next attempt's nodes (and the unchecked spares), round
@@ -481,6 +518,7 @@ class RecoveringRun:
         self._cool(attempt, excluded, found)
         if self.picked is not None:
             return self._triage_picked(attempt, excluded, found)
+        self._learn(attempt)
         for node, why in known_lost(attempt, list(excluded), self.spares, self.recovery).items():
             excluded[node] = why
             found.append(f"{node}: {why}")
@@ -513,22 +551,11 @@ class RecoveringRun:
                         tuple(found))
 
     def _check_round(self, checked: tuple[str, ...], number: int) -> CheckReport:
-        """The fast checks on ``checked`` (its master first); a spare the first preflight
-        vouched for under the same master is only reached again (``ssh``), beside them."""
-        master, spares = self.vouched
-        # A spare taken into an attempt since ran the job there: it is checked in full again.
-        again = (tuple(node for node in checked[1:] if node in spares and node in self.spares)
-                 if checked[0] == master else ())
-        full = tuple(node for node in checked if node not in again)
-        if not again:
-            return self.backend.check(attempt_plan(self.plan, full, number),
-                                      CheckOptions(only=self.backend.triage_checks))
-        with ThreadPoolExecutor(1, thread_name_prefix="torchherd-triage-spares") as pool:
-            reached = pool.submit(self.backend.check, attempt_plan(self.plan, again, number),
-                                  CheckOptions(only=frozenset({"ssh"})))
-            report = self.backend.check(attempt_plan(self.plan, full, number),
-                                        CheckOptions(only=self.backend.triage_checks))
-            return CheckReport(report.results + reached.result().results)
+        """The fast checks on ``checked`` (its master first), all of them on every node; where
+        torch ran lately (``torch_known``), its versions are read from its files, not imported."""
+        known = tuple((node, self.torch_known[node]) for node in checked if node in self.torch_known)
+        return self.backend.check(attempt_plan(self.plan, checked, number),
+                                  CheckOptions(only=self.backend.triage_checks, torch_known=known))
 
     def _cool(self, attempt: Attempt, excluded: dict[str, str], found: list[str]) -> None:
         """Excludes the node whose ranks failed first in this attempt and the one before."""
@@ -612,3 +639,17 @@ def _described(number: int, following: NextNodes) -> str:
     taken = "".join(f"; {spare} for {replacing}" for spare, replacing in following.taken)
     shrunk = f"; {len(following.nodes)} nodes" if following.shrunk else ""
     return f"attempt {number} on {','.join(following.nodes)}{taken}{shrunk}"
+
+
+def _in_background(check: Callable[..., CheckReport], plan: Plan, options: CheckOptions) -> Future[CheckReport]:
+    """``check(plan, options)`` in a thread of its own; its future."""
+    future: Future[CheckReport] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(check(plan, options))
+        except BaseException as error:  # the future holds it: the triage decides what it means
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="torchherd-spares-check", daemon=True).start()
+    return future

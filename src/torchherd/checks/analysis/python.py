@@ -16,19 +16,26 @@ def analyse(observed: Observed) -> list[CheckResult]:
     return per_node(observed, CHECK, _node)
 
 
+UNREAD = "?"
+"""A version the facts could not give without importing torch (NCCL's, read from its files)."""
+
+
 def versions(facts: NodeFacts) -> dict[str, str]:
     torch = facts.get("torch") or {}
     python = facts.get("python") or {}
+    nccl = UNREAD if torch.get("files") else str(torch.get("nccl") or "-")
     return {"python": str(python.get("version")), "torch": str(torch.get("version")),
-            "CUDA": str(torch.get("cuda") or "-"), "NCCL": str(torch.get("nccl") or "-")}
+            "CUDA": str(torch.get("cuda") or "-"), "NCCL": nccl}
 
 
 def _reference(observed: Observed) -> tuple[str, dict[str, str]] | None:
-    for host in observed.inventory.hosts:
-        facts = observed.facts.get(host.name)
-        if facts is not None and host.container is None and not facts.python_error and "version" in (facts.get("torch") or {}):
-            return host.name, versions(facts)
-    return None
+    """The first node whose torch was imported (all of its versions known), else the first
+    whose torch's files were read."""
+    candidates = [(host.name, facts) for host in observed.inventory.hosts
+                  if (facts := observed.facts.get(host.name)) is not None and host.container is None
+                  and not facts.python_error and "version" in (facts.get("torch") or {})]
+    ordered = sorted(candidates, key=lambda candidate: bool((candidate[1].get("torch") or {}).get("files")))
+    return (ordered[0][0], versions(ordered[0][1])) if ordered else None
 
 
 def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
@@ -58,9 +65,11 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
                            f"there: {host.python} -m pip install torch{_pin(observed)}")
     mine = versions(facts)
     reference = _reference(observed)
-    shown = ", ".join(f"{key} {value}" for key, value in mine.items())
+    shown = ", ".join(f"{key} {value}" for key, value in mine.items() if value != UNREAD)
+    if torch.get("files"):
+        shown += f" (read from its files: {observed.torch_known.get(host.name, 'a recent run')} imported it)"
     if reference is not None and reference[0] != host.name:
-        differing = [key for key in mine if mine[key] != reference[1][key]]
+        differing = [key for key in mine if UNREAD not in (mine[key], reference[1][key]) and mine[key] != reference[1][key]]
         if differing:
             status: CheckStatus = "warn" if differing == ["python"] and _same_minor(mine, reference[1]) else "fail"
             return CheckResult(host.name, CHECK, status,

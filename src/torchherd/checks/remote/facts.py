@@ -8,7 +8,8 @@ Standard library only, Python >= 3.8, Linux, read-only. Run as
                            the first one that resolves is reported
   script    str or null    the training script, relative to workdir
   workdir   str            "~" expanded
-  torch     bool           import torch for its versions and GPUs (seconds of CPU)
+  torch     bool or "files" import torch for its versions and GPUs (seconds of CPU); "files":
+                           read its versions from torch/version.py instead (no GPU count)
   root      str            where /sys and /proc are read for the GPU and InfiniBand
                            facts (default "/"; tests point it at a made-up tree)
   gpu_seconds float        how long after the start the GPU and kernel-log queries may
@@ -38,10 +39,12 @@ Prints the facts as one JSON line.
 Every probe is wrapped: a failing one records its error and the others go on.
 """
 
+import ast
 import errno
 import fcntl
 import glob
 import hashlib
+import importlib.util
 import ipaddress
 import json
 import os
@@ -494,6 +497,32 @@ def torch_facts() -> Dict[str, Any]:
     return facts
 
 
+def torch_files() -> Dict[str, Any]:
+    """torch's versions read from its files (torch/version.py), without importing it: for a
+    node whose ranks imported this very torch moments ago (a triage after a failed attempt),
+    where the import would cost seconds of CPU and prove nothing new. No GPU count, no NCCL
+    version (those need the import; the gpu check counts with nvidia-smi)."""
+    try:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            return {"error": "ModuleNotFoundError: No module named 'torch'"}
+        path = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+        with open(path, encoding="utf-8") as file:
+            tree = ast.parse(file.read(), path)
+    except BaseException as error:  # as torch_facts: a broken install can raise anything
+        return {"error": "%s: %s" % (type(error).__name__, error)}
+    values: Dict[str, Any] = {}
+    for statement in tree.body:
+        target = (statement.targets[0] if isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                  else statement.target if isinstance(statement, ast.AnnAssign) else None)
+        value = getattr(statement, "value", None)
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+            values[target.id] = value.value
+    if not isinstance(values.get("__version__"), str):
+        return {"error": "%s names no __version__" % path}
+    return {"version": values["__version__"], "cuda": values.get("cuda"), "nccl": None, "files": True}
+
+
 def listen_backlog(wanted: int) -> int:
     # Every peer connects at most once per socket in a burst: a queue that holds them all
     # cannot overflow, however late this process gets the CPU to accept. The kernel caps
@@ -722,7 +751,9 @@ def main() -> None:
         "ping": bool(shutil.which("ping")),
         "venv": guarded(venv_state, config["venv"]) if config.get("venv") else None,
     }
-    if config.get("torch", True):
+    if config.get("torch", True) == "files":
+        facts["torch"] = torch_files()
+    elif config.get("torch", True):
         facts["torch"] = torch_facts()
     deadline = STARTED + float(config.get("gpu_seconds") or GPU_SECONDS)
     facts["gpu"], facts["kernel_xids"] = gpu.result(deadline), xids.result(deadline)
