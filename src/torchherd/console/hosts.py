@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from torchherd.console import printable
+from torchherd.console import print_table, printable
 from torchherd.inventory import Inventory
 from torchherd.words import count
 
@@ -46,7 +46,7 @@ def render_hosts(console: Console, inventory: Inventory, ssh_targets: Sequence[s
     for cell in cells:
         table.add_row(*(Text(middle(cell[column], widths[column]) if column in PATH_COLUMNS else cell[column])
                         for column in shown))
-    console.print(table)
+    print_table(console, table)
     left_out = [column for column in COLUMNS if column not in shown]
     if left_out:
         console.print(f"{' and '.join(left_out)} left out at {console.width} columns (torchherd hosts --json has "
