@@ -47,7 +47,8 @@ def make_console(file: IO[str] | None = None, *, width: int | None = None, stder
 def print_table(console: Console, table: Table) -> None:
     """``table`` boxed on a terminal; elsewhere plain text that grep and cut read: its
     title a line of its own, then the columns two spaces apart, each line starting
-    with its first cell, no box-drawing character."""
+    with its first cell, no box-drawing character, every cell whole on one line
+    whatever the console's width."""
     if console.is_terminal:
         console.print(table)
         return
@@ -63,10 +64,11 @@ def print_table(console: Console, table: Table) -> None:
     for column in table.columns:
         column.overflow = "ignore"
         column.no_wrap = True
-    with console.capture() as capture:
-        console.print(table)
-    # Without the spaces that pad the last column: a line ends where its text does.
-    console.file.write("".join(line.rstrip() + "\n" for line in capture.get().splitlines()))
+    lines = [Text.assemble(*((segment.text, segment.style) for segment in line))
+             for line in console.render_lines(table, console.options.update_width(PIPE_WIDTH), pad=False)]
+    for line in lines:
+        line.rstrip()  # without the spaces that pad the last column: a line ends where its text does
+    console.print(Text("\n").join(lines), soft_wrap=True)
 
 
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\ud800-\udfff]")
