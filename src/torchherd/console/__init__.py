@@ -64,7 +64,7 @@ def print_table(console: Console, table: Table) -> None:
     for column in table.columns:
         column.overflow = "ignore"
         column.no_wrap = True
-    lines = [Text.assemble(*((segment.text, segment.style) for segment in line))
+    lines = [Text.assemble(*((segment.text, segment.style or "") for segment in line))
              for line in console.render_lines(table, console.options.update_width(PIPE_WIDTH), pad=False)]
     for line in lines:
         line.rstrip()  # without the spaces that pad the last column: a line ends where its text does
