@@ -102,7 +102,7 @@ def test_a_detached_recovering_run_outlives_its_terminal(cluster: LocalCluster, 
     code, out = cli(cluster, "status", run_id)
     assert code == 0
     assert "recovery ended after attempt 2: exit 0" in out, out
-    assert re.search(r"^1 +node0,node1  failed +node1 rank 1 failed first", out), out
+    assert re.search(r"^1 +node0,node1  failed +node1 rank 1 failed first", out, re.M), out
     assert re.search(r"^2 +node0,node1  ok ", out, re.M), out
     # the local logs, as an attached run writes them, and the nodes' own, as logs reads them
     local = (logs / run_id / "node1.log").read_text(encoding="utf-8")
