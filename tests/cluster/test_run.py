@@ -116,7 +116,7 @@ def test_ddp_demo_three_nodes_two_ranks_each(cluster: LocalCluster, tmp_path: Pa
     losses: dict[int, list[float]] = {}
     for rank in range(6):
         node = cluster.names[rank // 2]
-        lines = [line for line in out.splitlines() if line.startswith(f"{node}:{rank} ")]
+        lines = [line for line in out.splitlines() if line.startswith(f"{node}:{rank}:")]
         assert lines, f"no line from {node}:{rank}:\n{out}"
         for line in lines:
             match = re.search(r"step \d+ loss ([0-9.]+)", line)

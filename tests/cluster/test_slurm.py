@@ -130,7 +130,7 @@ def test_ddp_demo_three_nodes_two_ranks_through_slurm(slurm: SlurmCluster, inven
     losses: dict[int, list[float]] = {}
     for rank in range(6):
         node = slurm.cluster.names[rank // 2]  # SLURM_NODEID follows the sorted nodelist
-        lines = [line for line in out.splitlines() if line.startswith(f"{node}:{rank} ")]
+        lines = [line for line in out.splitlines() if line.startswith(f"{node}:{rank}:")]
         assert lines, f"no line from {node}:{rank}:\n{out}"
         for line in lines:
             assert re.match(rf"{node}:{rank}: ", line), line
