@@ -110,7 +110,7 @@ def test_controller_signal_leaves_no_container_and_no_process(boxed: LocalCluste
                                                               controllers: Callable[..., Controller]) -> None:
     controller = controllers(boxed, tmp_path / "logs", "--nproc-per-node", "1", "--",
                              str(EXAMPLES / "crash_demo.py"), "--steps", "1000")
-    controller.wait_for(r"node1:1 │ step 2 ", timeout=90)
+    controller.wait_for(r"node1:1: step 2 ", timeout=90)
     running = {name: boxed.ssh(name, "podman ps --format '{{.Names}} {{.Labels}}'").stdout for name in boxed.names}
     for name, listed in running.items():
         assert re.search(rf"torchherd-th-\S+-{name} .*torchherd\.run:th-", listed), (name, listed)
@@ -211,7 +211,7 @@ def test_a_vanished_node_leaves_no_container_once_it_is_back(boxed: LocalCluster
                                                              controllers: Callable[..., Controller]) -> None:
     controller = controllers(boxed, tmp_path / "logs", "--nproc-per-node", "1", "--grace", "3", "--",
                              str(EXAMPLES / "crash_demo.py"), "--steps", "1000")
-    controller.wait_for(r"node1:1 │ step 2 ", timeout=90)
+    controller.wait_for(r"node1:1: step 2 ", timeout=90)
     boxed.cut_network("node1")
     try:
         assert controller.wait(timeout=90) == 1, controller.output

@@ -60,7 +60,7 @@ def cli(*args: str) -> tuple[int, str]:
 def ranks(out: str) -> dict[str, list[tuple[int, int, int, int, str]]]:
     """Per node, (rank, world, local rank, all_reduce sum, greeting) of each line."""
     found: dict[str, list[tuple[int, int, int, int, str]]] = {}
-    for match in re.finditer(r"^(node\d+):\d+ +│ rank (\d+) of (\d+) local (\d+) sum (\d+) (\w+)$", out, re.M):
+    for match in re.finditer(r"^(node\d+):\d+: rank (\d+) of (\d+) local (\d+) sum (\d+) (\w+)$", out, re.M):
         node, *numbers, greeting = match.groups()
         rank, world, local, total = map(int, numbers)
         found.setdefault(node, []).append((rank, world, local, total, greeting))

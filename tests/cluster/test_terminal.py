@@ -72,17 +72,25 @@ def test_a_tqdm_job_on_four_nodes_on_a_terminal(make_cluster: object, tmp_path: 
 
 @pytest.mark.timeout(240)
 def test_piped_output_has_every_line_and_no_panel(cluster: LocalCluster, tmp_path: Path) -> None:
-    """Not a terminal: plain lines (every rank's own, bars in their final state only)."""
+    """Not a terminal: plain lines (every rank's own, bars in their final state only), as
+    pdsh writes them (``node:rank: text``, ASCII), none cut at rich's default 80 columns."""
+    logs = tmp_path / ("logs-in-a-folder-whose-name-makes-the-run-note-longer-than-eighty-columns")
     done = subprocess.run([sys.executable, "-m", "torchherd", "-i", str(cluster.inventory), "run", "--no-check",
-                           "--include", "node0,node1", "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "1",
+                           "--include", "node0,node1", "--log-dir", str(logs), "--nproc-per-node", "1",
                            "--", TQDM_DEMO, "--epochs", "1", "--steps", "20"],
-                          capture_output=True, text=True, timeout=220, env={**cluster.env(), "COLUMNS": "200"})
+                          capture_output=True, text=True, timeout=220, env=cluster.env())
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "\x1b" not in done.stdout and "lines/s" not in done.stdout
+    assert "│" not in done.stdout and "━" not in done.stdout
     for rank, node in enumerate(("node0", "node1")):
-        assert f"{node}:{rank} │ epoch 1/1: mean loss" in done.stdout
-        bars = [line for line in done.stdout.splitlines() if line.startswith(f"{node}:{rank} │ rank {rank} epoch 1:")]
+        assert f"{node}:{rank}: epoch 1/1: mean loss" in done.stdout
+        bars = [line for line in done.stdout.splitlines() if line.startswith(f"{node}:{rank}: rank {rank} epoch 1:")]
         assert len(bars) == 1 and "100%" in bars[0], done.stdout[-3000:]
+        # grep '^node1:' | cut -d: -f2: the node's own lines, each naming its rank (or none: torchrun's)
+        fields = [line.split(":", 2)[1] for line in done.stdout.splitlines() if line.startswith(f"{node}:")]
+        assert fields and {field for field in fields if field.isdigit()} == {str(rank)}, done.stdout[-3000:]
+    (note,) = [line for line in done.stdout.splitlines() if line.startswith("torchherd: run th-")]
+    assert len(note) > 80 and note.endswith(str(logs / note.split()[2].rstrip(":"))), note
 
 
 @pytest.mark.timeout(180)

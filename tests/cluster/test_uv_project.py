@@ -81,14 +81,14 @@ def test_a_locked_project_runs_in_its_venv_everywhere_reuses_it_and_check_names_
     assert code == 0, out
     assert sorted(builds(log)) == ["node0", "node1"], log.read_text()
     assert "node0, node1: venv " + venv.path + " built from uv.lock by uv sync --frozen" in out, out
-    ranks = re.findall(r"^(node\d):\d +│ rank (\d) sum 2 prefix (\S+) value from the lock$", out, re.M)
+    ranks = re.findall(r"^(node\d):\d: rank (\d) sum 2 prefix (\S+) value from the lock$", out, re.M)
     assert sorted(ranks) == [("node0", "0", venv.path), ("node1", "1", venv.path)], out
 
     code, out = cli(*run)
     assert code == 0, out
     assert sorted(builds(log)) == ["node0", "node1"], log.read_text()  # no uv sync ran: the marker matched
     assert "node0, node1: venv " + venv.path + " as uv.lock made it (cached)" in out, out
-    assert len(re.findall(r"│ rank \d sum 2 prefix \S+ value from the lock$", out, re.M)) == 2, out
+    assert len(re.findall(r"^node\d:\d: rank \d sum 2 prefix \S+ value from the lock$", out, re.M)) == 2, out
 
     # By hand on node1 only: a package the lock does not have.
     extra = wheel(shared, "extra")
@@ -138,6 +138,6 @@ def test_a_locked_project_runs_in_its_venv_everywhere_reuses_it_and_check_names_
     sent = f"/tmp/work/.torchherd-venvs/uv-{local.digest[:16]}"
     assert f"node1: had no uv: this machine's sent ({sent})" in out, out
     assert "node0: venv " + venv.path + " as uv.lock made it (cached)" in out, out
-    assert f"node1:1 │ rank 1 sum 2 prefix {shipped.path} value from the lock" in out, out
+    assert f"node1:1: rank 1 sum 2 prefix {shipped.path} value from the lock" in out, out
     assert cluster.ssh("node1", f"test -x {sent}").returncode == 0
     assert cluster.ssh("node0", f"test -e {sent}").returncode != 0  # node0 had its own: nothing sent there

@@ -32,9 +32,9 @@ def mesh(nodes: list[str], result_into: dict[str, str], master_port: str = "ok")
     return probes
 
 
-def render(probes: list[ProbeResult], nodes: list[str]) -> str:
+def render(probes: list[ProbeResult], nodes: list[str], terminal: bool = True) -> str:
     out = StringIO()
-    render_matrix(make_console(out, width=400), probes, nodes, nodes[0], 29500)
+    render_matrix(make_console(out, width=400, terminal=terminal), probes, nodes, nodes[0], 29500)
     return out.getvalue()
 
 
@@ -50,6 +50,17 @@ def test_a_node_that_drops_its_peers_shows_in_its_column() -> None:
         "node1        ok       -     timed out    ok         ok     \n"
         "node2        ok      ok         -        ok         ok     \n"
         "node3        ok      ok     timed out     -         ok     \n" + LEGEND)
+
+
+def test_piped_the_matrix_is_plain_columns() -> None:
+    nodes = ["node0", "node1", "node2", "node3"]
+    assert render(mesh(nodes, {"node2": "timeout"}), nodes, terminal=False) == (
+        "connections: rows connected to columns\n"
+        "from \\ to  node0  node1  node2      node3  node0:29500\n"
+        "node0      -      ok     timed out  ok     -\n"
+        "node1      ok     -      timed out  ok     ok\n"
+        "node2      ok     ok     -          ok     ok\n"
+        "node3      ok     ok     timed out  -      ok\n" + LEGEND)
 
 
 def test_the_master_port_has_its_own_column_and_a_lone_timeout_is_no_verdict() -> None:

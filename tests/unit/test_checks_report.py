@@ -1,4 +1,4 @@
-"""The rendered check report: exact text into a plain console."""
+"""The rendered check report: exact text as a terminal shows it (uncoloured) and as a pipe gets it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ FAIL node1 port: node1 cannot connect to node0 10.0.0.1:29500 (timed out: packet
   fix: open TCP 29500 on node0
 preflight failed: 3 pass, 0 warn, 2 fail, 1 skip
 """
+PIPED = """\
+node   ssh  port  firewall
+node0  ok   ok    FAIL
+node1  ok   FAIL  -
+""" + EXPECTED.split("\n", 4)[4]
 
 
 def test_report_table_then_failure_blocks() -> None:
@@ -34,8 +39,12 @@ def test_report_table_then_failure_blocks() -> None:
         CheckResult("node1", "firewall", "skip", "not readable"),
     ))
     buffer = StringIO()
-    render_report(make_console(buffer), report)
+    render_report(make_console(buffer, terminal=True), report)
     assert buffer.getvalue() == EXPECTED
+    piped = StringIO()
+    render_report(make_console(piped), report)
+    assert piped.getvalue() == PIPED
+    assert piped.getvalue().isascii()
 
 
 def test_warnings_follow_failures_and_pass_verdict() -> None:
@@ -72,10 +81,9 @@ def test_the_same_failure_on_many_nodes_is_shown_once_under_their_nodeset() -> N
     buffer = StringIO()
     render_report(make_console(buffer, width=200), CheckReport(fine + failing + odd))
     assert buffer.getvalue() == (
-        "node                  ssh \n"
-        "──────────────────────────\n"
-        "gpu[1-3] (3)           ok \n"
-        "bad[01-64],gpu10 (65) FAIL\n"
+        "node                   ssh\n"
+        "gpu[1-3] (3)           ok\n"
+        "bad[01-64],gpu10 (65)  FAIL\n"
         "FAIL bad[01-64] ssh: bad[01-64]: cannot resolve 'bad[01-64]' (Name or service not known) (64 nodes)\n"
         "  fix: fix the address in the inventory or ~/.ssh/config, or the controller's DNS\n"
         "FAIL gpu10 ssh: gpu10: authentication failed\n"
@@ -90,7 +98,7 @@ def test_findings_that_differ_beyond_the_node_name_stay_apart() -> None:
         CheckResult("node2", "port", "fail", "node2 cannot connect to node0:29500 (timed out)", "open it on node0"),
     ))
     buffer = StringIO()
-    render_report(make_console(buffer, width=200), report)
+    render_report(make_console(buffer, width=200, terminal=True), report)
     assert buffer.getvalue().splitlines()[5:] == [
         "FAIL node[1,10] port: node[1,10] cannot connect to node0:29500 (refused) (2 nodes)",
         "  fix: open it on node0",

@@ -46,7 +46,7 @@ def chunk(node: str, *lines: tuple[int, str]) -> RankLines:
 
 def collapser(nodes: list[str], world: int | None, clock: Clock) -> tuple[Collapser, StringIO]:
     out = StringIO()
-    return Collapser(LiveRenderer(make_console(out), nodes, (world or 4) - 1), nodes, world, clock=clock), out
+    return Collapser(LiveRenderer(make_console(out, terminal=True), nodes, (world or 4) - 1), nodes, world, clock=clock), out
 
 
 @pytest.mark.parametrize("names,folded", [
@@ -92,6 +92,20 @@ def test_the_same_line_from_every_rank_is_shown_once_with_who_said_it() -> None:
     clock.now = 0.6
     assert view.take() == "node0:0 │ loss 0.5\nnode1:2 │ loss 0.7\n"
     assert out.getvalue() == ""  # the collapser gives text; the caller writes it
+
+
+def test_piped_collapsed_lines_keep_the_colon_form() -> None:
+    """``run --collapse | grep``: the nodeset and the ranks, then ``: `` as every piped line."""
+    clock = Clock()
+    out = StringIO()
+    view = Collapser(LiveRenderer(make_console(out), ["node0", "node1"], 3), ["node0", "node1"], 4, clock=clock)
+    view.add([chunk("node0", (0, "warning: x"), (1, "warning: x"), (0, "loss 0.5"))])
+    view.add([chunk("node1", (2, "warning: x"), (3, "warning: x"))])
+    clock.now = 0.6
+    view.note("torchherd: node1: finished (exit 0)\n")
+    assert view.take() == ("node[0-1]:*: warning: x (x4)\n"
+                           "node0:0: loss 0.5\n"
+                           "torchherd: node1: finished (exit 0)\n")
 
 
 def test_a_line_that_differs_on_one_node_stays_visible() -> None:

@@ -458,14 +458,22 @@ WIDE = ('[defaults]\npython = "/home/someone/projects/torchherd-demo/.venv/bin/p
         '[[hosts]]\nname = "hn2"\naddress = "10.213.7.12"\nuser = "demo"\n')
 
 
-def _table(width: int) -> str:
+def _table(width: int, terminal: bool = True) -> str:
     from torchherd.console.hosts import render_hosts
     from torchherd.inventory import loads
 
     out = StringIO()
     inventory = loads(WIDE.encode(), Path("hosts.toml"))
-    render_hosts(make_console(out, width=width), inventory, ["demo@10.213.7.11", "demo@10.213.7.12"])
+    render_hosts(make_console(out, width=width, terminal=terminal), inventory, ["demo@10.213.7.11", "demo@10.213.7.12"])
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
+
+
+def test_piped_hosts_table_keeps_every_column_whole_in_plain_text() -> None:
+    assert _table(80, terminal=False) == """\
+hosts.toml: 2 hosts, master hn1:29500, rendezvous static
+name          SSH target        node_rank  nproc  python                                                  workdir
+hn1 (master)  demo@10.213.7.11  0          1      /home/someone/projects/torchherd-demo/.venv/bin/python  ~/projects/torchherd-demo/work
+hn2           demo@10.213.7.12  1          1      /home/someone/projects/torchherd-demo/.venv/bin/python  ~/projects/torchherd-demo/work"""
 
 
 def test_hosts_table_at_80_columns_shortens_paths_and_says_what_it_left_out() -> None:

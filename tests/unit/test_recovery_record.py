@@ -263,8 +263,9 @@ def test_status_lists_a_damaged_record_as_damaged(tmp_path: Path, monkeypatch: p
 # what status and stop say ------------------------------------------------------------------
 
 
-def text_of(draw: object, width: int = 100) -> str:
-    console = Console(file=StringIO(), record=True, width=width, color_system=None)
+def text_of(draw: object, width: int = 100, terminal: bool = True) -> str:
+    """What ``draw`` shows on a terminal (uncoloured), or, without ``terminal``, in a pipe."""
+    console = Console(file=StringIO(), record=True, width=width, color_system=None, force_terminal=terminal)
     assert callable(draw)
     draw(console)
     return "".join(line.rstrip() + "\n" for line in console.export_text().splitlines())  # a title is padded
@@ -345,3 +346,20 @@ def test_the_listing_of_plain_runs_has_no_recovery_column(monkeypatch: pytest.Mo
     monkeypatch.setattr(time, "time", lambda: 160.0)
     out = text_of(lambda console: render_runs(console, [ListedRun(record(), RUNNING)]))
     assert out.splitlines()[2].split() == ["┃", "run", "┃", "state", "┃", "started", "┃", "nodes", "┃", "command", "┃"]
+
+
+def test_the_piped_listing_is_plain_columns_that_cut_and_grep_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torchherd status | grep running``: no box, every line starts with its run id, a
+    long cell whole however narrow the console (nothing folded onto a second line)."""
+    monkeypatch.setattr(time, "time", lambda: 160.0)
+    alive = ListedRun(replace(record(), run_id="th-alive"), RUNNING, RecoveryStatus(ENDED, True))
+    over = ListedRun(replace(record(), run_id="th-over"), EXITED, RecoveryStatus(ENDED, False))
+    out = text_of(lambda console: render_runs(console, [alive, over]), 40, terminal=False)
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(100.0)) + " (60s ago)"
+    assert out == f"""\
+detached runs
+run       state    started                        nodes                               recovery                             command
+th-alive  running  {started}  node0 running, node1 running        attempt 2 of 3                       train.py
+th-over   failed   {started}  node0 exited (0), node1 exited (1)  controller gone, no further attempt  train.py
+"""
+    assert out.isascii()

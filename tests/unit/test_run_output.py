@@ -82,9 +82,9 @@ def test_error_lines_and_root_cause() -> None:
     assert root_cause_rank(OutputLine("n", None, "err", "  rank      : 5 (local_rank: 1)")) == 5
 
 
-def test_renderer_prints_a_batch_with_aligned_prefixes() -> None:
+def test_renderer_prints_a_batch_with_aligned_prefixes_on_a_terminal() -> None:
     out = StringIO()
-    renderer = LiveRenderer(make_console(out), ["node0", "node1"], max_rank=11)
+    renderer = LiveRenderer(make_console(out, terminal=True), ["node0", "node1"], max_rank=11)
     renderer.render([OutputLine("node0", 0, "out", "hello"), OutputLine("node1", 11, "err", "[x] not markup"),
                      OutputLine("node1", None, "err", "torchrun says")])
     renderer.note("node1: exited with code 1")
@@ -92,6 +92,36 @@ def test_renderer_prints_a_batch_with_aligned_prefixes() -> None:
                               "node1:11 │ [x] not markup\n"
                               "node1    │ torchrun says\n"
                               "torchherd │ node1: exited with code 1\n")
+
+
+def test_piped_lines_are_node_rank_colon_text_in_ascii() -> None:
+    """pdsh's form where stdout is not a terminal: ``grep '^node1:'`` and ``cut -d:`` work;
+    the job's escape sequences are still shown, never acted on."""
+    out = StringIO()
+    renderer = LiveRenderer(make_console(out), ["node0", "node1"], max_rank=11)
+    renderer.render([OutputLine("node0", 0, "out", "hello"), OutputLine("node1", 11, "err", "[x] not markup"),
+                     OutputLine("node1", None, "err", "torchrun says"),
+                     RankLines("node1", b"\nO[torchherd-rank 10] a: b\nE[torchherd-rank 11] \x1b[2Jboom\n"
+                                        b"O[torchherd-rank 10] \n")])
+    renderer.note("node1: exited with code 1")
+    text = out.getvalue()
+    assert text == ("node0:0: hello\n"
+                    "node1:11: [x] not markup\n"
+                    "node1: torchrun says\n"
+                    "node1:10: a: b\n"
+                    "node1:11: \\x1b[2Jboom\n"
+                    "node1:10: \n"
+                    "torchherd: node1: exited with code 1\n")
+    assert text.isascii()
+    assert [line.split(":", 2)[:2] for line in text.splitlines() if line.startswith("node1:1")] == [
+        ["node1", "11"], ["node1", "10"], ["node1", "11"], ["node1", "10"]]
+
+
+def test_a_long_piped_line_comes_through_whole() -> None:
+    line = "x" * 150
+    out = StringIO()
+    LiveRenderer(make_console(out, width=80), ["node0"], max_rank=0).render([OutputLine("node0", 0, "out", line)])
+    assert out.getvalue() == f"node0:0: {line}\n"
 
 
 def test_renderer_colours_on_a_terminal() -> None:
@@ -110,12 +140,22 @@ def test_summary_names_the_failed_node_and_shows_its_last_lines() -> None:
         NodeOutcome("node1", 1, "failed", 1, 2.0, "rank 3: RuntimeError: boom", 3, ("[rank 3] last words",)),
     ), "logs/r1")
     out = StringIO()
-    render_summary(make_console(out, width=100), summary)
+    render_summary(make_console(out, width=100, terminal=True), summary)
     text = out.getvalue()
     assert "│ node0 │ torn down       │ 143  │ 3.2s │" in text
     assert "│ node1 │ failed (rank 3) │ 1    │ 2.0s │ rank 3: RuntimeError: boom" in text
     assert "last lines of node1:\n  [rank 3] last words\n" in text
     assert text.endswith("node1 rank 3 failed first with exit code 1: rank 3: RuntimeError: boom\nlogs: logs/r1\n")
+    piped = StringIO()
+    render_summary(make_console(piped, width=100), summary)
+    assert piped.getvalue() == ("run r1\n"
+                                "node   state            exit  time  first error\n"
+                                "node0  torn down        143   3.2s\n"
+                                "node1  failed (rank 3)  1     2.0s  rank 3: RuntimeError: boom\n"
+                                "last lines of node1:\n"
+                                "  [rank 3] last words\n"
+                                "node1 rank 3 failed first with exit code 1: rank 3: RuntimeError: boom\n"
+                                "logs: logs/r1\n")
 
 
 NASTY = "a b'c\"$(touch /tmp/pwned-unit) `id` ; \\ $HOME *"
@@ -267,10 +307,10 @@ def test_a_node_the_supervisor_stopped_reads_stopped_whatever_code_the_job_chose
     status_note(renderer, Status("node0", "exit", {"event": "exit", "code": 0}))
     status_note(renderer, Status("node0", "exit", {"event": "exit", "code": 3}))
     status_note(renderer, Status("node1", "exit", {"event": "exit", "code": 143, "stopped": "x\x1b[2J"}))
-    assert out.getvalue() == ("torchherd │ node1: stopped (signal SIGTERM; exit code 1)\n"
-                              "torchherd │ node0: finished (exit 0)\n"
-                              "torchherd │ node0: exited with code 3\n"
-                              "torchherd │ node1: stopped (x\\x1b[2J; exit code 143)\n")
+    assert out.getvalue() == ("torchherd: node1: stopped (signal SIGTERM; exit code 1)\n"
+                              "torchherd: node0: finished (exit 0)\n"
+                              "torchherd: node0: exited with code 3\n"
+                              "torchherd: node1: stopped (x\\x1b[2J; exit code 143)\n")
 
 
 def test_c10ds_cannot_name_a_peer_warning_is_one_note_a_run_on_screen() -> None:
@@ -286,7 +326,7 @@ def test_c10ds_cannot_name_a_peer_warning_is_one_note_a_run_on_screen() -> None:
     chunk = RankLines("node1", b"\nE[torchherd-rank 2] " + warning.encode() + b"\nO[torchherd-rank 3] step 1\n")
     observer(Output([chunk, OutputLine("node1", None, "err", warning)]))
     observer(Output([RankLines("node1", b"\nO[torchherd-rank 2] step 2\n")]))
-    assert out.getvalue() == (f"torchherd │ {C10D_EXPLAINED}\n"
-                              "node0:0 │ step 1\n"
-                              "node1:3 │ step 1\n"
-                              "node1:2 │ step 2\n")
+    assert out.getvalue() == (f"torchherd: {C10D_EXPLAINED}\n"
+                              "node0:0: step 1\n"
+                              "node1:3: step 1\n"
+                              "node1:2: step 2\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from io import StringIO
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from torchherd.cli import main
@@ -55,8 +56,10 @@ def test_dry_run_escapes_what_the_inventory_and_flags_hold(tmp_path: Path) -> No
     assert "\\x1b]52;c;ZXZpbA==" in out and "\\x1b[2J" in out
 
 
-def test_job_lines_never_reach_the_terminal_raw() -> None:
-    renderer = LiveRenderer(make_console(out := StringIO(), width=200), ["n0"], 3)
+@pytest.mark.parametrize("terminal,shown", [(True, "n0:2 │ plain"), (False, "n0:2: plain")])
+def test_job_lines_never_reach_the_terminal_raw(terminal: bool, shown: str) -> None:
+    """On a terminal and in a pipe alike (whose reader may be a terminal: ``| less -R``, ``| tee``)."""
+    renderer = LiveRenderer(make_console(out := StringIO(), width=200, terminal=terminal), ["n0"], 3)
     parser = OutputParser("n0")
     chunks = parser.feed(f"O[torchherd-rank 1] {ESCAPES}\nO[torchherd-rank 2] plain\nOtorchrun {ESCAPES}\n".encode())
     block = parser.feed(f"O[torchherd-rank 1] {ESCAPES}\nO[torchherd-rank 2] plain\n".encode())
@@ -65,7 +68,7 @@ def test_job_lines_never_reach_the_terminal_raw() -> None:
     renderer.render([OutputLine("n0", 3, "err", ESCAPES)])
     text = out.getvalue()
     assert not raw(text), repr(text)
-    assert text.count("\\x1b]52;c;ZXZpbA==") == 4 and "n0:2 │ plain" in text
+    assert text.count("\\x1b]52;c;ZXZpbA==") == 4 and shown in text
 
 
 def test_errors_summaries_and_status_stay_one_escaped_line() -> None:

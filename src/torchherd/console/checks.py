@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from torchherd.console import STATUS_STYLES, printable
+from torchherd.console import STATUS_STYLES, print_table, printable
 from torchherd.console.collapse import fold_names
 from torchherd.inventory import Inventory
 from torchherd.results import CheckReport, CheckResult
@@ -72,9 +72,9 @@ def render_report(console: Console, report: CheckReport) -> None:
     finding on many nodes once, under their nodeset (as ``dshbak -c`` shows pdsh's output)."""
     nodes, columns = _nodes(report.results), _columns(report.results)
     if len(nodes) > FOLD_ROWS:
-        console.print(_folded_grid(nodes, columns, report.results))
+        print_table(console, _folded_grid(nodes, columns, report.results))
     else:
-        console.print(_grid(nodes, columns, report.results))
+        print_table(console, _grid(nodes, columns, report.results))
     for status in ("fail", "warn"):
         for result, count in _coalesced([result for result in report.results if result.status == status]):
             _block(console, result, count=count)

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from torchherd.console import printable
+from torchherd.console import print_table, printable
 from torchherd.console.run import LiveRenderer
 from torchherd.runlog import Status
 from torchherd.runrecord import NodeState, RecoveryStatus, RunRecord, describe_since, recovery_of
@@ -76,7 +76,7 @@ def render_status(console: Console, record: RunRecord, states: Sequence[NodeStat
             style = "bold red"
         table.add_row(Text(state.node), Text(state_text(state), style=style), describe_since(state.since),
                       Text(printable(state.detail)))
-    console.print(table)
+    print_table(console, table)
     if recovery is not None:
         render_recovery(console, recovery, states)
 
@@ -133,7 +133,7 @@ def render_recovery(console: Console, recovery: RecoveryStatus, states: Sequence
         style = {"ok": "green", "running": "cyan"}.get(attempt.ended, "bold red")
         table.add_row(str(attempt.number), Text(",".join(attempt.nodes)), Text(attempt.ended, style=style),
                       Text(printable(attempt.headline)))
-    console.print(table)
+    print_table(console, table)
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def render_runs(console: Console, rows: Sequence[ListedRun], damaged: Sequence[s
         if recovering:
             cells.append(Text(*controller_cell(row.recovery, row.states)) if row.recovery else Text(""))
         table.add_row(*cells, Text(printable(shlex.join(row.record.command))))
-    console.print(table)
+    print_table(console, table)
     _render_damaged(console, damaged)
 
 

@@ -8,13 +8,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from torchherd.console import printable
+from torchherd.console import PIPE_WIDTH, print_table, printable
 from torchherd.inventory import Inventory
 from torchherd.words import count
 
 COLUMNS = ("name", "SSH target", "node_rank", "nproc", "python", "workdir")
 PATH_COLUMNS = ("python", "workdir")
-"""Shortened in the middle when the table is wider than the terminal (the ends of a path say most)."""
+"""Shortened in the middle when the table is wider than the terminal (the ends of a path say most);
+never when piped."""
 MIN_PATH = 16
 """A path column narrower than this says too little: it is left out, and a note says so."""
 
@@ -36,8 +37,10 @@ def render_hosts(console: Console, inventory: Inventory, ssh_targets: Sequence[s
     cells = [dict(zip(COLUMNS, (printable(str(value)) for value in (
         f"{row['name']} (master)" if row["master"] else row["name"], row["ssh"], row["node_rank"],
         row["nproc_per_node"], row["python"], row["workdir"])))) for row in hosts_rows(inventory, ssh_targets)]
+    # Piped, nothing is shortened: a script reads whole paths (the table is as wide as they are).
+    width = console.width if console.is_terminal else PIPE_WIDTH
     widths = fit_paths({column: max([len(column)] + [len(cell[column]) for cell in cells]) for column in COLUMNS},
-                       console.width)
+                       width)
     table = Table(title=Text(printable(f"{inventory.path}: {count(len(inventory.hosts), 'host')}, master {cluster.master}:"
                                        f"{cluster.port}, rendezvous {cluster.rdzv_backend}")), title_justify="left")
     shown = [column for column in COLUMNS if widths[column] > 0]
@@ -46,7 +49,7 @@ def render_hosts(console: Console, inventory: Inventory, ssh_targets: Sequence[s
     for cell in cells:
         table.add_row(*(Text(middle(cell[column], widths[column]) if column in PATH_COLUMNS else cell[column])
                         for column in shown))
-    console.print(table)
+    print_table(console, table)
     left_out = [column for column in COLUMNS if column not in shown]
     if left_out:
         console.print(f"{' and '.join(left_out)} left out at {console.width} columns (torchherd hosts --json has "

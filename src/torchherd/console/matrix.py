@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from torchherd.console import print_table
 from torchherd.console.collapse import fold_names
 from torchherd.results import ProbeResult
 
@@ -99,7 +100,7 @@ def render_matrix(console: Console, probes: Sequence[ProbeResult], nodes: Sequen
         cells = [_cell(probes, row, column, None) for column in axes]
         cells.append(_cell(probes, row, master_axis, MASTER))
         table.add_row(row.label, *(Text(word, style=STYLES.get(word, "bold red")) for word in cells))
-    console.print(table)
+    print_table(console, table)
     console.print(Text(f"each node's two ephemeral ports under its name; {master}:{port} is the master port. "
                        "ok: connected; refused: nothing listening, or a REJECT rule; timed out: packets dropped; "
                        "?: not a verdict (one timeout, or no time left); ·: not probed", style="dim"))
@@ -135,7 +136,7 @@ def render_bandwidth(console: Console, figures: Mapping[str, Any], nodes: Sequen
             style = "bold red" if link.get("slow") else ("yellow" if link.get("cpu_bound") else "green")
             cells.append(Text(rate_word(link.get("gbit")), style=style))
         table.add_row(sender, *cells)
-    console.print(table)
+    print_table(console, table)
     console.print(Text(f"bit/s, each link's best of its transfers (median of the nodes {rate_word(figures.get('median_gbit'))}); "
                        "red: slow (measured again alone); yellow: the CPU limited it (the link may be faster); "
                        "·: not measured (--mesh full measures every pair)", style="dim"))

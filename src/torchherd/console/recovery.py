@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from torchherd.console import printable
+from torchherd.console import print_table, printable
 from torchherd.console.sync import size
 from torchherd.engine.events import (
     AttemptFailed,
@@ -99,4 +99,4 @@ def render_attempts(console: Console, attempts: tuple[AttemptRecord, ...]) -> No
         table.add_row(str(attempt.number), Text(",".join(attempt.nodes)),
                       Text(attempt.ended, style=ENDED_STYLES.get(attempt.ended, "")), f"{attempt.seconds:.1f}s",
                       Text(printable("; ".join(attempt.triage) or "-")), Text(printable(attempt.next or "-")))
-    console.print(table)
+    print_table(console, table)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from torchherd.console import node_colour, printable
+from torchherd.console import node_colour, print_table, printable
 from torchherd.engine.slurm.batch import BatchJob, shown_script
 from torchherd.plan import Plan
 from torchherd.remote.wire import RANK_PREFIX_HEAD
@@ -17,6 +17,9 @@ from torchherd.runlog import ERR_HEAD, OUT_HEAD, OUT_RANKS, STDERR, OutputLine, 
 from torchherd.words import count
 
 SEPARATOR = " │ "
+"""Between a line's prefix and its text on a terminal (the prefixes padded to one width)."""
+PIPE_SEPARATOR = ": "
+"""... and anywhere else, as pdsh writes it: ``node1:3: text``, for ``grep '^node1:'`` and ``cut -d:``."""
 _CONTROL_BYTES = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]")
 """A control character in UTF-8 (C0 but tab and newline, DEL, C1)."""
 STATE_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "torn down": "yellow",
@@ -74,7 +77,8 @@ def render_batch_script(console: Console, job: BatchJob) -> None:
 
 
 class LiveRenderer:
-    """Prints batches of lines as ``node:rank │ text``, one colour per node.
+    """Prints batches of lines as ``node:rank │ text``, one colour per node; not on a
+    terminal, as ``node:rank: text`` (ASCII, the prefix unpadded).
 
     The launcher drains its queue and hands over everything it got at once. Each
     prefix is styled once through rich and cached; a batch is then one plain string
@@ -83,6 +87,8 @@ class LiveRenderer:
 
     def __init__(self, console: Console, nodes: Sequence[str], max_rank: int) -> None:
         self.console = console
+        self.terminal = console.is_terminal
+        self.separator = SEPARATOR if self.terminal else PIPE_SEPARATOR
         self.colours = {node: node_colour(index) for index, node in enumerate(nodes)}
         longest = max((len(node) for node in nodes), default=0)
         self.width = longest + 1 + len(str(max(max_rank, 0)))
@@ -103,14 +109,14 @@ class LiveRenderer:
 
     def prefix(self, line: OutputLine) -> str:
         label = line.node if line.rank is None else f"{line.node}:{line.rank}"
-        return label.ljust(self.width)
+        return label.ljust(self.width) if self.terminal else label
 
     def _styled_prefix(self, node: str, rank: int | None) -> str:
         key = (node, rank)
         cached = self._prefixes.get(key)
         if cached is None:
             text = Text(self.prefix(OutputLine(node, rank, "", "")), style=self.colours.get(node, ""))
-            text.append(SEPARATOR, style="dim")
+            text.append(self.separator, style="dim")
             cached = self._prefixes[key] = self._styled(text)
         return cached
 
@@ -140,7 +146,7 @@ class LiveRenderer:
     def collapsed(self, label: str, stream: str, text: str, count: int, node: str) -> str:
         """One line said by ``count`` ranks or nodes: ``node[0-3]:* │ text (x8)``."""
         head = Text(label, style=self.colours.get(node, ""))
-        head.append(SEPARATOR, style="dim")
+        head.append(self.separator, style="dim")
         opened, closed = self._styles["red"] if stream == STDERR else ("", "")
         count_opened, count_closed = self._styles["dim"]
         return f"{self._styled(head)}{opened}{printable(text)}{closed} {count_opened}(x{count}){count_closed}"
@@ -183,7 +189,7 @@ class LiveRenderer:
         self.write(self.note_text(message, style))
 
     def note_text(self, message: str, style: str = "bold") -> str:
-        return self._styled(Text(f"torchherd{SEPARATOR}{printable(message)}", style=style)) + "\n"
+        return self._styled(Text(f"torchherd{self.separator}{printable(message)}", style=style)) + "\n"
 
 
 def render_summary(console: Console, summary: RunSummary) -> None:
@@ -199,7 +205,7 @@ def render_summary(console: Console, summary: RunSummary) -> None:
             state += f", {outcome.left} left running"
         table.add_row(Text(outcome.node), Text(state, style=STATE_STYLES.get(outcome.state, "")), code, seconds,
                       Text(printable(outcome.first_error or "")))
-    console.print(table)
+    print_table(console, table)
     for outcome in summary.nodes:
         if outcome.state in ("failed", "lost", "not started", "unresponsive") and outcome.last_lines:
             console.print(Text(f"last lines of {outcome.node}:", style="bold"), soft_wrap=True)
