@@ -188,7 +188,8 @@ def test_without_pyxis_the_task_runs_torchrun_in_the_nodes_runtime_and_removes_t
                          env=task_env(tmp_path, bin_dir, SECRET_TOKEN="s3cret", EXIT_WITH=str(code)))
     assert ran.returncode == code, ran.stderr
     run, remove = calls(tmp_path)
-    assert run[:6] == ["run", "--rm", "--name", "torchherd-th-n-n1-77", "--label", "torchherd.run=th-n"]
+    # podman (the stand-in's name) replaces a stale container of the name, as over SSH
+    assert run[:7] == ["run", "--rm", "--name", "torchherd-th-n-n1-77", "--replace", "--label", "torchherd.run=th-n"]
     assert run[run.index("-w") + 1] == str(work)
     mounts = [run[index + 1] for index, word in enumerate(run) if word == "-v"]
     assert mounts[0] == f"{work}:{work}" and mounts[-1] == "/data:/data:ro"
