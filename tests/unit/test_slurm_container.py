@@ -120,6 +120,16 @@ def test_the_dry_run_without_asking_shows_the_runtime_and_says_pyxis_is_asked_at
     assert any("asked at submission" in note for note in job.notes)
 
 
+@pytest.mark.parametrize("policy", ["missing", "always", "never"])
+def test_a_slurm_task_s_container_pulls_as_the_inventory_says(policy: str) -> None:
+    """Over SSH the run pulls before its launch and the container never does; a SLURM task
+    has no such step, so its container takes the host's pull policy itself."""
+    made = plan(container={"image": "nvcr.io/nvidia/pytorch:24.05-py3", "pull": policy})
+    assert made.nodes[0].container is not None and made.nodes[0].container.pull == "never"  # the SSH plan's
+    script = batch_job(made, made.inventory.slurm, pyxis=False).script
+    assert f"--pull {policy} " in script and (policy == "never" or "--pull never" not in script)
+
+
 def test_a_container_that_differs_between_hosts_is_refused() -> None:
     made = Cluster(["node0", "node1"], scheduler="slurm", python="python3", workdir="~/proj",
                    container={"image": "img:1"})

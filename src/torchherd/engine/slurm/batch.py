@@ -18,7 +18,7 @@ from torchherd.errors import UsageError
 from torchherd.inventory import SlurmSettings
 from torchherd.nodeset import expand
 from torchherd.plan import NodePlan, Plan, looks_secret, node_log_dir
-from torchherd.remote.container import NAME_PREFIX, RUNTIMES
+from torchherd.remote.container import NAME_PREFIX, RUNTIMES, ContainerSpec
 from torchherd.shell import quote_path
 
 BATCH_SCRIPT = "job.sbatch"
@@ -124,6 +124,16 @@ def placement(plan: Plan, settings: SlurmSettings) -> Placement:
     return Placement(len(names), ",".join(names), "the inventory's hosts")
 
 
+def _with_own_pull(node: NodePlan) -> ContainerSpec | None:
+    """The node's container with the host's pull policy: over SSH the run pulls before its
+    launch (engine/pull.py) and the container never does; a SLURM task has no such step,
+    so its container pulls as the inventory says."""
+    spec = node.container
+    if spec is None or node.host.container is None:
+        return spec
+    return spec._replace(pull=node.host.container.pull)
+
+
 def batch_job(plan: Plan, settings: SlurmSettings, fail_fast: bool = True, pyxis: bool | None = False) -> BatchJob:
     """The batch script for ``plan``: one task per node, each running the plan's torchrun
     with SLURM's node id as its node rank. With a container: inside it, through pyxis
@@ -133,7 +143,7 @@ def batch_job(plan: Plan, settings: SlurmSettings, fail_fast: bool = True, pyxis
     where = placement(plan, settings)
     nodes = plan.nodes if where.source != "[slurm]" else plan.nodes[:1]
     _same_everywhere(nodes)
-    spec = nodes[0].container
+    spec = _with_own_pull(nodes[0])
     in_pyxis = spec is not None and uses_pyxis(spec, bool(pyxis))
     notes = [f"nodes: {_describe(where)} (from {where.source}); node_rank = $SLURM_NODEID, "
              f"master = the first node of the allocation"]
@@ -253,7 +263,7 @@ def node_command(plan: Plan, nodes: Sequence[NodePlan], in_pyxis: bool = False) 
         parts.append("{ " + first.setup.strip() + "\n}")
     words = torchrun_words(plan, first)
     if first.container is not None and not in_pyxis:
-        inside = node_run_command(first.container, words, list(first.env), first.workdir)
+        inside = node_run_command(_with_own_pull(first) or first.container, words, list(first.env), first.workdir)
         parts.append("{ phase=job\n" + inside + "\n}")
     else:
         parts.append("{ phase=job; " + " ".join(words) + "; }")
