@@ -373,6 +373,9 @@ class Job:
                 if reason is not None:
                     self._lose(node, f"{node.name} vanished: {reason}")
             self._escalate(node, now)
+        if self.deadline is not None and not self.timed_out and now > self.deadline:
+            self.timed_out = True
+            self.stop_all(StopLevel.TERM, "timed out")
 
     def _silence(self, node: NodeRun, now: float) -> str | None:
         """Why ``node`` counts as lost, or None. Lost: no heartbeat (nor any other record)
@@ -391,9 +394,6 @@ class Job:
         if silent >= max(SILENT_LOST_AFTER, lost_after):
             return f"nothing heard from it for {silent:.0f} s"
         return None
-        if self.deadline is not None and not self.timed_out and now > self.deadline:
-            self.timed_out = True
-            self.stop_all(StopLevel.TERM, "timed out")
 
     def _drain(self, timeout: float) -> list[RunEvent]:
         batch: list[RunEvent] = []
