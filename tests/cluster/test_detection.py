@@ -130,7 +130,10 @@ def test_a_node_whose_processes_are_all_killed_is_lost_at_once(cluster: LocalClu
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # gone meanwhile
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -151,13 +154,17 @@ def busy(cluster: LocalCluster, node: str) -> Iterator[list[subprocess.Popen[byt
 def test_a_node_at_full_cpu_for_a_minute_is_not_lost(cluster: LocalCluster, tmp_path: Path) -> None:
     run, watch = start(cluster, tmp_path / "logs", 80)
     with busy(cluster, "node1") as loops:
+        own = [pid for pid in cluster.node_pids("node1") if pid not in {loop.pid for loop in loops}]
+        before = sum(_cpu_seconds(pid) for pid in own)
         time.sleep(60)
         used = sum(_cpu_seconds(loop.pid) for loop in loops)
+        others = sum(_cpu_seconds(pid) for pid in own) - before
     summary = run.wait(timeout=180)
-    print(f"busy loops on node1 used {used:.0f} CPU seconds in 60 s")
-    assert used > 30  # the node was really loaded (this box is shared: not all of 60 s x CPUs)
+    print(f"in 60 s on node1: busy loops {used:.1f} CPU s, its sshd, supervisor, torchrun and rank {others:.1f}")
     assert watch.lost() == []
     assert summary.exit_code == 0, summary.headline
+    # the loops took the node (a box shared with other work gives them less than 60 s x CPUs)
+    assert used > 2 * others
     assert_clean(cluster)
 
 
