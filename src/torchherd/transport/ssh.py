@@ -64,11 +64,12 @@ TCP_KEEPALIVE = (2, 1, 5)
 """The session's socket: TCP keepalive probes after 2 s idle, every 1 s, 5 unanswered and the
 kernel drops the connection: a link gone while nothing was being sent ends in about 7 s,
 not the system default's two hours."""
-TCP_USER_TIMEOUT_MS = 10_000
+TCP_USER_TIMEOUT_MS = 60_000
 """Linux: data sent and unacknowledged this long ends the connection (the default retries
 for about 15 minutes). Only a backstop that frees the connection: the engine has named the
-node lost long before (its heartbeats and keepalive requests); 10 s stays clear of any slow
-but working link, where acknowledgements come within a round trip."""
+node lost long before (its heartbeats and keepalive requests). Not shorter: a receiver that
+stops reading (a node's disk stalled under a sync) leaves a zero window, which the kernel
+also bounds by this timeout, though the node is well."""
 LINK_PROBE = "keepalive@openssh.com"
 """The global request ``ssh``'s ServerAliveInterval sends: sshd answers it itself (with a
 failure, the request being unknown), whatever the processes it runs are doing."""
