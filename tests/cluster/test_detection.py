@@ -30,6 +30,8 @@ from test_run import assert_clean
 from torchherd import Cluster
 from torchherd.engine.events import Event, NodeLost
 from torchherd.engine.launch import Run
+from torchherd.inventory import load
+from torchherd.transport.ssh import SshConnector
 
 pytestmark = pytest.mark.cluster
 
@@ -87,6 +89,26 @@ def start(cluster: LocalCluster, log_dir: Path, seconds: float, *args: str,
     _wait_for(lambda: all(f"step 2 rank {rank} " in _log(log_dir, node) for rank, node in enumerate(cluster.names)),
               120, "no step 2 from every rank")
     return run, watch
+
+
+def test_the_session_probes_sshd_and_keeps_its_socket_alive(cluster: LocalCluster) -> None:
+    """sshd answers the keepalive requests within a round trip; the socket has TCP keepalive;
+    a link down leaves the answers to age; a closed session has nothing to probe."""
+    inventory = load(cluster.inventory)
+    with SshConnector(inventory.cluster.ssh_config, 10).connect(inventory.host("node1")) as session:
+        sock = session.client.get_transport().sock
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 2
+        assert session.link_quiet(0.2) == pytest.approx(0.0, abs=0.1)  # the first call starts the probes
+        time.sleep(1.0)
+        assert (session.link_quiet(0.2) or 99.0) < 0.6
+        cluster.cut_network("node1")
+        try:
+            time.sleep(1.5)
+            assert (session.link_quiet(0.2) or 0.0) > 1.0
+        finally:
+            cluster.restore_network("node1")
+    assert session.link_quiet(0.2) is None
 
 
 def test_a_node_whose_link_goes_down_is_lost_within_seconds(cluster: LocalCluster, tmp_path: Path) -> None:
