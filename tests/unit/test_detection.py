@@ -44,7 +44,8 @@ def test_missed_heartbeats_with_sshd_silent_too_lose_the_node(tmp_path: Path) ->
     assert job._silence(node, 102.4) is None  # 4.8 beats: not yet
     session.quiet = 2.5
     assert job._silence(node, 102.4) is None
-    assert job._silence(node, 102.5) == "no heartbeat for 2.5 s, and its SSH connection does not answer"
+    assert job._silence(node, 102.5) == ("nothing heard from it for 2.5 s: no heartbeat, and its SSH connection "
+                                         "does not answer")
     assert session.asked[-1] == 0.5
 
 
@@ -52,14 +53,15 @@ def test_late_heartbeats_while_sshd_answers_are_no_loss_until_the_supervisor_is_
     job, node, session = watched(tmp_path)
     session.quiet = 0.7  # a slow link's round trip
     assert job._silence(node, 100.0 + SILENT_LOST_AFTER - 0.1) is None
-    assert job._silence(node, 100.0 + SILENT_LOST_AFTER) == f"nothing heard from it for {SILENT_LOST_AFTER:.0f} s"
+    assert job._silence(node, 100.0 + SILENT_LOST_AFTER) == (
+        f"nothing heard from it for {SILENT_LOST_AFTER:.0f} s (its sshd answers: its supervisor is stuck)")
 
 
 def test_without_a_link_to_probe_only_the_long_silence_loses_a_node(tmp_path: Path) -> None:
     job, node, session = watched(tmp_path)
     session.quiet = None
     assert job._silence(node, 110.0) is None
-    assert job._silence(node, 100.0 + SILENT_LOST_AFTER) is not None
+    assert job._silence(node, 100.0 + SILENT_LOST_AFTER) == f"nothing heard from it for {SILENT_LOST_AFTER:.0f} s"
 
 
 def test_a_controller_held_up_judges_silences_afresh(tmp_path: Path) -> None:

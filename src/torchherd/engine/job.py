@@ -390,9 +390,10 @@ class Job:
         session = self.sessions.get(node.name)
         quiet = session.link_quiet(self.options.heartbeat) if session is not None else None
         if quiet is not None and quiet >= lost_after:
-            return f"no heartbeat for {silent:.1f} s, and its SSH connection does not answer"
+            return f"nothing heard from it for {silent:.1f} s: no heartbeat, and its SSH connection does not answer"
         if silent >= max(SILENT_LOST_AFTER, lost_after):
-            return f"nothing heard from it for {silent:.0f} s"
+            stuck = " (its sshd answers: its supervisor is stuck)" if quiet is not None else ""
+            return f"nothing heard from it for {silent:.0f} s{stuck}"
         return None
 
     def _drain(self, timeout: float) -> list[RunEvent]:
