@@ -146,8 +146,8 @@ def supervisor_source() -> str:
     return command("supervisor.py")
 
 
-def supervisor_config(node: NodePlan, run_id: str, grace: float,
-                      heartbeat: float = HEARTBEAT_EVERY) -> wire.SupervisorConfig:
+def supervisor_config(node: NodePlan, run_id: str, grace: float, heartbeat: float = HEARTBEAT_EVERY,
+                      watchdog: float = WATCHDOG) -> wire.SupervisorConfig:
     """What the node's supervisor is told (the first line of its stdin, ``to_line()``)."""
     # cwd stays None: the shell already changed into the workdir, and a `cd` in the
     # host's setup snippet must keep its effect.
@@ -157,7 +157,7 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float,
     # of a line; torchrun's own output then holds none to mend, and a marker in the middle
     # of a line is text (the mender would give the rest of the line to that rank).
     return wire.SupervisorConfig(run_id=run_id, argv=argv, env=node.env, cwd=None, grace=grace,
-                                 heartbeat=heartbeat, watchdog=WATCHDOG, cleanup_dir=node.remote_log_dir,
+                                 heartbeat=heartbeat, watchdog=watchdog, cleanup_dir=node.remote_log_dir,
                                  rank_marker=None if files else wire.RANK_PREFIX_HEAD.decode(), gpu_every=GPU_EVERY,
                                  rank_logs=node.remote_log_dir if files else None, rank_base=rank_base(node.argv),
                                  busy_every=BUSY_EVERY, container=node.container)
@@ -312,7 +312,10 @@ class Job:
         return coordination
 
     def _config(self, node: NodeRun, marker: bytes) -> wire.SupervisorConfig:
-        config = supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace, self.options.heartbeat)
+        # A supervisor gives the controller up no sooner than the controller gives the node
+        # up, with room: a longer silence setting (a link that drops out) holds both ends.
+        config = supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace, self.options.heartbeat,
+                                   max(WATCHDOG, 2 * self.options.lost_after))
         if not self.options.persist:
             return config
         # The watchdog only says when the controller counts as gone (its machine went
