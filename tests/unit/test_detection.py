@@ -89,3 +89,10 @@ def test_heartbeat_settings_given_through_the_api_are_checked_too(heartbeat: flo
                                                                   problem: str | None) -> None:
     found = heartbeat_problem(Recovery(heartbeat=heartbeat, heartbeat_misses=misses))
     assert found == problem if problem is None else problem in (found or "")
+
+
+def test_a_supervisor_waits_for_its_controller_longer_than_the_controller_waits_for_it(tmp_path: Path) -> None:
+    job, node, _ = watched(tmp_path)
+    assert job._config(node, b"").watchdog == 10.0
+    job, node, _ = watched(tmp_path, heartbeat=5.0, heartbeat_misses=4)
+    assert (job._config(node, b"").heartbeat, job._config(node, b"").watchdog) == (5.0, 40.0)
