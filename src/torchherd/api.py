@@ -41,10 +41,12 @@ from torchherd.engine.slurm.batch import BatchJob, batch_job
 from torchherd.engine.sync import sync_over
 from torchherd.errors import UsageError
 from torchherd.inventory import (
+    HEARTBEAT_HINT,
     SCHEDULERS,
     SLURM_KEYS,
     Inventory,
     Recovery,
+    heartbeat_problem,
     load,
     parse,
     parse_slurm,
@@ -354,10 +356,14 @@ class Cluster:
         unknown = sorted(((picked or frozenset()) | left_out) - set(CHECK_IDS))
         if unknown:  # before the sync and the connections, not after them
             raise UsageError(f"unknown check id {', '.join(unknown)}", f"known ids: {', '.join(CHECK_IDS)}")
-        options = LaunchOptions(check=check, only=picked, skip=left_out, log_dir=Path(log_dir), grace=grace,
-                                fail_fast=fail_fast)
-        observer = on_event or ignore
         recovery = recovery if recovery is not None else self.recovery
+        problem = heartbeat_problem(recovery)
+        if problem is not None:
+            raise UsageError(f"recovery: {problem}", HEARTBEAT_HINT)
+        options = LaunchOptions(check=check, only=picked, skip=left_out, log_dir=Path(log_dir), grace=grace,
+                                fail_fast=fail_fast, heartbeat=recovery.heartbeat,
+                                heartbeat_misses=recovery.heartbeat_misses)
+        observer = on_event or ignore
         if recovery.retries > 0 or recovery.hang_timeout is not None:
             self.backend.allow_recovery(plan, recovery)
             if not detach:

@@ -87,7 +87,16 @@ STEP_KEYS = ("address", "local_addr")
 SYNC_KEYS = ("dir", "exclude", "include", "dest")
 TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks", "container", "uv")
 UV_KEYS = ("wheels",)
-RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout", "checkpoint")
+RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout", "checkpoint", "heartbeat",
+                 "heartbeat_misses")
+HEARTBEAT_RANGE = (0.1, 5.0)
+"""Seconds between heartbeats: below 0.1 s the beats cost more than they tell; above 5 s a lost
+node goes unnoticed for half a minute or more."""
+MISSES_RANGE = (2, 60)
+"""Heartbeats missed in a row before a node whose link does not answer is lost: one late beat
+is never a loss."""
+MIN_LOST_AFTER = 1.0
+"""``heartbeat`` x ``heartbeat_misses`` at least: a shorter silence is a busy scheduler, not a lost node."""
 MAX_RETRIES = 1000
 """More attempts than any run makes: a larger count is a typo."""
 CHECKS_KEYS = ("min_bandwidth", "slow_ratio")
@@ -222,6 +231,34 @@ class Recovery:
     checkpoint: str | None = None
     """The job's checkpoint, a file or a directory relative to the workdir (a glob: its
     newest match), put on every node of a new attempt that lacks it; None: none staged."""
+    heartbeat: float = 0.5
+    """Seconds between two heartbeats, both ways (controller and each node's supervisor)."""
+    heartbeat_misses: int = 5
+    """A node is lost once this many heartbeats in a row are missing and its SSH connection
+    does not answer either (0.5 s x 5: noticed in 2.5 s)."""
+
+    @property
+    def lost_after(self) -> float:
+        """Seconds of silence, from the node and its SSH connection both, that lose a node."""
+        return self.heartbeat * self.heartbeat_misses
+
+
+HEARTBEAT_HINT = "heartbeat = 0.5 with heartbeat_misses = 5 (the default) notices a lost node in 2.5 s"
+
+
+def heartbeat_problem(recovery: Recovery) -> str | None:
+    """Why ``recovery``'s heartbeat settings cannot be used, or None (the inventory's reader
+    and ``Cluster.launch(recovery=...)`` both ask)."""
+    low, high = HEARTBEAT_RANGE
+    if not low <= recovery.heartbeat <= high:
+        return f"heartbeat is {recovery.heartbeat:g} s; expected seconds between heartbeats, from {low:g} to {high:g}"
+    low_misses, high_misses = MISSES_RANGE
+    if not low_misses <= recovery.heartbeat_misses <= high_misses:
+        return f"heartbeat_misses is {recovery.heartbeat_misses}; expected an integer from {low_misses} to {high_misses}"
+    if recovery.lost_after < MIN_LOST_AFTER:
+        return (f"heartbeat x heartbeat_misses is {recovery.lost_after:g} s: a node would be lost after less than "
+                f"{MIN_LOST_AFTER:g} s of silence, which a busy node can take")
+    return None
 
 
 CHECKPOINT_HINT = "give a path inside the job's workdir, relative to it (e.g. snapshot.pt or checkpoints/step-*.pt)"
@@ -397,6 +434,19 @@ class _Reader:
         if problem is not None:
             self.fail(key, problem, CHECKPOINT_HINT)
         return text
+
+    def heartbeat(self, key: str, value: Any) -> float:
+        low, high = HEARTBEAT_RANGE
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            self.fail(key, f"expected seconds between heartbeats, from {low:g} to {high:g}, got {_show(value)}",
+                      HEARTBEAT_HINT)
+        return float(value)
+
+    def misses(self, key: str, value: Any) -> int:
+        low, high = MISSES_RANGE
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            self.fail(key, f"expected an integer from {low} to {high}, got {_show(value)}", HEARTBEAT_HINT)
+        return int(value)
 
     def retries(self, key: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
@@ -578,7 +628,12 @@ def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, fro
     recovery = Recovery(retries=read.get("retries", 0, read.retries),
                         final_exit_codes=read.get("final_exit_codes", (), read.exit_codes), min_nodes=min_nodes,
                         hang_timeout=read.get("hang_timeout", None, read.seconds),
-                        checkpoint=read.get("checkpoint", None, read.checkpoint))
+                        checkpoint=read.get("checkpoint", None, read.checkpoint),
+                        heartbeat=read.get("heartbeat", 0.5, read.heartbeat),
+                        heartbeat_misses=read.get("heartbeat_misses", 5, read.misses))
+    problem = heartbeat_problem(recovery)
+    if problem is not None:
+        read.fail("heartbeat_misses" if "heartbeat_misses" in table else "heartbeat", problem, HEARTBEAT_HINT)
     return recovery, frozenset(expand(spares) if spares else ())
 
 

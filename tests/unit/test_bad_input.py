@@ -66,6 +66,15 @@ INVENTORIES = [
                  id="min-bandwidth-inf"),
     pytest.param('[checks]\nslow_ratio = nan\n[[hosts]]\nname = "a"\n', "[checks].slow_ratio",
                  id="slow-ratio-nan"),
+    pytest.param("[recovery]\nheartbeat = 0\n" + HOSTS, "[recovery].heartbeat", id="heartbeat-zero"),
+    pytest.param("[recovery]\nheartbeat = nan\n" + HOSTS, "[recovery].heartbeat", id="heartbeat-nan"),
+    pytest.param('[recovery]\nheartbeat = "1s"\n' + HOSTS, "[recovery].heartbeat", id="heartbeat-text"),
+    pytest.param("[recovery]\nheartbeat = 30\n" + HOSTS, "[recovery].heartbeat", id="heartbeat-long"),
+    pytest.param("[recovery]\nheartbeat_misses = 1\n" + HOSTS, "[recovery].heartbeat_misses", id="misses-one"),
+    pytest.param("[recovery]\nheartbeat_misses = 2.5\n" + HOSTS, "[recovery].heartbeat_misses",
+                 id="misses-fraction"),
+    pytest.param("[recovery]\nheartbeat = 0.2\nheartbeat_misses = 3\n" + HOSTS, "[recovery].heartbeat_misses",
+                 id="lost-after-short"),
 ]
 
 

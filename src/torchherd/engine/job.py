@@ -56,10 +56,14 @@ from torchherd.runrecord import remote_coordinator_file, remote_log_file, remote
 from torchherd.shell import quote_path
 from torchherd.transport import Process, Session, fan_out
 
-HEARTBEAT_EVERY = 1.0
-"""Seconds between heartbeats, both ways."""
-LOST_AFTER = 10.0
-"""A node that sent nothing (not even a heartbeat) for this long has vanished."""
+HEARTBEAT_EVERY = 0.5
+"""Seconds between heartbeats, both ways (``[recovery] heartbeat``)."""
+HEARTBEAT_MISSES = 5
+"""Heartbeats missed in a row, the SSH connection silent as long: the node is lost
+(``[recovery] heartbeat_misses``)."""
+SILENT_LOST_AFTER = 30.0
+"""A node whose sshd still answers but whose supervisor sent nothing this long is lost
+too: its supervisor is stuck (a node at full load still beats, late by milliseconds)."""
 WATCHDOG = 10.0
 """The supervisor tears its job down when the controller is silent this long."""
 STOP_MARGIN = 10.0
@@ -103,10 +107,18 @@ class LaunchOptions:
     """The job outlives the controller (a detached run with retries, its controller in the
     background): each node's supervisor also appends its records to the node's log of a
     detached run, keeps its state file there, and runs on when the controller is gone."""
+    heartbeat: float = HEARTBEAT_EVERY
+    """Seconds between heartbeats, both ways."""
+    heartbeat_misses: int = HEARTBEAT_MISSES
+    """A node silent for this many heartbeats, whose SSH connection does not answer either, is lost."""
 
     @property
     def stop_grace(self) -> float:
         return DEFAULT_GRACE if self.grace is None else self.grace
+
+    @property
+    def lost_after(self) -> float:
+        return self.heartbeat * self.heartbeat_misses
 
 
 @dataclass(frozen=True)
@@ -134,7 +146,8 @@ def supervisor_source() -> str:
     return command("supervisor.py")
 
 
-def supervisor_config(node: NodePlan, run_id: str, grace: float) -> wire.SupervisorConfig:
+def supervisor_config(node: NodePlan, run_id: str, grace: float, heartbeat: float = HEARTBEAT_EVERY,
+                      watchdog: float = WATCHDOG) -> wire.SupervisorConfig:
     """What the node's supervisor is told (the first line of its stdin, ``to_line()``)."""
     # cwd stays None: the shell already changed into the workdir, and a `cd` in the
     # host's setup snippet must keep its effect.
@@ -144,7 +157,7 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float) -> wire.Supervi
     # of a line; torchrun's own output then holds none to mend, and a marker in the middle
     # of a line is text (the mender would give the rest of the line to that rank).
     return wire.SupervisorConfig(run_id=run_id, argv=argv, env=node.env, cwd=None, grace=grace,
-                                 heartbeat=HEARTBEAT_EVERY, watchdog=WATCHDOG, cleanup_dir=node.remote_log_dir,
+                                 heartbeat=heartbeat, watchdog=watchdog, cleanup_dir=node.remote_log_dir,
                                  rank_marker=None if files else wire.RANK_PREFIX_HEAD.decode(), gpu_every=GPU_EVERY,
                                  rank_logs=node.remote_log_dir if files else None, rank_base=rank_base(node.argv),
                                  busy_every=BUSY_EVERY, container=node.container)
@@ -252,6 +265,9 @@ class Job:
         self.timed_out = False
         self._quiet = threading.Event()
         self.coordination: Coordination | None = None
+        self._stepped = self.started
+        self._watching_since = self.started
+        """Since when the supervising thread has looked often enough to judge silences."""
 
     def hang_targets(self) -> Targets:
         """The nodes as the hang watch reaches them: over the run's own sessions."""
@@ -296,7 +312,10 @@ class Job:
         return coordination
 
     def _config(self, node: NodeRun, marker: bytes) -> wire.SupervisorConfig:
-        config = supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace)
+        # A supervisor gives the controller up no sooner than the controller gives the node
+        # up, with room: a longer silence setting (a link that drops out) holds both ends.
+        config = supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace, self.options.heartbeat,
+                                   max(WATCHDOG, 2 * self.options.lost_after))
         if not self.options.persist:
             return config
         # The watchdog only says when the controller counts as gone (its machine went
@@ -309,11 +328,14 @@ class Job:
                                coordinator=coordination.for_node(node.name) if coordination else None)
 
     def _heartbeat(self) -> None:
-        """Any line tells the supervisor the controller is still there."""
-        while not self._quiet.wait(HEARTBEAT_EVERY):
+        """Any line tells the supervisor the controller is still there. Its own thread: a
+        terminal that stalls the supervising thread stalls no heartbeat."""
+        every = self.options.heartbeat
+        while not self._quiet.wait(every):
             for node in self.nodes.values():
                 if node.running and node.process is not None:
                     node.process.send(wire.CONTROLLER_HEARTBEAT)
+                    self.sessions[node.name].link_quiet(every)  # the first call starts the probes
 
     # supervising --------------------------------------------------------------
     def supervise(self) -> RunSummary:
@@ -342,14 +364,40 @@ class Job:
     def _step(self) -> None:
         self._dispatch(self._drain(0.1))
         now = time.monotonic()
+        if now - self._stepped > self.options.lost_after / 2:
+            # This thread was held up (a stalled terminal, a suspended machine): the silences
+            # it finds now are partly its own, and are judged afresh from here.
+            self._watching_since = now
+        self._stepped = now
         for node in self.nodes.values():
             # A node whose channel already ended is not lost, only not yet processed.
-            if node.running and not node.reader_done and now - node.last_seen > LOST_AFTER:
-                self._lose(node, f"{node.name} vanished: nothing heard from it for {now - node.last_seen:.0f} s")
+            if node.running and not node.reader_done:
+                reason = self._silence(node, now)
+                if reason is not None:
+                    self._lose(node, f"{node.name} vanished: {reason}")
             self._escalate(node, now)
         if self.deadline is not None and not self.timed_out and now > self.deadline:
             self.timed_out = True
             self.stop_all(StopLevel.TERM, "timed out")
+
+    def _silence(self, node: NodeRun, now: float) -> str | None:
+        """Why ``node`` counts as lost, or None. Lost: no heartbeat (nor any other record)
+        for ``heartbeat_misses`` beats while its sshd does not answer keepalive requests
+        either (the link or the machine is down); or, while sshd answers, nothing from the
+        supervisor for ``SILENT_LOST_AFTER``. Late heartbeats from a loaded node, or a slow
+        link, are not silence: the probes still come back."""
+        silent = now - max(node.last_seen, self._watching_since)
+        lost_after = self.options.lost_after
+        if silent < lost_after:
+            return None
+        session = self.sessions.get(node.name)
+        quiet = session.link_quiet(self.options.heartbeat) if session is not None else None
+        if quiet is not None and quiet >= lost_after:
+            return f"nothing heard from it for {silent:.1f} s: no heartbeat, and its SSH connection does not answer"
+        if silent >= max(SILENT_LOST_AFTER, lost_after):
+            stuck = " (its sshd answers: its supervisor is stuck)" if quiet is not None else ""
+            return f"nothing heard from it for {silent:.0f} s{stuck}"
+        return None
 
     def _drain(self, timeout: float) -> list[RunEvent]:
         batch: list[RunEvent] = []

@@ -86,6 +86,11 @@ class Session(Protocol):
 
     def is_alive(self) -> bool: ...
 
+    def link_quiet(self, every: float) -> float | None:
+        """Seconds since the carrier itself (SSH: sshd) last answered, probing it every
+        ``every`` seconds from the first call on; None where there is nothing to probe or
+        the connection is closed (the node's own heartbeats then decide alone)."""
+
     def close(self) -> None: ...
 
     def __enter__(self: S) -> S:

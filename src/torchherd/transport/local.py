@@ -204,6 +204,9 @@ class LocalSession(Closing):
     def is_alive(self) -> bool:
         return not self.closed
 
+    def link_quiet(self, every: float) -> float | None:
+        return None  # no link between this machine and itself
+
     def close(self) -> None:
         self.closed = True
         for process in self.processes:

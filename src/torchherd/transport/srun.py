@@ -54,6 +54,9 @@ class SrunSession(Closing):
     def is_alive(self) -> bool:
         return self.front.is_alive()
 
+    def link_quiet(self, every: float) -> float | None:
+        return None  # the submit host's link says nothing of the node's
+
     def close(self) -> None:
         self.front.close()
 

@@ -60,6 +60,19 @@ HANDSHAKE_GRACE_SECONDS = 1.0
 """How long a handshake's thread is given to report its own failure (paramiko reads in 0.1 s steps)."""
 MAX_JUMP_DEPTH = 8
 KEEPALIVE_SECONDS = 5
+TCP_KEEPALIVE = (2, 1, 5)
+"""The session's socket: TCP keepalive probes after 2 s idle, every 1 s, 5 unanswered and the
+kernel drops the connection: a link gone while nothing was being sent ends in about 7 s,
+not the system default's two hours."""
+TCP_USER_TIMEOUT_MS = 60_000
+"""Linux: data sent and unacknowledged this long ends the connection (the default retries
+for about 15 minutes). Only a backstop that frees the connection: the engine has named the
+node lost long before (its heartbeats and keepalive requests). Not shorter: a receiver that
+stops reading (a node's disk stalled under a sync) leaves a zero window, which the kernel
+also bounds by this timeout, though the node is well."""
+LINK_PROBE = "keepalive@openssh.com"
+"""The global request ``ssh``'s ServerAliveInterval sends: sshd answers it itself (with a
+failure, the request being unknown), whatever the processes it runs are doing."""
 
 
 @dataclass(frozen=True)
@@ -341,6 +354,8 @@ class Connection(Closing):
         """Said by ``check`` when the host key was not verified against a key on record."""
         self._release = release
         self._closed = threading.Lock()
+        self._answered: float | None = None
+        self._probing = threading.Lock()
 
     @property
     def node(self) -> str:
@@ -399,6 +414,34 @@ class Connection(Closing):
     def is_alive(self) -> bool:
         transport = self.client.get_transport()
         return transport is not None and transport.is_active()
+
+    def link_quiet(self, every: float) -> float | None:
+        """Seconds since sshd last answered a keepalive request on this connection, probing
+        every ``every`` seconds from the first call on; None when the connection is closed.
+        A node whose supervisor is silent while sshd answers is slow, not gone."""
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            return None
+        with self._probing:
+            if self._answered is None:
+                self._answered = time.monotonic()
+                threading.Thread(target=self._probe, args=(transport, every), name=f"torchherd-probe-{self.node}",
+                                 daemon=True).start()
+            return time.monotonic() - self._answered
+
+    def _probe(self, transport: Any, every: float) -> None:
+        """One request at a time, each waited on (paramiko ends the wait when the connection
+        ends): an answer that does not come leaves ``_answered`` to age."""
+        while transport.is_active():
+            sent = time.monotonic()
+            try:
+                transport.global_request(LINK_PROBE, wait=True)
+            except Exception:  # the connection broke under the request: no more answers
+                return
+            if not transport.is_active():
+                return
+            self._answered = time.monotonic()
+            time.sleep(max(0.0, sent + every - time.monotonic()))
 
     def close(self) -> None:
         if not self._closed.acquire(blocking=False):
@@ -477,8 +520,14 @@ class RemoteProcess:
 
     def exit_code(self, timeout: float | None = None) -> int | None:
         """The remote exit status, or None when the channel closed without one (node lost)."""
-        if timeout is not None and not self.channel.status_event.wait(timeout):
-            return None
+        if timeout is not None:
+            # The status follows the streams' end on a live connection; on a dead one it
+            # never comes, and waiting for it would only delay the node's loss.
+            deadline = time.monotonic() + timeout
+            transport = self.channel.get_transport()
+            while not self.channel.status_event.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline or transport is None or not transport.is_active():
+                    return None
         if not self.channel.exit_status_ready():
             return None
         code = self.channel.recv_exit_status()
@@ -706,6 +755,7 @@ class SshConnector:
         transport = connection.client.get_transport()
         if transport is not None:
             transport.set_keepalive(KEEPALIVE_SECONDS)
+            _tcp_keepalive(transport.sock)
         return connection, check.note
 
     def _fabric_connection(self, target: SshTarget, gateway: Any) -> Any:
@@ -722,6 +772,26 @@ class SshConnector:
             gateway = _proxy_command_line(gateway)
         return _fabric_class()(target.hostname, user=target.user, port=target.port, config=self._shared.fabric_config(),
                                gateway=gateway, connect_kwargs=connect_kwargs)
+
+
+def _tcp_keepalive(sock: object) -> None:
+    """TCP keepalive (and on Linux a user timeout) on a session's own socket; a session
+    through a jump host or a ProxyCommand has none here (its hop's socket has them)."""
+    if not isinstance(sock, socket.socket):
+        return
+    idle, interval, count = TCP_KEEPALIVE
+    # macOS names the idle time TCP_KEEPALIVE; TCP_USER_TIMEOUT is Linux's own
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for names, value in ((("TCP_KEEPIDLE", "TCP_KEEPALIVE"), idle), (("TCP_KEEPINTVL",), interval),
+                         (("TCP_KEEPCNT",), count), (("TCP_USER_TIMEOUT",), TCP_USER_TIMEOUT_MS)):
+        option = next((getattr(socket, name) for name in names if hasattr(socket, name)), None)
+        if option is not None:
+            options.append((socket.IPPROTO_TCP, option, value))
+    for level, option, value in options:
+        try:
+            sock.setsockopt(level, option, value)
+        except OSError:
+            pass  # a platform without that option: the heartbeats still notice a lost node
 
 
 def _quiet_paramiko() -> None:

@@ -1,0 +1,98 @@
+"""When the controller counts a node as lost: heartbeats missed and its sshd silent too
+(a link down), or its supervisor alone silent for long; never a node that is only late.
+The clock is the test's: ``Job._silence`` is asked at chosen moments. The real faults
+(a link down, every process killed, a loaded node, a slow link, a stalled terminal)
+are in tests/cluster/test_detection.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_engine import cluster
+
+from torchherd.engine.job import SILENT_LOST_AFTER, Job, LaunchOptions
+from torchherd.engine.outcome import NodeRun
+from torchherd.inventory import Recovery, heartbeat_problem
+from torchherd.transport.local import LocalSession
+
+
+class Probed(LocalSession):
+    """A session whose sshd last answered ``quiet`` seconds ago (None: nothing to probe)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.quiet: float | None = 0.2
+        self.asked: list[float] = []
+
+    def link_quiet(self, every: float) -> float | None:
+        self.asked.append(every)
+        return self.quiet
+
+
+def watched(tmp_path: Path, **options: float) -> tuple[Job, NodeRun, Probed]:
+    plan = cluster(tmp_path).plan("train.py", run_id="t-detect")
+    sessions = {node.host.name: Probed(node.host.name) for node in plan.nodes}
+    job = Job(plan, sessions, LaunchOptions(log_dir=tmp_path / "logs", **options), lambda event: None)
+    node = job.nodes["n1"]
+    node.last_seen = job._watching_since = 100.0
+    return job, node, sessions["n1"]
+
+
+def test_missed_heartbeats_with_sshd_silent_too_lose_the_node(tmp_path: Path) -> None:
+    job, node, session = watched(tmp_path)
+    assert job._silence(node, 102.4) is None  # 4.8 beats: not yet
+    session.quiet = 2.5
+    assert job._silence(node, 102.4) is None
+    assert job._silence(node, 102.5) == ("nothing heard from it for 2.5 s: no heartbeat, and its SSH connection "
+                                         "does not answer")
+    assert session.asked[-1] == 0.5
+
+
+def test_late_heartbeats_while_sshd_answers_are_no_loss_until_the_supervisor_is_stuck(tmp_path: Path) -> None:
+    job, node, session = watched(tmp_path)
+    session.quiet = 0.7  # a slow link's round trip
+    assert job._silence(node, 100.0 + SILENT_LOST_AFTER - 0.1) is None
+    assert job._silence(node, 100.0 + SILENT_LOST_AFTER) == (
+        f"nothing heard from it for {SILENT_LOST_AFTER:.0f} s (its sshd answers: its supervisor is stuck)")
+
+
+def test_without_a_link_to_probe_only_the_long_silence_loses_a_node(tmp_path: Path) -> None:
+    job, node, session = watched(tmp_path)
+    session.quiet = None
+    assert job._silence(node, 110.0) is None
+    assert job._silence(node, 100.0 + SILENT_LOST_AFTER) == f"nothing heard from it for {SILENT_LOST_AFTER:.0f} s"
+
+
+def test_a_controller_held_up_judges_silences_afresh(tmp_path: Path) -> None:
+    """Its own stall (a suspended laptop) is not the nodes' silence: the readers had no
+    turn either."""
+    job, node, session = watched(tmp_path)
+    session.quiet = 9.0
+    job._watching_since = 108.0
+    assert job._silence(node, 110.0) is None
+    assert job._silence(node, 110.5) is not None
+
+
+def test_the_settings_set_the_count(tmp_path: Path) -> None:
+    job, node, session = watched(tmp_path, heartbeat=0.2, heartbeat_misses=10)
+    session.quiet = 5.0
+    assert job._silence(node, 101.9) is None
+    assert job._silence(node, 102.0) is not None
+    assert session.asked[-1] == 0.2
+
+
+@pytest.mark.parametrize("heartbeat,misses,problem", [
+    (0.5, 5, None), (0.1, 10, None), (5.0, 60, None), (0.05, 40, "heartbeat is 0.05 s"),
+    (0.5, 1, "heartbeat_misses is 1"), (0.25, 3, "is 0.75 s"), (float("nan"), 5, "heartbeat is nan s")])
+def test_heartbeat_settings_given_through_the_api_are_checked_too(heartbeat: float, misses: int,
+                                                                  problem: str | None) -> None:
+    found = heartbeat_problem(Recovery(heartbeat=heartbeat, heartbeat_misses=misses))
+    assert found == problem if problem is None else problem in (found or "")
+
+
+def test_a_supervisor_waits_for_its_controller_longer_than_the_controller_waits_for_it(tmp_path: Path) -> None:
+    job, node, _ = watched(tmp_path)
+    assert job._config(node, b"").watchdog == 10.0
+    job, node, _ = watched(tmp_path, heartbeat=5.0, heartbeat_misses=4)
+    assert (job._config(node, b"").heartbeat, job._config(node, b"").watchdog) == (5.0, 40.0)
