@@ -32,11 +32,11 @@ from torchherd.engine.backend import (
     backend_for,
     backend_of,
 )
-from torchherd.engine.background import start_background, stop_controller
 from torchherd.engine.events import Event, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Run
-from torchherd.engine.recovery import RecoveringRun
+from torchherd.engine.recovery.background import start_background, stop_controller
+from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.slurm.batch import BatchJob, batch_job
 from torchherd.engine.sync import sync_over
 from torchherd.errors import UsageError

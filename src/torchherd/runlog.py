@@ -438,7 +438,7 @@ class AttemptRecord:
 
 @dataclass(frozen=True)
 class Slowest:
-    """The slowest node marked during a run, at its worst (``engine.straggler``)."""
+    """The slowest node marked during a run, at its worst (``engine.recovery.straggler``)."""
 
     node: str
     ratio: float

@@ -42,7 +42,7 @@ from torchherd.engine.events import (
     SpareTaken,
 )
 from torchherd.engine.job import LaunchOptions
-from torchherd.engine.recovery import RecoveringRun
+from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.slurm.commands import parse_scontrol
 from torchherd.inventory import Recovery
 from torchherd.runlog import RunSummary

@@ -23,8 +23,8 @@ from test_recovery import Collector, FakeBackend, ended, names, plan_of, recover
 from torchherd.console.recovery import recovery_note
 from torchherd.engine.events import AttemptStarted, CheckpointMissing, CheckpointStaged, SpareTaken
 from torchherd.engine.job import LaunchOptions
-from torchherd.engine.recovery import RecoveringRun
-from torchherd.engine.staging import Copy, lacking, newest
+from torchherd.engine.recovery.runner import RecoveringRun
+from torchherd.engine.recovery.staging import Copy, lacking, newest
 from torchherd.inventory import Recovery, checkpoint_problem
 from torchherd.plan import NodePlan, Plan
 from torchherd.remote import argv
@@ -117,7 +117,7 @@ def nodes_in(tmp_path: Path, count: int) -> dict[str, NodePlan]:
 
 
 def test_staging_copies_the_newest_to_the_nodes_that_lack_it_only(tmp_path: Path) -> None:
-    from torchherd.engine.staging import stage
+    from torchherd.engine.recovery.staging import stage
     from torchherd.transport.local import LocalConnector
 
     nodes = nodes_in(tmp_path, 5)
@@ -139,7 +139,7 @@ def test_staging_copies_the_newest_to_the_nodes_that_lack_it_only(tmp_path: Path
 
 
 def test_staging_says_where_it_looked_when_no_node_has_it(tmp_path: Path) -> None:
-    from torchherd.engine.staging import stage
+    from torchherd.engine.recovery.staging import stage
     from torchherd.transport.local import LocalConnector
 
     nodes = nodes_in(tmp_path, 3)

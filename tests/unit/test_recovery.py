@@ -36,7 +36,9 @@ from torchherd.engine.events import (
     SpareTaken,
     ignore,
 )
-from torchherd.engine.hang import (
+from torchherd.engine.job import LaunchOptions
+from torchherd.engine.launch import Run, RunEvents
+from torchherd.engine.recovery.hang import (
     HangWatch,
     RankStack,
     Targets,
@@ -46,10 +48,7 @@ from torchherd.engine.hang import (
     stacks_of,
     targets_of,
 )
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import Run, RunEvents
-from torchherd.engine.recovery import RecoveringRun, attempt_plan
-from torchherd.engine.recovery_policy import (
+from torchherd.engine.recovery.policy import (
     TRIAGE_CHECKS,
     Attempt,
     End,
@@ -62,6 +61,7 @@ from torchherd.engine.recovery_policy import (
     triage_failures,
     verdict,
 )
+from torchherd.engine.recovery.runner import RecoveringRun, attempt_plan
 from torchherd.errors import InventoryError, TorchherdError
 from torchherd.inventory import Recovery, parse, with_spares
 from torchherd.plan import Plan, RunOptions, build_plan

@@ -20,9 +20,9 @@ from rich.console import Console
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.detach import ListedRun, render_recovery, render_runs, render_stopped
-from torchherd.engine import background
-from torchherd.engine.background import Recorder
 from torchherd.engine.events import AttemptFailed, AttemptStarted, NodeStarted, RunFinished
+from torchherd.engine.recovery import background
+from torchherd.engine.recovery.background import Recorder
 from torchherd.inventory import Host
 from torchherd.remote.wire import process_start
 from torchherd.runlog import AttemptRecord, RunSummary

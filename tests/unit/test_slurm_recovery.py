@@ -30,8 +30,8 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, RunEvents
-from torchherd.engine.recovery import RecoveringRun, attempt_plan
-from torchherd.engine.recovery_policy import triage_failures
+from torchherd.engine.recovery.policy import triage_failures
+from torchherd.engine.recovery.runner import RecoveringRun, attempt_plan
 from torchherd.engine.slurm.batch import (
     Placement,
     attempt_settings,

@@ -25,12 +25,12 @@ from torchherd.engine.containers import remove_lost
 from torchherd.engine.events import CheckpointMissing, LostContainers, Observer, ignore
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, launch, open_nodes, preflight, sync_first, with_probes
-from torchherd.engine.recovery_policy import TRIAGE_CHECKS
+from torchherd.engine.recovery.policy import TRIAGE_CHECKS
+from torchherd.engine.recovery.staging import Staged, stage
 from torchherd.engine.slurm import check as slurm_check
 from torchherd.engine.slurm import detached as slurm_detached
 from torchherd.engine.slurm import job as slurm_job
 from torchherd.engine.slurm.batch import BatchJob, batch_job, picked_count, placement
-from torchherd.engine.staging import Staged, stage
 from torchherd.errors import TorchherdError, UsageError
 from torchherd.inventory import Host, Recovery
 from torchherd.plan import Plan
@@ -96,7 +96,7 @@ class Backend(ABC):
     def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
                          attempt: int, stopping: Callable[[], bool] = lambda: False) -> Staged:
         """Puts the newest copy of the checkpoint ``path`` among ``sources`` on each node of
-        ``receivers`` that lacks it (``engine.staging``); ``plan`` has every one of them.
+        ``receivers`` that lacks it (``engine.recovery.staging``); ``plan`` has every one of them.
         ``stopping`` true: the copy is given up (Ctrl-C)."""
         return CheckpointMissing(attempt, "this scheduler cannot stage a checkpoint")
 
@@ -126,7 +126,7 @@ class Backend(ABC):
     def preflight(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Plan:
         """What ``launch`` checks first (unless ``options.check`` is off), starting nothing:
         for a controller that starts the run elsewhere (``run --detach --retries``: in the
-        background, ``engine.background``). Returns the plan as checked (SSH: with the
+        background, ``engine.recovery.background``). Returns the plan as checked (SSH: with the
         addresses the nodes were found at); raises LaunchAborted as ``launch`` does."""
 
     @abstractmethod

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from torchherd.engine.events import ArchiveDone, ArchiveProgress, ArchiveStarted, Observer
+from torchherd.engine.recovery.staging import job_address
 from torchherd.engine.relay import Hop, run_chain
-from torchherd.engine.staging import job_address
 from torchherd.errors import TransportError
 from torchherd.imagearchive import ImageArchive
 from torchherd.plan import NodePlan

@@ -34,9 +34,9 @@ from torchherd.engine.events import (
     StopSent,
 )
 from torchherd.engine.failfast import Coordination, start_coordinator
-from torchherd.engine.hang import Targets, targets_of
 from torchherd.engine.outcome import Ending, NodeRun, ssh_state, summarise
-from torchherd.engine.straggler import StragglerWatch
+from torchherd.engine.recovery.hang import Targets, targets_of
+from torchherd.engine.recovery.straggler import StragglerWatch
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command, wire

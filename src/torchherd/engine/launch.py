@@ -36,10 +36,10 @@ from torchherd.engine.events import (
     RunStarted,
     ignore,
 )
-from torchherd.engine.hang import Targets
 from torchherd.engine.images import stage_archives
 from torchherd.engine.job import Job, LaunchOptions
 from torchherd.engine.pull import pull_images, pulled_nodes
+from torchherd.engine.recovery.hang import Targets
 from torchherd.engine.sync import sync_nodes
 from torchherd.engine.venvs import build_venvs
 from torchherd.errors import TorchherdError, TransportError

@@ -25,10 +25,11 @@ from torchherd.engine.events import (
     RunStarted,
     StopSent,
 )
-from torchherd.engine.hang import Target, Targets
 from torchherd.engine.job import LaunchOptions, attempt_marker
 from torchherd.engine.launch import LaunchAborted, Run, RunEvents
 from torchherd.engine.outcome import Ending, OutputTrack, summarise
+from torchherd.engine.recovery.hang import Target, Targets
+from torchherd.engine.recovery.straggler import StragglerWatch
 from torchherd.engine.slurm.batch import (
     BatchJob,
     attempt_settings,
@@ -51,7 +52,6 @@ from torchherd.engine.slurm.commands import (
     submit,
 )
 from torchherd.engine.slurm.files import BATCH_NODE, Item, RunFiles
-from torchherd.engine.straggler import StragglerWatch
 from torchherd.errors import TorchherdError, TransportError
 from torchherd.plan import Plan
 from torchherd.remote.wire import StopLevel

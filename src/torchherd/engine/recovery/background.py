@@ -46,7 +46,7 @@ from torchherd.engine.events import (
     RunStarted,
 )
 from torchherd.engine.job import STOP_MARGIN, LaunchOptions
-from torchherd.engine.recovery import RecoveringRun
+from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.slurm.batch import run_dir
 from torchherd.engine.slurm.detached import slurm_nodes, slurm_record, with_job
 from torchherd.errors import EXIT_FAILED, TorchherdError
@@ -72,7 +72,7 @@ from torchherd.runrecord import (
 from torchherd.transport.ssh import SshConnector
 
 ENTRY = ("import sys; sys.path[:] = [entry for entry in sys.path if entry]; "
-         "from torchherd.engine.background import main; sys.exit(main(sys.argv[1:]))")
+         "from torchherd.engine.recovery.background import main; sys.exit(main(sys.argv[1:]))")
 """The background controller's program: this module's ``main`` (run as ``-m``, its classes
 would be ``__main__``'s, not those the order was pickled with). Its command line names
 the run, nothing more. ``-c`` puts the start directory first on ``sys.path`` (as ``''``),

@@ -46,7 +46,9 @@ from torchherd.engine.events import (
     TriageDone,
     ignore,
 )
-from torchherd.engine.hang import (
+from torchherd.engine.job import LaunchOptions
+from torchherd.engine.launch import Run, wait_stopping
+from torchherd.engine.recovery.hang import (
     FAULTHANDLER,
     HangWatch,
     described,
@@ -56,9 +58,7 @@ from torchherd.engine.hang import (
     spy_stacks,
     stacks_of,
 )
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import Run, wait_stopping
-from torchherd.engine.recovery_policy import (
+from torchherd.engine.recovery.policy import (
     Attempt,
     End,
     NextNodes,
