@@ -479,14 +479,15 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
 
     def listed(run: DetachedRun) -> ListedRun:
         recovery = run.recovery()  # first: it reads the record again (a later attempt's nodes)
-        return ListedRun(run.record, run.status(), recovery)
+        states = run.status()
+        return ListedRun(run.record, states, recovery, run.controller())
 
     if args.run:
         row = listed(attach(args.run))
         if args.json:
             _emit(args, run_json(row))
         else:
-            render_status(console, row.record, row.states, row.recovery)
+            render_status(console, row.record, row.states, row.recovery, row.attached)
     elif args.json:
         _emit(args, {"runs": [run_json(listed(run)) for run in runs()]})
     else:
@@ -939,12 +940,12 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def _add_detached_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    status = commands.add_parser("status", help="state of detached runs, per node")
+    status = commands.add_parser("status", help="state of runs (detached, and the attached ones of the history), per node")
     status.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     status.add_argument("run", nargs="?", metavar="RUN", help="run id (default: every known run)")
     status.set_defaults(handler=cmd_status)
 
-    logs = commands.add_parser("logs", help="a detached run's output, with node:rank prefixes")
+    logs = commands.add_parser("logs", help="a run's output (detached or attached), with node:rank prefixes")
     logs.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
     logs.add_argument("--node", metavar="N", help="only this node")
     logs.add_argument("--rank", metavar="R", type=_count, help="only this global rank")

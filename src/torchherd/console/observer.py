@@ -26,6 +26,7 @@ from torchherd.engine.events import (
     Event,
     Interrupted,
     JobQueued,
+    HistoryNotKept,
     LinesDropped,
     NodeExited,
     NodeLost,
@@ -120,6 +121,8 @@ class ConsoleObserver:
         if isinstance(event, LinesDropped):
             self._note(f"{event.count} lines not shown: the terminal fell behind (every line is in the log files)",
                        "yellow")
+        elif isinstance(event, HistoryNotKept):
+            self._note(f"not in the run history (torchherd status will not list this run): {event.reason}", "yellow")
         elif isinstance(event, RanksRunning):
             self._note(f"{event.node}: ranks running (through the rendezvous)", "dim")
         elif isinstance(event, NodeStarted):

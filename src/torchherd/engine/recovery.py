@@ -46,7 +46,7 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.hang import FAULTHANDLER, HangWatch, described, merged, spy_stacks, stacks_of
 from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import Run, wait_stopping
+from torchherd.engine.launch import Ended, Run, tell, wait_stopping
 from torchherd.engine.recovery_policy import (
     Attempt,
     End,
@@ -183,6 +183,8 @@ class RecoveringRun:
         self._summary: RunSummary | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
+        self._ended: list[Ended] = []
+        self._ended_lock = threading.Lock()
         self._refused: TorchherdError | None = None
         """Why the last attempt could not start (``LaunchAborted``, a refused submission);
         None when it started."""
@@ -287,7 +289,17 @@ class RecoveringRun:
         except BaseException as error:  # handed to wait(): a bug must not vanish in a thread
             self._error = error
         finally:
-            self._done.set()
+            with self._ended_lock:
+                self._error = tell(self._ended, self._summary, self._error) or self._error
+                self._done.set()
+
+    def when_done(self, ended: Ended) -> None:
+        """``ended`` is told how the run ended, before ``wait`` returns (at once when it has)."""
+        with self._ended_lock:
+            if not self._done.is_set():
+                self._ended.append(ended)
+                return
+        ended(self._summary, self._error)
 
     def _attempts(self, run: Run | None) -> RunSummary:
         number = 1
