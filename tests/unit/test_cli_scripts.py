@@ -141,10 +141,10 @@ def test_status_json_lists_the_runs(capsys: pytest.CaptureFixture[str], tmp_path
     [state] = run["nodes"]
     assert code == 0 and state["state"] == "unreachable"
     assert run == {"run_id": run_id, "state": "unknown", "created": 100.0, "command": ["train.py"],
-                   "nodes": [state], "recovery": None}
+                   "nodes": [state], "recovery": None, "attached": None}
     assert json_cli(capsys, "status", "--json", run_id)[:2] == (0, {"schema": 1, **run})
     assert json_cli(capsys, "status", "--json", "zzz")[:2] == (2, {
-        "schema": 1, "ok": False, "exit_code": 2, "error": f"no detached run 'zzz' in {tmp_path}/torchherd/runs",
+        "schema": 1, "ok": False, "exit_code": 2, "error": f"no run 'zzz' in {tmp_path}/torchherd/runs",
         "hint": "torchherd status lists the known runs"})
 
 
