@@ -531,10 +531,9 @@ class DetachedRun:
         attempt); then, and when that controller is gone, every node is stopped directly."""
         controller = self.controller()
         if controller is not None:
-            how = (f"Ctrl-C in its terminal, or kill -INT {controller.record.pid} on this machine"
-                   if controller.alive else "it has ended")
-            raise UsageError(f"run {self.run_id} is an attached run: its controller stops it, not stop",
-                             how)
+            how = (f"Ctrl-C in its terminal stops it (or kill -INT {controller.record.pid} on this machine)"
+                   if controller.alive else f"it has ended: torchherd status {self.run_id} says how")
+            raise UsageError(f"run {self.run_id} is an attached run: torchherd stop stops detached runs", how)
         recovery = self.recovery()
         if recovery is not None:
             stop_controller(recovery.record, self.run_id, self.record.grace if grace is None else grace)
