@@ -106,12 +106,13 @@ def test_check_help_lists_the_ids_only_and_skip_take(capsys: pytest.CaptureFixtu
 
     assert main(["check", "--help"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[-4:] == [
+    assert out.splitlines()[-5:] == [
         "check ids for --only and --skip: ssh, ping, hostname, port, firewall, network,",
-        "env, python, gpu, xid, ib, script, venv, clock, container; with --bandwidth or",
-        "--smoke (or named by --only): bandwidth, mtu; with --smoke: smoke; SLURM runs",
-        "also: slurm, slurm-node, gres, sbatch. What each establishes: docs/checks.md."]
-    listed = re.findall(r"[a-z-]+", " ".join(out.splitlines()[-4:]).split(":", 1)[1])
+        "env, python, gpu, xid, ib, script, venv, clock, mtu, container; with",
+        "--bandwidth or --smoke (or named by --only): bandwidth; with --smoke: smoke;",
+        "SLURM runs also: slurm, slurm-node, gres, sbatch. What each establishes:",
+        "docs/checks.md."]
+    listed = re.findall(r"[a-z-]+", " ".join(out.splitlines()[-5:]).split(":", 1)[1])
     assert set(CHECK_IDS) | set(SLURM_CHECKS) <= set(listed)  # a check added later is listed too
 
 

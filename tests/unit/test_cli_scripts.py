@@ -194,9 +194,9 @@ def test_run_only_and_skip_refuse_what_they_cannot_do(args: list[str], lines: li
 
 @pytest.mark.parametrize("args,checks", [
     (["--only", "ssh,ping"], ["ssh", "ping"]),
-    (["--skip", "ping,hostname,port,firewall,network,env,python,gpu,xid,ib"], ["ssh", "script", "clock"]),
+    (["--skip", "ping,hostname,port,firewall,network,env,python,gpu,xid,ib"], ["ssh", "script", "clock", "mtu"]),
     ([], ["ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "xid", "ib", "script",
-          "clock"]),
+          "clock", "mtu"]),
 ])
 def test_run_only_and_skip_choose_the_preflights_checks(args: list[str], checks: list[str],
                                                          capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from torchherd.checks.analysis.bandwidth import candidates
 from torchherd.checks.gather import FALLBACK_PYTHON, LineReader, python_command
-from torchherd.checks.links import Link, pairs, plan_links
+from torchherd.checks.links import Link, pairs, plan_links, preflight_pairs
 from torchherd.checks.model import Mesh, MtuProbe, Observed, Transfer
 from torchherd.checks.probes import subnet_of
 from torchherd.errors import TransportError
@@ -53,6 +53,8 @@ BISECT_TIMEOUT = 0.4
 a lost answer only makes the figure smaller)."""
 SMALL = {4: 576, 6: 1280}
 """Bytes of the small datagram that shows the path itself works (IPv4's and IPv6's minimum)."""
+ECHO_RATE = 500
+"""A node's echo answers a second at most, unless asked for more (remote/bandwidth.py)."""
 ALONE_AT_MOST = 32
 """Links measured again alone, one after the other, at most: beyond, a slow link stays unconfirmed."""
 
@@ -93,7 +95,30 @@ def measure(observed: Observed, sessions: Mapping[str, Session], mesh: Mesh = "a
         _stop(list(endpoints.values()))
 
 
-def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Session]) -> dict[str, Endpoint]:
+def probe_paths(observed: Observed, sessions: Mapping[str, Session]) -> None:
+    """The preflight's path-MTU probe (no transfers): the bandwidth script on every node
+    with a session and a network, then step 1 alone, on ``links.preflight_pairs``: a
+    datagram of the interface MTU each way per pair, a pair that failed probed again
+    (longer waits, the largest size that passes searched) before anything is said."""
+    hosts = [host for host in observed.inventory.hosts if host.name in sessions and host.name in observed.networks]
+    if len(hosts) < 2:
+        return
+    # The master echoes for every worker: at 2 answers each (small, full), its rate limit must not drop them.
+    endpoints = _start(observed, hosts, sessions, echo_rate=max(ECHO_RATE, 4 * len(hosts)))
+    try:
+        nodes = [host.name for host in hosts if host.name in endpoints]
+        if len(nodes) < 2:
+            return
+        master = observed.master.name if observed.master.name in nodes else nodes[0]
+        links = preflight_pairs(nodes, master)
+        observed.mtu_pairs = tuple(links)
+        _probe_mtu(observed, endpoints, links, itertools.count(1))
+    finally:
+        _stop(list(endpoints.values()))
+
+
+def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Session],
+           echo_rate: int | None = None) -> dict[str, Endpoint]:
     started: dict[str, Endpoint] = {}
     # The scripts serve only what carries this key (no stranger can make them send
     # datagrams or count bytes); it goes on stdin, never on a command line.
@@ -108,7 +133,8 @@ def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Ses
         facts = observed.facts.get(host.name)
         python = FALLBACK_PYTHON if facts is not None and facts.python_error else host.python
         # the job's address only: another user on the node reaches no other
-        config = {"family": _family(address), "seconds": SCRIPT_SECONDS, "address": address if own[host.name] else ""}
+        config = {"family": _family(address), "seconds": SCRIPT_SECONDS, "address": address if own[host.name] else "",
+                  "echo_rate": echo_rate}
         try:
             process = sessions[host.name].start("exec " + python_command(python, "bandwidth.py", config))
         except TransportError as error:

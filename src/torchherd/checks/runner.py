@@ -13,7 +13,7 @@ from torchherd.checks.analysis.network import compute_networks
 from torchherd.checks.analysis.registry import ANALYSES
 from torchherd.checks.analysis.ssh import SLOW_SHELL_SECONDS, busy_node_explains
 from torchherd.checks.analysis.venv import venv_config
-from torchherd.checks.bandwidth import measure
+from torchherd.checks.bandwidth import measure, probe_paths
 from torchherd.checks.container import gather as gather_containers
 from torchherd.checks.gather import NODES_AT_ONCE, FactsSession, StartedFacts, finish_facts, start_facts, stop_listeners
 from torchherd.checks.icmp import echo_all
@@ -226,8 +226,10 @@ def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progres
                 started.process.close()
     if "container" in selected:
         observed.containers.update(gather_containers(plan.inventory.hosts, collector.connections))
-    if MEASURED & set(selected):
+    if "bandwidth" in selected:
         measure(observed, collector.connections, mesh)
+    elif "mtu" in selected:
+        probe_paths(observed, collector.connections)
     if "ssh" in selected:
         confirm_slow_shells(observed, collector.connections)
     return observed, collector.connections
