@@ -95,16 +95,42 @@ def measure(observed: Observed, sessions: Mapping[str, Session], mesh: Mesh = "a
         _stop(list(endpoints.values()))
 
 
-def probe_paths(observed: Observed, sessions: Mapping[str, Session]) -> None:
-    """The preflight's path-MTU probe (no transfers): the bandwidth script on every node
-    with a session and a network, then step 1 alone, on ``links.preflight_pairs``: a
-    datagram of the interface MTU each way per pair, a pair that failed probed again
-    (longer waits, the largest size that passes searched) before anything is said."""
-    hosts = [host for host in observed.inventory.hosts if host.name in sessions and host.name in observed.networks]
+@dataclass
+class Launched:
+    """The bandwidth scripts started (not yet known to be ready), and the networks they
+    were started for: the preflight starts them while the probes run."""
+
+    endpoints: dict[str, Endpoint]
+    networks: dict[str, tuple[str, bool]]
+
+
+def start_paths(observed: Observed, sessions: Mapping[str, Session]) -> Launched | None:
+    """Starts the preflight path-MTU probe's scripts, on the networks known so far (before
+    the cross-node probes, which take as long as the scripts' start: on a loaded node that
+    is a second, so the probe then costs its datagrams' few ms); None with fewer than two."""
+    hosts = _probed_hosts(observed, sessions)
     if len(hosts) < 2:
-        return
+        return None
     # The master echoes for every worker: at 2 answers each (small, full), its rate limit must not drop them.
-    endpoints = _start(observed, hosts, sessions, echo_rate=max(ECHO_RATE, 4 * len(hosts)))
+    endpoints = _launch(observed, hosts, sessions, echo_rate=max(ECHO_RATE, 4 * len(hosts)))
+    return Launched(endpoints, _networks(observed, hosts))
+
+
+def probe_paths(observed: Observed, sessions: Mapping[str, Session], launched: Launched | None = None) -> None:
+    """The preflight's path-MTU probe (no transfers): the bandwidth script on every node
+    with a session and a network (``launched`` by ``start_paths``, unless the probes found
+    other networks since), then step 1 alone, on ``links.preflight_pairs``: a datagram of
+    the interface MTU each way per pair, a pair that failed probed again (longer waits, the
+    largest size that passes searched) before anything is said."""
+    hosts = _probed_hosts(observed, sessions)
+    if launched is not None and launched.networks != _networks(observed, hosts):
+        _stop(list(launched.endpoints.values()))  # bound to another address: started again
+        launched = None
+    if launched is None:
+        if len(hosts) < 2:
+            return
+        launched = Launched(_launch(observed, hosts, sessions, echo_rate=max(ECHO_RATE, 4 * len(hosts))), {})
+    endpoints = _ready(observed, launched.endpoints)
     try:
         nodes = [host.name for host in hosts if host.name in endpoints]
         if len(nodes) < 2:
@@ -117,8 +143,29 @@ def probe_paths(observed: Observed, sessions: Mapping[str, Session]) -> None:
         _stop(list(endpoints.values()))
 
 
+def stop_paths(launched: Launched) -> None:
+    """The scripts ``start_paths`` started, stopped (the preflight ended before the probe)."""
+    _stop(list(launched.endpoints.values()))
+
+
+def _probed_hosts(observed: Observed, sessions: Mapping[str, Session]) -> list[Host]:
+    return [host for host in observed.inventory.hosts if host.name in sessions and host.name in observed.networks]
+
+
+def _networks(observed: Observed, hosts: Sequence[Host]) -> dict[str, tuple[str, bool]]:
+    """What a node's script is started with: the job's address, and whether it is its own."""
+    return {host.name: (observed.networks[host.name].address, observed.networks[host.name].interface is not None)
+            for host in hosts}
+
+
 def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Session],
            echo_rate: int | None = None) -> dict[str, Endpoint]:
+    return _ready(observed, _launch(observed, hosts, sessions, echo_rate))
+
+
+def _launch(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Session],
+            echo_rate: int | None = None) -> dict[str, Endpoint]:
+    """Every node's script started and given the key; ``_ready`` reads that each bound."""
     started: dict[str, Endpoint] = {}
     # The scripts serve only what carries this key (no stranger can make them send
     # datagrams or count bytes); it goes on stdin, never on a command line.
@@ -146,6 +193,11 @@ def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Ses
         else:
             observed.bandwidth_errors[host.name] = "the bandwidth script did not start: its session closed"
             _stop([endpoint])
+    return started
+
+
+def _ready(observed: Observed, started: Mapping[str, Endpoint]) -> dict[str, Endpoint]:
+    """The started scripts that said which ports they bound; the others stopped, and why named."""
     deadline = time.monotonic() + observed.inventory.cluster.ssh_timeout + START_EXTRA
     ready: dict[str, Endpoint] = {}
     for name, endpoint in started.items():
