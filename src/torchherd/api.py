@@ -111,7 +111,7 @@ class Cluster:
     @classmethod
     def from_toml(cls, path: str | Path, *, connector: Connector | None = None,
                   accept_new_host_keys: bool = False) -> Cluster:
-        """The cluster a TOML inventory describes (``hosts.example.toml`` shows the shape)."""
+        """The cluster a TOML inventory describes (``torchherd init --example`` writes one, every key explained)."""
         return cls(inventory=load(Path(path).expanduser()), connector=connector,
                    accept_new_host_keys=accept_new_host_keys)
 
@@ -206,7 +206,7 @@ class Cluster:
 
     @property
     def scheduler(self) -> str:
-        """"ssh" (torchherd starts every node) or "slurm" (SLURM does; see docs/slurm.md)."""
+        """"ssh" (torchherd starts every node) or "slurm" (SLURM does; torchherd docs slurm)."""
         return self.inventory.cluster.scheduler
 
     def using(self, scheduler: str | None = None, slurm: Mapping[str, Any] | None = None) -> Cluster:

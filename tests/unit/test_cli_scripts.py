@@ -218,8 +218,8 @@ def test_run_help_starts_with_what_a_newcomer_needs(capsys: pytest.CaptureFixtur
                             "--env K=V", "--env-pass NAME"]
     assert [line for line in lines if line and not line.startswith(" ") and line.endswith(":")] == [
         "positional arguments:", "options:", "torchrun's own flags, passed through:", "output:",
-        "recovery (docs/run.md, Recovery); each flag overrides [recovery]:",
-        "SLURM (docs/slurm.md); each --slurm-KEY overrides [slurm].KEY:"]
+        "recovery (torchherd docs run: Recovery); each flag overrides [recovery]:",
+        "SLURM (torchherd docs slurm); each --slurm-KEY overrides [slurm].KEY:"]
     at = lines.index("torchrun's own flags, passed through:")
     assert lines[at + 1:at + 3] == [
         "  --master-addr ADDR    address the workers reach the master at (default: [cluster].master_addr,",
@@ -270,7 +270,7 @@ def test_bash_completion_completes_commands_flags_and_choices() -> None:
         "complete -o default -F _torchherd torchherd",
         "run", "check", "--nproc-per-node", "static c10d", "--mesh", "bash zsh fish",
         "",  # after --: the script's own words, left to the shell's file completion
-        "hosts check run status logs stop attach init completion"]
+        "hosts check run status logs stop attach init docs completion"]
 
 
 @pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")

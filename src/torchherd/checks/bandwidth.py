@@ -36,7 +36,7 @@ from torchherd.transport import Process, Session
 
 MEASURE_SECONDS = 0.3
 """One transfer: a LAN's TCP ramps up within a few ms, and a few hundred ms of steady
-sending gives a figure within a few per cent of iperf3's (docs/performance.md)."""
+sending gives a figure within a few per cent of iperf3's (torchherd docs performance)."""
 DRAIN_SECONDS = 1.0
 """What a receiver keeps counting after that (remote/bandwidth.py DRAIN): a slow link's queue."""
 ANSWER_MARGIN = 10.0

@@ -426,7 +426,7 @@ def wait_stopping(done: threading.Event, timeout: float | None, stop: Callable[[
 class sigterm_as_interrupt:
     """SIGTERM to the controller ends the run like Ctrl-C (130, every node stopped),
     unless the controller was started with SIGTERM ignored: an inherited ignore is kept,
-    as Python keeps an ignored SIGINT (docs/run.md)."""
+    as Python keeps an ignored SIGINT (torchherd docs run)."""
 
     def __enter__(self) -> None:
         self.previous: Callable[[int, FrameType | None], object] | int | None = None
