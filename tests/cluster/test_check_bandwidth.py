@@ -191,7 +191,7 @@ def test_every_preflight_finds_the_path_mtu_black_hole(four: LocalCluster, capsy
                        "node3": ("pass", "9000-byte packets pass both ways with 2 peers")}, summaries(document)
         set_mtu(four, 9000, except_port_of=SLOW)
         code, document, took = preflight(four, capsys)
-        print(f"preflight with a black hole, 4 nodes: {took:.1f} s", file=sys.stderr)
+        print(f"preflight with a black hole, 4 nodes: {took:.1f} s", file=sys.__stderr__)
         assert code == 1 and findings(document, "mtu") == {SLOW: "fail"}, summaries(document)
         hole = next(entry for entry in document["checks"] if entry["node"] == SLOW and entry["check"] == "mtu")
         assert hole["summary"] == ("node2: 9000-byte packets with don't-fragment set vanish between node2 and "
@@ -236,5 +236,5 @@ def test_what_the_preflight_mtu_probe_costs(four: LocalCluster, capsys: pytest.C
         without.append(took)
     print(f"preflight, 4 nodes: the MTU probe's own part {statistics.median(spent) * 1000:.0f} ms (median of "
           f"{len(spent)}); whole preflight median {statistics.median(with_probe):.2f} s with it, "
-          f"{statistics.median(without):.2f} s without", file=sys.stderr)
+          f"{statistics.median(without):.2f} s without", file=sys.__stderr__)
     assert len(spent) == 3 and statistics.median(spent) < 1.0
