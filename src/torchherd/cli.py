@@ -516,8 +516,11 @@ def cmd_attach(args: argparse.Namespace, console: Console) -> int:
     try:
         return _follow(args, console, True)
     except KeyboardInterrupt:
-        console.print(f"detached; the run goes on (torchherd stop {args.run} stops it)", markup=False,
-                      highlight=False)
+        from torchherd.api import attach
+
+        # an attached run's own terminal stops it (attach only followed its logs)
+        how = "Ctrl-C in its own terminal" if attach(args.run).attached else f"torchherd stop {args.run}"
+        console.print(f"detached; the run goes on ({how} stops it)", markup=False, highlight=False)
         return EXIT_OK
 
 
