@@ -21,8 +21,9 @@ import itertools
 import json
 import math
 import secrets
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from torchherd.checks.analysis.bandwidth import candidates
@@ -95,25 +96,38 @@ def measure(observed: Observed, sessions: Mapping[str, Session], mesh: Mesh = "a
         _stop(list(endpoints.values()))
 
 
-@dataclass
 class Launched:
-    """The bandwidth scripts started (not yet known to be ready), and the networks they
-    were started for: the preflight starts them while the probes run."""
+    """The bandwidth scripts being started in a thread of their own (each start is an SSH
+    round trip: one after the other, they would hold up the probes), and the networks they
+    are started for: the preflight starts them while the cross-node probes run."""
 
-    endpoints: dict[str, Endpoint]
-    networks: dict[str, tuple[str, bool]]
+    def __init__(self, observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Session]) -> None:
+        self.networks = _networks(observed, hosts)
+        self._endpoints: dict[str, Endpoint] = {}
+        self._errors: dict[str, str] = {}
+        # Into a copy: the probes' thread writes the observations meanwhile.
+        work = replace(observed, bandwidth_errors=self._errors)
+
+        def launch() -> None:
+            # The master echoes for every worker: at 2 answers each (small, full), its rate limit must not drop them.
+            self._endpoints.update(_launch(work, hosts, sessions, echo_rate=max(ECHO_RATE, 4 * len(hosts))))
+
+        self._thread = threading.Thread(target=launch, name="torchherd-mtu-start", daemon=True)
+        self._thread.start()
+
+    def endpoints(self, observed: Observed) -> dict[str, Endpoint]:
+        """Once every start returned: the scripts started (their failures into ``observed``)."""
+        self._thread.join()
+        observed.bandwidth_errors.update(self._errors)
+        return self._endpoints
 
 
 def start_paths(observed: Observed, sessions: Mapping[str, Session]) -> Launched | None:
-    """Starts the preflight path-MTU probe's scripts, on the networks known so far (before
-    the cross-node probes, which take as long as the scripts' start: on a loaded node that
-    is a second, so the probe then costs its datagrams' few ms); None with fewer than two."""
+    """Starts the preflight path-MTU probe's scripts, on the networks known so far, while
+    the cross-node probes run (they take longer than the scripts' start, so the probe then
+    costs its datagrams' few ms); None with fewer than two nodes."""
     hosts = _probed_hosts(observed, sessions)
-    if len(hosts) < 2:
-        return None
-    # The master echoes for every worker: at 2 answers each (small, full), its rate limit must not drop them.
-    endpoints = _launch(observed, hosts, sessions, echo_rate=max(ECHO_RATE, 4 * len(hosts)))
-    return Launched(endpoints, _networks(observed, hosts))
+    return Launched(observed, hosts, sessions) if len(hosts) >= 2 else None
 
 
 def probe_paths(observed: Observed, sessions: Mapping[str, Session], launched: Launched | None = None) -> None:
@@ -124,13 +138,15 @@ def probe_paths(observed: Observed, sessions: Mapping[str, Session], launched: L
     largest size that passes searched) before anything is said."""
     hosts = _probed_hosts(observed, sessions)
     if launched is not None and launched.networks != _networks(observed, hosts):
-        _stop(list(launched.endpoints.values()))  # bound to another address: started again
+        _stop(list(launched.endpoints(observed).values()))  # bound to another address: started again
         launched = None
     if launched is None:
         if len(hosts) < 2:
             return
-        launched = Launched(_launch(observed, hosts, sessions, echo_rate=max(ECHO_RATE, 4 * len(hosts))), {})
-    endpoints = _ready(observed, launched.endpoints)
+        started = _launch(observed, hosts, sessions, echo_rate=max(ECHO_RATE, 4 * len(hosts)))
+    else:
+        started = launched.endpoints(observed)
+    endpoints = _ready(observed, started)
     try:
         nodes = [host.name for host in hosts if host.name in endpoints]
         if len(nodes) < 2:
@@ -143,9 +159,9 @@ def probe_paths(observed: Observed, sessions: Mapping[str, Session], launched: L
         _stop(list(endpoints.values()))
 
 
-def stop_paths(launched: Launched) -> None:
+def stop_paths(observed: Observed, launched: Launched) -> None:
     """The scripts ``start_paths`` started, stopped (the preflight ended before the probe)."""
-    _stop(list(launched.endpoints.values()))
+    _stop(list(launched.endpoints(observed).values()))
 
 
 def _probed_hosts(observed: Observed, sessions: Mapping[str, Session]) -> list[Host]:

@@ -224,7 +224,7 @@ def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progres
             _probe(observed, collector, "ping" in selected, mesh)
     except BaseException:
         if launched is not None:
-            stop_paths(launched)
+            stop_paths(observed, launched)
         raise
     finally:
         stop_listeners(list(collector.sessions.values()))
