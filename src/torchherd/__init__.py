@@ -1,6 +1,6 @@
 """torchherd: run one PyTorch distributed job on many machines from one command.
 
-The public API (``docs/api.md``)::
+The public API (``torchherd docs api``)::
 
     import torchherd
     cluster = torchherd.Cluster.from_toml("hosts.toml")

@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence, overload
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeVar, overload
 
 from torchherd import hostspec
 from torchherd.checks import CheckOptions
@@ -32,7 +32,8 @@ from torchherd.engine.backend import (
     backend_for,
     backend_of,
 )
-from torchherd.engine.events import Event, NodeStatus, Observer, Output, SyncDone, ignore
+from torchherd.engine.events import Event, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
+from torchherd.engine.history import History, controller_runs, follow_history
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Run
 from torchherd.engine.recovery.background import start_background, stop_controller
@@ -57,11 +58,25 @@ from torchherd.nodeset import NodesetError, expand
 from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import OutputLine, flat
-from torchherd.runrecord import NodeState, RecoveryStatus, RunRecord, controller_alive, load_all, recovery_of, scan
+from torchherd.runrecord import (
+    AttachedStatus,
+    NodeState,
+    RecoveryStatus,
+    RunRecord,
+    attached_node_states,
+    attached_of,
+    controller_alive,
+    load_all,
+    recovery_of,
+    runs_dir,
+    scan,
+)
 from torchherd.runrecord import load as load_record
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
 from torchherd.tree import UV_FILES, project_root, refusal, uv_lock_hash
+
+RunT = TypeVar("RunT", Run, RecoveringRun)
 
 __all__ = ["Cluster", "DetachedRun", "DetachedStartFailed", "LaunchAborted", "RecoveringRun", "Recovery", "Run", "attach",
            "damaged_runs", "new_run_id", "runs"]
@@ -98,7 +113,7 @@ class Cluster:
     @classmethod
     def from_toml(cls, path: str | Path, *, connector: Connector | None = None,
                   accept_new_host_keys: bool = False) -> Cluster:
-        """The cluster a TOML inventory describes (``hosts.example.toml`` shows the shape)."""
+        """The cluster a TOML inventory describes (``torchherd init --example`` writes one, every key explained)."""
         return cls(inventory=load(Path(path).expanduser()), connector=connector,
                    accept_new_host_keys=accept_new_host_keys)
 
@@ -196,7 +211,7 @@ class Cluster:
 
     @property
     def scheduler(self) -> str:
-        """"ssh" (torchherd starts every node) or "slurm" (SLURM does; see docs/slurm.md)."""
+        """"ssh" (torchherd starts every node) or "slurm" (SLURM does; torchherd docs slurm)."""
         return self.inventory.cluster.scheduler
 
     def using(self, scheduler: str | None = None, slurm: Mapping[str, Any] | None = None) -> Cluster:
@@ -367,11 +382,26 @@ class Cluster:
         if recovery.retries > 0 or recovery.hang_timeout is not None:
             self.backend.allow_recovery(plan, recovery)
             if not detach:
-                return RecoveringRun(self.backend, plan, options, recovery, observer).start()
+                recovering = RecoveringRun(self.backend, plan, options, recovery, observer).start()
+                return _remembered(recovering, plan, options, observer)
             return DetachedRun(start_background(self.backend, plan, options, recovery, observer), self.connector)
         if detach:
             return DetachedRun(self.backend.start_detached(plan, options, observer), self.connector)
-        return self.backend.launch(plan, options, observer)
+        run = self.backend.launch(plan, options, observer)
+        return _remembered(run, plan, options, run.report)
+
+
+def _remembered(run: RunT, plan: Plan, options: LaunchOptions, report: Observer) -> RunT:
+    """An attached run, its job started, in the run history (``status``, ``logs``) until
+    the history prunes it; a state directory that cannot be written is said (``report``),
+    and the run goes on: its job is running already."""
+    try:
+        history = History.start(plan, options.log_dir, options.stop_grace)
+    except OSError as error:
+        report(HistoryNotKept(f"{error.filename or runs_dir()}: {error.strerror}"))
+        return run
+    run.when_done(history.ended)
+    return run
 
 
 def _uv_options(sync: SyncOptions | None, uv: bool | None, system_site_packages: bool) -> UvOptions | None:
@@ -416,7 +446,8 @@ def _document(hosts: Sequence[str | Mapping[str, Any]], defaults: Mapping[str, A
 @dataclass
 class DetachedRun:
     """A run started with ``detach=True``, found again by id: its state per node, its
-    output, and the same teardown as Ctrl-C."""
+    output, and the same teardown as Ctrl-C. Also an attached run of the history
+    (``attached``): its state and its output (its local log files), from its record."""
 
     record: RunRecord
     connector: Connector | None = None
@@ -426,12 +457,33 @@ class DetachedRun:
         return self.record.run_id
 
     @property
+    def attached(self) -> bool:
+        """An attached run's record (history: its controller owns the job), not a detached run."""
+        return attached_of(self.record) is not None
+
+    def controller(self) -> AttachedStatus | None:
+        """An attached run: its record as it is now, and whether its controller still runs
+        (when not, and the record says running, the controller was killed: the run ended,
+        how is not known). None for a detached run."""
+        if not self.attached:
+            return None
+        self.record = load_record(self.run_id)
+        attached = attached_of(self.record)
+        if attached is None:
+            return None
+        return AttachedStatus(attached, controller_runs(self.record, attached))
+
+    @property
     def backend(self) -> Backend:
         """The backend that started the run, as its record says."""
         return backend_of(self.record, self.connector)
 
     def status(self) -> list[NodeState]:
-        """Per node: running, exited (its code), unreachable; a SLURM job still queued: one row."""
+        """Per node: running, exited (its code), unreachable; a SLURM job still queued: one
+        row. An attached run: as its record says (no node is asked)."""
+        controller = self.controller()
+        if controller is not None:
+            return attached_node_states(self.record, controller.record, controller.alive)
         self._reload()
         return self.backend.status(self.record)
 
@@ -465,6 +517,9 @@ class DetachedRun:
                 codes.setdefault(event.status.node, 1)
             on_event(event)
 
+        if self.attached:
+            follow_history(self.record, observe, follow, node, rank)
+            return codes
         recovery = self.recovery()
         more = None if recovery is None else (lambda: controller_alive(recovery.record, self.run_id))
         self.backend.follow(self.record, observe, Follow(follow=follow, node=node, rank=rank, more=more))
@@ -485,6 +540,11 @@ class DetachedRun:
         seconds from SIGTERM to SIGKILL (None: the run's; SLURM refuses any). A run with
         retries: its recovering controller stops the run first, as Ctrl-C would (no further
         attempt); then, and when that controller is gone, every node is stopped directly."""
+        controller = self.controller()
+        if controller is not None:
+            how = (f"Ctrl-C in its terminal stops it (or kill -INT {controller.record.pid} on this machine)"
+                   if controller.alive else f"it has ended: torchherd status {self.run_id} says how")
+            raise UsageError(f"run {self.run_id} is an attached run: torchherd stop stops detached runs", how)
         recovery = self.recovery()
         if recovery is not None:
             stop_controller(recovery.record, self.run_id, self.record.grace if grace is None else grace)
@@ -538,7 +598,8 @@ class _LineFeed:
 
 
 def runs() -> list[DetachedRun]:
-    """Every detached run this user started from this machine, oldest first."""
+    """Every run this user started from this machine, oldest first: the detached ones, and
+    the attached ones the history keeps (``DetachedRun.attached``)."""
     return [DetachedRun(record) for record in load_all()]
 
 

@@ -1,6 +1,6 @@
 """Command line: parse, call the library, render. ``main(argv) -> int`` is callable from tests.
 
-Exit codes (the public contract, docs/cli.md): 0 all good; 1 a check or the job
+Exit codes (the public contract, torchherd docs cli): 0 all good; 1 a check or the job
 failed; 2 usage or inventory error; 130 interrupted.
 """
 
@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
-from torchherd import __version__, words
+from torchherd import __version__, manual, words
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, TorchherdError, UsageError
 
 if TYPE_CHECKING:
@@ -481,14 +481,15 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
 
     def listed(run: DetachedRun) -> ListedRun:
         recovery = run.recovery()  # first: it reads the record again (a later attempt's nodes)
-        return ListedRun(run.record, run.status(), recovery)
+        states = run.status()
+        return ListedRun(run.record, states, recovery, run.controller())
 
     if args.run:
         row = listed(attach(args.run))
         if args.json:
             _emit(args, run_json(row))
         else:
-            render_status(console, row.record, row.states, row.recovery)
+            render_status(console, row.record, row.states, row.recovery, row.attached)
     elif args.json:
         _emit(args, {"runs": [run_json(listed(run)) for run in runs()]})
     else:
@@ -517,8 +518,11 @@ def cmd_attach(args: argparse.Namespace, console: Console) -> int:
     try:
         return _follow(args, console, True)
     except KeyboardInterrupt:
-        console.print(f"detached; the run goes on (torchherd stop {args.run} stops it)", markup=False,
-                      highlight=False)
+        from torchherd.api import attach
+
+        # an attached run's own terminal stops it (attach only followed its logs)
+        how = "Ctrl-C in its own terminal" if attach(args.run).attached else f"torchherd stop {args.run}"
+        console.print(f"detached; the run goes on ({how} stops it)", markup=False, highlight=False)
         return EXIT_OK
 
 
@@ -622,7 +626,7 @@ def _checkpoint(text: str) -> str:
 
 
 def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
-    group = run.add_argument_group("recovery (docs/run.md, Recovery); each flag overrides [recovery]")
+    group = run.add_argument_group("recovery (torchherd docs run: Recovery); each flag overrides [recovery]")
     group.add_argument("--retries", type=_retries, metavar="N",
                        help="after a failed attempt, triage the nodes and try again, up to N times (default: 0)")
     group.add_argument("--final-exit-codes", type=_exit_codes, metavar="CODE,...",
@@ -652,7 +656,7 @@ def _check_ids() -> str:
     measured = ", ".join(check for check in CHECK_IDS if check in OPT_IN and check not in ("smoke", "gpudiag"))
     text = (f"check ids for --only and --skip: {plain}; with --bandwidth or --smoke (or named by --only): "
             f"{measured}; with --smoke: smoke; with --gpu-diag: gpudiag; SLURM runs also: {', '.join(SLURM_CHECKS)}. "
-            "What each establishes: docs/checks.md.")
+            "What each establishes: torchherd docs checks.")
     return textwrap.fill(text, width=79, break_on_hyphens=False)  # an id is never cut at its hyphen
 
 
@@ -732,7 +736,7 @@ def _scheduler_flags() -> argparse.ArgumentParser:
 def _add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
     from torchherd.inventory import SCHEDULERS
 
-    group = parser.add_argument_group("SLURM (docs/slurm.md); each --slurm-KEY overrides [slurm].KEY",
+    group = parser.add_argument_group("SLURM (torchherd docs slurm); each --slurm-KEY overrides [slurm].KEY",
                                       "default for each --slurm-KEY: [slurm].KEY, else sbatch's own")
     group.add_argument("--scheduler", choices=SCHEDULERS,
                        help="who starts the job on the nodes (default: [cluster].scheduler, else ssh)")
@@ -781,7 +785,7 @@ def _add_more_host_flags(group: argparse._ActionsContainer) -> None:
     group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs; default: "
                        "none)")
     group.add_argument("--image", metavar="IMAGE",
-                       help="run the job inside this container image on every node (docs/containers.md; default: "
+                       help="run the job inside this container image on every node (torchherd docs containers; default: "
                             "[container].image, else none)")
     group.add_argument("--container-runtime", metavar="RUNTIME",
                        help="auto, podman, docker, apptainer or enroot (default: [container].runtime, auto)")
@@ -862,11 +866,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(commands, inventory)
     _add_detached_commands(commands)
     _add_init(commands, inventory)
+    docs = commands.add_parser("docs", help="print the documentation of TOPIC (no TOPIC: the topics)")
+    docs.add_argument("topic", metavar="TOPIC", nargs="?", choices=_Topics(manual.topics()),
+                      help="one of: " + ", ".join(manual.topics()))
+    docs.set_defaults(handler=cmd_docs)
+
     completion = commands.add_parser("completion", help="print a shell completion script: "
                                      "source <(torchherd completion bash)")
     completion.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"), help="bash, zsh or fish")
     completion.set_defaults(handler=cmd_completion)
     return parser
+
+
+class _Topics(tuple[str, ...]):
+    """The topics as ``docs``'s choices: listed by completion and the help; None (no
+    topic) is one of them, as argparse checks the default of an optional positional."""
+
+    def __contains__(self, item: object) -> bool:
+        return item is None or super().__contains__(item)
+
+
+def cmd_docs(args: argparse.Namespace, console: Console) -> int:
+    from torchherd.console.manual import render_page, render_topics
+
+    if args.topic is None:
+        render_topics(console, [(topic, manual.title(manual.read(topic))) for topic in manual.topics()])
+    else:
+        render_page(console, manual.read(args.topic))
+    return EXIT_OK
 
 
 def cmd_completion(args: argparse.Namespace, console: Console) -> int:
@@ -946,12 +973,12 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def _add_detached_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    status = commands.add_parser("status", help="state of detached runs, per node")
+    status = commands.add_parser("status", help="state of runs (detached, and the attached ones of the history), per node")
     status.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     status.add_argument("run", nargs="?", metavar="RUN", help="run id (default: every known run)")
     status.set_defaults(handler=cmd_status)
 
-    logs = commands.add_parser("logs", help="a detached run's output, with node:rank prefixes")
+    logs = commands.add_parser("logs", help="a run's output (detached or attached), with node:rank prefixes")
     logs.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
     logs.add_argument("--node", metavar="N", help="only this node")
     logs.add_argument("--rank", metavar="R", type=_count, help="only this global rank")

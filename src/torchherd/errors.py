@@ -1,6 +1,6 @@
 """The one public exception root, and the exit codes the CLI maps it to.
 
-Exit codes are part of the command-line contract (see docs/cli.md):
+Exit codes are part of the command-line contract (torchherd docs cli):
 0 all good; 1 a check or the job failed; 2 usage or inventory error; 130 interrupted.
 """
 

@@ -113,7 +113,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class ContainerSettings:
     """The ``[container]`` table (a host's ``container`` table overrides it key by key),
-    ``--image``: the job runs inside this image on the node (docs/containers.md)."""
+    ``--image``: the job runs inside this image on the node (torchherd docs containers)."""
 
     image: str
     runtime: str = "auto"
@@ -217,7 +217,7 @@ class SyncSettings:
 @dataclass(frozen=True)
 class Recovery:
     """The ``[recovery]`` table, ``run --retries`` and friends, ``Cluster.launch(recovery=...)``
-    (docs/run.md, Recovery). The default, no retries, is a run as it always was."""
+    (torchherd docs run: Recovery). The default, no retries, is a run as it always was."""
 
     retries: int = 0
     """New attempts after a failed one (a rank failed, a node lost), each after triage."""

@@ -142,6 +142,8 @@ class RunRecord:
             _recovery(_Fields(source, f"extra.{RECOVERY_KEY}.", extra[RECOVERY_KEY]))
         if extra.get("login") is not None:  # a SLURM run's login host: reached over SSH as a node is
             extra = {**extra, "login": asdict(_node(_Fields(source, "extra.login.", extra["login"])))}
+        if extra.get(ATTACHED_KEY) is not None:
+            _attached(_Fields(source, f"extra.{ATTACHED_KEY}.", extra[ATTACHED_KEY]))
         run_id = read.run_id("run_id")
         _scheduler(_Fields(source, "extra.", extra), run_id)
         return cls(run_id=run_id, inventory=read.text("inventory"), created=read.number("created"),
@@ -283,6 +285,129 @@ def _coordinator(read: _Fields, nodes: tuple[NodeRecord, ...]) -> CoordinatorRec
                              state_file=read.text("state_file"))
 
 
+# an attached run ------------------------------------------------------------------
+
+ATTACHED_KEY = "attached"
+"""The key of ``RunRecord.extra`` an attached run keeps its ``AttachedRecord`` in: its
+record is history (``status``, ``logs``), not a way back to the job (its controller owns it)."""
+ENDINGS = ("running", "finished", "failed", "stopped", "interrupted")
+"""How an attached run ended, as its controller recorded it (running: not yet)."""
+CONTROLLER_GONE = "ended (controller gone)"
+"""An attached run whose controller is gone without recording the end (killed with -9,
+this machine rebooted): its jobs ended with it (each node's supervisor stops its job when
+the controller's connection goes), how is not known."""
+OUTCOMES = ("ok", "failed", "torn down", "lost", "interrupted", "not started", "unresponsive")
+"""``runlog.OutcomeState``: how one node's part ended."""
+KEPT_RUNS = 200
+"""The attached runs the history keeps: starting one more removes the oldest ended ones
+(their records, not their log files). Detached runs' records are never pruned: they are
+the way back to jobs that may still run."""
+
+
+@dataclass(frozen=True)
+class NodeEnding:
+    """One node of an attached run, as the run's summary had it."""
+
+    node: str
+    state: str
+    """One of ``OUTCOMES``."""
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class AttachedRecord:
+    """An attached run: its controller (this process on this machine, known by its pid,
+    its start time and the run's controller lock, as a recovering controller is), where
+    its logs are, and once it ended, how."""
+
+    pid: int
+    start: int | None
+    log_dir: str
+    """The run's own log directory (``<--log-dir>/<run id>``), absolute."""
+    ending: str = "running"
+    exit_code: int | None = None
+    headline: str = ""
+    ended: float | None = None
+    nodes: tuple[NodeEnding, ...] = ()
+
+    def to_json_object(self) -> dict[str, object]:
+        data = asdict(self)
+        data["headline"] = stored_text(self.headline)
+        data["nodes"] = [asdict(node) for node in self.nodes]
+        return data
+
+
+def attached_of(record: RunRecord) -> AttachedRecord | None:
+    """The record's ``AttachedRecord``; None for a detached run."""
+    data = record.extra.get(ATTACHED_KEY)
+    return None if data is None else _attached(_Fields(f"run record {record.run_id}", f"extra.{ATTACHED_KEY}.", data))
+
+
+def with_attached(record: RunRecord, attached: AttachedRecord) -> RunRecord:
+    return replace(record, extra={**record.extra, ATTACHED_KEY: attached.to_json_object()})
+
+
+def _attached(read: _Fields) -> AttachedRecord:
+    log_dir = read.text("log_dir")
+    if not os.path.isabs(log_dir):
+        read.fail("log_dir", f"{log_dir!r} is not an absolute path")
+    ending = read.text("ending")
+    if ending not in ENDINGS:
+        read.fail("ending", f"{ending!r} is not one of {', '.join(ENDINGS)}")
+    nodes = []
+    for index, data in enumerate(read.value("nodes", list)):
+        item = _Fields(read.source, f"{read.where}nodes[{index}].", data)
+        state = item.text("state")
+        if state not in OUTCOMES:
+            item.fail("state", f"{state!r} is not one of {', '.join(OUTCOMES)}")
+        nodes.append(NodeEnding(item.name("node"), state, item.optional_integer("exit_code", -255, 255)))
+    ended = None if read.data.get("ended") is None else read.number("ended")
+    return AttachedRecord(pid=read.integer("pid"), start=read.optional_integer("start", 0),
+                          log_dir=log_dir, ending=ending, exit_code=read.optional_integer("exit_code", 0, 255),
+                          headline=stored_text(read.value("headline", str)), ended=ended, nodes=tuple(nodes))
+
+
+def attached_state(attached: AttachedRecord, alive: bool) -> str:
+    """One word (or three) for an attached run: how it ended, running while its controller
+    runs, and ``CONTROLLER_GONE`` when that is gone without recording the end."""
+    if attached.ending != "running":
+        return attached.ending
+    return "running" if alive else CONTROLLER_GONE
+
+
+@dataclass(frozen=True)
+class AttachedStatus:
+    """What ``status`` says about an attached run: its record, and whether its controller
+    still runs."""
+
+    record: AttachedRecord
+    alive: bool
+
+    @property
+    def state(self) -> str:
+        """running, finished, failed, interrupted, or ``ended (controller gone)``."""
+        return attached_state(self.record, self.alive)
+
+
+def attached_node_states(record: RunRecord, attached: AttachedRecord, alive: bool) -> list[NodeState]:
+    """``status`` of an attached run, from its record alone (its controller owns the job:
+    nothing to ask the nodes): each node as the summary had it, running while the
+    controller runs, unknown once it is gone without a word."""
+    if attached.ending != "running":
+        return [_node_ending(node, attached.ended) for node in attached.nodes]
+    if alive:
+        return [NodeState(node.name, "running", since=record.created) for node in record.nodes]
+    gone = f"the controller (pid {attached.pid}) ended without recording how the run ended"
+    return [NodeState(node.name, "unknown", detail=gone) for node in record.nodes]
+
+
+def _node_ending(node: NodeEnding, ended: float | None) -> NodeState:
+    if node.state in ("ok", "failed", "torn down", "interrupted") and node.exit_code is not None:
+        stopped = node.state in ("torn down", "interrupted")
+        return NodeState(node.node, "exited", node.exit_code, ended, node.state if stopped else "", stopped=stopped)
+    return NodeState(node.node, node.state, node.exit_code, ended)
+
+
 # a detached run with retries ------------------------------------------------------
 
 RECOVERY_KEY = "recovery"
@@ -418,11 +543,11 @@ def hold_controller_lock(run_id: str, directory: Path | None = None, timeout: fl
     return fd
 
 
-def _lock_holder(run_id: str) -> int | None:
+def _lock_holder(run_id: str, directory: Path | None = None) -> int | None:
     """The pid written in the run's controller lock while some process holds it locked;
     None when no one does (the controller ended, or never ran on this machine)."""
     try:
-        fd = os.open(controller_lock(run_id), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(controller_lock(run_id, directory), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -439,21 +564,26 @@ def _lock_holder(run_id: str) -> int | None:
 
 
 def controller_alive(recovery: RecoveryRecord, run_id: str) -> bool:
-    """Whether the recovering controller of ``run_id`` still runs: it holds its run's lock
-    (``controller_lock``), with the pid the record names written in it; where /proc says,
-    also started when the record says, and not a zombie. A pid alone is never enough: after
-    a reboot or a crash it is another process's, perhaps another user's."""
-    if _lock_holder(run_id) != recovery.pid:
+    """Whether the recovering controller of ``run_id`` still runs (``holds_lock``)."""
+    return holds_lock(run_id, recovery.pid, recovery.start)
+
+
+def holds_lock(run_id: str, pid: int, start: int | None, directory: Path | None = None) -> bool:
+    """Whether the controller of ``run_id`` (pid ``pid``, started at ``start``) still runs:
+    it holds its run's lock (``controller_lock``), with that pid written in it; where /proc
+    says, also started then, and not a zombie. A pid alone is never enough: after a reboot
+    or a crash it is another process's, perhaps another user's."""
+    if _lock_holder(run_id, directory) != pid:
         return False
     try:
-        with open(f"/proc/{recovery.pid}/stat", "rb") as file:
+        with open(f"/proc/{pid}/stat", "rb") as file:
             fields = file.read().rsplit(b")", 1)[1].split()
     except OSError:
         return True  # no /proc (macOS): the lock is the proof
     except IndexError:
         return False
     # after the command: state is field 3, the start time field 22 (proc(5))
-    return fields[0] != b"Z" and (recovery.start is None or fields[19:20] == [str(recovery.start).encode()])
+    return fields[0] != b"Z" and (start is None or fields[19:20] == [str(start).encode()])
 
 
 def save(record: RunRecord, directory: Path | None = None) -> Path:
@@ -489,7 +619,7 @@ def load(run_id: str, directory: Path | None = None) -> RunRecord:
         shown = ", ".join(path.stem for path in matches[:AMBIGUOUS_SHOWN])
         more = f", ... ({len(matches)} in all)" if len(matches) > AMBIGUOUS_SHOWN else ""
         raise UsageError(f"run id {run_id!r} is ambiguous: {shown}{more}", "give more of the run id")
-    raise UsageError(f"no detached run {run_id!r} in {directory}", "torchherd status lists the known runs")
+    raise UsageError(f"no run {run_id!r} in {directory}", "torchherd status lists the known runs")
 
 
 def read_record(path: Path) -> RunRecord:
@@ -519,6 +649,29 @@ def scan(directory: Path | None = None) -> tuple[list[RunRecord], list[RecordErr
         except RecordError as error:
             damaged.append(error)
     return sorted(records, key=lambda record: record.created), damaged
+
+
+def prune(directory: Path | None = None, keep: int = KEPT_RUNS) -> list[str]:
+    """Keeps the history bounded: removes the records (and controller locks) of the oldest
+    attached runs beyond ``keep``, never one whose controller still runs; returns their ids.
+    Detached runs are not touched, nor damaged records (``status`` shows those)."""
+    directory = directory or runs_dir()
+    attached = []
+    for record in scan(directory)[0]:
+        found = attached_of(record)
+        if found is not None:
+            attached.append((record, found))
+    removed = []
+    for record, found in attached[:max(0, len(attached) - keep)]:
+        if found.ending == "running" and holds_lock(record.run_id, found.pid, found.start, directory):
+            continue
+        for path in (directory / f"{record.run_id}.json", controller_lock(record.run_id, directory)):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+        removed.append(record.run_id)
+    return removed
 
 
 def _record_files(directory: Path) -> list[Path]:

@@ -10,16 +10,21 @@ the CPU, which is what the check must not mistake for a slow link.
 from __future__ import annotations
 
 import json
+import os
+import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 from localcluster import LocalCluster, veth_name
 
+from torchherd.checks import runner
+from torchherd.checks.bandwidth import probe_paths
 from torchherd.cli import main
 
 pytestmark = pytest.mark.cluster
@@ -160,3 +165,77 @@ def test_healthy_sixteen_nodes_have_no_finding(make_cluster: Callable[..., Local
     assert findings(document, "bandwidth") == {} and findings(document, "mtu") == {}, summaries(document)
     assert code == 0
     assert len(document["bandwidth"]["nodes"]) == 16
+
+
+def preflight(cluster: LocalCluster, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict[str, Any], float]:
+    """A plain ``check`` (no --bandwidth): the preflight every run makes."""
+    started = time.monotonic()
+    code = main(["check", "-i", str(cluster.inventory), "--json", *extra])
+    took = time.monotonic() - started
+    document = json.loads(capsys.readouterr().out)
+    return code, document, took
+
+
+@pytest.mark.timeout(240)
+def test_every_preflight_finds_the_path_mtu_black_hole(four: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --bandwidth: jumbo frames everywhere pass; everywhere but node2's bridge port,
+    node2 is named (its pairs with the master and its ring neighbours), with the size and
+    the fix, and ``run`` refuses to start. No false alarm on the healthy cluster."""
+    try:
+        set_mtu(four, 9000)
+        code, document, _ = preflight(four, capsys)
+        mtu = {entry["node"]: (entry["status"], entry["summary"]) for entry in document["checks"]
+               if entry["check"] == "mtu"}
+        assert mtu == {"node0": ("pass", "9000-byte packets pass both ways with 3 peers"),
+                       "node1": ("pass", "9000-byte packets pass both ways with 2 peers"),
+                       "node2": ("pass", "9000-byte packets pass both ways with 3 peers"),
+                       "node3": ("pass", "9000-byte packets pass both ways with 2 peers")}, summaries(document)
+        set_mtu(four, 9000, except_port_of=SLOW)
+        code, document, took = preflight(four, capsys)
+        print(f"preflight with a black hole, 4 nodes: {took:.1f} s", file=sys.__stderr__)
+        assert code == 1 and findings(document, "mtu") == {SLOW: "fail"}, summaries(document)
+        hole = next(entry for entry in document["checks"] if entry["node"] == SLOW and entry["check"] == "mtu")
+        assert hole["summary"] == ("node2: 9000-byte packets with don't-fragment set vanish between node2 and "
+                                   "node0, node1, node3 (small ones pass; the largest that passed both ways: "
+                                   "1500 bytes): a path MTU black hole"), hole
+        assert hole["fix"] == ("make every hop between node2 and the others carry 9000-byte frames (the switch "
+                               "port, bridge or router on node2's path: ip link set dev PORT mtu 9000), or set the "
+                               "interfaces' MTU to 1500 on every node"), hole
+        ticker = str(Path(__file__).resolve().parents[2] / "examples" / "ticker.py")
+        code = main(["run", "-i", str(four.inventory), "--json", "--nproc-per-node", "1", "--", ticker, "1", "0"])
+        ran = json.loads(capsys.readouterr().out)
+        assert (code, ran["error"]) == (1, "the preflight checks failed"), ran
+        assert findings(ran, "mtu") == {SLOW: "fail"}, ran
+    finally:
+        set_mtu(four, 1500)
+
+
+@pytest.mark.timeout(240)
+def test_what_the_preflight_mtu_probe_costs(four: LocalCluster, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the probe adds to a preflight: its scripts start while the cross-node probes
+    run, so what is left after them (the scripts' answers, the datagrams, the stop) is
+    timed inside the preflight; the whole preflight with and without it is printed too
+    (on this shared machine it varies by seconds either way, so only the first is held)."""
+    spent: list[float] = []
+
+    def timed(*args: Any) -> None:
+        started = time.monotonic()
+        try:
+            probe_paths(*args)
+        finally:
+            spent.append(time.monotonic() - started)
+
+    monkeypatch.setattr(runner, "probe_paths", timed)
+    with_probe, without = [], []
+    for _ in range(int(os.environ.get("MTU_COST_ROUNDS", "3"))):
+        code, document, took = preflight(four, capsys)
+        assert code == 0, summaries(document)
+        with_probe.append(took)
+        code, _, took = preflight(four, capsys, "--skip", "mtu")
+        assert code == 0
+        without.append(took)
+    print(f"preflight, 4 nodes: the MTU probe's own part {statistics.median(spent) * 1000:.0f} ms (median of "
+          f"{len(spent)}); whole preflight median {statistics.median(with_probe):.2f} s with it, "
+          f"{statistics.median(without):.2f} s without", file=sys.__stderr__)
+    assert len(spent) == len(with_probe) and statistics.median(spent) < 1.0

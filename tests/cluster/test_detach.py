@@ -24,6 +24,7 @@ import pytest
 from conftest import Runs
 from localcluster import LocalCluster
 from processes import default_signals
+from test_run import Controller
 
 from torchherd.cli import main
 from torchherd.console import make_console
@@ -284,3 +285,38 @@ def test_attach_shows_the_run_live_and_ctrl_c_only_detaches(cluster: LocalCluste
     code, out = cli(cluster, "stop", run_id)
     assert code == 0, out
     assert_clean(cluster, timeout=1)
+
+
+@pytest.mark.timeout(120)
+def test_an_attached_run_is_in_the_history(cluster: LocalCluster, tmp_path: Path,
+                                           controllers: Callable[..., Controller]) -> None:
+    """An attached run: ``status`` lists it (finished), ``status`` and ``logs`` take a
+    prefix of its id; a controller killed with -9 mid-run leaves a record that ``status``
+    calls ended (controller gone), never running, and nothing on the nodes."""
+    code, out = cli(cluster, "run", "--no-check", "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "1",
+                    "--", TICKER, "5", "0")
+    assert code == 0, out
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    run_id, prefix = run_dir.name, run_dir.name[:-2]
+    code, listing = cli(cluster, "status")
+    assert code == 0 and re.search(rf"│ {run_id} │ finished │", listing), listing
+    code, out = cli(cluster, "status", prefix)
+    assert code == 0 and f"run {run_id} (finished)" in out, out
+    assert all(re.search(rf"│ {name}\s+│ exited \(0\) ", out) for name in cluster.names), out
+    assert f"logs in {run_dir}" in out, out
+    code, out = cli(cluster, "logs", prefix)
+    assert code == 0, out
+    for rank, name in enumerate(cluster.names):
+        assert ticks(out, name, rank) == list(range(5)), out
+        assert f"torchherd │ {name}: finished (exit 0)" in out, out
+
+    killed = controllers(cluster, tmp_path / "killed", "--nproc-per-node", "1", "--", TICKER, "600", "0.1")
+    killed.wait_for(r"tick 0 3$", timeout=60)
+    (killed_dir,) = (tmp_path / "killed").iterdir()
+    code, out = cli(cluster, "status", killed_dir.name)
+    assert f"run {killed_dir.name} (running)" in out, out
+    killed.process.send_signal(signal.SIGKILL)
+    killed.wait(timeout=10)
+    code, out = cli(cluster, "status", killed_dir.name)
+    assert code == 0 and f"run {killed_dir.name} (ended (controller gone))" in out, out
+    assert_clean(cluster, timeout=15)

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -340,3 +341,16 @@ def test_the_mtu_echo_is_no_reflector() -> None:
         assert echo.stdin is not None
         echo.stdin.close()
         echo.wait(timeout=10)
+
+
+def test_the_preflight_probes_each_worker_with_the_master_and_ring_neighbours() -> None:
+    """One pair each (a round trip is both ways); the worker sends, the master echoes."""
+    from torchherd.checks.links import preflight_pairs
+
+    assert preflight_pairs(["n0"], "n0") == []
+    assert preflight_pairs(["n0", "n1"], "n0") == [("n1", "n0")]
+    assert preflight_pairs(["n0", "n1", "n2", "n3"], "n0") == [
+        ("n1", "n0"), ("n2", "n0"), ("n3", "n0"), ("n1", "n2"), ("n2", "n3")]
+    pairs = preflight_pairs([f"n{index}" for index in range(256)], "n0")
+    sent = Counter(first for first, _ in pairs)
+    assert len(pairs) == 255 + 254 and max(sent.values()) == 2 and "n0" not in sent

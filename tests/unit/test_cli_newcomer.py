@@ -29,11 +29,11 @@ def test_an_abbreviated_flag_is_refused_never_taken_for_a_longer_one(flag: str, 
 
 @pytest.mark.parametrize("args,line", [
     (["rn"], "error: torchherd: unknown command 'rn'; did you mean 'run'? "
-             "(commands: hosts, check, run, status, logs, stop, attach, init, completion)"),
+             "(commands: hosts, check, run, status, logs, stop, attach, init, docs, completion)"),
     (["-i", "h.toml", "stauts"], "error: torchherd: unknown command 'stauts'; did you mean 'status'? "
-                                 "(commands: hosts, check, run, status, logs, stop, attach, init, completion)"),
+                                 "(commands: hosts, check, run, status, logs, stop, attach, init, docs, completion)"),
     (["launch"], "error: torchherd: unknown command 'launch' (commands: hosts, check, run, status, logs, stop, "
-                 "attach, init, completion)"),
+                 "attach, init, docs, completion)"),
     (["run", "--rdzv-backend", "c01d", "--", "x.py"], "error: torchherd run: argument --rdzv-backend: invalid "
                                                       "choice 'c01d'; did you mean 'c10d'? (choose from static, c10d)"),
     (["run", "--no-chek", "--", "x.py"], "error: torchherd: unrecognized arguments: --no-chek; did you mean --no-check?"),
@@ -108,11 +108,10 @@ def test_check_help_lists_the_ids_only_and_skip_take(capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert out.splitlines()[-5:] == [
         "check ids for --only and --skip: ssh, ping, hostname, port, firewall, network,",
-        "env, python, gpu, xid, ib, script, venv, clock, container; with --bandwidth or",
-        "--smoke (or named by --only): bandwidth, mtu; with --smoke: smoke; with",
-        "--gpu-diag: gpudiag; SLURM runs also: slurm, slurm-node, gres, sbatch. What",
-        "each establishes: docs/checks.md.",
-    ]
+        "env, python, gpu, xid, ib, script, venv, clock, mtu, container; with",
+        "--bandwidth or --smoke (or named by --only): bandwidth; with --smoke: smoke;",
+        "with --gpu-diag: gpudiag; SLURM runs also: slurm, slurm-node, gres, sbatch.",
+        "What each establishes: torchherd docs checks."]
     listed = re.findall(r"[a-z-]+", " ".join(out.splitlines()[-5:]).split(":", 1)[1])
     assert set(CHECK_IDS) | set(SLURM_CHECKS) <= set(listed)  # a check added later is listed too
 

@@ -141,10 +141,10 @@ def test_status_json_lists_the_runs(capsys: pytest.CaptureFixture[str], tmp_path
     [state] = run["nodes"]
     assert code == 0 and state["state"] == "unreachable"
     assert run == {"run_id": run_id, "state": "unknown", "created": 100.0, "command": ["train.py"],
-                   "nodes": [state], "recovery": None}
+                   "nodes": [state], "recovery": None, "attached": None}
     assert json_cli(capsys, "status", "--json", run_id)[:2] == (0, {"schema": 1, **run})
     assert json_cli(capsys, "status", "--json", "zzz")[:2] == (2, {
-        "schema": 1, "ok": False, "exit_code": 2, "error": f"no detached run 'zzz' in {tmp_path}/torchherd/runs",
+        "schema": 1, "ok": False, "exit_code": 2, "error": f"no run 'zzz' in {tmp_path}/torchherd/runs",
         "hint": "torchherd status lists the known runs"})
 
 
@@ -194,9 +194,9 @@ def test_run_only_and_skip_refuse_what_they_cannot_do(args: list[str], lines: li
 
 @pytest.mark.parametrize("args,checks", [
     (["--only", "ssh,ping"], ["ssh", "ping"]),
-    (["--skip", "ping,hostname,port,firewall,network,env,python,gpu,xid,ib"], ["ssh", "script", "clock"]),
+    (["--skip", "ping,hostname,port,firewall,network,env,python,gpu,xid,ib"], ["ssh", "script", "clock", "mtu"]),
     ([], ["ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "xid", "ib", "script",
-          "clock"]),
+          "clock", "mtu"]),
 ])
 def test_run_only_and_skip_choose_the_preflights_checks(args: list[str], checks: list[str],
                                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -218,8 +218,8 @@ def test_run_help_starts_with_what_a_newcomer_needs(capsys: pytest.CaptureFixtur
                             "--env K=V", "--env-pass NAME"]
     assert [line for line in lines if line and not line.startswith(" ") and line.endswith(":")] == [
         "positional arguments:", "options:", "torchrun's own flags, passed through:", "output:",
-        "recovery (docs/run.md, Recovery); each flag overrides [recovery]:",
-        "SLURM (docs/slurm.md); each --slurm-KEY overrides [slurm].KEY:"]
+        "recovery (torchherd docs run: Recovery); each flag overrides [recovery]:",
+        "SLURM (torchherd docs slurm); each --slurm-KEY overrides [slurm].KEY:"]
     at = lines.index("torchrun's own flags, passed through:")
     assert lines[at + 1:at + 3] == [
         "  --master-addr ADDR    address the workers reach the master at (default: [cluster].master_addr,",
@@ -270,7 +270,7 @@ def test_bash_completion_completes_commands_flags_and_choices() -> None:
         "complete -o default -F _torchherd torchherd",
         "run", "check", "--nproc-per-node", "static c10d", "--mesh", "bash zsh fish",
         "",  # after --: the script's own words, left to the shell's file completion
-        "hosts check run status logs stop attach init completion"]
+        "hosts check run status logs stop attach init docs completion"]
 
 
 @pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")

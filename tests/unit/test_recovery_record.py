@@ -329,7 +329,7 @@ def test_the_listing_of_every_run_shows_each_controller(monkeypatch: pytest.Monk
     out = text_of(lambda console: render_runs(console, [plain, alive, gone, over, ended]), 160)
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(100.0)) + " (60s ago)"
     assert out == f"""\
-detached runs
+runs
 ┏━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━┓
 ┃ run      ┃ state   ┃ started                       ┃ nodes                              ┃ recovery                                  ┃ command  ┃
 ┡━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━┩

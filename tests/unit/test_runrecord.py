@@ -63,7 +63,7 @@ def test_load_by_unique_part_and_errors(tmp_path: Path) -> None:
     assert load("aaaaaa", tmp_path).run_id == "th-20240501-120000-aaaaaa"
     with pytest.raises(UsageError, match="ambiguous"):
         load("th-2024", tmp_path)
-    with pytest.raises(UsageError, match="no detached run 'zzz'"):
+    with pytest.raises(UsageError, match="no run 'zzz'"):
         load("zzz", tmp_path)
     (tmp_path / "broken.json").write_text("{")
     assert [r.run_id for r in load_all(tmp_path)] == ["th-20240501-120000-bbbbbb", "th-20240501-120000-aaaaaa"]

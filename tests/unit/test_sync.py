@@ -341,8 +341,11 @@ def test_a_node_without_the_python_fails_alone(tmp_path: Path, project: Path) ->
     assert isinstance(done.nodes[1], SyncFailed) and done.nodes[1].message.startswith("the receiver ")
 
 
-def test_a_launch_with_sync_runs_the_synced_project(tmp_path: Path, project: Path) -> None:
+def test_a_launch_with_sync_runs_the_synced_project(tmp_path: Path, project: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from dataclasses import replace
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # the run's history: the test's own
 
     from torchherd.api import Cluster
     from torchherd.engine.events import RunStarted

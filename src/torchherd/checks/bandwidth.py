@@ -21,13 +21,14 @@ import itertools
 import json
 import math
 import secrets
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from torchherd.checks.analysis.bandwidth import candidates
 from torchherd.checks.gather import FALLBACK_PYTHON, LineReader, python_command
-from torchherd.checks.links import Link, pairs, plan_links
+from torchherd.checks.links import Link, pairs, plan_links, preflight_pairs
 from torchherd.checks.model import Mesh, MtuProbe, Observed, Transfer
 from torchherd.checks.probes import subnet_of
 from torchherd.errors import TransportError
@@ -36,7 +37,7 @@ from torchherd.transport import Process, Session
 
 MEASURE_SECONDS = 0.3
 """One transfer: a LAN's TCP ramps up within a few ms, and a few hundred ms of steady
-sending gives a figure within a few per cent of iperf3's (docs/performance.md)."""
+sending gives a figure within a few per cent of iperf3's (torchherd docs performance)."""
 DRAIN_SECONDS = 1.0
 """What a receiver keeps counting after that (remote/bandwidth.py DRAIN): a slow link's queue."""
 ANSWER_MARGIN = 10.0
@@ -53,6 +54,8 @@ BISECT_TIMEOUT = 0.4
 a lost answer only makes the figure smaller)."""
 SMALL = {4: 576, 6: 1280}
 """Bytes of the small datagram that shows the path itself works (IPv4's and IPv6's minimum)."""
+ECHO_RATE = 500
+"""A node's echo answers a second at most, unless asked for more (remote/bandwidth.py)."""
 ALONE_AT_MOST = 32
 """Links measured again alone, one after the other, at most: beyond, a slow link stays unconfirmed."""
 
@@ -93,7 +96,92 @@ def measure(observed: Observed, sessions: Mapping[str, Session], mesh: Mesh = "a
         _stop(list(endpoints.values()))
 
 
-def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Session]) -> dict[str, Endpoint]:
+class Launched:
+    """The bandwidth scripts being started in a thread of their own (each start is an SSH
+    round trip: one after the other, they would hold up the probes), and the networks they
+    are started for: the preflight starts them while the cross-node probes run."""
+
+    def __init__(self, observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Session]) -> None:
+        self.networks = _networks(observed, hosts)
+        self._endpoints: dict[str, Endpoint] = {}
+        self._errors: dict[str, str] = {}
+        # Into a copy: the probes' thread writes the observations meanwhile.
+        work = replace(observed, bandwidth_errors=self._errors)
+
+        def launch() -> None:
+            # The master echoes for every worker: at 2 answers each (small, full), its rate limit must not drop them.
+            self._endpoints.update(_launch(work, hosts, sessions, echo_rate=max(ECHO_RATE, 4 * len(hosts))))
+
+        self._thread = threading.Thread(target=launch, name="torchherd-mtu-start", daemon=True)
+        self._thread.start()
+
+    def endpoints(self, observed: Observed) -> dict[str, Endpoint]:
+        """Once every start returned: the scripts started (their failures into ``observed``)."""
+        self._thread.join()
+        observed.bandwidth_errors.update(self._errors)
+        return self._endpoints
+
+
+def start_paths(observed: Observed, sessions: Mapping[str, Session]) -> Launched | None:
+    """Starts the preflight path-MTU probe's scripts, on the networks known so far, while
+    the cross-node probes run (they take longer than the scripts' start, so the probe then
+    costs its datagrams' few ms); None with fewer than two nodes."""
+    hosts = _probed_hosts(observed, sessions)
+    return Launched(observed, hosts, sessions) if len(hosts) >= 2 else None
+
+
+def probe_paths(observed: Observed, sessions: Mapping[str, Session], launched: Launched | None = None) -> None:
+    """The preflight's path-MTU probe (no transfers): the bandwidth script on every node
+    with a session and a network (``launched`` by ``start_paths``, unless the probes found
+    other networks since), then step 1 alone, on ``links.preflight_pairs``: a datagram of
+    the interface MTU each way per pair, a pair that failed probed again (longer waits, the
+    largest size that passes searched) before anything is said."""
+    hosts = _probed_hosts(observed, sessions)
+    if launched is not None and launched.networks != _networks(observed, hosts):
+        _stop(list(launched.endpoints(observed).values()))  # bound to another address: started again
+        launched = None
+    if launched is None:
+        if len(hosts) < 2:
+            return
+        started = _launch(observed, hosts, sessions, echo_rate=max(ECHO_RATE, 4 * len(hosts)))
+    else:
+        started = launched.endpoints(observed)
+    endpoints = _ready(observed, started)
+    try:
+        nodes = [host.name for host in hosts if host.name in endpoints]
+        if len(nodes) < 2:
+            return
+        master = observed.master.name if observed.master.name in nodes else nodes[0]
+        links = preflight_pairs(nodes, master)
+        observed.mtu_pairs = tuple(links)
+        _probe_mtu(observed, endpoints, links, itertools.count(1))
+    finally:
+        _stop(list(endpoints.values()))
+
+
+def stop_paths(observed: Observed, launched: Launched) -> None:
+    """The scripts ``start_paths`` started, stopped (the preflight ended before the probe)."""
+    _stop(list(launched.endpoints(observed).values()))
+
+
+def _probed_hosts(observed: Observed, sessions: Mapping[str, Session]) -> list[Host]:
+    return [host for host in observed.inventory.hosts if host.name in sessions and host.name in observed.networks]
+
+
+def _networks(observed: Observed, hosts: Sequence[Host]) -> dict[str, tuple[str, bool]]:
+    """What a node's script is started with: the job's address, and whether it is its own."""
+    return {host.name: (observed.networks[host.name].address, observed.networks[host.name].interface is not None)
+            for host in hosts}
+
+
+def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Session],
+           echo_rate: int | None = None) -> dict[str, Endpoint]:
+    return _ready(observed, _launch(observed, hosts, sessions, echo_rate))
+
+
+def _launch(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Session],
+            echo_rate: int | None = None) -> dict[str, Endpoint]:
+    """Every node's script started and given the key; ``_ready`` reads that each bound."""
     started: dict[str, Endpoint] = {}
     # The scripts serve only what carries this key (no stranger can make them send
     # datagrams or count bytes); it goes on stdin, never on a command line.
@@ -108,7 +196,8 @@ def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Ses
         facts = observed.facts.get(host.name)
         python = FALLBACK_PYTHON if facts is not None and facts.python_error else host.python
         # the job's address only: another user on the node reaches no other
-        config = {"family": _family(address), "seconds": SCRIPT_SECONDS, "address": address if own[host.name] else ""}
+        config = {"family": _family(address), "seconds": SCRIPT_SECONDS, "address": address if own[host.name] else "",
+                  "echo_rate": echo_rate}
         try:
             process = sessions[host.name].start("exec " + python_command(python, "bandwidth.py", config))
         except TransportError as error:
@@ -120,6 +209,11 @@ def _start(observed: Observed, hosts: Sequence[Host], sessions: Mapping[str, Ses
         else:
             observed.bandwidth_errors[host.name] = "the bandwidth script did not start: its session closed"
             _stop([endpoint])
+    return started
+
+
+def _ready(observed: Observed, started: Mapping[str, Endpoint]) -> dict[str, Endpoint]:
+    """The started scripts that said which ports they bound; the others stopped, and why named."""
     deadline = time.monotonic() + observed.inventory.cluster.ssh_timeout + START_EXTRA
     ready: dict[str, Endpoint] = {}
     for name, endpoint in started.items():

@@ -87,3 +87,14 @@ def pairs(links: Sequence[Link]) -> list[Link]:
             seen.add(key)
             found.append((sender, receiver))
     return found
+
+
+def preflight_pairs(nodes: Sequence[str], master: str) -> list[Link]:
+    """The preflight's path-MTU pairs: every worker with the master (the first large
+    all_reduce goes through it), and each node with its ring neighbour (NCCL's and gloo's
+    ring); the worker first (it sends, the master echoes: no node sends more than two).
+    Each pair is one round trip, so each way once."""
+    links = [(node, master) for node in nodes if node != master]
+    if len(nodes) > 2:
+        links += [(node, nodes[(index + 1) % len(nodes)]) for index, node in enumerate(nodes)]
+    return pairs(links)

@@ -16,11 +16,12 @@ from torchherd.plan import NodeNetwork, NodeVenv
 CHECK_IDS = ("ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "xid", "ib",
              "gpudiag", "script", "venv", "clock", "bandwidth", "mtu", "smoke", "container")
 """Every check id, in report column order; ``smoke`` only runs with --smoke, ``bandwidth``
-and ``mtu`` with --bandwidth or --smoke, ``gpudiag`` with --gpu-diag (or when --only names
-them)."""
-OPT_IN = frozenset({"bandwidth", "mtu", "smoke", "gpudiag"})
-"""The checks a plain ``check`` leaves out: they send real traffic, run a job, or load the
-GPUs for a while (DCGM's diagnostic)."""
+with --bandwidth or --smoke, ``gpudiag`` with --gpu-diag (or when --only names them).
+``mtu`` runs in every preflight: one datagram of the interface MTU each way per pair (each
+worker and the master, ring neighbours); with --bandwidth, on the measured links' pairs."""
+OPT_IN = frozenset({"bandwidth", "smoke", "gpudiag"})
+"""The checks a plain ``check`` leaves out: they send real traffic for seconds, run a job,
+or load the GPUs for a while (DCGM's diagnostic)."""
 WHERE_THEY_APPLY = frozenset({"venv"})
 """Checks that report nothing where they do not apply (``venv``: only for a uv-locked
 project), so a run without one sees the report it always saw."""
@@ -231,6 +232,9 @@ class Observed:
     transfers: list[Transfer] = field(default_factory=list)
     """Every transfer measured, the burst's first and then the ones measured again alone."""
     mtu_probes: dict[tuple[str, str], MtuProbe] = field(default_factory=dict)
+    mtu_pairs: tuple[tuple[str, str], ...] | None = None
+    """The pairs the preflight's path-MTU probe chose (``links.preflight_pairs``); None
+    when it did not run (``--bandwidth`` probes its ``link_plan``'s pairs instead)."""
     """Per pair (in the plan's order), the last probe of the path MTU."""
     bandwidth_errors: dict[str, str] = field(default_factory=dict)
     """Per node, why it could not take part in the measurements."""

@@ -13,7 +13,7 @@ from torchherd.checks.analysis.network import compute_networks
 from torchherd.checks.analysis.registry import ANALYSES
 from torchherd.checks.analysis.ssh import SLOW_SHELL_SECONDS, busy_node_explains
 from torchherd.checks.analysis.venv import venv_config
-from torchherd.checks.bandwidth import measure
+from torchherd.checks.bandwidth import Launched, measure, probe_paths, start_paths, stop_paths
 from torchherd.checks.container import gather as gather_containers
 from torchherd.checks.gather import NODES_AT_ONCE, FactsSession, StartedFacts, finish_facts, start_facts, stop_listeners
 from torchherd.checks.gpudiag import gather as gather_gpu_diag
@@ -220,12 +220,19 @@ def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progres
                            "ssh" in selected, probing)
     with contextlib.suppress(TransportError):  # else each node looks it up, and says why it cannot
         collector.master_ssh_name = resolve_target(observed.master, plan.inventory.cluster.ssh_config).hostname
+    launched: Launched | None = None
     try:
         fan_out(plan.inventory.hosts, collector.node, NODES_AT_ONCE)
         collector.finish()
         observed.networks = compute_networks(observed)
+        if "mtu" in selected and "bandwidth" not in selected:
+            launched = start_paths(observed, collector.connections)
         if probing:
             _probe(observed, collector, "ping" in selected, mesh)
+    except BaseException:
+        if launched is not None:
+            stop_paths(observed, launched)
+        raise
     finally:
         stop_listeners(list(collector.sessions.values()))
         for name, started in collector.started.items():
@@ -235,8 +242,10 @@ def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progres
         observed.containers.update(gather_containers(plan.inventory.hosts, collector.connections))
     if "gpudiag" in selected:
         observed.gpu_diag.update(gather_gpu_diag(plan.inventory.hosts, collector.connections))
-    if MEASURED & set(selected):
+    if "bandwidth" in selected:
         measure(observed, collector.connections, mesh)
+    elif "mtu" in selected:
+        probe_paths(observed, collector.connections, launched)
     if "ssh" in selected:
         confirm_slow_shells(observed, collector.connections)
     return observed, collector.connections

@@ -15,11 +15,12 @@ from rich.text import Text
 from torchherd.console import print_table, printable
 from torchherd.console.run import LiveRenderer
 from torchherd.runlog import Status
-from torchherd.runrecord import NodeState, RecoveryStatus, RunRecord, describe_since, recovery_of
+from torchherd.runrecord import AttachedStatus, NodeState, RecoveryStatus, RunRecord, describe_since, recovery_of
 from torchherd.words import count
 
 STATE_STYLES = {"running": "cyan", "exited": "green", "gone": "bold red", "unreachable": "bold red",
-                "unknown": "yellow", "pending": "cyan"}
+                "unknown": "yellow", "pending": "cyan", "lost": "bold red", "unresponsive": "bold red",
+                "not started": "bold red"}
 
 
 def _plain(console: Console, text: str, style: str = "") -> None:
@@ -64,9 +65,10 @@ def run_state(states: Sequence[NodeState]) -> str:
 
 
 def render_status(console: Console, record: RunRecord, states: Sequence[NodeState],
-                  recovery: RecoveryStatus | None = None) -> None:
+                  recovery: RecoveryStatus | None = None, attached: AttachedStatus | None = None) -> None:
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created))
-    table = Table(title=Text(printable(f"run {record.run_id} ({run_state(states)}), started {started}: "
+    word = attached.state if attached is not None else run_state(states)
+    table = Table(title=Text(printable(f"run {record.run_id} ({word}), started {started}: "
                                        + shlex.join(record.command))), title_justify="left")
     for column in ("node", "state", "since", "detail"):
         table.add_column(column, overflow="fold")
@@ -79,6 +81,22 @@ def render_status(console: Console, record: RunRecord, states: Sequence[NodeStat
     print_table(console, table)
     if recovery is not None:
         render_recovery(console, recovery, states)
+    if attached is not None:
+        render_attached(console, attached)
+
+
+def render_attached(console: Console, attached: AttachedStatus) -> None:
+    """An attached run's controller, its end as recorded, and where its logs are."""
+    found = attached.record
+    if found.ending != "running":
+        _plain(console, f"attached run, ended: exit {found.exit_code}: {found.headline}",
+               "green" if found.exit_code == 0 else "bold red")
+    elif attached.alive:
+        _plain(console, f"attached run: its controller (pid {found.pid}) runs it", "cyan")
+    else:
+        _plain(console, f"attached run: its controller (pid {found.pid}) is gone without recording the end "
+                        "(killed, or this machine rebooted): the run ended with it", "bold red")
+    _plain(console, f"logs in {found.log_dir}", "dim")
 
 
 def _controller_state(recovery: RecoveryStatus, states: Sequence[NodeState]) -> str:
@@ -143,16 +161,22 @@ class ListedRun:
     record: RunRecord
     states: Sequence[NodeState]
     recovery: RecoveryStatus | None = None
+    attached: AttachedStatus | None = None
+
+    @property
+    def state(self) -> str:
+        return self.attached.state if self.attached is not None else run_state(self.states)
 
 
 def run_json(row: ListedRun) -> dict[str, object]:
-    """``status --json``: one run, as ``status`` shows it."""
-    recovery = row.recovery
-    return {"run_id": row.record.run_id, "state": run_state(row.states), "created": row.record.created,
+    """``status --json``: one run, as ``status`` shows it; ``attached`` is null for a detached run."""
+    recovery, attached = row.recovery, row.attached
+    return {"run_id": row.record.run_id, "state": row.state, "created": row.record.created,
             "command": list(row.record.command),
             "nodes": [{"node": state.node, "state": state.state, "code": state.code, "since": state.since,
                        "detail": state.detail, "stopped": state.stopped} for state in row.states],
-            "recovery": None if recovery is None else {**recovery.record.to_json_object(), "alive": recovery.alive}}
+            "recovery": None if recovery is None else {**recovery.record.to_json_object(), "alive": recovery.alive},
+            "attached": None if attached is None else {**attached.record.to_json_object(), "alive": attached.alive}}
 
 
 def render_runs(console: Console, rows: Sequence[ListedRun], damaged: Sequence[str] = ()) -> None:
@@ -160,16 +184,16 @@ def render_runs(console: Console, rows: Sequence[ListedRun], damaged: Sequence[s
     record that cannot be read (what is wrong with it)."""
     if not rows:
         if not damaged:
-            _plain(console, "no detached runs")
+            _plain(console, "no runs")
         _render_damaged(console, damaged)
         return
     recovering = any(row.recovery is not None for row in rows)
-    table = Table(title=Text("detached runs"), title_justify="left")
+    table = Table(title=Text("runs"), title_justify="left")
     for column in ("run", "state", "started", "nodes", *(("recovery",) if recovering else ()), "command"):
         table.add_column(column, overflow="fold")
     for row in rows:
         nodes = ", ".join(f"{state.node} {state_text(state)}" for state in row.states)
-        cells = [Text(row.record.run_id), Text(run_state(row.states)), Text(describe_since(row.record.created)),
+        cells = [Text(row.record.run_id), Text(row.state), Text(describe_since(row.record.created)),
                  Text(nodes)]
         if recovering:
             cells.append(Text(*controller_cell(row.recovery, row.states)) if row.recovery else Text(""))

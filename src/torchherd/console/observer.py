@@ -29,6 +29,7 @@ from torchherd.engine.events import (
     AttemptFailed,
     ConnectFailed,
     Event,
+    HistoryNotKept,
     Interrupted,
     JobQueued,
     LinesDropped,
@@ -135,6 +136,8 @@ class ConsoleObserver:
         if isinstance(event, LinesDropped):
             self._note(f"{event.count} lines not shown: the terminal fell behind (every line is in the log files)",
                        "yellow")
+        elif isinstance(event, HistoryNotKept):
+            self._note(f"not in the run history (torchherd status will not list this run): {event.reason}", "yellow")
         elif isinstance(event, RanksRunning):
             self._note(f"{event.node}: ranks running (through the rendezvous)", "dim")
         elif isinstance(event, NodeStarted):

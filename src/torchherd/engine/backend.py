@@ -212,7 +212,7 @@ class SshBackend(Backend):
 
 
 class SlurmBackend(Backend):
-    """SLURM places the job, starts one task per node and does the killing (docs/slurm.md).
+    """SLURM places the job, starts one task per node and does the killing (torchherd docs slurm).
     torchherd never reaches its nodes over SSH: what needs that is refused (``refuses``)."""
 
     live_checks: ClassVar[bool] = False

@@ -144,6 +144,14 @@ class LinesDropped:
 
 
 @dataclass(frozen=True)
+class HistoryNotKept:
+    """An attached run's record could not be written into the state directory (``status``
+    and ``logs`` will not know the run); the run goes on, its log files are written."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class JobQueued:
     """A scheduler holds the job (SLURM: submitted, or still waiting for nodes, and why)."""
 
@@ -487,7 +495,7 @@ Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, Ran
               SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptFailed, TriageDone,
               VenvsDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
               CheckpointStaged, CheckpointMissing, LostContainers, PullStarted, PullProgress, NodePulled,
-              PullFailed, PullsDone, ArchiveStarted, ArchiveProgress, ArchiveDone]
+              PullFailed, PullsDone, ArchiveStarted, ArchiveProgress, ArchiveDone, HistoryNotKept]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000

@@ -50,6 +50,9 @@ from torchherd.runlog import OutputLine, RunSummary, flat
 from torchherd.transport import Connector, Session, close_all, connect_all, fan_out
 from torchherd.words import count
 
+Ended = Callable[[RunSummary | None, BaseException | None], None]
+"""Told how a run ended (its summary, or what went wrong instead), before ``wait`` returns."""
+
 LINE_BUFFER = 100_000
 """Lines ``Run.lines`` holds for a reader that falls behind; older ones are dropped
 from the iterator only, never from the log files."""
@@ -344,6 +347,8 @@ class Run:
         self._summary: RunSummary | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
+        self._ended: list[Ended] = []
+        self._ended_lock = threading.Lock()
         self._thread = threading.Thread(target=self._supervise, name="torchherd-run", daemon=True)
 
     def start(self) -> None:
@@ -364,7 +369,17 @@ class Run:
             self._on_end()
             if self._events.lines is not None:
                 self._events.offer(None)
-            self._done.set()
+            with self._ended_lock:
+                self._error = tell(self._ended, self._summary, self._error) or self._error
+                self._done.set()
+
+    def when_done(self, ended: Ended) -> None:
+        """``ended`` is told how the run ended, before ``wait`` returns (at once when it has)."""
+        with self._ended_lock:
+            if not self._done.is_set():
+                self._ended.append(ended)
+                return
+        ended(self._summary, self._error)
 
     def wait(self, timeout: float | None = None) -> RunSummary:
         """The summary once every node has finished. Ctrl-C while waiting stops the run as
@@ -410,6 +425,19 @@ class Run:
             yield line
 
 
+def tell(ended: list[Ended], summary: RunSummary | None, error: BaseException | None) -> BaseException | None:
+    """Tells each of ``ended`` how the run ended; returns the first one's failure (the
+    caller's ``wait`` raises it: never lost in the supervising thread, never a ``wait``
+    that waits forever)."""
+    failed = None
+    for callback in ended:
+        try:
+            callback(summary, error)
+        except Exception as failure:  # the job is over either way: the others are told still
+            failed = failed or failure
+    return failed
+
+
 def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: Observer = ignore) -> Run:
     """Preflights ``plan`` (unless ``options.check`` is off), starts it on every node and
     returns the running ``Run``. Raises LaunchAborted when it could not start."""
@@ -443,7 +471,7 @@ def wait_stopping(done: threading.Event, timeout: float | None, stop: Callable[[
 class sigterm_as_interrupt:
     """SIGTERM to the controller ends the run like Ctrl-C (130, every node stopped),
     unless the controller was started with SIGTERM ignored: an inherited ignore is kept,
-    as Python keeps an ignored SIGINT (docs/run.md)."""
+    as Python keeps an ignored SIGINT (torchherd docs run)."""
 
     def __enter__(self) -> None:
         self.previous: Callable[[int, FrameType | None], object] | int | None = None

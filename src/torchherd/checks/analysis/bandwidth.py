@@ -212,7 +212,7 @@ def _mtu_words(probe: MtuProbe) -> str:
 
 
 def analyse_mtu(observed: Observed) -> list[CheckResult]:
-    if observed.link_plan is None:
+    if observed.link_plan is None and observed.mtu_pairs is None:
         why = "; ".join(sorted(set(observed.bandwidth_errors.values()))) or "fewer than two nodes to probe"
         return [CheckResult(host.name, MTU_CHECK, "skip", f"not probed: {why}") for host in observed.inventory.hosts]
     probes = list(observed.mtu_probes.values())

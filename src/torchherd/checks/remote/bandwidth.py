@@ -5,6 +5,8 @@ Standard library only, Python >= 3.8, Linux; needs no root. Run as
   family   4 or 6        the family of the addresses the job uses
   seconds  S             the longest this process lives (it ends at EOF on stdin too)
   address  A             the node's address the job uses: the only one bound
+  echo_rate N            echo answers a second at most (default ECHO_RATE; the preflight's
+                         master echoes for every worker)
 It reads the check's key and its nodes' addresses from the first line on stdin,
 {"key": HEX, "peers": [ADDRESS, ...]} (never on a command line; the same on every node of
 one check), binds a TCP and a UDP port (any free one,
@@ -64,6 +66,8 @@ RECEIVERS = 16
 MAX_SECONDS = 600.0
 ECHO_RATE = 500
 """Echo answers a second at most (a check's whole MTU round is a few per pair)."""
+RATE = {"value": ECHO_RATE}
+"""This run's limit (the config's echo_rate, when given)."""
 SEEN_TOKENS = 65536
 """Tokens remembered, so that a copy of a request is not answered again."""
 OUT_LOCK = threading.Lock()
@@ -220,7 +224,7 @@ class Echoes:
         now = int(time.monotonic())
         if now != self.window:
             self.window, self.count = now, 0
-        if self.count >= ECHO_RATE:
+        if self.count >= RATE["value"]:
             return False
         self.count += 1
         self.seen[words[0]] = None
@@ -405,6 +409,8 @@ def main() -> None:
         answer({"error": "no key on the first line of stdin"})
         return
     PEERS["own"] = str(config.get("address") or "")
+    if isinstance(config.get("echo_rate"), int) and config["echo_rate"] > 0:
+        RATE["value"] = config["echo_rate"]
     try:
         (server, echo), bound = bind(family, str(config.get("address") or ""))
     except OSError as error:

@@ -159,7 +159,7 @@ def batch_job(plan: Plan, settings: SlurmSettings, fail_fast: bool = True, pyxis
                                     PYXIS_RUNTIMES else ""))
     lines = ["#!/bin/bash"] + [f"#SBATCH {option}" for option in options] + [
         f"# torchherd run {plan.run_id}: {one_line(shlex.join((plan.options.script, *plan.options.script_args)))}",
-        "# Made by torchherd (docs/md). The job's environment is in this file only (0600),",
+        "# Made by torchherd (torchherd docs slurm). The job's environment is in this file only (0600),",
         "# never on a command line.",
     ]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in nodes[0].env.items()]
