@@ -173,7 +173,7 @@ class Cluster:
         of ``[container]``, over the inventory's own; ``where`` names them in errors ("" for
         the command line's flags). ``archive`` (``--image-archive``): a ``docker save`` tar
         of the image here, relayed node to node and loaded where the image is missing
-        before the launch (docs/containers.md)."""
+        before the launch (`torchherd docs containers`)."""
         table = {key: list(value) if isinstance(value, (list, tuple)) else value
                  for key, value in (("image", image), ("runtime", runtime), ("mounts", mounts), ("options", options),
                                     ("pull", pull), ("archive", None if archive is None else str(archive)))

@@ -61,7 +61,8 @@ FAILED = AttachedRecord(4242, 77, f"/logs/{RUN}", "failed", 1, "node1 rank 3 fai
 
 
 def text_of(draw: object, width: int = 160) -> str:
-    console = Console(file=StringIO(), record=True, width=width, color_system=None)
+    """What ``draw`` renders on a terminal (tables with their box; piped, they are plain columns)."""
+    console = Console(file=StringIO(), record=True, width=width, color_system=None, force_terminal=True)
     assert callable(draw)
     draw(console)
     return "".join(line.rstrip() + "\n" for line in console.export_text().splitlines())
@@ -257,19 +258,19 @@ def test_logs_of_an_attached_run_by_a_unique_prefix(tmp_path: Path, monkeypatch:
     save(record("th-20240501-130000-999999"))  # another run: the prefix must still name one
     code, out = cli("logs", "abcdef")
     assert (code, out) == (1, """\
-node0   │ torchrun: starting
-node0:0 │ loss 1.0
-node0:1 │ warning: x
-node1:2 │ loss 1.1
-node1:3 │ Traceback: boom
-node1   │ torchrun: failed
-torchherd │ node0: stopped (torn down; exit code 143)
-torchherd │ node1: exited with code 1
-""")
+node0: torchrun: starting
+node0:0: loss 1.0
+node0:1: warning: x
+node1:2: loss 1.1
+node1:3: Traceback: boom
+node1: torchrun: failed
+torchherd: node0: stopped (torn down; exit code 143)
+torchherd: node1: exited with code 1
+""")  # piped: pdsh's node:rank: text
     code, out = cli("logs", "--node", "node0", "--rank", "1", "th-20240501-12")
     assert (code, out) == (1, """\
-node0:1 │ warning: x
-torchherd │ node0: stopped (torn down; exit code 143)
+node0:1: warning: x
+torchherd: node0: stopped (torn down; exit code 143)
 """)
 
 
@@ -278,8 +279,8 @@ def test_logs_whose_files_are_gone_say_so(tmp_path: Path, monkeypatch: pytest.Mo
     save(record(attached=replace(FINISHED, log_dir=str(tmp_path / "moved"))))
     code, out = cli("logs", RUN)
     assert (code, out) == (1, f"""\
-torchherd │ node0: cannot read its log ({tmp_path}/moved/node0.log): No such file or directory
-torchherd │ node1: cannot read its log ({tmp_path}/moved/node1.log): No such file or directory
+torchherd: node0: cannot read its log ({tmp_path}/moved/node0.log): No such file or directory
+torchherd: node1: cannot read its log ({tmp_path}/moved/node1.log): No such file or directory
 """)
 
 

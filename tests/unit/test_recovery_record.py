@@ -357,7 +357,7 @@ def test_the_piped_listing_is_plain_columns_that_cut_and_grep_read(monkeypatch: 
     out = text_of(lambda console: render_runs(console, [alive, over]), 40, terminal=False)
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(100.0)) + " (60s ago)"
     assert out == f"""\
-detached runs
+runs
 run       state    started                        nodes                               recovery                             command
 th-alive  running  {started}  node0 running, node1 running        attempt 2 of 3                       train.py
 th-over   failed   {started}  node0 exited (0), node1 exited (1)  controller gone, no further attempt  train.py
