@@ -193,7 +193,7 @@ class SlurmSettings:
 
 @dataclass(frozen=True)
 class UvSettings:
-    """The ``[uv]`` table: what this machine offers nodes that lack uv (docs/environments.md)."""
+    """The ``[uv]`` table: what this machine offers nodes that lack uv (`torchherd docs environments`)."""
 
     wheels: str | None = None
     """A directory of this machine's holding ``uv`` wheels (``pip download uv --platform ...``):

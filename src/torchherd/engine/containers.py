@@ -1,4 +1,4 @@
-"""A run's containers, seen from the controller (docs/containers.md).
+"""A run's containers, seen from the controller (`torchherd docs containers`).
 
 A node's supervisor removes its container whatever ends the job, but a node that died
 (powered off, kernel panic, every process killed) took its supervisor with it: the

@@ -1,4 +1,4 @@
-"""The lock's wheels for nodes without an index (design: docs/environments.md, "Nodes
+"""The lock's wheels for nodes without an index (design: `torchherd docs environments`, "Nodes
 without internet"): what this machine exports and downloads once per node platform, and
 how a node builds its venv from them with no network (``remote/venv.py``, given a
 ``wheelhouse``).
