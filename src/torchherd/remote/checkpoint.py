@@ -24,19 +24,28 @@ glob, of which the newest match (by mtime) counts. MODE is one of:
   ``{"ok": true, "bytes": N, "seconds": S}`` or ``{"error": TEXT}``. Nothing is written
   outside WORKDIR: the controller refuses an absolute PATH or one with ``..``, and this
   program refuses it again.
+
+  Replication (``[recovery] replicate``) runs the same chain while the job runs, with three
+  more keys: ``"low": true`` (this program at the lowest CPU and I/O priority: ``nice 19``,
+  ``ionice`` idle class where ``ionice`` exists), ``"rate"`` (the source sends at most so
+  fast: ``{"bytes": B}`` per second, or ``{"share": F}`` of its link's speed as the kernel
+  states it for the interface the copy leaves by, ``LINK_ASSUMED`` where it states none),
+  and ``"keep_newer": true`` (a receiver whose own copy at the path is newer than the one
+  sent keeps it: a replica never passes for a newer checkpoint than the original).
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
-import hmac
 import json
 import os
 import shutil
 import socket
 import sys
 import time
+
+# hashlib (OpenSSL's start: about 10 ms) and hmac are imported where a hash is made: the
+# supervisor imports this module for its checkpoint watch, which hashes nothing.
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,6 +58,94 @@ STALL_SECONDS = 120.0
 """A link that moves no byte for this long is broken."""
 TEMPORARY = ".torchherd-stage-"
 """In the names of the files and directories being received (never a glob's match)."""
+LINK_ASSUMED = 125e6
+"""Bytes per second of a link whose speed the kernel does not state (a virtual NIC, a
+tunnel): 1 Gb/s, the slowest link a cluster still runs distributed training over."""
+BURST_SECONDS = 0.05
+"""A paced sender may send this much ahead of its rate (in seconds of it): short enough
+that the job's own traffic never queues behind a long burst."""
+SIOCGIFADDR = 0x8915
+
+
+class Pace:
+    """A token bucket: ``take(n)`` returns how long to wait before sending ``n`` more bytes
+    so that the sending never runs ahead of ``rate`` bytes per second (beyond a burst of
+    ``BURST_SECONDS``). ``rate`` <= 0: no limit."""
+
+    def __init__(self, rate: float, now: float) -> None:
+        self.rate = rate
+        self.burst = rate * BURST_SECONDS
+        self.tokens = self.burst
+        self.last = now
+
+    def take(self, size: int, now: float) -> float:
+        if self.rate <= 0:
+            return 0.0
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        self.tokens -= size
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+
+def interface_of(address: str) -> Optional[str]:
+    """The network interface that holds the IPv4 ``address`` (None: none found, or IPv6)."""
+    import fcntl
+    import struct
+
+    try:
+        names = os.listdir("/sys/class/net")
+    except OSError:
+        return None
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for name in names:
+            try:
+                answer = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(answer[20:24]) == address:
+                return name
+    finally:
+        probe.close()
+    return None
+
+
+def link_speed(interface: Optional[str]) -> Optional[float]:
+    """The interface's speed as the kernel states it, in bytes per second (None: unknown)."""
+    if interface is None:
+        return None
+    try:
+        with open(os.path.join("/sys/class/net", interface, "speed")) as file:
+            megabits = int(file.read().strip())
+    except (OSError, ValueError):
+        return None
+    return megabits * 125000.0 if megabits > 0 else None
+
+
+def rate_of(spec: Optional[Dict[str, Any]], sock: socket.socket) -> float:
+    """Bytes per second the source may send over ``sock`` (0: no limit)."""
+    if not spec:
+        return 0.0
+    if "bytes" in spec:
+        return float(spec["bytes"])
+    speed = link_speed(interface_of(sock.getsockname()[0]))
+    return float(spec["share"]) * (speed if speed is not None else LINK_ASSUMED)
+
+
+def lower_priority() -> None:
+    """This program at the lowest CPU priority, and the idle I/O class where ``ionice``
+    exists: it copies only when the job leaves the CPU and the disk idle."""
+    import shutil as tools
+    import subprocess
+
+    try:
+        os.nice(19)
+    except OSError:
+        pass
+    ionice = tools.which("ionice")
+    if ionice is not None:
+        subprocess.run([ionice, "-c", "3", "-p", str(os.getpid())], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
 def emit(message: Dict[str, Any]) -> None:
@@ -82,6 +179,7 @@ def listing(full: str) -> List[Tuple[str, int, float]]:
 
 
 def file_sha256(path: str) -> str:
+    import hashlib
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         while True:
@@ -95,6 +193,7 @@ def combined(kind: str, hashes: List[Tuple[str, int, str]]) -> str:
     """A file's own SHA-256; a directory's: that of its listing with each file's hash."""
     if kind == "file":
         return hashes[0][2]
+    import hashlib
     digest = hashlib.sha256()
     for path, size, sha in hashes:
         digest.update(f"{path}\0{size}\0{sha}\n".encode("utf-8", "surrogateescape"))
@@ -173,6 +272,7 @@ def accept(listener: socket.socket, token: bytes) -> socket.socket:
         except (OSError, EOFError, ValueError):
             sock.close()
             continue
+        import hmac
         if hmac.compare_digest(first, token):
             sock.settimeout(STALL_SECONDS)
             return sock
@@ -247,10 +347,12 @@ def relay(workdir: str, config: Dict[str, Any]) -> Dict[str, Any]:
     else:
         emit({"port": None})
     started = time.monotonic()
+    if config.get("low"):
+        lower_priority()
     try:
         if config["source"]:
             watch_controller()
-            return send_own(workdir, relative, expect, listener, token, started)
+            return send_own(workdir, relative, expect, listener, token, started, config.get("rate"))
         line = sys.stdin.readline()
         if not line:
             raise EOFError("the controller went away")
@@ -259,19 +361,21 @@ def relay(workdir: str, config: Dict[str, Any]) -> Dict[str, Any]:
         upstream = socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS)
         upstream.settimeout(STALL_SECONDS)
         upstream.sendall(token + b"\n")
-        return receive(workdir, relative, expect, Link(upstream), listener, token, started)
+        return receive(workdir, relative, expect, Link(upstream), listener, token, started,
+                       bool(config.get("keep_newer")))
     finally:
         if listener is not None:
             listener.close()
 
 
 def send_own(workdir: str, relative: str, expect: Dict[str, Any], listener: Optional[socket.socket],
-             token: bytes, started: float) -> Dict[str, Any]:
+             token: bytes, started: float, rate: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     assert listener is not None
     full = os.path.join(workdir, relative)
     files = listing(full)
     header = {"files": [[path, size, mtime] for path, size, mtime in files]}
     downstream = accept(listener, token)
+    pace = Pace(rate_of(rate, downstream), time.monotonic())
     sent = 0
     try:
         downstream.sendall((json.dumps(header) + "\n").encode("utf-8"))
@@ -281,6 +385,9 @@ def send_own(workdir: str, relative: str, expect: Dict[str, Any], listener: Opti
                     block = file.read(CHUNK)
                     if not block:
                         break
+                    wait = pace.take(len(block), time.monotonic())
+                    if wait > 0:
+                        time.sleep(wait)
                     downstream.sendall(block)
                     sent += len(block)
         downstream.shutdown(socket.SHUT_WR)
@@ -290,13 +397,24 @@ def send_own(workdir: str, relative: str, expect: Dict[str, Any], listener: Opti
     return {"ok": True, "bytes": sent, "seconds": round(time.monotonic() - started, 3)}
 
 
+def newer_here(target: str, mtime: float) -> bool:
+    """Whether the copy at ``target`` is newer than one of ``mtime`` (kept, with ``keep_newer``)."""
+    try:
+        files = listing(target)
+    except OSError:
+        return False
+    return max([when for _, _, when in files] + [os.stat(target).st_mtime]) > mtime
+
+
 def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: Link,
-            listener: Optional[socket.socket], token: bytes, started: float) -> Dict[str, Any]:
+            listener: Optional[socket.socket], token: bytes, started: float,
+            keep_newer: bool = False) -> Dict[str, Any]:
     raw = upstream.line()
     header = json.loads(raw)
     downstream = accept(listener, token) if listener is not None else None
     kind = str(expect["kind"])
     target, temporary = place(workdir, relative)
+    newest_mtime = max([float(mtime) for _, _, mtime in header["files"]] or [0.0])
     CLEANUP.append(temporary)
     received = 0
     hashes = []
@@ -311,6 +429,7 @@ def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: Link,
                 os.makedirs(os.path.dirname(inner), mode=0o700, exist_ok=True)
             else:
                 inner = temporary
+            import hashlib
             digest = hashlib.sha256()
             with write_file(inner) as output:
                 left = int(size)
@@ -333,6 +452,12 @@ def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: Link,
         if found != expect["sha256"]:
             raise ValueError(f"the copy received has SHA-256 {found[:12]}..., not the {str(expect['sha256'])[:12]}... "
                              "found on the source (did it change on the way?)")
+        if kind == "dir":  # its own mtime counts too when the newest copy is picked: the source's
+            os.utime(temporary, (newest_mtime, newest_mtime))
+        if keep_newer and newer_here(target, newest_mtime):
+            cleanup()
+            return {"ok": True, "bytes": received, "seconds": round(time.monotonic() - started, 3),
+                    "kept": "a newer copy is here"}
         put_in_place(temporary, target, kind)
     except BaseException:
         cleanup()
