@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NoReturn, TypeVar
@@ -84,7 +84,10 @@ STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
 SYNC_KEYS = ("dir", "exclude", "include", "dest")
 TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks", "container")
-RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout", "checkpoint")
+RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout", "checkpoint", "replicate",
+                 "replicate_bandwidth")
+MAX_REPLICAS = 64
+"""More copies of a checkpoint than any run keeps: a larger count is a typo."""
 MAX_RETRIES = 1000
 """More attempts than any run makes: a larger count is a typo."""
 CHECKS_KEYS = ("min_bandwidth", "slow_ratio")
@@ -207,6 +210,64 @@ class Recovery:
     checkpoint: str | None = None
     """The job's checkpoint, a file or a directory relative to the workdir (a glob: its
     newest match), put on every node of a new attempt that lacks it; None: none staged."""
+    replicate: int | None = None
+    """Other nodes each new checkpoint is copied to while the job runs (the next ones in
+    the ring of node ranks); None: 1 when there is a ``checkpoint``; 0: none."""
+    replicate_bandwidth: Bandwidth = field(default_factory=lambda: Bandwidth(share=DEFAULT_REPLICATE_SHARE))
+    """The most a replica's copy may take of the link (``Bandwidth``)."""
+
+    @property
+    def replicas(self) -> int:
+        """How many other nodes each new checkpoint is copied to (0: no replication)."""
+        if self.checkpoint is None:
+            return 0
+        return 1 if self.replicate is None else self.replicate
+
+
+DEFAULT_REPLICATE_SHARE = 0.25
+"""A replica's copy takes at most a quarter of the link: the job's own traffic keeps the rest."""
+BANDWIDTH = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(%|[kKMGT]?B/s|[kKMGT]?bit/s)\s*\Z")
+BANDWIDTH_HINT = 'give a share of the link such as "25%", or a rate such as "200MB/s" or "800Mbit/s"'
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """A cap on a background copy: a share of the link's speed (as the node's kernel
+    states it), or so many bytes per second."""
+
+    share: float | None = None
+    """From 0 to 1 (exclusive of 0)."""
+    bytes_per_second: float | None = None
+
+    def wire(self) -> dict[str, float]:
+        """As the node program ``checkpoint.py`` takes it (its ``rate``)."""
+        if self.bytes_per_second is not None:
+            return {"bytes": self.bytes_per_second}
+        return {"share": self.share if self.share is not None else DEFAULT_REPLICATE_SHARE}
+
+    def __str__(self) -> str:
+        if self.bytes_per_second is not None:
+            return f"{self.bytes_per_second / 1e6:g} MB/s"
+        return f"{(self.share or 0) * 100:g}% of the link"
+
+
+def parse_bandwidth(text: str) -> Bandwidth | None:
+    """"25%", "200MB/s", "1.5GB/s", "800Mbit/s"; None when it is none of these (or 0, or over 100%)."""
+    match = BANDWIDTH.match(text)
+    if match is None or float(match.group(1)) <= 0:
+        return None
+    number, unit = float(match.group(1)), match.group(2)
+    if unit == "%":
+        return Bandwidth(share=number / 100) if number <= 100 else None
+    scale = RATE_UNITS[unit[0].lower()] if unit[0] in "kKMGT" else 1.0
+    return Bandwidth(bytes_per_second=number * scale / (8 if "bit" in unit else 1))
+
+
+def replicate_problem(value: Any) -> str | None:
+    """Why ``value`` is not a count of replicas, or None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REPLICAS:
+        return f"expected an integer from 0 to {MAX_REPLICAS} (0: no replication), got {_show(value)}"
+    return None
 
 
 CHECKPOINT_HINT = "give a path inside the job's workdir, relative to it (e.g. snapshot.pt or checkpoints/step-*.pt)"
@@ -382,6 +443,18 @@ class _Reader:
             self.fail(key, problem, CHECKPOINT_HINT)
         return text
 
+    def replicate(self, key: str, value: Any) -> int:
+        problem = replicate_problem(value)
+        if problem is not None:
+            self.fail(key, problem)
+        return int(value)
+
+    def bandwidth(self, key: str, value: Any) -> Bandwidth:
+        found = parse_bandwidth(value) if isinstance(value, str) else None
+        if found is None:
+            self.fail(key, f"expected a share or a rate, got {_show(value)}", BANDWIDTH_HINT)
+        return found
+
     def retries(self, key: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
             self.fail(key, f"expected an integer from 0 to {MAX_RETRIES}, got {_show(value)}")
@@ -541,7 +614,15 @@ def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, fro
     recovery = Recovery(retries=read.get("retries", 0, read.retries),
                         final_exit_codes=read.get("final_exit_codes", (), read.exit_codes), min_nodes=min_nodes,
                         hang_timeout=read.get("hang_timeout", None, read.seconds),
-                        checkpoint=read.get("checkpoint", None, read.checkpoint))
+                        checkpoint=read.get("checkpoint", None, read.checkpoint),
+                        replicate=read.get("replicate", None, read.replicate))
+    if "replicate_bandwidth" in table:
+        recovery = replace(recovery, replicate_bandwidth=read.bandwidth("replicate_bandwidth",
+                                                                         table["replicate_bandwidth"]))
+    if recovery.checkpoint is None and (recovery.replicate or "replicate_bandwidth" in table):
+        key = "replicate" if recovery.replicate else "replicate_bandwidth"
+        read.fail(key, "replication copies the checkpoint, and [recovery].checkpoint names none",
+                  'add checkpoint = "PATH" to [recovery] (e.g. "snapshot.pt"), or remove ' + key)
     return recovery, frozenset(expand(spares) if spares else ())
 
 

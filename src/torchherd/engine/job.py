@@ -21,6 +21,7 @@ from typing import Mapping, Sequence, Union
 
 from torchherd.engine.bookkeeping import NodeLog, dispatch, log_dir
 from torchherd.engine.events import (
+    CheckpointSaved,
     CoordinatorStarted,
     Interrupted,
     NodeExited,
@@ -103,6 +104,9 @@ class LaunchOptions:
     """The job outlives the controller (a detached run with retries, its controller in the
     background): each node's supervisor also appends its records to the node's log of a
     detached run, keeps its state file there, and runs on when the controller is gone."""
+    watch_checkpoint: str | None = None
+    """The checkpoint each node's supervisor watches for a new complete one (``[recovery]
+    replicate``): ``CheckpointSaved`` events; None: not watched."""
 
     @property
     def stop_grace(self) -> float:
@@ -296,7 +300,8 @@ class Job:
         return coordination
 
     def _config(self, node: NodeRun, marker: bytes) -> wire.SupervisorConfig:
-        config = supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace)
+        config = supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace)._replace(
+            checkpoint=self.options.watch_checkpoint)
         if not self.options.persist:
             return config
         # The watchdog only says when the controller counts as gone (its machine went
@@ -393,6 +398,10 @@ class Job:
                 self._on_exit(node, int(fields.get("code", 1)))
             if node.left:
                 self.emit(ProcessesLeft(node.name, node.left))
+        elif status.event == "checkpoint":
+            path, size, mtime = fields.get("path"), fields.get("size"), fields.get("mtime")
+            if isinstance(path, str) and isinstance(size, int) and isinstance(mtime, (int, float)):
+                self.emit(CheckpointSaved(node.name, path, size, float(mtime)))
         elif status.event in ("gpu", "progress", "busy"):
             # Only for the live view: the GPUs sampled, a progress bar as it stands, how
             # busy the ranks were.

@@ -17,6 +17,11 @@ that lacks it, copied node to node over the cluster's network, never through the
 The outcome is one event: ``CheckpointStaged`` (or ``CheckpointMissing`` when there is
 nothing to stage); a node that could not take it is named there, and the attempt starts
 anyway (the job decides what to do without its checkpoint).
+
+Replication (``replicate``, ``[recovery] replicate``) is the same chain while the job runs,
+from the node that saved a new checkpoint to the next nodes in the ring: every program at
+the lowest CPU and I/O priority, the source paced to the bandwidth cap, and a receiver that
+holds a newer copy of its own keeps it. Its outcome is ``CheckpointReplicated``.
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, Union
 
-from torchherd.engine.events import CheckpointMissing, CheckpointStaged
+from torchherd.engine.events import CheckpointMissing, CheckpointReplicated, CheckpointSaved, CheckpointStaged
 from torchherd.engine.sync import Lines
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan
 from torchherd.remote import command
+from torchherd.remote.checkpoint import LINK_ASSUMED
 from torchherd.shell import quote_path
 from torchherd.transport import Connector, Process, Session, connect_all, fan_out
 
@@ -88,9 +94,9 @@ def job_address(node: NodePlan) -> str:
     return node.host.local_addr or node.host.address
 
 
-def program(node: NodePlan, mode: str, path: str) -> str:
+def program(node: NodePlan, mode: str, path: str, low: bool = False) -> str:
     return (f"{quote_path(node.host.python)} {command('checkpoint.py')} {mode} "
-            f"{shlex.quote(node.workdir)} {shlex.quote(path)}")
+            f"{shlex.quote(node.workdir)} {shlex.quote(path)}" + (" low" if low else ""))
 
 
 def stage(connector: Connector, nodes: Mapping[str, NodePlan], sources: Sequence[str], receivers: Sequence[str],
@@ -124,6 +130,46 @@ def stage(connector: Connector, nodes: Mapping[str, NodePlan], sources: Sequence
         connected.close()
 
 
+def replicate(connector: Connector, nodes: Mapping[str, NodePlan], saved: CheckpointSaved, targets: Sequence[str],
+              rate: Mapping[str, float], cap: str, stopping: Callable[[], bool] = lambda: False
+              ) -> CheckpointReplicated:
+    """Copies the checkpoint ``saved`` on ``saved.node`` to each node of ``targets`` that
+    lacks it, at low priority, the source sending at most at ``rate`` (``Bandwidth.wire``;
+    ``cap`` says it). The copy is the source's newest at the time (a newer one may have come
+    since the record), found and hashed again there."""
+    started = time.monotonic()
+    source = saved.node
+    connected = connect_all(connector, [nodes[name].host for name in [source, *targets]])
+    try:
+        sessions = connected.succeeded
+        answers = dict(zip(sessions, fan_out(list(sessions.items()),
+                                             lambda item: _find(item[1], nodes[item[0]], saved.path, low=True))))
+        failed = [(name, f"not reached: {connected.failed[name]}") for name in targets if name in connected.failed]
+        own = answers.get(source)
+        if not isinstance(own, Copy):
+            why = own if isinstance(own, str) else "its checkpoint is gone" if source in answers else "not reached"
+            failed += [(name, f"the source {source}: {why}") for name in targets if name in sessions]
+            return CheckpointReplicated(saved.path, saved.size, saved.mtime, source, (), time.monotonic() - started,
+                                        cap, failed=tuple(failed))
+        failed += [(name, answer) for name in targets if isinstance(answer := answers.get(name), str)]
+        copies = {name: answer for name, answer in answers.items() if isinstance(answer, Copy)}
+        held = tuple(name for name in targets if name in copies and name not in lacking(own, copies, [name]))
+        kept = tuple(name for name in targets if name in copies and name not in held and copies[name].mtime > own.mtime)
+        needing = tuple(name for name in targets if name in sessions and name not in held and name not in kept
+                        and not isinstance(answers.get(name), str))
+        done: tuple[str, ...] = ()
+        if needing:
+            slowest = min(BYTES_PER_SECOND, rate.get("bytes", rate.get("share", 1.0) * LINK_ASSUMED)) / 2
+            results = _relay(sessions, nodes, own, needing, stopping, {"rate": dict(rate), "keep_newer": True},
+                             slowest)
+            done = tuple(name for name in needing if results[name] is None)
+            failed += [(name, problem) for name in needing if (problem := results[name]) is not None]
+        return CheckpointReplicated(own.path, own.size, own.mtime, source, done, time.monotonic() - started, cap,
+                                    held, tuple(failed), kept)
+    finally:
+        connected.close()
+
+
 def _nowhere(path: str, sources: Sequence[str], unreached: Mapping[str, TransportError],
              answers: Mapping[str, Copy | str | None]) -> str:
     asked = [name for name in sources if name in answers]
@@ -133,10 +179,10 @@ def _nowhere(path: str, sources: Sequence[str], unreached: Mapping[str, Transpor
     return f"{path} found {where}" + (f" ({'; '.join(problems)})" if problems else "")
 
 
-def _find(session: Session, node: NodePlan, path: str) -> Copy | str | None:
+def _find(session: Session, node: NodePlan, path: str, low: bool = False) -> Copy | str | None:
     """The node's newest copy; None: it has none; a string: why it could not say."""
     try:
-        result = session.run(program(node, "find", path), timeout=FIND_SECONDS)
+        result = session.run(program(node, "find", path, low), timeout=FIND_SECONDS)
     except TransportError as error:
         return str(error)
     answer = _last_json(result.stdout)
@@ -168,8 +214,11 @@ def _answer(lines: Lines, deadline: float, stopping: Callable[[], bool] | None =
 
 
 def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best: Copy,
-           needing: Sequence[str], stopping: Callable[[], bool]) -> dict[str, str | None]:
-    """The chain source -> needing[0] -> needing[1] ...; per receiver None (staged) or why not."""
+           needing: Sequence[str], stopping: Callable[[], bool], extra: Mapping[str, Any] | None = None,
+           slowest: float = BYTES_PER_SECOND) -> dict[str, str | None]:
+    """The chain source -> needing[0] -> needing[1] ...; per receiver None (staged) or why not.
+    ``extra``: replication's keys (and its programs run ``low``); ``slowest``: the lowest rate
+    in bytes per second the wait for the copy allows for."""
     chain = [best.node, *needing]
     token = secrets.token_hex(16)
     expect = {"path": best.path, "kind": best.kind, "sha256": best.sha256, "size": best.size}
@@ -182,10 +231,10 @@ def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best:
         for index, name in enumerate(chain):
             node = nodes[name]
             try:
-                process = sessions[name].start(program(node, "relay", best.path))
+                process = sessions[name].start(program(node, "relay", best.path, low=extra is not None))
                 processes[name], lines[name] = process, Lines(process)
                 config = {"token": token, "expect": expect, "source": index == 0, "bind": job_address(node),
-                          "downstream": index < len(chain) - 1}
+                          "downstream": index < len(chain) - 1, **(extra or {})}
                 process.send((json.dumps(config) + "\n").encode())
             except TransportError as error:
                 return _broken(needing, name, str(error))
@@ -197,7 +246,7 @@ def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best:
         for upstream, name in zip(chain, chain[1:]):
             where = {"upstream": [job_address(nodes[upstream]), ports[upstream]]}
             processes[name].send((json.dumps(where) + "\n").encode())
-        finish = time.monotonic() + START_SECONDS + best.size / BYTES_PER_SECOND
+        finish = time.monotonic() + START_SECONDS + best.size / slowest
         for name in chain:
             answer = _answer(lines[name], finish, stopping)
             if answer is None and stopping():

@@ -1,7 +1,7 @@
 """torchherd checkpoint staging, on a node: find the newest checkpoint, relay it node to node.
 
-Standard library only, Python >= 3.8, Linux. Run as ``PYTHON -I -S -u -c PROGRAM MODE WORKDIR PATH``
-(``remote.command``); PATH is relative to WORKDIR (``~`` is the node's home) and may be a
+Standard library only, Python >= 3.8, Linux. Run as ``PYTHON -I -S -u -c PROGRAM MODE WORKDIR PATH [low]``
+(``remote.command``; ``low``: at the lowest CPU and I/O priority, ``lower_priority``); PATH is relative to WORKDIR (``~`` is the node's home) and may be a
 glob, of which the newest match (by mtime) counts. MODE is one of:
 
 ``find``: prints one JSON line, the newest copy here: ``{"path": REL, "kind": "file" or
@@ -25,9 +25,8 @@ glob, of which the newest match (by mtime) counts. MODE is one of:
   outside WORKDIR: the controller refuses an absolute PATH or one with ``..``, and this
   program refuses it again.
 
-  Replication (``[recovery] replicate``) runs the same chain while the job runs, with three
-  more keys: ``"low": true`` (this program at the lowest CPU and I/O priority: ``nice 19``,
-  ``ionice`` idle class where ``ionice`` exists), ``"rate"`` (the source sends at most so
+  Replication (``[recovery] replicate``) runs the same chain while the job runs, every
+  program with ``low``, and two more keys: ``"rate"`` (the source sends at most so
   fast: ``{"bytes": B}`` per second, or ``{"share": F}`` of its link's speed as the kernel
   states it for the interface the copy leaves by, ``LINK_ASSUMED`` where it states none),
   and ``"keep_newer": true`` (a receiver whose own copy at the path is newer than the one
@@ -347,8 +346,6 @@ def relay(workdir: str, config: Dict[str, Any]) -> Dict[str, Any]:
     else:
         emit({"port": None})
     started = time.monotonic()
-    if config.get("low"):
-        lower_priority()
     try:
         if config["source"]:
             watch_controller()
@@ -472,6 +469,8 @@ def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: Link,
 def main() -> int:
     mode, workdir, pattern = sys.argv[1:4]
     workdir = os.path.expanduser(workdir)
+    if "low" in sys.argv[4:]:
+        lower_priority()
     try:
         safe_relative(pattern)
         if mode == "find":
