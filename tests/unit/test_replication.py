@@ -326,7 +326,7 @@ def test_the_supervisor_is_told_to_watch_the_checkpoint_only_with_replication() 
     @dataclass
     class Watching(ReplicatingBackend):
         def launch(self, plan: Plan, options: object, observer: object = None) -> object:  # type: ignore[override]
-            seen.append(getattr(options, "watch_checkpoint"))
+            seen.append(options.watch_checkpoint)
             return super().launch(plan, options, observer)  # type: ignore[arg-type]
 
     recover(Watching([lambda plan: ended(plan, None)]), plan_of(), Recovery(retries=1, checkpoint="snapshot.pt"))
