@@ -347,8 +347,10 @@ def test_the_tutorial_resumes_every_rank_from_the_staged_snapshot(
     after a few snapshots; before attempt 2 the newest snapshot goes from node0 to node1
     and the spare node3, node to node, so every rank resumes from the same epoch."""
     cluster = make_cluster(4, nproc_per_node=1)
+    # --replicate 0: staging alone (node1 never holds a replica: every copy comes from node0)
     controller = controllers(cluster, tmp_path / "logs", "--spares", "node3", "--retries", "1", "--checkpoint",
-                             "snapshot.pt", "--plain", "--", MULTINODE, "15", "1", "--epoch-seconds", "0.4")
+                             "snapshot.pt", "--replicate", "0", "--plain", "--", MULTINODE, "15", "1",
+                             "--epoch-seconds", "0.4")
     controller.wait_for(r"Epoch 4 \| Training snapshot saved at snapshot.pt", timeout=120)
     kill_node(cluster, "node2")
     try:
