@@ -352,6 +352,10 @@ def test_the_replicator_gives_up_the_copy_under_way_between_two_attempts() -> No
     assert started.wait(10)
     replicator.pause(timeout=10)
     assert stopped.is_set() and emitted == []  # given up: nothing claimed
+    replicator.close()  # the run is over: its thread ends
+    assert replicator._thread is not None
+    replicator._thread.join(timeout=10)
+    assert not replicator._thread.is_alive()
 
 
 def test_the_record_reaches_the_controller_as_it_was_sent() -> None:

@@ -318,6 +318,8 @@ class RecoveringRun:
         except BaseException as error:  # handed to wait(): a bug must not vanish in a thread
             self._error = error
         finally:
+            if self.replicator is not None:
+                self.replicator.close()
             self._done.set()
 
     def _attempts(self, run: Run | None) -> RunSummary:

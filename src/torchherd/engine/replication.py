@@ -110,18 +110,29 @@ class Replicator:
         self.nodes: tuple[str, ...] = ()
         self._pending: dict[str, CheckpointSaved] = {}
         self._busy = False
-        self._cancelled = False
+        self._generation = 0
+        """Raised by each ``pause``: a copy started before it is given up, and its outcome
+        (late, from an attempt that ended) is not told."""
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def attempt(self, nodes: Sequence[str]) -> None:
         """The nodes of the attempt now running, in node-rank order: the ring."""
         with self._changed:
             self.nodes = tuple(nodes)
-            self._cancelled = False
+
+    def close(self) -> None:
+        """The run is over: the copy under way is given up, and the thread ends."""
+        self.pause()
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
     def saved(self, event: CheckpointSaved) -> None:
         with self._changed:
+            if self._closed:
+                return
             self.holdings.saved(event)
             self._pending[event.node] = event  # a newer save replaces one still waiting
             if self._thread is None:
@@ -129,35 +140,44 @@ class Replicator:
                 self._thread.start()
             self._changed.notify_all()
 
-    def pause(self, timeout: float = 30.0) -> None:
+    def pause(self, timeout: float = 2.0) -> None:
         """Drops what waits and gives up the copy under way (its relays end and remove their
-        temporary copies); returns once it has ended, or after ``timeout``."""
+        temporary copies); returns once it has ended, or after ``timeout``: the recovery
+        never waits long on it (a copy still ending then cannot put an older checkpoint
+        over the one staged next: a receiver keeps a newer copy)."""
         deadline = time.monotonic() + timeout
         with self._changed:
             self._pending.clear()
-            self._cancelled = True
+            self._generation += 1
             while self._busy and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(left)
+
+    def _given_up(self, generation: int) -> Callable[[], bool]:
+        """Whether a copy started in ``generation`` is given up (a ``pause`` came since)."""
+        return lambda: self._generation != generation
 
     def _work(self) -> None:
         while True:
             with self._changed:
-                while not self._pending:
+                while not self._pending and not self._closed:
                     self._changed.wait()
+                if self._closed:
+                    return
                 node = next(iter(self._pending))
                 event = self._pending.pop(node)
                 targets = ring(self.nodes, node, self.replicas)
                 if not targets:
                     continue
                 self._busy = True
+                generation = self._generation
             try:
-                result = self.copier(event, targets, lambda: self._cancelled)
+                result = self.copier(event, targets, self._given_up(generation))
             except Exception as error:  # noqa: BLE001 - a copy that fails never ends the run
                 result = CheckpointReplicated(event.path, event.size, event.mtime, node, (), 0.0, "",
                                               failed=tuple((target, str(error)) for target in targets))
             with self._changed:
                 self._busy = False
-                cancelled = self._cancelled
+                cancelled = self._generation != generation
                 if not cancelled:
                     self.holdings.replicated(result)
                 self._changed.notify_all()
