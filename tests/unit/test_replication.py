@@ -6,6 +6,7 @@ recovering run handing each new checkpoint to the copier with the attempt's ring
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -364,3 +365,45 @@ def test_the_record_reaches_the_controller_as_it_was_sent() -> None:
     status = parse_status("node0", wire.checkpoint_record("ckpt/step-3.pt", 123, WALL + 0.5)[1:-1])
     assert (status.event, status.fields) == ("checkpoint", {"event": "checkpoint", "path": "ckpt/step-3.pt",
                                                             "size": 123, "mtime": WALL + 0.5})
+
+
+# ------------------------------------------------------------------ the controller's side, on this machine
+
+
+def test_a_replica_goes_to_the_ring_nodes_that_lack_it_and_a_newer_copy_stays(tmp_path: Path) -> None:
+    """``replicate`` over the in-process transport: n1 has an older copy (replaced), n2 the
+    same one (left alone: its look matched and its hash confirmed it), n3 a newer one of its
+    own (kept), n4 is not reached."""
+    from test_checkpoint_staging import nodes_in
+
+    from torchherd.engine.staging import replicate
+    from torchherd.transport.local import LocalConnector
+
+    nodes = nodes_in(tmp_path, 5)
+    data = os.urandom(300_000)
+    for name, content, mtime in (("n0", data, WALL), ("n1", b"epoch 0", WALL - 60), ("n2", data, WALL),
+                                 ("n3", b"epoch 10", WALL + 60)):
+        (tmp_path / name / "snapshot.pt").write_bytes(content)
+        os.utime(tmp_path / name / "snapshot.pt", (mtime, mtime))
+    untouched = (tmp_path / "n2" / "snapshot.pt").stat().st_ino
+    saved = CheckpointSaved("n0", "snapshot.pt", len(data), WALL)
+    event = replicate(LocalConnector(unreachable=frozenset({"n4"})), nodes, saved, ["n1", "n2", "n3", "n4"],
+                      {"bytes": 50e6}, "50 MB/s")
+    assert (event.source, event.nodes, event.held, event.kept) == ("n0", ("n1",), ("n2",), ("n3",)), event
+    assert [node for node, _ in event.failed] == ["n4"] and "not reached" in event.failed[0][1]
+    assert (tmp_path / "n1" / "snapshot.pt").read_bytes() == data
+    assert (tmp_path / "n1" / "snapshot.pt").stat().st_mtime == WALL  # the original's: never newer
+    assert (tmp_path / "n2" / "snapshot.pt").stat().st_ino == untouched
+    assert (tmp_path / "n3" / "snapshot.pt").read_bytes() == b"epoch 10"
+
+
+def test_look_names_the_newest_copy_without_hashing_it(tmp_path: Path) -> None:
+    from test_checkpoint_staging import node_program
+
+    (tmp_path / "snapshot.pt").write_bytes(b"x" * 10)
+    os.utime(tmp_path / "snapshot.pt", (WALL, WALL))
+    process = node_program("look", tmp_path, "snapshot.pt")
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    assert json.loads(out) == {"path": "snapshot.pt", "kind": "file", "size": 10, "mtime": WALL, "sha256": None,
+                               "files": 1}

@@ -142,8 +142,16 @@ def replicate(connector: Connector, nodes: Mapping[str, NodePlan], saved: Checkp
     connected = connect_all(connector, [nodes[name].host for name in [source, *targets]])
     try:
         sessions = connected.succeeded
-        answers = dict(zip(sessions, fan_out(list(sessions.items()),
-                                             lambda item: _find(item[1], nodes[item[0]], saved.path, low=True))))
+        # The source's copy is hashed (the receivers check theirs against it); the others'
+        # only when they look the same (path, size and mtime: a replica keeps the original's),
+        # so an older copy about to be replaced costs no hash of its own.
+        answers = dict(zip(sessions, fan_out(list(sessions.items()), lambda item: _find(
+            item[1], nodes[item[0]], saved.path, low=True, mode="find" if item[0] == source else "look"))))
+        own_look = answers.get(source)
+        alike = [name for name in targets if isinstance(own_look, Copy) and isinstance(look := answers.get(name), Copy)
+                 and (look.path, look.size, look.mtime) == (own_look.path, own_look.size, own_look.mtime)]
+        answers.update(zip(alike, fan_out([(name, sessions[name]) for name in alike], lambda item: _find(
+            item[1], nodes[item[0]], saved.path, low=True))))
         failed = [(name, f"not reached: {connected.failed[name]}") for name in targets if name in connected.failed]
         own = answers.get(source)
         if not isinstance(own, Copy):
@@ -179,10 +187,11 @@ def _nowhere(path: str, sources: Sequence[str], unreached: Mapping[str, Transpor
     return f"{path} found {where}" + (f" ({'; '.join(problems)})" if problems else "")
 
 
-def _find(session: Session, node: NodePlan, path: str, low: bool = False) -> Copy | str | None:
-    """The node's newest copy; None: it has none; a string: why it could not say."""
+def _find(session: Session, node: NodePlan, path: str, low: bool = False, mode: str = "find") -> Copy | str | None:
+    """The node's newest copy; None: it has none; a string: why it could not say. Mode
+    ``look``: its hash left out ("")."""
     try:
-        result = session.run(program(node, "find", path, low), timeout=FIND_SECONDS)
+        result = session.run(program(node, mode, path, low), timeout=FIND_SECONDS)
     except TransportError as error:
         return str(error)
     answer = _last_json(result.stdout)
@@ -193,7 +202,7 @@ def _find(session: Session, node: NodePlan, path: str, low: bool = False) -> Cop
     if answer.get("path") is None:
         return None
     return Copy(node.host.name, str(answer["path"]), str(answer["kind"]), int(answer["size"]), float(answer["mtime"]),
-                str(answer["sha256"]))
+                str(answer["sha256"] or ""))
 
 
 def _last_json(data: bytes) -> dict[str, Any] | None:

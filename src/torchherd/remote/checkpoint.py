@@ -4,7 +4,8 @@ Standard library only, Python >= 3.8, Linux. Run as ``PYTHON -I -S -u -c PROGRAM
 (``remote.command``; ``low``: at the lowest CPU and I/O priority, ``lower_priority``); PATH is relative to WORKDIR (``~`` is the node's home) and may be a
 glob, of which the newest match (by mtime) counts. MODE is one of:
 
-``find``: prints one JSON line, the newest copy here: ``{"path": REL, "kind": "file" or
+``find`` (``look``: the same without the hash, ``"sha256": null``): prints one JSON line,
+  the newest copy here: ``{"path": REL, "kind": "file" or
   "dir", "size": BYTES, "mtime": SECONDS, "sha256": HEX}`` (a directory: its files' total
   size, its newest file's mtime, the SHA-256 of its listing of ``relpath NUL size NUL
   sha256`` lines), or ``{"path": null}`` when there is none, or ``{"error": TEXT}``.
@@ -215,17 +216,22 @@ def newest(workdir: str, pattern: str) -> Optional[str]:
     return None if best is None else os.path.relpath(best, workdir)
 
 
-def find(workdir: str, pattern: str) -> Dict[str, Any]:
+def find(workdir: str, pattern: str, hashed: bool = True) -> Dict[str, Any]:
+    """``find``'s answer; without ``hashed`` (mode ``look``) its ``sha256`` is null: a
+    replication asks so of the nodes it copies to, whose older copy is worth no hash."""
     relative = newest(workdir, pattern)
     if relative is None:
         return {"path": None}
     full = os.path.join(workdir, relative)
     kind = "dir" if os.path.isdir(full) else "file"
     files = listing(full)
-    hashes = [(path, size, file_sha256(os.path.join(full, path) if path else full)) for path, size, _ in files]
     mtime = max([mtime for _, _, mtime in files] + [os.stat(full).st_mtime])
+    sha256 = None
+    if hashed:
+        hashes = [(path, size, file_sha256(os.path.join(full, path) if path else full)) for path, size, _ in files]
+        sha256 = combined(kind, hashes)
     return {"path": relative, "kind": kind, "size": sum(size for _, size, _ in files), "mtime": mtime,
-            "sha256": combined(kind, hashes), "files": len(files)}
+            "sha256": sha256, "files": len(files)}
 
 
 class Link:
@@ -473,8 +479,8 @@ def main() -> int:
         lower_priority()
     try:
         safe_relative(pattern)
-        if mode == "find":
-            emit(find(workdir, pattern))
+        if mode in ("find", "look"):
+            emit(find(workdir, pattern, hashed=mode == "find"))
             return 0
         line = sys.stdin.readline()
         if not line:
