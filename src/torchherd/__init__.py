@@ -15,7 +15,8 @@ user never imports rich. The public names:
 - ``Run``, ``DetachedRun``, ``RecoveringRun``: what ``launch`` returns; ``runs()`` and
   ``attach(run_id)`` find detached runs again (``damaged_runs()``: the records that could
   not be read); ``new_run_id()``.
-- ``Plan``: each node's exact command; ``Recovery``: retries, spares, minimum nodes.
+- ``Plan``: each node's exact command; ``Recovery``: retries, spares, minimum nodes, the
+  checkpoint staged and replicated (``Bandwidth``: the cap on a replica's copy).
 - ``RunSummary``, ``NodeOutcome``, ``AttemptRecord``, ``OutputLine``: how a run ended, and
   its lines; ``CheckReport``, ``CheckResult``: what the preflight found.
 - ``events``: the typed events an observer (``on_event``) receives.
@@ -37,7 +38,7 @@ _API = {
     "NodeOutcome": "torchherd.runlog", "OutputLine": "torchherd.runlog", "CheckReport": "torchherd.results",
     "CheckResult": "torchherd.results", "TorchherdError": "torchherd.errors", "UsageError": "torchherd.errors",
     "TransportError": "torchherd.errors", "events": "torchherd.engine.events", "Recovery": "torchherd.inventory",
-    "RecoveringRun": "torchherd.api", "AttemptRecord": "torchherd.runlog",
+    "Bandwidth": "torchherd.inventory", "RecoveringRun": "torchherd.api", "AttemptRecord": "torchherd.runlog",
 }
 __all__ = sorted(_API) + ["__version__"]
 
@@ -56,7 +57,7 @@ if TYPE_CHECKING:  # the names __getattr__ loads, for type checkers and editors
     )
     from torchherd.engine import events  # noqa: F401
     from torchherd.errors import TorchherdError, TransportError, UsageError  # noqa: F401
-    from torchherd.inventory import Recovery  # noqa: F401
+    from torchherd.inventory import Bandwidth, Recovery  # noqa: F401
     from torchherd.plan import Plan  # noqa: F401
     from torchherd.results import CheckReport, CheckResult  # noqa: F401
     from torchherd.runlog import AttemptRecord, NodeOutcome, OutputLine, RunSummary  # noqa: F401

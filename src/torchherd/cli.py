@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from torchherd.api import Cluster, DetachedStartFailed
     from torchherd.console.view import ViewOptions
-    from torchherd.inventory import Recovery
+    from torchherd.inventory import Bandwidth, Recovery
     from torchherd.plan import Plan
     from torchherd.results import CheckReport
 
@@ -364,12 +364,17 @@ def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
     recovery = cluster.recovery
     given = {key: value for key, value in (("retries", args.retries), ("final_exit_codes", args.final_exit_codes),
                                            ("min_nodes", args.min_nodes), ("hang_timeout", args.hang_timeout),
-                                           ("checkpoint", args.checkpoint))
+                                           ("checkpoint", args.checkpoint), ("replicate", args.replicate),
+                                           ("replicate_bandwidth", args.replicate_bandwidth))
              if value is not None}
     recovery = replace(recovery, **given) if given else recovery
     if args.checkpoint is not None and not recovery.retries:
         raise UsageError("--checkpoint: it is staged before a new attempt, and without retries there is none",
                          "add --retries N (or retries in [recovery])")
+    for flag, value in (("--replicate", args.replicate), ("--replicate-bandwidth", args.replicate_bandwidth)):
+        if value is not None and recovery.checkpoint is None and (flag != "--replicate" or value):
+            raise UsageError(f"{flag}: replication copies the checkpoint, and none is named",
+                             "add --checkpoint PATH (or checkpoint in [recovery])")
     return recovery
 
 
@@ -625,6 +630,25 @@ def _checkpoint(text: str) -> str:
     return text
 
 
+def _replicate(text: str) -> int:
+    from torchherd.inventory import replicate_problem
+
+    value = int(text) if text.isascii() and text.isdigit() else text
+    problem = replicate_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return int(value)
+
+
+def _bandwidth(text: str) -> Bandwidth:
+    from torchherd.inventory import BANDWIDTH_HINT, parse_bandwidth
+
+    found = parse_bandwidth(text)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"expected a share or a rate, got {text!r} ({BANDWIDTH_HINT})")
+    return found
+
+
 def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
     group = run.add_argument_group("recovery (torchherd docs run: Recovery); each flag overrides [recovery]")
     group.add_argument("--retries", type=_retries, metavar="N",
@@ -644,6 +668,13 @@ def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
                        help="before each new attempt, put the newest copy of PATH (relative to the workdir; a glob: "
                             "its newest match) on every node that lacks it, copied node to node (default: "
                             "[recovery].checkpoint, else none)")
+    group.add_argument("--replicate", type=_replicate, metavar="K",
+                       help="copy each new checkpoint, once complete, to the next K nodes in the ring while the job "
+                            "runs, so losing the node that wrote it loses nothing (default: 1 with a checkpoint; "
+                            "0: off)")
+    group.add_argument("--replicate-bandwidth", type=_bandwidth, metavar="CAP",
+                       help='the most a replica\'s copy takes of the link: "25%%" of its speed, or a rate such as '
+                            '"200MB/s" (default: 25%%)')
 
 
 def _check_ids() -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, NoReturn, TypeVar
@@ -88,7 +88,7 @@ SYNC_KEYS = ("dir", "exclude", "include", "dest")
 TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks", "container", "uv")
 UV_KEYS = ("wheels",)
 RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout", "checkpoint", "heartbeat",
-                 "heartbeat_misses")
+                 "heartbeat_misses", "replicate", "replicate_bandwidth")
 HEARTBEAT_RANGE = (0.1, 5.0)
 """Seconds between heartbeats: below 0.1 s the beats cost more than they tell; above 5 s a lost
 node goes unnoticed for half a minute or more."""
@@ -97,6 +97,8 @@ MISSES_RANGE = (2, 60)
 is never a loss."""
 MIN_LOST_AFTER = 1.0
 """``heartbeat`` x ``heartbeat_misses`` at least: a shorter silence is a busy scheduler, not a lost node."""
+MAX_REPLICAS = 64
+"""More copies of a checkpoint than any run keeps: a larger count is a typo."""
 MAX_RETRIES = 1000
 """More attempts than any run makes: a larger count is a typo."""
 CHECKS_KEYS = ("min_bandwidth", "slow_ratio")
@@ -237,10 +239,23 @@ class Recovery:
     """A node is lost once this many heartbeats in a row are missing and its SSH connection
     does not answer either (0.5 s x 5: noticed in 2.5 s)."""
 
+    replicate: int | None = None
+    """Other nodes each new checkpoint is copied to while the job runs (the next ones in
+    the ring of node ranks); None: 1 when there is a ``checkpoint``; 0: none."""
+    replicate_bandwidth: Bandwidth = field(default_factory=lambda: Bandwidth(share=DEFAULT_REPLICATE_SHARE))
+    """The most a replica's copy may take of the link (``Bandwidth``)."""
+
     @property
     def lost_after(self) -> float:
         """Seconds of silence, from the node and its SSH connection both, that lose a node."""
         return self.heartbeat * self.heartbeat_misses
+
+    @property
+    def replicas(self) -> int:
+        """How many other nodes each new checkpoint is copied to (0: no replication)."""
+        if self.checkpoint is None:
+            return 0
+        return 1 if self.replicate is None else self.replicate
 
 
 HEARTBEAT_HINT = "heartbeat = 0.5 with heartbeat_misses = 5 (the default) notices a lost node in 2.5 s"
@@ -258,6 +273,52 @@ def heartbeat_problem(recovery: Recovery) -> str | None:
     if recovery.lost_after < MIN_LOST_AFTER:
         return (f"heartbeat x heartbeat_misses is {recovery.lost_after:g} s: a node would be lost after less than "
                 f"{MIN_LOST_AFTER:g} s of silence, which a busy node can take")
+    return None
+
+
+DEFAULT_REPLICATE_SHARE = 0.25
+"""A replica's copy takes at most a quarter of the link: the job's own traffic keeps the rest."""
+BANDWIDTH = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(%|[kKMGT]?B/s|[kKMGT]?bit/s)\s*\Z")
+BANDWIDTH_HINT = 'give a share of the link such as "25%", or a rate such as "200MB/s" or "800Mbit/s"'
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """A cap on a background copy: a share of the link's speed (as the node's kernel
+    states it), or so many bytes per second."""
+
+    share: float | None = None
+    """From 0 to 1 (exclusive of 0)."""
+    bytes_per_second: float | None = None
+
+    def wire(self) -> dict[str, float]:
+        """As the node program ``checkpoint.py`` takes it (its ``rate``)."""
+        if self.bytes_per_second is not None:
+            return {"bytes": self.bytes_per_second}
+        return {"share": self.share if self.share is not None else DEFAULT_REPLICATE_SHARE}
+
+    def __str__(self) -> str:
+        if self.bytes_per_second is not None:
+            return f"{self.bytes_per_second / 1e6:g} MB/s"
+        return f"{(self.share or 0) * 100:g}% of the link"
+
+
+def parse_bandwidth(text: str) -> Bandwidth | None:
+    """"25%", "200MB/s", "1.5GB/s", "800Mbit/s"; None when it is none of these (or 0, or over 100%)."""
+    match = BANDWIDTH.match(text)
+    if match is None or float(match.group(1)) <= 0:
+        return None
+    number, unit = float(match.group(1)), match.group(2)
+    if unit == "%":
+        return Bandwidth(share=number / 100) if number <= 100 else None
+    scale = RATE_UNITS[unit[0].lower()] if unit[0] in "kKMGT" else 1.0
+    return Bandwidth(bytes_per_second=number * scale / (8 if "bit" in unit else 1))
+
+
+def replicate_problem(value: Any) -> str | None:
+    """Why ``value`` is not a count of replicas, or None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REPLICAS:
+        return f"expected an integer from 0 to {MAX_REPLICAS} (0: no replication), got {_show(value)}"
     return None
 
 
@@ -448,6 +509,18 @@ class _Reader:
             self.fail(key, f"expected an integer from {low} to {high}, got {_show(value)}", HEARTBEAT_HINT)
         return int(value)
 
+    def replicate(self, key: str, value: Any) -> int:
+        problem = replicate_problem(value)
+        if problem is not None:
+            self.fail(key, problem)
+        return int(value)
+
+    def bandwidth(self, key: str, value: Any) -> Bandwidth:
+        found = parse_bandwidth(value) if isinstance(value, str) else None
+        if found is None:
+            self.fail(key, f"expected a share or a rate, got {_show(value)}", BANDWIDTH_HINT)
+        return found
+
     def retries(self, key: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
             self.fail(key, f"expected an integer from 0 to {MAX_RETRIES}, got {_show(value)}")
@@ -630,10 +703,18 @@ def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, fro
                         hang_timeout=read.get("hang_timeout", None, read.seconds),
                         checkpoint=read.get("checkpoint", None, read.checkpoint),
                         heartbeat=read.get("heartbeat", 0.5, read.heartbeat),
-                        heartbeat_misses=read.get("heartbeat_misses", 5, read.misses))
+                        heartbeat_misses=read.get("heartbeat_misses", 5, read.misses),
+                        replicate=read.get("replicate", None, read.replicate))
     problem = heartbeat_problem(recovery)
     if problem is not None:
         read.fail("heartbeat_misses" if "heartbeat_misses" in table else "heartbeat", problem, HEARTBEAT_HINT)
+    if "replicate_bandwidth" in table:
+        recovery = replace(recovery, replicate_bandwidth=read.bandwidth("replicate_bandwidth",
+                                                                         table["replicate_bandwidth"]))
+    if recovery.checkpoint is None and (recovery.replicate or "replicate_bandwidth" in table):
+        key = "replicate" if recovery.replicate else "replicate_bandwidth"
+        read.fail(key, "replication copies the checkpoint, and [recovery].checkpoint names none",
+                  'add checkpoint = "PATH" to [recovery] (e.g. "snapshot.pt"), or remove ' + key)
     return recovery, frozenset(expand(spares) if spares else ())
 
 

@@ -468,6 +468,8 @@ class RunSummary:
     straggler: str | None = None
     """The summary's line on it: ``slowest.text()``, or that the run had no progress
     signal to compare; None: nothing to say."""
+    checkpoint: str | None = None
+    """With checkpoint replication: where the newest checkpoint is (``Holdings.line``)."""
 
     def as_json(self) -> dict[str, object]:
         """What ``run --json`` prints: every figure of the summary, the attempts included."""
@@ -477,4 +479,4 @@ class RunSummary:
                 "attempts": [attempt.as_json() for attempt in self.attempts],
                 "slowest": None if slowest is None else {"node": slowest.node, "ratio": round(slowest.ratio, 3),
                                                          "signal": slowest.signal, "detail": slowest.detail},
-                "straggler": self.straggler}
+                "straggler": self.straggler, "checkpoint": self.checkpoint}

@@ -350,8 +350,10 @@ def test_the_tutorial_resumes_every_rank_from_the_staged_snapshot(
     after a few snapshots; before attempt 2 the newest snapshot goes from node0 to node1
     and the spare node3, node to node, so every rank resumes from the same epoch."""
     cluster = make_cluster(4, nproc_per_node=1)
+    # --replicate 0: staging alone (node1 never holds a replica: every copy comes from node0)
     controller = controllers(cluster, tmp_path / "logs", "--spares", "node3", "--retries", "1", "--checkpoint",
-                             "snapshot.pt", "--plain", "--", MULTINODE, "15", "1", "--epoch-seconds", "0.4")
+                             "snapshot.pt", "--replicate", "0", "--plain", "--", MULTINODE, "15", "1",
+                             "--epoch-seconds", "0.4")
     controller.wait_for(r"Epoch 4 \| Training snapshot saved at snapshot.pt", timeout=120)
     kill_node(cluster, "node2")
     try:
@@ -372,3 +374,54 @@ def test_the_tutorial_resumes_every_rank_from_the_staged_snapshot(
             assert cluster.wait_no_processes(name, timeout=10) == [], f"processes left on {name}"
     finally:
         cluster.restore_network("node2")
+
+
+def _snapshot_sha(cluster: LocalCluster, node: str) -> str:
+    result = cluster.ssh(node, "sha256sum /tmp/snapshot.pt 2>/dev/null", timeout=30)
+    return result.stdout.split()[0] if result.returncode == 0 and result.stdout else ""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_the_tutorial_resumes_from_the_replica_when_the_master_holding_the_snapshot_dies(
+        make_cluster: Callable[..., LocalCluster], tmp_path: Path,
+        controllers: Callable[..., Controller]) -> None:
+    """The same tutorial, but node0 dies: the only node whose rank writes snapshot.pt. With
+    replication (on by default with a checkpoint), each complete snapshot was copied to
+    node1 (the next in the ring) while the job ran; staging finds that replica, so every
+    rank of attempt 2 resumes from the same epoch, and the run ends 0."""
+    cluster = make_cluster(4, nproc_per_node=1)
+    controller = controllers(cluster, tmp_path / "logs", "--spares", "node3", "--retries", "1", "--checkpoint",
+                             "snapshot.pt", "--plain", "--", MULTINODE, "30", "5", "--epoch-seconds", "1.2")
+    controller.wait_for(r"Epoch 5 \| Training snapshot saved at snapshot.pt", timeout=150)  # the second snapshot
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # its replica on node1: the same bytes as node0's
+        held = _snapshot_sha(cluster, "node1")
+        if held and held == _snapshot_sha(cluster, "node0"):
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError("no replica of node0's snapshot on node1:\n" + controller.output[-3000:])
+    assert cluster.ssh("node1", "stat -c %a /tmp/snapshot.pt").stdout.strip() == "600"  # private to the user
+    kill_node(cluster, "node0")
+    try:
+        assert controller.wait(timeout=300) == 0, controller.output
+        out = controller.output
+        before = out[:out.index("attempt 2 of 2")]
+        replicated = re.findall(r"checkpoint: snapshot\.pt \([\d.]+ kB, saved \d\d:\d\d:\d\d on node0\) replicated "
+                                r"to node1 in ([\d.]+) s \(at most 25% of the link\)", before)
+        assert replicated, before[-3000:]
+        print(f"replicated to node1 in {', '.join(replicated)} s")
+        staged = re.search(r"checkpoint: snapshot\.pt \([\d.]+ kB, from node1\) staged on ([\w, ]+) in [\d.]+ s",
+                           out)
+        assert staged and "node3" in staged.group(1), out[-4000:]
+        attempt_two = out[out.index("attempt 2 of 2"):]
+        resumed = dict(re.findall(r"\[RANK(\d)\] Resuming training from snapshot at Epoch (\d+)", attempt_two))
+        assert sorted(resumed) == ["0", "1", "2"], attempt_two[-3000:]
+        assert len(set(resumed.values())) == 1 and int(resumed["0"]) >= 5, resumed
+        assert re.search(r"newest checkpoint: snapshot\.pt \([\d.]+ kB, saved \d\d:\d\d:\d\d on node\d\) on "
+                         r"node\d, node\d", out), out[-2000:]
+        for name in ("node1", "node2", "node3"):
+            assert cluster.wait_no_processes(name, timeout=10) == [], f"processes left on {name}"
+    finally:
+        cluster.restore_network("node0")

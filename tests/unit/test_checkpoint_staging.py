@@ -94,7 +94,8 @@ def test_the_key_and_the_flag_reach_the_recovery(tmp_path: Path) -> None:
     path.write_text('[recovery]\ncheckpoint = "ckpt/step-*.pt"\n' + HOSTS, encoding="utf-8")
     cluster = Cluster.from_toml(path)
     assert cluster.recovery.checkpoint == "ckpt/step-*.pt"
-    flags = dict(retries=None, final_exit_codes=None, min_nodes=None, hang_timeout=None)
+    flags = dict(retries=None, final_exit_codes=None, min_nodes=None, hang_timeout=None, replicate=None,
+                 replicate_bandwidth=None)
     assert _recovery(argparse.Namespace(**flags, checkpoint=None), cluster).checkpoint == "ckpt/step-*.pt"
     flags["retries"] = 1
     assert _recovery(argparse.Namespace(**flags, checkpoint="snap.pt"), cluster).checkpoint == "snap.pt"
@@ -261,15 +262,15 @@ def test_find_names_the_newest_match_with_its_hash(tmp_path: Path) -> None:
 
 
 def relay_chain(workdirs: list[Path], expect: dict[str, object], token: str = "t0ken",
-                stranger: bool = False) -> list[dict[str, object]]:
+                stranger: bool = False, extra: dict[str, object] | None = None) -> list[dict[str, object]]:
     """The source (workdirs[0]) and a receiver per other workdir, chained on 127.0.0.1, as the
-    controller chains them; each program's last answer."""
+    controller chains them (``extra``: replication's keys); each program's last answer."""
     processes = [node_program("relay", workdir, str(expect["path"])) for workdir in workdirs]
     ports = []
     for index, process in enumerate(processes):
         assert process.stdin is not None and process.stdout is not None
         config = {"token": token, "expect": expect, "source": index == 0, "bind": "127.0.0.1",
-                  "downstream": index < len(processes) - 1}
+                  "downstream": index < len(processes) - 1, **(extra or {})}
         process.stdin.write((json.dumps(config) + "\n").encode())
         process.stdin.flush()
         ports.append(json.loads(process.stdout.readline())["port"])

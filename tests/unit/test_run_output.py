@@ -295,7 +295,7 @@ def test_the_summary_as_json_has_every_node_attempt_and_the_slowest() -> None:
                       "headline": "node1 rank 2 failed first", "seconds": 12.5, "triage": ["node1: ping"],
                       "next": "attempt 2 on node0, node2"}],
         "slowest": {"node": "node1", "ratio": 2.25, "signal": "busy share", "detail": "the others waited for it"},
-        "straggler": "slowest node: node1"}
+        "straggler": "slowest node: node1", "checkpoint": None}
 
 
 def test_a_node_the_supervisor_stopped_reads_stopped_whatever_code_the_job_chose() -> None:

@@ -128,9 +128,10 @@ def test_every_status_builder_is_read_back_by_the_controller() -> None:
              wire.EVENT_TEARDOWN: wire.teardown_record("why", {5, 4}, []), wire.EVENT_DONE: wire.done_record(3, 1),
              wire.EVENT_GPU: wire.gpu_record([(0, 87.0, 1024.0, 81920.0)]),
              wire.EVENT_PROGRESS: wire.progress_record(3, " 45%|####5     | 45/100"),
-             wire.EVENT_BUSY: wire.busy_record(20, 7)}
+             wire.EVENT_BUSY: wire.busy_record(20, 7),
+             wire.EVENT_CHECKPOINT: wire.checkpoint_record("snapshot.pt", 1024, 1700000000.25)}
     assert tuple(built) == wire.STATUS_EVENTS == ("started", "error", "stopping", "exit", "teardown", "done", "gpu",
-                                                  "progress", "busy")
+                                                  "progress", "busy", "checkpoint")
     for event, record in built.items():
         assert record.startswith(wire.status_head(event)) and record.count(b"\n") == 1
         assert [record[0]] == [runlog.TAG_STATUS]
@@ -143,7 +144,7 @@ def test_every_status_builder_is_read_back_by_the_controller() -> None:
 
 SUPERVISOR_KEYS = {"run_id", "argv", "env", "cwd", "grace", "heartbeat", "watchdog", "cleanup_dir", "rank_marker",
                    "log_file", "state_file", "node", "coordinator", "rank_logs", "gpu_every", "rank_base",
-                   "busy_every", "persist", "log_head", "container"}
+                   "busy_every", "persist", "log_head", "container", "checkpoint"}
 
 
 def test_supervisor_config_round_trips_with_todays_keys() -> None:
@@ -235,7 +236,7 @@ def test_every_program_ships_each_module_it_imports_before_it() -> None:
             assert imports_of(file) <= loaded, (name, file, imports_of(file) - loaded)
             loaded.add(file)
     assert imports_of("supervisor.py") == {"container.py", "wire.py", "framing.py", "proctable.py", "ranks.py",
-                                            "flight.py"}
+                                            "flight.py", "checkpoint.py", "savewatch.py"}
     assert imports_of("stop.py") == {"container.py", "wire.py", "proctable.py"}
 
 

@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from torchherd.console import printable
-from torchherd.console.sync import names, size
+from torchherd.console.sync import names
 from torchherd.engine.events import ArchiveDone, ArchiveProgress, ArchiveStarted
-from torchherd.words import count
+from torchherd.words import count, size
 
 ArchiveEvent = Union[ArchiveStarted, ArchiveProgress, ArchiveDone]
 

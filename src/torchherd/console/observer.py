@@ -104,6 +104,8 @@ class ConsoleObserver:
             if straggler is not None:
                 self.console.print(Text(printable(straggler), style="bold magenta" if "x slower" in straggler else "dim"),
                                    soft_wrap=True)
+            if event.summary.checkpoint is not None:
+                self.console.print(Text(printable(event.summary.checkpoint), style="bold"), soft_wrap=True)
             render_attempts(self.console, event.summary.attempts)
         elif isinstance(event, NodeStatus):
             status_note(self._renderer(), event.status)

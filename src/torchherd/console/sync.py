@@ -12,18 +12,11 @@ from rich.text import Text
 
 from torchherd.console import printable
 from torchherd.engine.events import NodeSynced, SyncDone, SyncFailed, SyncStarted, VenvFailed, VenvReady, VenvsDone
-from torchherd.words import count
+from torchherd.words import count, size
 
 SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone, VenvsDone)
 LISTED = 40
 """Paths listed per group of nodes on a dry run; the rest are counted."""
-
-
-def size(count: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{count} B"
 
 
 def files(number: int) -> str:

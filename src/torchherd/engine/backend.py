@@ -22,17 +22,24 @@ from typing import Callable, ClassVar, Mapping, Sequence, Union
 from torchherd.checks import CheckOptions
 from torchherd.engine import detach as detached
 from torchherd.engine.containers import remove_lost
-from torchherd.engine.events import CheckpointMissing, LostContainers, Observer, ignore
+from torchherd.engine.events import (
+    CheckpointMissing,
+    CheckpointReplicated,
+    CheckpointSaved,
+    LostContainers,
+    Observer,
+    ignore,
+)
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, launch, open_nodes, preflight, sync_first, with_probes
 from torchherd.engine.recovery.policy import TRIAGE_CHECKS
-from torchherd.engine.recovery.staging import Staged, stage
+from torchherd.engine.recovery.staging import Staged, replicate, stage
 from torchherd.engine.slurm import check as slurm_check
 from torchherd.engine.slurm import detached as slurm_detached
 from torchherd.engine.slurm import job as slurm_job
 from torchherd.engine.slurm.batch import BatchJob, batch_job, picked_count, placement
 from torchherd.errors import TorchherdError, UsageError
-from torchherd.inventory import Host, Recovery
+from torchherd.inventory import Bandwidth, Host, Recovery
 from torchherd.plan import Plan
 from torchherd.results import CheckReport, CheckResult
 from torchherd.runrecord import NodeState, RunRecord
@@ -104,6 +111,14 @@ class Backend(ABC):
         """Removes the run's containers on ``nodes`` (lost in an attempt: their supervisor died
         with them); ``plan`` has every one of them. None: no container to remove."""
         return None
+
+    def replicate_checkpoint(self, plan: Plan, saved: CheckpointSaved, targets: Sequence[str], bandwidth: Bandwidth,
+                             stopping: Callable[[], bool] = lambda: False) -> CheckpointReplicated:
+        """Copies the checkpoint ``saved`` to each node of ``targets`` that lacks it, while the
+        job runs, at low priority and at most at ``bandwidth`` (``engine.staging.replicate``)."""
+        return CheckpointReplicated(saved.path, saved.size, saved.mtime, saved.node, (), 0.0, str(bandwidth),
+                                    failed=tuple((node, "this scheduler cannot replicate a checkpoint")
+                                                 for node in targets))
 
     @abstractmethod
     def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
@@ -205,6 +220,11 @@ class SshBackend(Backend):
     def remove_lost_containers(self, plan: Plan, nodes: Sequence[str]) -> LostContainers | None:
         hosts = {node.host.name: node.host for node in plan.nodes}
         return remove_lost(self._connector(), [hosts[name] for name in nodes], plan.run_id)
+
+    def replicate_checkpoint(self, plan: Plan, saved: CheckpointSaved, targets: Sequence[str], bandwidth: Bandwidth,
+                             stopping: Callable[[], bool] = lambda: False) -> CheckpointReplicated:
+        nodes = {node.host.name: node for node in plan.nodes}
+        return replicate(self._connector(), nodes, saved, targets, bandwidth.wire(), str(bandwidth), stopping)
 
     def _connector(self) -> Connector:
         assert self.connector is not None, "a Cluster's backend has its connector"

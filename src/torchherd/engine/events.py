@@ -441,6 +441,7 @@ class LostContainers:
     removed: tuple[str, ...]
     left: tuple[tuple[str, str, str, str], ...] = ()
 
+
 @dataclass(frozen=True)
 class ArchiveStarted:
     """``--image-archive``: ``archive`` (``size`` bytes, image ``image_id``) is being sent once,
@@ -487,15 +488,49 @@ class ArchiveDone:
 
 ARCHIVE_EVENTS = (ArchiveStarted, ArchiveProgress, ArchiveDone)
 
+
+@dataclass(frozen=True)
+class CheckpointSaved:
+    """The job wrote a new checkpoint on ``node``, complete now (its supervisor's watch,
+    ``[recovery] replicate``): ``path`` relative to the workdir, ``size`` bytes, ``mtime``
+    seconds since the epoch. Read by the recovery, which replicates it; not rendered."""
+
+    node: str
+    path: str
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True)
+class CheckpointReplicated:
+    """The checkpoint ``path`` saved on ``source`` at ``mtime`` was copied, while the job
+    ran, to ``nodes`` (the next ones in the ring); ``held`` are the ring's nodes that had
+    it already, ``failed`` (node, why) those it could not reach; ``kept`` those that hold a
+    newer copy of their own (left as it is)."""
+
+    path: str
+    size: int
+    mtime: float
+    source: str
+    nodes: tuple[str, ...]
+    seconds: float
+    cap: str
+    """The bandwidth cap it ran under, as said (``Bandwidth``)."""
+    held: tuple[str, ...] = ()
+    failed: tuple[tuple[str, str], ...] = ()
+    kept: tuple[str, ...] = ()
+
+
 RECOVERY_EVENTS = (AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
-                   HangFound, CheckpointStaged, CheckpointMissing, LostContainers)
+                   HangFound, CheckpointStaged, CheckpointMissing, LostContainers, CheckpointReplicated)
 
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
               NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished, JobQueued,
               SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptFailed, TriageDone,
               VenvsDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
               CheckpointStaged, CheckpointMissing, LostContainers, PullStarted, PullProgress, NodePulled,
-              PullFailed, PullsDone, ArchiveStarted, ArchiveProgress, ArchiveDone, HistoryNotKept]
+              PullFailed, PullsDone, ArchiveStarted, ArchiveProgress, ArchiveDone, HistoryNotKept, CheckpointSaved,
+              CheckpointReplicated]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000

@@ -21,6 +21,7 @@ from typing import Mapping, Sequence, Union
 
 from torchherd.engine.bookkeeping import NodeLog, dispatch, log_dir
 from torchherd.engine.events import (
+    CheckpointSaved,
     CoordinatorStarted,
     Interrupted,
     NodeExited,
@@ -111,6 +112,9 @@ class LaunchOptions:
     """Seconds between heartbeats, both ways."""
     heartbeat_misses: int = HEARTBEAT_MISSES
     """A node silent for this many heartbeats, whose SSH connection does not answer either, is lost."""
+    watch_checkpoint: str | None = None
+    """The checkpoint each node's supervisor watches for a new complete one (``[recovery]
+    replicate``): ``CheckpointSaved`` events; None: not watched."""
 
     @property
     def stop_grace(self) -> float:
@@ -315,7 +319,8 @@ class Job:
         # A supervisor gives the controller up no sooner than the controller gives the node
         # up, with room: a longer silence setting (a link that drops out) holds both ends.
         config = supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace, self.options.heartbeat,
-                                   max(WATCHDOG, 2 * self.options.lost_after))
+                                   max(WATCHDOG, 2 * self.options.lost_after))._replace(
+            checkpoint=self.options.watch_checkpoint)
         if not self.options.persist:
             return config
         # The watchdog only says when the controller counts as gone (its machine went
@@ -441,6 +446,10 @@ class Job:
                 self._on_exit(node, int(fields.get("code", 1)))
             if node.left:
                 self.emit(ProcessesLeft(node.name, node.left))
+        elif status.event == "checkpoint":
+            path, size, mtime = fields.get("path"), fields.get("size"), fields.get("mtime")
+            if isinstance(path, str) and isinstance(size, int) and isinstance(mtime, (int, float)):
+                self.emit(CheckpointSaved(node.name, path, size, float(mtime)))
         elif status.event in ("gpu", "progress", "busy"):
             # Only for the live view: the GPUs sampled, a progress bar as it stands, how
             # busy the ranks were.

@@ -2,7 +2,8 @@
 
 The node programs (``supervisor.py``, ``coordinator.py``, ``stop.py``, ``hangprobe.py``,
 ``receive.py``, ``venv.py``, ``checkpoint.py``, ``image.py``) and the modules they share
-(``container``, ``wire``, ``relay``, ``framing``, ``proctable``, ``ranks``, ``flight``)
+(``container``, ``wire``, ``relay``, ``framing``, ``proctable``, ``ranks``, ``flight``, ``checkpoint``,
+``savewatch``)
 use the standard library only, and run on the node's own Python (>= 3.8); nothing is
 installed on a node. ``program(name)`` is the text to run there with ``python -c``: a short
 loader and, in one packed blob, the modules the program imports, then the program.
@@ -25,7 +26,8 @@ import shlex
 import zlib
 
 PROGRAMS: dict[str, tuple[str, ...]] = {
-    "supervisor.py": ("container.py", "wire.py", "framing.py", "proctable.py", "ranks.py", "flight.py"),
+    "supervisor.py": ("container.py", "wire.py", "framing.py", "proctable.py", "ranks.py", "flight.py", "relay.py",
+                      "checkpoint.py", "savewatch.py"),
     "coordinator.py": ("container.py", "wire.py"),
     "stop.py": ("container.py", "wire.py", "proctable.py"),
     "hangprobe.py": ("flight.py",),

@@ -1,10 +1,11 @@
 """torchherd checkpoint staging, on a node: find the newest checkpoint, relay it node to node.
 
-Standard library only, Python >= 3.8, Linux. Run as ``PYTHON -I -S -u -c PROGRAM MODE WORKDIR PATH``
-(``remote.command``); PATH is relative to WORKDIR (``~`` is the node's home) and may be a
+Standard library only, Python >= 3.8, Linux. Run as ``PYTHON -I -S -u -c PROGRAM MODE WORKDIR PATH [low]``
+(``remote.command``; ``low``: at the lowest CPU and I/O priority, ``lower_priority``); PATH is relative to WORKDIR (``~`` is the node's home) and may be a
 glob, of which the newest match (by mtime) counts. MODE is one of:
 
-``find``: prints one JSON line, the newest copy here: ``{"path": REL, "kind": "file" or
+``find`` (``look``: the same without the hash, ``"sha256": null``): prints one JSON line,
+  the newest copy here: ``{"path": REL, "kind": "file" or
   "dir", "size": BYTES, "mtime": SECONDS, "sha256": HEX}`` (a directory: its files' total
   size, its newest file's mtime, the SHA-256 of its listing of ``relpath NUL size NUL
   sha256`` lines), or ``{"path": null}`` when there is none, or ``{"error": TEXT}``.
@@ -19,6 +20,13 @@ glob, of which the newest match (by mtime) counts. MODE is one of:
   "bytes": N, "seconds": S}`` or ``{"error": TEXT}``. Nothing is written outside WORKDIR:
   the controller refuses an absolute PATH or one with ``..``, and this
   program refuses it again.
+
+  Replication (``[recovery] replicate``) runs the same chain while the job runs, every
+  program with ``low``, and two more keys: ``"rate"`` (the source sends at most so
+  fast: ``{"bytes": B}`` per second, or ``{"share": F}`` of its link's speed as the kernel
+  states it for the interface the copy leaves by, ``LINK_ASSUMED`` where it states none),
+  and ``"keep_newer": true`` (a receiver whose own copy at the path is newer than the one
+  sent keeps it: a replica never passes for a newer checkpoint than the original).
 """
 
 from __future__ import annotations
@@ -40,6 +48,94 @@ if TYPE_CHECKING:
 
 TEMPORARY = ".torchherd-stage-"
 """In the names of the files and directories being received (never a glob's match)."""
+LINK_ASSUMED = 125e6
+"""Bytes per second of a link whose speed the kernel does not state (a virtual NIC, a
+tunnel): 1 Gb/s, the slowest link a cluster still runs distributed training over."""
+BURST_SECONDS = 0.05
+"""A paced sender may send this much ahead of its rate (in seconds of it): short enough
+that the job's own traffic never queues behind a long burst."""
+SIOCGIFADDR = 0x8915
+
+
+class Pace:
+    """A token bucket: ``take(n)`` returns how long to wait before sending ``n`` more bytes
+    so that the sending never runs ahead of ``rate`` bytes per second (beyond a burst of
+    ``BURST_SECONDS``). ``rate`` <= 0: no limit."""
+
+    def __init__(self, rate: float, now: float) -> None:
+        self.rate = rate
+        self.burst = rate * BURST_SECONDS
+        self.tokens = self.burst
+        self.last = now
+
+    def take(self, size: int, now: float) -> float:
+        if self.rate <= 0:
+            return 0.0
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        self.tokens -= size
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+
+def interface_of(address: str) -> Optional[str]:
+    """The network interface that holds the IPv4 ``address`` (None: none found, or IPv6)."""
+    import fcntl
+    import struct
+
+    try:
+        names = os.listdir("/sys/class/net")
+    except OSError:
+        return None
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for name in names:
+            try:
+                answer = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(answer[20:24]) == address:
+                return name
+    finally:
+        probe.close()
+    return None
+
+
+def link_speed(interface: Optional[str]) -> Optional[float]:
+    """The interface's speed as the kernel states it, in bytes per second (None: unknown)."""
+    if interface is None:
+        return None
+    try:
+        with open(os.path.join("/sys/class/net", interface, "speed")) as file:
+            megabits = int(file.read().strip())
+    except (OSError, ValueError):
+        return None
+    return megabits * 125000.0 if megabits > 0 else None
+
+
+def rate_of(spec: Optional[Dict[str, Any]], sock: socket.socket) -> float:
+    """Bytes per second the source may send over ``sock`` (0: no limit)."""
+    if not spec:
+        return 0.0
+    if "bytes" in spec:
+        return float(spec["bytes"])
+    speed = link_speed(interface_of(sock.getsockname()[0]))
+    return float(spec["share"]) * (speed if speed is not None else LINK_ASSUMED)
+
+
+def lower_priority() -> None:
+    """This program at the lowest CPU priority, and the idle I/O class where ``ionice``
+    exists: it copies only when the job leaves the CPU and the disk idle."""
+    import shutil as tools
+    import subprocess
+
+    try:
+        os.nice(19)
+    except OSError:
+        pass
+    ionice = tools.which("ionice")
+    if ionice is not None:
+        subprocess.run([ionice, "-c", "3", "-p", str(os.getpid())], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
 def safe_relative(path: str) -> str:
@@ -103,17 +199,22 @@ def newest(workdir: str, pattern: str) -> Optional[str]:
     return None if best is None else os.path.relpath(best, workdir)
 
 
-def find(workdir: str, pattern: str) -> Dict[str, Any]:
+def find(workdir: str, pattern: str, hashed: bool = True) -> Dict[str, Any]:
+    """``find``'s answer; without ``hashed`` (mode ``look``) its ``sha256`` is null: a
+    replication asks so of the nodes it copies to, whose older copy is worth no hash."""
     relative = newest(workdir, pattern)
     if relative is None:
         return {"path": None}
     full = os.path.join(workdir, relative)
     kind = "dir" if os.path.isdir(full) else "file"
     files = listing(full)
-    hashes = [(path, size, file_sha256(os.path.join(full, path) if path else full)) for path, size, _ in files]
     mtime = max([mtime for _, _, mtime in files] + [os.stat(full).st_mtime])
+    sha256 = None
+    if hashed:
+        hashes = [(path, size, file_sha256(os.path.join(full, path) if path else full)) for path, size, _ in files]
+        sha256 = combined(kind, hashes)
     return {"path": relative, "kind": kind, "size": sum(size for _, size, _ in files), "mtime": mtime,
-            "sha256": combined(kind, hashes), "files": len(files)}
+            "sha256": sha256, "files": len(files)}
 
 
 def place(workdir: str, relative: str) -> Tuple[str, str]:
@@ -158,31 +259,45 @@ def relay(workdir: str, config: Dict[str, Any], stdin: chain.Link) -> Dict[str, 
     try:
         if config["source"]:
             chain.watch_controller(cleanup)
-            return send_own(workdir, relative, listener, token, started)
+            return send_own(workdir, relative, listener, token, started, config.get("rate"))
         upstream = chain.upstream(token, stdin)
         chain.watch_controller(cleanup)
-        return receive(workdir, relative, expect, upstream, listener, token, started)
+        return receive(workdir, relative, expect, upstream, listener, token, started, bool(config.get("keep_newer")))
     finally:
         if listener is not None:
             listener.close()
 
 
 def send_own(workdir: str, relative: str, listener: Optional[socket.socket], token: bytes,
-             started: float) -> Dict[str, Any]:
+             started: float, rate: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     assert listener is not None
     full = os.path.join(workdir, relative)
     files = listing(full)
-    sent = chain.send(chain.accept(listener, token), files, lambda path: os.path.join(full, path) if path else full)
+    downstream = chain.accept(listener, token)
+    pace = Pace(rate_of(rate, downstream), time.monotonic())
+    sent = chain.send(downstream, files, lambda path: os.path.join(full, path) if path else full,
+                      lambda size: pace.take(size, time.monotonic()))
     return {"ok": True, "bytes": sent, "seconds": round(time.monotonic() - started, 3)}
 
 
+def newer_here(target: str, mtime: float) -> bool:
+    """Whether the copy at ``target`` is newer than one of ``mtime`` (kept, with ``keep_newer``)."""
+    try:
+        files = listing(target)
+    except OSError:
+        return False
+    return max([when for _, _, when in files] + [os.stat(target).st_mtime]) > mtime
+
+
 def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: chain.Link,
-            listener: Optional[socket.socket], token: bytes, started: float) -> Dict[str, Any]:
+            listener: Optional[socket.socket], token: bytes, started: float,
+            keep_newer: bool = False) -> Dict[str, Any]:
     raw = upstream.line()
     header = json.loads(raw)
     downstream = chain.accept(listener, token) if listener is not None else None
     kind = str(expect["kind"])
     target, temporary = place(workdir, relative)
+    newest_mtime = max([float(mtime) for _, _, mtime in header["files"]] or [0.0])
     CLEANUP.append(temporary)
     try:
         if kind == "dir":
@@ -192,6 +307,12 @@ def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: chain
         if found != expect["sha256"]:
             raise ValueError(f"the copy received has SHA-256 {found[:12]}..., not the {str(expect['sha256'])[:12]}... "
                              "found on the source (did it change on the way?)")
+        if kind == "dir":  # its own mtime counts too when the newest copy is picked: the source's
+            os.utime(temporary, (newest_mtime, newest_mtime))
+        if keep_newer and newer_here(target, newest_mtime):
+            cleanup()
+            return {"ok": True, "bytes": received, "seconds": round(time.monotonic() - started, 3),
+                    "kept": "a newer copy is here"}
         put_in_place(temporary, target, kind)
     except BaseException:
         cleanup()
@@ -220,10 +341,12 @@ def outputs(temporary: str, kind: str, files: List[List[Any]]) -> Iterator[Tuple
 def main() -> int:
     mode, workdir, pattern = sys.argv[1:4]
     workdir = os.path.expanduser(workdir)
+    if "low" in sys.argv[4:]:
+        lower_priority()
     try:
         safe_relative(pattern)
-        if mode == "find":
-            chain.emit(find(workdir, pattern))
+        if mode in ("find", "look"):
+            chain.emit(find(workdir, pattern, hashed=mode == "find"))
             return 0
         stdin = chain.Link(None)
         try:

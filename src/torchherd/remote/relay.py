@@ -147,8 +147,11 @@ def watch_controller(cleanup: Callable[[], None]) -> None:
     threading.Thread(target=wait, daemon=True).start()
 
 
-def send(downstream: socket.socket, files: List[Tuple[str, int, float]], full: Callable[[str], str]) -> int:
-    """The source's side: the header and every file's bytes (``full(path)``: where it is here)."""
+def send(downstream: socket.socket, files: List[Tuple[str, int, float]], full: Callable[[str], str],
+         pace: Optional[Callable[[int], float]] = None) -> int:
+    """The source's side: the header and every file's bytes (``full(path)``: where it is
+    here); ``pace(size)``: the seconds to wait before a block of ``size`` bytes goes (a
+    replication's cap)."""
     header = {"files": [[path, size, mtime] for path, size, mtime in files]}
     sent = 0
     try:
@@ -159,6 +162,9 @@ def send(downstream: socket.socket, files: List[Tuple[str, int, float]], full: C
                     block = file.read(CHUNK)
                     if not block:
                         break
+                    wait = pace(len(block)) if pace is not None else 0.0
+                    if wait > 0:
+                        time.sleep(wait)
                     downstream.sendall(block)
                     sent += len(block)
         finish(downstream)

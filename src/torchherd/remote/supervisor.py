@@ -69,6 +69,7 @@ from torchherd.remote.proctable import (
     set_child_subreaper,
 )
 from torchherd.remote.ranks import RANK_POLL, BusySampler, CoordinatorLink, GpuSampler, RankFiles
+from torchherd.remote.savewatch import CheckpointWatch
 
 EXIT_BAD_CONFIG = 2
 EXIT_NOT_EXECUTABLE = 126
@@ -312,6 +313,11 @@ class Supervisor:
                       if config.rank_logs else None)
         self.gpus = GpuSampler(0.0 if self.detached else config.gpu_every)
         self.busy = BusySampler(self.pid, 0.0 if self.detached else config.busy_every)
+        workdir = os.path.expanduser(config.cwd) if config.cwd else os.getcwd()
+        self.saves = (CheckpointWatch(workdir, config.checkpoint,
+                                      lambda: find_job_processes(config.run_id, self.token, self.pid))
+                      if config.checkpoint and not self.detached else None)
+        """The job's new checkpoints, for the controller's replication (a live one only)."""
 
     def _handle_signals(self, now: float) -> None:
         for signum in self.signals.take():
@@ -528,6 +534,8 @@ class Supervisor:
             deadlines.append(self.last_data + DRAIN_IDLE_TIMEOUT)
         if self.ranks is not None:
             deadlines.append(now + RANK_POLL)  # files have no readiness to wait on
+        if self.saves is not None and td is None:
+            deadlines.append(self.saves.due)
         if not deadlines:
             return 1.0
         return min(1.0, max(0.0, min(deadlines) - now))
@@ -544,6 +552,10 @@ class Supervisor:
             self.request_teardown("coordinator: %s (the controller is gone)" % self.held_stop, False, now)
         if self.teardown is None and self.code is not None:
             self.request_teardown(LEFTOVER, False, now, announce=False)
+        if self.saves is not None and self.teardown is None:
+            saved = self.saves.poll(now)
+            if saved is not None:
+                self.out.add(wire.checkpoint_record(*saved))
         self._link_connect(now)
 
     def _controller_gone(self, now: float) -> bool:

@@ -86,7 +86,8 @@ SUPERVISOR_ENV: Final = "TORCHHERD_SUPERVISOR"
 
 # ------------------------------------------------------------ status events
 
-StatusEvent = Literal["started", "error", "stopping", "exit", "teardown", "done", "gpu", "progress", "busy"]
+StatusEvent = Literal["started", "error", "stopping", "exit", "teardown", "done", "gpu", "progress", "busy",
+                      "checkpoint"]
 EVENT_STARTED: Final = "started"
 EVENT_ERROR: Final = "error"
 EVENT_STOPPING: Final = "stopping"
@@ -96,9 +97,10 @@ EVENT_DONE: Final = "done"
 EVENT_GPU: Final = "gpu"
 EVENT_PROGRESS: Final = "progress"
 EVENT_BUSY: Final = "busy"
+EVENT_CHECKPOINT: Final = "checkpoint"
 STATUS_EVENTS: Final[Tuple[StatusEvent, ...]] = (
     EVENT_STARTED, EVENT_ERROR, EVENT_STOPPING, EVENT_EXIT, EVENT_TEARDOWN, EVENT_DONE, EVENT_GPU, EVENT_PROGRESS,
-    EVENT_BUSY,
+    EVENT_BUSY, EVENT_CHECKPOINT,
 )
 
 StopMode = Literal["term", "kill"]
@@ -170,6 +172,12 @@ def busy_record(samples: int, busy: int) -> bytes:
     """Of ``samples`` looks at the node's ranks since the last record, how many found a
     rank busy (running, runnable, stopped, in disk I/O) rather than asleep."""
     return status_record(EVENT_BUSY, samples=samples, busy=busy)
+
+
+def checkpoint_record(path: str, size: int, mtime: float) -> bytes:
+    """The job wrote a new checkpoint, complete now (``savewatch``): its path relative to
+    the workdir, its size in bytes and its mtime (seconds since the epoch)."""
+    return status_record(EVENT_CHECKPOINT, path=path, size=size, mtime=mtime)
 
 
 def progress_record(rank: Optional[int], text: str) -> bytes:
@@ -428,6 +436,9 @@ class SupervisorConfig(NamedTuple):
     log_head: Optional[str] = None
     """With ``persist``: one line written to ``log_file`` first, as the node's own output
     (the marker that opens an attempt's part of the log)."""
+    checkpoint: Optional[str] = None
+    """The job's checkpoint (relative to its workdir; a glob: the newest match), watched
+    for a new complete one (``checkpoint`` records, ``savewatch``); None: not watched."""
     container: Optional[ContainerSpec] = None
     """Run ``argv`` inside this container (``torchherd.remote.container``): the supervisor
     stays outside, and removes the container by its run-scoped name at the end."""
@@ -443,6 +454,7 @@ class SupervisorConfig(NamedTuple):
             "rank_logs": self.rank_logs, "gpu_every": self.gpu_every, "rank_base": self.rank_base,
             "busy_every": self.busy_every, "persist": self.persist, "log_head": self.log_head,
             "container": None if self.container is None else self.container.to_json_object(),
+            "checkpoint": self.checkpoint,
         })
 
     def to_line(self) -> bytes:
@@ -477,6 +489,7 @@ class SupervisorConfig(NamedTuple):
             rank_logs=_optional_str(raw, "rank_logs"), gpu_every=_number(raw, "gpu_every", 0.0),
             rank_base=_optional_count(raw, "rank_base"), busy_every=_number(raw, "busy_every", 0.0),
             persist=_flag(raw, "persist"), log_head=_optional_str(raw, "log_head"), container=container,
+            checkpoint=_optional_str(raw, "checkpoint"),
         )._checked()
 
     def _checked(self) -> SupervisorConfig:

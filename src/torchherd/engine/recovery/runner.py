@@ -29,12 +29,15 @@ from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
     CheckpointMissing,
+    CheckpointReplicated,
+    CheckpointSaved,
     CheckpointStaged,
     Event,
     HangFound,
     Interrupted,
     LostContainers,
     NodeExcluded,
+    NodeLost,
     Observer,
     Output,
     RanksRunning,
@@ -70,8 +73,9 @@ from torchherd.engine.recovery.policy import (
     triage_failures,
     verdict,
 )
+from torchherd.engine.recovery.replication import Holdings, Replicator
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, TorchherdError, Unplaceable, UsageError
-from torchherd.inventory import Recovery
+from torchherd.inventory import Bandwidth, Recovery
 from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan
 from torchherd.remote import flight, wire
 from torchherd.remote.container import container_name
@@ -103,6 +107,8 @@ class Backendish(Protocol):
                          ) -> CheckpointStaged | CheckpointMissing: ...
 
     def remove_lost_containers(self, plan: Plan, nodes: Sequence[str]) -> LostContainers | None: ...
+    def replicate_checkpoint(self, plan: Plan, saved: CheckpointSaved, targets: Sequence[str], bandwidth: Bandwidth,
+                             stopping: Callable[[], bool] = lambda: False) -> CheckpointReplicated: ...
 
 
 def attempt_plan(base: Plan, nodes: Sequence[str], attempt: int,
@@ -214,6 +220,13 @@ class RecoveringRun:
         self._hang_text = ""
         self._stacks: list[OutputLine] = []
         """The ranks' lines after a hang's SIGABRT: their stacks."""
+        self.lost: set[str] = set()
+        """Every node lost in an attempt (the summary's checkpoint line marks them)."""
+        self.holdings = Holdings(recovery.checkpoint) if recovery.checkpoint is not None else None
+        self._running_plan = plan
+        """The plan of the attempt running now: the replication reaches its nodes."""
+        self.replicator = (Replicator(self._replicate, recovery.replicas, observer, self.holdings)
+                           if self.holdings is not None and recovery.replicas and self.picked is None else None)
 
     # the caller's side ------------------------------------------------------------------
     def start(self) -> RecoveringRun:
@@ -272,6 +285,10 @@ class RecoveringRun:
             self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes, self._picking()))
         shrink = self.recovery.min_nodes if self.picked is not None and self.excluded else None
         self._running = set()
+        if self.replicator is not None:
+            self._running_plan = plan
+            self.replicator.attempt([node.host.name for node in plan.nodes])
+            options = replace(options, watch_checkpoint=self.recovery.checkpoint)
         run = self.backend.launch(plan, replace(options, attempt=number if self.recovery.retries else 0,
                                                 exclude=tuple(self.excluded), shrink_to=shrink), self._relay)
         with self._lock:
@@ -286,8 +303,21 @@ class RecoveringRun:
         self.networks.update({node.host.name: node.network for node in run.plan.nodes if node.network is not None})
         return run
 
+    def _replicate(self, saved: CheckpointSaved, targets: tuple[str, ...],
+                   cancelled: Callable[[], bool]) -> CheckpointReplicated:
+        return self.backend.replicate_checkpoint(self._running_plan, saved, targets,
+                                                 self.recovery.replicate_bandwidth,
+                                                 lambda: cancelled() or self.stopping)
+
     def _relay(self, event: Event) -> None:
-        """An attempt's events go on to the observer; its RunFinished is the recovery's to give."""
+        """An attempt's events go on to the observer; its RunFinished is the recovery's to give
+        (and a new checkpoint, the replication's to copy)."""
+        if isinstance(event, CheckpointSaved):
+            if self.replicator is not None:
+                self.replicator.saved(event)
+            return
+        if isinstance(event, NodeLost):
+            self.lost.add(event.node)
         watch = self._watch
         if isinstance(event, RanksRunning):
             self._running.add(event.node)
@@ -323,6 +353,8 @@ class RecoveringRun:
         finally:
             if self._spares_checked is not None:  # its commands on the spares end before the run does
                 wait([self._spares_checked])
+            if self.replicator is not None:
+                self.replicator.close()
             with self._ended_lock:
                 self._error = tell(self._ended, self._summary, self._error) or self._error
                 self._done.set()
@@ -410,6 +442,8 @@ class RecoveringRun:
             finally:
                 if self._watch is not None:
                     self._watch.close()
+                if self.replicator is not None:  # a copy from an attempt that ended is given up
+                    self.replicator.pause()
             with self._lock:
                 self._current = None
             return summary
@@ -465,7 +499,8 @@ class RecoveringRun:
             headline = f"{why}; attempt {len(self.records)}: {summary.headline}"
         elif len(self.records) > 1:
             headline = f"{summary.headline} (attempt {len(self.records)})"
-        return replace(summary, exit_code=code, headline=headline, attempts=tuple(self.records))
+        checkpoint = self.holdings.line(self.lost) if self.replicator is not None and self.holdings else None
+        return replace(summary, exit_code=code, headline=headline, attempts=tuple(self.records), checkpoint=checkpoint)
 
     def _remove_lost_containers(self, summary: RunSummary) -> None:
         """The containers of the nodes lost in an attempt and not in the last one: their
@@ -636,6 +671,8 @@ class RecoveringRun:
         self.emit(event)
         if isinstance(event, CheckpointMissing):
             return f"; no checkpoint: {event.message}"
+        if self.holdings is not None:
+            self.holdings.staged(event)
         where = f" to {','.join(event.nodes)}" if event.nodes else " (every node had it)"
         failed = f", not to {','.join(node for node, _ in event.failed)}" if event.failed else ""
         return f"; checkpoint {event.path} from {event.source}{where}{failed}"

@@ -16,6 +16,11 @@ that lacks it, copied node to node over the cluster's network, never through the
 The outcome is one event: ``CheckpointStaged`` (or ``CheckpointMissing`` when there is
 nothing to stage); a node that could not take it is named there, and the attempt starts
 anyway (the job decides what to do without its checkpoint).
+
+Replication (``replicate``, ``[recovery] replicate``) is the same chain while the job runs,
+from the node that saved a new checkpoint to the next nodes in the ring: every program at
+the lowest CPU and I/O priority, the source paced to the bandwidth cap, and a receiver that
+holds a newer copy of its own keeps it. Its outcome is ``CheckpointReplicated``.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, Union
 
-from torchherd.engine.events import CheckpointMissing, CheckpointStaged
-from torchherd.engine.relay import Hop, run_chain
+from torchherd.engine.events import CheckpointMissing, CheckpointReplicated, CheckpointSaved, CheckpointStaged
+from torchherd.engine.relay import BYTES_PER_SECOND, Hop, run_chain
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan
 from torchherd.remote import command
+from torchherd.remote.checkpoint import LINK_ASSUMED
 from torchherd.shell import quote_path
 from torchherd.transport import Connector, Session, connect_all, fan_out
 
@@ -76,9 +82,9 @@ def job_address(node: NodePlan) -> str:
     return node.host.local_addr or node.host.address
 
 
-def program(node: NodePlan, mode: str, path: str) -> str:
+def program(node: NodePlan, mode: str, path: str, low: bool = False) -> str:
     return (f"{quote_path(node.host.python)} {command('checkpoint.py')} {mode} "
-            f"{shlex.quote(node.workdir)} {shlex.quote(path)}")
+            f"{shlex.quote(node.workdir)} {shlex.quote(path)}" + (" low" if low else ""))
 
 
 def stage(connector: Connector, nodes: Mapping[str, NodePlan], sources: Sequence[str], receivers: Sequence[str],
@@ -112,6 +118,54 @@ def stage(connector: Connector, nodes: Mapping[str, NodePlan], sources: Sequence
         connected.close()
 
 
+def replicate(connector: Connector, nodes: Mapping[str, NodePlan], saved: CheckpointSaved, targets: Sequence[str],
+              rate: Mapping[str, float], cap: str, stopping: Callable[[], bool] = lambda: False
+              ) -> CheckpointReplicated:
+    """Copies the checkpoint ``saved`` on ``saved.node`` to each node of ``targets`` that
+    lacks it, at low priority, the source sending at most at ``rate`` (``Bandwidth.wire``;
+    ``cap`` says it). The copy is the source's newest at the time (a newer one may have come
+    since the record), found and hashed again there."""
+    started = time.monotonic()
+    source = saved.node
+    connected = connect_all(connector, [nodes[name].host for name in [source, *targets]])
+    try:
+        sessions = connected.succeeded
+        # The source's copy is hashed (the receivers check theirs against it); the others'
+        # only when they look the same (path, size and mtime: a replica keeps the original's),
+        # so an older copy about to be replaced costs no hash of its own.
+        answers = dict(zip(sessions, fan_out(list(sessions.items()), lambda item: _find(
+            item[1], nodes[item[0]], saved.path, low=True, mode="find" if item[0] == source else "look"))))
+        own_look = answers.get(source)
+        alike = [name for name in targets if isinstance(own_look, Copy) and isinstance(look := answers.get(name), Copy)
+                 and (look.path, look.size, look.mtime) == (own_look.path, own_look.size, own_look.mtime)]
+        answers.update(zip(alike, fan_out([(name, sessions[name]) for name in alike], lambda item: _find(
+            item[1], nodes[item[0]], saved.path, low=True))))
+        failed = [(name, f"not reached: {connected.failed[name]}") for name in targets if name in connected.failed]
+        own = answers.get(source)
+        if not isinstance(own, Copy):
+            why = own if isinstance(own, str) else "its checkpoint is gone" if source in answers else "not reached"
+            failed += [(name, f"the source {source}: {why}") for name in targets if name in sessions]
+            return CheckpointReplicated(saved.path, saved.size, saved.mtime, source, (), time.monotonic() - started,
+                                        cap, failed=tuple(failed))
+        failed += [(name, answer) for name in targets if isinstance(answer := answers.get(name), str)]
+        copies = {name: answer for name, answer in answers.items() if isinstance(answer, Copy)}
+        held = tuple(name for name in targets if name in copies and name not in lacking(own, copies, [name]))
+        kept = tuple(name for name in targets if name in copies and name not in held and copies[name].mtime > own.mtime)
+        needing = tuple(name for name in targets if name in sessions and name not in held and name not in kept
+                        and not isinstance(answers.get(name), str))
+        done: tuple[str, ...] = ()
+        if needing:
+            slowest = min(BYTES_PER_SECOND, rate.get("bytes", rate.get("share", 1.0) * LINK_ASSUMED)) / 2
+            results = _relay(sessions, nodes, own, needing, stopping, {"rate": dict(rate), "keep_newer": True},
+                             slowest)
+            done = tuple(name for name in needing if results[name] is None)
+            failed += [(name, problem) for name in needing if (problem := results[name]) is not None]
+        return CheckpointReplicated(own.path, own.size, own.mtime, source, done, time.monotonic() - started, cap,
+                                    held, tuple(failed), kept)
+    finally:
+        connected.close()
+
+
 def _nowhere(path: str, sources: Sequence[str], unreached: Mapping[str, TransportError],
              answers: Mapping[str, Copy | str | None]) -> str:
     asked = [name for name in sources if name in answers]
@@ -121,10 +175,11 @@ def _nowhere(path: str, sources: Sequence[str], unreached: Mapping[str, Transpor
     return f"{path} found {where}" + (f" ({'; '.join(problems)})" if problems else "")
 
 
-def _find(session: Session, node: NodePlan, path: str) -> Copy | str | None:
-    """The node's newest copy; None: it has none; a string: why it could not say."""
+def _find(session: Session, node: NodePlan, path: str, low: bool = False, mode: str = "find") -> Copy | str | None:
+    """The node's newest copy; None: it has none; a string: why it could not say. Mode
+    ``look``: its hash left out ("")."""
     try:
-        result = session.run(program(node, "find", path), timeout=FIND_SECONDS)
+        result = session.run(program(node, mode, path, low), timeout=FIND_SECONDS)
     except TransportError as error:
         return str(error)
     answer = _last_json(result.stdout)
@@ -135,7 +190,7 @@ def _find(session: Session, node: NodePlan, path: str) -> Copy | str | None:
     if answer.get("path") is None:
         return None
     return Copy(node.host.name, str(answer["path"]), str(answer["kind"]), int(answer["size"]), float(answer["mtime"]),
-                str(answer["sha256"]))
+                str(answer["sha256"] or ""))
 
 
 def _last_json(data: bytes) -> dict[str, Any] | None:
@@ -150,12 +205,16 @@ def _last_json(data: bytes) -> dict[str, Any] | None:
 
 
 def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best: Copy,
-           needing: Sequence[str], stopping: Callable[[], bool]) -> dict[str, str | None]:
-    """The chain source -> needing[0] -> needing[1] ...; per receiver None (staged) or why not."""
-    hops = [Hop(name, sessions[name], program(nodes[name], "relay", best.path), job_address(nodes[name]))
-            for name in (best.node, *needing)]
+           needing: Sequence[str], stopping: Callable[[], bool], extra: Mapping[str, Any] | None = None,
+           slowest: float = BYTES_PER_SECOND) -> dict[str, str | None]:
+    """The chain source -> needing[0] -> needing[1] ...; per receiver None (staged) or why not.
+    ``extra``: replication's keys (and its programs run ``low``); ``slowest``: the lowest rate
+    in bytes per second the wait for the copy allows for."""
+    hops = [Hop(name, sessions[name], program(nodes[name], "relay", best.path, low=extra is not None),
+                job_address(nodes[name])) for name in (best.node, *needing)]
     expect = {"path": best.path, "kind": best.kind, "sha256": best.sha256, "size": best.size}
-    results = run_chain(hops, {"expect": expect}, best.size, stopping=stopping)
+    slower = max(0.0, best.size / slowest - best.size / BYTES_PER_SECOND)  # a paced copy takes longer
+    results = run_chain(hops, {"expect": expect, **(extra or {})}, best.size, stopping=stopping, extra_seconds=slower)
     source_failed = results.pop(best.node)
     return {name: f"{why} (the source {best.node}: {source_failed})" if why and source_failed else why
             for name, why in results.items()}
