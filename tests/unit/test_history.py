@@ -307,3 +307,29 @@ def test_the_history_keeps_the_newest_attached_runs(tmp_path: Path) -> None:
     assert sorted(path.name for path in tmp_path.iterdir()) == [
         "th-20240501-100000-eeeeee.json", "th-20240501-110000-dddddd.json", "th-20240501-120003-aaaaaa.json",
         "th-20240501-120004-aaaaaa.json"]
+
+
+def test_endings_tell_each_once_and_a_late_one_at_once() -> None:
+    """A run's end is told to each ``when_done`` callback once; one added after the end is
+    told at once; a callback's failure becomes what ``wait`` raises, and the others are
+    still told."""
+    import threading
+
+    from torchherd.engine.launch import Endings
+
+    done = threading.Event()
+    endings = Endings(done)
+    told: list[tuple[str, object, object]] = []
+
+    def failing(summary: object, error: object) -> None:
+        told.append(("failing", summary, error))
+        raise RuntimeError("recorder broke")
+
+    endings.add(lambda summary, error: told.append(("first", summary, error)))
+    endings.add(failing)
+    endings.add(lambda summary, error: told.append(("third", summary, error)))
+    raised = endings.end(None, None)
+    assert done.is_set() and isinstance(raised, RuntimeError) and str(raised) == "recorder broke"
+    assert [name for name, _, _ in told] == ["first", "failing", "third"]
+    endings.add(lambda summary, error: told.append(("late", summary, error)))
+    assert told[-1] == ("late", None, raised)

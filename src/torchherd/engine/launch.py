@@ -347,8 +347,7 @@ class Run:
         self._summary: RunSummary | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
-        self._ended: list[Ended] = []
-        self._ended_lock = threading.Lock()
+        self._endings = Endings(self._done)
         self._thread = threading.Thread(target=self._supervise, name="torchherd-run", daemon=True)
 
     def start(self) -> None:
@@ -369,17 +368,11 @@ class Run:
             self._on_end()
             if self._events.lines is not None:
                 self._events.offer(None)
-            with self._ended_lock:
-                self._error = tell(self._ended, self._summary, self._error) or self._error
-                self._done.set()
+            self._error = self._endings.end(self._summary, self._error)
 
     def when_done(self, ended: Ended) -> None:
         """``ended`` is told how the run ended, before ``wait`` returns (at once when it has)."""
-        with self._ended_lock:
-            if not self._done.is_set():
-                self._ended.append(ended)
-                return
-        ended(self._summary, self._error)
+        self._endings.add(ended)
 
     def wait(self, timeout: float | None = None) -> RunSummary:
         """The summary once every node has finished. Ctrl-C while waiting stops the run as
@@ -425,17 +418,39 @@ class Run:
             yield line
 
 
-def tell(ended: list[Ended], summary: RunSummary | None, error: BaseException | None) -> BaseException | None:
-    """Tells each of ``ended`` how the run ended; returns the first one's failure (the
-    caller's ``wait`` raises it: never lost in the supervising thread, never a ``wait``
-    that waits forever)."""
-    failed = None
-    for callback in ended:
-        try:
-            callback(summary, error)
-        except Exception as failure:  # the job is over either way: the others are told still
-            failed = failed or failure
-    return failed
+class Endings:
+    """Who is told how a run ended (``when_done``): each once, as it ends, or at once when
+    it has ended already; ``done`` is set with the telling."""
+
+    def __init__(self, done: threading.Event) -> None:
+        self._lock = threading.Lock()
+        self._waiting: list[Ended] = []
+        self._told: tuple[RunSummary | None, BaseException | None] | None = None
+        self._done = done
+
+    def end(self, summary: RunSummary | None, error: BaseException | None) -> BaseException | None:
+        """Tells everyone waiting how the run ended; the error ``wait`` raises: the first
+        one's failure, else ``error`` (never lost in the supervising thread, never a
+        ``wait`` that waits forever)."""
+        failed: BaseException | None = None
+        with self._lock:
+            for callback in self._waiting:
+                try:
+                    callback(summary, error)
+                except Exception as failure:  # the job is over either way: the others are told still
+                    failed = failed or failure
+            error = failed or error
+            self._told = (summary, error)
+            self._done.set()
+        return error
+
+    def add(self, ended: Ended) -> None:
+        with self._lock:
+            told = self._told
+            if told is None:
+                self._waiting.append(ended)
+                return
+        ended(*told)
 
 
 def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: Observer = ignore) -> Run:

@@ -50,7 +50,7 @@ from torchherd.engine.events import (
     ignore,
 )
 from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import Ended, Run, tell, wait_stopping
+from torchherd.engine.launch import Ended, Endings, Run, wait_stopping
 from torchherd.engine.recovery.hang import (
     FAULTHANDLER,
     HangWatch,
@@ -211,8 +211,7 @@ class RecoveringRun:
         self._summary: RunSummary | None = None
         self._error: BaseException | None = None
         self._done = threading.Event()
-        self._ended: list[Ended] = []
-        self._ended_lock = threading.Lock()
+        self._endings = Endings(self._done)
         self._refused: TorchherdError | None = None
         """Why the last attempt could not start (``LaunchAborted``, a refused submission);
         None when it started."""
@@ -355,17 +354,11 @@ class RecoveringRun:
                 wait([self._spares_checked])
             if self.replicator is not None:
                 self.replicator.close()
-            with self._ended_lock:
-                self._error = tell(self._ended, self._summary, self._error) or self._error
-                self._done.set()
+            self._error = self._endings.end(self._summary, self._error)
 
     def when_done(self, ended: Ended) -> None:
         """``ended`` is told how the run ended, before ``wait`` returns (at once when it has)."""
-        with self._ended_lock:
-            if not self._done.is_set():
-                self._ended.append(ended)
-                return
-        ended(self._summary, self._error)
+        self._endings.add(ended)
 
     def _attempts(self, run: Run | None) -> RunSummary:
         number = 1
