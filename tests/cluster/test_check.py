@@ -75,7 +75,7 @@ def test_healthy_cluster_passes_with_json(cluster: LocalCluster, capsys: pytest.
     assert {entry["node"] for entry in document["checks"]} == {"node0", "node1", "node2"}
     ids = {entry["check"] for entry in document["checks"]}
     assert ids == {"ssh", "ping", "hostname", "port", "firewall", "network", "env", "python", "gpu", "xid", "ib",
-                   "script", "clock"}
+                   "script", "clock", "mtu"}
 
 
 @pytest.mark.timeout(90)
