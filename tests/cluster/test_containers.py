@@ -327,7 +327,7 @@ def test_an_image_that_cannot_be_pulled_stops_the_run_before_the_launch_in_one_l
     assert code == 1, out
     failed = [line for line in out.splitlines() if "could not be pulled" in line]
     assert len(failed) == 1, out  # both nodes, one line: the same image, the same error
-    assert re.fullmatch(rf"torchherd │ pull: {re.escape(UNPULLABLE)} could not be pulled on node\[0-1\]: "
+    assert re.fullmatch(rf"torchherd: pull: {re.escape(UNPULLABLE)} could not be pulled on node\[0-1\]: "
                         rf"initializing source docker://{re.escape(UNPULLABLE)}: .*127\.0\.0\.1:9.*", failed[0]), failed
     assert f"pull: {UNPULLABLE} on 2 nodes (pull missing), all at once" in out
     assert "pull: 0 of 2 nodes have the image" in out
