@@ -614,7 +614,7 @@ def job_in_a_stand_in_container(slurm: SlurmCluster, inventory: Path, tmp_path: 
     for node, name in names.items():
         assert re.fullmatch(rf"torchherd-th-[\w-]+-{node}-{job_id}", name), name
         assert [node, "rm", "-f", name] in calls()
-        assert re.search(rf"{node}:\d +│ .*host {node} step \d+ loss", out), out
+        assert re.search(rf"^{node}:\d: .*host {node} step \d+ loss", out, re.M), out  # piped: node:rank: text
     run_call = next(call for call in calls() if call[1] == "run")
     assert run_call[run_call.index("--network") + 1] == "host" and ["-e", "PATH"] == run_call[
         run_call.index("PATH") - 1:run_call.index("PATH") + 1]
