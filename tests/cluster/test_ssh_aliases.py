@@ -65,7 +65,7 @@ def assert_trained(code: int, out: str) -> None:
     assert code == 0, out
     losses: dict[int, list[float]] = {}
     for line in out.splitlines():
-        match = re.match(r"node(\d+):(\d+) .*step \d+ loss ([0-9.]+)", line)
+        match = re.match(r"node(\d+):(\d+): .*step \d+ loss ([0-9.]+)", line)  # piped: node:rank: text
         if match:
             assert int(match.group(2)) // 2 == int(match.group(1)), line
             losses.setdefault(int(match.group(2)), []).append(float(match.group(3)))

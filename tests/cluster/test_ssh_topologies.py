@@ -91,7 +91,7 @@ def run_ddp(inventory: Path, log_dir: Path) -> tuple[float, str]:
     assert code == 0, text
     losses: dict[int, list[float]] = {}
     for line in text.splitlines():
-        match = re.match(r"node(\d+):(\d+) .*step \d+ loss ([0-9.]+)", line)
+        match = re.match(r"node(\d+):(\d+): .*step \d+ loss ([0-9.]+)", line)  # piped: node:rank: text
         if match:
             assert int(match.group(2)) // 2 == int(match.group(1)), line
             losses.setdefault(int(match.group(2)), []).append(float(match.group(3)))
