@@ -34,7 +34,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Callable, Literal
+from typing import Any, Callable, Literal
 
 from torchherd.engine.events import Event, NodeStatus, Observer, Output
 from torchherd.runlog import THROTTLE_REASONS, GpuUsage, RankLines, RunSummary, Slowest, gpu_usage, progress_of
@@ -138,13 +138,18 @@ class StragglerTracker:
         """Each judged node's rate over the window: tqdm's rates averaged, lines counted."""
         rates = {}
         for node, samples in self._samples[signal].items():
-            while samples and now - samples[0][0] > self.window:
-                samples.popleft()
-            if len(samples) < self.min_samples or now - self._first[(signal, node)] < self.window:
+            if not self._judged_now(samples, self._first[(signal, node)], now):
                 continue
             values = [value for _at, value in samples]
             rates[node] = sum(values) / (len(values) if signal == "tqdm rate" else self.window)
         return rates
+
+    def _judged_now(self, samples: deque[Any], first: float, now: float) -> bool:
+        """Drops ``samples`` (time first) older than the window; whether what is left may be
+        judged: enough of them, and sampled since ``first`` for the whole window."""
+        while samples and now - samples[0][0] > self.window:
+            samples.popleft()
+        return len(samples) >= self.min_samples and now - first >= self.window
 
     def progress(self, now: float) -> Progress:
         """The rates and marks now; the run's slowest node is kept from one call to the next."""
@@ -169,9 +174,7 @@ class StragglerTracker:
         """The node the others wait for, by its busy share against the others' median."""
         shares = {}
         for node, records in self._busy.items():
-            while records and now - records[0][0] > self.window:
-                records.popleft()
-            if len(records) >= self.min_samples and now - self._first[("busy share", node)] >= self.window:
+            if self._judged_now(records, self._first[("busy share", node)], now):
                 shares[node] = sum(busy for _at, _samples, busy in records) / sum(n for _at, n, _busy in records)
         if len(shares) < MIN_NODES["busy share"]:
             return {}
@@ -189,9 +192,7 @@ class StragglerTracker:
         """The nodes with a GPU clocked well below the run's other busy GPUs."""
         judged: dict[tuple[str, int], tuple[float, float, int]] = {}
         for key, samples in self._gpus.items():
-            while samples and now - samples[0][0] > self.window:
-                samples.popleft()
-            if len(samples) >= self.min_samples and now - self._gpu_first[key] >= self.window:
+            if self._judged_now(samples, self._gpu_first[key], now):
                 clock = statistics.fmean(sample[1] for sample in samples)
                 share = statistics.fmean(sample[1] / sample[2] for sample in samples)
                 judged[key] = (clock, share, _steady_reasons([sample[3] for sample in samples]))
