@@ -1221,6 +1221,17 @@ class LocalCluster:
             raise ClusterError(f"{name}: podman load failed: {done.stderr.strip()}")
         return done.stdout.strip()
 
+    def containers_left(self) -> dict[str, str]:
+        """Every container on any node, with its labels (the nodes' podman storage is this
+        cluster's own: any is a leftover); nodes without one are left out."""
+        left = {}
+        for name in self.names:
+            done = self.ssh(name, "podman ps -a --format '{{.Names}} {{.Labels}}'", timeout=60)
+            assert done.returncode == 0, done.stderr
+            if done.stdout.strip():
+                left[name] = done.stdout.strip()
+        return left
+
     def _private_copies(self, host: NodeInfo) -> list[str]:
         """Shell commands that give the node its own copy of each of PRIVATE_COPIES (a
         tmpfs over it, filled from the original), so a lock taken there is the node's."""

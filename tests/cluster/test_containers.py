@@ -55,21 +55,10 @@ def with_image(cluster: LocalCluster, runtime: str = "podman") -> LocalCluster:
     return cluster
 
 
-def containers_left(cluster: LocalCluster) -> dict[str, str]:
-    """Every container on any node (the nodes' storage is this cluster's own: any is a leftover)."""
-    left = {}
-    for name in cluster.names:
-        done = cluster.ssh(name, "podman ps -a --format '{{.Names}} {{.Labels}}'", timeout=60)
-        assert done.returncode == 0, done.stderr
-        if done.stdout.strip():
-            left[name] = done.stdout.strip()
-    return left
-
-
 def assert_clean(cluster: LocalCluster, timeout: float = 10.0) -> None:
     for name in cluster.names:
         assert cluster.wait_no_processes(name, timeout=timeout) == [], f"processes left on {name}"
-    assert containers_left(cluster) == {}
+    assert cluster.containers_left() == {}
 
 
 def run(cluster: LocalCluster, log_dir: Path, *args: str) -> tuple[int, str]:

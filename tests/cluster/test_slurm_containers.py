@@ -56,16 +56,6 @@ def inventory(slurm: SlurmCluster, path: Path) -> Path:
     return path
 
 
-def containers_left(cluster: LocalCluster) -> dict[str, str]:
-    left = {}
-    for name in cluster.names:
-        done = cluster.ssh(name, "podman ps -a --format '{{.Names}}'", timeout=60)
-        assert done.returncode == 0, done.stderr
-        if done.stdout.strip():
-            left[name] = done.stdout.strip()
-    return left
-
-
 def job_processes(cluster: LocalCluster, name: str, timeout: float = 30.0) -> list[str]:
     """What is left on the node but slurmd (the node's, not the job's), once it settles."""
     deadline = time.monotonic() + timeout
@@ -100,7 +90,7 @@ def test_ddp_in_podman_through_slurm_then_scancel_leaves_no_container(slurm_boxe
         for rank, match in found.items():
             assert match.group(2) == f"node{rank // 2}" and match.group(3) == "True", match.group(0)
             assert match.group(4) == match.group(5) == "0:0", match.group(0)  # the user's, not the image's nobody
-        assert containers_left(cluster) == {}
+        assert cluster.containers_left() == {}
 
         code, out = torchherd(path, "run", "--detach", "--no-check", "--nproc-per-node", "1", "--",
                               str(EXAMPLES / "ticker.py"), "100000", "0.2")
@@ -116,7 +106,7 @@ def test_ddp_in_podman_through_slurm_then_scancel_leaves_no_container(slurm_boxe
         code, out = torchherd(path, "stop", run_id)
         assert code == 0, out
         assert slurm_boxed.queue() == []
-        assert containers_left(cluster) == {}
+        assert cluster.containers_left() == {}
         for name in cluster.names:
             assert job_processes(cluster, name) == [], f"processes left on {name}"
     finally:
