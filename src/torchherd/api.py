@@ -248,7 +248,8 @@ class Cluster:
              module: bool = False, rdzv_backend: str | None = None, rdzv_conf: str | None = None,
              max_restarts: int = 0, monitor_interval: float | None = None, run_id: str | None = None,
              sync: bool | str | Path | None = None, sync_include: Iterable[str] = (),
-             sync_anyway: bool = False, uv: bool | None = None, uv_system_site_packages: bool = False) -> Plan:
+             sync_anyway: bool = False, uv: bool | None = None, uv_system_site_packages: bool = False,
+             uv_offline: bool | None = None) -> Plan:
         """The job, decided: every node's exact torchrun command and environment (what
         ``--dry-run`` prints). Raises UsageError for options that cannot work together.
         ``sync``: the local project to make identical on every node before the launch (True:
@@ -259,13 +260,17 @@ class Cluster:
         git, which is otherwise refused (UsageError).
         ``uv``: run the job in a venv built on every node from the synced project's uv.lock
         (None: when the project has pyproject.toml and uv.lock; True: it must; False: never);
-        ``uv_system_site_packages``: that venv also sees the node python's own packages."""
+        ``uv_system_site_packages``: that venv also sees the node python's own packages;
+        ``uv_offline``: a node that must build its venv gets the lock's wheels from this
+        machine, relayed node to node, and builds with no network (None: ``[uv] offline``)."""
         synced = self._sync_options(sync, tuple(sync_include), sync_anyway)
         options = RunOptions(script=script, script_args=tuple(args), run_id=run_id or new_run_id(),
                              nproc_per_node=nproc_per_node, nnodes=nnodes, module=module,
                              extra_env=dict(env or {}), master_addr=master_addr, max_restarts=max_restarts,
                              monitor_interval=monitor_interval, rdzv_conf=rdzv_conf, rdzv_backend=rdzv_backend,
-                             sync=synced, uv=_uv_options(synced, uv, uv_system_site_packages))
+                             sync=synced, uv=_uv_options(synced, uv, uv_system_site_packages,
+                                                         self.inventory.uv.offline if uv_offline is None
+                                                         else uv_offline, uv_offline is True))
         return build_plan(self.inventory, options, ssh_hostnames=self._ssh_hostnames())
 
     def _ssh_hostnames(self) -> dict[str, str]:
@@ -279,21 +284,23 @@ class Cluster:
               on_event: Observer | None = None, bandwidth: bool = False,
               min_bandwidth: float | None = None, sync_include: Iterable[str] = (),
               sync_anyway: bool = False, uv: bool | None = None,
-              uv_system_site_packages: bool = False, gpu_diag: bool = False) -> CheckReport:
+              uv_system_site_packages: bool = False, uv_offline: bool | None = None,
+              gpu_diag: bool = False) -> CheckReport:
         """The preflight checks, changing nothing on the nodes. They verify ``plan`` when
         given (its master address, port, processes per node, script, environment), else the
         plan of a default run of ``script``. With ``sync`` the project is first made
         identical on the nodes (its events to ``on_event``; LaunchAborted if it fails). With
         ``bandwidth`` (or ``smoke``) the links' throughput and path MTU are measured too;
         ``min_bandwidth`` (bits per second) overrides the inventory's floor. ``sync_include``,
-        ``sync_anyway``, ``uv`` and ``uv_system_site_packages``: as for ``plan``; with ``sync``
+        ``sync_anyway``, ``uv``, ``uv_system_site_packages`` and ``uv_offline``: as for ``plan``; with ``sync``
         a uv-locked project's venv is built (or found built) first, then checked against the lock.
         ``gpu_diag``: DCGM's level-1 diagnostic on every node that has DCGM (a minute or so)."""
         options = CheckOptions(only=frozenset(only) if only is not None else None, skip=frozenset(skip), smoke=smoke,
                                mesh=mesh, bandwidth=bandwidth, min_bandwidth=min_bandwidth,
                                gpu_diag=gpu_diag)
         plan = plan or self.plan(script or "", run_id="check", sync=sync, sync_include=sync_include,
-                                 sync_anyway=sync_anyway, uv=uv, uv_system_site_packages=uv_system_site_packages)
+                                 sync_anyway=sync_anyway, uv=uv, uv_system_site_packages=uv_system_site_packages,
+                                 uv_offline=uv_offline)
         return self.backend.check(plan, options, sync=bool(sync), on_result=on_result, on_event=on_event or ignore)
 
     def sync(self, source: bool | str | Path = True, *, plan: Plan | None = None, dry_run: bool = False,
@@ -404,27 +411,30 @@ def _remembered(run: RunT, plan: Plan, options: LaunchOptions, report: Observer)
     return run
 
 
-def _uv_options(sync: SyncOptions | None, uv: bool | None, system_site_packages: bool) -> UvOptions | None:
-    """A uv-locked project's options: the synced project's lock, hashed here."""
+def _uv_options(sync: SyncOptions | None, uv: bool | None, system_site_packages: bool, offline: bool = False,
+                asked_offline: bool = False) -> UvOptions | None:
+    """A uv-locked project's options: the synced project's lock, hashed here. ``offline``
+    from the inventory alone (not ``asked_offline``) is no error where no venv is built."""
     if uv is False:
-        if system_site_packages:
-            raise UsageError("--uv-system-site-packages: not with --no-uv", "leave one of them out")
+        if system_site_packages or asked_offline:
+            flag = "--uv-system-site-packages" if system_site_packages else "--uv-offline"
+            raise UsageError(f"{flag}: not with --no-uv", "leave one of them out")
         return None
     if sync is None:
-        if uv or system_site_packages:
-            flag = "--uv" if uv else "--uv-system-site-packages"
+        if uv or system_site_packages or asked_offline:
+            flag = "--uv" if uv else "--uv-system-site-packages" if system_site_packages else "--uv-offline"
             raise UsageError(f"{flag}: the venv is built from the synced project's uv.lock, and nothing is synced",
                              "add --sync (or a [sync] table) to send the project with its lock")
         return None
     lock_hash = uv_lock_hash(Path(sync.source))
     if lock_hash is None:
-        if uv or system_site_packages:
-            flag = "--uv" if uv else "--uv-system-site-packages"
+        if uv or system_site_packages or asked_offline:
+            flag = "--uv" if uv else "--uv-system-site-packages" if system_site_packages else "--uv-offline"
             missing = " and ".join(name for name in UV_FILES if not (Path(sync.source) / name).is_file())
             raise UsageError(f"{flag}: {sync.source} has no {missing or 'readable uv.lock'}",
                              f"lock the project first (uv lock, in {sync.source}), or leave {flag} out")
         return None
-    return UvOptions(lock_hash, system_site_packages)
+    return UvOptions(lock_hash, system_site_packages, offline)
 
 
 def _document(hosts: Sequence[str | Mapping[str, Any]], defaults: Mapping[str, Any] | None,

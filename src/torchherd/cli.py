@@ -219,7 +219,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     _sync_choices(args, bool(args.sync))  # check syncs only with --sync, [sync] table or not
     more = {"bandwidth": args.bandwidth, "min_bandwidth": args.min_bandwidth, "gpu_diag": args.gpu_diag,
             "sync_include": tuple(args.sync_include), "sync_anyway": args.sync_anyway, "uv": args.uv,
-            "uv_system_site_packages": args.uv_system_site_packages}
+            "uv_system_site_packages": args.uv_system_site_packages, "uv_offline": args.uv_offline}
     cluster.backend.allow("--matrix", args.matrix)
     if args.json:
         from torchherd.console import make_console
@@ -280,7 +280,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                         monitor_interval=args.monitor_interval, rdzv_conf=args.rdzv_conf,
                         rdzv_backend=args.rdzv_backend, sync=args.sync, sync_include=args.sync_include,
                         sync_anyway=args.sync_anyway, uv=args.uv,
-                        uv_system_site_packages=args.uv_system_site_packages)
+                        uv_system_site_packages=args.uv_system_site_packages, uv_offline=args.uv_offline)
     _ranks_exist(args.ranks, plan)
     only, skip = _run_checks(args, cluster)
     if args.dry_run:
@@ -419,6 +419,10 @@ def _add_sync_flag(parser: argparse.ArgumentParser, run: bool) -> None:
     parser.add_argument("--uv-system-site-packages", action="store_true",
                         help="the venv also sees the packages of the node's configured python (a torch installed "
                              "there; default: off)")
+    parser.add_argument("--uv-offline", action="store_true", default=None,
+                        help="nodes without a package index: a node that must build its venv gets the lock's "
+                             "wheels from this machine (downloaded once per node platform, relayed node to node) "
+                             "and builds with no network (default: [uv] offline, else off)")
 
 
 def _sync_choices(args: argparse.Namespace, syncs: bool) -> None:

@@ -86,7 +86,7 @@ STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
 SYNC_KEYS = ("dir", "exclude", "include", "dest")
 TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks", "container", "uv")
-UV_KEYS = ("wheels",)
+UV_KEYS = ("wheels", "offline")
 RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout", "checkpoint", "heartbeat",
                  "heartbeat_misses", "replicate", "replicate_bandwidth")
 HEARTBEAT_RANGE = (0.1, 5.0)
@@ -199,7 +199,11 @@ class UvSettings:
 
     wheels: str | None = None
     """A directory of this machine's holding ``uv`` wheels (``pip download uv --platform ...``):
-    a node of another platform gets the binary of the wheel for its own."""
+    a node of another platform gets the binary of the wheel for its own; and the lock's
+    wheels are looked for there first (``offline``)."""
+    offline: bool = False
+    """A node that must build its venv gets the lock's wheels from this machine, relayed
+    node to node, and builds with no network (``--uv-offline``)."""
 
 
 @dataclass(frozen=True)
@@ -690,7 +694,7 @@ def _parse_uv(table: Mapping[str, Any], path: Path) -> UvSettings:
         read.fail("wheels", f"{wheels} is not a directory on this machine",
                   f"mkdir -p {wheels} && pip download uv --no-deps --only-binary=:all: --platform "
                   f"manylinux_2_17_x86_64 -d {wheels} (the nodes' platform)")
-    return UvSettings(wheels=wheels)
+    return UvSettings(wheels=wheels, offline=read.get("offline", False, read.flag))
 
 
 def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, frozenset[str]]:

@@ -59,6 +59,10 @@ class UvOptions:
     """SHA-256 of the project's pyproject.toml and uv.lock, as the controller has them (``tree.uv_lock_hash``)."""
     system_site_packages: bool = False
     """The venv also sees the node python's own packages (a torch installed there)."""
+    offline: bool = False
+    """``--uv-offline``, ``[uv] offline``: a node that must build its venv gets the lock's
+    wheels from the controller (downloaded once per node platform, relayed node to node)
+    and builds with no network (``engine.offline``)."""
 
 
 @dataclass(frozen=True)
@@ -328,7 +332,8 @@ def build_plan(inventory: Inventory, options: RunOptions, networks: Mapping[str,
     if options.sync is not None:
         nodes = tuple(_sync_node(node, given.hosts[index], options.sync) for index, node in enumerate(nodes))
     if venvs:
-        nodes = tuple(_venv_node(node, venvs[node.host.name]) for node in nodes)
+        offline = options.uv is not None and options.uv.offline
+        nodes = tuple(_venv_node(node, venvs[node.host.name], offline) for node in nodes)
     nproc = options.nproc_per_node if options.nproc_per_node is not None else cluster.nproc_per_node
     return Plan(run_id=options.run_id, master=master.name, master_addr=master_addr,
                 port=cluster.port, rdzv_backend=backend, nodes=nodes, inventory=inventory, options=options,
@@ -353,9 +358,11 @@ def _venvs(inventory: Inventory, options: RunOptions) -> dict[str, NodeVenv]:
     return {host.name: node_venv(host, options.uv, options.sync.source, host.workdir) for host in inventory.hosts}
 
 
-def _venv_node(node: NodePlan, venv: NodeVenv) -> NodePlan:
+def _venv_node(node: NodePlan, venv: NodeVenv, offline: bool = False) -> NodePlan:
     kind = ", with the node python's own packages" if venv.system_site_packages else ""
-    note = (f"python {venv.python_path}: the venv uv sync --frozen builds from uv.lock (sha256 "
+    how = ("uv pip sync builds offline from the lock's wheels, sent from this machine" if offline
+           else "uv sync --frozen builds")
+    note = (f"python {venv.python_path}: the venv {how} from uv.lock (sha256 "
             f"{venv.lock_hash[:12]}) with {venv.python}{kind}; kept while the lock is unchanged")
     return replace(node, venv=venv, notes=node.notes + (note,))
 

@@ -11,10 +11,19 @@ from rich.console import Console
 from rich.text import Text
 
 from torchherd.console import printable
-from torchherd.engine.events import NodeSynced, SyncDone, SyncFailed, SyncStarted, VenvFailed, VenvReady, VenvsDone
+from torchherd.engine.events import (
+    NodeSynced,
+    SyncDone,
+    SyncFailed,
+    SyncStarted,
+    VenvFailed,
+    VenvReady,
+    VenvsDone,
+    WheelsRelayed,
+)
 from torchherd.words import count, size
 
-SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone, VenvsDone)
+SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone, VenvsDone, WheelsRelayed)
 LISTED = 40
 """Paths listed per group of nodes on a dry run; the rest are counted."""
 
@@ -23,7 +32,8 @@ def files(number: int) -> str:
     return count(number, "file")
 
 
-def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone | VenvsDone) -> Iterator[tuple[str, str]]:
+def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone | VenvsDone | WheelsRelayed,
+               ) -> Iterator[tuple[str, str]]:
     """The notes (text, style) a live run shows for a sync event. Nodes in sync are told
     at the end, alike nodes on one line (a run on 256 nodes is not 256 lines of it)."""
     if isinstance(event, SyncStarted):
@@ -47,6 +57,22 @@ def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone | VenvsDo
                "green" if event.ok else "bold red")
     elif isinstance(event, VenvsDone):
         yield from venv_notes(event)
+    elif isinstance(event, WheelsRelayed):
+        yield wheels_note(event)
+
+
+def wheels_note(event: WheelsRelayed) -> tuple[str, str]:
+    """``--uv-offline``: the lock's wheels for one platform, where they came from, and what this machine sent."""
+    fetched = f"{len(event.downloaded)} downloaded now" if event.downloaded else "none downloaded"
+    route = " -> ".join(printable(node) for node in event.nodes)
+    reached = len(event.nodes) - len(event.failed)
+    text = (f"wheels: uv.lock's {files(event.files)} for {printable(event.tag)} python {event.python} "
+            f"({size(event.size)}, {fetched}; {printable(event.path)}) relayed node to node: this machine -> {route}: "
+            f"on {reached} of {count(len(event.nodes), 'node')} ({event.seconds:.1f} s; {size(event.sent)} sent "
+            "from this machine)")
+    for node, why in event.failed[:3]:
+        text += f"; {printable(node)}: {printable(why)}"
+    return text, "dim" if not event.failed else "bold red"
 
 
 def venv_notes(done: VenvsDone) -> Iterator[tuple[str, str]]:
@@ -66,8 +92,10 @@ def venv_notes(done: VenvsDone) -> Iterator[tuple[str, str]]:
     for (path, built), nodes in groups.items():
         if built:
             slowest = max(node.seconds for node in nodes)
-            yield (f"{names(node.node for node in nodes)}: venv {printable(path)} built from uv.lock by uv sync "
-                   f"--frozen ({slowest:.1f} s)", "dim")
+            how = ("uv pip sync --offline from the lock's wheels" if any(node.offline for node in nodes)
+                   else "uv sync --frozen")
+            yield (f"{names(node.node for node in nodes)}: venv {printable(path)} built from uv.lock by {how} "
+                   f"({slowest:.1f} s)", "dim")
         else:
             yield f"{names(node.node for node in nodes)}: venv {printable(path)} as uv.lock made it (cached)", "dim"
 

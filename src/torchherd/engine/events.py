@@ -240,6 +240,8 @@ class VenvReady:
     """That uv was sent from the controller (the node had none)."""
     wheel: str = ""
     """The wheel that uv was taken out of (a node of another platform); "": the controller's own."""
+    offline: bool = False
+    """Built with no network from the lock's wheels sent from the controller (``--uv-offline``)."""
 
 
 @dataclass(frozen=True)
@@ -265,6 +267,26 @@ class VenvsDone:
     @property
     def failed(self) -> tuple[VenvFailed, ...]:
         return tuple(node for node in self.nodes if isinstance(node, VenvFailed))
+
+
+@dataclass(frozen=True)
+class WheelsRelayed:
+    """``--uv-offline``: the lock's wheels for one node platform and python (``tag``,
+    ``python``), in this machine's wheelhouse ``path`` (``files`` of ``size`` bytes;
+    ``downloaded``: the wheels pip fetched now, the others were here already), sent once
+    and relayed node to node down ``nodes``; ``sent``: the bytes this machine sent;
+    ``failed``: the nodes the copy did not reach, and why (the venvs say the rest)."""
+
+    tag: str
+    python: str
+    path: str
+    nodes: tuple[str, ...]
+    files: int
+    size: int
+    sent: int
+    downloaded: tuple[str, ...]
+    seconds: float
+    failed: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -527,7 +549,7 @@ RECOVERY_EVENTS = (AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, Spar
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
               NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished, JobQueued,
               SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptFailed, TriageDone,
-              VenvsDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
+              VenvsDone, WheelsRelayed, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
               CheckpointStaged, CheckpointMissing, LostContainers, PullStarted, PullProgress, NodePulled,
               PullFailed, PullsDone, ArchiveStarted, ArchiveProgress, ArchiveDone, HistoryNotKept, CheckpointSaved,
               CheckpointReplicated]

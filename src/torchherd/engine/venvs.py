@@ -7,7 +7,11 @@ else it finds uv there and runs ``uv sync --frozen`` into the venv. The job's en
 the program's stdin, never a command line. A node without uv (and none configured) gets
 this machine's own uv binary, when it runs there (Linux, the same machine and libc), else
 the binary of the ``uv`` wheel for the node's platform from a local wheel directory
-(engine/uvwheels.py), sent over SFTP beside the node's venvs. The observer is told ``VenvsDone``.
+(engine/uvwheels.py), sent over SFTP beside the node's venvs. With ``--uv-offline`` a node
+that must build gets the lock's wheels from this machine (``engine.offline``: made once per
+node platform and python, relayed node to node; the observer is told ``WheelsRelayed``) and
+builds from them with no network; a node whose venv is built costs what it always did. The
+observer is told ``VenvsDone``.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Sequence, Union
 
-from torchherd.engine.events import Observer, VenvFailed, VenvReady, VenvsDone
+from torchherd.engine.events import Observer, VenvFailed, VenvReady, VenvsDone, WheelsRelayed
+from torchherd.engine.offline import Wheelhouse, WheelhouseError, export_requirements, make_wheelhouse, relay_wheelhouse
 from torchherd.engine.uvwheels import (
+    DEFAULT_WHEELS,
     NodePlatform,
     WheelError,
     extract_uv,
@@ -34,6 +40,7 @@ from torchherd.engine.uvwheels import (
     missing_wheel,
     wheel_dirs,
 )
+from torchherd.engine.wheelhouse import looks_offline, node_dir, platforms
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command
@@ -54,12 +61,29 @@ def venv_command(node: NodePlan) -> str:
     return f"{quote_path(node.venv.python)} {command('venv.py')}"
 
 
-def venv_config(node: NodePlan) -> dict[str, object]:
-    """What ``remote/venv.py`` reads on its stdin."""
+def venv_config(node: NodePlan, offline: bool = False) -> dict[str, object]:
+    """What ``remote/venv.py`` reads on its stdin (``offline``: its build from the
+    wheelhouse relayed beside its venvs, ``engine.offline``)."""
     venv = node.venv
     assert venv is not None
-    return {"path": venv.path, "key": venv.key, "project": venv.project, "uv": list(venv.uv),
-            "system_site_packages": venv.system_site_packages, "env": dict(node.env)}
+    config: dict[str, object] = {"path": venv.path, "key": venv.key, "project": venv.project, "uv": list(venv.uv),
+                                 "system_site_packages": venv.system_site_packages, "env": dict(node.env)}
+    if offline:
+        config["wheelhouse"] = node_dir(venv.path, venv.key)
+    return config
+
+
+@dataclass(frozen=True)
+class NeedsWheels:
+    """A node that must build its venv and has no wheelhouse yet (``--uv-offline``): its
+    platform and python, and the config to ask it again with once the wheelhouse is there."""
+
+    node: NodePlan
+    platform: NodePlatform
+    python: str
+    config: Mapping[str, object]
+    shipped: bool = False
+    wheel: str = ""
 
 
 def missing_uv_hint(node: NodePlan) -> str:
@@ -75,21 +99,29 @@ def build_venvs(plan: Plan, sessions: Mapping[str, Session], observer: Observer)
     started = time.monotonic()
     nodes = [node for node in plan.nodes if node.venv is not None]
     wheels = plan.inventory.uv.wheels
-    results = tuple(fan_out(nodes, lambda node: _build(node, sessions.get(node.host.name), wheels)))
+    offline = plan.options.uv is not None and plan.options.uv.offline
+    first = fan_out(nodes, lambda node: _build(node, sessions.get(node.host.name), wheels, offline))
+    needing = [result for result in first if isinstance(result, NeedsWheels)]
+    supplied = supply_wheels(plan, needing, sessions, observer) if needing else {}
+    results = tuple(supplied[result.node.host.name] if isinstance(result, NeedsWheels) else result
+                    for result in first)
     done = VenvsDone(results, time.monotonic() - started)
     observer(done)
     return done
 
 
-def _build(node: NodePlan, session: Session | None, wheels: str | None = None) -> Union[VenvReady, VenvFailed]:
+def _build(node: NodePlan, session: Session | None, wheels: str | None = None,
+           offline: bool = False) -> Union[VenvReady, VenvFailed, NeedsWheels]:
     assert node.venv is not None
     name = node.host.name
     if session is None:
         return VenvFailed(name, "no SSH session")
-    config = venv_config(node)
+    config = venv_config(node, offline)
     answer = _ask(session, node, config)
+    if answer.get("wheelhouse_missing"):
+        return NeedsWheels(node, node_platform(answer), str(answer.get("python", "")), config)
     if "error" not in answer or not answer.get("uv_missing") or node.host.uv is not None:
-        return _outcome(node, answer)
+        return _outcome(node, answer, offline=offline)
     # No uv on the node, none configured: this machine's own, where it runs there; else
     # the binary of the uv wheel for the node's platform, from a wheel directory here.
     local = local_uv()
@@ -102,7 +134,69 @@ def _build(node: NodePlan, session: Session | None, wheels: str | None = None) -
         shipped = ship_uv(session, node, local)
     except TransportError as error:
         return VenvFailed(name, f"{answer['error']}; sending this machine's uv failed: {error}", missing_uv_hint(node))
-    return _outcome(node, _ask(session, node, {**config, "uv": [shipped]}), shipped=True, wheel=local.wheel)
+    config = {**config, "uv": [shipped]}
+    answer = _ask(session, node, config)
+    if answer.get("wheelhouse_missing"):
+        return NeedsWheels(node, node_platform(answer), str(answer.get("python", "")), config, True, local.wheel)
+    return _outcome(node, answer, shipped=True, wheel=local.wheel, offline=offline)
+
+
+def supply_wheels(plan: Plan, needing: Sequence[NeedsWheels], sessions: Mapping[str, Session],
+                  observer: Observer) -> dict[str, Union[VenvReady, VenvFailed]]:
+    """The lock's wheels made here once per node platform and python, relayed to the nodes
+    of ``needing`` (in node-rank order: the master first), which are then asked again to
+    build. Per node, its venv's outcome."""
+    assert plan.options.sync is not None and plan.options.uv is not None
+    wheels = plan.inventory.uv.wheels
+    by_name = {item.node.host.name: item for item in needing}
+    try:
+        exported = export_requirements(Path(plan.options.sync.source))
+    except WheelhouseError as error:
+        return {name: VenvFailed(name, str(error), error.hint) for name in by_name}
+    outcomes: dict[str, Union[VenvReady, VenvFailed]] = {}
+    groups = platforms([(name, item.platform, item.python) for name, item in by_name.items()])
+    for (tag, python), names in groups.items():
+        started = time.monotonic()
+        first = by_name[names[0]]
+        try:
+            house = make_wheelhouse(exported, plan.options.uv.lock_hash, first.platform, first.python, wheels)
+        except WheelhouseError as error:
+            outcomes.update({name: VenvFailed(name, str(error), error.hint) for name in names})
+            continue
+        reached, sent = _relay(house, [by_name[name] for name in names], sessions)
+        failed = tuple((name, why) for name in names if (why := reached[name]) is not None)
+        observer(WheelsRelayed(tag, python, str(house.path), tuple(names), len(house.files), house.size, sent,
+                               house.downloaded, time.monotonic() - started, failed))
+        # Every node is asked again, those the copy did not reach too: nodes that share
+        # a directory may have it from another.
+        answers = fan_out(names, lambda name: _ask(sessions[name], by_name[name].node, by_name[name].config))
+        for name, answer in zip(names, answers):
+            item = by_name[name]
+            if answer.get("wheelhouse_missing"):
+                why = reached[name] or "not there after the copy"
+                outcomes[name] = VenvFailed(name, f"the lock's wheels did not reach {name}: {why}",
+                                            "see the copy's error above; nodes relay it to each other over the "
+                                            "address the job uses (local_addr, else address)")
+            else:
+                outcomes[name] = _outcome(item.node, answer, item.shipped, item.wheel, offline=True)
+    return outcomes
+
+
+def _relay(house: Wheelhouse, nodes: Sequence[NeedsWheels],
+           sessions: Mapping[str, Session]) -> tuple[dict[str, str | None], int]:
+    """One chain per place the nodes receive it at (nodes whose pythons differ have venvs,
+    and wheelhouse names, of their own): this machine sends the wheelhouse once per chain."""
+    chains: dict[str, list[tuple[NodePlan, str]]] = {}
+    for item in nodes:
+        target = str(item.config["wheelhouse"])
+        chains.setdefault(target.rsplit("/", 1)[-1], []).append((item.node, target))
+    reached: dict[str, str | None] = {}
+    sent = 0
+    for targets in chains.values():
+        results, bytes_sent = relay_wheelhouse(house, targets, sessions)
+        reached.update(results)
+        sent += bytes_sent
+    return reached, sent
 
 
 def _ask(session: Session, node: NodePlan, config: Mapping[str, object]) -> dict[str, Any]:
@@ -122,16 +216,25 @@ def _ask(session: Session, node: NodePlan, config: Mapping[str, object]) -> dict
 
 
 def _outcome(node: NodePlan, answer: Mapping[str, Any], shipped: bool = False,
-             wheel: str = "") -> Union[VenvReady, VenvFailed]:
+             wheel: str = "", offline: bool = False) -> Union[VenvReady, VenvFailed]:
     assert node.venv is not None
     name = node.host.name
     if "error" in answer:
-        hint = missing_uv_hint(node) if answer.get("uv_missing") else (
-            "make the lock installable on the node (its index reachable, or UV_OFFLINE=1 with every wheel in "
-            "uv's cache), or run uv sync --frozen there to see more")
-        return VenvFailed(name, str(answer["error"]), hint)
+        error = str(answer["error"])
+        if answer.get("uv_missing"):
+            hint = missing_uv_hint(node)
+        elif offline:
+            hint = ("the wheelhouse was made from uv export of the lock (each wheel by the lock's hash, from "
+                    f"{DEFAULT_WHEELS} or [uv] wheels, else pip download) and is sent again on the next run")
+        elif looks_offline(error):
+            hint = (f"{name} reaches no package index: --uv-offline (or [uv] offline = true) sends it the lock's "
+                    "wheels from this machine, downloaded once and relayed node to node")
+        else:
+            hint = ("make the lock installable on the node (its index reachable, or UV_OFFLINE=1 with every wheel "
+                    "in uv's cache), or run uv sync --frozen there to see more")
+        return VenvFailed(name, error, hint)
     return VenvReady(name, node.venv.path, bool(answer.get("built")), float(answer.get("seconds", 0.0)),
-                     str(answer.get("uv", "")), shipped, wheel)
+                     str(answer.get("uv", "")), shipped, wheel, offline and bool(answer.get("built")))
 
 
 @dataclass(frozen=True)

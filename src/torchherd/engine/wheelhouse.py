@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,8 @@ class Requirement:
     version: str
     hashes: tuple[str, ...]
     direct: str = ""
+    marker: str = ""
+    """Its environment marker (``platform_machine == 'x86_64'``), "": on every node."""
 
 
 def export_argv(uv: str) -> list[str]:
@@ -54,12 +56,13 @@ def parse_requirements(text: str) -> list[Requirement]:
         if not line or line.startswith("#"):
             continue
         hashes = tuple(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
-        head = line.split(" --hash", 1)[0].split(";", 1)[0].strip()
+        head, _, marker = line.split(" --hash", 1)[0].partition(";")
+        head, marker = head.strip(), marker.strip()
         pinned = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;]+)\Z", head)
         if pinned is not None:
-            found.append(Requirement(pinned.group(1).lower(), pinned.group(2), hashes))
+            found.append(Requirement(pinned.group(1).lower(), pinned.group(2), hashes, marker=marker))
         else:
-            found.append(Requirement("", "", hashes, direct=head))
+            found.append(Requirement("", "", hashes, direct=head, marker=marker))
     return found
 
 
@@ -80,11 +83,15 @@ def dir_hashes(directory: Path) -> set[str]:
     return found
 
 
-def missing(requirements: Iterable[Requirement], have: set[str]) -> list[str]:
+def missing(requirements: Iterable[Requirement], have: set[str],
+            environment: Mapping[str, str] | None = None) -> list[str]:
     """The pinned requirements no file of ``have`` satisfies (by hash), as ``name==version``:
-    an empty list means the wheelhouse is complete and no download is needed."""
+    an empty list means the wheelhouse is complete and no download is needed. With
+    ``environment`` (``marker_environment``) a requirement whose marker is false there
+    is not needed (uv leaves it out on that node)."""
     return [f"{item.name}=={item.version}" for item in requirements
-            if not item.direct and not (set(item.hashes) & have)]
+            if not item.direct and not (set(item.hashes) & have)
+            and (environment is None or applies(item.marker, environment))]
 
 
 def platforms(nodes: Sequence[tuple[str, NodePlatform, str]]) -> dict[tuple[str, str], list[str]]:
@@ -95,3 +102,155 @@ def platforms(nodes: Sequence[tuple[str, NodePlatform, str]]) -> dict[tuple[str,
         key = (node.download_tag(), ".".join(python_version.split(".")[:2]))
         groups.setdefault(key, []).append(name)
     return groups
+
+
+def cache_name(lock_hash: str, node: NodePlatform, python_version: str) -> str:
+    """This machine's wheelhouse for one lock, node platform and python:
+    ``<lock hash>-<download tag>-<major.minor>`` (under ``~/.cache/torchherd/wheelhouse``)."""
+    return f"{lock_hash[:16]}-{node.download_tag()}-{major_minor(python_version)}"
+
+
+def node_dir(venv_path: str, key: str) -> str:
+    """Where a node receives the wheelhouse for its venv: beside its venvs (as local, or as
+    shared, as they are), named by the venv's key (one lock, python and kind)."""
+    parent = venv_path.rstrip("/").rsplit("/", 1)[0] if "/" in venv_path.rstrip("/") else "."
+    return f"{parent}/wheelhouse-{key}"
+
+
+def major_minor(python_version: str) -> str:
+    return ".".join(python_version.split(".")[:2])
+
+
+def marker_environment(node: NodePlatform, python_version: str) -> dict[str, str]:
+    """PEP 508's marker variables for a node, from what its venv builder reported."""
+    return {"platform_machine": node.machine, "sys_platform": node.system.lower(), "platform_system": node.system,
+            "os_name": "posix", "python_version": major_minor(python_version),
+            "python_full_version": python_version, "implementation_name": "cpython",
+            "platform_python_implementation": "CPython", "extra": ""}
+
+
+MARKER_TOKEN = re.compile(r"\s*(?:(?P<string>'[^']*'|\"[^\"]*\")|(?P<op>===|==|!=|<=|>=|~=|<|>|\(|\))|"
+                          r"(?P<word>not\s+in\b|[A-Za-z_][A-Za-z0-9_.]*))")
+VERSIONED = ("python_version", "python_full_version", "implementation_version", "platform_release")
+
+
+def applies(marker: str, environment: Mapping[str, str]) -> bool:
+    """Whether ``marker`` (PEP 508) holds in ``environment``. A marker this cannot read, or
+    a variable it does not know, counts as true: a wheel fetched that is not needed costs
+    a download; one left out would fail the node's build."""
+    if not marker:
+        return True
+    tokens: list[tuple[str, str]] = []
+    position = 0
+    while position < len(marker.rstrip()):
+        found = MARKER_TOKEN.match(marker, position)
+        if found is None:
+            return True
+        kind = found.lastgroup or ""
+        tokens.append((kind, re.sub(r"\s+", " ", found.group(kind))))
+        position = found.end()
+    try:
+        value, rest = _or(tokens, environment)
+    except (IndexError, ValueError, KeyError):
+        return True
+    return value if not rest else True
+
+
+def _or(tokens: list[tuple[str, str]], env: Mapping[str, str]) -> tuple[bool, list[tuple[str, str]]]:
+    value, tokens = _and(tokens, env)
+    while tokens and tokens[0] == ("word", "or"):
+        right, tokens = _and(tokens[1:], env)
+        value = value or right
+    return value, tokens
+
+
+def _and(tokens: list[tuple[str, str]], env: Mapping[str, str]) -> tuple[bool, list[tuple[str, str]]]:
+    value, tokens = _atom(tokens, env)
+    while tokens and tokens[0] == ("word", "and"):
+        right, tokens = _atom(tokens[1:], env)
+        value = value and right
+    return value, tokens
+
+
+def _atom(tokens: list[tuple[str, str]], env: Mapping[str, str]) -> tuple[bool, list[tuple[str, str]]]:
+    if tokens[0] == ("op", "("):
+        value, tokens = _or(tokens[1:], env)
+        if not tokens or tokens[0] != ("op", ")"):
+            raise ValueError("unbalanced")
+        return value, tokens[1:]
+    left, (kind, op), right = tokens[0], tokens[1], tokens[2]
+    if kind == "word" and op not in ("in", "not in"):
+        raise ValueError(op)
+    return _compare(_operand(left, env), op, _operand(right, env), left[1] if left[0] == "word" else right[1]), \
+        tokens[3:]
+
+
+def _operand(token: tuple[str, str], env: Mapping[str, str]) -> str:
+    kind, text = token
+    if kind == "string":
+        return text[1:-1]
+    if kind != "word":
+        raise ValueError(text)
+    return env[text]  # KeyError: an unknown variable, read as true
+
+
+def _compare(left: str, op: str, right: str, variable: str) -> bool:
+    if op == "in":
+        return left in right
+    if op == "not in":
+        return left not in right
+    if variable in VERSIONED and re.fullmatch(r"[\d.]+", left) and re.fullmatch(r"[\d.*]+", right):
+        if right.endswith(".*") and op in ("==", "!="):
+            same = left == right[:-2] or left.startswith(right[:-1])
+            return same if op == "==" else not same
+        ours, theirs = _version(left), _version(right)
+        width = max(len(ours), len(theirs))
+        ours, theirs = ours + (0,) * (width - len(ours)), theirs + (0,) * (width - len(theirs))
+        table = {"==": ours == theirs, "===": left == right, "!=": ours != theirs, "<": ours < theirs,
+                 "<=": ours <= theirs, ">": ours > theirs, ">=": ours >= theirs,
+                 "~=": ours >= theirs and ours[:max(len(_version(right)) - 1, 1)] ==
+                 theirs[:max(len(_version(right)) - 1, 1)]}
+        return table[op]
+    table = {"==": left == right, "===": left == right, "!=": left != right}
+    if op not in table:
+        raise ValueError(op)
+    return table[op]
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".") if part.isdigit())
+
+
+NO_NETWORK = ("failed to fetch", "dns error", "could not connect", "connection refused", "network is unreachable",
+              "no route to host", "name or service not known", "temporary failure in name resolution",
+              "offline mode", "network connectivity is disabled", "error sending request", "connect error",
+              "operation timed out")
+"""What uv says when it cannot reach an index (or is offline and misses its cache)."""
+
+
+def looks_offline(message: str) -> bool:
+    """Whether a failed ``uv sync`` looks like a node without a package index."""
+    lowered = message.lower()
+    return any(words in lowered for words in NO_NETWORK)
+
+
+def requirement_lines(requirements: Iterable[Requirement], names: Iterable[str]) -> str:
+    """The requirements named (``name==version``) as a requirements file without markers:
+    what ``pip download --platform`` fetches (pip judges markers for this machine, not the
+    nodes'; they were judged for the nodes already)."""
+    wanted = set(names)
+    lines = [f"{item.name}=={item.version} " + " ".join(f"--hash=sha256:{digest}" for digest in item.hashes)
+             for item in requirements if f"{item.name}=={item.version}" in wanted]
+    return "".join(line.rstrip() + "\n" for line in lines)
+
+
+def wheel_name(filename: str) -> tuple[str, str] | None:
+    """A wheel file's (normalized name, version), or None for another file."""
+    match = re.match(r"([^-]+)-([^-]+)-.+\.whl\Z", filename)
+    if match is None:
+        return None
+    return re.sub(r"[-_.]+", "-", match.group(1)).lower(), match.group(2)
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()

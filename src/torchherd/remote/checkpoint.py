@@ -11,7 +11,8 @@ glob, of which the newest match (by mtime) counts. MODE is one of:
   sha256`` lines), or ``{"path": null}`` when there is none, or ``{"error": TEXT}``.
 
 ``relay``: one link of the chain (``relay.py`` has its protocol) that carries a copy from
-  the node that has it (the source) to the nodes that lack it. The controller's first line
+  the node that has it (the source), or from the controller (``{"upstream": null}``: a
+  venv's wheelhouse, ``engine/offline.py``), to the nodes that lack it. The controller's first line
   adds ``"expect": COPY`` and ``"source": BOOL``; the source sends its copy, its files'
   sizes and mtimes in the header. A receiver writes each file into a temporary name in the
   target's own directory (0600, a directory 0700), checks the SHA-256 against the
@@ -261,8 +262,11 @@ def relay(workdir: str, config: Dict[str, Any], stdin: chain.Link) -> Dict[str, 
             chain.watch_controller(cleanup)
             return send_own(workdir, relative, listener, token, started, config.get("rate"))
         upstream = chain.upstream(token, stdin)
-        chain.watch_controller(cleanup)
-        return receive(workdir, relative, expect, upstream, listener, token, started, bool(config.get("keep_newer")))
+        fed = upstream is stdin
+        if not fed:
+            chain.watch_controller(cleanup)
+        return receive(workdir, relative, expect, upstream, listener, token, started, bool(config.get("keep_newer")),
+                       watch_after=fed)
     finally:
         if listener is not None:
             listener.close()
@@ -291,7 +295,10 @@ def newer_here(target: str, mtime: float) -> bool:
 
 def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: chain.Link,
             listener: Optional[socket.socket], token: bytes, started: float,
-            keep_newer: bool = False) -> Dict[str, Any]:
+            keep_newer: bool = False, watch_after: bool = False) -> Dict[str, Any]:
+    """``watch_after``: the controller itself is the upstream (it feeds the copy on stdin,
+    as for a venv's wheelhouse), so its stdin is watched for its end only once the copy is
+    in: a watch started earlier would read the copy's own bytes."""
     raw = upstream.line()
     header = json.loads(raw)
     downstream = chain.accept(listener, token) if listener is not None else None
@@ -303,6 +310,8 @@ def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: chain
         if kind == "dir":
             os.mkdir(temporary, 0o700)
         hashes, received = chain.pass_on(upstream, downstream, raw, outputs(temporary, kind, header["files"]), False)
+        if watch_after:
+            chain.watch_controller(cleanup)
         found = combined(kind, hashes)
         if found != expect["sha256"]:
             raise ValueError(f"the copy received has SHA-256 {found[:12]}..., not the {str(expect['sha256'])[:12]}... "

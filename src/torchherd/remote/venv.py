@@ -5,13 +5,16 @@ Reads its config, one JSON line, on stdin (the job's environment travels there, 
 command line): ``path`` (the venv), ``key``, ``project`` (the synced project), ``uv``
 (where to look for uv, in order), ``system_site_packages``, ``env``, and optionally
 ``wheelhouse`` (a directory holding the lock's wheels and ``requirements.txt``, the lock
-exported with hashes: the venv is built from those files alone, offline). When the venv's
+exported with hashes: the venv is built from those files alone, offline; the directory is
+removed after the build, built or not). When the venv's
 marker holds ``key`` the venv is as the lock made it: nothing runs, not even uv. Else it
 finds uv, runs ``uv sync --frozen`` into the venv and writes the marker last, so a build
 cut short is built again. Prints one JSON line: ``{"cached": true}``, ``{"built": true,
 "uv": PATH, "seconds": S}``, or ``{"error": TEXT}``; with no uv found, ``"uv_missing": true`` and the
 node's ``system``, ``machine``, ``libc`` (glibc, musl or "") and ``libc_version`` (the
-controller may send a uv that runs there).
+controller may send a uv that runs there); with a ``wheelhouse`` not there (yet),
+``"wheelhouse_missing": true``, the same four and ``python`` (the configured python's
+version: the controller makes the wheelhouse for that platform and python, and relays it).
 
 Nodes that share a home build one venv: uv locks it while it syncs (the others wait, then
 find it in sync); the marker is replaced atomically.
@@ -107,16 +110,54 @@ def build(config: dict[str, Any]) -> dict[str, object]:
     env.update(config.get("env") or {})
     uv = find_uv(config["uv"], env.get("PATH"))
     if uv is None:
-        import platform  # only here: what the controller needs to send a uv that runs on this node
-
-        libc, version = libc_of(platform.libc_ver())
         return {"error": "uv not found (looked for " + ", ".join(config["uv"]) + ")", "uv_missing": True,
-                "system": platform.system(), "machine": platform.machine(), "libc": libc, "libc_version": version}
+                **node_platform()}
+    wheelhouse = os.path.expanduser(config["wheelhouse"]) if config.get("wheelhouse") else None
+    if wheelhouse and not os.path.isfile(os.path.join(wheelhouse, "requirements.txt")):
+        return {"error": f"the lock's wheels are not in {wheelhouse}", "wheelhouse_missing": True,
+                "python": "%d.%d.%d" % sys.version_info[:3], **node_platform()}
+    if wheelhouse:
+        try:
+            return from_wheelhouse(config, path, uv, wheelhouse, env)
+        finally:
+            # The wheelhouse only carries the lock's files here (torch and CUDA's wheels: GBs
+            # on every node); the venv holds them installed. Removed after a failed build
+            # too: the next run sends a new one made from what the controller then has,
+            # never one that failed.
+            shutil.rmtree(wheelhouse, ignore_errors=True)
+    return build_with(config, path, uv, None, env)
+
+
+def node_platform() -> dict[str, str]:
+    """What the controller needs to send a uv, or wheels, that run on this node."""
+    import platform  # only here: a cached venv never needs it
+
+    libc, version = libc_of(platform.libc_ver())
+    return {"system": platform.system(), "machine": platform.machine(), "libc": libc, "libc_version": version}
+
+
+def from_wheelhouse(config: dict[str, Any], path: str, uv: str, wheelhouse: str,
+                    env: dict[str, str]) -> dict[str, object]:
+    """The build from the wheelhouse, under a lock beside the venv: nodes that share the
+    venv (a shared home) build it once; the others wait, then find it marked."""
+    import fcntl
+
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    with open(f"{path}.lock", "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        marker = read_marker(path)
+        if isinstance(marker, dict) and marker.get("key") == config["key"] \
+                and os.path.exists(os.path.join(path, "bin", "python")):
+            return {"cached": True}
+        return build_with(config, path, uv, wheelhouse, env)
+
+
+def build_with(config: dict[str, Any], path: str, uv: str, wheelhouse: str | None,
+               env: dict[str, str]) -> dict[str, object]:
     project = os.path.expanduser(config["project"])
     env.pop("VIRTUAL_ENV", None)  # uv warns, and would compare it with the project's environment
     env["UV_PROJECT_ENVIRONMENT"] = path
     started = time.monotonic()
-    wheelhouse = os.path.expanduser(config["wheelhouse"]) if config.get("wheelhouse") else None
     system = bool(config.get("system_site_packages"))
     if (system or wheelhouse) and not os.path.exists(os.path.join(path, "pyvenv.cfg")):
         # uv sync keeps an existing venv's settings: made here with the system's packages

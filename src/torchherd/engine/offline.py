@@ -1,0 +1,298 @@
+"""``--uv-offline`` (``[uv] offline``), the controller's side: the lock's wheels for nodes
+that reach no package index, made once here per node platform and python, and relayed
+node to node (`torchherd docs environments`, "Nodes without internet").
+
+1. ``export_requirements``: ``uv export`` of the synced project's lock, here (no network):
+   every package pinned with the lock's SHA-256 hashes, markers kept.
+2. ``make_wheelhouse``: ``~/.cache/torchherd/wheelhouse/<lock hash>-<tag>-<python>`` holds
+   ``requirements.txt`` and a wheel for every requirement the nodes' platform needs (its
+   marker judged for them), each satisfying the lock **by hash**: first from the local
+   wheel directories (``[uv] wheels``, ``~/.cache/torchherd/wheels``, pip's wheel cache),
+   and only what is still missing from ``pip download --platform``. A wheelhouse already
+   complete for the lock is taken as it is. Made in a new private directory, renamed into
+   place once complete.
+3. ``relay_wheelhouse``: this machine feeds the directory once to the first node of the
+   chain (the master first), and the nodes pass it on over the cluster's network
+   (``engine.relay``, with ``remote/checkpoint.py relay`` on each node): each writes it
+   into a private temporary directory beside its venvs, checks the SHA-256 of the whole
+   (every file's hash), and renames it to ``wheelhouse-<venv key>``, where the node's venv
+   builder (``remote/venv.py``) finds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchherd.engine.recovery.staging import job_address
+from torchherd.engine.relay import Hop, run_chain
+from torchherd.engine.uvwheels import DEFAULT_WHEELS, NodePlatform
+from torchherd.engine.wheelhouse import (
+    REQUIREMENTS,
+    Requirement,
+    applies,
+    cache_name,
+    dir_hashes,
+    download_argv,
+    export_argv,
+    major_minor,
+    marker_environment,
+    missing,
+    normalized,
+    parse_requirements,
+    requirement_lines,
+    wheel_name,
+)
+from torchherd.plan import NodePlan
+from torchherd.remote import command
+from torchherd.remote.checkpoint import combined, file_sha256
+from torchherd.shell import quote_path
+from torchherd.transport import Session
+
+WHEELHOUSES = Path.home() / ".cache" / "torchherd" / "wheelhouse"
+"""Where this machine keeps the wheelhouses it made (one per lock, platform and python)."""
+CHUNK = 1 << 20
+EXPORT_SECONDS = 120.0
+DOWNLOAD_SECONDS = 3600.0
+"""pip's download of a lock's wheels: torch and CUDA's libraries are gigabytes."""
+
+
+class WheelhouseError(Exception):
+    """The lock's wheels could not be gathered here: what is missing, and the fix."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class Wheelhouse:
+    """A complete wheelhouse on this machine: its files (relative path, size) in the order
+    they are sent, and the SHA-256 a node checks the copy against."""
+
+    path: Path
+    files: tuple[tuple[str, int], ...]
+    sha256: str
+    downloaded: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return sum(size for _, size in self.files)
+
+
+def controller_uv() -> str | None:
+    """The uv that exports the lock here: beside this python (the ``uv`` package's), else on PATH."""
+    beside = Path(sys.executable).parent / "uv"
+    return str(beside) if os.access(beside, os.X_OK) else shutil.which("uv")
+
+
+def export_requirements(project: Path, uv: str | None = None) -> str:
+    """The lock as hashed requirements. Raises WheelhouseError."""
+    uv = uv or controller_uv()
+    if uv is None:
+        raise WheelhouseError("this machine has no uv to export uv.lock with (--uv-offline)",
+                              f"{sys.executable} -m pip install uv")
+    try:
+        done = subprocess.run(export_argv(uv), cwd=project, env={**os.environ, "UV_OFFLINE": "1"},
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=EXPORT_SECONDS,
+                              check=False)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise WheelhouseError(f"uv export in {project} failed: {error}", f"run {shlex.join(export_argv(uv))} "
+                              f"in {project} to see why") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise WheelhouseError(f"uv export in {project} failed (exit {done.returncode}): {last}",
+                              f"run {shlex.join(export_argv(uv))} in {project} to see why")
+    return done.stdout
+
+
+def local_dirs(configured: str | None) -> list[Path]:
+    """Where the lock's wheels are looked for here, in order: ``[uv] wheels``, the default
+    wheel directory, pip's wheel cache."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    pip = Path(os.environ["PIP_CACHE_DIR"]) if os.environ.get("PIP_CACHE_DIR") else cache / "pip"
+    found = [Path(configured).expanduser()] if configured else []
+    return list(dict.fromkeys([*found, Path(DEFAULT_WHEELS).expanduser(), pip / "wheels"]))
+
+
+def wanted(requirements: Iterable[Requirement], environment: Mapping[str, str]) -> list[Requirement]:
+    """The pinned requirements a node of ``environment`` installs (its marker holds there)."""
+    return [item for item in requirements if not item.direct and applies(item.marker, environment)]
+
+
+def make_wheelhouse(exported: str, lock_hash: str, node: NodePlatform, python_version: str,
+                    configured: str | None, *, root: Path = WHEELHOUSES,
+                    pip_python: str = sys.executable) -> Wheelhouse:
+    """The wheelhouse for ``node``'s platform and python, complete by hash (module doc, 2).
+    Raises WheelhouseError naming what is missing and the download that fixes it."""
+    requirements = parse_requirements(exported)
+    environment = marker_environment(node, python_version)
+    needed = wanted(requirements, environment)
+    final = root / cache_name(lock_hash, node, python_version)
+    if _complete(final, exported, needed):
+        return _listed(final)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))  # 0700, a name no one guessed
+    try:
+        have = _gather(needed, [final, *local_dirs(configured)], partial)
+        still = missing(needed, have)
+        downloaded: tuple[str, ...] = ()
+        if still:
+            _download(needed, still, node, python_version, partial, configured, pip_python)
+            have = dir_hashes(partial)
+            left = missing(needed, have)
+            if left:
+                raise WheelhouseError(
+                    f"pip download for {node.download_tag()} python {major_minor(python_version)} brought no wheel "
+                    f"with the lock's hash for {', '.join(left)}", fix(left, node, python_version, configured, pip_python))
+            downloaded = tuple(still)
+        (partial / REQUIREMENTS).write_text(exported, encoding="utf-8")
+        _put_in_place(partial, final)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return _listed(final, downloaded)
+
+
+def _complete(final: Path, exported: str, needed: Sequence[Requirement]) -> bool:
+    try:
+        if (final / REQUIREMENTS).read_text(encoding="utf-8") != exported:
+            return False
+        return not missing(needed, dir_hashes(final))
+    except OSError:
+        return False
+
+
+def _gather(needed: Sequence[Requirement], dirs: Sequence[Path], into: Path) -> set[str]:
+    """Every needed wheel found in ``dirs`` whose hash is the lock's, linked (else copied)
+    into ``into``; the hashes gathered. Only files named as a needed package and version
+    are read (a wheel directory may hold gigabytes of others)."""
+    by_name = {(normalized(item.name), item.version): set(item.hashes) for item in needed}
+    have: set[str] = set()
+    for index, directory in enumerate(dirs):
+        try:
+            # pip's cache keeps wheels at any depth; the others at their top.
+            candidates = sorted(directory.rglob("*.whl") if index == len(dirs) - 1 else directory.glob("*.whl"))
+        except OSError:
+            continue
+        for path in candidates:
+            named = wheel_name(path.name)
+            hashes = by_name.get(named) if named is not None else None
+            if not hashes or hashes & have or (into / path.name).exists():
+                continue
+            try:
+                digest = file_sha256(str(path))
+                if digest not in hashes:
+                    continue  # the same name and version built otherwise: not the lock's
+                _link(path, into / path.name)
+            except OSError:
+                continue
+            have.add(digest)
+    return have
+
+
+def _link(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def _download(needed: Sequence[Requirement], names: Sequence[str], node: NodePlatform, python_version: str,
+              into: Path, configured: str | None, pip_python: str) -> None:
+    with tempfile.NamedTemporaryFile("w", prefix=".download-", suffix=".txt", dir=into.parent,
+                                     encoding="utf-8") as listing:
+        listing.write(requirement_lines(needed, names))
+        listing.flush()
+        argv = download_argv(pip_python, listing.name, str(into), node, python_version)
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=DOWNLOAD_SECONDS, check=False)
+            code, output = done.returncode, (done.stderr + done.stdout).strip()
+        except (OSError, subprocess.SubprocessError) as error:
+            code, output = -1, str(error)
+    if code != 0:
+        last = [line.strip() for line in output.splitlines() if line.strip().startswith("ERROR")] or \
+            output.splitlines()[-1:] or ["no output"]
+        raise WheelhouseError(
+            f"the lock's wheels for {node.download_tag()} python {major_minor(python_version)}: {', '.join(names)} "
+            f"not in {configured or DEFAULT_WHEELS} and pip download failed (exit {code}): {last[0][:300]}",
+            fix(names, node, python_version, configured, pip_python))
+
+
+def fix(names: Sequence[str], node: NodePlatform, python_version: str, configured: str | None,
+        pip_python: str = sys.executable) -> str:
+    """The download, on a machine with internet, that puts the missing wheels where they are looked for."""
+    argv = [pip_python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform",
+            node.download_tag(), "--python-version", major_minor(python_version), "--implementation", "cp"]
+    return f"{shlex.join(argv)} -d {quote_path(configured or DEFAULT_WHEELS)} {shlex.join(names)}"
+
+
+def _put_in_place(partial: Path, final: Path) -> None:
+    """``partial`` becomes ``final``; an older (incomplete) ``final`` is removed first.
+    Another run that put a complete one there meanwhile: theirs is kept."""
+    if final.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{final.name}-old-", dir=final.parent))
+        try:
+            os.replace(final, aside / "old")
+        except OSError:
+            pass
+        shutil.rmtree(aside, ignore_errors=True)
+    try:
+        os.rename(partial, final)
+    except OSError:
+        if not final.is_dir():
+            raise
+
+
+def _listed(final: Path, downloaded: tuple[str, ...] = ()) -> Wheelhouse:
+    """The wheelhouse's files in the order the relay sends them, and their combined SHA-256
+    (``remote/checkpoint.py``'s for a directory: what each node checks its copy against)."""
+    names = sorted(path.name for path in final.iterdir() if path.is_file() and not path.name.startswith("."))
+    hashes = [(name, (final / name).stat().st_size, file_sha256(str(final / name))) for name in names]
+    return Wheelhouse(final, tuple((name, size) for name, size, _ in hashes), combined("dir", hashes), downloaded)
+
+
+def relay_program(node: NodePlan, folder: str, name: str) -> str:
+    """``checkpoint.py relay`` into ``folder/name`` on the node, with its configured python
+    (the venv's does not exist yet)."""
+    python = node.venv.python if node.venv is not None else node.host.python
+    return f"{shlex.quote(python)} {command('checkpoint.py')} relay {shlex.quote(folder)} {shlex.quote(name)}"
+
+
+def relay_wheelhouse(house: Wheelhouse, targets: Sequence[tuple[NodePlan, str]], sessions: Mapping[str, Session],
+                     stopping: Callable[[], bool] = lambda: False) -> tuple[dict[str, str | None], int]:
+    """The chain this machine -> targets[0] -> targets[1] ...: each node's copy at its
+    target path (the same name in each node's own folder). Per node None (there, verified)
+    or why not; and the bytes this machine sent (the wheelhouse once)."""
+    name = targets[0][1].rstrip("/").rsplit("/", 1)[-1]
+    hops = [Hop(node.host.name, sessions[node.host.name], relay_program(node, _folder(target), name),
+                job_address(node)) for node, target in targets]
+    sent = [0]
+
+    def feed(send: Callable[[bytes], bool]) -> None:
+        header = {"files": [[path, size, 0.0] for path, size in house.files]}
+        if not send((json.dumps(header) + "\n").encode()):
+            raise OSError("the first node's channel closed")
+        for path, _ in house.files:
+            with open(house.path / path, "rb") as file:
+                while block := file.read(CHUNK):
+                    if not send(block):
+                        raise OSError("the first node's channel closed")
+                    sent[0] += len(block)
+
+    expect = {"path": name, "kind": "dir", "sha256": house.sha256}
+    results = run_chain(hops, {"expect": expect}, house.size, feed=feed, stopping=stopping)
+    return results, sent[0]
+
+
+def _folder(target: str) -> str:
+    stripped = target.rstrip("/")
+    return stripped.rsplit("/", 1)[0] if "/" in stripped else "."
