@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from localcluster import REPO_ROOT, LocalCluster
-from uvproject import locked_project, uv_binary, wheel
+from uvproject import locked_project, registry_project, uv_binary, wheel
 
 from torchherd.api import Cluster
 from torchherd.cli import main
@@ -141,3 +141,68 @@ def test_a_locked_project_runs_in_its_venv_everywhere_reuses_it_and_check_names_
     assert f"node1:1: rank 1 sum 2 prefix {shipped.path} value from the lock" in out, out
     assert cluster.ssh("node1", f"test -x {sent}").returncode == 0
     assert cluster.ssh("node0", f"test -e {sent}").returncode != 0  # node0 had its own: nothing sent there
+
+
+@pytest.mark.timeout(600)
+def test_nodes_without_an_index_get_the_locks_wheels_relayed_once_then_find_their_venvs_cached(
+        make_cluster: object, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchherd.engine import offline
+    from torchherd.engine.uvwheels import NodePlatform
+    from torchherd.engine.wheelhouse import cache_name
+    from torchherd.remote.venv import libc_of
+    from torchherd.words import size
+
+    cluster: LocalCluster = make_cluster(3, shared_paths=(str(REPO_ROOT), sys.prefix))  # type: ignore[operator]
+    # The lock takes thdemo from PyPI (its URL there, its hash); no node reaches an index, and
+    # no node has the wheel: only this machine's [uv] wheels directory does.
+    project, built = registry_project(tmp_path / "proj", TRAIN.replace("from the lock", "from the wheelhouse"))
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    built.rename(wheels / built.name)
+    (project / "downloads").rmdir()
+    monkeypatch.setattr(offline, "WHEELHOUSES", tmp_path / "wheelhouses")  # this machine's cache, the test's own
+    inventory = cluster.inventory.with_name("offline.toml")
+    inventory.write_text(cluster.inventory.read_text().replace('workdir = "/tmp"', f'workdir = "/tmp"\nuv = "{uv_binary()}"')
+                         + f'\n[uv]\nwheels = "{wheels}"\n')
+    venv = Cluster.from_toml(inventory).override(workdir="/tmp/work").plan(
+        "train.py", sync=project, uv_system_site_packages=True, uv_offline=True).nodes[0].venv
+    assert venv is not None
+    run = ("-i", str(inventory), "run", "--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"),
+           "--workdir", "/tmp/work", "--sync", str(project), "--uv-system-site-packages", "--uv-offline", "--",
+           "train.py")
+
+    code, out = cli(*run)
+    assert code == 0, out
+    glibc = libc_of(__import__("platform").libc_ver())
+    here = NodePlatform("Linux", __import__("platform").machine(), glibc[0], glibc[1])
+    house = tmp_path / "wheelhouses" / cache_name(venv.lock_hash, here, "%d.%d.%d" % sys.version_info[:3])
+    assert sorted(path.name for path in house.iterdir()) == ["requirements.txt", built.name]
+    assert house.stat().st_mode & 0o777 == 0o700
+    once = size(sum(path.stat().st_size for path in house.iterdir()))
+    # This machine sent the wheelhouse once, to node0; node1 and node2 got it from the node before them.
+    assert re.search(rf"wheels: uv\.lock's 2 files for \S+ python {sys.version_info[0]}\.{sys.version_info[1]} "
+                     rf"\({re.escape(once)}, none downloaded; {re.escape(str(house))}\) relayed node to node: this "
+                     rf"machine -> node0 -> node1 -> node2: on 3 of 3 nodes \(\d+\.\d s; {re.escape(once)} sent from "
+                     r"this machine\)$", out, re.M), out
+    assert ("node0, node1, node2: venv " + venv.path + " built from uv.lock by uv pip sync --offline from the lock's "
+            "wheels") in out, out
+    ranks = re.findall(r"^(node\d):\d: rank (\d) sum 3 prefix (\S+) value from the wheelhouse$", out, re.M)
+    assert sorted(ranks) == [(f"node{index}", str(index), venv.path) for index in range(3)], out
+    for name in cluster.names:  # the wheelhouse is gone from every node once its venv is built
+        assert cluster.ssh(name, f"test -e /tmp/work/.torchherd-venvs/wheelhouse-{venv.key}").returncode != 0
+        assert cluster.ssh(name, f"test -f {venv.path}/.torchherd-venv").returncode == 0
+
+    code, out = cli(*run)  # the venvs are built: nothing made, nothing sent
+    assert code == 0, out
+    assert "wheels:" not in out, out
+    assert "node0, node1, node2: venv " + venv.path + " as uv.lock made it (cached)" in out, out
+    assert len(re.findall(r"^node\d:\d: rank \d sum 3 prefix \S+ value from the wheelhouse$", out, re.M)) == 3, out
+
+    capsys.readouterr()
+    code, _ = cli("-i", str(inventory), "check", "--json", "--only", "venv", "--workdir", "/tmp/work", "--sync",
+                  str(project), "--uv-system-site-packages", "--uv-offline")
+    out = capsys.readouterr().out
+    assert code == 0, out
+    verdicts = {result["node"]: result["status"] for result in json.loads(out)["checks"]}
+    assert verdicts == {"node0": "pass", "node1": "pass", "node2": "pass"}, out

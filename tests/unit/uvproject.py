@@ -60,3 +60,22 @@ def locked_project(root: Path, script: str = "", dependency: str = "thdemo", val
     subprocess.run([uv_binary(), "lock", "--offline", "--quiet"], cwd=root, check=True,
                    env={**os.environ, "UV_PYTHON": sys.executable})
     return root
+
+
+def registry_project(root: Path, script: str = "") -> tuple[Path, Path]:
+    """A project whose one dependency is locked from PyPI (its URL there, its real hash),
+    and that dependency's wheel in a directory of this machine's (``root/downloads``):
+    nothing is downloaded. ``script`` written as ``train.py`` when given."""
+    built = wheel(root / "downloads", "thdemo", value="from the wheelhouse")
+    if script:
+        (root / "train.py").write_text(script)
+    digest = hashlib.sha256(built.read_bytes()).hexdigest()
+    (root / "pyproject.toml").write_text('[project]\nname = "demo"\nversion = "0.1.0"\nrequires-python = ">=3.8"\n'
+                                         'dependencies = ["thdemo"]\n')
+    (root / "uv.lock").write_text(
+        'version = 1\nrequires-python = ">=3.8"\n\n[[package]]\nname = "demo"\nversion = "0.1.0"\n'
+        'source = { virtual = "." }\ndependencies = [\n    { name = "thdemo" },\n]\n\n[package.metadata]\n'
+        'requires-dist = [{ name = "thdemo" }]\n\n[[package]]\nname = "thdemo"\nversion = "0.1.0"\n'
+        'source = { registry = "https://pypi.org/simple" }\nwheels = [\n    { url = "https://files.pythonhosted.org/'
+        f'packages/00/00/{built.name}", hash = "sha256:{digest}", size = {built.stat().st_size} }},\n]\n')
+    return root, built

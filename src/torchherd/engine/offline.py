@@ -129,10 +129,12 @@ def wanted(requirements: Iterable[Requirement], environment: Mapping[str, str]) 
 
 
 def make_wheelhouse(exported: str, lock_hash: str, node: NodePlatform, python_version: str,
-                    configured: str | None, *, root: Path = WHEELHOUSES,
+                    configured: str | None, *, root: Path | None = None,
                     pip_python: str = sys.executable) -> Wheelhouse:
-    """The wheelhouse for ``node``'s platform and python, complete by hash (module doc, 2).
-    Raises WheelhouseError naming what is missing and the download that fixes it."""
+    """The wheelhouse for ``node``'s platform and python, complete by hash (module doc, 2),
+    under ``root`` (default ``WHEELHOUSES``). Raises WheelhouseError naming what is missing
+    and the download that fixes it."""
+    root = root or WHEELHOUSES
     requirements = parse_requirements(exported)
     environment = marker_environment(node, python_version)
     needed = wanted(requirements, environment)
