@@ -236,9 +236,9 @@ def test_two_nodes_without_an_index_build_from_one_relayed_wheelhouse_then_cost_
     env = {"UV_OFFLINE": "1", "UV_CACHE_DIR": str(tmp_path / "uv-cache"), "UV_NO_INDEX": "1"}
     inventory = parse({"cluster": {"nproc_per_node": 1}, "uv": {"wheels": str(wheels)},
                        "defaults": {"python": sys.executable, "workdir": str(tmp_path), "uv": uv_binary(),
-                                    "address": "127.0.0.1", "env": env},
-                       "hosts": [{"name": "n0", "venv_dir": str(tmp_path / "v0")},
-                                 {"name": "n1", "venv_dir": str(tmp_path / "v1")}]}, Path("h.toml"))
+                                    "env": env},
+                       "hosts": [{"name": "n0", "address": "127.0.0.1", "venv_dir": str(tmp_path / "v0")},
+                                 {"name": "n1", "address": "127.0.0.1", "venv_dir": str(tmp_path / "v1")}]}, Path("h.toml"))
     plan = build_plan(inventory, RunOptions(script="train.py", run_id="r1", sync=SyncOptions(str(project)),
                                             uv=UvOptions(LOCK, offline=True)))
     plan = replace(plan, nodes=tuple(replace(node, venv=replace(node.venv, project=str(project)))  # type: ignore[arg-type]
