@@ -212,10 +212,10 @@ def test_run_help_starts_with_what_a_newcomer_needs(capsys: pytest.CaptureFixtur
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "usage: torchherd run [options] [--] SCRIPT [ARGS...]"
     options = [line.strip().split("  ")[0] for line in lines if line.startswith("  -")]
-    assert options[:16] == ["-h, --help", "-i FILE, --inventory FILE", "-H HOSTS, --hosts HOSTS", "--nodelist LIST",
+    assert options[:17] == ["-h, --help", "-i FILE, --inventory FILE", "-H HOSTS, --hosts HOSTS", "--nodelist LIST",
                             "--python PATH", "--workdir DIR", "--nproc-per-node N", "--sync [DIR]", "--no-sync",
                             "--sync-include PATTERN", "--sync-anyway", "--uv", "--no-uv", "--uv-system-site-packages",
-                            "--env K=V", "--env-pass NAME"]
+                            "--uv-offline", "--env K=V", "--env-pass NAME"]
     assert [line for line in lines if line and not line.startswith(" ") and line.endswith(":")] == [
         "positional arguments:", "options:", "torchrun's own flags, passed through:", "output:",
         "recovery (torchherd docs run: Recovery); each flag overrides [recovery]:",
