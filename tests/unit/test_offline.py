@@ -266,3 +266,35 @@ def test_two_nodes_without_an_index_build_from_one_relayed_wheelhouse_then_cost_
     again = venvs.build_venvs(plan, sessions, events.append)
     assert [type(event) for event in events] == [VenvsDone]  # nothing made, nothing relayed
     assert all(isinstance(result, VenvReady) and not result.built for result in again.nodes)
+
+
+@pytest.mark.timeout(120)
+def test_a_copy_that_reaches_no_node_fails_their_venvs_in_one_line_each(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    project, built = registry_project(tmp_path / "proj")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    built.rename(wheels / built.name)
+    monkeypatch.setattr(offline, "WHEELHOUSES", tmp_path / "houses")
+    # n0 (the chain's first) listens for n1 at an address that is not this machine's: the chain cannot start
+    inventory = parse({"cluster": {"nproc_per_node": 1}, "uv": {"wheels": str(wheels)},
+                       "defaults": {"python": sys.executable, "workdir": str(tmp_path), "uv": uv_binary(),
+                                    "env": {"UV_OFFLINE": "1", "UV_CACHE_DIR": str(tmp_path / "uv-cache")}},
+                       "hosts": [{"name": "n0", "address": "192.0.2.1", "venv_dir": str(tmp_path / "v0")},
+                                 {"name": "n1", "address": "127.0.0.1", "venv_dir": str(tmp_path / "v1")}]},
+                      Path("h.toml"))
+    plan = build_plan(inventory, RunOptions(script="train.py", run_id="r1", sync=SyncOptions(str(project)),
+                                            uv=UvOptions(LOCK, offline=True)))
+    plan = replace(plan, nodes=tuple(replace(node, venv=replace(node.venv, project=str(project)))  # type: ignore[arg-type]
+                                     for node in plan.nodes))
+    events: list[Any] = []
+    done = venvs.build_venvs(plan, {"n0": LocalSession("n0"), "n1": LocalSession("n1")}, events.append)
+    assert not done.ok
+    [relayed] = [event for event in events if isinstance(event, WheelsRelayed)]
+    assert [node for node, _ in relayed.failed] == ["n0", "n1"] and relayed.sent == 0
+    assert wheels_note(relayed)[1] == "bold red"
+    for failed in done.nodes:
+        assert isinstance(failed, VenvFailed)
+        assert failed.message.startswith(f"the lock's wheels did not reach {failed.node}: the copy from node to node "
+                                         "could not start on n0: "), failed
+        assert "\n" not in failed.message
