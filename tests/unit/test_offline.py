@@ -65,6 +65,7 @@ def test_a_marker_is_judged_for_the_nodes_not_for_this_machine() -> None:
     assert not applies("python_version >= '3.12'", grace)
     assert applies("python_full_version >= '3.11.7'", grace) and not applies("'3.11.8' <= python_full_version", grace)
     assert applies("'linux' in sys_platform", grace)
+    assert applies("python_full_version ~= '3.11.2'", grace) and not applies("python_full_version ~= '3.12.0'", grace)
     # what cannot be read counts as needed: a wheel too many costs a download, one too few a failed build
     assert applies("platform_version == 'x' and weird ~~ 'y'", grace)
     assert applies("some_unknown_variable == 'z'", grace)

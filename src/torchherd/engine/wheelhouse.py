@@ -1,7 +1,7 @@
-"""The lock's wheels for nodes without an index (design: `torchherd docs environments`, "Nodes
-without internet"): what this machine exports and downloads once per node platform, and
-how a node builds its venv from them with no network (``remote/venv.py``, given a
-``wheelhouse``).
+"""The lock's wheels for nodes without an index (``--uv-offline``; `torchherd docs
+environments`, "Nodes without internet"): what this machine exports and downloads once per
+node platform (``engine.offline`` runs it), the markers judged for the nodes, and how a node
+builds its venv from them with no network (``remote/venv.py``, given a ``wheelhouse``).
 
 ``uv sync --frozen`` installs a registry package from the URL in ``uv.lock`` and ignores
 ``--find-links`` for it (tried with uv 0.13: offline it fails on the cache miss of that
@@ -204,12 +204,12 @@ def _compare(left: str, op: str, right: str, variable: str) -> bool:
             same = left == right[:-2] or left.startswith(right[:-1])
             return same if op == "==" else not same
         ours, theirs = _version(left), _version(right)
+        prefix = max(len(theirs) - 1, 1)  # ~= 3.11.2: 3.11.*, at least 3.11.2
         width = max(len(ours), len(theirs))
         ours, theirs = ours + (0,) * (width - len(ours)), theirs + (0,) * (width - len(theirs))
         table = {"==": ours == theirs, "===": left == right, "!=": ours != theirs, "<": ours < theirs,
                  "<=": ours <= theirs, ">": ours > theirs, ">=": ours >= theirs,
-                 "~=": ours >= theirs and ours[:max(len(_version(right)) - 1, 1)] ==
-                 theirs[:max(len(_version(right)) - 1, 1)]}
+                 "~=": ours >= theirs and ours[:prefix] == theirs[:prefix]}
         return table[op]
     table = {"==": left == right, "===": left == right, "!=": left != right}
     if op not in table:
