@@ -678,7 +678,7 @@ def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
                             "0: off)")
     group.add_argument("--replicate-bandwidth", type=_bandwidth, metavar="CAP",
                        help='the most a replica\'s copy takes of the link: "25%%" of its speed, or a rate such as '
-                            '"200MB/s" (default: 25%%)')
+                            '"200MB/s" (default: auto, 25%% of the link and at most 5 MB/s per CPU core)')
 
 
 def _check_ids() -> str:

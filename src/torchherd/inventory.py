@@ -246,7 +246,7 @@ class Recovery:
     replicate: int | None = None
     """Other nodes each new checkpoint is copied to while the job runs (the next ones in
     the ring of node ranks); None: 1 when there is a ``checkpoint``; 0: none."""
-    replicate_bandwidth: Bandwidth = field(default_factory=lambda: Bandwidth(share=DEFAULT_REPLICATE_SHARE))
+    replicate_bandwidth: Bandwidth = field(default_factory=lambda: DEFAULT_REPLICATE_BANDWIDTH)
     """The most a replica's copy may take of the link (``Bandwidth``)."""
 
     @property
@@ -282,8 +282,17 @@ def heartbeat_problem(recovery: Recovery) -> str | None:
 
 DEFAULT_REPLICATE_SHARE = 0.25
 """A replica's copy takes at most a quarter of the link: the job's own traffic keeps the rest."""
+DEFAULT_REPLICATE_PER_CORE = 5e6
+"""And by default at most 5 MB/s per CPU core of the node: what a copy costs in the kernel
+(its packets, the pages it writes) is no one's to lower by priority, and where cores are
+few or the link is virtual (a veth pair states 10 Gb/s) a share of the link does not bind.
+Measured on 2 cores, each node one rank busy with a 9 ms step (``scripts/bench-replication``,
+1 GB copied): 10 MB/s slowed the steps by 0.5-2.5 %, 20 MB/s by about 5 %, the link's
+quarter (unbound there) by half. A 64-core node may copy at 320 MB/s: the share binds first
+on links of 10 Gb/s and slower."""
 BANDWIDTH = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(%|[kKMGT]?B/s|[kKMGT]?bit/s)\s*\Z")
-BANDWIDTH_HINT = 'give a share of the link such as "25%", or a rate such as "200MB/s" or "800Mbit/s"'
+BANDWIDTH_HINT = ('give "auto" (the default), a share of the link such as "25%", or a rate such as "200MB/s" '
+                  'or "800Mbit/s"')
 
 
 @dataclass(frozen=True)
@@ -294,21 +303,33 @@ class Bandwidth:
     share: float | None = None
     """From 0 to 1 (exclusive of 0)."""
     bytes_per_second: float | None = None
+    per_core: float | None = None
+    """With a share: at most so many bytes per second per CPU core the node gives the copy
+    (the default's, ``"auto"``)."""
 
     def wire(self) -> dict[str, float]:
         """As the node program ``checkpoint.py`` takes it (its ``rate``)."""
         if self.bytes_per_second is not None:
             return {"bytes": self.bytes_per_second}
-        return {"share": self.share if self.share is not None else DEFAULT_REPLICATE_SHARE}
+        share = {"share": self.share if self.share is not None else DEFAULT_REPLICATE_SHARE}
+        return share if self.per_core is None else {**share, "per_core": self.per_core}
 
     def __str__(self) -> str:
         if self.bytes_per_second is not None:
             return f"{self.bytes_per_second / 1e6:g} MB/s"
-        return f"{(self.share or 0) * 100:g}% of the link"
+        cores = f" and {self.per_core / 1e6:g} MB/s per CPU core" if self.per_core is not None else ""
+        return f"{(self.share or 0) * 100:g}% of the link{cores}"
+
+
+DEFAULT_REPLICATE_BANDWIDTH: Bandwidth = Bandwidth(share=DEFAULT_REPLICATE_SHARE, per_core=DEFAULT_REPLICATE_PER_CORE)
+"""``replicate_bandwidth = "auto"``."""
 
 
 def parse_bandwidth(text: str) -> Bandwidth | None:
-    """"25%", "200MB/s", "1.5GB/s", "800Mbit/s"; None when it is none of these (or 0, or over 100%)."""
+    """"auto" (the default), "25%", "200MB/s", "1.5GB/s", "800Mbit/s"; None when it is none
+    of these (or 0, or over 100%)."""
+    if text.strip() == "auto":
+        return DEFAULT_REPLICATE_BANDWIDTH
     match = BANDWIDTH.match(text)
     if match is None or float(match.group(1)) <= 0:
         return None

@@ -409,7 +409,7 @@ def test_the_tutorial_resumes_from_the_replica_when_the_master_holding_the_snaps
         out = controller.output
         before = out[:out.index("attempt 2 of 2")]
         replicated = re.findall(r"checkpoint: snapshot\.pt \([\d.]+ kB, saved \d\d:\d\d:\d\d on node0\) replicated "
-                                r"to node1 in ([\d.]+) s \(at most 25% of the link\)", before)
+                                r"to node1 in ([\d.]+) s \(at most 25% of the link and 5 MB/s per CPU core\)", before)
         assert replicated, before[-3000:]
         print(f"replicated to node1 in {', '.join(replicated)} s")
         staged = re.search(r"checkpoint: snapshot\.pt \([\d.]+ kB, from node1\) staged on ([\w, ]+) in [\d.]+ s",

@@ -27,7 +27,7 @@ from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.inventory import Bandwidth, Recovery, parse_bandwidth
 from torchherd.plan import Plan
 from torchherd.remote import wire
-from torchherd.remote.checkpoint import BURST_SECONDS, Pace
+from torchherd.remote.checkpoint import BURST_SECONDS, Pace, rate_of
 from torchherd.remote.savewatch import CheckpointWatch, Settle, look, open_for_writing
 
 HOSTS = '[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n[[hosts]]\nname = "b"\naddress = "192.0.2.2"\n'
@@ -156,6 +156,7 @@ def test_a_pace_gives_back_the_time_the_sender_was_idle_only_up_to_a_burst() -> 
 
 
 @pytest.mark.parametrize(("text", "cap"), [
+    ("auto", Bandwidth(share=0.25, per_core=5e6)),
     ("25%", Bandwidth(share=0.25)), ("100%", Bandwidth(share=1.0)), ("200MB/s", Bandwidth(bytes_per_second=200e6)),
     ("1.5GB/s", Bandwidth(bytes_per_second=1.5e9)), ("800Mbit/s", Bandwidth(bytes_per_second=100e6)),
     ("500 kB/s", Bandwidth(bytes_per_second=500e3)),
@@ -172,6 +173,21 @@ def test_anything_else_is_no_cap(text: str) -> None:
 def test_the_cap_goes_to_the_node_program_as_a_share_or_bytes() -> None:
     assert Bandwidth(share=0.25).wire() == {"share": 0.25} and str(Bandwidth(share=0.25)) == "25% of the link"
     assert Bandwidth(bytes_per_second=2e8).wire() == {"bytes": 2e8} and str(Bandwidth(bytes_per_second=2e8)) == "200 MB/s"
+    default = Recovery(checkpoint="snapshot.pt").replicate_bandwidth
+    assert default.wire() == {"share": 0.25, "per_core": 5e6}
+    assert str(default) == "25% of the link and 5 MB/s per CPU core"
+
+
+@pytest.mark.parametrize(("cores", "rate"), [({0}, 5e6), (set(range(4)), 20e6), (set(range(64)), 31.25e6)])
+def test_the_default_cap_is_the_smaller_of_the_links_share_and_the_cores_rate(
+        monkeypatch: pytest.MonkeyPatch, cores: set[int], rate: float) -> None:
+    import socket
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))  # lo states no speed: 1 Gb/s assumed, a quarter is 31.25 MB/s
+        assert rate_of({"share": 0.25, "per_core": 5e6}, sock) == rate
+        assert rate_of({"share": 0.25}, sock) == 31.25e6  # a share given alone: no core's cap
 
 
 def test_one_replica_by_default_with_a_checkpoint_and_none_without() -> None:
@@ -257,6 +273,79 @@ def test_a_paced_copy_takes_at_least_its_size_over_its_rate(tmp_path: Path) -> N
     assert all(answer.get("ok") for answer in answers), answers
     assert time.monotonic() - started >= 1.4  # 3 MB at 2 MB/s, less the first burst
     assert find(receiver, "snapshot.pt")["sha256"] == expect["sha256"]
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
+def test_a_replica_is_checked_against_the_hash_the_source_sends_after_the_bytes(tmp_path: Path, kind: str) -> None:
+    # No hash beforehand (``look``): the source hashes as it sends, the receiver checks its copy.
+    source, receiver = tmp_path / "node0", tmp_path / "node1"
+    receiver.mkdir()
+    path = "snapshot.pt" if kind == "file" else "ckpt"
+    if kind == "file":
+        source.mkdir()
+        (source / path).write_bytes(os.urandom(300_000))
+    else:
+        (source / path / "shard").mkdir(parents=True)
+        (source / path / "model.bin").write_bytes(os.urandom(200_000))
+        (source / path / "shard" / "0.bin").write_bytes(os.urandom(100_000))
+    hashed = find(source, path)
+    expect = {**hashed, "sha256": None}
+    answers = relay_chain([source, receiver], expect, extra={"trailer": True, "keep_newer": True,
+                                                            "rate": {"bytes": 50e6}})
+    assert all(answer.get("ok") for answer in answers), answers
+    assert answers[0]["sha256"] == hashed["sha256"]  # the source's hash of what it sent: find's
+    assert find(receiver, path)["sha256"] == hashed["sha256"]
+
+
+def test_a_checkpoint_that_changes_while_it_is_sent_is_kept_by_no_receiver(tmp_path: Path) -> None:
+    source, receiver = tmp_path / "node0", tmp_path / "node1"
+    source.mkdir()
+    receiver.mkdir()
+    (source / "snapshot.pt").write_bytes(os.urandom(2_000_000))
+    expect = {**find(source, "snapshot.pt"), "sha256": None}
+
+    def save_again() -> None:  # the job writes its next snapshot in place while the copy is paced
+        time.sleep(0.5)
+        with open(source / "snapshot.pt", "r+b") as file:
+            file.write(b"epoch 6")
+
+    writer = threading.Thread(target=save_again)
+    writer.start()
+    answers = relay_chain([source, receiver], expect, extra={"trailer": True, "rate": {"bytes": 1e6}})
+    writer.join()
+    assert answers == [{"error": "snapshot.pt changed while it was sent"},
+                       {"error": "the source gave up: snapshot.pt changed while it was sent"}], answers
+    assert list(receiver.iterdir()) == []  # nothing kept, not even the temporary copy
+
+
+def test_a_receiver_refuses_bytes_that_are_not_what_the_sources_trailer_says(tmp_path: Path) -> None:
+    import socket
+
+    from test_checkpoint_staging import node_program
+
+    receiver = tmp_path / "node1"
+    receiver.mkdir()
+    with socket.socket() as listener:  # a source that sends one thing and names the hash of another
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        process = node_program("relay", receiver, "snapshot.pt")
+        assert process.stdin is not None and process.stdout is not None
+        expect = {"path": "snapshot.pt", "kind": "file", "size": 5, "sha256": None}
+        process.stdin.write((json.dumps({"token": "t0ken", "expect": expect, "source": False, "bind": None,
+                                         "downstream": False, "trailer": True}) + "\n").encode())
+        process.stdin.write((json.dumps({"upstream": ["127.0.0.1", listener.getsockname()[1]]}) + "\n").encode())
+        process.stdin.flush()
+        assert json.loads(process.stdout.readline()) == {"port": None}
+        sock, _ = listener.accept()
+        with sock:
+            assert sock.recv(6) == b"t0ken\n"
+            sock.sendall(json.dumps({"files": [["", 5, WALL]]}).encode() + b"\nhello"
+                         + json.dumps({"sha256": "0" * 64}).encode() + b"\n")
+            answer = json.loads(process.stdout.readline())
+        process.stdin.close()
+        process.wait(timeout=30)
+    assert answer["error"].startswith("the copy received has SHA-256 2cf24dba5fb0..., not the 000000000000..."), answer
+    assert list(receiver.iterdir()) == []
 
 
 def test_a_receiver_with_a_newer_copy_of_its_own_keeps_it(tmp_path: Path) -> None:

@@ -109,8 +109,8 @@ def relay(wanted: str, image: str, folder: str, config: Dict[str, Any], stdin: c
             raise ValueError(f"expected one archive of {expect['size']} bytes, the upstream sends {files}")
         downstream = chain.accept(listener, token) if listener is not None else None
         with chain.write_file(path) as output:
-            hashes, received = chain.pass_on(upstream, downstream, raw, [(path, int(expect["size"]), 0.0, output)],
-                                             bool(config.get("progress")))
+            hashes, received, _ = chain.pass_on(upstream, downstream, raw,
+                                                [(path, int(expect["size"]), 0.0, output)], bool(config.get("progress")))
         if hashes[0][2] != expect["sha256"]:
             raise ValueError(f"the archive received has SHA-256 {hashes[0][2][:12]}..., not the "
                              f"{str(expect['sha256'])[:12]}... sent (did it change on the way?)")

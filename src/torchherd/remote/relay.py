@@ -15,7 +15,11 @@ receiver's stdin). The protocol, for every link:
   stdin, right after that line;
 - a listener serves only the one connection whose first line is the token (a stranger's
   is closed), then sends the stream: a header line ``{"files": [[PATH, SIZE, MTIME],
-  ...]}`` and the files' bytes, one after another;
+  ...]}`` and the files' bytes, one after another; with ``"trailer": true`` (a copy whose
+  hash the controller does not know: replication's, which would otherwise read the whole
+  checkpoint once more, at full speed, before its paced copy) the source hashes as it sends
+  and one line follows the bytes, ``{"sha256": HEX}`` or ``{"error": TEXT}``, passed on
+  down the chain: each receiver checks its copy against it;
 - with ``"progress": true`` a receiver prints ``{"progress": BYTES}`` about twice a second
   while it receives; its last line is ``{"ok": true, ...}`` or ``{"error": TEXT}``.
 """
@@ -35,6 +39,9 @@ if TYPE_CHECKING:
     from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 CHUNK = 1 << 20
+PACED_CHUNK = 1 << 16
+"""A paced sender's block: each ``sendall`` of it is over in well under a millisecond, so
+the job's own packets never wait behind a megabyte of the copy's."""
 CONNECT_SECONDS = 30.0
 """The longest a receiver waits to connect to its upstream, and a listener for its receiver."""
 STALL_SECONDS = 120.0
@@ -148,25 +155,41 @@ def watch_controller(cleanup: Callable[[], None]) -> None:
 
 
 def send(downstream: socket.socket, files: List[Tuple[str, int, float]], full: Callable[[str], str],
-         pace: Optional[Callable[[int], float]] = None) -> int:
+         pace: Optional[Callable[[int], float]] = None,
+         trailer: Optional[Callable[[List[str], Optional[str]], Dict[str, Any]]] = None) -> int:
     """The source's side: the header and every file's bytes (``full(path)``: where it is
     here); ``pace(size)``: the seconds to wait before a block of ``size`` bytes goes (a
-    replication's cap)."""
+    replication's cap: then blocks of ``PACED_CHUNK``, so that no long burst goes at once).
+    With ``trailer`` the files are hashed as they are read, and one more line follows them:
+    ``trailer(their SHA-256s, the first file that changed while it was read or None)``."""
     header = {"files": [[path, size, mtime] for path, size, mtime in files]}
     sent = 0
+    chunk = PACED_CHUNK if pace is not None else CHUNK
+    digests: List[str] = []
+    changed: Optional[str] = None
     try:
         downstream.sendall((json.dumps(header) + "\n").encode("utf-8"))
         for path, _, _ in files:
+            digest = hashlib.sha256()
             with open(full(path), "rb") as file:
+                before = os.fstat(file.fileno())
                 while True:
-                    block = file.read(CHUNK)
+                    block = file.read(chunk)
                     if not block:
                         break
                     wait = pace(len(block)) if pace is not None else 0.0
                     if wait > 0:
                         time.sleep(wait)
+                    if trailer is not None:
+                        digest.update(block)
                     downstream.sendall(block)
                     sent += len(block)
+                after = os.fstat(file.fileno())
+            if changed is None and (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
+                changed = path
+            digests.append(digest.hexdigest())
+        if trailer is not None:
+            downstream.sendall((json.dumps(trailer(digests, changed)) + "\n").encode("utf-8"))
         finish(downstream)
     finally:
         downstream.close()
@@ -180,10 +203,12 @@ def finish(downstream: socket.socket) -> None:
 
 
 def pass_on(link: Link, downstream: Optional[socket.socket], header_line: bytes,
-            files: Iterable[Tuple[str, int, float, IO[bytes]]], progress: bool) -> Tuple[List[Tuple[str, int, str]], int]:
+            files: Iterable[Tuple[str, int, float, IO[bytes]]], progress: bool,
+            trailer: bool = False) -> Tuple[List[Tuple[str, int, str]], int, Optional[Dict[str, Any]]]:
     """A receiver's side: each of ``files`` (path, size, mtime, where to write it) read from
     ``link``, written, hashed and passed on downstream as it comes; (path, size, SHA-256)
-    per file, and the bytes received."""
+    per file, the bytes received, and with ``trailer`` the source's line after the files
+    (``send``'s), passed on too."""
     if downstream is not None:
         downstream.sendall(header_line + b"\n")
     received = 0
@@ -206,9 +231,15 @@ def pass_on(link: Link, downstream: Optional[socket.socket], header_line: bytes,
         output.flush()
         os.fsync(output.fileno())
         hashes.append((path, int(size), digest.hexdigest()))
+    end: Optional[Dict[str, Any]] = None
+    if trailer:
+        line = link.line(limit=1 << 16)
+        if downstream is not None:
+            downstream.sendall(line + b"\n")
+        end = json.loads(line)
     if downstream is not None:
         finish(downstream)
-    return hashes, received
+    return hashes, received, end
 
 
 def write_file(path: str) -> IO[bytes]:

@@ -130,16 +130,12 @@ def replicate(connector: Connector, nodes: Mapping[str, NodePlan], saved: Checkp
     connected = connect_all(connector, [nodes[name].host for name in [source, *targets]])
     try:
         sessions = connected.succeeded
-        # The source's copy is hashed (the receivers check theirs against it); the others'
-        # only when they look the same (path, size and mtime: a replica keeps the original's),
-        # so an older copy about to be replaced costs no hash of its own.
+        # Nothing is hashed beforehand: that would read the whole checkpoint at full speed
+        # before the paced copy. The source hashes what it sends and the receivers check
+        # their copies against that (``"trailer"``). A node whose copy looks the same (path,
+        # size and mtime: a replica keeps the original's mtime) holds it already.
         answers = dict(zip(sessions, fan_out(list(sessions.items()), lambda item: _find(
-            item[1], nodes[item[0]], saved.path, low=True, mode="find" if item[0] == source else "look"))))
-        own_look = answers.get(source)
-        alike = [name for name in targets if isinstance(own_look, Copy) and isinstance(look := answers.get(name), Copy)
-                 and (look.path, look.size, look.mtime) == (own_look.path, own_look.size, own_look.mtime)]
-        answers.update(zip(alike, fan_out([(name, sessions[name]) for name in alike], lambda item: _find(
-            item[1], nodes[item[0]], saved.path, low=True))))
+            item[1], nodes[item[0]], saved.path, low=True, mode="look"))))
         failed = [(name, f"not reached: {connected.failed[name]}") for name in targets if name in connected.failed]
         own = answers.get(source)
         if not isinstance(own, Copy):
@@ -149,15 +145,18 @@ def replicate(connector: Connector, nodes: Mapping[str, NodePlan], saved: Checkp
                                         cap, failed=tuple(failed))
         failed += [(name, answer) for name in targets if isinstance(answer := answers.get(name), str)]
         copies = {name: answer for name, answer in answers.items() if isinstance(answer, Copy)}
-        held = tuple(name for name in targets if name in copies and name not in lacking(own, copies, [name]))
+        held = tuple(name for name in targets if name in copies
+                     and (copies[name].path, copies[name].size, copies[name].mtime) == (own.path, own.size, own.mtime))
         kept = tuple(name for name in targets if name in copies and name not in held and copies[name].mtime > own.mtime)
         needing = tuple(name for name in targets if name in sessions and name not in held and name not in kept
                         and not isinstance(answers.get(name), str))
         done: tuple[str, ...] = ()
         if needing:
-            slowest = min(BYTES_PER_SECOND, rate.get("bytes", rate.get("share", 1.0) * LINK_ASSUMED)) / 2
-            results = _relay(sessions, nodes, own, needing, stopping, {"rate": dict(rate), "keep_newer": True},
-                             slowest)
+            # a node of one core under the default's per-core cap is the slowest a copy may be
+            slowest = min(BYTES_PER_SECOND, rate.get("bytes", rate.get("share", 1.0) * LINK_ASSUMED),
+                          rate.get("per_core", BYTES_PER_SECOND)) / 2
+            results = _relay(sessions, nodes, own, needing, stopping,
+                             {"rate": dict(rate), "keep_newer": True, "trailer": True}, slowest)
             done = tuple(name for name in needing if results[name] is None)
             failed += [(name, problem) for name in needing if (problem := results[name]) is not None]
         return CheckpointReplicated(own.path, own.size, own.mtime, source, done, time.monotonic() - started, cap,
@@ -212,7 +211,7 @@ def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best:
     in bytes per second the wait for the copy allows for."""
     hops = [Hop(name, sessions[name], program(nodes[name], "relay", best.path, low=extra is not None),
                 job_address(nodes[name])) for name in (best.node, *needing)]
-    expect = {"path": best.path, "kind": best.kind, "sha256": best.sha256, "size": best.size}
+    expect = {"path": best.path, "kind": best.kind, "sha256": best.sha256 or None, "size": best.size}
     slower = max(0.0, best.size / slowest - best.size / BYTES_PER_SECOND)  # a paced copy takes longer
     results = run_chain(hops, {"expect": expect, **(extra or {})}, best.size, stopping=stopping, extra_seconds=slower)
     source_failed = results.pop(best.node)
