@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
+
 from torchherd.engine.uvwheels import NodePlatform
 
 REQUIREMENTS = "requirements.txt"
@@ -129,96 +131,22 @@ def marker_environment(node: NodePlatform, python_version: str) -> dict[str, str
             "platform_python_implementation": "CPython", "extra": ""}
 
 
-MARKER_TOKEN = re.compile(r"\s*(?:(?P<string>'[^']*'|\"[^\"]*\")|(?P<op>===|==|!=|<=|>=|~=|<|>|\(|\))|"
-                          r"(?P<word>not\s+in\b|[A-Za-z_][A-Za-z0-9_.]*))")
-VERSIONED = ("python_version", "python_full_version", "implementation_version", "platform_release")
+UNREPORTED = re.compile(r"\b(platform_version|platform_release|implementation_version)\b")
+"""Marker variables a node's venv builder does not report: a marker naming one counts as
+true (this machine's values would say nothing of the node's)."""
 
 
 def applies(marker: str, environment: Mapping[str, str]) -> bool:
-    """Whether ``marker`` (PEP 508) holds in ``environment``. A marker this cannot read, or
-    a variable it does not know, counts as true: a wheel fetched that is not needed costs
-    a download; one left out would fail the node's build."""
-    if not marker:
+    """Whether ``marker`` (PEP 508, judged by ``packaging`` as pip and uv judge it) holds in
+    ``environment``. A marker that cannot be read, or that names a variable the node did not
+    report, counts as true: a wheel fetched that is not needed costs a download; one left
+    out would fail the node's build."""
+    if not marker or UNREPORTED.search(marker):
         return True
-    tokens: list[tuple[str, str]] = []
-    position = 0
-    while position < len(marker.rstrip()):
-        found = MARKER_TOKEN.match(marker, position)
-        if found is None:
-            return True
-        kind = found.lastgroup or ""
-        tokens.append((kind, re.sub(r"\s+", " ", found.group(kind))))
-        position = found.end()
     try:
-        value, rest = _or(tokens, environment)
-    except (IndexError, ValueError, KeyError):
+        return Marker(marker).evaluate(dict(environment))
+    except (InvalidMarker, UndefinedComparison, UndefinedEnvironmentName):
         return True
-    return value if not rest else True
-
-
-def _or(tokens: list[tuple[str, str]], env: Mapping[str, str]) -> tuple[bool, list[tuple[str, str]]]:
-    value, tokens = _and(tokens, env)
-    while tokens and tokens[0] == ("word", "or"):
-        right, tokens = _and(tokens[1:], env)
-        value = value or right
-    return value, tokens
-
-
-def _and(tokens: list[tuple[str, str]], env: Mapping[str, str]) -> tuple[bool, list[tuple[str, str]]]:
-    value, tokens = _atom(tokens, env)
-    while tokens and tokens[0] == ("word", "and"):
-        right, tokens = _atom(tokens[1:], env)
-        value = value and right
-    return value, tokens
-
-
-def _atom(tokens: list[tuple[str, str]], env: Mapping[str, str]) -> tuple[bool, list[tuple[str, str]]]:
-    if tokens[0] == ("op", "("):
-        value, tokens = _or(tokens[1:], env)
-        if not tokens or tokens[0] != ("op", ")"):
-            raise ValueError("unbalanced")
-        return value, tokens[1:]
-    left, (kind, op), right = tokens[0], tokens[1], tokens[2]
-    if kind == "word" and op not in ("in", "not in"):
-        raise ValueError(op)
-    return _compare(_operand(left, env), op, _operand(right, env), left[1] if left[0] == "word" else right[1]), \
-        tokens[3:]
-
-
-def _operand(token: tuple[str, str], env: Mapping[str, str]) -> str:
-    kind, text = token
-    if kind == "string":
-        return text[1:-1]
-    if kind != "word":
-        raise ValueError(text)
-    return env[text]  # KeyError: an unknown variable, read as true
-
-
-def _compare(left: str, op: str, right: str, variable: str) -> bool:
-    if op == "in":
-        return left in right
-    if op == "not in":
-        return left not in right
-    if variable in VERSIONED and re.fullmatch(r"[\d.]+", left) and re.fullmatch(r"[\d.*]+", right):
-        if right.endswith(".*") and op in ("==", "!="):
-            same = left == right[:-2] or left.startswith(right[:-1])
-            return same if op == "==" else not same
-        ours, theirs = _version(left), _version(right)
-        prefix = max(len(theirs) - 1, 1)  # ~= 3.11.2: 3.11.*, at least 3.11.2
-        width = max(len(ours), len(theirs))
-        ours, theirs = ours + (0,) * (width - len(ours)), theirs + (0,) * (width - len(theirs))
-        table = {"==": ours == theirs, "===": left == right, "!=": ours != theirs, "<": ours < theirs,
-                 "<=": ours <= theirs, ">": ours > theirs, ">=": ours >= theirs,
-                 "~=": ours >= theirs and ours[:prefix] == theirs[:prefix]}
-        return table[op]
-    table = {"==": left == right, "===": left == right, "!=": left != right}
-    if op not in table:
-        raise ValueError(op)
-    return table[op]
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(".") if part.isdigit())
 
 
 NO_NETWORK = ("failed to fetch", "dns error", "could not connect", "connection refused", "network is unreachable",
