@@ -299,3 +299,14 @@ def test_a_copy_that_reaches_no_node_fails_their_venvs_in_one_line_each(tmp_path
         assert failed.message.startswith(f"the lock's wheels did not reach {failed.node}: the copy from node to node "
                                          "could not start on n0: "), failed
         assert "\n" not in failed.message
+
+
+def test_the_relay_runs_with_the_nodes_python_as_written_a_home_path_expanded_by_the_node(tmp_path: Path) -> None:
+    inventory = parse({"cluster": {"nproc_per_node": 1},
+                       "defaults": {"python": "~/my env/bin/python", "workdir": "~/proj"},
+                       "hosts": [{"name": "n0", "address": "127.0.0.1"}]}, Path("h.toml"))
+    plan = build_plan(inventory, RunOptions(script="train.py", run_id="r1", sync=SyncOptions(str(tmp_path)),
+                                            uv=UvOptions(LOCK, offline=True)))
+    program = offline.relay_program(plan.nodes[0], "~/proj/.torchherd-venvs", "wheelhouse-k1")
+    assert program.startswith("~/'my env/bin/python' ")  # the node's shell expands ~, the space stays quoted
+    assert program.endswith(" relay '~/proj/.torchherd-venvs' wheelhouse-k1")  # checkpoint.py expands it itself

@@ -266,7 +266,7 @@ def relay_program(node: NodePlan, folder: str, name: str) -> str:
     """``checkpoint.py relay`` into ``folder/name`` on the node, with its configured python
     (the venv's does not exist yet)."""
     python = node.venv.python if node.venv is not None else node.host.python
-    return f"{shlex.quote(python)} {command('checkpoint.py')} relay {shlex.quote(folder)} {shlex.quote(name)}"
+    return f"{quote_path(python)} {command('checkpoint.py')} relay {shlex.quote(folder)} {shlex.quote(name)}"
 
 
 def relay_wheelhouse(house: Wheelhouse, targets: Sequence[tuple[NodePlan, str]], sessions: Mapping[str, Session],
