@@ -150,11 +150,19 @@ def test_ctrl_c_stops_the_pull_on_every_node(tmp_path: Path) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         left = subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True, text=True).stdout.split()
-        mine = [pid for pid in left if marker in Path(f"/proc/{pid}/environ").read_bytes().decode("utf-8", "replace")]
+        mine = [pid for pid in left if marker in environ(pid)]
         if not mine:
             break
         time.sleep(0.2)
     assert not mine, mine
+
+
+def environ(pid: str) -> str:
+    """A process's environment; "" once it is gone (pgrep listed it, it ended since)."""
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 # ------------------------------------------------------------------ what the console shows
