@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Iterator, Union
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from torchherd.console import printable
+from torchherd.console.bars import NodeBars
 from torchherd.console.sync import names
 from torchherd.engine.events import ArchiveDone, ArchiveProgress, ArchiveStarted
 from torchherd.words import count, size
@@ -42,49 +42,21 @@ def archive_notes(event: ArchiveEvent) -> Iterator[tuple[str, str]]:
 
 
 class ArchiveBars:
-    """One bar per node that loads the archive: bytes received, then "loading", then
-    "loaded" or "failed". Rich's live display keeps them in place on a terminal; elsewhere
-    (a log, a pipe) only their last state is printed, once."""
+    """One bar per node that loads the archive (``NodeBars``): bytes received, then
+    "loading", then "loaded" or "failed"."""
 
     def __init__(self, console: Console) -> None:
-        self.console = console
-        self.progress: Progress | None = None
-        self.tasks: dict[str, TaskID] = {}
+        self.bars = NodeBars(console)
 
     def __call__(self, event: ArchiveEvent) -> None:
         if isinstance(event, ArchiveStarted):
-            self._start(event)
-        elif isinstance(event, ArchiveProgress) and self.progress is not None and event.node in self.tasks:
-            state = "loading" if event.phase == "loading" else "receiving"
-            self.progress.update(self.tasks[event.node], completed=event.done, state=state,
-                                 amount=f"{size(event.done)} / {size(event.total)}")
-        elif isinstance(event, ArchiveDone) and self.progress is not None:
-            failed = dict(event.failed)
-            for node, task in self.tasks.items():
-                total = self.progress.tasks[task].total or 0
-                if node in failed:
-                    self.progress.update(task, state="failed")
-                else:
-                    self.progress.update(task, completed=total, state="loaded",
-                                         amount=f"{size(int(total))} / {size(int(total))}")
-            self.close()
-
-    def _start(self, event: ArchiveStarted) -> None:
-        self.close()
-        if not event.loading:
-            return
-        width = max(len(printable(node)) for node in event.loading)
-        self.progress = Progress(TextColumn("  {task.description}"), BarColumn(bar_width=30),
-                                 TextColumn("{task.fields[amount]}"), TextColumn("{task.fields[state]}"),
-                                 console=self.console, auto_refresh=self.console.is_terminal)
-        for node in event.loading:
-            self.tasks[node] = self.progress.add_task(printable(node).ljust(width), total=event.size,
-                                                      amount=f"0 B / {size(event.size)}", state="waiting")
-        self.progress.start()
+            self.bars.start(event.loading, event.size)
+        elif isinstance(event, ArchiveProgress):
+            self.bars.update(event.node, event.done, event.total,
+                             "loading" if event.phase == "loading" else "receiving")
+        elif isinstance(event, ArchiveDone):
+            self.bars.finish({node for node, _ in event.failed}, "loaded")
 
     def close(self) -> None:
         """Stops the bars (harmless when none are shown)."""
-        if self.progress is not None:
-            self.progress.stop()
-        self.progress = None
-        self.tasks = {}
+        self.bars.close()

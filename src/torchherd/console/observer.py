@@ -19,12 +19,13 @@ from torchherd.console.images import ArchiveBars, ArchiveEvent, archive_notes
 from torchherd.console.pull import PullView
 from torchherd.console.recovery import RecoveryEvent, recovery_note, render_attempts
 from torchherd.console.run import LiveRenderer, render_summary
-from torchherd.console.sync import SYNC_EVENTS, sync_notes
+from torchherd.console.sync import SYNC_EVENTS, WheelBars, WheelsEvent, sync_notes, wheels_note, wheels_started_note
 from torchherd.console.view import TerminalView, ViewOptions
 from torchherd.engine.events import (
     ARCHIVE_EVENTS,
     PULL_EVENTS,
     RECOVERY_EVENTS,
+    WHEELS_EVENTS,
     ArchiveDone,
     AttemptFailed,
     ConnectFailed,
@@ -44,6 +45,8 @@ from torchherd.engine.events import (
     RanksRunning,
     RunFinished,
     RunStarted,
+    WheelsRelayed,
+    WheelsStarted,
 )
 from torchherd.runlog import OutputLine, RankLines
 from torchherd.words import count
@@ -70,10 +73,15 @@ class ConsoleObserver:
         self.pulls = PullView(console, live=self.view.panel)  # a terminal, not --plain
         self.bars = ArchiveBars(console)
         """``--image-archive``'s bars, one per node, while the archive travels."""
+        self.wheel_bars = WheelBars(console)
+        """``--uv-offline``'s bars, one per node, while the lock's wheels travel."""
 
     def __call__(self, event: Event) -> None:
         if isinstance(self.renderer, TerminalView):
             self.renderer.observe(event)
+        if isinstance(event, WHEELS_EVENTS):
+            self._wheels(event)
+            return
         if isinstance(event, SYNC_EVENTS):
             for message, style in sync_notes(event):
                 self._note(message, style)
@@ -188,6 +196,7 @@ class ConsoleObserver:
         the command is leaving); harmless when there is nothing to close."""
         self.pulls.close()
         self.bars.close()
+        self.wheel_bars.close()
         if isinstance(self.renderer, TerminalView):
             self.renderer.close()
 
@@ -199,6 +208,16 @@ class ConsoleObserver:
             self._note(message, style)
         if not isinstance(event, ArchiveDone):
             self.bars(event)
+
+    def _wheels(self, event: WheelsEvent) -> None:
+        """The note before the bars, and the summary after them (which closes them)."""
+        if isinstance(event, WheelsRelayed):
+            self.wheel_bars(event)
+            self._note(*wheels_note(event))
+            return
+        if isinstance(event, WheelsStarted):
+            self._note(*wheels_started_note(event))
+        self.wheel_bars(event)
 
     def _renderer(self) -> LiveRenderer:
         if self.renderer is None:

@@ -5,12 +5,13 @@ same are listed once). File names and what the nodes say are shown through
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence, Union
 
 from rich.console import Console
 from rich.text import Text
 
 from torchherd.console import printable
+from torchherd.console.bars import NodeBars
 from torchherd.engine.events import (
     NodeSynced,
     SyncDone,
@@ -19,11 +20,14 @@ from torchherd.engine.events import (
     VenvFailed,
     VenvReady,
     VenvsDone,
+    WheelsProgress,
     WheelsRelayed,
+    WheelsStarted,
 )
 from torchherd.words import count, size
 
-SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone, VenvsDone, WheelsRelayed)
+SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone, VenvsDone, WheelsStarted, WheelsRelayed)
+WheelsEvent = Union[WheelsStarted, WheelsProgress, WheelsRelayed]
 LISTED = 40
 """Paths listed per group of nodes on a dry run; the rest are counted."""
 
@@ -32,7 +36,7 @@ def files(number: int) -> str:
     return count(number, "file")
 
 
-def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone | VenvsDone | WheelsRelayed,
+def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone | VenvsDone | WheelsStarted | WheelsRelayed,
                ) -> Iterator[tuple[str, str]]:
     """The notes (text, style) a live run shows for a sync event. Nodes in sync are told
     at the end, alike nodes on one line (a run on 256 nodes is not 256 lines of it)."""
@@ -57,8 +61,42 @@ def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone | VenvsDo
                "green" if event.ok else "bold red")
     elif isinstance(event, VenvsDone):
         yield from venv_notes(event)
+    elif isinstance(event, WheelsStarted):
+        yield wheels_started_note(event)
     elif isinstance(event, WheelsRelayed):
         yield wheels_note(event)
+
+
+def wheels_started_note(event: WheelsStarted) -> tuple[str, str]:
+    """``--uv-offline``: the lock's wheels for one platform, as their copy starts: what goes
+    where (the bars, or on a pipe the end's note, say how it went)."""
+    routes = ", then ".join("this machine -> " + " -> ".join(printable(node) for node in chain)
+                            for chain in event.chains)
+    times = "once" if len(event.chains) == 1 else f"once per chain ({len(event.chains)})"
+    return (f"wheels: sending uv.lock's {files(event.files)} for {printable(event.tag)} python {event.python} "
+            f"({size(event.size)}; {printable(event.path)}) {times}, relayed node to node: {routes}", "bold")
+
+
+class WheelBars:
+    """One bar per node the lock's wheels go to (``NodeBars``): bytes received, "received"
+    once every byte is in (the node checks the copy's hash then), and at the end "verified"
+    (in place beside its venvs) or "failed"."""
+
+    def __init__(self, console: Console) -> None:
+        self.bars = NodeBars(console)
+
+    def __call__(self, event: WheelsEvent) -> None:
+        if isinstance(event, WheelsStarted):
+            self.bars.start(event.nodes, event.size)
+        elif isinstance(event, WheelsProgress):
+            self.bars.update(event.node, event.done, event.total,
+                             "received" if event.done >= event.total else "receiving")
+        elif isinstance(event, WheelsRelayed):
+            self.bars.finish({node for node, _ in event.failed}, "verified")
+
+    def close(self) -> None:
+        """Stops the bars (harmless when none are shown)."""
+        self.bars.close()
 
 
 def wheels_note(event: WheelsRelayed) -> tuple[str, str]:

@@ -270,6 +270,36 @@ class VenvsDone:
 
 
 @dataclass(frozen=True)
+class WheelsStarted:
+    """``--uv-offline``: the lock's wheels for one node platform and python (``tag``,
+    ``python``), this machine's wheelhouse ``path`` (``files`` of ``size`` bytes), are
+    being sent once per chain and relayed node to node down each of ``chains`` (node-rank
+    order; nodes whose venvs differ get copies of their own, one chain after the other).
+    ``WheelsProgress`` per node follows, then ``WheelsRelayed``."""
+
+    tag: str
+    python: str
+    path: str
+    chains: tuple[tuple[str, ...], ...]
+    files: int
+    size: int
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(node for chain in self.chains for node in chain)
+
+
+@dataclass(frozen=True)
+class WheelsProgress:
+    """How far ``node`` is in receiving the wheelhouse: ``done`` of ``total`` bytes (its
+    copy is then checked against the wheelhouse's SHA-256; ``WheelsRelayed`` says how that went)."""
+
+    node: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
 class WheelsRelayed:
     """``--uv-offline``: the lock's wheels for one node platform and python (``tag``,
     ``python``), in this machine's wheelhouse ``path`` (``files`` of ``size`` bytes;
@@ -509,6 +539,7 @@ class ArchiveDone:
 
 
 ARCHIVE_EVENTS = (ArchiveStarted, ArchiveProgress, ArchiveDone)
+WHEELS_EVENTS = (WheelsStarted, WheelsProgress, WheelsRelayed)
 
 
 @dataclass(frozen=True)
@@ -552,7 +583,7 @@ Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, Ran
               VenvsDone, WheelsRelayed, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
               CheckpointStaged, CheckpointMissing, LostContainers, PullStarted, PullProgress, NodePulled,
               PullFailed, PullsDone, ArchiveStarted, ArchiveProgress, ArchiveDone, HistoryNotKept, CheckpointSaved,
-              CheckpointReplicated]
+              CheckpointReplicated, WheelsStarted, WheelsProgress]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000

@@ -16,7 +16,8 @@ node to node (`torchherd docs environments`, "Nodes without internet").
    (``engine.relay``, with ``remote/checkpoint.py relay`` on each node): each writes it
    into a private temporary directory beside its venvs, checks the SHA-256 of the whole
    (every file's hash), and renames it to ``wheelhouse-<venv key>``, where the node's venv
-   builder (``remote/venv.py``) finds it.
+   builder (``remote/venv.py``) finds it. Each node says how far it is as it receives
+   (``"progress"``): a ``WheelsProgress`` per node, the console's bars.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from torchherd.engine.events import Observer, WheelsProgress
 from torchherd.engine.recovery.staging import job_address
 from torchherd.engine.relay import Hop, run_chain
 from torchherd.engine.uvwheels import DEFAULT_WHEELS, NodePlatform
@@ -270,10 +273,12 @@ def relay_program(node: NodePlan, folder: str, name: str) -> str:
 
 
 def relay_wheelhouse(house: Wheelhouse, targets: Sequence[tuple[NodePlan, str]], sessions: Mapping[str, Session],
-                     stopping: Callable[[], bool] = lambda: False) -> tuple[dict[str, str | None], int]:
+                     stopping: Callable[[], bool] = lambda: False,
+                     observer: Observer = lambda event: None) -> tuple[dict[str, str | None], int]:
     """The chain this machine -> targets[0] -> targets[1] ...: each node's copy at its
     target path (the same name in each node's own folder). Per node None (there, verified)
-    or why not; and the bytes this machine sent (the wheelhouse once)."""
+    or why not; and the bytes this machine sent (the wheelhouse once). ``observer`` is told
+    each node's ``WheelsProgress`` as it receives."""
     name = targets[0][1].rstrip("/").rsplit("/", 1)[-1]
     hops = [Hop(node.host.name, sessions[node.host.name], relay_program(node, _folder(target), name),
                 job_address(node)) for node, target in targets]
@@ -290,8 +295,13 @@ def relay_wheelhouse(house: Wheelhouse, targets: Sequence[tuple[NodePlan, str]],
                         raise OSError("the first node's channel closed")
                     sent[0] += len(block)
 
+    def on_message(node: str, message: Mapping[str, Any]) -> None:
+        if "progress" in message:
+            observer(WheelsProgress(node, int(message["progress"]), house.size))
+
     expect = {"path": name, "kind": "dir", "sha256": house.sha256}
-    results = run_chain(hops, {"expect": expect}, house.size, feed=feed, stopping=stopping)
+    results = run_chain(hops, {"expect": expect, "progress": True}, house.size, feed=feed, on_message=on_message,
+                        stopping=stopping)
     return results, sent[0]
 
 

@@ -9,7 +9,8 @@ this machine's own uv binary, when it runs there (Linux, the same machine and li
 the binary of the ``uv`` wheel for the node's platform from a local wheel directory
 (engine/uvwheels.py), sent over SFTP beside the node's venvs. With ``--uv-offline`` a node
 that must build gets the lock's wheels from this machine (``engine.offline``: made once per
-node platform and python, relayed node to node; the observer is told ``WheelsRelayed``) and
+node platform and python, relayed node to node; the observer is told ``WheelsStarted``, each node's ``WheelsProgress``
+and ``WheelsRelayed``) and
 builds from them with no network; a node whose venv is built costs what it always did. The
 observer is told ``VenvsDone``.
 """
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
-from torchherd.engine.events import Observer, VenvFailed, VenvReady, VenvsDone, WheelsRelayed
+from torchherd.engine.events import Observer, VenvFailed, VenvReady, VenvsDone, WheelsRelayed, WheelsStarted
 from torchherd.engine.offline import Wheelhouse, WheelhouseError, export_requirements, make_wheelhouse, relay_wheelhouse
 from torchherd.engine.uvwheels import (
     DEFAULT_WHEELS,
@@ -163,7 +164,11 @@ def supply_wheels(plan: Plan, needing: Sequence[NeedsWheels], sessions: Mapping[
         except WheelhouseError as error:
             outcomes.update({name: VenvFailed(name, str(error), error.hint) for name in names})
             continue
-        reached, sent = _relay(house, [by_name[name] for name in names], sessions)
+        chains = _chains([by_name[name] for name in names])
+        observer(WheelsStarted(tag, python, str(house.path),
+                               tuple(tuple(node.host.name for node, _ in targets) for targets in chains),
+                               len(house.files), house.size))
+        reached, sent = _relay(house, chains, sessions, observer)
         failed = tuple((name, why) for name in names if (why := reached[name]) is not None)
         observer(WheelsRelayed(tag, python, str(house.path), tuple(names), len(house.files), house.size, sent,
                                house.downloaded, time.monotonic() - started, failed))
@@ -182,18 +187,23 @@ def supply_wheels(plan: Plan, needing: Sequence[NeedsWheels], sessions: Mapping[
     return outcomes
 
 
-def _relay(house: Wheelhouse, nodes: Sequence[NeedsWheels],
-           sessions: Mapping[str, Session]) -> tuple[dict[str, str | None], int]:
+def _chains(nodes: Sequence[NeedsWheels]) -> list[list[tuple[NodePlan, str]]]:
     """One chain per place the nodes receive it at (nodes whose pythons differ have venvs,
-    and wheelhouse names, of their own): this machine sends the wheelhouse once per chain."""
+    and wheelhouse names, of their own): each node with its target path, in node-rank order."""
     chains: dict[str, list[tuple[NodePlan, str]]] = {}
     for item in nodes:
         target = str(item.config["wheelhouse"])
         chains.setdefault(target.rsplit("/", 1)[-1], []).append((item.node, target))
+    return list(chains.values())
+
+
+def _relay(house: Wheelhouse, chains: Sequence[Sequence[tuple[NodePlan, str]]], sessions: Mapping[str, Session],
+           observer: Observer) -> tuple[dict[str, str | None], int]:
+    """``chains`` one after the other: this machine sends the wheelhouse once per chain."""
     reached: dict[str, str | None] = {}
     sent = 0
-    for targets in chains.values():
-        results, bytes_sent = relay_wheelhouse(house, targets, sessions)
+    for targets in chains:
+        results, bytes_sent = relay_wheelhouse(house, targets, sessions, observer=observer)
         reached.update(results)
         sent += bytes_sent
     return reached, sent

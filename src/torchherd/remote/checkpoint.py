@@ -34,6 +34,9 @@ glob, of which the newest match (by mtime) counts. MODE is one of:
   ``sha256`` is null, and the source hashes what it sends and sends the hash after the
   bytes (``relay.py``); each receiver checks its copy against that. The source's last
   line adds ``"sha256"``.
+
+  With ``"progress": true`` (a venv's wheelhouse) each receiver also prints
+  ``{"progress": BYTES}`` lines as it receives (``relay.py``): the controller's bars.
 """
 
 from __future__ import annotations
@@ -291,7 +294,7 @@ def relay(workdir: str, config: Dict[str, Any], stdin: chain.Link) -> Dict[str, 
         if not fed:
             chain.watch_controller(cleanup)
         return receive(workdir, relative, expect, upstream, listener, token, started, bool(config.get("keep_newer")),
-                       watch_after=fed)
+                       watch_after=fed, progress=bool(config.get("progress")))
     finally:
         if listener is not None:
             listener.close()
@@ -334,10 +337,11 @@ def newer_here(target: str, mtime: float) -> bool:
 
 def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: chain.Link,
             listener: Optional[socket.socket], token: bytes, started: float,
-            keep_newer: bool = False, watch_after: bool = False) -> Dict[str, Any]:
+            keep_newer: bool = False, watch_after: bool = False, progress: bool = False) -> Dict[str, Any]:
     """``watch_after``: the controller itself is the upstream (it feeds the copy on stdin,
     as for a venv's wheelhouse), so its stdin is watched for its end only once the copy is
-    in: a watch started earlier would read the copy's own bytes."""
+    in: a watch started earlier would read the copy's own bytes. ``progress``: the config's
+    ``"progress"``, ``{"progress": BYTES}`` lines as it receives (a wheelhouse's bars)."""
     raw = upstream.line()
     header = json.loads(raw)
     downstream = chain.accept(listener, token) if listener is not None else None
@@ -350,7 +354,7 @@ def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: chain
             os.mkdir(temporary, 0o700)
         trailed = expect["sha256"] is None
         hashes, received, end = chain.pass_on(upstream, downstream, raw, outputs(temporary, kind, header["files"]),
-                                              False, trailer=trailed)
+                                              progress, trailer=trailed)
         if watch_after:
             chain.watch_controller(cleanup)
         found = combined(kind, hashes)

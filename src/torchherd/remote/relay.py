@@ -21,7 +21,7 @@ receiver's stdin). The protocol, for every link:
   and one line follows the bytes, ``{"sha256": HEX}`` or ``{"error": TEXT}``, passed on
   down the chain: each receiver checks its copy against it;
 - with ``"progress": true`` a receiver prints ``{"progress": BYTES}`` about twice a second
-  while it receives; its last line is ``{"ok": true, ...}`` or ``{"error": TEXT}``.
+  while it receives, and once more when every byte is in (before its check); its last line is ``{"ok": true, ...}`` or ``{"error": TEXT}``.
 """
 
 from __future__ import annotations
@@ -231,6 +231,8 @@ def pass_on(link: Link, downstream: Optional[socket.socket], header_line: bytes,
         output.flush()
         os.fsync(output.fileno())
         hashes.append((path, int(size), digest.hexdigest()))
+    if progress:  # a copy shorter than PROGRESS_SECONDS, and a bar's last stretch, still reach the total
+        emit({"progress": received})
     end: Optional[Dict[str, Any]] = None
     if trailer:
         line = link.line(limit=1 << 16)
