@@ -12,20 +12,23 @@ import os
 import platform
 import stat
 import sys
+import time
 from dataclasses import replace
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from uvproject import registry_project, uv_binary, wheel
 
 from torchherd.api import Cluster
 from torchherd.cli import main
 from torchherd.console import make_console
-from torchherd.console.sync import wheels_note
+from torchherd.console.observer import ConsoleObserver
+from torchherd.console.sync import WheelBars, wheels_note, wheels_started_note
 from torchherd.engine import offline, venvs
-from torchherd.engine.events import VenvFailed, VenvReady, VenvsDone, WheelsRelayed
+from torchherd.engine.events import VenvFailed, VenvReady, VenvsDone, WheelsProgress, WheelsRelayed, WheelsStarted
 from torchherd.engine.offline import WheelhouseError, export_requirements, make_wheelhouse
 from torchherd.engine.uvwheels import NodePlatform
 from torchherd.engine.wheelhouse import (
@@ -39,9 +42,9 @@ from torchherd.engine.wheelhouse import (
 )
 from torchherd.inventory import parse
 from torchherd.plan import RunOptions, SyncOptions, UvOptions, build_plan
-from torchherd.remote.checkpoint import find
+from torchherd.remote.checkpoint import combined, file_sha256, find
 from torchherd.remote.venv import libc_of
-from torchherd.transport.local import LocalSession
+from torchherd.transport.local import LocalProcess, LocalSession
 
 GRACE = NodePlatform("Linux", "aarch64", "glibc", "2.35")
 X86 = NodePlatform("Linux", "x86_64", "glibc", "2.31")
@@ -221,6 +224,49 @@ def test_the_wheels_note_says_what_this_machine_sent() -> None:
                     "this machine)") and style == "dim"
 
 
+def test_the_wheels_bars_one_per_node_between_the_start_and_the_summary_exactly() -> None:
+    """Off a terminal (a log, a pipe) the bars are printed once, in their last state, between
+    the note that starts the copy and the summary that ends it."""
+    out = StringIO()
+    observer = ConsoleObserver(Console(file=out, width=120))
+    total = 2_500_000
+    observer(WheelsStarted("manylinux_2_35_aarch64", "3.11", "/c/h", (("n0", "n10"), ("n2",)), 2, total))
+    assert observer.wheel_bars.bars.progress is not None  # shown while the wheels travel
+    observer(WheelsProgress("n0", 1_000_000, total))
+    observer(WheelsProgress("n10", total, total))
+    observer(WheelsRelayed("manylinux_2_35_aarch64", "3.11", "/c/h", ("n0", "n10", "n2"), 2, total, 2 * total,
+                           ("torch==2.5.1",), 1.25, (("n2", "no answer"),)))
+    assert observer.wheel_bars.bars.progress is None  # the summary closed them
+    assert out.getvalue() == (
+        "torchherd: wheels: sending uv.lock's 2 files for manylinux_2_35_aarch64 python 3.11 (2.5 MB; /c/h) once per "
+        "chain (2 chains), relayed node to node: this machine -> n0 -> n10, then this machine -> n2\n"
+        "  n0  ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 2.5 MB / 2.5 MB verified\n"
+        "  n10 ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 2.5 MB / 2.5 MB verified\n"
+        "  n2                                 0 B / 2.5 MB    failed  \n"
+        "torchherd: wheels: uv.lock's 2 files for manylinux_2_35_aarch64 python 3.11 (2.5 MB, 1 downloaded now; /c/h) "
+        "relayed node to node: this machine -> n0 -> n10 -> n2: on 2 of 3 nodes (1.2 s; 5.0 MB sent from this machine); "
+        "n2: no answer\n")
+
+
+def test_the_wheels_bars_move_as_the_nodes_receive() -> None:
+    """A bar says "receiving" with the bytes so far, "received" once all are in (the node
+    checks the hash then); one chain's start note says "once"."""
+    bars = WheelBars(Console(file=StringIO(), width=120))
+    started = WheelsStarted("musllinux_1_2_x86_64", "3.12", "/c/h", (("node0", "node1"),), 3, 8_000_000)
+    assert wheels_started_note(started) == (
+        "wheels: sending uv.lock's 3 files for musllinux_1_2_x86_64 python 3.12 (8.0 MB; /c/h) once, relayed node to "
+        "node: this machine -> node0 -> node1", "bold")
+    bars(started)
+    bars(WheelsProgress("node0", 3_000_000, 8_000_000))
+    bars(WheelsProgress("node1", 8_000_000, 8_000_000))
+    assert bars.bars.progress is not None
+    shown = {task.description.strip(): (task.completed, task.fields["amount"], task.fields["state"])
+             for task in bars.bars.progress.tasks}
+    assert shown == {"node0": (3_000_000, "3.0 MB / 8.0 MB", "receiving"),
+                     "node1": (8_000_000, "8.0 MB / 8.0 MB", "received")}
+    bars.close()
+
+
 # for real: this machine plays two nodes -------------------------------------------------
 
 
@@ -255,6 +301,14 @@ def test_two_nodes_without_an_index_build_from_one_relayed_wheelhouse_then_cost_
     once = sum(path.stat().st_size for path in house.iterdir())
     assert relayed[0].nodes == ("n0", "n1") and relayed[0].failed == () and relayed[0].downloaded == ()
     assert relayed[0].sent == relayed[0].size == once  # sent once: n1's copy came from n0
+    [started] = [event for event in events if isinstance(event, WheelsStarted)]
+    assert (started.chains, started.size, started.files) == ((("n0", "n1"),), once, relayed[0].files)
+    moved = [event for event in events if isinstance(event, WheelsProgress)]
+    for name in ("n0", "n1"):  # a copy this short still brings each node's bar to the total
+        assert [(event.done, event.total) for event in moved if event.node == name][-1] == (once, once), moved
+    kinds = [type(event) for event in events]
+    assert kinds.index(WheelsStarted) < kinds.index(WheelsProgress) and \
+        max(index for index, kind in enumerate(kinds) if kind is WheelsProgress) < kinds.index(WheelsRelayed)
     for node in plan.nodes:
         assert node.venv is not None
         ready = [result for result in done.nodes if result.node == node.host.name][0]
@@ -299,6 +353,53 @@ def test_a_copy_that_reaches_no_node_fails_their_venvs_in_one_line_each(tmp_path
         assert failed.message.startswith(f"the lock's wheels did not reach {failed.node}: the copy from node to node "
                                          "could not start on n0: "), failed
         assert "\n" not in failed.message
+
+
+@pytest.mark.timeout(120)
+def test_each_node_says_how_far_it_is_while_the_wheelhouse_travels(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real chain, this machine -> n0 -> n1, with this machine's feed held back (64 kB
+    blocks, 40 ms apart: about 2.6 s for 4 MB), so that each node says how far it is
+    several times (every 0.5 s): byte counts that rise to the wheelhouse's size."""
+    house_dir = tmp_path / "house"
+    house_dir.mkdir()
+    listed = []
+    for name, length in (("a-1.0-py3-none-any.whl", 3_000_000), ("b-1.0-py3-none-any.whl", 1_194_304),
+                         ("requirements.txt", 100)):
+        (house_dir / name).write_bytes(os.urandom(length))
+        listed.append((name, length, file_sha256(str(house_dir / name))))
+    house = offline.Wheelhouse(house_dir, tuple((name, length) for name, length, _ in listed), combined("dir", listed))
+    inventory = parse({"cluster": {"nproc_per_node": 1},
+                       "defaults": {"python": sys.executable, "workdir": str(tmp_path)},
+                       "hosts": [{"name": "n0", "address": "127.0.0.1", "venv_dir": str(tmp_path / "v0")},
+                                 {"name": "n1", "address": "127.0.0.1", "venv_dir": str(tmp_path / "v1")}]},
+                      Path("h.toml"))
+    plan = build_plan(inventory, RunOptions(script="train.py", run_id="r1", sync=SyncOptions(str(tmp_path)),
+                                            uv=UvOptions(LOCK, offline=True)))
+    targets = []
+    for node in plan.nodes:
+        assert node.venv is not None
+        Path(node.venv.path).parent.mkdir(parents=True, exist_ok=True)
+        targets.append((node, node_dir(node.venv.path, node.venv.key)))
+    sent_at_once = LocalProcess.send
+
+    def held_back(self: LocalProcess, data: bytes) -> bool:
+        time.sleep(0.04)
+        return sent_at_once(self, data)
+
+    monkeypatch.setattr(offline, "CHUNK", 1 << 16)
+    monkeypatch.setattr(LocalProcess, "send", held_back)
+    events: list[Any] = []
+    results, sent = offline.relay_wheelhouse(house, targets, {"n0": LocalSession("n0"), "n1": LocalSession("n1")},
+                                             observer=events.append)
+    assert results == {"n0": None, "n1": None} and sent == house.size
+    for node, target in targets:
+        done = [event.done for event in events if event.node == node.host.name]
+        assert len(done) >= 3, events  # while it travels, not only at the end
+        assert done == sorted(set(done)) and done[-1] == house.size, done  # rising, to the total
+        assert {event.total for event in events if event.node == node.host.name} == {house.size}
+        assert (Path(target) / "a-1.0-py3-none-any.whl").read_bytes() == (house_dir / "a-1.0-py3-none-any.whl").read_bytes()
+    assert all(isinstance(event, WheelsProgress) for event in events)
 
 
 def test_the_relay_runs_with_the_nodes_python_as_written_a_home_path_expanded_by_the_node(tmp_path: Path) -> None:

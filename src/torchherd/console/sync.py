@@ -72,7 +72,7 @@ def wheels_started_note(event: WheelsStarted) -> tuple[str, str]:
     where (the bars, or on a pipe the end's note, say how it went)."""
     routes = ", then ".join("this machine -> " + " -> ".join(printable(node) for node in chain)
                             for chain in event.chains)
-    times = "once" if len(event.chains) == 1 else f"once per chain ({len(event.chains)})"
+    times = "once" if len(event.chains) == 1 else f"once per chain ({len(event.chains)} chains)"
     return (f"wheels: sending uv.lock's {files(event.files)} for {printable(event.tag)} python {event.python} "
             f"({size(event.size)}; {printable(event.path)}) {times}, relayed node to node: {routes}", "bold")
 

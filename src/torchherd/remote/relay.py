@@ -212,7 +212,7 @@ def pass_on(link: Link, downstream: Optional[socket.socket], header_line: bytes,
     if downstream is not None:
         downstream.sendall(header_line + b"\n")
     received = 0
-    said = time.monotonic()
+    said, told = time.monotonic(), -1
     hashes = []
     for path, size, _, output in files:
         digest = hashlib.sha256()
@@ -226,12 +226,12 @@ def pass_on(link: Link, downstream: Optional[socket.socket], header_line: bytes,
             digest.update(block)
             output.write(block)
             if progress and time.monotonic() - said >= PROGRESS_SECONDS:
-                said = time.monotonic()
+                said, told = time.monotonic(), received
                 emit({"progress": received})
         output.flush()
         os.fsync(output.fileno())
         hashes.append((path, int(size), digest.hexdigest()))
-    if progress:  # a copy shorter than PROGRESS_SECONDS, and a bar's last stretch, still reach the total
+    if progress and told != received:  # a copy shorter than PROGRESS_SECONDS, and a bar's last stretch, reach the total
         emit({"progress": received})
     end: Optional[Dict[str, Any]] = None
     if trailer:
