@@ -185,6 +185,12 @@ def test_nodes_without_an_index_get_the_locks_wheels_relayed_once_then_find_thei
                      rf"\({re.escape(once)}, none downloaded; {re.escape(str(house))}\) relayed node to node: this "
                      rf"machine -> node0 -> node1 -> node2: on 3 of 3 nodes \(\d+\.\d s; {re.escape(once)} sent from "
                      r"this machine\)$", out, re.M), out
+    # before it, what goes where, and one bar per node (off a terminal: their last state, once)
+    assert re.search(rf"wheels: sending uv\.lock's 2 files for \S+ python {sys.version_info[0]}\.{sys.version_info[1]} "
+                     rf"\({re.escape(once)}; {re.escape(str(house))}\) once, relayed node to node: this machine -> "
+                     r"node0 -> node1 -> node2$", out, re.M), out
+    bars = re.findall(rf"^  (node\d) ━+ {re.escape(once)} / {re.escape(once)} verified$", out, re.M)
+    assert bars == ["node0", "node1", "node2"], out
     assert ("node0, node1, node2: venv " + venv.path + " built from uv.lock by uv pip sync --offline from the lock's "
             "wheels") in out, out
     ranks = re.findall(r"^(node\d):\d: rank (\d) sum 3 prefix (\S+) value from the wheelhouse$", out, re.M)
