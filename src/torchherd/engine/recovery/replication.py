@@ -79,8 +79,12 @@ class Holdings:
                 self.held[node] = copy
 
     def newest(self) -> Held | None:
+        return self._newest(dict(self.held))
+
+    @staticmethod
+    def _newest(holdings: dict[str, Held]) -> Held | None:
         best: Held | None = None
-        for held in self.held.values():
+        for held in holdings.values():
             if best is None or held.mtime > best.mtime:
                 best = held
         return best
@@ -88,10 +92,11 @@ class Holdings:
     def line(self, lost: Collection[str] = ()) -> str:
         """The summary's line: "newest checkpoint: snapshot.pt (4.2 MB, saved 10:41:07 on
         node0) on node0 (lost), node1"."""
-        best = self.newest()
+        holdings = dict(self.held)  # a copy made at once: a detached run's controller reads it while saves come in
+        best = self._newest(holdings)
         if best is None:
             return f"newest checkpoint: none of {self.path} was seen complete during the run"
-        holders = [node + (" (lost)" if node in lost else "") for node, held in self.held.items()
+        holders = [node + (" (lost)" if node in lost else "") for node, held in holdings.items()
                    if (held.path, held.mtime) == (best.path, best.mtime)]
         saved = time.strftime("%H:%M:%S", time.localtime(best.mtime))
         return (f"newest checkpoint: {best.path} ({size(best.size)}, saved {saved} on {best.origin}) "
