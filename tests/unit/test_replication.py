@@ -221,6 +221,34 @@ def test_a_bad_replication_flag_is_one_line_naming_it(tmp_path: Path, flags: lis
     assert_one_line(code, out, named)
 
 
+@pytest.mark.parametrize("detach", [[], ["--detach"]], ids=["attached", "detached"])
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--checkpoint", "snapshot.pt"], "--checkpoint: it is staged before a new attempt, and without retries there is "
+                                      "none"),
+    (["--replicate", "1"], "--replicate: a replica is there for a new attempt, and without retries there is none"),
+    (["--replicate-bandwidth", "25%"], "--replicate-bandwidth: a replica is there for a new attempt, and without "
+                                       "retries there is none"),
+])
+def test_replication_without_retries_is_refused_detached_or_not(tmp_path: Path, detach: list[str], flags: list[str],
+                                                                named: str) -> None:
+    """A plain ``--detach`` leaves no controller behind to copy a checkpoint, and neither run
+    has a new attempt to stage it for: the flag is refused before any node is reached (the
+    inventory's checkpoint stands in for the flag's where the flag is not --checkpoint)."""
+    code, out = run_cli(tmp_path, '[recovery]\ncheckpoint = "snapshot.pt"\n' + HOSTS, ["run", *detach, *flags, "--",
+                                                                                         "t.py"])
+    assert_one_line(code, out, named)
+    assert "hint: add --retries N (or retries in [recovery])" in out, out
+
+
+def test_no_replica_is_made_without_retries() -> None:
+    """``hang_timeout`` alone runs the recovering run, one attempt: no watch, no copy."""
+    recovery = Recovery(checkpoint="snapshot.pt", hang_timeout=30)
+    assert recovery.replicas == 1
+    run = RecoveringRun(ReplicatingBackend([lambda plan: ended(plan, None)]), plan_of(),
+                        LaunchOptions(check=False, log_dir=Path("/nonexistent")), recovery, Collector())
+    assert run.replicator is None and run.checkpoint_line() == ""
+
+
 def test_the_keys_are_read(tmp_path: Path) -> None:
     from torchherd.inventory import load
 
