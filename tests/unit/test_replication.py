@@ -275,6 +275,34 @@ def test_the_summary_says_where_the_newest_checkpoint_is() -> None:
                                         "node0 (lost), node1, node2")
 
 
+def test_a_replica_seen_by_its_nodes_watch_is_still_the_original_nodes_save() -> None:
+    """node1's supervisor watches the path too: the replica, complete there, comes back as
+    node1's save (the original's mtime). It was said to be "saved on node1", and copied on
+    round the ring (replicate = 1 became every node)."""
+    copies: list[tuple[str, tuple[str, ...]]] = []
+
+    def copier(event: CheckpointSaved, targets: tuple[str, ...], _: Callable[[], bool]) -> CheckpointReplicated:
+        copies.append((event.node, targets))
+        return CheckpointReplicated(event.path, event.size, event.mtime, event.node, targets, 0.1, "25% of the link")
+
+    holdings, events = Holdings("snapshot.pt"), Collector()
+    replicator = Replicator(copier, 1, events, holdings)
+    replicator.attempt(("node0", "node1", "node2"))
+    replicator.saved(CheckpointSaved("node0", "snapshot.pt", 2000, at("10:41:07")))
+    deadline = time.monotonic() + 10
+    while not events.of(CheckpointReplicated) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    replicator.saved(CheckpointSaved("node1", "snapshot.pt", 2000, at("10:41:07")))  # the replica, as node1 sees it
+    deadline = time.monotonic() + 1.0  # time enough for a copy from node1, were one started
+    while len(events.of(CheckpointReplicated)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    replicator.close()
+    assert copies == [("node0", ("node1",))]
+    assert holdings.line() == "newest checkpoint: snapshot.pt (2.0 kB, saved 10:41:07 on node0) on node0, node1"
+    holdings.saved(CheckpointSaved("node2", "snapshot.pt", 2000, at("10:41:07")))  # before its copy was told
+    assert holdings.line().endswith("saved 10:41:07 on node0) on node0, node1, node2")
+
+
 def test_a_note_says_what_was_copied_where_and_under_which_cap() -> None:
     done = CheckpointReplicated("snapshot.pt", 12_300_000, at("10:41:07"), "node0", ("node1",), 0.44,
                                 "25% of the link")

@@ -60,7 +60,18 @@ class Holdings:
         self.held: dict[str, Held] = {}
 
     def saved(self, event: CheckpointSaved) -> None:
-        self.held[event.node] = Held(event.path, event.mtime, event.size, event.node)
+        """A node's watch found a complete checkpoint: one the node saved, or a copy of one
+        another node did (its watch sees a replica or a staged copy appear too)."""
+        copy = self.copy_of(event)
+        self.held[event.node] = copy or Held(event.path, event.mtime, event.size, event.node)
+
+    def copy_of(self, event: CheckpointSaved) -> Held | None:
+        """The checkpoint another node saved that ``event`` is a copy of (a copy keeps the
+        original's mtime); None: ``event``'s node saved it."""
+        for held in list(self.held.values()):
+            if (held.path, held.mtime) == (event.path, event.mtime) and held.origin != event.node:
+                return held
+        return None
 
     def replicated(self, event: CheckpointReplicated) -> None:
         origin = self.held.get(event.source)
@@ -138,7 +149,10 @@ class Replicator:
         with self._changed:
             if self._closed:
                 return
+            copy = self.holdings.copy_of(event) is not None
             self.holdings.saved(event)
+            if copy:  # a replica (or a staged copy) the run made: copying it on would pass it round the ring
+                return
             self._pending[event.node] = event  # a newer save replaces one still waiting
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="torchherd-replicate", daemon=True)
