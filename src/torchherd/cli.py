@@ -372,9 +372,14 @@ def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
         raise UsageError("--checkpoint: it is staged before a new attempt, and without retries there is none",
                          "add --retries N (or retries in [recovery])")
     for flag, value in (("--replicate", args.replicate), ("--replicate-bandwidth", args.replicate_bandwidth)):
-        if value is not None and recovery.checkpoint is None and (flag != "--replicate" or value):
+        if value is None or flag == "--replicate" and not value:
+            continue
+        if recovery.checkpoint is None:
             raise UsageError(f"{flag}: replication copies the checkpoint, and none is named",
                              "add --checkpoint PATH (or checkpoint in [recovery])")
+        if not recovery.retries:  # no controller copies it (a plain --detach has none), nor stages it
+            raise UsageError(f"{flag}: a replica is there for a new attempt, and without retries there is none",
+                             "add --retries N (or retries in [recovery])")
     return recovery
 
 

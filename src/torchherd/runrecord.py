@@ -439,6 +439,9 @@ class RecoveryRecord:
     attempts: tuple[AttemptState, ...] = ()
     exit_code: int | None = None
     headline: str = ""
+    checkpoint: str = ""
+    """Where the newest checkpoint is (a run with ``[recovery] checkpoint`` and replication:
+    the summary's line, kept up to date while the run goes on); empty: none said."""
 
     @property
     def ended(self) -> bool:
@@ -459,6 +462,7 @@ class RecoveryRecord:
     def to_json_object(self) -> dict[str, object]:
         data = asdict(self)
         data["headline"] = stored_text(self.headline)
+        data["checkpoint"] = stored_text(self.checkpoint)
         data["attempts"] = [{**asdict(attempt), "nodes": list(attempt.nodes), "headline": stored_text(attempt.headline)}
                             for attempt in self.attempts]
         return data
@@ -502,7 +506,8 @@ def _recovery(read: _Fields) -> RecoveryRecord:
     return RecoveryRecord(pid=read.integer("pid"), start=read.optional_integer("start", 0),
                           retries=read.integer("retries", 0), attempts=tuple(attempts),
                           exit_code=read.optional_integer("exit_code", 0, 255),
-                          headline=stored_text(read.value("headline", str)))
+                          headline=stored_text(read.value("headline", str)),
+                          checkpoint=stored_text(read.optional("checkpoint", str) or ""))
 
 
 @dataclass(frozen=True)

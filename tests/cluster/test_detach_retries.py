@@ -232,3 +232,60 @@ def test_without_its_controller_a_failed_node_still_stops_the_others(cluster: Lo
     code, out = cli(cluster, "logs", "--node", "node0", run_id)
     assert "coordinator: node1 exited with code 1 (the controller is gone)" in out, out
     assert_clean(cluster)
+
+
+MULTINODE = str(Path(__file__).resolve().parent / "jobs" / "multinode.py")
+
+
+def _snapshot(cluster: LocalCluster, node: str) -> tuple[str, str]:
+    """The SHA-256 and mode of /tmp/snapshot.pt on ``node`` (the workdir, private to each
+    node); empty strings while it has none."""
+    result = cluster.ssh(node, "sha256sum /tmp/snapshot.pt && stat -c %a /tmp/snapshot.pt 2>/dev/null", timeout=30)
+    words = result.stdout.split()
+    return (words[0], words[-1]) if result.returncode == 0 and len(words) == 3 else ("", "")
+
+
+@pytest.mark.timeout(180)
+def test_a_detached_recovering_run_replicates_the_snapshot_to_the_next_node(cluster: LocalCluster, runs: Runs,
+                                                                          tmp_path: Path) -> None:
+    """PyTorch's ddp-tutorial multinode.py, detached with retries on node0 and node1 (their
+    /tmp private): only node0 (rank 0) writes snapshot.pt, every 4 s or so (a checkpoint is
+    complete once unchanged for 2 s). The controller in the background
+    copies each complete snapshot to node1 while the job runs, and ``status`` says where the
+    newest one is."""
+    run_id, _ = runs.detach(cluster, "--include", "node[0-1]", "--log-dir", str(tmp_path / "logs"), "--retries", "1",
+                            "--checkpoint", "snapshot.pt", "--", MULTINODE, "1000", "5", "--epoch-seconds", "0.8")
+    try:
+        deadline = time.monotonic() + 90
+        seen: dict[str, float] = {}  # each snapshot node0 held, and when it was first seen there
+        while time.monotonic() < deadline:  # a replica on node1: the same bytes as one of node0's
+            original = _snapshot(cluster, "node0")[0]
+            if original:
+                seen.setdefault(original, time.monotonic())
+            replica = _snapshot(cluster, "node1")
+            if replica[0] in seen:
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"no replica of node0's snapshot on node1: {cli(cluster, 'logs', run_id)[1][-3000:]}")
+        print(f"node0's snapshot on node1 {time.monotonic() - seen[replica[0]]:.1f} s after it was first seen on node0")
+        assert replica[1] == "600", replica  # private to the user, as staging writes it
+        assert running(run_id)
+        newest = re.compile(r"newest checkpoint: snapshot\.pt \([\d.]+ kB, saved \d\d:\d\d:\d\d on node0\) on "
+                            r"node0, node1")
+        code, out = cli(cluster, "status", run_id)
+        assert code == 0 and newest.search(out), out
+        status = attach(run_id).recovery()
+        assert status is not None and newest.search(status.record.checkpoint), status
+        code, out = cli(cluster, "stop", run_id)
+        assert code == 0, out
+        assert "stopped the run, no further attempt" in out, out
+        assert_clean(cluster)
+        code, out = cli(cluster, "status", run_id)  # the summary's line, once the controller ended
+        # (a snapshot saved just before the stop may not have been copied yet: on node0 alone)
+        ended = re.compile(r"newest checkpoint: snapshot\.pt \([\d.]+ kB, saved \d\d:\d\d:\d\d on node0\) on "
+                           r"node0(, node1)?$", re.M)
+        assert "recovery ended after attempt 1: exit 130" in out and ended.search(out), out
+    finally:
+        for name in cluster.names:
+            cluster.ssh(name, "rm -f /tmp/snapshot.pt")

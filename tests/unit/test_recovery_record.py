@@ -20,7 +20,14 @@ from rich.console import Console
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.detach import ListedRun, render_recovery, render_runs, render_stopped
-from torchherd.engine.events import AttemptFailed, AttemptStarted, NodeStarted, RunFinished
+from torchherd.engine.events import (
+    AttemptFailed,
+    AttemptStarted,
+    CheckpointReplicated,
+    CheckpointStaged,
+    NodeStarted,
+    RunFinished,
+)
 from torchherd.engine.recovery import background
 from torchherd.engine.recovery.background import Recorder
 from torchherd.inventory import Host
@@ -225,6 +232,47 @@ def test_the_controller_records_attempts_nodes_and_the_end(tmp_path: Path, monke
     ended = recovery_of(load(RUN))
     assert ended is not None and ended.exit_code == 130 and ended.attempts[-1].ended == "interrupted"
     assert oct((tmp_path / "torchherd" / "runs" / f"{RUN}.json").stat().st_mode & 0o777) == "0o600"
+
+
+NEWEST = "newest checkpoint: snapshot.pt (1.2 kB, saved 10:41:07 on node0) on node0, node1"
+
+
+def test_the_controller_records_where_the_newest_checkpoint_is(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A detached run has no terminal for the summary's checkpoint line: its record keeps it,
+    from each replica or staging while the run goes on, and the summary's at the end."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    recorder = Recorder(with_recovery(record(), RecoveryRecord(4242, 77, 2)), {name: host(name) for name in TWO}, {})
+    recorder(AttemptStarted(1, 3, TWO))
+    said = [NEWEST]
+    recorder(CheckpointReplicated("snapshot.pt", 1200, 5.0, "node0", ("node1",), 0.1, "25% of the link"))
+    before = recovery_of(load(RUN))
+    assert before is not None and before.checkpoint == ""  # no line to read: nothing said
+    recorder.checkpoint = lambda: said[-1]
+    recorder(CheckpointReplicated("snapshot.pt", 1200, 5.0, "node0", ("node1",), 0.1, "25% of the link"))
+    replicated = recovery_of(load(RUN))
+    assert replicated is not None and replicated.checkpoint == NEWEST
+    said.append(NEWEST.replace("node0, node1", "node1, node2"))
+    recorder(CheckpointStaged(2, "snapshot.pt", 1200, "node1", ("node2",), 0.1))
+    staged = recovery_of(load(RUN))
+    assert staged is not None and staged.checkpoint.endswith("on node1, node2")
+    end = replace(summary(130, "interrupted", AttemptRecord(1, TWO, "interrupted", "x", 1.0)), checkpoint=NEWEST)
+    recorder(RunFinished(end))
+    ended = recovery_of(load(RUN))
+    assert ended is not None and ended.checkpoint == NEWEST and ended.exit_code == 130
+
+
+def test_a_record_from_before_replication_loads_without_a_checkpoint_line() -> None:
+    data = ENDED.to_json_object()
+    del data["checkpoint"]
+    again = recovery_of(RunRecord.from_json(replace(record(), extra={"recovery": data}).to_json()))
+    assert again is not None and again.checkpoint == ""
+
+
+def test_status_says_where_the_newest_checkpoint_is() -> None:
+    out = text_of(lambda console: render_recovery(console, RecoveryStatus(replace(ENDED, checkpoint=NEWEST), True),
+                                                  RUNNING))
+    assert out == f"the recovering controller (pid 4242) runs: attempt 2 of 3\n{NEWEST}\n" + ATTEMPTS
 
 
 def test_the_jobs_error_line_never_makes_the_record_unreadable(tmp_path: Path,

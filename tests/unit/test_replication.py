@@ -221,6 +221,34 @@ def test_a_bad_replication_flag_is_one_line_naming_it(tmp_path: Path, flags: lis
     assert_one_line(code, out, named)
 
 
+@pytest.mark.parametrize("detach", [[], ["--detach"]], ids=["attached", "detached"])
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--checkpoint", "snapshot.pt"], "--checkpoint: it is staged before a new attempt, and without retries there is "
+                                      "none"),
+    (["--replicate", "1"], "--replicate: a replica is there for a new attempt, and without retries there is none"),
+    (["--replicate-bandwidth", "25%"], "--replicate-bandwidth: a replica is there for a new attempt, and without "
+                                       "retries there is none"),
+])
+def test_replication_without_retries_is_refused_detached_or_not(tmp_path: Path, detach: list[str], flags: list[str],
+                                                                named: str) -> None:
+    """A plain ``--detach`` leaves no controller behind to copy a checkpoint, and neither run
+    has a new attempt to stage it for: the flag is refused before any node is reached (the
+    inventory's checkpoint stands in for the flag's where the flag is not --checkpoint)."""
+    code, out = run_cli(tmp_path, '[recovery]\ncheckpoint = "snapshot.pt"\n' + HOSTS, ["run", *detach, *flags, "--",
+                                                                                         "t.py"])
+    assert_one_line(code, out, named)
+    assert "hint: add --retries N (or retries in [recovery])" in out, out
+
+
+def test_no_replica_is_made_without_retries() -> None:
+    """``hang_timeout`` alone runs the recovering run, one attempt: no watch, no copy."""
+    recovery = Recovery(checkpoint="snapshot.pt", hang_timeout=30)
+    assert recovery.replicas == 1
+    run = RecoveringRun(ReplicatingBackend([lambda plan: ended(plan, None)]), plan_of(),
+                        LaunchOptions(check=False, log_dir=Path("/nonexistent")), recovery, Collector())
+    assert run.replicator is None and run.checkpoint_line() == ""
+
+
 def test_the_keys_are_read(tmp_path: Path) -> None:
     from torchherd.inventory import load
 
@@ -245,6 +273,34 @@ def test_the_summary_says_where_the_newest_checkpoint_is() -> None:
                                              "25% of the link", held=("node2",)))
     assert holdings.line({"node0"}) == ("newest checkpoint: snapshot.pt (4.2 MB, saved 10:41:07 on node0) on "
                                         "node0 (lost), node1, node2")
+
+
+def test_a_replica_seen_by_its_nodes_watch_is_still_the_original_nodes_save() -> None:
+    """node1's supervisor watches the path too: the replica, complete there, comes back as
+    node1's save (the original's mtime). It was said to be "saved on node1", and copied on
+    round the ring (replicate = 1 became every node)."""
+    copies: list[tuple[str, tuple[str, ...]]] = []
+
+    def copier(event: CheckpointSaved, targets: tuple[str, ...], _: Callable[[], bool]) -> CheckpointReplicated:
+        copies.append((event.node, targets))
+        return CheckpointReplicated(event.path, event.size, event.mtime, event.node, targets, 0.1, "25% of the link")
+
+    holdings, events = Holdings("snapshot.pt"), Collector()
+    replicator = Replicator(copier, 1, events, holdings)
+    replicator.attempt(("node0", "node1", "node2"))
+    replicator.saved(CheckpointSaved("node0", "snapshot.pt", 2000, at("10:41:07")))
+    deadline = time.monotonic() + 10
+    while not events.of(CheckpointReplicated) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    replicator.saved(CheckpointSaved("node1", "snapshot.pt", 2000, at("10:41:07")))  # the replica, as node1 sees it
+    deadline = time.monotonic() + 1.0  # time enough for a copy from node1, were one started
+    while len(events.of(CheckpointReplicated)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    replicator.close()
+    assert copies == [("node0", ("node1",))]
+    assert holdings.line() == "newest checkpoint: snapshot.pt (2.0 kB, saved 10:41:07 on node0) on node0, node1"
+    holdings.saved(CheckpointSaved("node2", "snapshot.pt", 2000, at("10:41:07")))  # before its copy was told
+    assert holdings.line().endswith("saved 10:41:07 on node0) on node0, node1, node2")
 
 
 def test_a_note_says_what_was_copied_where_and_under_which_cap() -> None:

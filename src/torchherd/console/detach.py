@@ -142,6 +142,8 @@ def render_recovery(console: Console, recovery: RecoveryStatus, states: Sequence
     """The controller's line, then every attempt so far (its nodes, how it ended)."""
     text, style = controller_text(recovery, states)
     _plain(console, text, style)
+    if recovery.record.checkpoint:  # the summary's line: a detached run has no terminal to print it on
+        _plain(console, recovery.record.checkpoint, "bold")
     if not recovery.record.attempts:
         return
     table = Table(title=Text("attempts"), title_justify="left")

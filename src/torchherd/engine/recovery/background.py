@@ -37,6 +37,8 @@ from torchherd.engine.bookkeeping import max_rank, node_record, run_record
 from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
+    CheckpointReplicated,
+    CheckpointStaged,
     CoordinatorStarted,
     Event,
     JobQueued,
@@ -201,6 +203,9 @@ class Recorder:
         self.record = record
         self.hosts = hosts
         self.workdirs = workdirs
+        self.checkpoint: Callable[[], str] | None = None
+        """Where the newest checkpoint is, as the run's summary says it (the recovering
+        run's ``checkpoint_line``): a detached run has no terminal to print it on."""
         self._lock = threading.Lock()
 
     @property
@@ -229,11 +234,16 @@ class Recorder:
             return replace(self.record, nodes=tuple(
                 replace(node, supervisor=event.supervisor, pid=event.pid) if node.name == event.node else node
                 for node in self.record.nodes))
+        if isinstance(event, (CheckpointReplicated, CheckpointStaged)) and self.checkpoint is not None:
+            return with_recovery(self.record, replace(self.recovery, checkpoint=self.checkpoint()))
         if isinstance(event, RunFinished):
             summary = event.summary
             attempts = tuple(AttemptState(attempt.number, attempt.nodes, attempt.ended, attempt.headline)
                              for attempt in summary.attempts)
-            return with_recovery(self.record, self.recovery.finished(summary.exit_code, summary.headline, attempts))
+            recovery = self.recovery.finished(summary.exit_code, summary.headline, attempts)
+            if summary.checkpoint is not None:
+                recovery = replace(recovery, checkpoint=summary.checkpoint)
+            return with_recovery(self.record, recovery)
         return None
 
     def ended(self, code: int, headline: str) -> None:
@@ -311,6 +321,7 @@ def serve(order: Order, said: IO[bytes]) -> int:
     options = replace(order.options, persist=True)
     run = RecoveringRun(backend_for(order.scheduler, connector), order.plan, options, order.recovery, recorder,
                         check_spares=order.check_spares)
+    recorder.checkpoint = run.checkpoint_line
     on_sigterm(run.stop)
     try:
         run.start()

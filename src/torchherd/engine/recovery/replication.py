@@ -60,7 +60,18 @@ class Holdings:
         self.held: dict[str, Held] = {}
 
     def saved(self, event: CheckpointSaved) -> None:
-        self.held[event.node] = Held(event.path, event.mtime, event.size, event.node)
+        """A node's watch found a complete checkpoint: one the node saved, or a copy of one
+        another node did (its watch sees a replica or a staged copy appear too)."""
+        copy = self.copy_of(event)
+        self.held[event.node] = copy or Held(event.path, event.mtime, event.size, event.node)
+
+    def copy_of(self, event: CheckpointSaved) -> Held | None:
+        """The checkpoint another node saved that ``event`` is a copy of (a copy keeps the
+        original's mtime); None: ``event``'s node saved it."""
+        for held in list(self.held.values()):
+            if (held.path, held.mtime) == (event.path, event.mtime) and held.origin != event.node:
+                return held
+        return None
 
     def replicated(self, event: CheckpointReplicated) -> None:
         origin = self.held.get(event.source)
@@ -79,8 +90,12 @@ class Holdings:
                 self.held[node] = copy
 
     def newest(self) -> Held | None:
+        return self._newest(dict(self.held))
+
+    @staticmethod
+    def _newest(holdings: dict[str, Held]) -> Held | None:
         best: Held | None = None
-        for held in self.held.values():
+        for held in holdings.values():
             if best is None or held.mtime > best.mtime:
                 best = held
         return best
@@ -88,10 +103,11 @@ class Holdings:
     def line(self, lost: Collection[str] = ()) -> str:
         """The summary's line: "newest checkpoint: snapshot.pt (4.2 MB, saved 10:41:07 on
         node0) on node0 (lost), node1"."""
-        best = self.newest()
+        holdings = dict(self.held)  # a copy made at once: a detached run's controller reads it while saves come in
+        best = self._newest(holdings)
         if best is None:
             return f"newest checkpoint: none of {self.path} was seen complete during the run"
-        holders = [node + (" (lost)" if node in lost else "") for node, held in self.held.items()
+        holders = [node + (" (lost)" if node in lost else "") for node, held in holdings.items()
                    if (held.path, held.mtime) == (best.path, best.mtime)]
         saved = time.strftime("%H:%M:%S", time.localtime(best.mtime))
         return (f"newest checkpoint: {best.path} ({size(best.size)}, saved {saved} on {best.origin}) "
@@ -133,7 +149,10 @@ class Replicator:
         with self._changed:
             if self._closed:
                 return
+            copy = self.holdings.copy_of(event) is not None
             self.holdings.saved(event)
+            if copy:  # a replica (or a staged copy) the run made: copying it on would pass it round the ring
+                return
             self._pending[event.node] = event  # a newer save replaces one still waiting
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="torchherd-replicate", daemon=True)

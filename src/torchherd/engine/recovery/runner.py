@@ -225,7 +225,10 @@ class RecoveringRun:
         self._running_plan = plan
         """The plan of the attempt running now: the replication reaches its nodes."""
         self.replicator = (Replicator(self._replicate, recovery.replicas, observer, self.holdings)
-                           if self.holdings is not None and recovery.replicas and self.picked is None else None)
+                           if self.holdings is not None and recovery.replicas and recovery.retries
+                           and self.picked is None else None)
+        """Only with retries: a replica is there for the staging before a new attempt (a
+        run with ``hang_timeout`` alone has none, as a plain run has no controller to copy)."""
 
     # the caller's side ------------------------------------------------------------------
     def start(self) -> RecoveringRun:
@@ -492,8 +495,16 @@ class RecoveringRun:
             headline = f"{why}; attempt {len(self.records)}: {summary.headline}"
         elif len(self.records) > 1:
             headline = f"{summary.headline} (attempt {len(self.records)})"
-        checkpoint = self.holdings.line(self.lost) if self.replicator is not None and self.holdings else None
-        return replace(summary, exit_code=code, headline=headline, attempts=tuple(self.records), checkpoint=checkpoint)
+        return replace(summary, exit_code=code, headline=headline, attempts=tuple(self.records),
+                       checkpoint=self.checkpoint_line() or None)
+
+    def checkpoint_line(self) -> str:
+        """Where the newest checkpoint is, as the summary says it ("newest checkpoint:
+        snapshot.pt (...) on node0, node1"); empty without replication. A detached run's
+        controller keeps it in the run record as it changes."""
+        if self.replicator is None or self.holdings is None:
+            return ""
+        return self.holdings.line(self.lost)
 
     def _remove_lost_containers(self, summary: RunSummary) -> None:
         """The containers of the nodes lost in an attempt and not in the last one: their
@@ -661,11 +672,11 @@ class RecoveringRun:
                                                   lambda: self.stopping)
         except TorchherdError as error:  # staging never ends a run: the job decides without its checkpoint
             event = CheckpointMissing(attempt.number + 1, f"{path} could not be staged: {error}")
+        if self.holdings is not None and not isinstance(event, CheckpointMissing):
+            self.holdings.staged(event)  # before the event: a detached run's record reads where it is then
         self.emit(event)
         if isinstance(event, CheckpointMissing):
             return f"; no checkpoint: {event.message}"
-        if self.holdings is not None:
-            self.holdings.staged(event)
         where = f" to {','.join(event.nodes)}" if event.nodes else " (every node had it)"
         failed = f", not to {','.join(node for node, _ in event.failed)}" if event.failed else ""
         return f"; checkpoint {event.path} from {event.source}{where}{failed}"
