@@ -27,7 +27,7 @@ from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.console.sync import WheelBars, wheels_note, wheels_started_note
-from torchherd.engine import offline, venvs
+from torchherd.engine import offline, relay, venvs
 from torchherd.engine.events import VenvFailed, VenvReady, VenvsDone, WheelsProgress, WheelsRelayed, WheelsStarted
 from torchherd.engine.offline import WheelhouseError, export_requirements, make_wheelhouse
 from torchherd.engine.uvwheels import NodePlatform
@@ -387,7 +387,7 @@ def test_each_node_says_how_far_it_is_while_the_wheelhouse_travels(tmp_path: Pat
         time.sleep(0.04)
         return sent_at_once(self, data)
 
-    monkeypatch.setattr(offline, "CHUNK", 1 << 16)
+    monkeypatch.setattr(relay, "FEED_CHUNK", 1 << 16)
     monkeypatch.setattr(LocalProcess, "send", held_back)
     events: list[Any] = []
     results, sent = offline.relay_wheelhouse(house, targets, {"n0": LocalSession("n0"), "n1": LocalSession("n1")},

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from torchherd.engine.events import ArchiveDone, ArchiveProgress, ArchiveStarted, Observer
 from torchherd.engine.recovery.staging import job_address
-from torchherd.engine.relay import Hop, run_chain
+from torchherd.engine.relay import Hop, file_feed, run_chain
 from torchherd.errors import TransportError
 from torchherd.imagearchive import ImageArchive
 from torchherd.plan import NodePlan
@@ -167,15 +167,7 @@ def relay_archive(archive: ImageArchive, image: str, runtime: str, sha256: str, 
                 job_address(node)) for node in nodes]
     expect = {"sha256": sha256, "size": archive.size, "id": archive.image_id}
 
-    def feed(send: Callable[[bytes], bool]) -> None:
-        header = {"files": [["image.tar", archive.size, 0.0]]}
-        if not send((json.dumps(header) + "\n").encode()):
-            raise OSError("the first node's channel closed")
-        with open(archive.path, "rb") as file:
-            while block := file.read(CHUNK):
-                if not send(block):
-                    raise OSError("the first node's channel closed")
-                sent[0] += len(block)
+    feed = file_feed([("image.tar", str(archive.path), archive.size)], sent)
 
     def on_message(node: str, message: Mapping[str, Any]) -> None:
         if "progress" in message:

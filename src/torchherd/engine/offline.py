@@ -22,7 +22,6 @@ node to node (`torchherd docs environments`, "Nodes without internet").
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -36,7 +35,7 @@ from typing import Any
 
 from torchherd.engine.events import Observer, WheelsProgress
 from torchherd.engine.recovery.staging import job_address
-from torchherd.engine.relay import Hop, run_chain
+from torchherd.engine.relay import Hop, file_feed, run_chain
 from torchherd.engine.uvwheels import DEFAULT_WHEELS, NodePlatform
 from torchherd.engine.wheelhouse import (
     REQUIREMENTS,
@@ -62,7 +61,6 @@ from torchherd.transport import Session
 
 WHEELHOUSES = Path.home() / ".cache" / "torchherd" / "wheelhouse"
 """Where this machine keeps the wheelhouses it made (one per lock, platform and python)."""
-CHUNK = 1 << 20
 EXPORT_SECONDS = 120.0
 DOWNLOAD_SECONDS = 3600.0
 """pip's download of a lock's wheels: torch and CUDA's libraries are gigabytes."""
@@ -283,17 +281,7 @@ def relay_wheelhouse(house: Wheelhouse, targets: Sequence[tuple[NodePlan, str]],
     hops = [Hop(node.host.name, sessions[node.host.name], relay_program(node, _folder(target), name),
                 job_address(node)) for node, target in targets]
     sent = [0]
-
-    def feed(send: Callable[[bytes], bool]) -> None:
-        header = {"files": [[path, size, 0.0] for path, size in house.files]}
-        if not send((json.dumps(header) + "\n").encode()):
-            raise OSError("the first node's channel closed")
-        for path, _ in house.files:
-            with open(house.path / path, "rb") as file:
-                while block := file.read(CHUNK):
-                    if not send(block):
-                        raise OSError("the first node's channel closed")
-                    sent[0] += len(block)
+    feed = file_feed([(path, str(house.path / path), size) for path, size in house.files], sent)
 
     def on_message(node: str, message: Mapping[str, Any]) -> None:
         if "progress" in message:

@@ -34,6 +34,26 @@ POLL_SECONDS = 0.5
 Feed = Callable[[Callable[[bytes], bool]], None]
 """The controller as the chain's source: called with the first receiver's ``send``, it sends
 the header line and the bytes (``remote/relay.py``'s stream)."""
+FEED_CHUNK = 1 << 20
+
+
+def file_feed(files: Sequence[tuple[str, str, int]], sent: list[int]) -> Feed:
+    """The controller as the chain's source of files here: ``files`` are (the name in the
+    stream's header, where the file is here, its size), sent in that order; ``sent[0]``
+    counts the bytes sent. Raises OSError once the first receiver's channel is closed."""
+
+    def feed(send: Callable[[bytes], bool]) -> None:
+        header = {"files": [[name, size, 0.0] for name, _, size in files]}
+        if not send((json.dumps(header) + "\n").encode()):
+            raise OSError("the first node's channel closed")
+        for _, path, _ in files:
+            with open(path, "rb") as file:
+                while block := file.read(FEED_CHUNK):
+                    if not send(block):
+                        raise OSError("the first node's channel closed")
+                    sent[0] += len(block)
+
+    return feed
 
 
 @dataclass(frozen=True)
