@@ -16,7 +16,6 @@ one bar per node), ``ArchiveDone``. A node that could not load it fails the laun
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 import time
@@ -30,6 +29,7 @@ from torchherd.errors import TransportError
 from torchherd.imagearchive import ImageArchive
 from torchherd.plan import NodePlan
 from torchherd.remote import command
+from torchherd.remote.checkpoint import file_sha256
 from torchherd.shell import quote_path
 from torchherd.transport import Session, fan_out
 
@@ -37,7 +37,6 @@ HAVE_SECONDS = 120.0
 """The most a node may take to say which image it holds (a busy docker daemon)."""
 LOAD_SECONDS = 600.0
 """What a load may take beyond the copy, in the wait for the chain's last answer."""
-CHUNK = 1 << 20
 ARCHIVES_DIR = "~/.cache/torchherd/archives"
 """Where a node keeps an archive while it receives and loads it (the user's own; the file
 is removed once loaded)."""
@@ -129,14 +128,6 @@ def stage(archive: ImageArchive, image: str, runtime: str, nodes: Sequence[NodeP
     done = ArchiveDone(archive.path, image, loaded, planned.having, tuple(failed), time.monotonic() - started, sent[0])
     observer(done)
     return done
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while block := file.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _have(session: Session, node: NodePlan, runtime: str, image: str) -> NodeImage | str:

@@ -129,6 +129,10 @@ def wanted(requirements: Iterable[Requirement], environment: Mapping[str, str]) 
     return [item for item in requirements if not item.direct and applies(item.marker, environment)]
 
 
+Listing = list[tuple[str, int, str]]
+"""A wheelhouse's files: name, size and SHA-256, in the order the relay sends them."""
+
+
 def make_wheelhouse(exported: str, lock_hash: str, node: NodePlatform, python_version: str,
                     configured: str | None, *, root: Path | None = None,
                     pip_python: str = sys.executable) -> Wheelhouse:
@@ -140,8 +144,9 @@ def make_wheelhouse(exported: str, lock_hash: str, node: NodePlatform, python_ve
     environment = marker_environment(node, python_version)
     needed = wanted(requirements, environment)
     final = root / cache_name(lock_hash, node, python_version)
-    if _complete(final, exported, needed):
-        return _listed(final)
+    listing = _listing(final)
+    if _complete(final, exported, needed, listing):
+        return _house(final, listing)
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))  # 0700, a name no one guessed
     try:
@@ -161,16 +166,18 @@ def make_wheelhouse(exported: str, lock_hash: str, node: NodePlatform, python_ve
         _put_in_place(partial, final)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return _listed(final, downloaded)
+    return _house(final, _listing(final), downloaded)
 
 
-def _complete(final: Path, exported: str, needed: Sequence[Requirement]) -> bool:
+def _complete(final: Path, exported: str, needed: Sequence[Requirement], listing: Listing) -> bool:
+    """Whether ``final`` is this lock's wheelhouse with a wheel for every needed
+    requirement, judged from ``listing`` (its files hashed once)."""
     try:
         if (final / REQUIREMENTS).read_text(encoding="utf-8") != exported:
             return False
-        return not missing(needed, dir_hashes(final))
     except OSError:
         return False
+    return not missing(needed, {sha for name, _, sha in listing if name.endswith(".whl")})
 
 
 def _gather(needed: Sequence[Requirement], dirs: Sequence[Path], into: Path) -> set[str]:
@@ -255,12 +262,19 @@ def _put_in_place(partial: Path, final: Path) -> None:
             raise
 
 
-def _listed(final: Path, downloaded: tuple[str, ...] = ()) -> Wheelhouse:
-    """The wheelhouse's files in the order the relay sends them, and their combined SHA-256
+def _listing(final: Path) -> Listing:
+    """``final``'s files (not the hidden ones), each read and hashed once; none when it is not there."""
+    try:
+        names = sorted(path.name for path in final.iterdir() if path.is_file() and not path.name.startswith("."))
+        return [(name, (final / name).stat().st_size, file_sha256(str(final / name))) for name in names]
+    except OSError:
+        return []
+
+
+def _house(final: Path, listing: Listing, downloaded: tuple[str, ...] = ()) -> Wheelhouse:
+    """The wheelhouse as it is sent: its files, and their combined SHA-256
     (``remote/checkpoint.py``'s for a directory: what each node checks its copy against)."""
-    names = sorted(path.name for path in final.iterdir() if path.is_file() and not path.name.startswith("."))
-    hashes = [(name, (final / name).stat().st_size, file_sha256(str(final / name))) for name in names]
-    return Wheelhouse(final, tuple((name, size) for name, size, _ in hashes), combined("dir", hashes), downloaded)
+    return Wheelhouse(final, tuple((name, size) for name, size, _ in listing), combined("dir", listing), downloaded)
 
 
 def relay_program(node: NodePlan, folder: str, name: str) -> str:

@@ -16,7 +16,6 @@ Pure but ``dir_hashes`` (which reads the wheel files).
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from pathlib import Path
 from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
 
 from torchherd.engine.uvwheels import NodePlatform
+from torchherd.remote.checkpoint import file_sha256
 
 REQUIREMENTS = "requirements.txt"
 """In a wheelhouse directory: the lock exported as hashed requirements."""
@@ -78,11 +78,8 @@ def download_argv(python: str, requirements: str, dest: str, node: NodePlatform,
 
 
 def dir_hashes(directory: Path) -> set[str]:
-    """The SHA-256 of every wheel in ``directory``."""
-    found = set()
-    for wheel in sorted(directory.glob("*.whl")):
-        found.add(hashlib.sha256(wheel.read_bytes()).hexdigest())
-    return found
+    """The SHA-256 of every wheel in ``directory`` (read a block at a time: torch's is GBs)."""
+    return {file_sha256(str(wheel)) for wheel in sorted(directory.glob("*.whl"))}
 
 
 def missing(requirements: Iterable[Requirement], have: set[str],

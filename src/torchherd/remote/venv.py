@@ -54,6 +54,12 @@ def read_marker(path: str) -> object:
         return None
 
 
+def built(path: str, key: str) -> bool:
+    """Whether the venv at ``path`` is as the lock of ``key`` made it (its marker, and its python)."""
+    marker = read_marker(path)
+    return isinstance(marker, dict) and marker.get("key") == key and os.path.exists(os.path.join(path, "bin", "python"))
+
+
 def write_marker(path: str, content: dict[str, str]) -> None:
     final = os.path.join(path, MARKER)
     partial = f"{final}.{os.getpid()}"
@@ -102,9 +108,7 @@ def run(argv: list[str], cwd: str, env: dict[str, str]) -> tuple[int, bytes]:
 
 def build(config: dict[str, Any]) -> dict[str, object]:
     path = os.path.expanduser(config["path"])
-    marker = read_marker(path)
-    if isinstance(marker, dict) and marker.get("key") == config["key"] \
-            and os.path.exists(os.path.join(path, "bin", "python")):
+    if built(path, config["key"]):
         return {"cached": True}
     env = dict(os.environ)
     env.update(config.get("env") or {})
@@ -145,9 +149,7 @@ def from_wheelhouse(config: dict[str, Any], path: str, uv: str, wheelhouse: str,
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
     with open(f"{path}.lock", "a", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        marker = read_marker(path)
-        if isinstance(marker, dict) and marker.get("key") == config["key"] \
-                and os.path.exists(os.path.join(path, "bin", "python")):
+        if built(path, config["key"]):
             return {"cached": True}
         return build_with(config, path, uv, wheelhouse, env)
 
