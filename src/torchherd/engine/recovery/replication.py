@@ -59,11 +59,12 @@ class Holdings:
         self.path = path
         self.held: dict[str, Held] = {}
 
-    def saved(self, event: CheckpointSaved) -> None:
-        """A node's watch found a complete checkpoint: one the node saved, or a copy of one
-        another node did (its watch sees a replica or a staged copy appear too)."""
+    def saved(self, event: CheckpointSaved) -> bool:
+        """A node's watch found a complete checkpoint: one the node saved (True), or a copy
+        of one another node did (False: its watch sees a replica or a staged copy appear too)."""
         copy = self.copy_of(event)
         self.held[event.node] = copy or Held(event.path, event.mtime, event.size, event.node)
+        return copy is None
 
     def copy_of(self, event: CheckpointSaved) -> Held | None:
         """The checkpoint another node saved that ``event`` is a copy of (a copy keeps the
@@ -149,10 +150,8 @@ class Replicator:
         with self._changed:
             if self._closed:
                 return
-            copy = self.holdings.copy_of(event) is not None
-            self.holdings.saved(event)
-            if copy:  # a replica (or a staged copy) the run made: copying it on would pass it round the ring
-                return
+            if not self.holdings.saved(event):
+                return  # a replica (or a staged copy) the run made: copying it on would pass it round the ring
             self._pending[event.node] = event  # a newer save replaces one still waiting
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="torchherd-replicate", daemon=True)
