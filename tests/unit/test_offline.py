@@ -39,6 +39,7 @@ from torchherd.engine.wheelhouse import (
     missing,
     node_dir,
     parse_requirements,
+    wanted,
 )
 from torchherd.inventory import parse
 from torchherd.plan import RunOptions, SyncOptions, UvOptions, build_plan
@@ -74,8 +75,8 @@ def test_a_marker_is_judged_for_the_nodes_not_for_this_machine() -> None:
     assert applies("some_unknown_variable == 'z'", grace)
     exported = parse_requirements(f"a==1 \\\n    --hash=sha256:{'a' * 64}\n"
                                   f"nccl==2 ; platform_machine == 'x86_64' \\\n    --hash=sha256:{'c' * 64}\n")
-    assert missing(exported, set(), grace) == ["a==1"]
-    assert missing(exported, set(), marker_environment(X86, "3.11.7")) == ["a==1", "nccl==2"]
+    assert missing(wanted(exported, grace), set()) == ["a==1"]
+    assert missing(wanted(exported, marker_environment(X86, "3.11.7")), set()) == ["a==1", "nccl==2"]
 
 
 def test_the_wheelhouse_is_keyed_by_lock_platform_and_python_and_lands_beside_the_venvs() -> None:

@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,6 @@ from torchherd.engine.uvwheels import DEFAULT_WHEELS, NodePlatform
 from torchherd.engine.wheelhouse import (
     REQUIREMENTS,
     Requirement,
-    applies,
     cache_name,
     dir_hashes,
     download_argv,
@@ -51,6 +50,7 @@ from torchherd.engine.wheelhouse import (
     normalized,
     parse_requirements,
     requirement_lines,
+    wanted,
     wheel_name,
 )
 from torchherd.plan import NodePlan
@@ -122,11 +122,6 @@ def local_dirs(configured: str | None) -> list[Path]:
     pip = Path(os.environ["PIP_CACHE_DIR"]) if os.environ.get("PIP_CACHE_DIR") else cache / "pip"
     found = [Path(configured).expanduser()] if configured else []
     return list(dict.fromkeys([*found, Path(DEFAULT_WHEELS).expanduser(), pip / "wheels"]))
-
-
-def wanted(requirements: Iterable[Requirement], environment: Mapping[str, str]) -> list[Requirement]:
-    """The pinned requirements a node of ``environment`` installs (its marker holds there)."""
-    return [item for item in requirements if not item.direct and applies(item.marker, environment)]
 
 
 Listing = list[tuple[str, int, str]]

@@ -82,15 +82,17 @@ def dir_hashes(directory: Path) -> set[str]:
     return {file_sha256(str(wheel)) for wheel in sorted(directory.glob("*.whl"))}
 
 
-def missing(requirements: Iterable[Requirement], have: set[str],
-            environment: Mapping[str, str] | None = None) -> list[str]:
+def missing(requirements: Iterable[Requirement], have: set[str]) -> list[str]:
     """The pinned requirements no file of ``have`` satisfies (by hash), as ``name==version``:
-    an empty list means the wheelhouse is complete and no download is needed. With
-    ``environment`` (``marker_environment``) a requirement whose marker is false there
-    is not needed (uv leaves it out on that node)."""
+    an empty list means the wheelhouse is complete and no download is needed."""
     return [f"{item.name}=={item.version}" for item in requirements
-            if not item.direct and not (set(item.hashes) & have)
-            and (environment is None or applies(item.marker, environment))]
+            if not item.direct and not (set(item.hashes) & have)]
+
+
+def wanted(requirements: Iterable[Requirement], environment: Mapping[str, str]) -> list[Requirement]:
+    """The pinned requirements a node of ``environment`` (``marker_environment``) installs:
+    those whose marker holds there (uv leaves the others out on that node)."""
+    return [item for item in requirements if not item.direct and applies(item.marker, environment)]
 
 
 def platforms(nodes: Sequence[tuple[str, NodePlatform, str]]) -> dict[tuple[str, str], list[str]]:
