@@ -41,19 +41,25 @@ class LocalProcess:
         self._stdout: queue.Queue[bytes] = queue.Queue()
         self._stderr: queue.Queue[bytes] = queue.Queue()
         self._stdout_eof = False
+        self._let_go = threading.Event()
         assert self.popen.stdout is not None and self.popen.stderr is not None
         self._readers = [self._reader(self.popen.stdout, self._stdout), self._reader(self.popen.stderr, self._stderr)]
 
     def _reader(self, stream: IO[bytes], into: queue.Queue[bytes]) -> threading.Thread:
+        # This thread alone closes its stream, once let go of. Were close() to close it
+        # between this thread's fileno() and its read, the number could go to the pipe of a
+        # process started at that moment, and this read would take that process's output.
         def read() -> None:
             try:
-                while True:
+                while not self._let_go.is_set():
                     data = os.read(stream.fileno(), READ_SIZE)
                     into.put(data)
                     if not data:
                         return
-            except (OSError, ValueError):  # closed under us by close()
+            except OSError:
                 into.put(b"")
+            finally:
+                stream.close()
 
         thread = threading.Thread(target=read, name=f"torchherd-local-{self.node}", daemon=True)
         thread.start()
@@ -141,13 +147,12 @@ class LocalProcess:
         return None if code < 0 else code
 
     def close(self) -> None:
+        """Lets go of the pipes: stdin closed now, the output's readers close theirs at their
+        next read (the command's next write fails then), and this side reads no more."""
         self.close_stdin()
-        for stream in (self.popen.stdout, self.popen.stderr):
-            if stream is not None:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
+        self._let_go.set()
+        self._stdout.put(b"")
+        self._stderr.put(b"")
 
     def kill(self) -> None:
         """The whole session the shell started (for a ``run`` past its timeout)."""
