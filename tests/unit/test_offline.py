@@ -218,7 +218,7 @@ def _inventory(tmp_path: Path, more: str) -> Path:
 
 
 def test_the_wheels_note_says_what_this_machine_sent() -> None:
-    text, style = wheels_note(WheelsRelayed("manylinux_2_35_aarch64", "3.11", "/c/h", ("n0", "n1"), 2, 2_500_000,
+    text, style = wheels_note(WheelsRelayed("manylinux_2_35_aarch64", "3.11", "/c/h", (("n0", "n1"),), 2, 2_500_000,
                                             2_500_000, ("torch==2.5.1",), 1.25))
     assert text == ("wheels: uv.lock's 2 files for manylinux_2_35_aarch64 python 3.11 (2.5 MB, 1 downloaded now; "
                     "/c/h) relayed node to node: this machine -> n0 -> n1: on 2 of 2 nodes (1.2 s; 2.5 MB sent from "
@@ -235,7 +235,7 @@ def test_the_wheels_bars_one_per_node_between_the_start_and_the_summary_exactly(
     assert observer.wheel_bars.bars.progress is not None  # shown while the wheels travel
     observer(WheelsProgress("n0", 1_000_000, total))
     observer(WheelsProgress("n10", total, total))
-    observer(WheelsRelayed("manylinux_2_35_aarch64", "3.11", "/c/h", ("n0", "n10", "n2"), 2, total, 2 * total,
+    observer(WheelsRelayed("manylinux_2_35_aarch64", "3.11", "/c/h", (("n0", "n10"), ("n2",)), 2, total, 2 * total,
                            ("torch==2.5.1",), 1.25, (("n2", "no answer"),)))
     assert observer.wheel_bars.bars.progress is None  # the summary closed them
     assert out.getvalue() == (
@@ -245,7 +245,8 @@ def test_the_wheels_bars_one_per_node_between_the_start_and_the_summary_exactly(
         "  n10 ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 2.5 MB / 2.5 MB verified\n"
         "  n2                                 0 B / 2.5 MB    failed  \n"
         "torchherd: wheels: uv.lock's 2 files for manylinux_2_35_aarch64 python 3.11 (2.5 MB, 1 downloaded now; /c/h) "
-        "relayed node to node: this machine -> n0 -> n10 -> n2: on 2 of 3 nodes (1.2 s; 5.0 MB sent from this machine); "
+        "relayed node to node: this machine -> n0 -> n10, then this machine -> n2: on 2 of 3 nodes (1.2 s; 5.0 MB sent from "
+        "this machine); "
         "n2: no answer\n")
 
 

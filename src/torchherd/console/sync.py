@@ -70,11 +70,15 @@ def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone | VenvsDo
 def wheels_started_note(event: WheelsStarted) -> tuple[str, str]:
     """``--uv-offline``: the lock's wheels for one platform, as their copy starts: what goes
     where (the bars, or on a pipe the end's note, say how it went)."""
-    routes = ", then ".join("this machine -> " + " -> ".join(printable(node) for node in chain)
-                            for chain in event.chains)
     times = "once" if len(event.chains) == 1 else f"once per chain ({len(event.chains)} chains)"
     return (f"wheels: sending uv.lock's {files(event.files)} for {printable(event.tag)} python {event.python} "
-            f"({size(event.size)}; {printable(event.path)}) {times}, relayed node to node: {routes}", "bold")
+            f"({size(event.size)}; {printable(event.path)}) {times}, relayed node to node: {routes(event.chains)}",
+            "bold")
+
+
+def routes(chains: tuple[tuple[str, ...], ...]) -> str:
+    """Each chain from this machine, one after the other."""
+    return ", then ".join("this machine -> " + " -> ".join(printable(node) for node in chain) for chain in chains)
 
 
 class WheelBars:
@@ -102,10 +106,9 @@ class WheelBars:
 def wheels_note(event: WheelsRelayed) -> tuple[str, str]:
     """``--uv-offline``: the lock's wheels for one platform, where they came from, and what this machine sent."""
     fetched = f"{len(event.downloaded)} downloaded now" if event.downloaded else "none downloaded"
-    route = " -> ".join(printable(node) for node in event.nodes)
     reached = len(event.nodes) - len(event.failed)
     text = (f"wheels: uv.lock's {files(event.files)} for {printable(event.tag)} python {event.python} "
-            f"({size(event.size)}, {fetched}; {printable(event.path)}) relayed node to node: this machine -> {route}: "
+            f"({size(event.size)}, {fetched}; {printable(event.path)}) relayed node to node: {routes(event.chains)}: "
             f"on {reached} of {count(len(event.nodes), 'node')} ({event.seconds:.1f} s; {size(event.sent)} sent "
             "from this machine)")
     for node, why in event.failed[:3]:

@@ -304,19 +304,24 @@ class WheelsRelayed:
     """``--uv-offline``: the lock's wheels for one node platform and python (``tag``,
     ``python``), in this machine's wheelhouse ``path`` (``files`` of ``size`` bytes;
     ``downloaded``: the wheels pip fetched now, the others were here already), sent once
-    and relayed node to node down ``nodes``; ``sent``: the bytes this machine sent;
-    ``failed``: the nodes the copy did not reach, and why (the venvs say the rest)."""
+    per chain and relayed node to node down each of ``chains`` (as ``WheelsStarted``'s);
+    ``sent``: the bytes this machine sent; ``failed``: the nodes the copy did not reach,
+    and why (the venvs say the rest)."""
 
     tag: str
     python: str
     path: str
-    nodes: tuple[str, ...]
+    chains: tuple[tuple[str, ...], ...]
     files: int
     size: int
     sent: int
     downloaded: tuple[str, ...]
     seconds: float
     failed: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(node for chain in self.chains for node in chain)
 
 
 @dataclass(frozen=True)

@@ -165,12 +165,11 @@ def supply_wheels(plan: Plan, needing: Sequence[NeedsWheels], sessions: Mapping[
             outcomes.update({name: VenvFailed(name, str(error), error.hint) for name in names})
             continue
         chains = _chains([by_name[name] for name in names])
-        observer(WheelsStarted(tag, python, str(house.path),
-                               tuple(tuple(node.host.name for node, _ in targets) for targets in chains),
-                               len(house.files), house.size))
+        routes = tuple(tuple(node.host.name for node, _ in targets) for targets in chains)
+        observer(WheelsStarted(tag, python, str(house.path), routes, len(house.files), house.size))
         reached, sent = _relay(house, chains, sessions, observer)
         failed = tuple((name, why) for name in names if (why := reached[name]) is not None)
-        observer(WheelsRelayed(tag, python, str(house.path), tuple(names), len(house.files), house.size, sent,
+        observer(WheelsRelayed(tag, python, str(house.path), routes, len(house.files), house.size, sent,
                                house.downloaded, time.monotonic() - started, failed))
         # Every node is asked again, those the copy did not reach too: nodes that share
         # a directory may have it from another.
