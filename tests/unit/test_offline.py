@@ -28,8 +28,17 @@ from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.console.sync import WheelBars, wheels_note, wheels_started_note
 from torchherd.engine import offline, relay, venvs
-from torchherd.engine.events import VenvFailed, VenvReady, VenvsDone, WheelsProgress, WheelsRelayed, WheelsStarted
-from torchherd.engine.offline import WheelhouseError, export_requirements, make_wheelhouse
+from torchherd.engine.events import (
+    VenvFailed,
+    VenvReady,
+    VenvsDone,
+    WheelFetched,
+    WheelsDownloading,
+    WheelsProgress,
+    WheelsRelayed,
+    WheelsStarted,
+)
+from torchherd.engine.offline import WheelhouseError, export_requirements, local_dirs, make_wheelhouse
 from torchherd.engine.uvwheels import NodePlatform
 from torchherd.engine.wheelhouse import (
     applies,
@@ -109,7 +118,8 @@ def fake_pip(directory: Path, copies: Path | None) -> Path:
     ``-d`` (a download that worked) or fails as pip does without an index."""
     script = directory / "python"
     log = directory / "pip-calls"
-    action = (f'cp {copies} "$dest"' if copies is not None else
+    action = (f'echo "Collecting {copies.name}"; echo "  Downloading http://user:****@10.0.0.5/p/{copies.name} '
+              f'(1.2 kB)"; cp {copies} "$dest"' if copies is not None else
               'echo "ERROR: Could not find a version that satisfies the requirement thdemo==0.1.0" >&2; exit 1')
     script.write_text(f'#!/bin/sh\necho "$*" >> {log}\ndest=""; prev=""\nfor a in "$@"; do\n'
                       f'  [ "$prev" = "-d" ] && dest="$a"; prev="$a"\ndone\n{action}\n')
@@ -136,14 +146,18 @@ def test_the_wheelhouse_takes_the_locks_wheels_by_hash_and_downloads_only_what_i
     assert raised.value.hint == (f"{failing} -m pip download --no-deps --only-binary=:all: --platform {tag} "
                                  f"--python-version {version} --implementation cp -d {wheels} thdemo==0.1.0")
     called = (tmp_path / "pip-calls").read_text().split()
-    assert called[:11] == ["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
-                           "--platform", tag, "--python-version", version, "--implementation"]
+    assert called[:13] == ["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
+                           "--progress-bar", "off", "--platform", tag, "--python-version", version, "--implementation"]
     assert [entry.name for entry in root.iterdir() if not entry.name.startswith(".download")] == []  # nothing left
 
-    # The download path (the only one with an index): pip fetches the missing wheel.
+    # The download path (the only one with an index): pip fetches the missing wheel, and
+    # the observer hears of it as pip goes.
+    events: list[Any] = []
     fetched = make_wheelhouse(exported, LOCK, here(), PYTHON, str(wheels), root=root,
-                              pip_python=str(fake_pip(tmp_path, built)))
+                              pip_python=str(fake_pip(tmp_path, built)), observer=events.append)
     assert fetched.downloaded == ("thdemo==0.1.0",)
+    assert events == [WheelsDownloading(tag, version, ("thdemo==0.1.0",), ", ".join(map(str, local_dirs(str(wheels))))),
+                      WheelFetched(built.name, "1.2 kB", False)]
     assert fetched.path == root / cache_name(LOCK, here(), PYTHON)
     assert stat.S_IMODE(fetched.path.stat().st_mode) == 0o700
     assert [name for name, _ in fetched.files] == ["requirements.txt", built.name]
@@ -223,6 +237,22 @@ def test_the_wheels_note_says_what_this_machine_sent() -> None:
     assert text == ("wheels: uv.lock's 2 files for manylinux_2_35_aarch64 python 3.11 (2.5 MB, 1 downloaded now; "
                     "/c/h) relayed node to node: this machine -> n0 -> n1: on 2 of 2 nodes (1.2 s; 2.5 MB sent from "
                     "this machine)") and style == "dim"
+
+
+def test_the_download_before_the_relay_says_what_pip_fetches_as_it_goes() -> None:
+    out = StringIO()
+    observer = ConsoleObserver(Console(file=out, width=400))
+    names = tuple(f"pkg{index}==1.0" for index in range(7))
+    observer(WheelsDownloading("manylinux_2_35_aarch64", "3.11", names, "/srv/wheels, /root/.cache/pip/wheels"))
+    observer(WheelFetched("torch-2.5.1-cp311-cp311-manylinux_2_17_aarch64.whl", "90.6 MB", False))
+    observer(WheelFetched("pkg1-1.0-py3-none-any.whl", "", True))
+    observer(WheelFetched("\x1b[2Jevil.whl", "1 kB", False))
+    assert out.getvalue() == (
+        "torchherd: wheels: downloading 7 wheels of uv.lock for manylinux_2_35_aarch64 python 3.11 with pip, in none "
+        "of /srv/wheels, /root/.cache/pip/wheels: pkg0==1.0, pkg1==1.0, pkg2==1.0, pkg3==1.0, pkg4==1.0 and 2 more\n"
+        "torchherd: wheels: pip: downloading torch-2.5.1-cp311-cp311-manylinux_2_17_aarch64.whl (90.6 MB)\n"
+        "torchherd: wheels: pip: from pip's cache pkg1-1.0-py3-none-any.whl\n"
+        "torchherd: wheels: pip: downloading \\x1b[2Jevil.whl (1 kB)\n")
 
 
 def test_the_wheels_bars_one_per_node_between_the_start_and_the_summary_exactly() -> None:

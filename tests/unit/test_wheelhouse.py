@@ -26,6 +26,7 @@ from torchherd.engine.wheelhouse import (
     export_argv,
     missing,
     parse_requirements,
+    pip_fetching,
     platforms,
 )
 from torchherd.remote import argv
@@ -69,8 +70,26 @@ def test_what_is_missing_is_judged_by_hash_not_by_name() -> None:
 def test_pip_downloads_exactly_the_locks_files_for_the_nodes_platform() -> None:
     assert download_argv("python3", "/c/req.txt", "/c/wh", GRACE, "3.11.7") == [
         "python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
-        "--platform", "manylinux_2_35_aarch64", "--python-version", "3.11", "--implementation", "cp",
+        "--progress-bar", "off", "--platform", "manylinux_2_35_aarch64", "--python-version", "3.11", "--implementation", "cp",
         "-r", "/c/req.txt", "-d", "/c/wh"]
+
+
+@pytest.mark.parametrize(("line", "fetching"), [
+    # pip 23's own lines (pip/_internal/network/download.py): PyPI's files by name, other
+    # indexes by URL (their credentials redacted by pip, and left out here with the host)
+    ("  Downloading torch-2.5.1-cp311-cp311-manylinux_2_17_aarch64.whl (90.6 MB)\n",
+     ("torch-2.5.1-cp311-cp311-manylinux_2_17_aarch64.whl", "90.6 MB", False)),
+    ("  Downloading https://user:****@pkgs.example/simple/numpy/numpy-2.1.3-cp311-cp311-manylinux_2_17_aarch64.whl"
+     "#sha256=abc (14.0 MB)", ("numpy-2.1.3-cp311-cp311-manylinux_2_17_aarch64.whl", "14.0 MB", False)),
+    ("  Using cached nvidia_nccl_cu12-2.21.5-py3-none-manylinux2014_x86_64.whl (188.7 MB)",
+     ("nvidia_nccl_cu12-2.21.5-py3-none-manylinux2014_x86_64.whl", "188.7 MB", True)),
+    ("Downloading http://10.0.0.5:8080/thdemo-0.1.0-py3-none-any.whl", ("thdemo-0.1.0-py3-none-any.whl", "", False)),
+    ("Collecting torch==2.5.1 (from -r /c/req.txt (line 3))", None),
+    ("Saved ./torch-2.5.1-cp311-cp311-manylinux_2_17_aarch64.whl", None),
+    ("Successfully downloaded torch", None),
+])
+def test_the_files_pip_begins_are_read_from_its_output(line: str, fetching: tuple[str, str, bool] | None) -> None:
+    assert pip_fetching(line) == fetching
 
 
 def test_one_download_per_platform_and_python_whatever_the_number_of_nodes() -> None:

@@ -19,7 +19,15 @@ from torchherd.console.images import ArchiveBars, ArchiveEvent, archive_notes
 from torchherd.console.pull import PullView
 from torchherd.console.recovery import RecoveryEvent, recovery_note, render_attempts
 from torchherd.console.run import LiveRenderer, render_summary
-from torchherd.console.sync import SYNC_EVENTS, WheelBars, WheelsEvent, sync_notes, wheels_note, wheels_started_note
+from torchherd.console.sync import (
+    SYNC_EVENTS,
+    WheelBars,
+    WheelsEvent,
+    sync_notes,
+    wheels_download_note,
+    wheels_note,
+    wheels_started_note,
+)
 from torchherd.console.view import TerminalView, ViewOptions
 from torchherd.engine.events import (
     ARCHIVE_EVENTS,
@@ -45,6 +53,8 @@ from torchherd.engine.events import (
     RanksRunning,
     RunFinished,
     RunStarted,
+    WheelFetched,
+    WheelsDownloading,
     WheelsRelayed,
     WheelsStarted,
 )
@@ -211,6 +221,9 @@ class ConsoleObserver:
 
     def _wheels(self, event: WheelsEvent) -> None:
         """The note before the bars, and the summary after them (which closes them)."""
+        if isinstance(event, (WheelsDownloading, WheelFetched)):
+            self._note(*wheels_download_note(event))
+            return
         if isinstance(event, WheelsRelayed):
             self.wheel_bars(event)
             self._note(*wheels_note(event))

@@ -20,6 +20,8 @@ from torchherd.engine.events import (
     VenvFailed,
     VenvReady,
     VenvsDone,
+    WheelFetched,
+    WheelsDownloading,
     WheelsProgress,
     WheelsRelayed,
     WheelsStarted,
@@ -27,7 +29,7 @@ from torchherd.engine.events import (
 from torchherd.words import count, size
 
 SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone, VenvsDone, WheelsStarted, WheelsRelayed)
-WheelsEvent = Union[WheelsStarted, WheelsProgress, WheelsRelayed]
+WheelsEvent = Union[WheelsDownloading, WheelFetched, WheelsStarted, WheelsProgress, WheelsRelayed]
 LISTED = 40
 """Paths listed per group of nodes on a dry run; the rest are counted."""
 
@@ -65,6 +67,19 @@ def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone | VenvsDo
         yield wheels_started_note(event)
     elif isinstance(event, WheelsRelayed):
         yield wheels_note(event)
+
+
+def wheels_download_note(event: WheelsDownloading | WheelFetched) -> tuple[str, str]:
+    """``--uv-offline``: the wheels pip fetches here, before the wheelhouse goes out (a
+    download of gigabytes is minutes), and each file as pip begins it."""
+    if isinstance(event, WheelFetched):
+        where = "from pip's cache" if event.cached else "downloading"
+        return f"wheels: pip: {where} {printable(event.file)}" + (f" ({printable(event.size)})" if event.size
+                                                                   else ""), "dim"
+    shown = ", ".join(printable(name) for name in event.names[:5])
+    more = f" and {len(event.names) - 5} more" if len(event.names) > 5 else ""
+    return (f"wheels: downloading {count(len(event.names), 'wheel')} of uv.lock for {printable(event.tag)} python "
+            f"{event.python} with pip, in none of {printable(event.looked)}: {shown}{more}", "")
 
 
 def wheels_started_note(event: WheelsStarted) -> tuple[str, str]:

@@ -290,6 +290,29 @@ class WheelsStarted:
 
 
 @dataclass(frozen=True)
+class WheelsDownloading:
+    """``--uv-offline``: the lock's wheels ``names`` (``name==version``) for one node
+    platform and python (``tag``, ``python``) are in none of the wheel directories here
+    (``looked``): pip downloads them now, before the wheelhouse goes out. A
+    ``WheelFetched`` follows for each file pip begins."""
+
+    tag: str
+    python: str
+    names: tuple[str, ...]
+    looked: str
+
+
+@dataclass(frozen=True)
+class WheelFetched:
+    """pip began one file of a ``WheelsDownloading``: ``file`` (the wheel's name), ``size``
+    as pip says it ("" when unknown); ``cached``: from pip's own cache, not the network."""
+
+    file: str
+    size: str
+    cached: bool
+
+
+@dataclass(frozen=True)
 class WheelsProgress:
     """How far ``node`` is in receiving the wheelhouse: ``done`` of ``total`` bytes (its
     copy is then checked against the wheelhouse's SHA-256; ``WheelsRelayed`` says how that went)."""
@@ -544,7 +567,7 @@ class ArchiveDone:
 
 
 ARCHIVE_EVENTS = (ArchiveStarted, ArchiveProgress, ArchiveDone)
-WHEELS_EVENTS = (WheelsStarted, WheelsProgress, WheelsRelayed)
+WHEELS_EVENTS = (WheelsDownloading, WheelFetched, WheelsStarted, WheelsProgress, WheelsRelayed)
 
 
 @dataclass(frozen=True)
@@ -588,7 +611,7 @@ Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, Ran
               VenvsDone, WheelsRelayed, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
               CheckpointStaged, CheckpointMissing, LostContainers, PullStarted, PullProgress, NodePulled,
               PullFailed, PullsDone, ArchiveStarted, ArchiveProgress, ArchiveDone, HistoryNotKept, CheckpointSaved,
-              CheckpointReplicated, WheelsStarted, WheelsProgress]
+              CheckpointReplicated, WheelsStarted, WheelsProgress, WheelsDownloading, WheelFetched]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000

@@ -28,12 +28,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchherd.engine.events import Observer, WheelsProgress
+from torchherd.engine.events import Observer, WheelFetched, WheelsDownloading, WheelsProgress
 from torchherd.engine.recovery.staging import job_address
 from torchherd.engine.relay import Hop, file_feed, run_chain
 from torchherd.engine.uvwheels import DEFAULT_WHEELS, NodePlatform
@@ -49,6 +50,7 @@ from torchherd.engine.wheelhouse import (
     missing,
     normalized,
     parse_requirements,
+    pip_fetching,
     requirement_lines,
     wanted,
     wheel_name,
@@ -130,10 +132,12 @@ Listing = list[tuple[str, int, str]]
 
 def make_wheelhouse(exported: str, lock_hash: str, node: NodePlatform, python_version: str,
                     configured: str | None, *, root: Path | None = None,
-                    pip_python: str = sys.executable) -> Wheelhouse:
+                    pip_python: str = sys.executable, observer: Observer = lambda event: None) -> Wheelhouse:
     """The wheelhouse for ``node``'s platform and python, complete by hash (module doc, 2),
-    under ``root`` (default ``WHEELHOUSES``). Raises WheelhouseError naming what is missing
-    and the download that fixes it."""
+    under ``root`` (default ``WHEELHOUSES``). ``observer`` is told ``WheelsDownloading``
+    and a ``WheelFetched`` per file when pip must fetch some (a download of gigabytes is
+    minutes: the user sees what runs). Raises WheelhouseError naming what is missing and
+    the download that fixes it."""
     root = root or WHEELHOUSES
     requirements = parse_requirements(exported)
     environment = marker_environment(node, python_version)
@@ -145,11 +149,15 @@ def make_wheelhouse(exported: str, lock_hash: str, node: NodePlatform, python_ve
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))  # 0700, a name no one guessed
     try:
-        have = _gather(needed, [final, *local_dirs(configured)], partial)
+        looked = local_dirs(configured)
+        have = _gather(needed, [final, *looked], partial)
         still = missing(needed, have)
         downloaded: tuple[str, ...] = ()
         if still:
-            _download(needed, still, node, python_version, partial, configured, pip_python)
+            observer(WheelsDownloading(node.download_tag(), major_minor(python_version), tuple(still),
+                                       ", ".join(str(directory) for directory in looked)))
+            _download(needed, still, node, python_version, partial, configured, pip_python,
+                      lambda line: _fetched(line, observer))
             have = dir_hashes(partial)
             left = missing(needed, have)
             if left:
@@ -210,19 +218,19 @@ def _link(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
+def _fetched(line: str, observer: Observer) -> None:
+    fetching = pip_fetching(line)
+    if fetching is not None:
+        observer(WheelFetched(*fetching))
+
+
 def _download(needed: Sequence[Requirement], names: Sequence[str], node: NodePlatform, python_version: str,
-              into: Path, configured: str | None, pip_python: str) -> None:
+              into: Path, configured: str | None, pip_python: str, on_line: Callable[[str], None]) -> None:
     with tempfile.NamedTemporaryFile("w", prefix=".download-", suffix=".txt", dir=into.parent,
                                      encoding="utf-8") as listing:
         listing.write(requirement_lines(needed, names))
         listing.flush()
-        argv = download_argv(pip_python, listing.name, str(into), node, python_version)
-        try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=DOWNLOAD_SECONDS, check=False)
-            code, output = done.returncode, (done.stderr + done.stdout).strip()
-        except (OSError, subprocess.SubprocessError) as error:
-            code, output = -1, str(error)
+        code, output = _pip(download_argv(pip_python, listing.name, str(into), node, python_version), on_line)
     if code != 0:
         last = [line.strip() for line in output.splitlines() if line.strip().startswith("ERROR")] or \
             output.splitlines()[-1:] or ["no output"]
@@ -230,6 +238,36 @@ def _download(needed: Sequence[Requirement], names: Sequence[str], node: NodePla
             f"the lock's wheels for {node.download_tag()} python {major_minor(python_version)}: {', '.join(names)} "
             f"not in {configured or DEFAULT_WHEELS} and pip download failed (exit {code}): {last[0][:300]}",
             fix(names, node, python_version, configured, pip_python))
+
+
+def _pip(argv: list[str], on_line: Callable[[str], None]) -> tuple[int, str]:
+    """pip's exit status and output (both streams, as they came), each line told to
+    ``on_line`` as pip writes it; killed after ``DOWNLOAD_SECONDS``."""
+    lines: list[str] = []
+    expired = threading.Event()
+    try:
+        with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace") as process:
+
+            def expire() -> None:
+                expired.set()
+                process.kill()
+
+            timer = threading.Timer(DOWNLOAD_SECONDS, expire)
+            timer.start()
+            try:
+                assert process.stdout is not None
+                for line in process.stdout:
+                    lines.append(line.rstrip())
+                    on_line(line)
+            finally:
+                timer.cancel()
+            code = process.wait()
+    except OSError as error:
+        return -1, str(error)
+    if expired.is_set():
+        lines.append(f"no end after {DOWNLOAD_SECONDS:.0f} s")
+    return code, "\n".join(lines).strip()
 
 
 def fix(names: Sequence[str], node: NodePlatform, python_version: str, configured: str | None,

@@ -160,7 +160,8 @@ def supply_wheels(plan: Plan, needing: Sequence[NeedsWheels], sessions: Mapping[
         started = time.monotonic()
         first = by_name[names[0]]
         try:
-            house = make_wheelhouse(exported, plan.options.uv.lock_hash, first.platform, first.python, wheels)
+            house = make_wheelhouse(exported, plan.options.uv.lock_hash, first.platform, first.python, wheels,
+                                    observer=observer)
         except WheelhouseError as error:
             outcomes.update({name: VenvFailed(name, str(error), error.hint) for name in names})
             continue

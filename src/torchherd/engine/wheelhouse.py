@@ -73,8 +73,24 @@ def download_argv(python: str, requirements: str, dest: str, node: NodePlatform,
     python the venv is built with): binaries only, each checked against the lock's hashes."""
     major_minor = ".".join(python_version.split(".")[:2])
     return [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
-            "--platform", node.download_tag(), "--python-version", major_minor, "--implementation", "cp",
+            "--progress-bar", "off", "--platform", node.download_tag(), "--python-version", major_minor, "--implementation", "cp",
             "-r", requirements, "-d", dest]
+
+
+FETCHING = re.compile(r"^\s*(Downloading|Using cached) (\S+)(?: \(([^()]*)\))?\s*$")
+"""pip's line as it begins a file (``pip/_internal/network/download.py``): the URL (its
+credentials already redacted by pip) or, from PyPI, the file's name, and its size when known."""
+
+
+def pip_fetching(line: str) -> tuple[str, str, bool] | None:
+    """The file a line of pip's output says it begins: its name, its size as pip says it
+    ("" when the server gave none) and whether it comes from pip's own cache; None for
+    any other line."""
+    match = FETCHING.match(line)
+    if match is None:
+        return None
+    url = match.group(2).split("#", 1)[0].split("?", 1)[0]
+    return url.rstrip("/").rsplit("/", 1)[-1], match.group(3) or "", match.group(1) == "Using cached"
 
 
 def dir_hashes(directory: Path) -> set[str]:
