@@ -26,7 +26,7 @@ from torchherd.api import Cluster
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
-from torchherd.console.sync import WheelBars, wheels_note, wheels_started_note
+from torchherd.console.sync import SyncPrinter, WheelBars, wheels_note, wheels_started_note
 from torchherd.engine import offline, relay, venvs
 from torchherd.engine.events import (
     VenvFailed,
@@ -247,6 +247,13 @@ def test_the_download_before_the_relay_says_what_pip_fetches_as_it_goes() -> Non
     observer(WheelFetched("torch-2.5.1-cp311-cp311-manylinux_2_17_aarch64.whl", "90.6 MB", False))
     observer(WheelFetched("pkg1-1.0-py3-none-any.whl", "", True))
     observer(WheelFetched("\x1b[2Jevil.whl", "1 kB", False))
+    printed = StringIO()  # check --sync prints the same, beside its own grid
+    printer = SyncPrinter(Console(file=printed, width=400))
+    printer(WheelsDownloading("manylinux_2_35_aarch64", "3.11", names[:1], "/srv/wheels"))
+    printer(WheelFetched("pkg0-1.0-py3-none-any.whl", "3 kB", False))
+    assert printed.getvalue() == (
+        "wheels: downloading 1 wheel of uv.lock for manylinux_2_35_aarch64 python 3.11 with pip, in none of "
+        "/srv/wheels: pkg0==1.0\nwheels: pip: downloading pkg0-1.0-py3-none-any.whl (3 kB)\n")
     assert out.getvalue() == (
         "torchherd: wheels: downloading 7 wheels of uv.lock for manylinux_2_35_aarch64 python 3.11 with pip, in none "
         "of /srv/wheels, /root/.cache/pip/wheels: pkg0==1.0, pkg1==1.0, pkg2==1.0, pkg3==1.0, pkg4==1.0 and 2 more\n"

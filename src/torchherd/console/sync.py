@@ -28,7 +28,8 @@ from torchherd.engine.events import (
 )
 from torchherd.words import count, size
 
-SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone, VenvsDone, WheelsStarted, WheelsRelayed)
+SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone, VenvsDone, WheelsDownloading, WheelFetched,
+               WheelsStarted, WheelsRelayed)
 WheelsEvent = Union[WheelsDownloading, WheelFetched, WheelsStarted, WheelsProgress, WheelsRelayed]
 LISTED = 40
 """Paths listed per group of nodes on a dry run; the rest are counted."""
@@ -38,8 +39,8 @@ def files(number: int) -> str:
     return count(number, "file")
 
 
-def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone | VenvsDone | WheelsStarted | WheelsRelayed,
-               ) -> Iterator[tuple[str, str]]:
+def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone | VenvsDone | WheelsDownloading | WheelFetched
+               | WheelsStarted | WheelsRelayed) -> Iterator[tuple[str, str]]:
     """The notes (text, style) a live run shows for a sync event. Nodes in sync are told
     at the end, alike nodes on one line (a run on 256 nodes is not 256 lines of it)."""
     if isinstance(event, SyncStarted):
@@ -63,6 +64,8 @@ def sync_notes(event: SyncStarted | NodeSynced | SyncFailed | SyncDone | VenvsDo
                "green" if event.ok else "bold red")
     elif isinstance(event, VenvsDone):
         yield from venv_notes(event)
+    elif isinstance(event, (WheelsDownloading, WheelFetched)):
+        yield wheels_download_note(event)
     elif isinstance(event, WheelsStarted):
         yield wheels_started_note(event)
     elif isinstance(event, WheelsRelayed):
