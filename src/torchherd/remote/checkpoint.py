@@ -405,13 +405,7 @@ def main() -> int:
         if mode in ("find", "look"):
             chain.emit(find(workdir, pattern, hashed=mode == "find"))
             return 0
-        stdin = chain.Link(None)
-        try:
-            line = stdin.line()
-        except EOFError:
-            return 1
-        chain.emit(relay(workdir, json.loads(line), stdin))
-        return 0
+        return chain.serve(lambda config, stdin: relay(workdir, config, stdin))
     except (OSError, ValueError, EOFError, KeyError, TypeError) as error:
         chain.emit({"error": str(error) or type(error).__name__})
         return 1

@@ -137,13 +137,7 @@ def main() -> int:
         if mode == "have":
             chain.emit(have(wanted, image))
             return 0
-        stdin = chain.Link(None)
-        try:
-            line = stdin.line()
-        except EOFError:
-            return 1
-        chain.emit(relay(wanted, image, sys.argv[4], json.loads(line), stdin))
-        return 0
+        return chain.serve(lambda config, stdin: relay(wanted, image, sys.argv[4], config, stdin))
     except (OSError, ValueError, EOFError, KeyError, TypeError, subprocess.SubprocessError) as error:
         chain.emit({"error": str(error) or type(error).__name__})
         return 1

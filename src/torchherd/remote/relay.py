@@ -92,6 +92,18 @@ class Link:
             self.sock.close()
 
 
+def serve(work: Callable[[Dict[str, Any], Link], Dict[str, Any]]) -> int:
+    """A relay program's link: its order, one JSON line on stdin, given to ``work`` with
+    stdin (the stream may follow it there); what ``work`` answers, one line. The exit status."""
+    stdin = Link(None)
+    try:
+        line = stdin.line()
+    except EOFError:
+        return 1
+    emit(work(json.loads(line), stdin))
+    return 0
+
+
 def accept(listener: socket.socket, token: bytes) -> socket.socket:
     """The one connection that sends the token first; others are closed."""
     deadline = time.monotonic() + CONNECT_SECONDS
