@@ -24,6 +24,7 @@ from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
     CheckpointReplicated,
+    CheckpointSaved,
     CheckpointStaged,
     NodeStarted,
     RunFinished,
@@ -240,7 +241,7 @@ NEWEST = "newest checkpoint: snapshot.pt (1.2 kB, saved 10:41:07 on node0) on no
 def test_the_controller_records_where_the_newest_checkpoint_is(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """A detached run has no terminal for the summary's checkpoint line: its record keeps it,
-    from each replica or staging while the run goes on, and the summary's at the end."""
+    from each save, replica or staging while the run goes on, and the summary's at the end."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     recorder = Recorder(with_recovery(record(), RecoveryRecord(4242, 77, 2)), {name: host(name) for name in TWO}, {})
     recorder(AttemptStarted(1, 3, TWO))
@@ -252,6 +253,10 @@ def test_the_controller_records_where_the_newest_checkpoint_is(tmp_path: Path,
     recorder(CheckpointReplicated("snapshot.pt", 1200, 5.0, "node0", ("node1",), 0.1, "25% of the link"))
     replicated = recovery_of(load(RUN))
     assert replicated is not None and replicated.checkpoint == NEWEST
+    said.append("newest checkpoint: snapshot.pt (1.2 kB, saved 10:45:00 on node1) on node1")
+    recorder(CheckpointSaved("node1", "snapshot.pt", 1200, 7.0))  # before its copy: where it is so far
+    saved = recovery_of(load(RUN))
+    assert saved is not None and saved.checkpoint == said[-1]
     said.append(NEWEST.replace("node0, node1", "node1, node2"))
     recorder(CheckpointStaged(2, "snapshot.pt", 1200, "node1", ("node2",), 0.1))
     staged = recovery_of(load(RUN))

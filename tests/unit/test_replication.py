@@ -288,11 +288,12 @@ def test_a_replica_seen_by_its_nodes_watch_is_still_the_original_nodes_save() ->
     holdings, events = Holdings("snapshot.pt"), Collector()
     replicator = Replicator(copier, 1, events, holdings)
     replicator.attempt(("node0", "node1", "node2"))
-    replicator.saved(CheckpointSaved("node0", "snapshot.pt", 2000, at("10:41:07")))
+    assert replicator.saved(CheckpointSaved("node0", "snapshot.pt", 2000, at("10:41:07")))
     deadline = time.monotonic() + 10
     while not events.of(CheckpointReplicated) and time.monotonic() < deadline:
         time.sleep(0.01)
-    replicator.saved(CheckpointSaved("node1", "snapshot.pt", 2000, at("10:41:07")))  # the replica, as node1 sees it
+    # the replica, as node1 sees it: not a save to copy (nor one the recovering run passes on)
+    assert not replicator.saved(CheckpointSaved("node1", "snapshot.pt", 2000, at("10:41:07")))
     deadline = time.monotonic() + 1.0  # time enough for a copy from node1, were one started
     while len(events.of(CheckpointReplicated)) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -461,7 +462,7 @@ def test_the_recovering_run_watches_the_checkpoint_and_replicates_each_new_one_o
     backend.jobs[0].release.set()
     summary = run.wait(timeout=20)
     assert backend.copies == [(("node0", "node1", "node2"), "node2", ("node0", "node1"), "50 MB/s")]
-    assert saved not in events.events  # the recovery's own: not rendered
+    assert saved in events.events  # a node's own save goes on (a detached run's record says it; not rendered)
     assert summary.checkpoint == ("newest checkpoint: snapshot.pt (10 B, saved 11:00:00 on node2) on node2, node0, "
                                   "node1")
 

@@ -574,7 +574,9 @@ WHEELS_EVENTS = (WheelsDownloading, WheelFetched, WheelsStarted, WheelsProgress,
 class CheckpointSaved:
     """The job wrote a new checkpoint on ``node``, complete now (its supervisor's watch,
     ``[recovery] replicate``): ``path`` relative to the workdir, ``size`` bytes, ``mtime``
-    seconds since the epoch. Read by the recovery, which replicates it; not rendered."""
+    seconds since the epoch. Read by the recovery, which replicates it, and passed on to
+    the observer when the node saved it itself (not a copy the run made): a detached run's
+    record then says where the newest checkpoint is; not rendered."""
 
     node: str
     path: str

@@ -38,6 +38,7 @@ from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
     CheckpointReplicated,
+    CheckpointSaved,
     CheckpointStaged,
     CoordinatorStarted,
     Event,
@@ -234,7 +235,8 @@ class Recorder:
             return replace(self.record, nodes=tuple(
                 replace(node, supervisor=event.supervisor, pid=event.pid) if node.name == event.node else node
                 for node in self.record.nodes))
-        if isinstance(event, (CheckpointReplicated, CheckpointStaged)) and self.checkpoint is not None:
+        if isinstance(event, (CheckpointSaved, CheckpointReplicated, CheckpointStaged)) and \
+                self.checkpoint is not None:
             return with_recovery(self.record, replace(self.recovery, checkpoint=self.checkpoint()))
         if isinstance(event, RunFinished):
             summary = event.summary

@@ -146,17 +146,20 @@ class Replicator:
             self._closed = True
             self._changed.notify_all()
 
-    def saved(self, event: CheckpointSaved) -> None:
+    def saved(self, event: CheckpointSaved) -> bool:
+        """Takes a node's save to copy; False: not one to copy (a replica or a staged copy
+        the run made, or the run is over)."""
         with self._changed:
             if self._closed:
-                return
+                return False
             if not self.holdings.saved(event):
-                return  # a replica (or a staged copy) the run made: copying it on would pass it round the ring
+                return False  # a replica (or a staged copy) the run made: copying it on would pass it round the ring
             self._pending[event.node] = event  # a newer save replaces one still waiting
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="torchherd-replicate", daemon=True)
                 self._thread.start()
             self._changed.notify_all()
+            return True
 
     def pause(self, timeout: float = 2.0) -> None:
         """Drops what waits and gives up the copy under way (its relays end and remove their

@@ -313,10 +313,11 @@ class RecoveringRun:
 
     def _relay(self, event: Event) -> None:
         """An attempt's events go on to the observer; its RunFinished is the recovery's to give
-        (and a new checkpoint, the replication's to copy)."""
+        (and a new checkpoint, the replication's to copy: a node's own save goes on once the
+        holdings know it, so that a detached run's record says at once where the newest is)."""
         if isinstance(event, CheckpointSaved):
-            if self.replicator is not None:
-                self.replicator.saved(event)
+            if self.replicator is not None and self.replicator.saved(event):
+                self.emit(event)
             return
         if isinstance(event, NodeLost):
             self.lost.add(event.node)
