@@ -3,7 +3,8 @@
 Real sshd, real torchrun (``jobs/steady.py``: gloo all_reduce, a line per rank per step),
 the engine's own ``NodeLost`` event timed from the fault: a node whose link goes down
 (its veth, as an unplugged cable or a dead switch port) and one whose every process is
-killed. Then what must not count as a loss: a node pinned at 100 % CPU for a minute, a
+killed. A supervisor stopped for seconds while its sshd answers: told of, not lost. Then
+what must not count as a loss: a node pinned at 100 % CPU for a minute, a
 link with 300 ms of delay each way (a relay that holds every chunk), and a terminal that stops reading the controller's
 output. After every test no process of the run is left on any node.
 """
@@ -29,7 +30,7 @@ from localcluster import LocalCluster
 from test_run import assert_clean
 
 from torchherd import Cluster
-from torchherd.engine.events import Event, NodeLost
+from torchherd.engine.events import Event, NodeLost, NodeSilent, NodeStarted
 from torchherd.engine.launch import Run
 from torchherd.inventory import load
 from torchherd.transport.ssh import SshConnector
@@ -60,6 +61,10 @@ class Watch:
     def lost(self) -> list[tuple[float, NodeLost]]:
         with self.lock:
             return [(when, event) for when, event in self.seen if isinstance(event, NodeLost)]
+
+    def silent(self) -> list[tuple[float, NodeSilent]]:
+        with self.lock:
+            return [(when, event) for when, event in self.seen if isinstance(event, NodeSilent)]
 
     def first_lost(self, timeout: float) -> tuple[float, NodeLost]:
         _wait_for(lambda: bool(self.lost()), timeout, "no NodeLost")
@@ -128,7 +133,34 @@ def test_a_node_whose_link_goes_down_is_lost_within_seconds(cluster: LocalCluste
     assert took < LOST_WITHIN
     assert summary.exit_code == 1
     assert [event.node for _, event in watch.lost()] == ["node2"]
+    assert watch.silent() == []  # sshd fell silent too: lost, with no "supervisor silent" first
     assert_clean(cluster, timeout=30)  # node2's supervisor: its connection ended, or its watchdog
+
+
+def test_a_supervisor_stopped_for_seconds_is_told_of_and_not_lost(cluster: LocalCluster, tmp_path: Path) -> None:
+    """node1's supervisor stopped (SIGSTOP) for 5 s, as a process stuck on a swapping node:
+    its sshd answers, so the node is not lost (that takes 30 s of it), but the user is told
+    within seconds, and again when it speaks."""
+    run, watch = start(cluster, tmp_path / "logs", 20)
+    [inside] = [event.supervisor for _, event in watch.seen if isinstance(event, NodeStarted) and event.node == "node1"]
+    [pid] = [pid for pid in cluster.node_pids("node1") if _node_pid(pid) == inside]  # the node has its own pids
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        _wait_for(lambda: bool(watch.silent()), 15, "no NodeSilent")
+        time.sleep(max(0.0, stopped + 5 - time.monotonic()))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    _wait_for(lambda: len(watch.silent()) == 2, 15, "no NodeSilent once it spoke again")
+    summary = run.wait(timeout=120)
+    (told, silent), (_, heard) = watch.silent()
+    print(f"supervisor stopped -> NodeSilent: {told - stopped:.2f} s; silent {heard.seconds:.1f} s in all")
+    assert (silent.node, silent.heard, heard.node, heard.heard) == ("node1", False, "node1", True)
+    assert silent.seconds >= 2.5 and told - stopped < LOST_WITHIN
+    assert heard.seconds >= 4.0
+    assert watch.lost() == []
+    assert summary.exit_code == 0, summary.headline
+    assert_clean(cluster)
 
 
 def test_a_node_whose_processes_are_all_killed_is_lost_at_once(cluster: LocalCluster, tmp_path: Path) -> None:
@@ -151,6 +183,16 @@ def test_a_node_whose_processes_are_all_killed_is_lost_at_once(cluster: LocalClu
     assert took < EOF_WITHIN
     assert summary.exit_code == 1
     assert_clean(cluster, timeout=30)
+
+
+def _node_pid(pid: int) -> int | None:
+    """The pid the node knows host pid ``pid`` by (the innermost of its NSpid line)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # gone meanwhile
+        return None
+    line = next((line for line in status.splitlines() if line.startswith("NSpid:")), "")
+    return int(line.split()[-1]) if line else None
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from test_engine import cluster
 
+from torchherd.console.observer import silent_note
+from torchherd.engine.events import NodeSilent
 from torchherd.engine.job import SILENT_LOST_AFTER, Job, LaunchOptions
 from torchherd.engine.outcome import NodeRun
 from torchherd.inventory import Recovery, heartbeat_problem
@@ -30,10 +32,11 @@ class Probed(LocalSession):
         return self.quiet
 
 
-def watched(tmp_path: Path, **options: float) -> tuple[Job, NodeRun, Probed]:
+def watched(tmp_path: Path, events: list[object] | None = None, **options: float) -> tuple[Job, NodeRun, Probed]:
     plan = cluster(tmp_path).plan("train.py", run_id="t-detect")
     sessions = {node.host.name: Probed(node.host.name) for node in plan.nodes}
-    job = Job(plan, sessions, LaunchOptions(log_dir=tmp_path / "logs", **options), lambda event: None)
+    job = Job(plan, sessions, LaunchOptions(log_dir=tmp_path / "logs", **options),
+              (lambda event: None) if events is None else events.append)
     node = job.nodes["n1"]
     node.last_seen = job._watching_since = 100.0
     return job, node, sessions["n1"]
@@ -96,3 +99,39 @@ def test_a_supervisor_waits_for_its_controller_longer_than_the_controller_waits_
     assert job._config(node, b"").watchdog == 10.0
     job, node, _ = watched(tmp_path, heartbeat=5.0, heartbeat_misses=4)
     assert (job._config(node, b"").heartbeat, job._config(node, b"").watchdog) == (5.0, 40.0)
+
+
+def test_a_silent_supervisor_while_sshd_answers_is_told_once_and_again_when_it_speaks(tmp_path: Path) -> None:
+    """Not lost for 30 s (a loaded node, a stuck supervisor), but not a silence to keep
+    from the user either."""
+    events: list[object] = []
+    job, node, session = watched(tmp_path, events)
+    session.quiet = 0.4
+    assert job._silence(node, 102.4) is None and events == []  # within the heartbeats' limit
+    assert job._silence(node, 102.5) is None
+    assert job._silence(node, 110.0) is None
+    assert events == [NodeSilent("n1", 2.5, SILENT_LOST_AFTER)]  # once
+    node.last_seen = 111.0  # a record came
+    assert job._silence(node, 111.2) is None
+    assert events[1:] == [NodeSilent("n1", 11.0, SILENT_LOST_AFTER, heard=True)]
+    assert job._silence(node, 113.5) is None and len(events) == 3  # a new silence: told again
+
+
+def test_a_link_going_down_is_a_loss_not_a_silent_supervisor(tmp_path: Path) -> None:
+    """sshd's last answer lags the last heartbeat by up to a probe's period: when the link
+    goes down both fall silent, and the node is lost a moment later, with no warning first."""
+    events: list[object] = []
+    job, node, session = watched(tmp_path, events)
+    session.quiet = 2.0
+    assert job._silence(node, 102.5) is None
+    session.quiet = 2.5
+    assert job._silence(node, 103.0) is not None
+    assert events == []
+
+
+def test_the_silent_supervisors_notes_exactly() -> None:
+    assert silent_note(NodeSilent("node1", 2.54, 30.0)) == (
+        "node1: its supervisor has sent nothing for 2.5 s, though its sshd answers: the node is overloaded, or the "
+        "supervisor stuck (lost after 30 s of silence)", "yellow")
+    assert silent_note(NodeSilent("node1", 7.25, 30.0, heard=True)) == (
+        "node1: its supervisor speaks again, after 7.2 s of silence", "dim")

@@ -45,6 +45,7 @@ from torchherd.engine.events import (
     NodeExited,
     NodeLost,
     NodeNotStarted,
+    NodeSilent,
     NodeStarted,
     NodeStatus,
     Output,
@@ -66,6 +67,15 @@ C10D_BYTES = C10D_NO_NAME.encode()
 C10D_EXPLAINED = ("torch's c10d says it cannot name a peer (\"The hostname of the client socket cannot be retrieved\"): "
                   "harmless; its store sees the nodes as ::ffff:a.b.c.d, which /etc/hosts does not name "
                   "(torchherd check says which lines silence it); shown once, every one is in the logs")
+
+
+def silent_note(event: NodeSilent) -> tuple[str, str]:
+    """A node whose supervisor went silent while its sshd answers, and when it speaks again."""
+    node = printable(event.node)
+    if event.heard:
+        return f"{node}: its supervisor speaks again, after {event.seconds:.1f} s of silence", "dim"
+    return (f"{node}: its supervisor has sent nothing for {event.seconds:.1f} s, though its sshd answers: the node "
+            f"is overloaded, or the supervisor stuck (lost after {event.lost_after:.0f} s of silence)", "yellow")
 
 
 class ConsoleObserver:
@@ -171,6 +181,8 @@ class ConsoleObserver:
             self._note(f"{event.node}: exited with code {event.code}", "bold red")
         elif isinstance(event, NodeLost):
             self._note(event.reason, "bold red")
+        elif isinstance(event, NodeSilent):
+            self._note(*silent_note(event))
         elif isinstance(event, ProcessesLeft):
             self._note(f"{event.node}: {event.count} processes of the job could not be killed", "bold red")
         elif isinstance(event, Interrupted) and not event.again:

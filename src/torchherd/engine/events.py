@@ -98,6 +98,19 @@ class NodeLost:
 
 
 @dataclass(frozen=True)
+class NodeSilent:
+    """``node``'s supervisor has sent nothing for ``seconds`` (past the heartbeats' limit)
+    while its sshd still answers the keepalive probes: not lost (a link or a machine down
+    silences sshd too), but overloaded, or its supervisor stuck; lost after ``lost_after``
+    seconds of it. ``heard``: it spoke again after ``seconds`` of silence."""
+
+    node: str
+    seconds: float
+    lost_after: float
+    heard: bool = False
+
+
+@dataclass(frozen=True)
 class ProcessesLeft:
     """The node's supervisor could not kill ``count`` processes of the job."""
 
@@ -613,7 +626,7 @@ Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, Ran
               VenvsDone, WheelsRelayed, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
               CheckpointStaged, CheckpointMissing, LostContainers, PullStarted, PullProgress, NodePulled,
               PullFailed, PullsDone, ArchiveStarted, ArchiveProgress, ArchiveDone, HistoryNotKept, CheckpointSaved,
-              CheckpointReplicated, WheelsStarted, WheelsProgress, WheelsDownloading, WheelFetched]
+              CheckpointReplicated, WheelsStarted, WheelsProgress, WheelsDownloading, WheelFetched, NodeSilent]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000

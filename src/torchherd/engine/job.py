@@ -27,6 +27,7 @@ from torchherd.engine.events import (
     NodeExited,
     NodeLost,
     NodeNotStarted,
+    NodeSilent,
     NodeStarted,
     NodeStatus,
     Observer,
@@ -393,15 +394,24 @@ class Job:
         link, are not silence: the probes still come back."""
         silent = now - max(node.last_seen, self._watching_since)
         lost_after = self.options.lost_after
+        longest = max(SILENT_LOST_AFTER, lost_after)
+        if node.silent_from is not None and node.last_seen > node.silent_from:
+            self.emit(NodeSilent(node.name, node.last_seen - node.silent_from, longest, heard=True))
+            node.silent_from = None
         if silent < lost_after:
             return None
         session = self.sessions.get(node.name)
         quiet = session.link_quiet(self.options.heartbeat) if session is not None else None
         if quiet is not None and quiet >= lost_after:
             return f"nothing heard from it for {silent:.1f} s: no heartbeat, and its SSH connection does not answer"
-        if silent >= max(SILENT_LOST_AFTER, lost_after):
+        if silent >= longest:
             stuck = " (its sshd answers: its supervisor is stuck)" if quiet is not None else ""
             return f"nothing heard from it for {silent:.0f} s{stuck}"
+        # Told once per silence, and only while sshd answered lately: a link going down
+        # silences both, sshd a probe's period later, and is lost, not warned of.
+        if quiet is not None and quiet <= lost_after / 2 and node.silent_from is None:
+            node.silent_from = node.last_seen
+            self.emit(NodeSilent(node.name, silent, longest))
         return None
 
     def _drain(self, timeout: float) -> list[RunEvent]:

@@ -122,6 +122,9 @@ class NodeRun(OutputTrack):
         self.plan = plan
         self.process: Process | None = None
         self.last_seen = time.monotonic()
+        self.silent_from: float | None = None
+        """``last_seen`` when the user was told that its supervisor is silent while its sshd
+        answers (``NodeSilent``); None: not silent so."""
         self.done = False
         self.closed = False
         self.reader_done = False
