@@ -402,6 +402,25 @@ def test_the_hang_watch_names_the_hung_rank_inside_a_container(boxed: LocalClust
     assert_clean(boxed, timeout=30)
 
 
+@pytest.mark.slow  # about 60 s: the straggler is judged over 30 s (test_terminal's runs it without a container)
+@pytest.mark.timeout(300)
+def test_the_node_the_others_wait_for_is_named_the_straggler_inside_a_container(boxed: LocalCluster,
+                                                                                tmp_path: Path) -> None:
+    """node1's ranks, in their container, stopped 70% of the time (test_terminal's
+    ``less_cpu``); node0's wait for them in every all_reduce. The supervisor, outside,
+    finds the ranks in its own process tree (podman's conmon, orphaned, is its child: it is
+    the subreaper) and samples their states: node1 is named as it is without a container."""
+    from test_terminal import compute_job, less_cpu
+
+    with less_cpu(boxed, "node1"):
+        code, text = compute_job(boxed, tmp_path / "logs")
+    assert code == 0, text[-3000:]
+    named = re.search(r"slowest node: (\S+), ([0-9.]+)x slower than the median \(the others waited for it", text)
+    assert named is not None and named.group(1) == "node1" and float(named.group(2)) >= 1.5, text[-3000:]
+    assert re.search(r"node1\s+slow [0-9.]+x", text), "node1 not marked in the live panel"
+    assert_clean(boxed)
+
+
 @pytest.mark.slow  # the docker command's own path in a later attempt; the podman one runs in CI
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not podman_docker(), reason="/usr/bin/docker is not podman-docker's (scripts/install-deps)")

@@ -1,6 +1,8 @@
 """The supervisor's busy samples, on real processes of this machine: a stand-in torchrun
 whose two workers (torchrun's environment) are one busy and one asleep; a process that
-is not a worker, or not in the job's tree, is never sampled."""
+is not a worker, or not in the job's tree, is never sampled. In a container the workers
+may be outside the tree (docker's are its daemon's): found there by the run's token, for
+the busy samples and to name the ranks' output files."""
 
 from __future__ import annotations
 
@@ -10,11 +12,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from torchherd.remote import ranks
-from torchherd.runlog import OutputParser, Status
+from torchherd.remote import ranks, wire
+from torchherd.remote.proctable import find_job_processes
+from torchherd.runlog import OutputLine, OutputParser, RankLines, Status
 
 LAUNCHER = """
 import os, subprocess, sys, time
@@ -86,3 +90,49 @@ def test_the_tree_from_children_files_is_the_process_tables(job: tuple[int, list
     root, pids = job
     assert sorted(ranks.tree_of(root)) == sorted(descendants(read_proc_table(), root)) == sorted(pids)
     assert ranks.tree_of(2**22 + 1) == []  # no such process
+
+
+@pytest.fixture
+def daemons_job() -> Iterator[tuple[int, list[int]]]:
+    """(a client's pid, the workers' pids): the workers, with the run's id and token in
+    their environment, are children of another process, as a docker container's ranks are
+    the daemon's shim's and never the client's (the supervisor's child)."""
+    env = dict(os.environ, **{wire.RUN_ID_ENV: "r1", wire.SUPERVISOR_ENV: "token1"})
+    shim = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, start_new_session=True, env=env)
+    client = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert shim.stdout is not None
+        yield client.pid, [int(word) for word in shim.stdout.readline().split()][:2]
+    finally:
+        os.killpg(shim.pid, signal.SIGKILL)
+        client.kill()
+        shim.wait()
+        client.wait()
+
+
+def test_workers_outside_the_tree_are_found_by_the_runs_token(daemons_job: tuple[int, list[int]]) -> None:
+    client, (busy, asleep) = daemons_job
+    assert ranks.job_workers(client) == {}  # the tree alone: blind
+    assert ranks.job_workers(client, lambda: find_job_processes("r1", "token2", client)) == {}  # another's
+    mine = lambda: find_job_processes("r1", "token1", client)  # noqa: E731
+    assert ranks.job_workers(client, mine) == {busy: (0, 0, 0), asleep: (0, 1, 1)}
+    time.sleep(0.3)
+    assert busy_records(ranks.BusySampler(client, 1.0), 1.1) == []
+    statuses = busy_records(ranks.BusySampler(client, 1.0, mine), 2.5)
+    samples = sum(int(status.fields["samples"]) for status in statuses)  # type: ignore[call-overload]
+    busy_count = sum(int(status.fields["busy"]) for status in statuses)  # type: ignore[call-overload]
+    assert len(statuses) == 2 and 2 * 7 <= samples <= 2 * 12 and busy_count == pytest.approx(samples / 2, abs=2)
+
+
+def test_a_rank_file_is_named_by_a_worker_outside_the_tree(daemons_job: tuple[int, list[int]],
+                                                           tmp_path: Path) -> None:
+    client, _workers = daemons_job
+    folder = tmp_path / "none_x1y2" / "attempt_0" / "1"
+    folder.mkdir(parents=True)
+    (folder / "stdout.log").write_text("hello\n")
+    blind = ranks.RankFiles(str(tmp_path), client, False)
+    assert blind.poll(time.monotonic()) == b""  # the line waits for its rank
+    seeing = ranks.RankFiles(str(tmp_path), client, False, None, lambda: find_job_processes("r1", "token1", client))
+    chunks = OutputParser("node0").feed(seeing.poll(time.monotonic()))
+    lines = [line for chunk in chunks if isinstance(chunk, RankLines) for line in chunk.lines()]
+    assert [(line.rank, line.text) for line in lines if isinstance(line, OutputLine)] == [(1, "hello")]

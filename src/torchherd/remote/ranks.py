@@ -13,7 +13,7 @@ import selectors
 import shutil
 import socket
 import subprocess
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 # On a node these are the stand-in modules the shipped program registered; see
 # torchherd/remote/__init__.py.
@@ -31,6 +31,11 @@ RANK_LOOK_EVERY = 0.1
 PROGRESS_EVERY = 0.25
 """A rank's progress bar is reported at most this often."""
 GPU_QUERY_TIMEOUT = 10.0
+ELSEWHERE_EVERY = 1.0
+"""Seconds between two searches of the whole process table for ranks outside the tree."""
+Elsewhere = Callable[[], Set[int]]
+"""The job's processes wherever they are on the node (``proctable.find_job_processes``:
+by the run's id and the supervisor's token in their environment)."""
 
 
 class CoordinatorLink:
@@ -243,9 +248,13 @@ class RankFiles:
     in the file), and at the end, when no worker of its attempt was ever seen, its
     lines go out with their local rank."""
 
-    def __init__(self, log_dir: str, root: int, progress: bool, base: Optional[int] = None) -> None:
+    def __init__(self, log_dir: str, root: int, progress: bool, base: Optional[int] = None,
+                 elsewhere: Optional[Elsewhere] = None) -> None:
         self.log_dir = os.path.expanduser(log_dir)
         self.root = root
+        self.elsewhere = elsewhere
+        """Where the job's workers may be outside ``root``'s tree (a container: ``job_workers``)."""
+        self.next_search = 0.0
         self.with_progress = progress
         self.streams: Dict[str, RankStream] = {}
         self.bases: Dict[int, int] = {}
@@ -259,7 +268,10 @@ class RankFiles:
             self.next_look = now + RANK_LOOK_EVERY
             self._discover()
         if any(stream.head is None for stream in self.streams.values()):
-            self._learn_ranks()
+            search = now >= self.next_search
+            if search:
+                self.next_search = now + ELSEWHERE_EVERY
+            self._learn_ranks(search)
         out: List[bytes] = []
         for stream in self.streams.values():
             if stream.head is None or budget <= 0:
@@ -315,13 +327,12 @@ class RankFiles:
                         found.append((rank_dir + "/" + name, tag, int(match.group(1)), int(local)))
         return found
 
-    def _learn_ranks(self) -> None:
-        """Each attempt's first global rank: the controller's, else from the workers now alive."""
+    def _learn_ranks(self, search: bool = True) -> None:
+        """Each attempt's first global rank: the controller's, else from the workers now alive
+        (``search``: outside the tree too, where they may be)."""
         if self.base is None:
-            for pid in tree_of(self.root):
-                ranks = worker_ranks(pid)
-                if ranks is not None:
-                    self.bases.setdefault(ranks[0], ranks[1] - ranks[2])
+            for ranks in job_workers(self.root, self.elsewhere if search else None).values():
+                self.bases.setdefault(ranks[0], ranks[1] - ranks[2])
         for stream in self.streams.values():
             base = self.bases.get(stream.attempt, self.base)
             if stream.head is None and base is not None:
@@ -450,15 +461,34 @@ def tree_of(root: int, proc: str = "/proc") -> List[int]:
     return found
 
 
+def job_workers(root: int, elsewhere: Optional[Elsewhere] = None,
+                proc: str = "/proc") -> Dict[int, Tuple[int, int, int]]:
+    """torchrun's workers of the job, pid -> ``worker_ranks``: those in ``root``'s tree;
+    where it holds none, those of ``elsewhere`` (given where the job runs in a container).
+    podman's conmon, orphaned by its client, is adopted by the supervisor (a child
+    subreaper), so a podman container's ranks are in the tree; a docker container's are
+    the children of the daemon's shim, never of the client the supervisor started."""
+    found: Dict[int, Tuple[int, int, int]] = {}
+    for pids in (tree_of(root, proc), sorted(elsewhere()) if elsewhere is not None else []):
+        for pid in pids:
+            ranks = worker_ranks(pid, proc)
+            if ranks is not None:
+                found[pid] = ranks
+        if found:
+            break
+    return found
+
+
 class BusySampler:
     """How much of the time the node's ranks are busy rather than asleep: the state letter
     of each rank (its main thread) five times a second, reported as counts every few
     seconds. In a synchronous job every rank waits in each collective for the slowest;
     the ranks of the node the others wait for never do: running, runnable (waiting for a
-    CPU, a throttled cgroup), stopped (``cpulimit``'s SIGSTOP) or in disk I/O."""
+    CPU, a throttled cgroup), stopped (``cpulimit``'s SIGSTOP) or in disk I/O. The ranks
+    are looked for as ``job_workers`` finds them (``elsewhere``: in a container)."""
 
-    def __init__(self, root: int, every: float) -> None:
-        self.root, self.every = root, every
+    def __init__(self, root: int, every: float, elsewhere: Optional[Elsewhere] = None) -> None:
+        self.root, self.every, self.elsewhere = root, every, elsewhere
         self.pids: Tuple[int, ...] = ()
         self.samples = self.busy = 0
         self.next_look = self.next_sample = 0.0
@@ -470,7 +500,7 @@ class BusySampler:
             return b""
         if now >= self.next_look:
             self.next_look = now + BUSY_LOOK
-            self.pids = tuple(sorted(pid for pid in tree_of(self.root) if worker_ranks(pid) is not None))
+            self.pids = tuple(sorted(job_workers(self.root, self.elsewhere)))
         if self.pids and now >= self.next_sample:
             self.next_sample = now + BUSY_SAMPLE
             for _parent, state in read_proc_table(pids=self.pids).values():

@@ -306,13 +306,17 @@ class Supervisor:
         self.made_dir = False
         self.runtime: Optional[str] = None
         """The container runtime the job was started with (None: no container)."""
+        # In a container the ranks may be outside this supervisor's tree (docker's are the
+        # daemon's): then they are found by the token they carry, as the teardown finds them.
+        elsewhere = ((lambda: find_job_processes(config.run_id, self.token, self.pid))
+                     if config.container is not None else None)
         # The ranks' own files (torchrun --redirects) and GPU samples; progress bars and
         # GPUs only feed a live view, so a detached run's log is spared them (and a background
         # controller has no view).
-        self.ranks = (RankFiles(config.rank_logs, self.pid, not (self.detached or self.persist), config.rank_base)
-                      if config.rank_logs else None)
+        self.ranks = (RankFiles(config.rank_logs, self.pid, not (self.detached or self.persist), config.rank_base,
+                                elsewhere) if config.rank_logs else None)
         self.gpus = GpuSampler(0.0 if self.detached else config.gpu_every)
-        self.busy = BusySampler(self.pid, 0.0 if self.detached else config.busy_every)
+        self.busy = BusySampler(self.pid, 0.0 if self.detached else config.busy_every, elsewhere)
         workdir = os.path.expanduser(config.cwd) if config.cwd else os.getcwd()
         self.saves = (CheckpointWatch(workdir, config.checkpoint,
                                       lambda: find_job_processes(config.run_id, self.token, self.pid))
