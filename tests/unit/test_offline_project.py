@@ -9,18 +9,20 @@ edit of the sources needs no reinstall, and a second build costs nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from packaging.version import Version
-from uvproject import backend_wheels, package_project, uv_binary, wheel
+from uvproject import backend_wheels, package_project, registry_project, uv_binary, wheel
 
 from torchherd.engine import offline, venvs
 from torchherd.engine.events import VenvReady, VenvsDone, WheelFetched, WheelsDownloading, WheelsRelayed
@@ -28,6 +30,7 @@ from torchherd.engine.offline import build_wheels, export_requirements, gather_b
 from torchherd.engine.uvwheels import NodePlatform
 from torchherd.engine.wheelhouse import (
     LEGACY_BACKEND,
+    REQUIREMENTS,
     BuildSystem,
     build_download_argv,
     build_system,
@@ -39,6 +42,7 @@ from torchherd.engine.wheelhouse import (
 )
 from torchherd.inventory import parse
 from torchherd.plan import RunOptions, SyncOptions, UvOptions, build_plan
+from torchherd.remote import argv
 from torchherd.remote.venv import editable_argv, libc_of
 from torchherd.transport.local import LocalSession
 
@@ -110,7 +114,6 @@ def test_a_backends_dependencies_are_gathered_with_it_read_from_its_wheel(tmp_pa
     wheel(local, "helper", "0.5")
     newest = local / "backend-2.0-py3-none-any.whl"
     # backend 2.0 depends on helper: its METADATA says so
-    import zipfile
     with zipfile.ZipFile(newest) as archive:
         members = {name: archive.read(name) for name in archive.namelist()}
     members["backend-2.0.dist-info/METADATA"] += b"Requires-Dist: helper>=0.5\nRequires-Dist: nope; sys_platform == 'win32'\n"
@@ -253,12 +256,37 @@ def test_two_nodes_without_an_index_install_the_package_project_editable_then_co
     assert os.popen(f"{n0.python_path} -c 'import mypkg; print(mypkg.VALUE)'").read() == "edited\n"
 
 
-def test_a_project_that_is_no_package_gets_no_build_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from uvproject import registry_project
-
+def test_a_project_that_is_no_package_gets_no_build_directory(tmp_path: Path) -> None:
     project, built = registry_project(tmp_path / "proj")
     assert project_build(project) is None
     house = make_wheelhouse(export_requirements(project, uv_binary()), LOCK, here(), PYTHON, str(built.parent),
                             root=tmp_path / "houses", build=project_build(project), project=project)
     assert [name for name, _ in house.files] == ["requirements.txt", built.name]
     assert house.path.name == cache_name(LOCK, here(), PYTHON)
+
+
+@pytest.mark.timeout(120)
+def test_a_backend_the_node_cannot_build_with_fails_its_venv_in_one_line_unmarked(tmp_path: Path) -> None:
+    project, built = package_project(tmp_path / "proj")
+    house = tmp_path / "house"
+    (house / "build").mkdir(parents=True)
+    (house / REQUIREMENTS).write_text(export_requirements(project, uv_binary()))
+    shutil.copyfile(built, house / built.name)
+    (house / "build" / "requires.txt").write_text("setuptools>=61\n")  # and no wheel of it
+    venv = tmp_path / "venv"
+    config = {"path": str(venv), "key": "k1", "project": str(project), "uv": [uv_binary()],
+              "system_site_packages": False, "env": {"UV_CACHE_DIR": str(tmp_path / "node-cache"), "UV_OFFLINE": "1"},
+              "wheelhouse": str(house)}
+    done = subprocess.run([sys.executable, *argv("venv.py")], input=json.dumps(config) + "\n", capture_output=True,
+                          text=True, check=False, timeout=120)
+    answer = json.loads(done.stdout)
+    assert answer["error"].startswith(f"uv pip install --editable {project} with the build backend from "
+                                      f"{house / 'build'} failed (exit 1): "), answer
+    assert "setuptools" in answer["error"] and "\n" not in answer["error"]
+    assert not (venv / ".torchherd-venv").exists() and not house.exists()  # not marked built; the wheelhouse gone
+    plan = build_plan(parse({"cluster": {"nproc_per_node": 1}, "hosts": [{"name": "n0"}]}, Path("h.toml")),
+                      RunOptions(script="t.py", run_id="r", sync=SyncOptions("/p"), uv=UvOptions(LOCK, offline=True)))
+    failed = venvs._outcome(plan.nodes[0], answer, offline=True)
+    assert not isinstance(failed, VenvReady)
+    assert failed.hint.startswith("the project's build backend was sent in the wheelhouse (build/requires.txt there "
+                                  "names it), from [uv] wheels")
