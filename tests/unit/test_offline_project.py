@@ -24,6 +24,7 @@ import pytest
 from packaging.version import Version
 from uvproject import backend_wheels, package_project, registry_project, uv_binary, wheel
 
+from torchherd.console.sync import wheels_download_note
 from torchherd.engine import offline, venvs
 from torchherd.engine.events import VenvReady, VenvsDone, WheelFetched, WheelsDownloading, WheelsRelayed
 from torchherd.engine.offline import build_wheels, export_requirements, gather_build, make_wheelhouse, project_build
@@ -170,7 +171,8 @@ def test_a_backend_missing_here_is_downloaded_for_the_node_with_its_dependencies
     (tmp_path / "pip-calls").unlink()
 
     events: list[Any] = []
-    fetched = build_wheels(SETUPTOOLS, project, here(), PYTHON, [tmp_path / "empty"], tmp_path / "b1", None,
+    fetched = build_wheels(SETUPTOOLS, project, here(), PYTHON, [tmp_path / "made", tmp_path / "empty"],
+                           tmp_path / "b1", None,
                            pip_python=str(fake_pip(tmp_path, remote)), uv=uv_binary(), observer=events.append)
     # setuptools first; then what this setuptools asks for an editable build (wheel), in its own download
     assert fetched == ("setuptools>=61", "wheel")
@@ -179,6 +181,9 @@ def test_a_backend_missing_here_is_downloaded_for_the_node_with_its_dependencies
     assert all("--no-deps" not in call and "--only-binary=:all:" in call and f"--platform {tag}" in call
                for call in calls)
     assert [type(event) for event in events][:2] == [WheelsDownloading, WheelFetched]
+    assert wheels_download_note(events[0]) == (
+        f"wheels: downloading the project's build backend, with its dependencies, for {tag} python {PYTHON[:4]} with "
+        f"pip, in none of {tmp_path / 'empty'}: setuptools>=61", "")
     held = sorted(path.name for path in (tmp_path / "b1").iterdir())
     assert "requires.txt" in held and any(name.startswith("setuptools-") for name in held)
     assert (tmp_path / "b1" / "requires.txt").read_text() == (

@@ -378,7 +378,7 @@ def _backend_asks(venv: Path, build: BuildSystem, project: Path) -> list[str]:
 def _download_build(requires: Sequence[str], node: NodePlatform, python_version: str, into: Path,
                     configured: str | None, pip_python: str, *, looked: Sequence[Path], observer: Observer) -> None:
     observer(WheelsDownloading(node.download_tag(), major_minor(python_version), tuple(requires),
-                               ", ".join(str(directory) for directory in looked[1:])))
+                               ", ".join(str(directory) for directory in looked[1:]), backend=True))
     code, output = _pip(build_download_argv(pip_python, requires, str(into), node, python_version),
                         lambda line: _fetched(line, observer))
     if code != 0:
