@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from localcluster import REPO_ROOT, LocalCluster
-from uvproject import locked_project, registry_project, uv_binary, wheel
+from uvproject import backend_wheels, locked_project, package_project, registry_project, uv_binary, wheel
 
 from torchherd.api import Cluster
 from torchherd.cli import main
@@ -148,6 +148,7 @@ def test_nodes_without_an_index_get_the_locks_wheels_relayed_once_then_find_thei
         make_cluster: object, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     from torchherd.engine import offline
+    from torchherd.engine.offline import project_build
     from torchherd.engine.uvwheels import NodePlatform
     from torchherd.engine.wheelhouse import cache_name
     from torchherd.remote.venv import libc_of
@@ -155,10 +156,21 @@ def test_nodes_without_an_index_get_the_locks_wheels_relayed_once_then_find_thei
 
     cluster: LocalCluster = make_cluster(3, shared_paths=(str(REPO_ROOT), sys.prefix))  # type: ignore[operator]
     # The lock takes thdemo from PyPI (its URL there, its hash); no node reaches an index, and
-    # no node has the wheel: only this machine's [uv] wheels directory does.
-    project, built = registry_project(tmp_path / "proj", TRAIN.replace("from the lock", "from the wheelhouse"))
+    # no node has the wheel: only this machine's [uv] wheels directory does. The project is a
+    # src-layout package (mypkg, setuptools), installed editable as uv sync installs it, its
+    # backend's wheels in [uv] wheels too; where pip reaches no index for them, a project
+    # that is no package.
     wheels = tmp_path / "wheels"
-    wheels.mkdir()
+    packaged = backend_wheels(wheels)
+    script = TRAIN.replace("from the lock", "from the wheelhouse")
+    if packaged:
+        script = script.replace("import thdemo\n", "import mypkg\nimport thdemo\n").replace(
+            "value {thdemo.VALUE}", "value {thdemo.VALUE} mine {mypkg.VALUE} at {mypkg.__file__}")
+        project, built = package_project(tmp_path / "proj")
+        (project / "train.py").write_text(script)
+    else:
+        project, built = registry_project(tmp_path / "proj", script)
+    wheels.mkdir(exist_ok=True)
     built.rename(wheels / built.name)
     (project / "downloads").rmdir()
     monkeypatch.setattr(offline, "WHEELHOUSES", tmp_path / "wheelhouses")  # this machine's cache, the test's own
@@ -176,24 +188,30 @@ def test_nodes_without_an_index_get_the_locks_wheels_relayed_once_then_find_thei
     assert code == 0, out
     glibc = libc_of(__import__("platform").libc_ver())
     here = NodePlatform("Linux", __import__("platform").machine(), glibc[0], glibc[1])
-    house = tmp_path / "wheelhouses" / cache_name(venv.lock_hash, here, "%d.%d.%d" % sys.version_info[:3])
-    assert sorted(path.name for path in house.iterdir()) == ["requirements.txt", built.name]
+    build = project_build(project)
+    assert (build is not None) == packaged
+    house = tmp_path / "wheelhouses" / cache_name(venv.lock_hash, here, "%d.%d.%d" % sys.version_info[:3], build)
+    held = sorted(str(path.relative_to(house)) for path in house.rglob("*") if path.is_file())
+    backend = sorted(f"build/{path.name}" for path in wheels.glob("*.whl") if path.name != built.name)
+    assert held == sorted(["requirements.txt", built.name, *backend, *(["build/requires.txt"] if packaged else [])])
     assert house.stat().st_mode & 0o777 == 0o700
-    once = size(sum(path.stat().st_size for path in house.iterdir()))
+    once = size(sum(path.stat().st_size for path in house.rglob("*") if path.is_file()))
+    files = len(held)
     # This machine sent the wheelhouse once, to node0; node1 and node2 got it from the node before them.
-    assert re.search(rf"wheels: uv\.lock's 2 files for \S+ python {sys.version_info[0]}\.{sys.version_info[1]} "
+    assert re.search(rf"wheels: uv\.lock's {files} files for \S+ python {sys.version_info[0]}\.{sys.version_info[1]} "
                      rf"\({re.escape(once)}, none downloaded; {re.escape(str(house))}\) relayed node to node: this "
                      rf"machine -> node0 -> node1 -> node2: on 3 of 3 nodes \(\d+\.\d s; {re.escape(once)} sent from "
                      r"this machine\)$", out, re.M), out
     # before it, what goes where, and one bar per node (off a terminal: their last state, once)
-    assert re.search(rf"wheels: sending uv\.lock's 2 files for \S+ python {sys.version_info[0]}\.{sys.version_info[1]} "
+    assert re.search(rf"wheels: sending uv\.lock's {files} files for \S+ python {sys.version_info[0]}\.{sys.version_info[1]} "
                      rf"\({re.escape(once)}; {re.escape(str(house))}\) once, relayed node to node: this machine -> "
                      r"node0 -> node1 -> node2$", out, re.M), out
     bars = re.findall(rf"^  (node\d) ━+ {re.escape(once)} / {re.escape(once)} verified$", out, re.M)
     assert bars == ["node0", "node1", "node2"], out
     assert ("node0, node1, node2: venv " + venv.path + " built from uv.lock by uv pip sync --offline from the lock's "
             "wheels") in out, out
-    ranks = re.findall(r"^(node\d):\d: rank (\d) sum 3 prefix (\S+) value from the wheelhouse$", out, re.M)
+    mine = " mine mine at /tmp/work/src/mypkg/__init__.py" if packaged else ""  # each node's own copy, editable
+    ranks = re.findall(rf"^(node\d):\d: rank (\d) sum 3 prefix (\S+) value from the wheelhouse{mine}$", out, re.M)
     assert sorted(ranks) == [(f"node{index}", str(index), venv.path) for index in range(3)], out
     for name in cluster.names:  # the wheelhouse is gone from every node once its venv is built
         assert cluster.ssh(name, f"test -e /tmp/work/.torchherd-venvs/wheelhouse-{venv.key}").returncode != 0
@@ -203,7 +221,7 @@ def test_nodes_without_an_index_get_the_locks_wheels_relayed_once_then_find_thei
     assert code == 0, out
     assert "wheels:" not in out, out
     assert "node0, node1, node2: venv " + venv.path + " as uv.lock made it (cached)" in out, out
-    assert len(re.findall(r"^node\d:\d: rank \d sum 3 prefix \S+ value from the wheelhouse$", out, re.M)) == 3, out
+    assert len(re.findall(rf"^node\d:\d: rank \d sum 3 prefix \S+ value from the wheelhouse{mine}$", out, re.M)) == 3, out
 
     capsys.readouterr()
     code, _ = cli("-i", str(inventory), "check", "--json", "--only", "venv", "--workdir", "/tmp/work", "--sync",

@@ -79,3 +79,31 @@ def registry_project(root: Path, script: str = "") -> tuple[Path, Path]:
         'source = { registry = "https://pypi.org/simple" }\nwheels = [\n    { url = "https://files.pythonhosted.org/'
         f'packages/00/00/{built.name}", hash = "sha256:{digest}", size = {built.stat().st_size} }},\n]\n')
     return root, built
+
+
+def package_project(root: Path, value: str = "mine") -> tuple[Path, Path]:
+    """``registry_project`` made a src-layout package project (``mypkg``, built by
+    ``setuptools.build_meta``), which ``uv sync`` installs editable; its lock says so."""
+    root, built = registry_project(root)
+    (root / "src" / "mypkg").mkdir(parents=True)
+    (root / "src" / "mypkg" / "__init__.py").write_text(f"import thdemo\n\nVALUE = {value!r}\nDEP = thdemo.VALUE\n")
+    pyproject = (root / "pyproject.toml").read_text().replace('name = "demo"', 'name = "mypkg"')
+    (root / "pyproject.toml").write_text(pyproject + '\n[build-system]\nrequires = ["setuptools>=61"]\n'
+                                         'build-backend = "setuptools.build_meta"\n')
+    lock = (root / "uv.lock").read_text().replace('name = "demo"', 'name = "mypkg"')
+    (root / "uv.lock").write_text(lock.replace('source = { virtual = "." }', 'source = { editable = "." }'))
+    return root, built
+
+
+def backend_wheels(directory: Path) -> bool:
+    """setuptools' wheel as Python bundles it (ensurepip), and ``wheel`` with its dependencies
+    (what that setuptools asks for an editable build) from pip's configured index: this
+    machine's own. False when pip cannot have them (no index reachable)."""
+    import ensurepip
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for bundled in (Path(ensurepip.__file__).parent / "_bundled").glob("setuptools-*.whl"):
+        shutil.copyfile(bundled, directory / bundled.name)
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--retries", "0",
+                           "--timeout", "10", "-d", str(directory), "wheel"], capture_output=True, check=False)
+    return done.returncode == 0 and any(directory.glob("setuptools-*.whl"))

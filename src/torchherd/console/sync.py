@@ -81,8 +81,10 @@ def wheels_download_note(event: WheelsDownloading | WheelFetched) -> tuple[str, 
                                                                    else ""), "dim"
     shown = ", ".join(printable(name) for name in event.names[:5])
     more = f" and {len(event.names) - 5} more" if len(event.names) > 5 else ""
-    return (f"wheels: downloading {count(len(event.names), 'wheel')} of uv.lock for {printable(event.tag)} python "
-            f"{event.python} with pip, in none of {printable(event.looked)}: {shown}{more}", "")
+    what = ("the project's build backend, with its dependencies," if event.backend
+            else f"{count(len(event.names), 'wheel')} of uv.lock")
+    return (f"wheels: downloading {what} for {printable(event.tag)} python {event.python} with pip, in none of "
+            f"{printable(event.looked)}: {shown}{more}", "")
 
 
 def wheels_started_note(event: WheelsStarted) -> tuple[str, str]:

@@ -313,6 +313,9 @@ class WheelsDownloading:
     python: str
     names: tuple[str, ...]
     looked: str
+    backend: bool = False
+    """The package project's build backend (``names``: its requirements, fetched with their
+    dependencies), not the lock's wheels."""
 
 
 @dataclass(frozen=True)

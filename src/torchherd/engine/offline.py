@@ -10,7 +10,9 @@ node to node (`torchherd docs environments`, "Nodes without internet").
    wheel directories (``[uv] wheels``, ``~/.cache/torchherd/wheels``, pip's wheel cache),
    and only what is still missing from ``pip download --platform``. A wheelhouse already
    complete for the lock is taken as it is. Made in a new private directory, renamed into
-   place once complete.
+   place once complete. For a package project (``wheelhouse.build_system``), ``build/``
+   holds its build backend's wheels too (``build_wheels``), the node installs the project
+   editable from them, as ``uv sync`` does.
 3. ``relay_wheelhouse``: this machine feeds the directory once to the first node of the
    chain (the master first), and the nodes pass it on over the cluster's network
    (``engine.relay``, with ``remote/checkpoint.py relay`` on each node): each writes it
@@ -22,6 +24,7 @@ node to node (`torchherd docs environments`, "Nodes without internet").
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -34,17 +37,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
 from torchherd.engine.events import Observer, WheelFetched, WheelsDownloading, WheelsProgress
 from torchherd.engine.recovery.staging import job_address
 from torchherd.engine.relay import Hop, file_feed, run_chain
 from torchherd.engine.uvwheels import DEFAULT_WHEELS, NodePlatform
 from torchherd.engine.wheelhouse import (
+    BUILD,
+    BUILD_REQUIREMENTS,
     REQUIREMENTS,
+    BuildSystem,
     Requirement,
+    build_download_argv,
+    build_system,
     cache_name,
     dir_hashes,
     download_argv,
     export_argv,
+    fitting_wheel,
     major_minor,
     marker_environment,
     missing,
@@ -52,8 +66,11 @@ from torchherd.engine.wheelhouse import (
     parse_requirements,
     pip_fetching,
     requirement_lines,
+    requirement_name,
+    satisfies,
     wanted,
     wheel_name,
+    wheel_requires,
 )
 from torchherd.plan import NodePlan
 from torchherd.remote import command
@@ -64,6 +81,8 @@ from torchherd.transport import Session
 WHEELHOUSES = Path.home() / ".cache" / "torchherd" / "wheelhouse"
 """Where this machine keeps the wheelhouses it made (one per lock, platform and python)."""
 EXPORT_SECONDS = 120.0
+PROBE_SECONDS = 300.0
+"""The backend installed here in a scratch venv, and asked what an editable build needs."""
 DOWNLOAD_SECONDS = 3600.0
 """pip's download of a lock's wheels: torch and CUDA's libraries are gigabytes."""
 
@@ -117,6 +136,16 @@ def export_requirements(project: Path, uv: str | None = None) -> str:
     return done.stdout
 
 
+def project_build(project: Path) -> BuildSystem | None:
+    """The synced project's build system when ``uv sync`` would install it (a package
+    project), else None; a pyproject.toml that cannot be read: None (uv export reads it
+    first, and says why)."""
+    try:
+        return build_system(tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+
+
 def local_dirs(configured: str | None) -> list[Path]:
     """Where the lock's wheels are looked for here, in order: ``[uv] wheels``, the default
     wheel directory, pip's wheel cache."""
@@ -132,19 +161,22 @@ Listing = list[tuple[str, int, str]]
 
 def make_wheelhouse(exported: str, lock_hash: str, node: NodePlatform, python_version: str,
                     configured: str | None, *, root: Path | None = None,
-                    pip_python: str = sys.executable, observer: Observer = lambda event: None) -> Wheelhouse:
+                    pip_python: str = sys.executable, observer: Observer = lambda event: None,
+                    build: BuildSystem | None = None, project: Path | None = None,
+                    uv: str | None = None) -> Wheelhouse:
     """The wheelhouse for ``node``'s platform and python, complete by hash (module doc, 2),
-    under ``root`` (default ``WHEELHOUSES``). ``observer`` is told ``WheelsDownloading``
-    and a ``WheelFetched`` per file when pip must fetch some (a download of gigabytes is
-    minutes: the user sees what runs). Raises WheelhouseError naming what is missing and
-    the download that fixes it."""
+    under ``root`` (default ``WHEELHOUSES``); with ``build`` (the package ``project``'s
+    build system), its backend's wheels in ``build/`` too (``build_wheels``, with ``uv``).
+    ``observer`` is told ``WheelsDownloading`` and a ``WheelFetched`` per file when pip
+    must fetch some (a download of gigabytes is minutes: the user sees what runs). Raises
+    WheelhouseError naming what is missing and the download that fixes it."""
     root = root or WHEELHOUSES
     requirements = parse_requirements(exported)
     environment = marker_environment(node, python_version)
     needed = wanted(requirements, environment)
-    final = root / cache_name(lock_hash, node, python_version)
+    final = root / cache_name(lock_hash, node, python_version, build)
     listing = _listing(final)
-    if _complete(final, exported, needed, listing):
+    if _complete(final, exported, needed, listing) and (build is None or (final / BUILD / BUILD_REQUIREMENTS).is_file()):
         return _house(final, listing)
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))  # 0700, a name no one guessed
@@ -165,6 +197,10 @@ def make_wheelhouse(exported: str, lock_hash: str, node: NodePlatform, python_ve
                     f"pip download for {node.download_tag()} python {major_minor(python_version)} brought no wheel "
                     f"with the lock's hash for {', '.join(left)}", fix(left, node, python_version, configured, pip_python))
             downloaded = tuple(still)
+        if build is not None:
+            downloaded += build_wheels(build, project or Path("."), node, python_version,
+                                       [final / BUILD, *looked], partial / BUILD, configured,
+                                       pip_python=pip_python, uv=uv, observer=observer)
         (partial / REQUIREMENTS).write_text(exported, encoding="utf-8")
         _put_in_place(partial, final)
     finally:
@@ -209,6 +245,151 @@ def _gather(needed: Sequence[Requirement], dirs: Sequence[Path], into: Path) -> 
                 continue
             have.add(digest)
     return have
+
+
+def build_wheels(build: BuildSystem, project: Path, node: NodePlatform, python_version: str,
+                 dirs: Sequence[Path], into: Path, configured: str | None, *, pip_python: str = sys.executable,
+                 uv: str | None = None, observer: Observer = lambda event: None) -> tuple[str, ...]:
+    """``into`` (made here) filled with the wheels uv's isolated build of the project's
+    editable install takes on the node: the ``[build-system] requires`` with their
+    dependencies, then what the backend's ``get_requires_for_build_editable`` adds (an
+    older setuptools asks for ``wheel``). Each from ``dirs`` first (``gather_build``),
+    checked by installing them here with no index (``_probe``; the backend is asked in that
+    scratch venv); what does not install from them is downloaded with its dependencies for
+    the node's platform. Returns the requirements downloaded. Raises WheelhouseError."""
+    into.mkdir(mode=0o700)
+    environment = marker_environment(node, python_version)
+    uv = uv or controller_uv()
+    fetched: list[str] = []
+    asked: list[str] = []
+    with tempfile.TemporaryDirectory(prefix=".probe-", dir=into.parent) as scratch:
+        venv = Path(scratch) / "venv"
+        made = uv is not None and _run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)])[0] == 0
+
+        def supply(requires: Sequence[str]) -> bool:
+            """``requires`` in ``into``, from ``dirs`` else downloaded; whether they install here."""
+            if not requires:
+                return made
+            gather_build(requires, dirs, into, environment)
+            if made and _probe(uv, venv, into, requires):
+                return True
+            _download_build(requires, node, python_version, into, configured, pip_python, looked=dirs,
+                            observer=observer)
+            fetched.extend(requires)
+            # Downloaded for the node's platform: a backend with binary parts may not install here.
+            return made and _probe(uv, venv, into, requires)
+
+        if supply(build.requires):
+            names = {requirement_name(item) for item in build.requires}
+            asked = [item for item in _backend_asks(venv, build, project) if requirement_name(item) not in names]
+            if asked:
+                supply(asked)
+    lines = [f"# build-backend = {build.backend}", *build.requires, *(f"{item}  # asked by the backend" for item in asked)]
+    (into / BUILD_REQUIREMENTS).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return tuple(fetched)
+
+
+def gather_build(requires: Sequence[str], dirs: Sequence[Path], into: Path, environment: Mapping[str, str]) -> None:
+    """For each requirement (and, read from the wheel chosen, each of its dependencies that
+    holds on the node), the newest wheel in ``dirs`` that satisfies it and installs on any
+    platform with the node's python, linked (else copied) into ``into``."""
+    found: dict[str, list[tuple[Any, Path]]] = {}
+    for index, directory in enumerate(dirs):
+        try:
+            candidates = sorted(directory.rglob("*.whl") if index == len(dirs) - 1 else directory.glob("*.whl"))
+        except OSError:
+            continue
+        for path in candidates:
+            fits = fitting_wheel(path.name, environment["python_full_version"])
+            if fits is not None:
+                found.setdefault(fits[0], []).append((fits[1], path))
+    queue = list(requires)
+    done: set[str] = set()
+    while queue:
+        requirement = queue.pop(0)
+        name = requirement_name(requirement)
+        if not name or name in done:
+            continue
+        done.add(name)
+        fitting = [(version, path) for version, path in found.get(name, []) if satisfies(requirement, name, version)]
+        if not fitting:
+            continue
+        _, best = max(fitting, key=lambda item: item[0])
+        if not (into / best.name).exists():
+            try:
+                _link(best, into / best.name)
+            except OSError:
+                continue
+        queue.extend(wheel_requires(best, environment))
+
+
+def _run(argv: list[str], cwd: Path | None = None) -> tuple[int, str]:
+    try:
+        done = subprocess.run(argv, cwd=cwd, env={**os.environ, "UV_OFFLINE": "1"}, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=PROBE_SECONDS, check=False)
+    except (OSError, subprocess.SubprocessError) as error:
+        return -1, str(error)
+    return done.returncode, done.stdout
+
+
+def _probe(uv: str | None, venv: Path, wheels: Path, requires: Sequence[str]) -> bool:
+    """Whether ``requires`` install here from ``wheels`` alone (no index, no network), into
+    the scratch ``venv``: then the node's uv finds them there too (a backend is pure Python,
+    the same wheels install on every platform)."""
+    if uv is None:
+        return False
+    argv = [uv, "pip", "install", "--quiet", "--offline", "--no-index", "--find-links", str(wheels),
+            "--python", str(venv / "bin" / "python"), *requires]
+    return _run(argv)[0] == 0
+
+
+BACKEND_ASKS = (
+    "import importlib, json, sys\n"
+    "module, _, attribute = sys.argv[1].partition(':')\n"
+    "backend = importlib.import_module(module)\n"
+    "for part in filter(None, attribute.split('.')):\n"
+    "    backend = getattr(backend, part)\n"
+    "hook = getattr(backend, 'get_requires_for_build_editable', None)\n"
+    "print(json.dumps(list(hook({}) if hook else [])))\n")
+"""Run in the scratch venv: what the backend asks, beyond its ``requires``, to build an
+editable install (PEP 660), as uv asks it on the node."""
+
+
+def _backend_asks(venv: Path, build: BuildSystem, project: Path) -> list[str]:
+    """The backend's ``get_requires_for_build_editable``, asked in a scratch copy of the
+    project's build configuration (the backend may write there: setuptools writes an
+    egg-info); none when it cannot be asked (an in-tree backend, a setup.py that reads the
+    sources): the node's build then says what it lacks."""
+    if build.backend_path:
+        return []
+    with tempfile.TemporaryDirectory(prefix=".backend-", dir=venv.parent) as copy:
+        for name in ("pyproject.toml", "setup.py", "setup.cfg"):
+            if (project / name).is_file():
+                shutil.copyfile(project / name, Path(copy) / name)
+        code, output = _run([str(venv / "bin" / "python"), "-c", BACKEND_ASKS, build.backend], cwd=Path(copy))
+    lines = output.strip().splitlines()
+    try:
+        asked = json.loads(lines[-1]) if code == 0 and lines else []
+    except ValueError:
+        return []
+    return [str(item) for item in asked] if isinstance(asked, list) else []
+
+
+def _download_build(requires: Sequence[str], node: NodePlatform, python_version: str, into: Path,
+                    configured: str | None, pip_python: str, *, looked: Sequence[Path], observer: Observer) -> None:
+    observer(WheelsDownloading(node.download_tag(), major_minor(python_version), tuple(requires),
+                               ", ".join(str(directory) for directory in looked[1:]), backend=True))
+    code, output = _pip(build_download_argv(pip_python, requires, str(into), node, python_version),
+                        lambda line: _fetched(line, observer))
+    if code != 0:
+        last = [line.strip() for line in output.splitlines() if line.strip().startswith("ERROR")] or \
+            output.splitlines()[-1:] or ["no output"]
+        argv = build_download_argv(pip_python, requires, "DIR", node, python_version)
+        raise WheelhouseError(
+            f"the project's build backend for {node.download_tag()} python {major_minor(python_version)}: "
+            f"{', '.join(requires)} not in {configured or DEFAULT_WHEELS} and pip download failed (exit {code}): "
+            f"{last[0][:300]}",
+            f"{shlex.join(argv[:-len(requires) - 2])} -d {quote_path(configured or DEFAULT_WHEELS)} {shlex.join(requires)}")
 
 
 def _link(source: Path, target: Path) -> None:
@@ -296,9 +477,12 @@ def _put_in_place(partial: Path, final: Path) -> None:
 
 
 def _listing(final: Path) -> Listing:
-    """``final``'s files (not the hidden ones), each read and hashed once; none when it is not there."""
+    """``final``'s files (not the hidden ones; ``build/``'s too), by relative path in the
+    order a node lists its copy, each read and hashed once; none when it is not there."""
     try:
-        names = sorted(path.name for path in final.iterdir() if path.is_file() and not path.name.startswith("."))
+        names = sorted(str(path.relative_to(final)) for path in final.rglob("*")
+                       if path.is_file() and not path.is_symlink()
+                       and not any(part.startswith(".") for part in path.relative_to(final).parts))
         return [(name, (final / name).stat().st_size, file_sha256(str(final / name))) for name in names]
     except OSError:
         return []

@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 from torchherd.engine.events import Observer, VenvFailed, VenvReady, VenvsDone, WheelsRelayed, WheelsStarted
-from torchherd.engine.offline import Wheelhouse, WheelhouseError, export_requirements, make_wheelhouse, relay_wheelhouse
+from torchherd.engine.offline import (
+    Wheelhouse,
+    WheelhouseError,
+    export_requirements,
+    make_wheelhouse,
+    project_build,
+    relay_wheelhouse,
+)
 from torchherd.engine.uvwheels import (
     DEFAULT_WHEELS,
     NodePlatform,
@@ -150,10 +157,14 @@ def supply_wheels(plan: Plan, needing: Sequence[NeedsWheels], sessions: Mapping[
     assert plan.options.sync is not None and plan.options.uv is not None
     wheels = plan.inventory.uv.wheels
     by_name = {item.node.host.name: item for item in needing}
+    project = Path(plan.options.sync.source)
     try:
-        exported = export_requirements(Path(plan.options.sync.source))
+        exported = export_requirements(project)
     except WheelhouseError as error:
         return {name: VenvFailed(name, str(error), error.hint) for name in by_name}
+    # uv export leaves the project out; a package project is installed editable on the
+    # node, as uv sync does, with its build backend's wheels sent in the wheelhouse.
+    build = project_build(project)
     outcomes: dict[str, Union[VenvReady, VenvFailed]] = {}
     groups = platforms([(name, item.platform, item.python) for name, item in by_name.items()])
     for (tag, python), names in groups.items():
@@ -161,7 +172,7 @@ def supply_wheels(plan: Plan, needing: Sequence[NeedsWheels], sessions: Mapping[
         first = by_name[names[0]]
         try:
             house = make_wheelhouse(exported, plan.options.uv.lock_hash, first.platform, first.python, wheels,
-                                    observer=observer)
+                                    observer=observer, build=build, project=project)
         except WheelhouseError as error:
             outcomes.update({name: VenvFailed(name, str(error), error.hint) for name in names})
             continue
@@ -233,6 +244,10 @@ def _outcome(node: NodePlan, answer: Mapping[str, Any], shipped: bool = False,
         error = str(answer["error"])
         if answer.get("uv_missing"):
             hint = missing_uv_hint(node)
+        elif offline and "--editable" in error:
+            hint = ("the project's build backend was sent in the wheelhouse (build/requires.txt there names it), from "
+                    f"[uv] wheels, {DEFAULT_WHEELS} or pip's cache, else pip download: put the wheels the build lacks "
+                    "there, for the node's python")
         elif offline:
             hint = ("the wheelhouse was made from uv export of the lock (each wheel by the lock's hash, from "
                     f"{DEFAULT_WHEELS} or [uv] wheels, else pip download) and is sent again on the next run")

@@ -11,23 +11,148 @@ installs exactly those files (``uv pip sync --offline --no-index --find-links DI
 --require-hashes``): the same names, versions and hashes as the lock, which the ``venv``
 check (``uv sync --frozen --offline --check``) then finds in sync.
 
-Pure but ``dir_hashes`` (which reads the wheel files).
+The export leaves the project out (``--no-emit-project``): ``uv sync`` installs a package
+project (one with a ``[build-system]``, or ``tool.uv.package = true``; never with
+``tool.uv.package = false``) editable, built by its backend, which the lock does not hold.
+So for a package project the wheelhouse also holds the backend's wheels (``build/``: its
+``[build-system] requires`` with their dependencies, and what the backend asks for an
+editable build), and the node, after the sync, installs the project as ``uv sync`` does:
+``uv pip install --offline --no-index --find-links build --no-deps -e PROJECT`` (uv's build
+isolation takes the backend from those wheels alone).
+
+Pure but ``dir_hashes`` and ``wheel_requires`` (which read the wheel files).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from email.parser import HeaderParser
 from pathlib import Path
+from typing import Any
 
 from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
+from packaging.requirements import InvalidRequirement
+from packaging.requirements import Requirement as Specified
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 
 from torchherd.engine.uvwheels import NodePlatform
 from torchherd.remote.checkpoint import file_sha256
 
 REQUIREMENTS = "requirements.txt"
 """In a wheelhouse directory: the lock exported as hashed requirements."""
+BUILD = "build"
+"""In a wheelhouse directory of a package project: the build backend's wheels, and
+``BUILD_REQUIREMENTS`` (what they were gathered for)."""
+BUILD_REQUIREMENTS = "requires.txt"
+LEGACY_BACKEND = "setuptools.build_meta:__legacy__"
+LEGACY_REQUIRES = ("setuptools>=40.8.0",)
+"""What uv builds a package project without a ``[build-system]`` with (PEP 517's default)."""
+
+
+@dataclass(frozen=True)
+class BuildSystem:
+    """A package project's ``[build-system]``: what uv builds its editable install with."""
+
+    requires: tuple[str, ...]
+    backend: str
+    backend_path: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """Short, and another when anything in the table changes (the wheelhouse's name holds it)."""
+        text = json.dumps([self.requires, self.backend, self.backend_path])
+        return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def build_system(pyproject: Mapping[str, Any]) -> BuildSystem | None:
+    """As ``uv sync`` decides whether to install the project itself: a project with a
+    ``[build-system]`` is a package unless ``tool.uv.package = false``; one without is not,
+    unless ``tool.uv.package = true`` (then built with PEP 517's default, setuptools).
+    None: not a package (nothing more is sent or run)."""
+    tool = pyproject.get("tool")
+    uv = tool.get("uv") if isinstance(tool, Mapping) else None
+    package = uv.get("package") if isinstance(uv, Mapping) else None
+    table = pyproject.get("build-system")
+    if package is False or (not isinstance(table, Mapping) and package is not True):
+        return None
+    if not isinstance(table, Mapping):
+        return BuildSystem(LEGACY_REQUIRES, LEGACY_BACKEND)
+    requires = table.get("requires")
+    path = table.get("backend-path")
+    return BuildSystem(tuple(str(item) for item in requires) if isinstance(requires, list) else LEGACY_REQUIRES,
+                       str(table.get("build-backend") or LEGACY_BACKEND),
+                       tuple(str(item) for item in path) if isinstance(path, list) else ())
+
+
+def fitting_wheel(filename: str, python_version: str) -> tuple[str, Version] | None:
+    """A wheel file's (canonical name, version) when it installs on any platform with the
+    node's python (``py3-none-any``, ``cp311-none-any``: a build backend's usual wheel);
+    None for another file, or a wheel built for one platform (those are downloaded for the
+    node's own)."""
+    try:
+        name, version, _, tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return None
+    major, minor = (major_minor(python_version).split(".") + ["0"])[:2]
+    interpreters = {f"py{major}", f"py{major}{minor}", f"cp{major}{minor}"}
+    if any(tag.platform == "any" and tag.abi == "none" and tag.interpreter in interpreters for tag in tags):
+        return str(name), version
+    return None
+
+
+def requires_dist(metadata: str, environment: Mapping[str, str]) -> list[str]:
+    """A wheel's ``Requires-Dist`` (its METADATA) that hold on the node, without extras."""
+    found = []
+    for line in HeaderParser().parsestr(metadata).get_all("Requires-Dist") or []:
+        try:
+            requirement = Specified(line)
+        except InvalidRequirement:
+            continue
+        if requirement.marker is None or applies(str(requirement.marker), environment):
+            found.append(str(requirement))
+    return found
+
+
+def wheel_requires(path: Path, environment: Mapping[str, str]) -> list[str]:
+    """``requires_dist`` of a wheel file (its ``*.dist-info/METADATA``); none when unreadable."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [name for name in archive.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", name)]
+            return requires_dist(archive.read(names[0]).decode("utf-8", "replace"), environment) if names else []
+    except (OSError, zipfile.BadZipFile, KeyError):
+        return []
+
+
+def satisfies(requirement: str, name: str, version: Version) -> bool:
+    """Whether a wheel of ``name`` and ``version`` satisfies ``requirement`` (a PEP 508 string)."""
+    try:
+        specified = Specified(requirement)
+    except InvalidRequirement:
+        return False
+    return canonicalize_name(specified.name) == name and specified.specifier.contains(version, prereleases=True)
+
+
+def requirement_name(requirement: str) -> str:
+    """A PEP 508 requirement's canonical name ("" when it cannot be read)."""
+    try:
+        return str(canonicalize_name(Specified(requirement).name))
+    except InvalidRequirement:
+        return ""
+
+
+def build_download_argv(python: str, requires: Sequence[str], dest: str, node: NodePlatform,
+                        python_version: str) -> list[str]:
+    """pip's download of a build backend for ``node``: with its dependencies (the lock
+    does not pin them), binaries only (nothing is built here for another platform)."""
+    return [python, "-m", "pip", "download", "--only-binary=:all:", "--progress-bar", "off", "--platform",
+            node.download_tag(), "--python-version", major_minor(python_version), "--implementation", "cp",
+            "-d", dest, *requires]
 
 
 @dataclass(frozen=True)
@@ -121,10 +246,12 @@ def platforms(nodes: Sequence[tuple[str, NodePlatform, str]]) -> dict[tuple[str,
     return groups
 
 
-def cache_name(lock_hash: str, node: NodePlatform, python_version: str) -> str:
+def cache_name(lock_hash: str, node: NodePlatform, python_version: str, build: BuildSystem | None = None) -> str:
     """This machine's wheelhouse for one lock, node platform and python:
-    ``<lock hash>-<download tag>-<major.minor>`` (under ``~/.cache/torchherd/wheelhouse``)."""
-    return f"{lock_hash[:16]}-{node.download_tag()}-{major_minor(python_version)}"
+    ``<lock hash>-<download tag>-<major.minor>`` (under ``~/.cache/torchherd/wheelhouse``),
+    and ``-b<key>`` for a package project's build backend (what it holds changes with it)."""
+    name = f"{lock_hash[:16]}-{node.download_tag()}-{major_minor(python_version)}"
+    return f"{name}-b{build.key}" if build is not None else name
 
 
 def node_dir(venv_path: str, key: str) -> str:

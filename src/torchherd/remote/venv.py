@@ -5,7 +5,9 @@ Reads its config, one JSON line, on stdin (the job's environment travels there, 
 command line): ``path`` (the venv), ``key``, ``project`` (the synced project), ``uv``
 (where to look for uv, in order), ``system_site_packages``, ``env``, and optionally
 ``wheelhouse`` (a directory holding the lock's wheels and ``requirements.txt``, the lock
-exported with hashes: the venv is built from those files alone, offline; the directory is
+exported with hashes: the venv is built from those files alone, offline; with a ``build/``
+directory in it, the project's build backend's wheels, the project is then installed
+editable from them, as ``uv sync`` installs a package project; the directory is
 removed after the build, built or not). When the venv's
 marker holds ``key`` the venv is as the lock made it: nothing runs, not even uv. Else it
 finds uv, runs ``uv sync --frozen`` into the venv and writes the marker last, so a build
@@ -106,6 +108,14 @@ def run(argv: list[str], cwd: str, env: dict[str, str]) -> tuple[int, bytes]:
     return done.returncode, done.stdout
 
 
+def editable_argv(uv: str, build_wheels: str, project: str, python: str) -> list[str]:
+    """The project installed as ``uv sync`` installs a package project: editable, without
+    its dependencies (the lock's, installed already), built by uv in isolation with the
+    backend taken from ``build_wheels`` alone (no index, no network)."""
+    return [uv, "pip", "install", "--offline", "--no-index", "--find-links", build_wheels, "--no-deps",
+            "--editable", project, "--python", python]
+
+
 def build(config: dict[str, Any]) -> dict[str, object]:
     path = os.path.expanduser(config["path"])
     if built(path, config["key"]):
@@ -176,6 +186,13 @@ def build_with(config: dict[str, Any], path: str, uv: str, wheelhouse: str | Non
         code, output = run(argv, project, env)
         if code != 0:
             return {"error": f"uv pip sync from {wheelhouse} failed (exit {code}): {tail(output)}"}
+        build_wheels = os.path.join(wheelhouse, "build")
+        if os.path.isdir(build_wheels):
+            code, output = run(editable_argv(uv, build_wheels, project, os.path.join(path, "bin", "python")),
+                               project, env)
+            if code != 0:
+                return {"error": f"uv pip install --editable {project} with the build backend from {build_wheels} "
+                                 f"failed (exit {code}): {tail(output)}"}
     else:
         code, output = run([uv, "sync", "--frozen", "--python", sys.executable], project, env)
         if code != 0:
