@@ -360,7 +360,8 @@ def _venvs(inventory: Inventory, options: RunOptions) -> dict[str, NodeVenv]:
 
 def _venv_node(node: NodePlan, venv: NodeVenv, offline: bool = False) -> NodePlan:
     kind = ", with the node python's own packages" if venv.system_site_packages else ""
-    how = ("uv pip sync builds offline from the lock's wheels, sent from this machine" if offline
+    how = ("uv pip sync builds offline from the lock's wheels, sent from this machine (a package project then "
+           "installed editable, as uv sync does, its build backend sent too)," if offline
            else "uv sync --frozen builds")
     note = (f"python {venv.python_path}: the venv {how} from uv.lock (sha256 "
             f"{venv.lock_hash[:12]}) with {venv.python}{kind}; kept while the lock is unchanged")
