@@ -6,6 +6,7 @@ The real failure (an image no registry serves) is tests/cluster/test_containers.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -141,11 +142,18 @@ def test_ctrl_c_stops_the_pull_on_every_node(tmp_path: Path) -> None:
     env = {name: {**stand_in(tmp_path / name, "podman-4.3-archive.txt", 0, pause=60), "MARKER": marker}
            for name in ("node0", "node1")}
     events = Collector()
-    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), 2))
+    # Ctrl-C as a terminal sends it, whatever started the tests: a shell's background job
+    # (``nohup ... &``) inherits SIGINT ignored, and Python then keeps it so.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        pull_images(plan, sessions_for(plan, env), events)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pull_images(plan, sessions_for(plan, env), events)  # type: ignore[arg-type]
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, inherited)
     assert time.monotonic() - started < 15
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
