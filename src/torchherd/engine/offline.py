@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,26 +225,30 @@ def _gather(needed: Sequence[Requirement], dirs: Sequence[Path], into: Path) -> 
     are read (a wheel directory may hold gigabytes of others)."""
     by_name = {(normalized(item.name), item.version): set(item.hashes) for item in needed}
     have: set[str] = set()
-    for index, directory in enumerate(dirs):
+    for path in _wheels_in(dirs):
+        named = wheel_name(path.name)
+        hashes = by_name.get(named) if named is not None else None
+        if not hashes or hashes & have or (into / path.name).exists():
+            continue
         try:
-            # pip's cache keeps wheels at any depth; the others at their top.
-            candidates = sorted(directory.rglob("*.whl") if index == len(dirs) - 1 else directory.glob("*.whl"))
+            digest = file_sha256(str(path))
+            if digest not in hashes:
+                continue  # the same name and version built otherwise: not the lock's
+            _link(path, into / path.name)
         except OSError:
             continue
-        for path in candidates:
-            named = wheel_name(path.name)
-            hashes = by_name.get(named) if named is not None else None
-            if not hashes or hashes & have or (into / path.name).exists():
-                continue
-            try:
-                digest = file_sha256(str(path))
-                if digest not in hashes:
-                    continue  # the same name and version built otherwise: not the lock's
-                _link(path, into / path.name)
-            except OSError:
-                continue
-            have.add(digest)
+        have.add(digest)
     return have
+
+
+def _wheels_in(dirs: Sequence[Path]) -> Iterator[Path]:
+    """The wheel files of ``dirs``, in order: at the top of each, at any depth in the last
+    (pip's cache); a directory that cannot be read is passed over."""
+    for index, directory in enumerate(dirs):
+        try:
+            yield from sorted(directory.rglob("*.whl") if index == len(dirs) - 1 else directory.glob("*.whl"))
+        except OSError:
+            continue
 
 
 def build_wheels(build: BuildSystem, project: Path, node: NodePlatform, python_version: str,
@@ -294,15 +298,10 @@ def gather_build(requires: Sequence[str], dirs: Sequence[Path], into: Path, envi
     holds on the node), the newest wheel in ``dirs`` that satisfies it and installs on any
     platform with the node's python, linked (else copied) into ``into``."""
     found: dict[str, list[tuple[Any, Path]]] = {}
-    for index, directory in enumerate(dirs):
-        try:
-            candidates = sorted(directory.rglob("*.whl") if index == len(dirs) - 1 else directory.glob("*.whl"))
-        except OSError:
-            continue
-        for path in candidates:
-            fits = fitting_wheel(path.name, environment["python_full_version"])
-            if fits is not None:
-                found.setdefault(fits[0], []).append((fits[1], path))
+    for path in _wheels_in(dirs):
+        fits = fitting_wheel(path.name, environment["python_full_version"])
+        if fits is not None:
+            found.setdefault(fits[0], []).append((fits[1], path))
     queue = list(requires)
     done: set[str] = set()
     while queue:
