@@ -410,14 +410,11 @@ def test_the_node_the_others_wait_for_is_named_the_straggler_inside_a_container(
     ``less_cpu``); node0's wait for them in every all_reduce. The supervisor, outside,
     finds the ranks in its own process tree (podman's conmon, orphaned, is its child: it is
     the subreaper) and samples their states: node1 is named as it is without a container."""
-    from test_terminal import compute_job, less_cpu
+    from test_terminal import assert_named_the_straggler, compute_job, less_cpu
 
     with less_cpu(boxed, "node1"):
         code, text = compute_job(boxed, tmp_path / "logs")
-    assert code == 0, text[-3000:]
-    named = re.search(r"slowest node: (\S+), ([0-9.]+)x slower than the median \(the others waited for it", text)
-    assert named is not None and named.group(1) == "node1" and float(named.group(2)) >= 1.5, text[-3000:]
-    assert re.search(r"node1\s+slow [0-9.]+x", text), "node1 not marked in the live panel"
+    assert_named_the_straggler(code, text, "node1")
     assert_clean(boxed)
 
 

@@ -162,6 +162,15 @@ def less_cpu(cluster: LocalCluster, node: str, stopped: float = 0.07, running: f
                 os.kill(pid, signal.SIGCONT)
 
 
+def assert_named_the_straggler(code: int, text: str, node: str) -> None:
+    """The job ended 0, the summary named ``node`` the others waited for (1.5x and more),
+    and the live panel marked it slow."""
+    assert code == 0, text[-3000:]
+    named = re.search(r"slowest node: (\S+), ([0-9.]+)x slower than the median \(the others waited for it", text)
+    assert named is not None and named.group(1) == node and float(named.group(2)) >= 1.5, text[-3000:]
+    assert re.search(rf"{node}\s+slow [0-9.]+x", text), f"{node} not marked in the live panel"
+
+
 def compute_job(cluster: LocalCluster, logs: Path) -> tuple[int, str]:
     """A 4x1 tqdm job doing real work (about 45 s), on a terminal: the code and the text."""
     out = StringIO()
@@ -182,9 +191,6 @@ def test_a_node_with_less_cpu_is_named_the_straggler_and_a_healthy_run_names_non
     assert "slowest node: node" not in text and "slow 1." not in text, text[-3000:]
     with less_cpu(cluster, "node2"):
         code, text = compute_job(cluster, tmp_path / "throttled")
-    assert code == 0, text[-3000:]
-    named = re.search(r"slowest node: (\S+), ([0-9.]+)x slower than the median \(the others waited for it", text)
-    assert named is not None and named.group(1) == "node2" and float(named.group(2)) >= 1.5, text[-3000:]
-    assert re.search(r"node2\s+slow [0-9.]+x", text), "node2 not marked in the live panel"
+    assert_named_the_straggler(code, text, "node2")
     for node in cluster.names:
         assert cluster.wait_no_processes(node) == []
