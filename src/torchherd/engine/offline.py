@@ -53,6 +53,7 @@ from torchherd.engine.wheelhouse import (
     BuildSystem,
     Requirement,
     build_download_argv,
+    build_download_head,
     build_system,
     cache_name,
     dir_hashes,
@@ -381,14 +382,11 @@ def _download_build(requires: Sequence[str], node: NodePlatform, python_version:
     code, output = _pip(build_download_argv(pip_python, requires, str(into), node, python_version),
                         lambda line: _fetched(line, observer))
     if code != 0:
-        last = [line.strip() for line in output.splitlines() if line.strip().startswith("ERROR")] or \
-            output.splitlines()[-1:] or ["no output"]
-        argv = build_download_argv(pip_python, requires, "DIR", node, python_version)
         raise WheelhouseError(
             f"the project's build backend for {node.download_tag()} python {major_minor(python_version)}: "
             f"{', '.join(requires)} not in {configured or DEFAULT_WHEELS} and pip download failed (exit {code}): "
-            f"{last[0][:300]}",
-            f"{shlex.join(argv[:-len(requires) - 2])} -d {quote_path(configured or DEFAULT_WHEELS)} {shlex.join(requires)}")
+            f"{_pip_error(output)}",
+            _fix_command(build_download_head(pip_python, node, python_version), configured, requires))
 
 
 def _link(source: Path, target: Path) -> None:
@@ -412,12 +410,17 @@ def _download(needed: Sequence[Requirement], names: Sequence[str], node: NodePla
         listing.flush()
         code, output = _pip(download_argv(pip_python, listing.name, str(into), node, python_version), on_line)
     if code != 0:
-        last = [line.strip() for line in output.splitlines() if line.strip().startswith("ERROR")] or \
-            output.splitlines()[-1:] or ["no output"]
         raise WheelhouseError(
             f"the lock's wheels for {node.download_tag()} python {major_minor(python_version)}: {', '.join(names)} "
-            f"not in {configured or DEFAULT_WHEELS} and pip download failed (exit {code}): {last[0][:300]}",
+            f"not in {configured or DEFAULT_WHEELS} and pip download failed (exit {code}): {_pip_error(output)}",
             fix(names, node, python_version, configured, pip_python))
+
+
+def _pip_error(output: str) -> str:
+    """What pip said went wrong: its first ``ERROR`` line, else its last line."""
+    said = [line.strip() for line in output.splitlines() if line.strip().startswith("ERROR")] or \
+        output.splitlines()[-1:] or ["no output"]
+    return said[0][:300]
 
 
 def _pip(argv: list[str], on_line: Callable[[str], None]) -> tuple[int, str]:
@@ -455,6 +458,11 @@ def fix(names: Sequence[str], node: NodePlatform, python_version: str, configure
     """The download, on a machine with internet, that puts the missing wheels where they are looked for."""
     argv = [pip_python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform",
             node.download_tag(), "--python-version", major_minor(python_version), "--implementation", "cp"]
+    return _fix_command(argv, configured, names)
+
+
+def _fix_command(argv: Sequence[str], configured: str | None, names: Sequence[str]) -> str:
+    """``argv`` into the directory where the wheels are looked for, for ``names``."""
     return f"{shlex.join(argv)} -d {quote_path(configured or DEFAULT_WHEELS)} {shlex.join(names)}"
 
 

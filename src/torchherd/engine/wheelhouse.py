@@ -150,9 +150,13 @@ def build_download_argv(python: str, requires: Sequence[str], dest: str, node: N
                         python_version: str) -> list[str]:
     """pip's download of a build backend for ``node``: with its dependencies (the lock
     does not pin them), binaries only (nothing is built here for another platform)."""
+    return [*build_download_head(python, node, python_version), "-d", dest, *requires]
+
+
+def build_download_head(python: str, node: NodePlatform, python_version: str) -> list[str]:
+    """``build_download_argv`` before its destination and requirements."""
     return [python, "-m", "pip", "download", "--only-binary=:all:", "--progress-bar", "off", "--platform",
-            node.download_tag(), "--python-version", major_minor(python_version), "--implementation", "cp",
-            "-d", dest, *requires]
+            node.download_tag(), "--python-version", major_minor(python_version), "--implementation", "cp"]
 
 
 @dataclass(frozen=True)
@@ -196,10 +200,9 @@ def parse_requirements(text: str) -> list[Requirement]:
 def download_argv(python: str, requirements: str, dest: str, node: NodePlatform, python_version: str) -> list[str]:
     """pip's download of exactly the lock's files for ``node`` (its machine, libc and the
     python the venv is built with): binaries only, each checked against the lock's hashes."""
-    major_minor = ".".join(python_version.split(".")[:2])
     return [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
-            "--progress-bar", "off", "--platform", node.download_tag(), "--python-version", major_minor, "--implementation", "cp",
-            "-r", requirements, "-d", dest]
+            "--progress-bar", "off", "--platform", node.download_tag(), "--python-version", major_minor(python_version),
+            "--implementation", "cp", "-r", requirements, "-d", dest]
 
 
 FETCHING = re.compile(r"^\s*(Downloading|Using cached) (\S+)(?: \(([^()]*)\))?\s*$")
