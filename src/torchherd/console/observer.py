@@ -24,7 +24,6 @@ from torchherd.console.sync import (
     WheelBars,
     WheelsEvent,
     sync_notes,
-    wheels_download_note,
     wheels_note,
     wheels_started_note,
 )
@@ -54,8 +53,6 @@ from torchherd.engine.events import (
     RanksRunning,
     RunFinished,
     RunStarted,
-    WheelFetched,
-    WheelsDownloading,
     WheelsRelayed,
     WheelsStarted,
 )
@@ -233,9 +230,6 @@ class ConsoleObserver:
 
     def _wheels(self, event: WheelsEvent) -> None:
         """The note before the bars, and the summary after them (which closes them)."""
-        if isinstance(event, (WheelsDownloading, WheelFetched)):
-            self._note(*wheels_download_note(event))
-            return
         if isinstance(event, WheelsRelayed):
             self.wheel_bars(event)
             self._note(*wheels_note(event))

@@ -30,7 +30,7 @@ from torchherd.words import count, size
 
 SYNC_EVENTS = (SyncStarted, NodeSynced, SyncFailed, SyncDone, VenvsDone, WheelsDownloading, WheelFetched,
                WheelsStarted, WheelsRelayed)
-WheelsEvent = Union[WheelsDownloading, WheelFetched, WheelsStarted, WheelsProgress, WheelsRelayed]
+WheelsEvent = Union[WheelsStarted, WheelsProgress, WheelsRelayed]
 LISTED = 40
 """Paths listed per group of nodes on a dry run; the rest are counted."""
 

@@ -583,7 +583,8 @@ class ArchiveDone:
 
 
 ARCHIVE_EVENTS = (ArchiveStarted, ArchiveProgress, ArchiveDone)
-WHEELS_EVENTS = (WheelsDownloading, WheelFetched, WheelsStarted, WheelsProgress, WheelsRelayed)
+WHEELS_EVENTS = (WheelsStarted, WheelsProgress, WheelsRelayed)
+"""The relay's events (its bars); the download's before it are notes (``console.sync``)."""
 
 
 @dataclass(frozen=True)
