@@ -244,7 +244,7 @@ def _outcome(node: NodePlan, answer: Mapping[str, Any], shipped: bool = False,
         error = str(answer["error"])
         if answer.get("uv_missing"):
             hint = missing_uv_hint(node)
-        elif offline and "--editable" in error:
+        elif answer.get("editable"):
             hint = ("the project's build backend was sent in the wheelhouse (build/requires.txt there names it), from "
                     f"[uv] wheels, {DEFAULT_WHEELS} or pip's cache, else pip download: put the wheels the build lacks "
                     "there, for the node's python")

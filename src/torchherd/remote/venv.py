@@ -12,7 +12,8 @@ removed after the build, built or not). When the venv's
 marker holds ``key`` the venv is as the lock made it: nothing runs, not even uv. Else it
 finds uv, runs ``uv sync --frozen`` into the venv and writes the marker last, so a build
 cut short is built again. Prints one JSON line: ``{"cached": true}``, ``{"built": true,
-"uv": PATH, "seconds": S}``, or ``{"error": TEXT}``; with no uv found, ``"uv_missing": true`` and the
+"uv": PATH, "seconds": S}``, or ``{"error": TEXT}`` (with ``"editable": true`` when the
+project's own editable install failed); with no uv found, ``"uv_missing": true`` and the
 node's ``system``, ``machine``, ``libc`` (glibc, musl or "") and ``libc_version`` (the
 controller may send a uv that runs there); with a ``wheelhouse`` not there (yet),
 ``"wheelhouse_missing": true``, the same four and ``python`` (the configured python's
@@ -192,7 +193,7 @@ def build_with(config: dict[str, Any], path: str, uv: str, wheelhouse: str | Non
                                project, env)
             if code != 0:
                 return {"error": f"uv pip install --editable {project} with the build backend from {build_wheels} "
-                                 f"failed (exit {code}): {tail(output)}"}
+                                 f"failed (exit {code}): {tail(output)}", "editable": True}
     else:
         code, output = run([uv, "sync", "--frozen", "--python", sys.executable], project, env)
         if code != 0:
