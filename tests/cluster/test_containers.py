@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -138,6 +139,31 @@ def test_check_reads_versions_in_the_image_and_names_only_the_node_whose_image_d
                          found["node1"]["summary"]), found["node1"]
     finally:
         boxed.load_image("node1", boxed.state_dir / "image.tar")
+
+
+PLANTED = "import os\nopen('/tmp/planted-ran', 'w').write(str(os.getuid()))\n"
+"""What another user leaves in a node's /tmp: it says so, in /tmp, when anyone imports it."""
+
+
+@pytest.mark.timeout(240)
+def test_the_check_never_imports_what_another_user_left_in_the_nodes_tmp(boxed: LocalCluster,
+                                                                          other_user: str) -> None:
+    """Security review 4, H1: the check's ``python -c`` in the image once started in the
+    node's /tmp (mounted), so a json.py or torch/ planted there ran as the checking user."""
+    plant = ("printf '%s' \"$1\" > /tmp/json.py && mkdir -p /tmp/torch && cp /tmp/json.py /tmp/torch/__init__.py "
+             "&& chmod -R a+rX /tmp/json.py /tmp/torch")
+    for name in boxed.names:
+        done = boxed.ssh(name, f"runuser -u {other_user} -- sh -c {shlex.quote(plant)} sh {shlex.quote(PLANTED)}")
+        assert done.returncode == 0, done.stderr
+    try:
+        found = check(boxed)
+        for name in boxed.names:
+            assert found[name]["status"] == "pass", found[name]
+            assert f"inside: python {sys.version.split()[0]}, torch " in found[name]["summary"], found[name]
+            assert boxed.ssh(name, "test -e /tmp/planted-ran").returncode == 1, f"the planted module ran on {name}"
+    finally:
+        for name in boxed.names:
+            boxed.ssh(name, "rm -rf /tmp/json.py /tmp/torch /tmp/planted-ran")
 
 
 @pytest.mark.timeout(240)

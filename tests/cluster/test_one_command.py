@@ -5,11 +5,7 @@ inventory file, a DeepSpeed hostfile with uneven process counts."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
 
@@ -138,19 +134,6 @@ def test_sync_never_sends_keys_secrets_or_old_logs(cluster: LocalCluster, tmp_pa
         found = [path for path in listed.stdout.split() if "__pycache__" not in path]  # the job's own
         assert found == [".", "./.gitignore", "./helper.py", "./train.py"], listed
     assert len(list((source / "torchherd-logs").iterdir())) == 2  # the old run's, and this run's
-
-
-@pytest.fixture
-def other_user() -> Iterator[str]:
-    """A second account on every node (the nodes share this machine's /etc/passwd), removed afterwards."""
-    if shutil.which("useradd") is None or shutil.which("runuser") is None:
-        pytest.skip("needs useradd and runuser")
-    name = "th" + uuid.uuid4().hex[:10]
-    subprocess.run(["useradd", "-M", "-s", "/bin/sh", name], check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", name], check=False)
 
 
 @pytest.mark.timeout(240)

@@ -253,6 +253,31 @@ def test_check_command_quotes_the_image_and_resolves_the_runtime_on_the_node() -
         "runtime": "podman", "id": "abc", "versions": {"python": "3.11.7"}}
 
 
+def test_the_check_starts_in_the_images_root_with_no_node_directory_mounted_for_it() -> None:
+    """Security review 4, H1: ``python -c`` puts its start directory first on sys.path, so
+    the check must not start in (or mount) the node's /tmp, where another user can leave a
+    json.py; the program's first line drops the start directory anyway."""
+    from torchherd.checks import gpudiag
+    from torchherd.checks.container import VERSIONS, node_command
+
+    for runtime in ("podman", "docker", "apptainer", "enroot"):
+        inventory = parse({"container": {"image": "img:1", "runtime": runtime}, "hosts": [{"name": "a"}]},
+                          Path("h.toml"))
+        command = node_command(inventory.hosts[0])
+        assert "/tmp" not in command, runtime
+        assert ("-w /" in command or "--pwd /" in command or "sh / " in command), (runtime, command)
+    assert VERSIONS.splitlines()[0] == "import sys; sys.path[:] = [path for path in sys.path if path]"
+    host = parse({"hosts": [{"name": "a", "python": "/opt/py/bin/python"}]}, Path("h.toml")).hosts[0]
+    assert gpudiag.node_command(host).startswith("/opt/py/bin/python -I -S -c ")
+
+
+def test_a_workdir_not_mounted_is_still_the_start_directory() -> None:
+    argv = container.run_argv(SPEC, "podman", ARGV, [], "/", ROOT, mount_workdir=False)
+    assert argv[argv.index("-w") + 1] == "/"
+    assert "/:/" not in argv
+    assert container.run_argv(SPEC, "podman", ARGV, [], "/work", ROOT).count("/work:/work") == 1
+
+
 def test_slurm_runs_a_job_in_a_container_inside_it_never_outside() -> None:
     from torchherd.engine.slurm.batch import batch_job
 

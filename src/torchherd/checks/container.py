@@ -21,9 +21,15 @@ from torchherd.transport import Session, fan_out
 CHECK_SECONDS = 120.0
 """A container's start plus torch's import, on a loaded node."""
 USER_WORD = "UID:GID"
+CHECK_WORKDIR = "/"
+"""The check's container starts in the image's root, with no directory of the node mounted for it."""
 
+# The first line drops the start directory ("" first in sys.path under ``python -c``) before
+# anything is imported, so no json.py or torch/ in the directory the image starts in is run;
+# -I would do it too, but would also drop the image's own PYTHONPATH, which may be how it finds torch.
 VERSIONS = """\
-import json, sys
+import sys; sys.path[:] = [path for path in sys.path if path]
+import json
 found = {"python": sys.version.split()[0], "executable": sys.executable}
 try:
     import torch
@@ -42,8 +48,10 @@ print("versions " + json.dumps(found))
 def _versions_command(settings: ContainerSettings, runtime: str, python: str, rootless: bool) -> str:
     spec = containers.ContainerSpec(image=settings.image, runtime=runtime, name="", run_id="check",
                                     mounts=settings.mounts, options=settings.options, gpus=False)
-    argv = containers.run_argv(spec, runtime, [python, "-c", VERSIONS], [], "/tmp",
-                               containers.Identity(USER_WORD, rootless, False))
+    # In "/", nothing of the node's mounted: never the node's /tmp, where another user can
+    # leave a module for the check's Python to import (security review 4, H1).
+    argv = containers.run_argv(spec, runtime, [python, "-c", VERSIONS], [], CHECK_WORKDIR,
+                               containers.Identity(USER_WORD, rootless, False), mount_workdir=False)
     if runtime in containers.OCI_RUNTIMES:
         at = argv.index("--name")
         argv = argv[:at] + argv[at + 2:]  # a throwaway container needs no name: --rm removes it

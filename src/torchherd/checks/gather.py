@@ -25,6 +25,10 @@ FALLBACK_PYTHON = "python3"
 """Used for the facts when the configured python does not run, so the other checks still report."""
 
 
+DROP_START_DIRECTORY = "import sys; sys.path[:] = [path for path in sys.path if path]\n"
+"""A ``python -c`` program's first line: ``-c`` puts the start directory first on sys.path."""
+
+
 def remote_source(name: str) -> str:
     return resources.files("torchherd.checks.remote").joinpath(name).read_text(encoding="utf-8")
 
@@ -37,8 +41,11 @@ def python_command(python: str, script: str, config: Mapping[str, Any], stdlib_o
     # -I keeps the directory it starts in and PYTHON* variables out of its imports, as for
     # every node program (torchherd.remote.FLAGS); not with torch, which a user's
     # PYTHONPATH or site-packages may be what finds.
+    # Without -I the start directory (the home directory) would come first on sys.path: the
+    # program's first line drops it before anything is imported.
     flags = "-I -S " if stdlib_only else ""
-    return f"{quote_path(python)} {flags}-c {shlex.quote(remote_source(script))} {shlex.quote(json.dumps(config))}"
+    program = DROP_START_DIRECTORY + remote_source(script)
+    return f"{quote_path(python)} {flags}-c {shlex.quote(program)} {shlex.quote(json.dumps(config))}"
 
 
 @dataclass

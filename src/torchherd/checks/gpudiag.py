@@ -41,7 +41,9 @@ else:
 
 def node_command(host: Host) -> str:
     python = quote_path(host.python) if host.python.startswith("~") else shlex.quote(host.python)
-    return f"{python} -c {shlex.quote(RUN_DIAG)}"
+    # -I -S as for every standard-library node program: the home directory the session
+    # starts in, and PYTHON* variables, stay out of its imports.
+    return f"{python} -I -S -c {shlex.quote(RUN_DIAG)}"
 
 
 def run_once(connection: Session, host: Host) -> dict[str, Any]:

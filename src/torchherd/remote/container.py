@@ -188,12 +188,13 @@ def _same_path_mounts(paths: Sequence[str], seen: Sequence[str]) -> List[str]:
 
 
 def run_argv(spec: ContainerSpec, runtime: str, argv: Sequence[str], env_names: Sequence[str], workdir: str,
-             identity: Identity, binds: Sequence[str] = ()) -> List[str]:
+             identity: Identity, binds: Sequence[str] = (), mount_workdir: bool = True) -> List[str]:
     """The command that runs ``argv`` in ``spec``'s image with ``runtime`` (resolved, not
-    "auto"), in ``workdir`` (mounted at itself, as are ``binds``: torchrun's log directory),
-    with the variables ``env_names`` taken from the runtime's own environment."""
+    "auto"), in ``workdir`` (mounted at itself unless ``mount_workdir`` is false, as are
+    ``binds``: torchrun's log directory), with the variables ``env_names`` taken from the
+    runtime's own environment."""
     gpus = identity.gpus if spec.gpus is None else spec.gpus
-    own = _same_path_mounts([workdir, *binds], spec.mounts)
+    own = _same_path_mounts([workdir, *binds] if mount_workdir else list(binds), spec.mounts)
     mounts = own + list(spec.mounts)
     names = sorted(set(env_names))
     if runtime in OCI_RUNTIMES:
