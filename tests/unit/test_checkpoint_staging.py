@@ -22,9 +22,9 @@ from test_recovery import Collector, FakeBackend, ended, names, plan_of, recover
 
 from torchherd.console.recovery import recovery_note
 from torchherd.engine.events import AttemptStarted, CheckpointMissing, CheckpointStaged, SpareTaken
-from torchherd.engine.job import LaunchOptions
 from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.recovery.staging import Copy, lacking, newest
+from torchherd.engine.run import LaunchOptions
 from torchherd.inventory import Recovery, checkpoint_problem
 from torchherd.plan import NodePlan, Plan
 from torchherd.remote import argv

@@ -15,8 +15,8 @@ from processes import run_supervisor
 
 from torchherd.api import Cluster
 from torchherd.engine.events import Collector
-from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import launch
+from torchherd.engine.run import LaunchOptions
 from torchherd.plan import Plan
 from torchherd.remote import wire
 from torchherd.runlog import OutputLine, parse_status

@@ -36,8 +36,6 @@ from torchherd.engine.events import (
     SpareTaken,
     ignore,
 )
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import Run, RunEvents
 from torchherd.engine.recovery.hang import (
     HangWatch,
     RankStack,
@@ -62,6 +60,7 @@ from torchherd.engine.recovery.policy import (
     verdict,
 )
 from torchherd.engine.recovery.runner import RecoveringRun, attempt_plan
+from torchherd.engine.run import LaunchOptions, Run, RunEvents
 from torchherd.errors import InventoryError, TorchherdError
 from torchherd.inventory import Recovery, parse, with_spares
 from torchherd.plan import Plan, RunOptions, build_plan

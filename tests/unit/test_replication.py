@@ -21,9 +21,9 @@ from test_recovery import FakeBackend, ended, plan_of, recover
 
 from torchherd.console.recovery import recovery_note
 from torchherd.engine.events import CheckpointReplicated, CheckpointSaved, Collector
-from torchherd.engine.job import LaunchOptions
 from torchherd.engine.recovery.replication import Holdings, Replicator, ring
 from torchherd.engine.recovery.runner import RecoveringRun
+from torchherd.engine.run import LaunchOptions
 from torchherd.inventory import Bandwidth, Recovery, parse_bandwidth
 from torchherd.plan import Plan
 from torchherd.remote import wire

@@ -28,10 +28,9 @@ from torchherd.engine.events import (
     TriageDone,
     ignore,
 )
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import Run, RunEvents
 from torchherd.engine.recovery.policy import triage_failures
 from torchherd.engine.recovery.runner import RecoveringRun, attempt_plan
+from torchherd.engine.run import LaunchOptions, Run, RunEvents
 from torchherd.engine.slurm.batch import (
     Placement,
     attempt_settings,

@@ -30,10 +30,10 @@ from torchherd.engine.events import (
     Observer,
     ignore,
 )
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import Run, launch, open_nodes, preflight, sync_first, with_probes
+from torchherd.engine.launch import launch, open_nodes, preflight, sync_first, with_probes
 from torchherd.engine.recovery.policy import TRIAGE_CHECKS
 from torchherd.engine.recovery.staging import Staged, replicate, stage
+from torchherd.engine.run import LaunchOptions, Run
 from torchherd.engine.slurm import check as slurm_check
 from torchherd.engine.slurm import detached as slurm_detached
 from torchherd.engine.slurm import job as slurm_job

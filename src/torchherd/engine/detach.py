@@ -24,14 +24,8 @@ from typing import Callable, Mapping
 from torchherd.engine.bookkeeping import max_rank, node_record, report, run_record
 from torchherd.engine.events import Observer
 from torchherd.engine.failfast import START_TIMEOUT, Coordination, start_coordinator
-from torchherd.engine.job import (
-    LaunchOptions,
-    Record,
-    records_to_events,
-    remote_command,
-    supervisor_config,
-    supervisor_source,
-)
+from torchherd.engine.job import Record, records_to_events, remote_command, supervisor_config, supervisor_source
+from torchherd.engine.run import LaunchOptions
 from torchherd.errors import TransportError, UsageError
 from torchherd.plan import Plan
 from torchherd.remote import command as node_program

@@ -16,7 +16,6 @@ import shlex
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping, Sequence, Union
 
 from torchherd.engine.bookkeeping import NodeLog, dispatch, log_dir
@@ -39,6 +38,7 @@ from torchherd.engine.failfast import Coordination, start_coordinator
 from torchherd.engine.outcome import Ending, NodeRun, ssh_state, summarise
 from torchherd.engine.recovery.hang import Targets, targets_of
 from torchherd.engine.recovery.straggler import StragglerWatch
+from torchherd.engine.run import HEARTBEAT_EVERY, STOP_MARGIN, LaunchOptions
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command, wire
@@ -58,72 +58,17 @@ from torchherd.runrecord import remote_coordinator_file, remote_log_file, remote
 from torchherd.shell import quote_path
 from torchherd.transport import Process, Session, fan_out
 
-HEARTBEAT_EVERY = 0.5
-"""Seconds between heartbeats, both ways (``[recovery] heartbeat``)."""
-HEARTBEAT_MISSES = 5
-"""Heartbeats missed in a row, the SSH connection silent as long: the node is lost
-(``[recovery] heartbeat_misses``)."""
 SILENT_LOST_AFTER = 30.0
 """A node whose sshd still answers but whose supervisor sent nothing this long is lost
 too: its supervisor is stuck (a node at full load still beats, late by milliseconds)."""
 WATCHDOG = 10.0
 """The supervisor tears its job down when the controller is silent this long."""
-STOP_MARGIN = 10.0
-"""Beyond the grace period: TERM -> KILL, and KILL -> give the node up."""
 MAX_BATCH = 5000
 """Queue items rendered at once; bounded so status checks run between batches."""
 GPU_EVERY = 5.0
 BUSY_EVERY = 2.0
 """Seconds between two reports of a node's busy share (its ranks sampled five times a second)."""
 """Seconds between two GPU samples on a node that has nvidia-smi."""
-
-
-DEFAULT_GRACE = 10.0
-"""Seconds from SIGTERM to SIGKILL when no grace period is given."""
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    check: bool = True
-    only: frozenset[str] | None = None
-    """With ``check``: the preflight runs only these check ids (``run --only``); None: all."""
-    skip: frozenset[str] = frozenset()
-    """With ``check``: the preflight leaves these check ids out (``run --skip``)."""
-    log_dir: Path = Path("torchherd-logs")
-    grace: float | None = None
-    """Seconds from SIGTERM to SIGKILL; None: DEFAULT_GRACE (a backend whose scheduler
-    does the killing refuses any other)."""
-    fail_fast: bool = True
-    timeout: float | None = None
-    """Seconds after which every node is told to stop (the smoke check); None: no limit."""
-    attempt: int = 0
-    """A run with retries: the attempt's number (from 1); its node logs are written on
-    after a marker line. 0: a run without retries (each log written afresh)."""
-    exclude: tuple[str, ...] = ()
-    """Nodes the scheduler must not place the job on: the nodes a recovering run excluded
-    (SLURM's ``--exclude``). An SSH run starts only the nodes its plan names."""
-    shrink_to: int | None = None
-    """Where the scheduler picks the nodes (SLURM's ``[slurm].nodes``): the fewest it may
-    start the attempt on when it cannot find them all (``--min-nodes``; ``--nodes=K-N``)."""
-    persist: bool = False
-    """The job outlives the controller (a detached run with retries, its controller in the
-    background): each node's supervisor also appends its records to the node's log of a
-    detached run, keeps its state file there, and runs on when the controller is gone."""
-    heartbeat: float = HEARTBEAT_EVERY
-    """Seconds between heartbeats, both ways."""
-    heartbeat_misses: int = HEARTBEAT_MISSES
-    """A node silent for this many heartbeats, whose SSH connection does not answer either, is lost."""
-    watch_checkpoint: str | None = None
-    """The checkpoint each node's supervisor watches for a new complete one (``[recovery]
-    replicate``): ``CheckpointSaved`` events; None: not watched."""
-
-    @property
-    def stop_grace(self) -> float:
-        return DEFAULT_GRACE if self.grace is None else self.grace
-
-    @property
-    def lost_after(self) -> float:
-        return self.heartbeat * self.heartbeat_misses
 
 
 @dataclass(frozen=True)

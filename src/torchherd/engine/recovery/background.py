@@ -48,8 +48,8 @@ from torchherd.engine.events import (
     RunFinished,
     RunStarted,
 )
-from torchherd.engine.job import STOP_MARGIN, LaunchOptions
 from torchherd.engine.recovery.runner import RecoveringRun
+from torchherd.engine.run import STOP_MARGIN, LaunchOptions
 from torchherd.engine.slurm.batch import run_dir
 from torchherd.engine.slurm.detached import slurm_nodes, slurm_record, with_job
 from torchherd.errors import EXIT_FAILED, TorchherdError

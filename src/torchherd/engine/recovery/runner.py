@@ -49,8 +49,6 @@ from torchherd.engine.events import (
     TriageDone,
     ignore,
 )
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import Ended, Endings, Run, wait_stopping
 from torchherd.engine.recovery.hang import (
     FAULTHANDLER,
     HangWatch,
@@ -74,6 +72,7 @@ from torchherd.engine.recovery.policy import (
     verdict,
 )
 from torchherd.engine.recovery.replication import Holdings, Replicator
+from torchherd.engine.run import Ended, Endings, LaunchOptions, Run, wait_stopping
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Bandwidth, Recovery
 from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan

@@ -14,7 +14,7 @@ from torchherd.engine.events import (
     JobQueued,
     Observer,
 )
-from torchherd.engine.job import LaunchOptions
+from torchherd.engine.run import LaunchOptions
 from torchherd.engine.slurm.batch import (
     EXIT,
     OUT,

@@ -25,11 +25,11 @@ from torchherd.engine.events import (
     RunStarted,
     StopSent,
 )
-from torchherd.engine.job import LaunchOptions, attempt_marker
-from torchherd.engine.launch import LaunchAborted, Run, RunEvents
+from torchherd.engine.job import attempt_marker
 from torchherd.engine.outcome import Ending, OutputTrack, summarise
 from torchherd.engine.recovery.hang import Target, Targets
 from torchherd.engine.recovery.straggler import StragglerWatch
+from torchherd.engine.run import LaunchAborted, LaunchOptions, Run, RunEvents
 from torchherd.engine.slurm.batch import (
     BatchJob,
     attempt_settings,
