@@ -34,11 +34,11 @@ from torchherd.engine.backend import (
 )
 from torchherd.engine.events import Event, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.history import History, controller_runs, follow_history
+from torchherd.engine.prepare.sync import sync_over
 from torchherd.engine.recovery.background import start_background, stop_controller
 from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.run import LaunchAborted, LaunchOptions, Run
 from torchherd.engine.slurm.batch import BatchJob, batch_job
-from torchherd.engine.sync import sync_over
 from torchherd.errors import UsageError
 from torchherd.inventory import (
     HEARTBEAT_HINT,

@@ -62,7 +62,7 @@ class UvOptions:
     offline: bool = False
     """``--uv-offline``, ``[uv] offline``: a node that must build its venv gets the lock's
     wheels from the controller (downloaded once per node platform, relayed node to node)
-    and builds with no network (``engine.offline``)."""
+    and builds with no network (``engine.prepare.offline``)."""
 
 
 @dataclass(frozen=True)
@@ -494,7 +494,7 @@ def _container(host: Host, run_id: str, nproc: int | str, notes: list[str]) -> c
         return None
     gpus = True if nproc == "gpu" else False if nproc == "cpu" else None
     # The container itself never pulls: with pull "missing"/"always" the run pulls the image
-    # on every node before its preflight (engine/pull.py reads the host's policy).
+    # on every node before its preflight (engine/prepare/pull.py reads the host's policy).
     spec = containers.ContainerSpec(image=settings.image, runtime=settings.runtime,
                                     name=containers.container_name(run_id, host.name), run_id=run_id,
                                     mounts=settings.mounts, options=settings.options, gpus=gpus, pull="never")

@@ -25,7 +25,7 @@ from torchherd.api import Cluster
 from torchherd.checks import CheckOptions, PreflightOutcome
 from torchherd.cli import main
 from torchherd.console import make_console
-from torchherd.engine.launch import preflight
+from torchherd.engine.ssh.launch import preflight
 from torchherd.inventory import Inventory, load
 from torchherd.results import CheckResult
 

@@ -13,10 +13,11 @@ import pytest
 from test_engine import faked
 
 from torchherd.api import Cluster
-from torchherd.engine import detach, events
+from torchherd.engine import events
 from torchherd.engine.events import Collector, Event, LinesDropped, Output
-from torchherd.engine.launch import launch
 from torchherd.engine.run import LaunchOptions
+from torchherd.engine.ssh import detach
+from torchherd.engine.ssh.launch import launch
 from torchherd.inventory import Host
 from torchherd.remote import wire
 from torchherd.remote.framing import MAX_LINE, RankMender

@@ -10,7 +10,7 @@ from torchherd.checks import PreflightOutcome
 from torchherd.checks.model import Observed
 from torchherd.console import make_console
 from torchherd.console.matrix import failed, render_matrix
-from torchherd.engine.launch import with_probes as _with_probes
+from torchherd.engine.ssh.launch import with_probes as _with_probes
 from torchherd.inventory import parse
 from torchherd.results import CheckReport, ProbeResult
 

@@ -22,8 +22,8 @@ from test_recovery import Collector, FakeBackend, ended, names, plan_of, recover
 
 from torchherd.console.recovery import recovery_note
 from torchherd.engine.events import AttemptStarted, CheckpointMissing, CheckpointStaged, SpareTaken
+from torchherd.engine.prepare.staging import Copy, lacking, newest
 from torchherd.engine.recovery.runner import RecoveringRun
-from torchherd.engine.recovery.staging import Copy, lacking, newest
 from torchherd.engine.run import LaunchOptions
 from torchherd.inventory import Recovery, checkpoint_problem
 from torchherd.plan import NodePlan, Plan
@@ -118,7 +118,7 @@ def nodes_in(tmp_path: Path, count: int) -> dict[str, NodePlan]:
 
 
 def test_staging_copies_the_newest_to_the_nodes_that_lack_it_only(tmp_path: Path) -> None:
-    from torchherd.engine.recovery.staging import stage
+    from torchherd.engine.prepare.staging import stage
     from torchherd.transport.local import LocalConnector
 
     nodes = nodes_in(tmp_path, 5)
@@ -140,7 +140,7 @@ def test_staging_copies_the_newest_to_the_nodes_that_lack_it_only(tmp_path: Path
 
 
 def test_staging_says_where_it_looked_when_no_node_has_it(tmp_path: Path) -> None:
-    from torchherd.engine.recovery.staging import stage
+    from torchherd.engine.prepare.staging import stage
     from torchherd.transport.local import LocalConnector
 
     nodes = nodes_in(tmp_path, 3)

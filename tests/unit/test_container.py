@@ -153,7 +153,7 @@ def test_cli_bad_image_or_runtime_exits_2_with_one_line(flags: list[str], named:
 
 
 def test_plan_names_the_container_after_the_run_and_node_and_ships_it_to_the_supervisor() -> None:
-    from torchherd.engine.job import supervisor_config
+    from torchherd.engine.ssh.job import supervisor_config
 
     plan = build_plan(parse(document(image="img:1", runtime="podman"), Path("h.toml")),
                       RunOptions(script="train.py", run_id="r7", nproc_per_node="cpu"))
@@ -298,7 +298,7 @@ def test_pull_policy_reaches_the_run_command_and_check_never_pulls() -> None:
         assert argv[argv.index("--pull") + 1] == policy
     inventory = parse({"container": {"image": "img:1", "pull": "always"}, "hosts": [{"name": "a"}]}, Path("h.toml"))
     plan = build_plan(inventory, RunOptions(script="t.py", run_id="r1"))
-    # the run pulls first (engine/pull.py): the job's container itself never pulls
+    # the run pulls first (engine/prepare/pull.py): the job's container itself never pulls
     assert plan.nodes[0].container is not None and plan.nodes[0].container.pull == "never"
     assert "--pull never" in plan.nodes[0].shell_line()
     assert "--pull always" not in node_command(inventory.hosts[0])
@@ -338,7 +338,7 @@ def test_the_lost_nodes_removal_says_removed_only_when_there_was_one(tmp_path: P
     """A stand-in ``podman``, alone on PATH: the command's verdict from each answer."""
     import subprocess
 
-    from torchherd.engine.containers import remove_command
+    from torchherd.engine.ssh.containers import remove_command
 
     (tmp_path / "podman").write_text(f'#!/bin/sh\n[ "$*" = "rm -f torchherd-r1-node2" ] || exit 9\n{answer}\n')
     (tmp_path / "podman").chmod(0o755)

@@ -31,9 +31,9 @@ from torchherd.engine.events import (
     RunStarted,
     StopSent,
 )
-from torchherd.engine.job import Job
-from torchherd.engine.launch import launch, run_quietly
 from torchherd.engine.run import LaunchAborted, LaunchOptions, Run
+from torchherd.engine.ssh.job import Job
+from torchherd.engine.ssh.launch import launch, run_quietly
 from torchherd.plan import Plan
 from torchherd.remote.wire import StopLevel
 from torchherd.transport.local import LocalConnector, LocalSession

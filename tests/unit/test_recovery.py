@@ -36,16 +36,6 @@ from torchherd.engine.events import (
     SpareTaken,
     ignore,
 )
-from torchherd.engine.recovery.hang import (
-    HangWatch,
-    RankStack,
-    Targets,
-    described,
-    merged,
-    spy_stacks,
-    stacks_of,
-    targets_of,
-)
 from torchherd.engine.recovery.policy import (
     TRIAGE_CHECKS,
     Attempt,
@@ -61,6 +51,16 @@ from torchherd.engine.recovery.policy import (
 )
 from torchherd.engine.recovery.runner import RecoveringRun, attempt_plan
 from torchherd.engine.run import LaunchOptions, Run, RunEvents
+from torchherd.engine.watch.hang import (
+    HangWatch,
+    RankStack,
+    Targets,
+    described,
+    merged,
+    spy_stacks,
+    stacks_of,
+    targets_of,
+)
 from torchherd.errors import InventoryError, TorchherdError
 from torchherd.inventory import Recovery, parse, with_spares
 from torchherd.plan import Plan, RunOptions, build_plan

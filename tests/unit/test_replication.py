@@ -522,7 +522,7 @@ def test_a_replica_goes_to_the_ring_nodes_that_lack_it_and_a_newer_copy_stays(tm
     own (kept), n4 is not reached."""
     from test_checkpoint_staging import nodes_in
 
-    from torchherd.engine.recovery.staging import replicate
+    from torchherd.engine.prepare.staging import replicate
     from torchherd.transport.local import LocalConnector
 
     nodes = nodes_in(tmp_path, 5)

@@ -24,7 +24,7 @@ from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.sync import venv_notes
 from torchherd.engine.events import VenvFailed, VenvReady, VenvsDone
-from torchherd.engine.venvs import _not_for, local_uv, venv_command, venv_config
+from torchherd.engine.prepare.venvs import _not_for, local_uv, venv_command, venv_config
 from torchherd.errors import UsageError
 from torchherd.inventory import parse
 from torchherd.plan import NodeNetwork, RunOptions, SyncOptions, UvOptions, build_plan, uv_candidates

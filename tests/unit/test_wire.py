@@ -23,7 +23,7 @@ import pytest
 from processes import killed_after, plant, wait_until
 
 from torchherd import runlog
-from torchherd.engine.sync import frame
+from torchherd.engine.prepare.sync import frame
 from torchherd.remote import PROGRAMS, SCRIPTS, argv, program, source, wire
 from torchherd.runlog import OutputLine, Status, parse_records, parse_status
 from torchherd.runrecord import parse_node_state

@@ -20,8 +20,6 @@ from dataclasses import dataclass, replace
 from typing import Callable, ClassVar, Mapping, Sequence, Union
 
 from torchherd.checks import CheckOptions
-from torchherd.engine import detach as detached
-from torchherd.engine.containers import remove_lost
 from torchherd.engine.events import (
     CheckpointMissing,
     CheckpointReplicated,
@@ -30,14 +28,16 @@ from torchherd.engine.events import (
     Observer,
     ignore,
 )
-from torchherd.engine.launch import launch, open_nodes, preflight, sync_first, with_probes
+from torchherd.engine.prepare.staging import Staged, replicate, stage
 from torchherd.engine.recovery.policy import TRIAGE_CHECKS
-from torchherd.engine.recovery.staging import Staged, replicate, stage
 from torchherd.engine.run import LaunchOptions, Run
 from torchherd.engine.slurm import check as slurm_check
 from torchherd.engine.slurm import detached as slurm_detached
 from torchherd.engine.slurm import job as slurm_job
 from torchherd.engine.slurm.batch import BatchJob, batch_job, picked_count, placement
+from torchherd.engine.ssh import detach as detached
+from torchherd.engine.ssh.containers import remove_lost
+from torchherd.engine.ssh.launch import launch, open_nodes, preflight, sync_first, with_probes
 from torchherd.errors import TorchherdError, UsageError
 from torchherd.inventory import Bandwidth, Host, Recovery
 from torchherd.plan import Plan
@@ -103,7 +103,7 @@ class Backend(ABC):
     def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
                          attempt: int, stopping: Callable[[], bool] = lambda: False) -> Staged:
         """Puts the newest copy of the checkpoint ``path`` among ``sources`` on each node of
-        ``receivers`` that lacks it (``engine.recovery.staging``); ``plan`` has every one of them.
+        ``receivers`` that lacks it (``engine.prepare.staging``); ``plan`` has every one of them.
         ``stopping`` true: the copy is given up (Ctrl-C)."""
         return CheckpointMissing(attempt, "this scheduler cannot stage a checkpoint")
 

@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Callable, Iterator, Protocol
 
 from torchherd.engine.events import Event, Observer, Output, Relay
-from torchherd.engine.recovery.hang import Targets
+from torchherd.engine.watch.hang import Targets
 from torchherd.errors import TorchherdError, TransportError
 from torchherd.plan import Plan
 from torchherd.results import CheckReport

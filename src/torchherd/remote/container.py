@@ -59,7 +59,7 @@ class ContainerSpec(NamedTuple):
     """Pass the GPUs through; None: where the node has NVIDIA devices."""
     pull: str = "never"
     """docker/podman ``run --pull``: "never" for a job's container (the run's pull step,
-    ``engine.pull``, brought the image first); the check's throwaway container too."""
+    ``engine.prepare.pull``, brought the image first); the check's throwaway container too."""
 
     def to_json_object(self) -> Dict[str, object]:
         return {"image": self.image, "runtime": self.runtime, "name": self.name, "run_id": self.run_id,

@@ -49,16 +49,6 @@ from torchherd.engine.events import (
     TriageDone,
     ignore,
 )
-from torchherd.engine.recovery.hang import (
-    FAULTHANDLER,
-    HangWatch,
-    described,
-    flight_described,
-    flight_issued,
-    merged,
-    spy_stacks,
-    stacks_of,
-)
 from torchherd.engine.recovery.policy import (
     Attempt,
     End,
@@ -73,6 +63,16 @@ from torchherd.engine.recovery.policy import (
 )
 from torchherd.engine.recovery.replication import Holdings, Replicator
 from torchherd.engine.run import Ended, Endings, LaunchOptions, Run, wait_stopping
+from torchherd.engine.watch.hang import (
+    FAULTHANDLER,
+    HangWatch,
+    described,
+    flight_described,
+    flight_issued,
+    merged,
+    spy_stacks,
+    stacks_of,
+)
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Bandwidth, Recovery
 from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan

@@ -126,7 +126,7 @@ def placement(plan: Plan, settings: SlurmSettings) -> Placement:
 
 def _with_own_pull(node: NodePlan) -> ContainerSpec | None:
     """The node's container with the host's pull policy: over SSH the run pulls before its
-    launch (engine/pull.py) and the container never does; a SLURM task has no such step,
+    launch (engine/prepare/pull.py) and the container never does; a SLURM task has no such step,
     so its container pulls as the inventory says."""
     spec = node.container
     if spec is None or node.host.container is None:

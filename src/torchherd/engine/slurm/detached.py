@@ -8,8 +8,7 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
-from torchherd.engine.bookkeeping import max_rank, node_record, report, run_record
-from torchherd.engine.detach import connector_for
+from torchherd.engine.bookkeeping import connector_for, max_rank, node_record, report, run_record
 from torchherd.engine.events import (
     JobQueued,
     Observer,

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from torchherd.engine.bookkeeping import NodeLogs, dispatch, max_rank
+from torchherd.engine.bookkeeping import NodeLogs, attempt_marker, dispatch, max_rank
 from torchherd.engine.events import (
     Interrupted,
     JobQueued,
@@ -25,10 +25,7 @@ from torchherd.engine.events import (
     RunStarted,
     StopSent,
 )
-from torchherd.engine.job import attempt_marker
 from torchherd.engine.outcome import Ending, OutputTrack, summarise
-from torchherd.engine.recovery.hang import Target, Targets
-from torchherd.engine.recovery.straggler import StragglerWatch
 from torchherd.engine.run import LaunchAborted, LaunchOptions, Run, RunEvents
 from torchherd.engine.slurm.batch import (
     BatchJob,
@@ -52,6 +49,8 @@ from torchherd.engine.slurm.commands import (
     submit,
 )
 from torchherd.engine.slurm.files import BATCH_NODE, Item, RunFiles
+from torchherd.engine.watch.hang import Target, Targets
+from torchherd.engine.watch.straggler import StragglerWatch
 from torchherd.errors import TorchherdError, TransportError
 from torchherd.plan import Plan
 from torchherd.remote.wire import StopLevel

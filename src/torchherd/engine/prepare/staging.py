@@ -7,7 +7,7 @@ that lacks it, copied node to node over the cluster's network, never through the
    with its size, mtime and SHA-256 (``Copy``).
 2. The newest copy on a node of the failed attempt is the one (``newest``); every node
    of the next attempt that has no copy with the same path and hash needs it (``lacking``).
-3. One chain of ``checkpoint.py relay`` programs carries it (``engine.relay``, the relay
+3. One chain of ``checkpoint.py relay`` programs carries it (``engine.prepare.relay``, the relay
    image archives use too): the source listens on its job address, the first receiver
    connects to it, listens in turn for the second, and so on; each receiver writes what it
    gets and passes it on at once, so N nodes take about the time of one copy. Each receiver
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, Union
 
 from torchherd.engine.events import CheckpointMissing, CheckpointReplicated, CheckpointSaved, CheckpointStaged
-from torchherd.engine.relay import BYTES_PER_SECOND, Hop, run_chain
+from torchherd.engine.prepare.relay import BYTES_PER_SECOND, Hop, run_chain
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan
 from torchherd.remote import command

@@ -18,14 +18,13 @@ import shlex
 import threading
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Callable, Mapping
 
-from torchherd.engine.bookkeeping import max_rank, node_record, report, run_record
+from torchherd.engine.bookkeeping import connector_for, max_rank, node_record, report, run_record
 from torchherd.engine.events import Observer
-from torchherd.engine.failfast import START_TIMEOUT, Coordination, start_coordinator
-from torchherd.engine.job import Record, records_to_events, remote_command, supervisor_config, supervisor_source
 from torchherd.engine.run import LaunchOptions
+from torchherd.engine.ssh.failfast import START_TIMEOUT, Coordination, start_coordinator
+from torchherd.engine.ssh.job import Record, records_to_events, remote_command, supervisor_config, supervisor_source
 from torchherd.errors import TransportError, UsageError
 from torchherd.plan import Plan
 from torchherd.remote import command as node_program
@@ -45,7 +44,6 @@ from torchherd.runrecord import (
 from torchherd.shell import quote_path
 from torchherd.transport import Connected, Connector, Session, connect_all, fan_out
 from torchherd.transport.base import MAX_PARALLEL
-from torchherd.transport.ssh import SshConnector
 
 FETCH_LIMIT = 4 << 20
 """Bytes of a node's log fetched at once (more than the supervisor's longest record)."""
@@ -138,15 +136,6 @@ def _started(node: NodeRecord, stdout: bytes, stderr: bytes) -> NodeRecord | str
 
 
 # reconnecting ------------------------------------------------------------------
-
-
-def _ssh_config(record: RunRecord) -> Path | None:
-    return Path(record.ssh_config) if record.ssh_config else None
-
-
-def connector_for(record: RunRecord, timeout: float | None = None) -> Connector:
-    """The connector the run was started with, rebuilt from its record."""
-    return SshConnector(_ssh_config(record), record.ssh_timeout if timeout is None else timeout)
 
 
 def connect_run(record: RunRecord, connector: Connector | None = None) -> Connected:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence, Union
 
-from torchherd.engine.bookkeeping import NodeLog, dispatch, log_dir
+from torchherd.engine.bookkeeping import NodeLog, attempt_marker, dispatch, log_dir
 from torchherd.engine.events import (
     CheckpointSaved,
     CoordinatorStarted,
@@ -34,11 +34,11 @@ from torchherd.engine.events import (
     RunFinished,
     StopSent,
 )
-from torchherd.engine.failfast import Coordination, start_coordinator
 from torchherd.engine.outcome import Ending, NodeRun, ssh_state, summarise
-from torchherd.engine.recovery.hang import Targets, targets_of
-from torchherd.engine.recovery.straggler import StragglerWatch
 from torchherd.engine.run import HEARTBEAT_EVERY, STOP_MARGIN, LaunchOptions
+from torchherd.engine.ssh.failfast import Coordination, start_coordinator
+from torchherd.engine.watch.hang import Targets, targets_of
+from torchherd.engine.watch.straggler import StragglerWatch
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command, wire
@@ -156,12 +156,6 @@ def remote_command(node: NodePlan, run_id: str, source: str) -> str:
 def records_to_events(node: str, records: Sequence[bytes]) -> list[Record]:
     """Supervisor records -> lines and status events; heartbeats carry no event."""
     return list(parse_records(node, records))
-
-
-def attempt_marker(attempt: int, nodes: Sequence[str]) -> bytes:
-    """The line that opens an attempt's part of a node log (``run --retries``)."""
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    return f"==== torchherd: attempt {attempt} at {stamp} on {','.join(nodes)} ====\n".encode()
 
 
 def read_node(node: NodeRun, process: Process, events: queue.Queue[list[RunEvent]], marker: bytes = b"") -> None:

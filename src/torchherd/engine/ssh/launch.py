@@ -29,12 +29,12 @@ from torchherd.engine.events import (
     RunStarted,
     ignore,
 )
-from torchherd.engine.images import stage_archives
-from torchherd.engine.job import Job
-from torchherd.engine.pull import pull_images, pulled_nodes
+from torchherd.engine.prepare.images import stage_archives
+from torchherd.engine.prepare.pull import pull_images, pulled_nodes
+from torchherd.engine.prepare.sync import sync_nodes
+from torchherd.engine.prepare.venvs import build_venvs
 from torchherd.engine.run import LaunchAborted, LaunchOptions, Run, RunEvents
-from torchherd.engine.sync import sync_nodes
-from torchherd.engine.venvs import build_venvs
+from torchherd.engine.ssh.job import Job
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
 from torchherd.plan import NodePlan, Plan
@@ -151,7 +151,7 @@ def open_nodes(plan: Plan, options: LaunchOptions, connector: Connector, observe
 
 def pull_first(plan: Plan, connector: Connector, observer: Observer) -> Connector:
     """Connects to every node and pulls the image on those with a pull policy, all at once
-    (``engine.pull``), before the preflight compares the images' ids; returns a connector
+    (``engine.prepare.pull``), before the preflight compares the images' ids; returns a connector
     that hands the preflight and the launch the very same sessions. Raises LaunchAborted
     (the sessions closed) when a node could not be reached or could not pull."""
     opened = _connect(plan, connector, observer)
@@ -170,7 +170,7 @@ def pull_first(plan: Plan, connector: Connector, observer: Observer) -> Connecto
 
 def sync_first(plan: Plan, connector: Connector, observer: Observer, log_dir: Path | None = None) -> Connector:
     """Connects to every node and syncs the project over those sessions (never ``log_dir``),
-    and builds a uv-locked project's venv there (``engine.venvs``); returns a connector that
+    and builds a uv-locked project's venv there (``engine.prepare.venvs``); returns a connector that
     hands the preflight and the launch the very same sessions. Raises LaunchAborted (the
     sessions closed) when a node could not be reached or synced."""
     opened = _connect(plan, connector, observer)
@@ -193,7 +193,7 @@ def sync_first(plan: Plan, connector: Connector, observer: Observer, log_dir: Pa
 
 
 def images_first(plan: Plan, connector: Connector, observer: Observer) -> Connector:
-    """Loads ``--image-archive`` on every node that lacks the image (``engine.images``), so
+    """Loads ``--image-archive`` on every node that lacks the image (``engine.prepare.images``), so
     the preflight's ``container`` check and the launch find it there; returns a connector
     that hands them the same sessions. Raises LaunchAborted (the sessions closed) when a
     node could not be reached or could not load it."""

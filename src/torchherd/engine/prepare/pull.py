@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from torchherd.engine.events import NodePulled, Observer, PullFailed, PullProgress, PullsDone, PullStarted
-from torchherd.engine.sync import Lines
+from torchherd.engine.prepare.sync import Lines
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
 from torchherd.remote import container as containers
