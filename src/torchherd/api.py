@@ -23,22 +23,14 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 from torchherd import hostspec
 from torchherd.checks import CheckOptions
 from torchherd.checks.model import CHECK_IDS, Mesh
-from torchherd.engine.backend import (
-    BACKENDS,
-    Backend,
-    Description,
-    DetachedStartFailed,
-    Follow,
-    backend_for,
-    backend_of,
-)
+from torchherd.engine.backend import Backend, Description, DetachedStartFailed, Follow
 from torchherd.engine.events import Event, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.history import History, controller_runs, follow_history
 from torchherd.engine.prepare.sync import sync_over
 from torchherd.engine.recovery.background import start_background, stop_controller
 from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.run import LaunchAborted, LaunchOptions, Run
-from torchherd.engine.slurm.batch import BatchJob, batch_job
+from torchherd.engine.schedulers import backend_class, backend_for, backend_of
 from torchherd.errors import UsageError
 from torchherd.inventory import (
     HEARTBEAT_HINT,
@@ -223,7 +215,7 @@ class Cluster:
             inventory = replace(inventory, cluster=replace(inventory.cluster, scheduler=scheduler))
         given = {key: value for key, value in (slurm or {}).items() if value is not None}
         if given:
-            if not BACKENDS[inventory.cluster.scheduler].takes_slurm_keys:
+            if not backend_class(inventory.cluster.scheduler).takes_slurm_keys:
                 flag = "--slurm-" + next(iter(given)).replace("_", "-")
                 raise UsageError(f"{flag}: only for SLURM runs", 'add --scheduler slurm, or set scheduler = "slurm" '
                                  "in [cluster]")
@@ -234,9 +226,9 @@ class Cluster:
             return self
         return Cluster(inventory=inventory, connector=self.connector, accept_new_host_keys=self.accept_new_host_keys)
 
-    def batch_script(self, plan: Plan, *, fail_fast: bool = True) -> BatchJob:
+    def batch_script(self, plan: Plan, *, fail_fast: bool = True) -> Description:
         """The SLURM batch script ``plan`` becomes (what ``run --dry-run`` prints for SLURM)."""
-        return batch_job(plan, self.inventory.slurm, fail_fast, pyxis=None)
+        return backend_class("slurm").script(plan, fail_fast=fail_fast)
 
     def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
         """What ``run --dry-run`` prints: ``plan`` itself (SSH), or its batch script (SLURM)."""

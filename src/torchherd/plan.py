@@ -21,6 +21,7 @@ from torchherd.remote import container as containers
 from torchherd.remote import wire
 from torchherd.remote.wire import RANK_PREFIX_TEMPLATE
 from torchherd.shell import quote_path
+from torchherd.words import count
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,31 @@ class Plan:
         if not networks:
             return self
         return build_plan(self.base_inventory or self.inventory, self.options, networks, self.ssh_hostnames)
+
+    def as_json(self) -> dict[str, object]:
+        """``run --dry-run --json`` (``engine.backend.Description``): every node's exact command,
+        its environment's names (never their values: a token may be among them)."""
+        return {"run_id": self.run_id, "scheduler": "ssh", "master": self.master,
+                "master_addr": self.master_addr, "port": self.port, "rdzv_backend": self.rdzv_backend,
+                "world_size": self.world_size, "sync": None if self.sync is None else self.sync.source,
+                "nodes": [{"name": node.host.name, "node_rank": node.node_rank, "address": node.host.address,
+                           "local_addr": None if node.network is None else node.network.address,
+                           "nproc_per_node": node.nproc_per_node, "workdir": node.workdir, "argv": list(node.argv),
+                           "command": node.shell_line(hide_secrets=True), "env": sorted(node.env),
+                           "notes": list(node.notes)} for node in self.nodes]}
+
+    def text(self) -> tuple[tuple[str, str], ...]:
+        """What ``run --dry-run`` prints (``engine.backend.Description``): every node's command
+        as a user could paste it, and why each choice was made."""
+        lines = [("", f"run {self.run_id}: {count(len(self.nodes), 'node')}, master {self.master} at {self.master_addr}:{self.port}, "
+                      f"rendezvous {self.rdzv_backend}")]
+        for index, node in enumerate(self.nodes):
+            lines.append((f"node:{index}", f"{node.host.name} (node_rank {node.node_rank})"))
+            # every line of the command as it is sent (a setup snippet spans lines)
+            lines.append(("", "  $ " + node.shell_line(hide_secrets=True)))
+            lines.extend(("note", f"  - {note}") for note in node.notes)
+        lines.append(("", "dry run: nothing was started"))
+        return tuple(lines)
 
 
 DRY_USER = "UID:GID"

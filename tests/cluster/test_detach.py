@@ -30,7 +30,8 @@ from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.console.run import LiveRenderer
-from torchherd.engine.ssh.detach import Follow, NodeFollower, follow_logs, node_states
+from torchherd.engine.run import Follow
+from torchherd.engine.ssh.detach import NodeFollower, follow_logs, node_states
 from torchherd.runrecord import NodeState, load
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("state_home")]

@@ -14,7 +14,9 @@ import pytest
 from torchherd.api import Cluster, DetachedRun
 from torchherd.cli import main
 from torchherd.console import make_console
-from torchherd.engine.backend import SlurmBackend, SshBackend, backend_of
+from torchherd.engine.schedulers import backend_of
+from torchherd.engine.slurm.backend import SlurmBackend
+from torchherd.engine.ssh.backend import SshBackend
 from torchherd.errors import UsageError
 from torchherd.runrecord import RunRecord
 

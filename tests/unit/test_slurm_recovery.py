@@ -16,7 +16,6 @@ import pytest
 from torchherd.api import Cluster
 from torchherd.checks import CheckOptions
 from torchherd.checks.analysis.slurm import parse_sinfo, slurm_view
-from torchherd.engine.backend import SlurmBackend
 from torchherd.engine.events import (
     AttemptStarted,
     Collector,
@@ -31,6 +30,7 @@ from torchherd.engine.events import (
 from torchherd.engine.recovery.policy import triage_failures
 from torchherd.engine.recovery.runner import RecoveringRun, attempt_plan
 from torchherd.engine.run import LaunchOptions, Run, RunEvents
+from torchherd.engine.slurm.backend import SlurmBackend
 from torchherd.engine.slurm.batch import (
     Placement,
     attempt_settings,

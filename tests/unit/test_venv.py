@@ -189,10 +189,10 @@ def test_dry_run_shows_the_venvs_python(tmp_path: Path) -> None:
     plan = Cluster(hosts=["192.0.2.1"], python="/usr/bin/python3").plan("train.py", sync=project)
     venv = plan.nodes[0].venv
     assert venv is not None
-    from torchherd.console.run import render_plan
+    from torchherd.console.run import render_description
 
     out = StringIO()
-    render_plan(make_console(out, width=400), plan)
+    render_description(make_console(out, width=400), plan)
     assert f"{venv.path}/bin/python -m torch.distributed.run" in out.getvalue()
     assert "the venv uv sync --frozen builds from uv.lock" in out.getvalue()
 

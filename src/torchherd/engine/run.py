@@ -1,8 +1,8 @@
 """The vocabulary every backend hands back: the options a launch takes (``LaunchOptions``),
 the attached ``Run`` with its events (``RunEvents``) and endings (``Endings``), and the
 error of a job that never started (``LaunchAborted``). Nothing here knows a scheduler:
-the SSH job (``engine.ssh``) and the SLURM job (``engine.slurm``) are each a ``Supervised``
-that a ``Run`` drives.
+each backend's job (SSH's supervisors, SLURM's batch job) is a ``Supervised`` that a
+``Run`` drives.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator, Mapping, Protocol
 
 from torchherd.engine.events import Event, Observer, Output, Relay
 from torchherd.engine.watch.hang import Targets
@@ -22,6 +22,7 @@ from torchherd.errors import TorchherdError, TransportError
 from torchherd.plan import Plan
 from torchherd.results import CheckReport
 from torchherd.runlog import OutputLine, RunSummary, flat
+from torchherd.runrecord import RunRecord
 
 HEARTBEAT_EVERY = 0.5
 """Seconds between heartbeats, both ways (``[recovery] heartbeat``)."""
@@ -101,7 +102,7 @@ class LaunchAborted(TorchherdError):
 
 
 class Supervised(Protocol):
-    """What ``Run`` drives in its thread: an SSH ``Job``, or a SLURM job (``engine.slurm.job``)."""
+    """What ``Run`` drives in its thread: a backend's job (SSH's ``Job``, SLURM's batch job)."""
 
     plan: Plan
     log_dir: Path
@@ -298,3 +299,36 @@ class sigterm_as_interrupt:
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
+
+
+@dataclass(frozen=True)
+class DetachedStart:
+    """How ``run --detach`` went: the saved record, and per node why it did not start
+    (empty when every node started). When one did not, the others were stopped and
+    ``left`` says what could not be."""
+
+    record: RunRecord
+    errors: tuple[str, ...] = ()
+    left: Mapping[str, list[str]] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+class DetachedStartFailed(TorchherdError):
+    """Not every node of a detached run started; the others were stopped."""
+
+    def __init__(self, start: DetachedStart) -> None:
+        super().__init__(f"run {start.record.run_id}: not every node started; the others were stopped")
+        self.start = start
+
+
+@dataclass(frozen=True)
+class Follow:
+    follow: bool = False
+    node: str | None = None
+    rank: int | None = None
+    more: Callable[[], bool] | None = None
+    """A detached run with retries: while this says so (its recovering controller runs), a
+    node's job ending is not the end of its log: the next attempt writes on in it."""

@@ -72,6 +72,21 @@ class BatchJob:
     """``--nodes=K-N`` on sbatch's command line (over the script's ``--nodes=N``): an attempt
     of a recovering run where SLURM picks the nodes may start on fewer (``--min-nodes``)."""
 
+    def as_json(self) -> dict[str, object]:
+        """``run --dry-run --json`` (``engine.backend.Description``): the script with secrets as ***."""
+        return {"run_id": self.run_id, "scheduler": "slurm", "batch_script": shown_script(self),
+                "run_dir": self.run_dir, "notes": list(self.notes)}
+
+    def text(self) -> tuple[tuple[str, str], ...]:
+        """What ``run --dry-run`` prints (``engine.backend.Description``): the batch script SLURM
+        would get (secrets as ***), and why each choice was made."""
+        return (("title", f"run {self.run_id}: SLURM batch script ({self.run_dir}/{BATCH_SCRIPT}), "
+                          "submitted with sbatch --parsable"),
+                # the job's arguments and environment as given, its lines kept
+                ("", shown_script(self).rstrip("\n")),
+                *(("note", f"  - {note}") for note in self.notes),
+                ("", "dry run: nothing was submitted"))
+
 
 def run_dir(run_id: str, attempt: int = 0) -> str:
     """The run's directory on the submit host; an attempt after the first gets one of its

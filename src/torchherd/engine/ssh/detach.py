@@ -17,12 +17,12 @@ import queue
 import shlex
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Mapping
 
 from torchherd.engine.bookkeeping import connector_for, max_rank, node_record, report, run_record
 from torchherd.engine.events import Observer
-from torchherd.engine.run import LaunchOptions
+from torchherd.engine.run import DetachedStart, Follow, LaunchOptions
 from torchherd.engine.ssh.failfast import START_TIMEOUT, Coordination, start_coordinator
 from torchherd.engine.ssh.job import Record, records_to_events, remote_command, supervisor_config, supervisor_source
 from torchherd.errors import TransportError, UsageError
@@ -56,21 +56,6 @@ CONNECT_TRIES = 3
 goes on without it (``logs -f`` retries on, having said so once)."""
 
 # starting ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DetachedStart:
-    """How ``run --detach`` went: the saved record, and per node why it did not start
-    (empty when every node started). When one did not, the others were stopped and
-    ``left`` says what could not be."""
-
-    record: RunRecord
-    errors: tuple[str, ...] = ()
-    left: Mapping[str, list[str]] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
 
 
 def start_detached(plan: Plan, options: LaunchOptions, sessions: Mapping[str, Session]) -> DetachedStart:
@@ -205,16 +190,6 @@ def stop_run(record: RunRecord, connector: Connector | None = None) -> dict[str,
 
 
 # following ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Follow:
-    follow: bool = False
-    node: str | None = None
-    rank: int | None = None
-    more: Callable[[], bool] | None = None
-    """A detached run with retries: while this says so (its recovering controller runs), a
-    node's job ending is not the end of its log: the next attempt writes on in it."""
 
 
 JOIN_EVERY = 1.0
