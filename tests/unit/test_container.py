@@ -445,3 +445,20 @@ def test_the_toolkit_is_asked_for_only_where_the_ranks_use_gpus() -> None:
     assert [r.status for r in analysis.analyse(observed_with({"n0": bare}, hosts=1, nproc=2))] == ["pass"]  # type: ignore[arg-type]
     assert [r.status for r in analysis.analyse(observed_with({"n0": with_devices}, hosts=1, nproc=2))] == ["fail"]  # type: ignore[arg-type]
     assert [r.status for r in analysis.analyse(observed_with({"n0": with_devices}, hosts=1, nproc="cpu"))] == ["pass"]  # type: ignore[arg-type]
+
+
+def test_each_runtime_is_one_entry_of_the_table() -> None:
+    """What torchherd does differently per runtime is read from its ``Runtime`` entry, never
+    from its name: the lists ``auto`` tries and the OCI ones follow from the table."""
+    assert container.RUNTIMES == ("podman", "docker", "apptainer", "enroot")
+    assert container.OCI_RUNTIMES == ("podman", "docker")
+    assert all(name == entry.name for name, entry in container.RUNTIME.items())
+    docker, podman, apptainer = (container.RUNTIME[name] for name in ("docker", "podman", "apptainer"))
+    assert docker.remove_argv("torchherd-r-n0") == ["docker", "rm", "-f", "torchherd-r-n0"]
+    assert podman.remove_argv("") is None and apptainer.remove_argv("torchherd-r-n0") is None
+    assert podman.inspect_argv("img:1") == ["podman", "image", "inspect", "--format", "{{.Id}}", "img:1"]
+    assert docker.load_argv("/tmp/a.tar") == ["docker", "load", "-i", "/tmp/a.tar"]
+    assert docker.pull_argv("img:1") == ["docker", "pull", "img:1"]
+    assert [entry.name for entry in container.RUNTIME.values() if entry.replaces] == ["podman"]
+    assert [entry.name for entry in container.RUNTIME.values() if entry.keep_id] == ["podman"]
+    assert all(entry.usable_fix for entry in container.RUNTIME.values() if entry.oci)

@@ -94,7 +94,7 @@ def node_command(host: Host) -> str:
     python = quote_path(host.python) if host.python.startswith("~") else host.python
     for runtime in containers.RUNTIMES:
         for pattern, rootless in ((f"{runtime}:0", False), (f"{runtime}:*", True)):
-            command = _versions_command(settings, runtime, python, rootless and runtime == "podman")
+            command = _versions_command(settings, runtime, python, rootless and containers.RUNTIME[runtime].keep_id)
             lines.append(f"  {pattern}) out=$({command} 2>&1) ;;")
     lines += [
         "esac",
