@@ -250,11 +250,13 @@ def _same_path_mounts(paths: Sequence[str], seen: Sequence[str]) -> List[str]:
 
 
 def run_argv(spec: ContainerSpec, runtime: str, argv: Sequence[str], env_names: Sequence[str], workdir: str,
-             identity: Identity, binds: Sequence[str] = (), mount_workdir: bool = True) -> List[str]:
+             identity: Identity, binds: Sequence[str] = (), mount_workdir: bool = True,
+             named: bool = True) -> List[str]:
     """The command that runs ``argv`` in ``spec``'s image with ``runtime`` (resolved, not
     "auto"), in ``workdir`` (mounted at itself unless ``mount_workdir`` is false, as are
     ``binds``: torchrun's log directory), with the variables ``env_names`` taken from the
-    runtime's own environment."""
+    runtime's own environment. ``named`` false: a throwaway container, no ``--name``
+    (``--rm`` removes it)."""
     gpus = identity.gpus if spec.gpus is None else spec.gpus
     own = _same_path_mounts([workdir, *binds] if mount_workdir else list(binds), spec.mounts)
     mounts = own + list(spec.mounts)
@@ -267,8 +269,8 @@ def run_argv(spec: ContainerSpec, runtime: str, argv: Sequence[str], env_names: 
         for name in names:
             passed += [kind.env_flag, name]
     if kind.oci:
-        words = [runtime, "run", "--rm", "--name", spec.name]
-        if kind.replaces and spec.name:
+        words = [runtime, "run", "--rm"] + (["--name", spec.name] if named else [])
+        if kind.replaces and spec.name and named:
             # A container of this run's own name left by an attempt whose node died (its
             # supervisor with it) would refuse the name when the node is back in a later
             # attempt: podman replaces it (docker has no --replace: the supervisor removes it).

@@ -77,9 +77,7 @@ def lacking(best: Copy, found: Mapping[str, Copy | None], nodes: Sequence[str]) 
 def job_address(node: NodePlan) -> str:
     """The address the other nodes reach ``node`` at: its torchrun ``--local-addr`` when the
     plan has one, else its SSH address."""
-    if "--local-addr" in node.argv:
-        return node.argv[node.argv.index("--local-addr") + 1]
-    return node.host.local_addr or node.host.address
+    return node.torchrun.local_addr or node.host.local_addr or node.host.address
 
 
 def program(node: NodePlan, mode: str, path: str, low: bool = False) -> str:

@@ -311,28 +311,15 @@ def _nproc_case(nodes: Sequence[NodePlan]) -> list[str]:
 
 
 def torchrun_words(plan: Plan, node: NodePlan) -> list[str]:
-    """The node's torchrun argv as shell words: quoted values, and SLURM's own variables
-    where each node differs (node rank, master, node count). ``--local-addr`` is left
-    out: it names an inventory host, and SLURM picks the hosts."""
-    argv = list(node.argv)
-    script_at = len(argv) - len(plan.options.script_args) - 1
-    words = [quote_path(argv[0])]
-    index = 1
-    while index < len(argv):
-        item = argv[index]
-        value = argv[index + 1] if index + 1 < script_at else None
-        if index >= script_at or value is None:
-            words.append(shlex.quote(item))
-            index += 1
-            continue
-        replaced = _replace(plan, item, value)
-        if replaced is None:
-            words.append(shlex.quote(item))
-            index += 1
-            continue
-        words += list(replaced)
-        index += 2
-    return words
+    """The node's torchrun command as shell words, from its settings: quoted values, and
+    SLURM's own variables where each node differs (node rank, master, node count).
+    ``--local-addr`` is left out: it names an inventory host, and SLURM picks the hosts."""
+    torchrun = node.torchrun
+    words = [quote_path(torchrun.python), "-m", "torch.distributed.run"]
+    for option, value in torchrun.options():
+        replaced = _replace(plan, option, value)
+        words += [shlex.quote(option), shlex.quote(value)] if replaced is None else list(replaced)
+    return words + [shlex.quote(word) for word in torchrun.target()]
 
 
 def _replace(plan: Plan, option: str, value: str) -> tuple[str, ...] | None:

@@ -109,21 +109,8 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float, heartbeat: floa
     return wire.SupervisorConfig(run_id=run_id, argv=argv, env=node.env, cwd=None, grace=grace,
                                  heartbeat=heartbeat, watchdog=watchdog, cleanup_dir=node.remote_log_dir,
                                  rank_marker=None if files else wire.RANK_PREFIX_HEAD.decode(), gpu_every=GPU_EVERY,
-                                 rank_logs=node.remote_log_dir if files else None, rank_base=rank_base(node.argv),
+                                 rank_logs=node.remote_log_dir if files else None, rank_base=node.torchrun.rank_base,
                                  busy_every=BUSY_EVERY, container=node.container)
-
-
-def rank_base(argv: Sequence[str]) -> int | None:
-    """The node's first global rank where torchrun's own options fix it (static
-    rendezvous: ``--node-rank`` x a numeric ``--nproc-per-node``); None for c10d, where
-    the rendezvous hands out node ranks, and for ``gpu``/``auto`` process counts."""
-    # torchrun's own options only: after "--" come the script's arguments
-    own = list(argv[:argv.index("--")]) if "--" in argv else list(argv)
-    options = dict(zip(own, own[1:]))
-    node_rank, nproc = options.get("--node-rank", ""), options.get("--nproc-per-node", "")
-    if "--rdzv-backend" in options or not (node_rank + nproc).isascii() or not (node_rank.isdigit() and nproc.isdigit()):
-        return None
-    return int(node_rank) * int(nproc)
 
 
 def redirected(argv: Sequence[str]) -> tuple[str, ...]:
