@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 from torchherd import hostspec
 from torchherd.checks import CheckOptions
 from torchherd.checks.model import CHECK_IDS, Mesh
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.backend import (
     BACKENDS,
     Backend,
@@ -56,7 +57,6 @@ from torchherd.inventory import (
 )
 from torchherd.nodeset import NodesetError, expand
 from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
-from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import OutputLine, flat
 from torchherd.runrecord import (
     AttachedStatus,

@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from torchherd.api import Cluster, DetachedStartFailed
+    from torchherd.checks.results import CheckReport
     from torchherd.console.view import ViewOptions
     from torchherd.inventory import Bandwidth, Recovery
     from torchherd.plan import Plan
-    from torchherd.results import CheckReport
 
 Handler = Callable[[argparse.Namespace, "Console"], int]
 

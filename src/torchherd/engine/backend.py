@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, ClassVar, Mapping, Sequence, Union
 
 from torchherd.checks import CheckOptions
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine import detach as detached
 from torchherd.engine.containers import remove_lost
 from torchherd.engine.events import (
@@ -41,7 +42,6 @@ from torchherd.engine.slurm.batch import BatchJob, batch_job, picked_count, plac
 from torchherd.errors import TorchherdError, UsageError
 from torchherd.inventory import Bandwidth, Host, Recovery
 from torchherd.plan import Plan
-from torchherd.results import CheckReport, CheckResult
 from torchherd.runrecord import NodeState, RunRecord
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector, ssh_hostnames
