@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeVar, overload
 
-from torchherd import hostspec
 from torchherd.checks import CheckOptions
 from torchherd.checks.model import CHECK_IDS, Mesh
 from torchherd.checks.results import CheckReport, CheckResult
@@ -49,13 +48,14 @@ from torchherd.inventory import (
     Inventory,
     Recovery,
     heartbeat_problem,
+    hostspec,
     load,
     parse,
     parse_slurm,
     with_container,
     with_spares,
 )
-from torchherd.nodeset import NodesetError, expand
+from torchherd.inventory.nodeset import NodesetError, expand
 from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
 from torchherd.runlog import OutputLine, flat
 from torchherd.runrecord import (

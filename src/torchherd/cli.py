@@ -91,7 +91,7 @@ def _hosts(args: argparse.Namespace) -> Cluster:
 
 
 def cmd_init(args: argparse.Namespace, console: Console) -> int:
-    from torchherd import hostspec
+    from torchherd.inventory import hostspec, writer
 
     _not_empty(args, "hosts", "-H", "name the hosts: -H node0,node1 (or leave out -H for two placeholder hosts)")
     path = _inventory_path(args)
@@ -112,7 +112,7 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
             text = config.read_text(encoding="utf-8")
         except OSError as error:
             raise UsageError(f"--ssh-config {config}: cannot read it ({error.strerror})") from None
-        names = hostspec.ssh_config_aliases(text, args.from_ssh_config)
+        names = writer.ssh_config_aliases(text, args.from_ssh_config)
         if not names:
             raise UsageError(f"--from-ssh-config {args.from_ssh_config}: no Host entry of {config} matches",
                              "a glob over Host names, e.g. 'gpu*'")
@@ -122,7 +122,7 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
     nproc = _nproc(args.nproc_per_node)
     named = "" if path == Path("hosts.toml") else f"-i {shlex.quote(str(path))} "
     then = f"torchherd {named}hosts; torchherd {named}check -- train.py"
-    text = hostspec.inventory_text(entries, python=args.python, workdir=args.workdir, nproc_per_node=nproc,
+    text = writer.inventory_text(entries, python=args.python, workdir=args.workdir, nproc_per_node=nproc,
                                    master=args.master, source=source, ssh_config=ssh_config, then=then)
     hostspec.load_any(_written(path, text))  # what init writes must load
     count = sum(len(entry.tables()) for entry in entries) if entries else 2
@@ -1123,8 +1123,7 @@ def _warn_unfilled(args: argparse.Namespace, console: Console) -> None:
     line naming them (on stderr, so --json's stdout stays one document)."""
     from rich.text import Text
 
-    from torchherd import hostspec
-    from torchherd.inventory import MAX_INVENTORY_BYTES
+    from torchherd.inventory import MAX_INVENTORY_BYTES, writer
 
     if args.handler in (cmd_init, cmd_completion) or getattr(args, "hosts", None) or getattr(args, "nodelist", None):
         return
@@ -1137,7 +1136,7 @@ def _warn_unfilled(args: argparse.Namespace, console: Console) -> None:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return
-    marked = hostspec.unfilled(text)
+    marked = writer.unfilled(text)
     if marked:
         shown = ", ".join(f"{key} (line {number})" for number, key in marked)
         console.print(Text(f"warning: {path}: still marked FILL IN: {shown}; check each value, then delete "

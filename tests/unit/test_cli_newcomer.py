@@ -80,7 +80,7 @@ def test_one_address_at_two_ports_is_two_hosts(capsys: pytest.CaptureFixture[str
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from torchherd.hostspec import HostEntry, host_entries
+    from torchherd.inventory.hostspec import HostEntry, host_entries
 
     assert host_entries("127.0.0.1:2222,127.0.0.1:2223,other") == [
         HostEntry("127.0.0.1-2222", None, 2222, "127.0.0.1"), HostEntry("127.0.0.1-2223", None, 2223, "127.0.0.1"),
