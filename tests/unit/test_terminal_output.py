@@ -118,7 +118,7 @@ def test_sync_listings_and_failures_never_reach_the_terminal_raw() -> None:
 
 def test_a_detached_start_failure_is_shown_escaped() -> None:
     from torchherd.api import DetachedStartFailed
-    from torchherd.cli import _render_detached_failure
+    from torchherd.cli.dispatch import _render_detached_failure
     from torchherd.engine.detach import DetachedStart
 
     console = terminal()
