@@ -33,9 +33,23 @@ from torchherd.engine.backend import (
     backend_of,
 )
 from torchherd.engine.events import Event, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
-from torchherd.engine.history import History, controller_runs, follow_history
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Run
+from torchherd.engine.records import (
+    AttachedStatus,
+    NodeState,
+    RecoveryStatus,
+    RunRecord,
+    attached_node_states,
+    attached_of,
+    controller_alive,
+    load_all,
+    recovery_of,
+    runs_dir,
+    scan,
+)
+from torchherd.engine.records import load as load_record
+from torchherd.engine.records.history import History, controller_runs, follow_history
 from torchherd.engine.recovery.background import start_background, stop_controller
 from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.slurm.batch import BatchJob, batch_job
@@ -58,20 +72,6 @@ from torchherd.inventory import (
 from torchherd.inventory.nodeset import NodesetError, expand
 from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
 from torchherd.runlog import OutputLine, flat
-from torchherd.runrecord import (
-    AttachedStatus,
-    NodeState,
-    RecoveryStatus,
-    RunRecord,
-    attached_node_states,
-    attached_of,
-    controller_alive,
-    load_all,
-    recovery_of,
-    runs_dir,
-    scan,
-)
-from torchherd.runrecord import load as load_record
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
 from torchherd.tree import UV_FILES, project_root, refusal, uv_lock_hash

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from torchherd import cli
 from torchherd.cli import values as converters
 from torchherd.console import make_console
+from torchherd.engine.records import RecordError, RunRecord
 from torchherd.errors import InventoryError, UsageError
 from torchherd.inventory import CLUSTER_KEYS, HOST_KEYS, NODE_KEYS, Inventory, loads, parse
 from torchherd.plan import check_nnodes, parse_env_assignments
 from torchherd.runlog import OutputParser, RecordSplitter, parse_records
-from torchherd.runrecord import RecordError, RunRecord
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PATH = Path("fuzz.toml")
