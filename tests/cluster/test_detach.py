@@ -30,9 +30,9 @@ from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.console.run import LiveRenderer
+from torchherd.engine.records import NodeState, load
 from torchherd.engine.run import Follow
 from torchherd.engine.ssh.detach import NodeFollower, follow_logs, node_states
-from torchherd.runrecord import NodeState, load
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("state_home")]
 

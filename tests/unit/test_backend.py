@@ -14,11 +14,11 @@ import pytest
 from torchherd.api import Cluster, DetachedRun
 from torchherd.cli import main
 from torchherd.console import make_console
+from torchherd.engine.records import RunRecord
 from torchherd.engine.schedulers import backend_of
 from torchherd.engine.slurm.backend import SlurmBackend
 from torchherd.engine.ssh.backend import SshBackend
 from torchherd.errors import UsageError
-from torchherd.runrecord import RunRecord
 
 # 192.0.2.0/24 is TEST-NET-1: nothing answers there, so touching a node would hang.
 INVENTORY = '[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n[[hosts]]\nname = "b"\naddress = "192.0.2.2"\n'

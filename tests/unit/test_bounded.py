@@ -15,6 +15,7 @@ from test_engine import faked
 from torchherd.api import Cluster
 from torchherd.engine import events
 from torchherd.engine.events import Collector, Event, LinesDropped, Output
+from torchherd.engine.records import NodeRecord, RunRecord
 from torchherd.engine.run import Follow, LaunchOptions
 from torchherd.engine.ssh import detach
 from torchherd.engine.ssh.launch import launch
@@ -22,7 +23,6 @@ from torchherd.inventory import Host
 from torchherd.remote import wire
 from torchherd.remote.framing import MAX_LINE, RankMender
 from torchherd.runlog import RecordSplitter
-from torchherd.runrecord import NodeRecord, RunRecord
 from torchherd.transport.base import MAX_PARALLEL, CommandResult
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 from torchherd.checks import CheckOptions
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.events import (
     CheckpointMissing,
     CheckpointReplicated,
@@ -32,13 +33,12 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.prepare.staging import Staged
 from torchherd.engine.recorder import Recorder
+from torchherd.engine.records import NodeState, RecoveryRecord, RunRecord
 from torchherd.engine.recovery.policy import TRIAGE_CHECKS
 from torchherd.engine.run import DetachedStartFailed, Follow, LaunchOptions, Run
 from torchherd.errors import UsageError
 from torchherd.inventory import Bandwidth, Host, Recovery
 from torchherd.plan import Plan
-from torchherd.results import CheckReport, CheckResult
-from torchherd.runrecord import NodeState, RecoveryRecord, RunRecord
 from torchherd.transport import Connector
 
 __all__ = ["Backend", "Description", "DetachedStartFailed", "Follow"]

@@ -22,8 +22,7 @@ from torchherd.engine.events import (
     NodeStarted,
     RunFinished,
 )
-from torchherd.inventory import Host
-from torchherd.runrecord import (
+from torchherd.engine.records import (
     AttemptState,
     CoordinatorRecord,
     NodeRecord,
@@ -35,11 +34,12 @@ from torchherd.runrecord import (
     save,
     with_recovery,
 )
+from torchherd.inventory import Host
 
 
 class Recorder:
     """The background controller's observer: keeps the run record up to date, atomically
-    (``runrecord.save``), from the events of the attempts (called from several threads)."""
+    (``records.save``), from the events of the attempts (called from several threads)."""
 
     def __init__(self, record: RunRecord, hosts: Mapping[str, Host], workdirs: Mapping[str, str]) -> None:
         self.record = record

@@ -16,13 +16,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable, Iterator, Mapping, Protocol
 
+from torchherd.checks.results import CheckReport
 from torchherd.engine.events import Event, Observer, Output, Relay
+from torchherd.engine.records import RunRecord
 from torchherd.engine.watch.hang import Targets
 from torchherd.errors import TorchherdError, TransportError
 from torchherd.plan import Plan
-from torchherd.results import CheckReport
 from torchherd.runlog import OutputLine, RunSummary, flat
-from torchherd.runrecord import RunRecord
 
 HEARTBEAT_EVERY = 0.5
 """Seconds between heartbeats, both ways (``[recovery] heartbeat``)."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the interface only: importing it imports the engine
     from torchherd.engine.backend import Backend
-    from torchherd.runrecord import RunRecord
+    from torchherd.engine.records import RunRecord
     from torchherd.transport import Connector
 
 SCHEDULERS: dict[str, str] = {

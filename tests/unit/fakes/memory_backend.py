@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
 from torchherd.checks import CheckOptions
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.backend import Backend, Description
 from torchherd.engine.bookkeeping import node_record, run_record
 from torchherd.engine.events import Observer, Output, RunStarted, ignore
 from torchherd.engine.recorder import Recorder
+from torchherd.engine.records import NodeState, RecoveryRecord, RunRecord, with_recovery
 from torchherd.engine.run import Follow, LaunchOptions, Run, RunEvents
 from torchherd.plan import Plan
-from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
-from torchherd.runrecord import NodeState, RecoveryRecord, RunRecord, with_recovery
 
 NAME = "memory"
 

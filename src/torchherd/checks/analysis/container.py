@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from torchherd.checks.model import Observed
+from torchherd.checks.results import CheckResult
 from torchherd.inventory import Host
 from torchherd.remote.container import OCI_RUNTIMES, RUNTIME, RUNTIMES
-from torchherd.results import CheckResult
 from torchherd.words import count
 
 CHECK = "container"

@@ -37,14 +37,7 @@ from torchherd.engine.events import (
     Observer,
 )
 from torchherd.engine.recorder import Recorder
-from torchherd.engine.recovery.runner import RecoveringRun
-from torchherd.engine.run import STOP_MARGIN, LaunchOptions
-from torchherd.engine.schedulers import backend_for, scheduler_of
-from torchherd.errors import EXIT_FAILED, TorchherdError
-from torchherd.inventory import Recovery
-from torchherd.plan import Plan
-from torchherd.remote.wire import process_start
-from torchherd.runrecord import (
+from torchherd.engine.records import (
     RecoveryRecord,
     RunRecord,
     controller_alive,
@@ -53,6 +46,13 @@ from torchherd.runrecord import (
     runs_dir,
     save,
 )
+from torchherd.engine.recovery.runner import RecoveringRun
+from torchherd.engine.run import STOP_MARGIN, LaunchOptions
+from torchherd.engine.schedulers import backend_for, scheduler_of
+from torchherd.errors import EXIT_FAILED, TorchherdError
+from torchherd.inventory import Recovery
+from torchherd.plan import Plan
+from torchherd.remote.wire import process_start
 from torchherd.transport.ssh import SshConnector
 
 ENTRY = ("import sys; sys.path[:] = [entry for entry in sys.path if entry]; "

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Callable, ClassVar, Mapping
 
 from torchherd.checks import CheckOptions
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.backend import Backend, Description
 from torchherd.engine.events import Observer, ignore
 from torchherd.engine.recorder import Recorder
+from torchherd.engine.records import NodeState, RecoveryRecord, RunRecord
 from torchherd.engine.run import Follow, LaunchOptions, Run
 from torchherd.engine.slurm import check as slurm_check
 from torchherd.engine.slurm import detached as slurm_detached
@@ -19,8 +21,6 @@ from torchherd.engine.slurm.recorder import slurm_recorder
 from torchherd.errors import UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import Plan
-from torchherd.results import CheckReport, CheckResult
-from torchherd.runrecord import NodeState, RecoveryRecord, RunRecord
 from torchherd.transport import Connector
 
 

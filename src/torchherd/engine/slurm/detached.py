@@ -13,6 +13,7 @@ from torchherd.engine.events import (
     JobQueued,
     Observer,
 )
+from torchherd.engine.records import NodeRecord, NodeState, RunRecord, load, save
 from torchherd.engine.run import LaunchOptions
 from torchherd.engine.slurm.batch import (
     EXIT,
@@ -35,7 +36,6 @@ from torchherd.errors import TorchherdError, TransportError
 from torchherd.inventory import Host
 from torchherd.plan import Plan
 from torchherd.runlog import Status
-from torchherd.runrecord import NodeRecord, NodeState, RunRecord, load, save
 from torchherd.transport import Connector, Session
 from torchherd.transport.local import LocalSession
 

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 from torchherd.engine.events import AttemptStarted, Event, JobQueued, NodeStarted, RunStarted
 from torchherd.engine.recorder import Recorder
+from torchherd.engine.records import RecoveryRecord, RunRecord, with_recovery
 from torchherd.engine.slurm.batch import run_dir
 from torchherd.engine.slurm.detached import slurm_nodes, slurm_record, with_job
 from torchherd.plan import Plan
-from torchherd.runrecord import RecoveryRecord, RunRecord, with_recovery
 
 
 class SlurmRecorder(Recorder):

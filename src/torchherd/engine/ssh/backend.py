@@ -7,19 +7,13 @@ from dataclasses import replace
 from typing import Callable, ClassVar, Sequence
 
 from torchherd.checks import CheckOptions
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.backend import Backend, Description
 from torchherd.engine.bookkeeping import max_rank, node_record, run_record
 from torchherd.engine.events import CheckpointReplicated, CheckpointSaved, LostContainers, Observer, ignore
 from torchherd.engine.prepare.staging import Staged, replicate, stage
 from torchherd.engine.recorder import Recorder
-from torchherd.engine.run import DetachedStartFailed, Follow, LaunchOptions, Run
-from torchherd.engine.ssh import detach as detached
-from torchherd.engine.ssh.containers import remove_lost
-from torchherd.engine.ssh.launch import launch, open_nodes, preflight, sync_first, with_probes
-from torchherd.inventory import Bandwidth, Host
-from torchherd.plan import Plan
-from torchherd.results import CheckReport, CheckResult
-from torchherd.runrecord import (
+from torchherd.engine.records import (
     NodeState,
     RecoveryRecord,
     RunRecord,
@@ -27,6 +21,12 @@ from torchherd.runrecord import (
     remote_state_file,
     with_recovery,
 )
+from torchherd.engine.run import DetachedStartFailed, Follow, LaunchOptions, Run
+from torchherd.engine.ssh import detach as detached
+from torchherd.engine.ssh.containers import remove_lost
+from torchherd.engine.ssh.launch import launch, open_nodes, preflight, sync_first, with_probes
+from torchherd.inventory import Bandwidth, Host
+from torchherd.plan import Plan
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector, ssh_hostnames
 

@@ -22,15 +22,7 @@ from typing import Callable, Mapping
 
 from torchherd.engine.bookkeeping import connector_for, max_rank, node_record, report, run_record
 from torchherd.engine.events import Observer
-from torchherd.engine.run import DetachedStart, Follow, LaunchOptions
-from torchherd.engine.ssh.failfast import START_TIMEOUT, Coordination, start_coordinator
-from torchherd.engine.ssh.job import Record, records_to_events, remote_command, supervisor_config, supervisor_source
-from torchherd.errors import TransportError, UsageError
-from torchherd.plan import Plan
-from torchherd.remote import command as node_program
-from torchherd.remote import wire
-from torchherd.runlog import RecordSplitter, Status, parse_status
-from torchherd.runrecord import (
+from torchherd.engine.records import (
     NodeRecord,
     NodeState,
     RunRecord,
@@ -41,6 +33,14 @@ from torchherd.runrecord import (
     remote_state_file,
     save,
 )
+from torchherd.engine.run import DetachedStart, Follow, LaunchOptions
+from torchherd.engine.ssh.failfast import START_TIMEOUT, Coordination, start_coordinator
+from torchherd.engine.ssh.job import Record, records_to_events, remote_command, supervisor_config, supervisor_source
+from torchherd.errors import TransportError, UsageError
+from torchherd.plan import Plan
+from torchherd.remote import command as node_program
+from torchherd.remote import wire
+from torchherd.runlog import RecordSplitter, Status, parse_status
 from torchherd.shell import quote_path
 from torchherd.transport import Connected, Connector, Session, connect_all, fan_out
 from torchherd.transport.base import MAX_PARALLEL

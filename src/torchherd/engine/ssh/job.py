@@ -35,6 +35,7 @@ from torchherd.engine.events import (
     StopSent,
 )
 from torchherd.engine.outcome import Ending, NodeRun, ssh_state, summarise
+from torchherd.engine.records import remote_coordinator_file, remote_log_file, remote_state_file
 from torchherd.engine.run import HEARTBEAT_EVERY, STOP_MARGIN, LaunchOptions
 from torchherd.engine.ssh.failfast import Coordination, start_coordinator
 from torchherd.engine.watch.hang import Targets, targets_of
@@ -54,7 +55,6 @@ from torchherd.runlog import (
     parse_records,
     visible_text,
 )
-from torchherd.runrecord import remote_coordinator_file, remote_log_file, remote_state_file
 from torchherd.shell import quote_path
 from torchherd.transport import Process, Session, fan_out
 
