@@ -12,6 +12,7 @@ from torchherd.imagearchive import HINT as ARCHIVE_HINT
 from torchherd.imagearchive import ImageArchive, read_archive
 from torchherd.inventory.model import Bandwidth
 from torchherd.inventory.nodeset import NodesetError, expand
+from torchherd.inventory.options import Option
 from torchherd.inventory.rules import (
     ADDRESS_PATTERN,
     BANDWIDTH_HINT,
@@ -21,16 +22,12 @@ from torchherd.inventory.rules import (
     HEARTBEAT_HINT,
     HEARTBEAT_RANGE,
     LOCAL_ADDR,
-    MAX_NPROC,
-    MAX_RETRIES,
     MAX_SECONDS,
     MISSES_RANGE,
-    NPROC_WORDS,
     USER_HINT,
     checkpoint_problem,
     parse_bandwidth,
     parse_rate,
-    replicate_problem,
     show,
     valid_hostname,
     valid_ruser,
@@ -129,13 +126,14 @@ class Reader:
             self.fail(key, f"expected a share of the median between 0 and 1 (0.5: half), got {show(value)}")
         return float(value)
 
-    def nproc(self, key: str, value: Any) -> int | str:
-        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_NPROC:
-            return value
-        if isinstance(value, str) and value in NPROC_WORDS:
-            return value
-        self.fail(key, f"expected a positive integer (at most {MAX_NPROC}) or one of {', '.join(map(repr, NPROC_WORDS))}, "
-                       f"got {show(value)}")
+    def option(self, option: Option[T]) -> Callable[[str, Any], T]:
+        """The converter of ``option``'s key: its rule, the one every door asks."""
+        def convert(key: str, value: Any) -> T:
+            found = option.kind.value(value)
+            if found is None:
+                self.fail(key, option.expected("file", value), option.file_hint or option.hint)
+            return found
+        return convert
 
     def count(self, key: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -167,29 +165,11 @@ class Reader:
             self.fail(key, f"expected an integer from {low} to {high}, got {show(value)}", HEARTBEAT_HINT)
         return int(value)
 
-    def replicate(self, key: str, value: Any) -> int:
-        problem = replicate_problem(value)
-        if problem is not None:
-            self.fail(key, problem)
-        return int(value)
-
     def bandwidth(self, key: str, value: Any) -> Bandwidth:
         found = parse_bandwidth(value) if isinstance(value, str) else None
         if found is None:
             self.fail(key, f"expected a share or a rate, got {show(value)}", BANDWIDTH_HINT)
         return found
-
-    def retries(self, key: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
-            self.fail(key, f"expected an integer from 0 to {MAX_RETRIES}, got {show(value)}")
-        return int(value)
-
-    def exit_codes(self, key: str, value: Any) -> tuple[int, ...]:
-        if not isinstance(value, list) or not all(
-                isinstance(code, int) and not isinstance(code, bool) and 1 <= code <= 255 for code in value):
-            self.fail(key, f"expected a list of exit codes from 1 to 255, got {show(value)}",
-                      "write final_exit_codes = [2]")
-        return tuple(int(code) for code in value)
 
     def nodeset(self, key: str, value: Any) -> str:
         text = self.text(key, value)

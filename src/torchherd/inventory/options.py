@@ -1,0 +1,325 @@
+"""One rule per option: each setting a value reaches torchherd by more than one door (a flag
+of the command line, a key of ``hosts.toml``, an argument of the API) is described once here,
+with its name, flag, key, kind, bounds and rule, and every door asks it. The same value gets
+the same verdict wherever it came from, and the error names the door it came through:
+``--hang-timeout``, ``hosts.toml: [recovery].hang_timeout``, or ``Recovery(hang_timeout=...)``.
+
+The cross-field rules of ``[recovery]`` are here too (``recovery_problem``): what a run asks
+for with a flag or an argument must be something that run can do (a checkpoint is staged
+before a new attempt: without retries there is none), while the file's table holds every
+run's defaults, to which a run may add its retries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Generic, Literal, Sequence, TypeVar
+
+from torchherd.errors import UsageError
+from torchherd.inventory.model import Recovery
+from torchherd.inventory.rules import ENV_NAME, MAX_NPROC, MAX_REPLICAS, MAX_RETRIES, MAX_SECONDS, NPROC_WORDS, show
+
+V = TypeVar("V", covariant=True)
+
+Door = Literal["flag", "file", "argument"]
+"""The command line, ``hosts.toml``, the API."""
+
+MAX_INTERVAL = 86400.0
+"""A day: the longest interval or grace a flag takes (a larger one is a typo)."""
+MAX_RESTARTS = 1_000_000
+"""torchrun restarts of one attempt: more than any run makes."""
+
+
+class Kind(Generic[V]):
+    """What an option's values are: ``value`` is the value normalised, or None where the rule
+    refuses it; ``of_text`` is what a flag's text stands for (the text itself where it stands
+    for nothing, so that ``value`` refuses it)."""
+
+    def expected(self, door: Door) -> str:
+        raise NotImplementedError
+
+    def of_text(self, text: str) -> object:
+        return text
+
+    def value(self, given: object) -> V | None:
+        raise NotImplementedError
+
+
+def _integer(given: object) -> int | None:
+    return given if isinstance(given, int) and not isinstance(given, bool) else None
+
+
+def _digits(text: str) -> object:
+    # isascii: "²".isdigit() is True, and int("²") raises
+    return int(text) if text.isascii() and text.isdigit() else text
+
+
+@dataclass(frozen=True)
+class Integer(Kind[int]):
+    low: int
+    high: int | None = None
+    note: str = ""
+    """Said after the bounds, e.g. "(0: no replication)"."""
+
+    def expected(self, door: Door) -> str:
+        if self.high is None:
+            bounds = "a positive integer" if self.low == 1 else f"an integer of {self.low} or more"
+        else:
+            bounds = f"an integer from {self.low} to {self.high}"
+        return bounds + (f" {self.note}" if self.note else "")
+
+    def of_text(self, text: str) -> object:
+        return _digits(text)
+
+    def value(self, given: object) -> int | None:
+        number = _integer(given)
+        if number is None or number < self.low or (self.high is not None and number > self.high):
+            return None
+        return number
+
+
+@dataclass(frozen=True)
+class Seconds(Kind[float]):
+    low: float
+    high: float
+    above: bool = False
+    """The low bound itself excluded: seconds above it."""
+
+    def expected(self, door: Door) -> str:
+        if self.above:
+            return f"seconds above {self.low:g}, at most {self.high:g}"
+        return f"seconds from {self.low:g} to {self.high:g}"
+
+    def of_text(self, text: str) -> object:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+    def value(self, given: object) -> float | None:
+        if isinstance(given, bool) or not isinstance(given, (int, float)) or not math.isfinite(given):
+            return None
+        inside = self.low < given if self.above else self.low <= given
+        return float(given) if inside and given <= self.high else None
+
+
+@dataclass(frozen=True)
+class ExitCodes(Kind[tuple[int, ...]]):
+    """Exit codes from 1 to 255: a list in the file, ``2,3`` on the command line."""
+
+    def expected(self, door: Door) -> str:
+        if door == "flag":
+            return "exit codes from 1 to 255, comma-separated (2,3)"
+        return "a list of exit codes from 1 to 255"
+
+    def of_text(self, text: str) -> object:
+        codes = [_digits(item.strip()) for item in text.split(",")]
+        return codes if all(isinstance(code, int) for code in codes) else text
+
+    def value(self, given: object) -> tuple[int, ...] | None:
+        if not isinstance(given, (list, tuple)):
+            return None
+        codes = [_integer(code) for code in given]
+        if not all(code is not None and 1 <= code <= 255 for code in codes):
+            return None
+        return tuple(code for code in codes if code is not None)
+
+
+@dataclass(frozen=True)
+class Nproc(Kind["int | str"]):
+    """Processes per node: a count, or gpu, cpu or auto (counted on the node at the start)."""
+
+    def expected(self, door: Door) -> str:
+        return f"a positive integer (at most {MAX_NPROC}), {', '.join(NPROC_WORDS[:-1])} or {NPROC_WORDS[-1]}"
+
+    def of_text(self, text: str) -> object:
+        return text if text in NPROC_WORDS else _digits(text)
+
+    def value(self, given: object) -> int | str | None:
+        if isinstance(given, str):
+            return given if given in NPROC_WORDS else None
+        number = _integer(given)
+        return number if number is not None and 1 <= number <= MAX_NPROC else None
+
+
+@dataclass(frozen=True)
+class Elsewhere(Kind[Any]):
+    """A value with a rule of its own (``rule`` names it), here for the cross-field rules."""
+
+    rule: str
+
+    def expected(self, door: Door) -> str:
+        return self.rule
+
+    def value(self, given: object) -> Any:
+        return given
+
+
+@dataclass(frozen=True)
+class Option(Generic[V]):
+    """One setting, and how each door names it."""
+
+    name: str
+    """The API's argument, and the file's key."""
+    kind: Kind[V]
+    flag: str | None = None
+    table: str | None = None
+    """The file's table (``recovery``: ``[recovery].name``); None: no key in the file."""
+    owner: str = ""
+    """What takes the argument in the API: ``Recovery``, ``plan``."""
+    hint: str = ""
+    file_hint: str = ""
+    """The hint of the file's door, where it needs its own (how to write the key)."""
+
+    @property
+    def key(self) -> str:
+        return f"[{self.table}].{self.name}" if self.table else self.name
+
+    def argument(self, value: object) -> str:
+        return f"{self.owner}({self.name}={value!r})" if self.owner else f"{self.name}={value!r}"
+
+    def expected(self, door: Door, given: object) -> str:
+        """What the door's error says: what was expected, and what came."""
+        shown = repr(given) if door != "file" else show(given)
+        return f"expected {self.kind.expected(door)}, got {shown}"
+
+    def from_flag(self, text: str) -> V:
+        """The flag's value (argparse's ``type``: it puts the flag in front of the error)."""
+        found = self.kind.value(self.kind.of_text(text))
+        if found is None:
+            raise argparse.ArgumentTypeError(self.expected("flag", text))
+        return found
+
+    def from_argument(self, given: object) -> V:
+        """An API argument's value; OptionError names the argument."""
+        found = self.kind.value(given)
+        if found is None:
+            raise OptionError(self, given, self.expected("argument", given), self.hint)
+        return found
+
+
+class OptionError(UsageError):
+    """A value an option's rule refuses, told as the API names it (``Recovery(min_nodes=9)``);
+    ``through`` tells it as another door names it (the CLI: the flag, or the file's key)."""
+
+    def __init__(self, option: Option[Any], value: object, problem: str, hint: str = "",
+                 door: str | None = None) -> None:
+        self.option, self.value, self.problem = option, value, problem
+        self.door = door if door is not None else option.argument(value)
+        super().__init__(f"{self.door}: {problem}", hint)
+
+    def through(self, door: str, hint: str | None = None) -> OptionError:
+        return OptionError(self.option, self.value, self.problem, self.hint if hint is None else hint, door)
+
+
+RETRIES = Option("retries", Integer(0, MAX_RETRIES), "--retries", "recovery", "Recovery")
+FINAL_EXIT_CODES = Option("final_exit_codes", ExitCodes(), "--final-exit-codes", "recovery", "Recovery",
+                          file_hint="write final_exit_codes = [2]")
+MIN_NODES = Option("min_nodes", Integer(1), "--min-nodes", "recovery", "Recovery")
+HANG_TIMEOUT = Option("hang_timeout", Seconds(1.0, MAX_SECONDS), "--hang-timeout", "recovery", "Recovery")
+REPLICATE = Option("replicate", Integer(0, MAX_REPLICAS, "(0: no replication)"), "--replicate", "recovery",
+                   "Recovery")
+CHECKPOINT = Option("checkpoint", Elsewhere("checkpoint_problem"), "--checkpoint", "recovery", "Recovery")
+REPLICATE_BANDWIDTH = Option("replicate_bandwidth", Elsewhere("parse_bandwidth"), "--replicate-bandwidth", "recovery",
+                             "Recovery")
+NPROC_PER_NODE = Option("nproc_per_node", Nproc(), "--nproc-per-node", "cluster", "plan")
+MONITOR_INTERVAL = Option("monitor_interval", Seconds(0.0, MAX_INTERVAL, above=True), "--monitor-interval",
+                          owner="plan")
+MAX_RESTARTS_OPTION = Option("max_restarts", Integer(0, MAX_RESTARTS), "--max-restarts", owner="plan")
+GRACE = Option("grace", Seconds(0.0, MAX_INTERVAL), "--grace", owner="launch")
+
+RECOVERY_OPTIONS: tuple[Option[Any], ...] = (RETRIES, FINAL_EXIT_CODES, MIN_NODES, HANG_TIMEOUT, REPLICATE)
+"""The ``Recovery`` fields with a rule of their own here (the heartbeat's: ``heartbeat_problem``)."""
+
+
+def env_problem(name: str, value: str = "") -> str | None:
+    """Why ``name=value`` cannot be put into a job's environment, or None. ENV_NAME, not
+    str.isidentifier: that takes "ÄÖ", which no shell takes as a name."""
+    if not ENV_NAME.match(name):
+        return "not a valid environment variable name (ASCII letters, digits and '_', not starting with a digit)"
+    if "\0" in value:
+        return "holds a NUL character, which no environment can"
+    return None
+
+
+def check_recovery(recovery: Recovery) -> Recovery:
+    """``recovery`` as an API caller gave it (``Cluster.launch(recovery=...)``), each field
+    through its option's rule; OptionError names the argument."""
+    for option in RECOVERY_OPTIONS:
+        given = getattr(recovery, option.name)
+        if given is not None:  # None: the field's "not set" (min_nodes, hang_timeout, replicate)
+            option.from_argument(given)
+    return recovery
+
+
+@dataclass(frozen=True)
+class Needs:
+    """A cross-field rule: ``option``, asked for, needs ``needed`` (``why``)."""
+
+    option: Option[Any]
+    needed: Option[Any]
+    why: str
+    metavar: str
+
+    def applies(self, recovery: Recovery) -> bool:
+        value = getattr(recovery, self.option.name)
+        if self.option is REPLICATE and not value:  # 0: no replication, nothing to need
+            return False
+        return not getattr(recovery, self.needed.name)
+
+    def error(self, recovery: Recovery, door: Door) -> OptionError:
+        """The error as ``door`` words it (the file's reader puts the file and key in front)."""
+        option, needed, value = self.option, self.needed, getattr(recovery, self.option.name)
+        if needed is RETRIES:
+            problem = f"{self.why}, and without retries there is none"
+        else:
+            problem = f"{self.why}, and {needed.key if door == 'file' else 'none'} " + (
+                "names none" if door == "file" else "is named")
+        if door == "flag":
+            hint = f"add {needed.flag} {self.metavar} (or {needed.name} in [{needed.table}])"
+            return OptionError(option, value, problem, hint, door=str(option.flag))
+        if door == "file":
+            hint = (f'add {needed.name} = "{self.metavar}" to [{needed.table}] (e.g. "snapshot.pt"), '
+                    f"or remove {option.name}")
+            return OptionError(option, value, problem, hint, door=option.key)
+        return OptionError(option, value, problem, f"pass {needed.owner}({needed.name}={self.metavar}) too")
+
+
+REPLICATION_NEEDS = (Needs(REPLICATE, CHECKPOINT, "replication copies the checkpoint", "PATH"),
+                     Needs(REPLICATE_BANDWIDTH, CHECKPOINT, "replication copies the checkpoint", "PATH"))
+ATTEMPT_NEEDS = (Needs(CHECKPOINT, RETRIES, "it is staged before a new attempt", "N"),
+                 Needs(REPLICATE, RETRIES, "a replica is there for a new attempt", "N"),
+                 Needs(REPLICATE_BANDWIDTH, RETRIES, "a replica is there for a new attempt", "N"))
+"""A run that asks for these by a flag or an argument must make a new attempt (no
+controller copies a replica, nor stages a checkpoint, without one). Not the file's
+table: it holds every run's defaults, to which a run may add --retries."""
+
+
+def recovery_problem(recovery: Recovery, given: Sequence[str], door: Door) -> OptionError | None:
+    """What ``recovery`` cannot do for the fields asked for (``given``: by a flag, an
+    argument that differs from the file's, or the file's keys), as ``door`` words it; None
+    when it can. For each field asked for, in the order the rules list them, the first rule
+    it breaks."""
+    rules = REPLICATION_NEEDS + (ATTEMPT_NEEDS if door != "file" else ())
+    for option in (CHECKPOINT, REPLICATE, REPLICATE_BANDWIDTH):
+        if option.name not in given:
+            continue
+        for rule in rules:
+            if rule.option is option and rule.applies(recovery):
+                return rule.error(recovery, door)
+    return None
+
+
+def given_fields(recovery: Recovery, defaults: Recovery) -> tuple[str, ...]:
+    """The fields of ``recovery`` an API caller set for this run: those that differ from the
+    file's ``[recovery]`` (``defaults``)."""
+    return tuple(item.name for item in fields(Recovery) if getattr(recovery, item.name) != getattr(defaults, item.name))
+
+
+__all__ = ["ATTEMPT_NEEDS", "CHECKPOINT", "Door", "Elsewhere", "ExitCodes", "FINAL_EXIT_CODES", "GRACE",
+           "HANG_TIMEOUT", "Integer", "Kind", "MAX_INTERVAL", "MAX_RESTARTS", "MAX_RESTARTS_OPTION", "MIN_NODES",
+           "MONITOR_INTERVAL", "NPROC_PER_NODE", "Needs", "Nproc", "Option", "OptionError", "RECOVERY_OPTIONS",
+           "REPLICATE", "REPLICATE_BANDWIDTH", "REPLICATION_NEEDS", "RETRIES", "Seconds", "check_recovery",
+           "env_problem", "given_fields", "recovery_problem"]
