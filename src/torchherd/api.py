@@ -16,6 +16,7 @@ import queue
 import secrets
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeVar, overload
@@ -70,6 +71,7 @@ from torchherd.inventory import (
     with_spares,
 )
 from torchherd.inventory.nodeset import NodesetError, expand
+from torchherd.inventory.options import GRACE, OptionError, check_recovery, given_fields, recovery_problem
 from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
 from torchherd.runlog import OutputLine, flat
 from torchherd.transport import Connector
@@ -378,6 +380,12 @@ class Cluster:
         unknown = sorted(((picked or frozenset()) | left_out) - set(CHECK_IDS))
         if unknown:  # before the sync and the connections, not after them
             raise UsageError(f"unknown check id {', '.join(unknown)}", f"known ids: {', '.join(CHECK_IDS)}")
+        if grace is not None:
+            GRACE.from_argument(grace)
+        if recovery is not None:  # the file's [recovery] was checked as the file was read
+            needs = recovery_problem(check_recovery(recovery), given_fields(recovery, self.recovery), "argument")
+            if needs is not None:
+                raise needs
         recovery = recovery if recovery is not None else self.recovery
         problem = heartbeat_problem(recovery)
         if problem is not None:
@@ -387,15 +395,29 @@ class Cluster:
                                 heartbeat_misses=recovery.heartbeat_misses)
         observer = on_event or ignore
         if recovery.retries > 0 or recovery.hang_timeout is not None:
-            self.backend.allow_recovery(plan, recovery)
-            if not detach:
-                recovering = RecoveringRun(self.backend, plan, options, recovery, observer).start()
-                return _remembered(recovering, plan, options, observer)
-            return DetachedRun(start_background(self.backend, plan, options, recovery, observer), self.connector)
+            with _named_as_arguments():
+                self.backend.allow_recovery(plan, recovery)
+                if not detach:
+                    recovering = RecoveringRun(self.backend, plan, options, recovery, observer).start()
+                    return _remembered(recovering, plan, options, observer)
+                return DetachedRun(start_background(self.backend, plan, options, recovery, observer),
+                                   self.connector)
         if detach:
             return DetachedRun(self.backend.start_detached(plan, options, observer), self.connector)
         run = self.backend.launch(plan, options, observer)
         return _remembered(run, plan, options, run.report)
+
+
+@contextmanager
+def _named_as_arguments() -> Iterator[None]:
+    """The engine names a value it refuses by its flag, for its own callers; a ``Cluster``
+    caller passed it as an argument (``Recovery(min_nodes=9)``), and is told so."""
+    try:
+        yield
+    except OptionError as error:
+        if error.final:
+            raise
+        raise error.as_argument() from None
 
 
 def _remembered(run: RunT, plan: Plan, options: LaunchOptions, report: Observer) -> RunT:

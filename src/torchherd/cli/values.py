@@ -24,6 +24,7 @@ from torchherd.inventory.options import (
     Integer,
     Option,
     Seconds,
+    env_problem,
 )
 
 if TYPE_CHECKING:
@@ -47,6 +48,9 @@ def extra_env(assignments: Sequence[str], passed: Sequence[str],
                parse: Callable[[Sequence[str]], dict[str, str]]) -> dict[str, str]:
     env = {}
     for name in passed:
+        problem = env_problem(name)
+        if problem is not None:
+            raise UsageError(f"--env-pass {name!r}: {problem}")
         if name not in os.environ:
             raise UsageError(f"--env-pass {name}: not set in this shell", f"export {name}=... first, or use --env")
         env[name] = os.environ[name]

@@ -201,17 +201,27 @@ class Option(Generic[V]):
 
 
 class OptionError(UsageError):
-    """A value an option's rule refuses, told as the API names it (``Recovery(min_nodes=9)``);
-    ``through`` tells it as another door names it (the CLI: the flag, or the file's key)."""
+    """A value an option's rule refuses. ``door``: the words of the door that refused it, final;
+    None: the door is the caller's to name (``first`` until then: the engine's own callers
+    see the flag, ``Cluster`` names its argument with ``as_argument``, the CLI its flag or
+    the file's key with ``through``)."""
 
     def __init__(self, option: Option[Any], value: object, problem: str, hint: str = "",
-                 door: str | None = None) -> None:
-        self.option, self.value, self.problem = option, value, problem
-        self.door = door if door is not None else option.argument(value)
-        super().__init__(f"{self.door}: {problem}", hint)
+                 door: str | None = None, flag_hint: str | None = None, first: Door = "argument") -> None:
+        self.option, self.value, self.problem, self.flag_hint = option, value, problem, flag_hint
+        self.final = door is not None
+        if door is None:
+            door = option.argument(value) if first == "argument" else f"{option.flag} {value}"
+        self.door = door
+        super().__init__(f"{door}: {problem}", hint)
 
     def through(self, door: str, hint: str | None = None) -> OptionError:
+        """The error as ``door`` words it, final."""
         return OptionError(self.option, self.value, self.problem, self.hint if hint is None else hint, door)
+
+    def as_argument(self) -> OptionError:
+        """The error naming the API's argument, for the caller to name again (the CLI)."""
+        return OptionError(self.option, self.value, self.problem, self.hint, flag_hint=self.flag_hint)
 
 
 RETRIES = Option("retries", Integer(0, MAX_RETRIES), "--retries", "recovery", "Recovery")
@@ -229,6 +239,7 @@ MONITOR_INTERVAL = Option("monitor_interval", Seconds(0.0, MAX_INTERVAL, above=T
                           owner="plan")
 MAX_RESTARTS_OPTION = Option("max_restarts", Integer(0, MAX_RESTARTS), "--max-restarts", owner="plan")
 GRACE = Option("grace", Seconds(0.0, MAX_INTERVAL), "--grace", owner="launch")
+NNODES = Option("nnodes", Elsewhere("check_nnodes"), "--nnodes", owner="plan")
 
 RECOVERY_OPTIONS: tuple[Option[Any], ...] = (RETRIES, FINAL_EXIT_CODES, MIN_NODES, HANG_TIMEOUT, REPLICATE)
 """The ``Recovery`` fields with a rule of their own here (the heartbeat's: ``heartbeat_problem``)."""
@@ -320,6 +331,6 @@ def given_fields(recovery: Recovery, defaults: Recovery) -> tuple[str, ...]:
 
 __all__ = ["ATTEMPT_NEEDS", "CHECKPOINT", "Door", "Elsewhere", "ExitCodes", "FINAL_EXIT_CODES", "GRACE",
            "HANG_TIMEOUT", "Integer", "Kind", "MAX_INTERVAL", "MAX_RESTARTS", "MAX_RESTARTS_OPTION", "MIN_NODES",
-           "MONITOR_INTERVAL", "NPROC_PER_NODE", "Needs", "Nproc", "Option", "OptionError", "RECOVERY_OPTIONS",
+           "MONITOR_INTERVAL", "NNODES", "NPROC_PER_NODE", "Needs", "Nproc", "Option", "OptionError", "RECOVERY_OPTIONS",
            "REPLICATE", "REPLICATE_BANDWIDTH", "REPLICATION_NEEDS", "RETRIES", "Seconds", "check_recovery",
            "env_problem", "given_fields", "recovery_problem"]

@@ -12,13 +12,12 @@ from torchherd.imagearchive import HINT as ARCHIVE_HINT
 from torchherd.imagearchive import ImageArchive, read_archive
 from torchherd.inventory.model import Bandwidth
 from torchherd.inventory.nodeset import NodesetError, expand
-from torchherd.inventory.options import Option
+from torchherd.inventory.options import Option, env_problem
 from torchherd.inventory.rules import (
     ADDRESS_PATTERN,
     BANDWIDTH_HINT,
     CHECKPOINT_HINT,
     CONTROL,
-    ENV_NAME,
     HEARTBEAT_HINT,
     HEARTBEAT_RANGE,
     LOCAL_ADDR,
@@ -233,13 +232,14 @@ class Reader:
                       'write env = { NCCL_DEBUG = "WARN" }')
         result: dict[str, str] = {}
         for name, item in value.items():
-            if not ENV_NAME.match(name):
-                self.fail(f"{key}.{name!r}", "not a valid environment variable name",
-                          "letters, digits and '_', not starting with a digit")
+            problem = env_problem(name)
+            if problem is not None:
+                self.fail(f"{key}.{name!r}", problem)
             if isinstance(item, bool) or not isinstance(item, (str, int, float)):
                 self.fail(f"{key}.{name}", f"expected a string, got {show(item)}", "quote the value")
-            if "\0" in str(item):
-                self.fail(f"{key}.{name}", "holds a NUL character, which no environment can")
+            problem = env_problem(name, str(item))
+            if problem is not None:
+                self.fail(f"{key}.{name}", problem)
             result[name] = str(item)
         return result
 
