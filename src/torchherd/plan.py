@@ -22,6 +22,7 @@ from torchherd.inventory.options import (
     MONITOR_INTERVAL,
     NNODES,
     NPROC_PER_NODE,
+    RDZV_CONF,
     OptionError,
     env_problem,
 )
@@ -327,8 +328,9 @@ def build_plan(inventory: Inventory, options: RunOptions, networks: Mapping[str,
                           'pass rdzv_backend="c10d" too, or set rdzv_backend = "c10d" in [cluster]',
                           flag_hint='add --rdzv-backend c10d, or set rdzv_backend = "c10d" in [cluster]')
     if options.rdzv_conf and backend != "c10d":  # torchrun's static rendezvous reads no --rdzv-conf
-        raise UsageError(f"--rdzv-conf {options.rdzv_conf}: only the c10d rendezvous takes it, and this run's is "
-                         f"{backend}", "add --rdzv-backend c10d, or leave --rdzv-conf out")
+        raise OptionError(RDZV_CONF, options.rdzv_conf, f"only the c10d rendezvous takes it, and this run's is "
+                          f"{backend}", 'pass rdzv_backend="c10d" too, or leave rdzv_conf out',
+                          flag_hint="add --rdzv-backend c10d, or leave --rdzv-conf out")
     master = inventory.hosts[0]
     master_addr, master_note = _master_address(inventory, options, networks, ssh_hostnames)
     nodes = tuple(

@@ -143,3 +143,26 @@ def test_the_engine_names_the_door_the_value_came_through(tmp_path: Path) -> Non
     code, out = cli(tmp_path, ["run", "--nnodes", "1:3", "--", "t.py"])
     assert out == ["error: --nnodes 1:3: an elastic range needs the c10d rendezvous",
                    '  hint: add --rdzv-backend c10d, or set rdzv_backend = "c10d" in [cluster]']
+
+
+def test_rdzv_conf_without_c10d_names_the_door() -> None:
+    assert api_error(rdzv_conf="timeout=60") == ("plan(rdzv_conf='timeout=60'): only the c10d rendezvous takes it, "
+                                                 "and this run's is static")
+
+
+def test_the_ssh_timeout_one_verdict(tmp_path: Path) -> None:
+    """The file took at most an hour, the flag a day: a day, from each door."""
+    code, out = cli(tmp_path, ["hosts", "--ssh-timeout", "86401"])
+    assert out[0] == "error: torchherd hosts: argument --ssh-timeout: expected seconds above 0, at most 86400, got '86401'"
+    code, out = cli(tmp_path, ["hosts"], "[cluster]\nssh_timeout = 86401\n")
+    assert out[0] == ("error: hosts.toml: [cluster].ssh_timeout: expected a positive number of seconds (at most 86400), "
+                      "got an integer 86401")
+    code, out = cli(tmp_path, ["hosts"], "[cluster]\nssh_timeout = 7200\n")
+    assert code == 0 and not any(line.startswith("error") for line in out), out
+    with pytest.raises(UsageError) as raised:
+        cluster().override(ssh_timeout=0)
+    assert str(raised.value) == "override(ssh_timeout=0): expected seconds above 0, at most 86400, got 0"
+    with pytest.raises(UsageError) as raised:
+        cluster().override(nproc_per_node="all")
+    assert str(raised.value) == ("override(nproc_per_node='all'): expected a positive integer (at most 4096), gpu, "
+                                 "cpu or auto, got 'all'")

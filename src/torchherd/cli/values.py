@@ -13,7 +13,6 @@ from torchherd.inventory.options import (
     FINAL_EXIT_CODES,
     GRACE,
     HANG_TIMEOUT,
-    MAX_INTERVAL,
     MAX_RESTARTS,
     MAX_RESTARTS_OPTION,
     MIN_NODES,
@@ -21,9 +20,9 @@ from torchherd.inventory.options import (
     NPROC_PER_NODE,
     REPLICATE,
     RETRIES,
+    SSH_TIMEOUT,
     Integer,
     Option,
-    Seconds,
     env_problem,
 )
 
@@ -80,8 +79,7 @@ monitor_interval = MONITOR_INTERVAL.from_flag
 max_restarts = MAX_RESTARTS_OPTION.from_flag
 count = Option("count", Integer(0, MAX_RESTARTS)).from_flag
 """A count of something else (--rank)."""
-interval = Option("interval", Seconds(0.0, MAX_INTERVAL, above=True)).from_flag
-"""Seconds of something else (--ssh-timeout)."""
+ssh_timeout = SSH_TIMEOUT.from_flag
 positive = Option("positive", Integer(1)).from_flag
 """A count of something else (--slurm-nodes, --slurm-gpus-per-node)."""
 

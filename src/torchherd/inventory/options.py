@@ -172,6 +172,8 @@ class Option(Generic[V]):
     hint: str = ""
     file_hint: str = ""
     """The hint of the file's door, where it needs its own (how to write the key)."""
+    file_expected: str = ""
+    """What the file's door says was expected, where it words the same bounds its own way."""
 
     @property
     def key(self) -> str:
@@ -183,7 +185,8 @@ class Option(Generic[V]):
     def expected(self, door: Door, given: object) -> str:
         """What the door's error says: what was expected, and what came."""
         shown = repr(given) if door != "file" else show(given)
-        return f"expected {self.kind.expected(door)}, got {shown}"
+        expected = self.file_expected if door == "file" and self.file_expected else self.kind.expected(door)
+        return f"expected {expected}, got {shown}"
 
     def from_flag(self, text: str) -> V:
         """The flag's value (argparse's ``type``: it puts the flag in front of the error)."""
@@ -192,11 +195,13 @@ class Option(Generic[V]):
             raise argparse.ArgumentTypeError(self.expected("flag", text))
         return found
 
-    def from_argument(self, given: object) -> V:
-        """An API argument's value; OptionError names the argument."""
+    def from_argument(self, given: object, owner: str | None = None) -> V:
+        """An API argument's value; OptionError names the argument (of ``owner``, where
+        another call than the option's own takes it)."""
         found = self.kind.value(given)
         if found is None:
-            raise OptionError(self, given, self.expected("argument", given), self.hint)
+            door = None if owner is None else f"{owner}({self.name}={given!r})"
+            raise OptionError(self, given, self.expected("argument", given), self.hint, door)
         return found
 
 
@@ -240,6 +245,9 @@ MONITOR_INTERVAL = Option("monitor_interval", Seconds(0.0, MAX_INTERVAL, above=T
 MAX_RESTARTS_OPTION = Option("max_restarts", Integer(0, MAX_RESTARTS), "--max-restarts", owner="plan")
 GRACE = Option("grace", Seconds(0.0, MAX_INTERVAL), "--grace", owner="launch")
 NNODES = Option("nnodes", Elsewhere("check_nnodes"), "--nnodes", owner="plan")
+RDZV_CONF = Option("rdzv_conf", Elsewhere("c10d's K=V,..."), "--rdzv-conf", owner="plan")
+SSH_TIMEOUT = Option("ssh_timeout", Seconds(0.0, MAX_INTERVAL, above=True), "--ssh-timeout", "cluster", "override",
+                     file_expected=f"a positive number of seconds (at most {MAX_INTERVAL:g})")
 
 RECOVERY_OPTIONS: tuple[Option[Any], ...] = (RETRIES, FINAL_EXIT_CODES, MIN_NODES, HANG_TIMEOUT, REPLICATE)
 """The ``Recovery`` fields with a rule of their own here (the heartbeat's: ``heartbeat_problem``)."""
@@ -331,6 +339,6 @@ def given_fields(recovery: Recovery, defaults: Recovery) -> tuple[str, ...]:
 
 __all__ = ["ATTEMPT_NEEDS", "CHECKPOINT", "Door", "Elsewhere", "ExitCodes", "FINAL_EXIT_CODES", "GRACE",
            "HANG_TIMEOUT", "Integer", "Kind", "MAX_INTERVAL", "MAX_RESTARTS", "MAX_RESTARTS_OPTION", "MIN_NODES",
-           "MONITOR_INTERVAL", "NNODES", "NPROC_PER_NODE", "Needs", "Nproc", "Option", "OptionError", "RECOVERY_OPTIONS",
+           "MONITOR_INTERVAL", "NNODES", "RDZV_CONF", "SSH_TIMEOUT", "NPROC_PER_NODE", "Needs", "Nproc", "Option", "OptionError", "RECOVERY_OPTIONS",
            "REPLICATE", "REPLICATE_BANDWIDTH", "REPLICATION_NEEDS", "RETRIES", "Seconds", "check_recovery",
            "env_problem", "given_fields", "recovery_problem"]

@@ -36,6 +36,7 @@ from torchherd.inventory.options import (
     NPROC_PER_NODE,
     REPLICATE,
     RETRIES,
+    SSH_TIMEOUT,
     recovery_problem,
 )
 from torchherd.inventory.reader import FlagReader, Reader, did_you_mean
@@ -345,7 +346,7 @@ def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path
         rdzv_backend=read.get("rdzv_backend", "static", read.choice(RDZV_BACKENDS)),
         master_addr=read.get("master_addr", None, read.text),
         ssh_config=_relative_to(path, ssh_config) if ssh_config else None,
-        ssh_timeout=read.get("ssh_timeout", 10.0, read.seconds),
+        ssh_timeout=read.get("ssh_timeout", 10.0, read.option(SSH_TIMEOUT)),
         rdzv_backend_set="rdzv_backend" in table,
         scheduler=read.get("scheduler", "ssh", read.choice(SCHEDULERS)),
     )

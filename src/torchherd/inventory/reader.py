@@ -21,7 +21,6 @@ from torchherd.inventory.rules import (
     HEARTBEAT_HINT,
     HEARTBEAT_RANGE,
     LOCAL_ADDR,
-    MAX_SECONDS,
     MISSES_RANGE,
     USER_HINT,
     checkpoint_problem,
@@ -108,11 +107,6 @@ class Reader:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
             self.fail(key, f"expected a port number from 1 to 65535, got {show(value)}")
         return int(value)
-
-    def seconds(self, key: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
-            self.fail(key, f"expected a positive number of seconds (at most {MAX_SECONDS:g}), got {show(value)}")
-        return float(value)
 
     def rate(self, key: str, value: Any) -> float:
         found = parse_rate(str(value)) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else None
