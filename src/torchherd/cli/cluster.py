@@ -67,7 +67,8 @@ def hosts_of(args: argparse.Namespace) -> Cluster:
         cluster = cluster.override(master=master, port=port, ssh_timeout=timeout)
     image, runtime, pull, archive = (getattr(args, "image", None), getattr(args, "container_runtime", None),
                                      getattr(args, "pull", None), getattr(args, "image_archive", None))
-    if not (image or runtime or pull or archive):
+    # `is None`, not falsiness: an empty --image '' (an unset $IMAGE) is refused, not ignored
+    if image is None and runtime is None and pull is None and archive is None:
         return cluster
     return cluster.with_container(image, runtime=runtime, pull=pull, archive=archive, where="")
 
