@@ -71,7 +71,16 @@ from torchherd.inventory import (
     with_spares,
 )
 from torchherd.inventory.nodeset import NodesetError, expand
-from torchherd.inventory.options import GRACE, OptionError, check_recovery, given_fields, recovery_problem
+from torchherd.inventory.options import (
+    GRACE,
+    UV,
+    UV_OFFLINE,
+    UV_SYSTEM_SITE_PACKAGES,
+    OptionError,
+    check_recovery,
+    given_fields,
+    recovery_problem,
+)
 from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
 from torchherd.runlog import OutputLine, flat
 from torchherd.transport import Connector
@@ -436,25 +445,28 @@ def _remembered(run: RunT, plan: Plan, options: LaunchOptions, report: Observer)
 def _uv_options(sync: SyncOptions | None, uv: bool | None, system_site_packages: bool, offline: bool = False,
                 asked_offline: bool = False) -> UvOptions | None:
     """A uv-locked project's options: the synced project's lock, hashed here. ``offline``
-    from the inventory alone (not ``asked_offline``) is no error where no venv is built."""
+    from the inventory alone (not ``asked_offline``) is no error where no venv is built.
+    Errors name the arguments (the CLI names its flags: ``OptionError``)."""
+    asked = UV if uv else UV_SYSTEM_SITE_PACKAGES if system_site_packages else UV_OFFLINE if asked_offline else None
     if uv is False:
         if system_site_packages or asked_offline:
-            flag = "--uv-system-site-packages" if system_site_packages else "--uv-offline"
-            raise UsageError(f"{flag}: not with --no-uv", "leave one of them out")
+            option = UV_SYSTEM_SITE_PACKAGES if system_site_packages else UV_OFFLINE
+            raise OptionError(option, True, "not with uv=False", "leave one of them out",
+                              flag_problem="not with --no-uv")
         return None
     if sync is None:
-        if uv or system_site_packages or asked_offline:
-            flag = "--uv" if uv else "--uv-system-site-packages" if system_site_packages else "--uv-offline"
-            raise UsageError(f"{flag}: the venv is built from the synced project's uv.lock, and nothing is synced",
-                             "add --sync (or a [sync] table) to send the project with its lock")
+        if asked is not None:
+            raise OptionError(asked, True, "the venv is built from the synced project's uv.lock, and nothing is "
+                              "synced", "pass sync=True too (or add a [sync] table) to send the project with its lock",
+                              flag_hint="add --sync (or a [sync] table) to send the project with its lock")
         return None
     lock_hash = uv_lock_hash(Path(sync.source))
     if lock_hash is None:
-        if uv or system_site_packages or asked_offline:
-            flag = "--uv" if uv else "--uv-system-site-packages" if system_site_packages else "--uv-offline"
+        if asked is not None:
             missing = " and ".join(name for name in UV_FILES if not (Path(sync.source) / name).is_file())
-            raise UsageError(f"{flag}: {sync.source} has no {missing or 'readable uv.lock'}",
-                             f"lock the project first (uv lock, in {sync.source}), or leave {flag} out")
+            first = f"lock the project first (uv lock, in {sync.source}), or leave "
+            raise OptionError(asked, True, f"{sync.source} has no {missing or 'readable uv.lock'}",
+                              first + f"{asked.name} out", flag_hint=first + f"{asked.flag} out")
         return None
     return UvOptions(lock_hash, system_site_packages, offline)
 

@@ -166,3 +166,19 @@ def test_the_ssh_timeout_one_verdict(tmp_path: Path) -> None:
         cluster().override(nproc_per_node="all")
     assert str(raised.value) == ("override(nproc_per_node='all'): expected a positive integer (at most 4096), gpu, "
                                  "cpu or auto, got 'all'")
+
+
+def test_a_uv_switch_names_the_argument_or_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(UsageError) as raised:
+        cluster().plan("t.py", uv=True)
+    assert str(raised.value) == ("plan(uv=True): the venv is built from the synced project's uv.lock, and nothing "
+                                 "is synced")
+    assert raised.value.hint == "pass sync=True too (or add a [sync] table) to send the project with its lock"
+    with pytest.raises(UsageError) as raised:
+        cluster().plan("t.py", uv=False, uv_offline=True)
+    assert str(raised.value) == "plan(uv_offline=True): not with uv=False"
+    code, out = cli(tmp_path, ["run", "--no-uv", "--uv-offline", "--dry-run", "--", "t.py"])
+    assert (code, out) == (2, ["error: --uv-offline: not with --no-uv", "  hint: leave one of them out"])
+    code, out = cli(tmp_path, ["run", "--uv", "--dry-run", "--", "t.py"])
+    assert (code, out) == (2, ["error: --uv: the venv is built from the synced project's uv.lock, and nothing is "
+                               "synced", "  hint: add --sync (or a [sync] table) to send the project with its lock"])

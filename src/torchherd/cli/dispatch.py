@@ -126,7 +126,7 @@ def _named_here(error: OptionError, args: argparse.Namespace) -> OptionError:
     from_file = option.table is not None and not (getattr(args, "hosts", None) or getattr(args, "nodelist", None))
     if from_file and not given:
         return error.through(f"{inventory_path(args)}: {option.key} = {error.value!r}")
-    return error.through(f"{option.flag} {error.value}", error.flag_hint)
+    return error.through(option.flag_words(error.value), flag=True)
 
 
 def _warn_unfilled(args: argparse.Namespace, console: Console) -> None:

@@ -182,6 +182,10 @@ class Option(Generic[V]):
     def argument(self, value: object) -> str:
         return f"{self.owner}({self.name}={value!r})" if self.owner else f"{self.name}={value!r}"
 
+    def flag_words(self, value: object) -> str:
+        """The flag as the command line gave it: with its value, a switch alone."""
+        return str(self.flag) if isinstance(value, bool) else f"{self.flag} {value}"
+
     def expected(self, door: Door, given: object) -> str:
         """What the door's error says: what was expected, and what came."""
         shown = repr(given) if door != "file" else show(given)
@@ -209,24 +213,33 @@ class OptionError(UsageError):
     """A value an option's rule refuses. ``door``: the words of the door that refused it, final;
     None: the door is the caller's to name (``first`` until then: the engine's own callers
     see the flag, ``Cluster`` names its argument with ``as_argument``, the CLI its flag or
-    the file's key with ``through``)."""
+    the file's key with ``through``). ``flag_hint`` and ``flag_problem``: the flag's door's
+    words, where they name other flags."""
 
     def __init__(self, option: Option[Any], value: object, problem: str, hint: str = "",
-                 door: str | None = None, flag_hint: str | None = None, first: Door = "argument") -> None:
-        self.option, self.value, self.problem, self.flag_hint = option, value, problem, flag_hint
+                 door: str | None = None, flag_hint: str | None = None, first: Door = "argument",
+                 flag_problem: str | None = None) -> None:
+        self.option, self.value, self.problem = option, value, problem
+        self.flag_hint, self.flag_problem = flag_hint, flag_problem
         self.final = door is not None
         if door is None:
-            door = option.argument(value) if first == "argument" else f"{option.flag} {value}"
+            door = option.argument(value) if first == "argument" else option.flag_words(value)
+            if first == "flag":
+                problem, hint = flag_problem or problem, flag_hint or hint
         self.door = door
         super().__init__(f"{door}: {problem}", hint)
 
-    def through(self, door: str, hint: str | None = None) -> OptionError:
-        """The error as ``door`` words it, final."""
-        return OptionError(self.option, self.value, self.problem, self.hint if hint is None else hint, door)
+    def through(self, door: str, flag: bool = False) -> OptionError:
+        """The error as ``door`` words it, final (``flag``: in the flag's words)."""
+        if flag:
+            return OptionError(self.option, self.value, self.flag_problem or self.problem,
+                               self.flag_hint or self.hint, door)
+        return OptionError(self.option, self.value, self.problem, self.hint, door)
 
     def as_argument(self) -> OptionError:
         """The error naming the API's argument, for the caller to name again (the CLI)."""
-        return OptionError(self.option, self.value, self.problem, self.hint, flag_hint=self.flag_hint)
+        return OptionError(self.option, self.value, self.problem, self.hint, flag_hint=self.flag_hint,
+                           flag_problem=self.flag_problem)
 
 
 RETRIES = Option("retries", Integer(0, MAX_RETRIES), "--retries", "recovery", "Recovery")
@@ -246,6 +259,10 @@ MAX_RESTARTS_OPTION = Option("max_restarts", Integer(0, MAX_RESTARTS), "--max-re
 GRACE = Option("grace", Seconds(0.0, MAX_INTERVAL), "--grace", owner="launch")
 NNODES = Option("nnodes", Elsewhere("check_nnodes"), "--nnodes", owner="plan")
 RDZV_CONF = Option("rdzv_conf", Elsewhere("c10d's K=V,..."), "--rdzv-conf", owner="plan")
+UV = Option("uv", Elsewhere("a switch"), "--uv", owner="plan")
+UV_SYSTEM_SITE_PACKAGES = Option("uv_system_site_packages", Elsewhere("a switch"), "--uv-system-site-packages",
+                                 owner="plan")
+UV_OFFLINE = Option("uv_offline", Elsewhere("a switch"), "--uv-offline", owner="plan")
 SSH_TIMEOUT = Option("ssh_timeout", Seconds(0.0, MAX_INTERVAL, above=True), "--ssh-timeout", "cluster", "override",
                      file_expected=f"a positive number of seconds (at most {MAX_INTERVAL:g})")
 
@@ -339,6 +356,6 @@ def given_fields(recovery: Recovery, defaults: Recovery) -> tuple[str, ...]:
 
 __all__ = ["ATTEMPT_NEEDS", "CHECKPOINT", "Door", "Elsewhere", "ExitCodes", "FINAL_EXIT_CODES", "GRACE",
            "HANG_TIMEOUT", "Integer", "Kind", "MAX_INTERVAL", "MAX_RESTARTS", "MAX_RESTARTS_OPTION", "MIN_NODES",
-           "MONITOR_INTERVAL", "NNODES", "RDZV_CONF", "SSH_TIMEOUT", "NPROC_PER_NODE", "Needs", "Nproc", "Option", "OptionError", "RECOVERY_OPTIONS",
+           "MONITOR_INTERVAL", "NNODES", "RDZV_CONF", "SSH_TIMEOUT", "UV", "UV_OFFLINE", "UV_SYSTEM_SITE_PACKAGES", "NPROC_PER_NODE", "Needs", "Nproc", "Option", "OptionError", "RECOVERY_OPTIONS",
            "REPLICATE", "REPLICATE_BANDWIDTH", "REPLICATION_NEEDS", "RETRIES", "Seconds", "check_recovery",
            "env_problem", "given_fields", "recovery_problem"]
