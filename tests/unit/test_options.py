@@ -182,3 +182,11 @@ def test_a_uv_switch_names_the_argument_or_the_flag(tmp_path: Path) -> None:
     code, out = cli(tmp_path, ["run", "--uv", "--dry-run", "--", "t.py"])
     assert (code, out) == (2, ["error: --uv: the venv is built from the synced project's uv.lock, and nothing is "
                                "synced", "  hint: add --sync (or a [sync] table) to send the project with its lock"])
+
+
+def test_the_heartbeat_one_verdict(tmp_path: Path) -> None:
+    code, out = cli(tmp_path, ["hosts"], "[recovery]\nheartbeat = 0.05\n")
+    assert out[0] == "error: hosts.toml: [recovery].heartbeat: expected seconds between heartbeats, from 0.1 to 5, got a number 0.05"
+    assert api_error(Recovery(heartbeat=0.05)) == ("Recovery(heartbeat=0.05): expected seconds between heartbeats, from "
+                                                   "0.1 to 5, got 0.05")
+    assert api_error(Recovery(heartbeat_misses=1)) == "Recovery(heartbeat_misses=1): expected an integer from 2 to 60, got 1"

@@ -19,7 +19,18 @@ from typing import Any, Generic, Literal, Sequence, TypeVar
 
 from torchherd.errors import UsageError
 from torchherd.inventory.model import Recovery
-from torchherd.inventory.rules import ENV_NAME, MAX_NPROC, MAX_REPLICAS, MAX_RETRIES, MAX_SECONDS, NPROC_WORDS, show
+from torchherd.inventory.rules import (
+    ENV_NAME,
+    HEARTBEAT_HINT,
+    HEARTBEAT_RANGE,
+    MAX_NPROC,
+    MAX_REPLICAS,
+    MAX_RETRIES,
+    MAX_SECONDS,
+    MISSES_RANGE,
+    NPROC_WORDS,
+    show,
+)
 
 V = TypeVar("V", covariant=True)
 
@@ -86,11 +97,12 @@ class Seconds(Kind[float]):
     high: float
     above: bool = False
     """The low bound itself excluded: seconds above it."""
+    what: str = "seconds"
 
     def expected(self, door: Door) -> str:
         if self.above:
-            return f"seconds above {self.low:g}, at most {self.high:g}"
-        return f"seconds from {self.low:g} to {self.high:g}"
+            return f"{self.what} above {self.low:g}, at most {self.high:g}"
+        return f"{self.what} from {self.low:g} to {self.high:g}"
 
     def of_text(self, text: str) -> object:
         try:
@@ -266,8 +278,14 @@ UV_OFFLINE = Option("uv_offline", Elsewhere("a switch"), "--uv-offline", owner="
 SSH_TIMEOUT = Option("ssh_timeout", Seconds(0.0, MAX_INTERVAL, above=True), "--ssh-timeout", "cluster", "override",
                      file_expected=f"a positive number of seconds (at most {MAX_INTERVAL:g})")
 
-RECOVERY_OPTIONS: tuple[Option[Any], ...] = (RETRIES, FINAL_EXIT_CODES, MIN_NODES, HANG_TIMEOUT, REPLICATE)
-"""The ``Recovery`` fields with a rule of their own here (the heartbeat's: ``heartbeat_problem``)."""
+HEARTBEAT = Option("heartbeat", Seconds(*HEARTBEAT_RANGE, what="seconds between heartbeats,"), table="recovery",
+                   owner="Recovery", hint=HEARTBEAT_HINT)
+HEARTBEAT_MISSES = Option("heartbeat_misses", Integer(*MISSES_RANGE), table="recovery", owner="Recovery",
+                          hint=HEARTBEAT_HINT)
+
+RECOVERY_OPTIONS: tuple[Option[Any], ...] = (RETRIES, FINAL_EXIT_CODES, MIN_NODES, HANG_TIMEOUT, REPLICATE, HEARTBEAT,
+                                             HEARTBEAT_MISSES)
+"""The ``Recovery`` fields with a rule of their own (the heartbeat's product too: ``heartbeat_problem``)."""
 
 
 def env_problem(name: str, value: str = "") -> str | None:
@@ -355,7 +373,7 @@ def given_fields(recovery: Recovery, defaults: Recovery) -> tuple[str, ...]:
 
 
 __all__ = ["ATTEMPT_NEEDS", "CHECKPOINT", "Door", "Elsewhere", "ExitCodes", "FINAL_EXIT_CODES", "GRACE",
-           "HANG_TIMEOUT", "Integer", "Kind", "MAX_INTERVAL", "MAX_RESTARTS", "MAX_RESTARTS_OPTION", "MIN_NODES",
+           "HANG_TIMEOUT", "HEARTBEAT", "HEARTBEAT_MISSES", "Integer", "Kind", "MAX_INTERVAL", "MAX_RESTARTS", "MAX_RESTARTS_OPTION", "MIN_NODES",
            "MONITOR_INTERVAL", "NNODES", "RDZV_CONF", "SSH_TIMEOUT", "UV", "UV_OFFLINE", "UV_SYSTEM_SITE_PACKAGES", "NPROC_PER_NODE", "Needs", "Nproc", "Option", "OptionError", "RECOVERY_OPTIONS",
            "REPLICATE", "REPLICATE_BANDWIDTH", "REPLICATION_NEEDS", "RETRIES", "Seconds", "check_recovery",
            "env_problem", "given_fields", "recovery_problem"]

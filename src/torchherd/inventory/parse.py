@@ -32,6 +32,8 @@ from torchherd.inventory.nodeset import NodesetError, expand
 from torchherd.inventory.options import (
     FINAL_EXIT_CODES,
     HANG_TIMEOUT,
+    HEARTBEAT,
+    HEARTBEAT_MISSES,
     MIN_NODES,
     NPROC_PER_NODE,
     REPLICATE,
@@ -153,8 +155,8 @@ def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, fro
                         min_nodes=read.get("min_nodes", None, read.option(MIN_NODES)),
                         hang_timeout=read.get("hang_timeout", None, read.option(HANG_TIMEOUT)),
                         checkpoint=read.get("checkpoint", None, read.checkpoint),
-                        heartbeat=read.get("heartbeat", 0.5, read.heartbeat),
-                        heartbeat_misses=read.get("heartbeat_misses", 5, read.misses),
+                        heartbeat=read.get("heartbeat", 0.5, read.option(HEARTBEAT)),
+                        heartbeat_misses=read.get("heartbeat_misses", 5, read.option(HEARTBEAT_MISSES)),
                         replicate=read.get("replicate", None, read.option(REPLICATE)))
     problem = heartbeat_problem(recovery)
     if problem is not None:

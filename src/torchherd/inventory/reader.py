@@ -18,10 +18,7 @@ from torchherd.inventory.rules import (
     BANDWIDTH_HINT,
     CHECKPOINT_HINT,
     CONTROL,
-    HEARTBEAT_HINT,
-    HEARTBEAT_RANGE,
     LOCAL_ADDR,
-    MISSES_RANGE,
     USER_HINT,
     checkpoint_problem,
     parse_bandwidth,
@@ -144,19 +141,6 @@ class Reader:
         if problem is not None:
             self.fail(key, problem, CHECKPOINT_HINT)
         return text
-
-    def heartbeat(self, key: str, value: Any) -> float:
-        low, high = HEARTBEAT_RANGE
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            self.fail(key, f"expected seconds between heartbeats, from {low:g} to {high:g}, got {show(value)}",
-                      HEARTBEAT_HINT)
-        return float(value)
-
-    def misses(self, key: str, value: Any) -> int:
-        low, high = MISSES_RANGE
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            self.fail(key, f"expected an integer from {low} to {high}, got {show(value)}", HEARTBEAT_HINT)
-        return int(value)
 
     def bandwidth(self, key: str, value: Any) -> Bandwidth:
         found = parse_bandwidth(value) if isinstance(value, str) else None
