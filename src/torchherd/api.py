@@ -77,7 +77,7 @@ from torchherd.inventory.options import (
     UV_OFFLINE,
     UV_SYSTEM_SITE_PACKAGES,
     OptionError,
-    check_recovery,
+    checked_recovery,
     given_fields,
     recovery_problem,
 )
@@ -392,7 +392,7 @@ class Cluster:
         if grace is not None:
             GRACE.from_argument(grace)
         if recovery is not None:  # the file's [recovery] was checked as the file was read
-            needs = recovery_problem(check_recovery(recovery), given_fields(recovery, self.recovery), "argument")
+            needs = recovery_problem(checked_recovery(recovery), given_fields(recovery, self.recovery), "argument")
             if needs is not None:
                 raise needs
         recovery = recovery if recovery is not None else self.recovery

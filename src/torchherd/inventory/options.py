@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from typing import Any, Generic, Literal, Sequence, TypeVar
 
@@ -38,24 +39,26 @@ Door = Literal["flag", "file", "argument"]
 """The command line, ``hosts.toml``, the API."""
 
 MAX_INTERVAL = 86400.0
-"""A day: the longest interval or grace a flag takes (a larger one is a typo)."""
+"""A day: the longest interval, grace or timeout taken (a larger one is a typo)."""
 MAX_RESTARTS = 1_000_000
 """torchrun restarts of one attempt: more than any run makes."""
 
 
-class Kind(Generic[V]):
+class Kind(ABC, Generic[V]):
     """What an option's values are: ``value`` is the value normalised, or None where the rule
     refuses it; ``of_text`` is what a flag's text stands for (the text itself where it stands
     for nothing, so that ``value`` refuses it)."""
 
+    @abstractmethod
     def expected(self, door: Door) -> str:
-        raise NotImplementedError
+        """What the rule takes, in ``door``'s words."""
 
     def of_text(self, text: str) -> object:
         return text
 
+    @abstractmethod
     def value(self, given: object) -> V | None:
-        raise NotImplementedError
+        """``given`` normalised, or None: the rule refuses it."""
 
 
 def _integer(given: object) -> int | None:
@@ -298,7 +301,7 @@ def env_problem(name: str, value: str = "") -> str | None:
     return None
 
 
-def check_recovery(recovery: Recovery) -> Recovery:
+def checked_recovery(recovery: Recovery) -> Recovery:
     """``recovery`` as an API caller gave it (``Cluster.launch(recovery=...)``), each field
     through its option's rule; OptionError names the argument."""
     for option in RECOVERY_OPTIONS:
@@ -373,7 +376,8 @@ def given_fields(recovery: Recovery, defaults: Recovery) -> tuple[str, ...]:
 
 
 __all__ = ["ATTEMPT_NEEDS", "CHECKPOINT", "Door", "Elsewhere", "ExitCodes", "FINAL_EXIT_CODES", "GRACE",
-           "HANG_TIMEOUT", "HEARTBEAT", "HEARTBEAT_MISSES", "Integer", "Kind", "MAX_INTERVAL", "MAX_RESTARTS", "MAX_RESTARTS_OPTION", "MIN_NODES",
-           "MONITOR_INTERVAL", "NNODES", "RDZV_CONF", "SSH_TIMEOUT", "UV", "UV_OFFLINE", "UV_SYSTEM_SITE_PACKAGES", "NPROC_PER_NODE", "Needs", "Nproc", "Option", "OptionError", "RECOVERY_OPTIONS",
-           "REPLICATE", "REPLICATE_BANDWIDTH", "REPLICATION_NEEDS", "RETRIES", "Seconds", "check_recovery",
-           "env_problem", "given_fields", "recovery_problem"]
+           "HANG_TIMEOUT", "HEARTBEAT", "HEARTBEAT_MISSES", "Integer", "Kind", "MAX_INTERVAL", "MAX_RESTARTS",
+           "MAX_RESTARTS_OPTION", "MIN_NODES", "MONITOR_INTERVAL", "NNODES", "NPROC_PER_NODE", "Needs", "Nproc",
+           "Option", "OptionError", "RDZV_CONF", "RECOVERY_OPTIONS", "REPLICATE", "REPLICATE_BANDWIDTH",
+           "REPLICATION_NEEDS", "RETRIES", "SSH_TIMEOUT", "Seconds", "UV", "UV_OFFLINE", "UV_SYSTEM_SITE_PACKAGES",
+           "checked_recovery", "env_problem", "given_fields", "recovery_problem"]
