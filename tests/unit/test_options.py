@@ -4,17 +4,33 @@ door it came through. Each case here was a disagreement between the doors."""
 
 from __future__ import annotations
 
+import math
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from torchherd import Cluster, Recovery
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.errors import UsageError
-from torchherd.inventory.options import HANG_TIMEOUT, OptionError
+from torchherd.inventory.options import (
+    FINAL_EXIT_CODES,
+    HANG_TIMEOUT,
+    HEARTBEAT,
+    HEARTBEAT_MISSES,
+    MIN_NODES,
+    NPROC_PER_NODE,
+    REPLICATE,
+    RETRIES,
+    SSH_TIMEOUT,
+    Option,
+    OptionError,
+)
+from torchherd.inventory.reader import Reader
 
 HOSTS = "".join(f'[[hosts]]\nname = "node{index}"\naddress = "192.0.2.{index + 1}"\n' for index in range(3))
 
@@ -190,3 +206,37 @@ def test_the_heartbeat_one_verdict(tmp_path: Path) -> None:
     assert api_error(Recovery(heartbeat=0.05)) == ("Recovery(heartbeat=0.05): expected seconds between heartbeats, from "
                                                    "0.1 to 5, got 0.05")
     assert api_error(Recovery(heartbeat_misses=1)) == "Recovery(heartbeat_misses=1): expected an integer from 2 to 60, got 1"
+
+
+SCALARS = st.one_of(st.integers(-5, 5000), st.floats(-1.0, 90000.0), st.just(math.nan), st.booleans(),
+                    st.sampled_from(["gpu", "cpu", "auto", "all", "²", ""]))
+OPTIONS = [RETRIES, MIN_NODES, HANG_TIMEOUT, REPLICATE, NPROC_PER_NODE, SSH_TIMEOUT, HEARTBEAT, HEARTBEAT_MISSES]
+
+
+def verdicts(option: Option[Any], value: object, text: str) -> tuple[object, object, object]:
+    """What the file's reader, the API and the flag make of one value (None: refused)."""
+    def door(take: Any, *given: object) -> object:
+        try:
+            return take(*given)
+        except (UsageError, __import__("argparse").ArgumentTypeError):
+            return None
+
+    read = Reader(Path("hosts.toml"), "[t].", {}, ())
+    return (door(read.option(option), option.name, value), door(option.from_argument, value),
+            door(option.from_flag, text))
+
+
+@given(st.sampled_from(OPTIONS), SCALARS)
+def test_every_door_gives_a_value_the_same_verdict(option: Option[Any], value: object) -> None:
+    """The file's value, the API's, and the flag's text that writes it: one verdict, one value."""
+    text = str(value).lower() if isinstance(value, bool) else repr(value) if isinstance(value, float) else str(value)
+    from_file, from_api, from_flag = verdicts(option, value, text)
+    assert from_file == from_api, (from_file, from_api)
+    if not isinstance(value, bool):  # a flag's "true" is text, as the file's "true" string would be
+        assert from_flag == from_api, (from_flag, from_api)
+
+
+@given(st.lists(st.integers(-2, 300), min_size=1, max_size=4))
+def test_exit_codes_one_verdict(codes: list[int]) -> None:
+    assert verdicts(FINAL_EXIT_CODES, codes, ",".join(map(str, codes))) in (
+        (None, None, None), (tuple(codes), tuple(codes), tuple(codes)))
