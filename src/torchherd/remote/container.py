@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Pattern, Sequence, Tuple
 
 
 class Runtime(NamedTuple):
@@ -51,6 +51,13 @@ class Runtime(NamedTuple):
     instead of running as ``--user UID:GID``."""
     usable_fix: str = ""
     """The hint when it does not answer this user (permission denied, no daemon)."""
+    layer_line: Optional[Pattern[str]] = None
+    """A line its pull prints about one layer, without a terminal: the layer's id (group 1),
+    what it says of it (group 2; tests/unit/test_pull.py has their real output)."""
+    layer_in: Optional[Pattern[str]] = None
+    """What it says of a layer once the layer is in (matched at the start)."""
+    layer_status: Optional[str] = None
+    """The pull's status while it names layers; None: what it says of the layer (up to " [")."""
 
     def remove_argv(self, name: str) -> Optional[List[str]]:
         """What removes a container by name (stopped or not; gone already is fine); None
@@ -72,11 +79,14 @@ class Runtime(NamedTuple):
 RUNTIME = {runtime.name: runtime for runtime in (
     Runtime("podman", oci=True, mount_flag="-v", env_flag="-e", gpu_words=("--device", "nvidia.com/gpu=all"),
             workdir_flag="-w", gpu_setup="cdi", replaces=True, keep_id=True,
-            usable_fix="rootless podman needs subuid/subgid ranges for the user (sudo usermod --add-subuids ...)"),
+            usable_fix="rootless podman needs subuid/subgid ranges for the user (sudo usermod --add-subuids ...)",
+            layer_line=re.compile(r"Copying blob (?:sha256:)?([0-9a-f]{12,64})(?:\s+(.*))?$"),
+            layer_in=re.compile(r"done|skipped"), layer_status="copying layers"),
     Runtime("docker", oci=True, mount_flag="-v", env_flag="-e", gpu_words=("--gpus", "all"),
             workdir_flag="-w", gpu_setup="nvidia-runtime",
             usable_fix="add the user to the docker group (sudo usermod -aG docker USER, then log in again), "
-                       "or start dockerd"),
+                       "or start dockerd",
+            layer_line=re.compile(r"([0-9a-f]{12}): (.+)$"), layer_in=re.compile(r"(?:Pull complete|Already exists)\Z")),
     Runtime("apptainer", oci=False, mount_flag="--bind", env_flag=None, gpu_words=("--nv",), workdir_flag="--pwd",
             gpu_setup=None),
     Runtime("enroot", oci=False, mount_flag="--mount", env_flag="--env", gpu_words=("--env", "NVIDIA_VISIBLE_DEVICES"),
