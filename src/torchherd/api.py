@@ -32,7 +32,8 @@ from torchherd.engine.backend import (
     backend_for,
     backend_of,
 )
-from torchherd.engine.events import Event, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
+from torchherd.engine.eventlog import HistoryRecorder, recording
+from torchherd.engine.events import Event, EventsNotKept, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.history import History, controller_runs, follow_history
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Run
@@ -385,17 +386,27 @@ class Cluster:
         options = LaunchOptions(check=check, only=picked, skip=left_out, log_dir=Path(log_dir), grace=grace,
                                 fail_fast=fail_fast, heartbeat=recovery.heartbeat,
                                 heartbeat_misses=recovery.heartbeat_misses)
-        observer = on_event or ignore
+        told = on_event or ignore
+        history = HistoryRecorder(failed=lambda reason: told(EventsNotKept(reason)))
+        observer = recording(told, history)
         if recovery.retries > 0 or recovery.hang_timeout is not None:
             self.backend.allow_recovery(plan, recovery)
             if not detach:
                 recovering = RecoveringRun(self.backend, plan, options, recovery, observer).start()
                 return _remembered(recovering, plan, options, observer)
-            return DetachedRun(start_background(self.backend, plan, options, recovery, observer), self.connector)
+            record = start_background(self.backend, plan, options, recovery, observer)
+            _kept_before(history, options.log_dir / plan.run_id)  # the preflight; the controller appends the rest
+            return DetachedRun(record, self.connector)
         if detach:
             return DetachedRun(self.backend.start_detached(plan, options, observer), self.connector)
         run = self.backend.launch(plan, options, observer)
         return _remembered(run, plan, options, run.report)
+
+
+def _kept_before(history: HistoryRecorder, directory: Path) -> None:
+    """What the foreground recorded before the background controller took the run over."""
+    history.keep_in(directory)
+    history.close()
 
 
 def _remembered(run: RunT, plan: Plan, options: LaunchOptions, report: Observer) -> RunT:

@@ -37,6 +37,7 @@ from torchherd.engine.events import (
     AttemptFailed,
     ConnectFailed,
     Event,
+    EventsNotKept,
     HistoryNotKept,
     Interrupted,
     JobQueued,
@@ -163,6 +164,8 @@ class ConsoleObserver:
         if isinstance(event, LinesDropped):
             self._note(f"{event.count} lines not shown: the terminal fell behind (every line is in the log files)",
                        "yellow")
+        elif isinstance(event, EventsNotKept):
+            self._note(f"the run's history is not kept (torchherd report will lack the rest): {event.reason}", "yellow")
         elif isinstance(event, HistoryNotKept):
             self._note(f"not in the run history (torchherd status will not list this run): {event.reason}", "yellow")
         elif isinstance(event, RanksRunning):
