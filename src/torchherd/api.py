@@ -32,7 +32,7 @@ from torchherd.engine.backend import (
     backend_for,
     backend_of,
 )
-from torchherd.engine.eventlog import HistoryRecorder, recording
+from torchherd.engine.eventlog import HistoryRecorder, Recorded, recording
 from torchherd.engine.events import Event, EventsNotKept, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.history import History, controller_runs, follow_history
 from torchherd.engine.job import LaunchOptions
@@ -633,3 +633,33 @@ def damaged_runs() -> list[str]:
 def attach(run_id: str, connector: Connector | None = None) -> DetachedRun:
     """The detached run ``run_id`` (UsageError when no record of it is here)."""
     return DetachedRun(load_record(run_id), connector)
+
+
+def report(run_id: str, path: str | Path | None = None) -> Path:
+    """Writes run ``run_id``'s report, one self-contained HTML page (the timeline of its
+    nodes and attempts, progress, busy shares, GPU heatmaps, the preflight, the summary), to
+    ``path`` (default: ``report.html`` in the run's log directory); returns its path.
+    Needs plotly (``pip install 'torchherd[report]'``): UsageError naming it where missing."""
+    from torchherd.runreport import default_path, story, write_html
+    from torchherd.runreport.html import plotly_modules
+
+    plotly_modules()  # before the history is read: the one line that names the extra
+    found = story(run_id)
+    return write_html(found, Path(path) if path is not None else default_path(run_id))
+
+
+def report_text(run_id: str) -> str:
+    """Run ``run_id``'s story in a few lines (``report RUN --text``)."""
+    from torchherd.runreport import story
+    from torchherd.runreport.text import story_text
+
+    return story_text(story(run_id))
+
+
+def events_of(run_id: str) -> list[Recorded]:
+    """Run ``run_id``'s history, oldest first: each typed event (``torchherd.events``) and
+    node sample (``NodeStatus``: gpu, busy, progress; ``LinesSeen``) with its time
+    (``Recorded.at``, seconds since the epoch), as its controller received them."""
+    from torchherd.runreport import history_of
+
+    return history_of(run_id)

@@ -42,7 +42,8 @@ MARKS = {"triage": ("diamond", "#756bb1"), "excluded": ("x", "#de2d26"), "spare"
          "straggler": ("triangle-down", "#d62728")}
 THROTTLE_ORDER = (0x4, 0x8, 0x20, 0x40, 0x80)
 """The slowing reasons, mildest first: a heatmap cell shows the worst present."""
-EXTRA_HINT = "pip install 'torchherd[report]' (plotly), or run report --text"
+NO_PLOTLY = "report: the HTML report needs plotly, not installed here: pip install 'torchherd[report]'"
+NO_PLOTLY_HINT = "report RUN --text tells the same story in a few lines without it"
 
 
 def plotly_modules() -> tuple[Any, Any]:
@@ -51,7 +52,7 @@ def plotly_modules() -> tuple[Any, Any]:
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
     except ImportError:
-        raise UsageError("report: the HTML report needs plotly, which is not installed", EXTRA_HINT) from None
+        raise UsageError(NO_PLOTLY, NO_PLOTLY_HINT) from None
     return go, make_subplots
 
 
