@@ -41,6 +41,7 @@ from torchherd.engine import events as event_types
 from torchherd.engine.bookkeeping import LogDir, log_dir
 from torchherd.engine.events import (
     ArchiveProgress,
+    AttemptFailed,
     Event,
     HangFound,
     NodeStatus,
@@ -310,7 +311,7 @@ class HistoryRecorder:
             return
         if isinstance(event, RunStarted) and self._fd is None:
             self._open(Path(event.log_dir))
-        if isinstance(event, (RunFinished, HangFound)):
+        if isinstance(event, (RunFinished, AttemptFailed, HangFound)):  # the counts up to the moment
             self._flush_lines(now)
         if isinstance(event, HangFound):
             self._stack_left = STACK_LINES

@@ -116,7 +116,8 @@ def progress_figure(story: Story) -> dict[str, Any] | None:
     label = {"tqdm rate": "progress (tqdm iterations/s)", "lines per second": "progress (lines/s)"}
     figure = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                            subplot_titles=(label.get(story.progress_signal, "progress"), "CPU busy share"))
-    start, width, count = _bins(story, MAX_BINS)
+    start, width, count = _bins(story, MAX_BINS, [[point.at for point in points]
+                                                  for series in (story.progress, story.busy) for points in series.values()])
     for row, series, digits in ((1, story.progress, 3), (2, story.busy, 2)):
         for node in _ordered(story, series):
             slow = node == story.straggler
@@ -141,7 +142,7 @@ def gpu_figure(story: Story) -> dict[str, Any] | None:
     go, make_subplots = plotly_modules()
     keys = sorted(story.gpus, key=lambda key: (_rank(story, key[0]), key[1]))
     rows = [f"{node}:{gpu}" for node, gpu in keys]
-    start, width, count = _bins(story, MAX_COLUMNS, [point.at for points in story.gpus.values() for point in points])
+    start, width, count = _bins(story, MAX_COLUMNS, [[point.at for point in points] for points in story.gpus.values()])
     panels: list[tuple[str, Callable[[Any], float | None], str, dict[str, Any]]] = [
         ("GPU utilisation (%)", lambda usage: usage.utilisation, "Viridis", {"zmin": 0, "zmax": 100}),
         ("SM clock (% of its maximum)",
@@ -197,12 +198,20 @@ def _ordered(story: Story, series: dict[str, list[Point]]) -> list[str]:
     return sorted(series, key=lambda node: (_rank(story, node), node))
 
 
-def _bins(story: Story, most: int, times: Sequence[float] = ()) -> tuple[float, float, int]:
-    """(first bin's start, its width in seconds, how many) over the run's span."""
+def _spacing(streams: Sequence[Sequence[float]]) -> float:
+    """The samples' own spacing: the median time between two of one stream."""
+    gaps = [later - earlier for times in streams for earlier, later in zip(times, times[1:]) if later > earlier]
+    return statistics.median(gaps) if gaps else MIN_BIN
+
+
+def _bins(story: Story, most: int, streams: Sequence[Sequence[float]]) -> tuple[float, float, int]:
+    """(first bin's start, its width in seconds, how many) over the samples' span: no
+    narrower than their spacing (no empty bins between two samples), at most ``most``."""
+    times = [at for stream in streams for at in stream]
     start = min(times) if times else story.start
     end = max(times) if times else story.end
     span = max(end - start, MIN_BIN)
-    width = max(MIN_BIN, span / most)
+    width = max(MIN_BIN, _spacing(streams), span / most)
     return start, width, max(1, math.ceil(span / width + 1e-9) if end > start else 1)
 
 
