@@ -13,6 +13,7 @@ nodes of 8 GPUs over 2 hours stays a few MB.
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import html
 import json
@@ -272,8 +273,9 @@ _LOADER = """
 """
 
 
+@functools.cache
 def packed_plotly() -> str:
-    """plotly.js, gzipped and base64-encoded, as the page carries it."""
+    """plotly.js, gzipped and base64-encoded, as the page carries it (once a process)."""
     from plotly.offline import get_plotlyjs
 
     return base64.b64encode(gzip.compress(get_plotlyjs().encode("utf-8"), 6, mtime=0)).decode("ascii")

@@ -122,12 +122,21 @@ class Story:
     """The node named the slowest (its marks say since when)."""
 
 
+JUDGE_EVERY = 5.0
+"""Seconds between two judgements of the replayed straggler tracker (the live run's: 1)."""
+
+
 def story_of(run_id: str, records: Sequence[Recorded]) -> Story:
     """The story of one run's history (records in any order: sorted by time here)."""
     ordered = sorted(records, key=lambda record: record.at)
     start = ordered[0].at if ordered else 0.0
     end = ordered[-1].at if ordered else 0.0
+    finished = next((record.event for record in reversed(ordered) if isinstance(record.event, RunFinished)), None)
+    slowest = finished.summary.slowest if finished is not None else None
     builder = _Builder(Story(run_id, start, end))
+    # the GPUs' clocks are judged (each against all the others) only where they named the
+    # straggler: at 512 GPUs a judgement costs a second
+    builder.judge_gpus = finished is None or (slowest is not None and slowest.signal == "gpu clock")
     for record in ordered:
         builder.add(record)
     return builder.finished()
@@ -150,6 +159,7 @@ class _Builder:
         self.tracker = StragglerTracker()
         self.judged_at: float | None = None
         self.marked_since: dict[str, float] = {}
+        self.judge_gpus = True
 
     # the records -------------------------------------------------------------------
     def add(self, record: Recorded) -> None:
@@ -276,7 +286,8 @@ class _Builder:
             usage = gpu_usage(status)
             for gpu in usage:
                 self.story.gpus.setdefault((status.node, gpu.gpu), []).append(GpuPoint(at, gpu))
-            self.tracker.gpus(status.node, usage, at)
+            if self.judge_gpus:
+                self.tracker.gpus(status.node, usage, at)
         elif status.event == "busy":
             samples, busy = status.fields.get("samples"), status.fields.get("busy")
             if isinstance(samples, int) and isinstance(busy, int) and samples > 0:
@@ -299,7 +310,7 @@ class _Builder:
 
     def _judge(self, at: float) -> None:
         """The straggler as the run judged it, replayed at most once a second."""
-        if self.judged_at is not None and at - self.judged_at < 1.0:
+        if self.judged_at is not None and at - self.judged_at < JUDGE_EVERY:
             return
         self.judged_at = at
         for node in self.tracker.progress(at).marked:
