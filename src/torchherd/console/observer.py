@@ -18,7 +18,7 @@ from torchherd.console.detach import status_note
 from torchherd.console.images import ArchiveBars, ArchiveEvent, archive_notes
 from torchherd.console.pull import PullView
 from torchherd.console.recovery import RecoveryEvent, recovery_note, render_attempts
-from torchherd.console.run import LiveRenderer, render_summary
+from torchherd.console.run import LiveRenderer, render_report_line, render_summary
 from torchherd.console.sync import (
     SYNC_EVENTS,
     WheelBars,
@@ -133,6 +133,7 @@ class ConsoleObserver:
             if event.summary.checkpoint is not None:
                 self.console.print(Text(printable(event.summary.checkpoint), style="bold"), soft_wrap=True)
             render_attempts(self.console, event.summary.attempts)
+            render_report_line(self.console, event.summary)
         elif isinstance(event, NodeStatus):
             status_note(self._renderer(), event.status)
         elif isinstance(event, JobQueued):

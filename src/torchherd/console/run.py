@@ -216,6 +216,10 @@ def render_summary(console: Console, summary: RunSummary) -> None:
     style = "bold green" if summary.exit_code == 0 else "bold red"
     console.print(Text(printable(summary.headline), style=style), soft_wrap=True)
     console.print(Text(f"logs: {summary.log_dir}", style="dim"), soft_wrap=True)
-    if (Path(summary.log_dir) / HISTORY_FILE).is_file():  # its history was kept
+
+
+def render_report_line(console: Console, summary: RunSummary) -> None:
+    """The summary's last line, where the run's history was kept: the command that draws it."""
+    if (Path(summary.log_dir) / HISTORY_FILE).is_file():
         console.print(Text(f"report: torchherd report {summary.run_id} (--text: in a few lines)", style="dim"),
                       soft_wrap=True)
