@@ -154,24 +154,46 @@ def gpu_figure(story: Story) -> dict[str, Any] | None:
     ]
     figure = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.04,
                            subplot_titles=[title for title, _, _, _ in panels])
+    matrices: list[list[list[float | int | None]]] = [[] for _ in panels]
+    for key in keys:
+        points = story.gpus[key]
+        columns = [min(count - 1, max(0, int((point.at - start) / width))) for point in points]
+        for matrix, (_title, value_of, _scale, _limits) in zip(matrices, panels):
+            worst = value_of is _throttle  # a throttle reason holds its column: the worst, not the mean
+            matrix.append(_columns(columns, [value_of(point.usage) for point in points], count, worst))
     for index, (title, value_of, scale, limits) in enumerate(panels, start=1):
-        reduce: Callable[[Sequence[float]], float] = max if value_of is _throttle else statistics.fmean
-        z = []
-        for key in keys:
-            points = [Point(point.at, found) for point in story.gpus[key]
-                      if (found := value_of(point.usage)) is not None]
-            z.append([_rounded(value, 0) for value in _binned(points, start, width, count, reduce)])
         bar = {"len": 1 / len(panels) * 0.9, "y": 1 - (index - 0.5) / len(panels), "title": {"text": ""}}
         if value_of is _throttle:
             bar.update(tickvals=list(range(len(THROTTLE_ORDER) + 1)),
                        ticktext=["none"] + [THROTTLE_REASONS[bit] for bit in THROTTLE_ORDER])
-        figure.add_trace(go.Heatmap(name=title, z=z, y=rows, x0=iso(start + width / 2), dx=width * 1000,
+        # z: a placeholder plotly checks; the matrix goes in as plain numbers below (checking
+        # 100,000s of cells would cost the report most of its time)
+        figure.add_trace(go.Heatmap(name=title, z=[[0]], y=rows, x0=iso(start + width / 2), dx=width * 1000,
                                     colorscale=scale, colorbar=bar, hoverongaps=False, **limits), row=index, col=1)
     figure.update_xaxes(type="date")
     figure.update_yaxes(autorange="reversed", type="category")
     height = max(140, min(900, 14 * len(rows)))
     figure.update_layout(height=len(panels) * height + 80, margin={"l": 10, "r": 10, "t": 40, "b": 40})
-    return _plain(figure)
+    found = _plain(figure)
+    for trace, matrix in zip(found["data"], matrices):
+        trace["z"] = matrix
+    return found
+
+
+def _columns(columns: Sequence[int], values: Sequence[float | None], count: int,
+             worst: bool) -> list[float | int | None]:
+    """Per column, the mean (or the largest) of the values that fall in it, rounded; None: none."""
+    sums = [0.0] * count
+    counts = [0] * count
+    for column, value in zip(columns, values):
+        if value is None:
+            continue
+        if worst:
+            sums[column] = max(sums[column], value)
+        else:
+            sums[column] += value
+        counts[column] += 1
+    return [None if not found else round(total if worst else total / found) for total, found in zip(sums, counts)]
 
 
 def _throttle(usage: Any) -> float:

@@ -35,7 +35,7 @@ from torchherd.engine.events import (
 from torchherd.engine.recovery.hang import RankStack, stacks_of
 from torchherd.engine.recovery.straggler import StragglerTracker, tqdm_rate
 from torchherd.results import CheckReport
-from torchherd.runlog import GpuUsage, OutputLine, RunSummary, flat, gpu_usage, progress_of
+from torchherd.runlog import GpuUsage, OutputLine, RunSummary, Status, flat, gpu_usage, progress_of
 from torchherd.words import count
 
 ENDED_STATES = frozenset({"finished", "failed", "lost", "torn down", "not started"})
@@ -140,6 +140,20 @@ def story_of(run_id: str, records: Sequence[Recorded]) -> Story:
     for record in ordered:
         builder.add(record)
     return builder.finished()
+
+
+def _gpus(status: Status) -> tuple[GpuUsage, ...]:
+    """``runlog.gpu_usage``'s reading of a gpu record, for the full records the supervisor
+    writes (8 values per GPU) at a tenth of its cost; anything else goes to it."""
+    gpus = status.fields.get("gpus")
+    if not isinstance(gpus, list) or not all(
+            type(gpu) is list and len(gpu) == 8 and all(type(value) in _NUMBERS for value in gpu) for gpu in gpus):
+        return gpu_usage(status)
+    return tuple(GpuUsage(int(gpu[0]), float(gpu[1]), float(gpu[2]), float(gpu[3]), float(gpu[4]), float(gpu[5]),
+                          float(gpu[6]), int(gpu[7])) for gpu in gpus)
+
+
+_NUMBERS = (int, float)
 
 
 class _Builder:
@@ -283,7 +297,7 @@ class _Builder:
             return
         status = event.status
         if status.event == "gpu":
-            usage = gpu_usage(status)
+            usage = _gpus(status)
             for gpu in usage:
                 self.story.gpus.setdefault((status.node, gpu.gpu), []).append(GpuPoint(at, gpu))
             if self.judge_gpus:

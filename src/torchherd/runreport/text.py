@@ -4,13 +4,12 @@ are UTC, as the history holds them."""
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from torchherd.engine.recovery.hang import described
 from torchherd.engine.recovery.straggler import GPU_BUSY
 from torchherd.runlog import THROTTLE_REASONS
-from torchherd.runreport.story import Story
+from torchherd.runreport.story import GpuPoint, Story
 from torchherd.words import count
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -68,36 +67,36 @@ def gpu_lines(story: Story) -> list[str]:
     """Each node's mean GPU utilisation over the run, one character per stretch."""
     if not story.gpus:
         return []
-    first = min(point.at for points in story.gpus.values() for point in points)
-    last = max(point.at for points in story.gpus.values() for point in points)
-    width = max(1, min(SPARK_WIDTH, len({point.at for points in story.gpus.values() for point in points})))
+    times = {point.at for points in story.gpus.values() for point in points}
+    first, last = min(times), max(times)
+    width = max(1, min(SPARK_WIDTH, len(times)))
     step = (last - first) / width if last > first else 1.0
-    nodes = [node for node in story.nodes if any(key[0] == node for key in story.gpus)]
-    nodes += sorted({key[0] for key in story.gpus} - set(nodes))
-    gpus_per_node = {node: sum(1 for key in story.gpus if key[0] == node) for node in nodes}
+    by_node: dict[str, list[tuple[int, list[GpuPoint]]]] = {}
+    for (node, gpu), points in story.gpus.items():
+        by_node.setdefault(node, []).append((gpu, points))
+    nodes = [node for node in story.nodes if node in by_node] + sorted(set(by_node) - set(story.nodes))
     lines = [f"GPU use (mean utilisation; {clock(first)} to {clock(last)} UTC, "
              f"1 character = {duration(step)}):"]
     pad = max(len(node) for node in nodes)
     for node in nodes:
-        stretches: list[list[float]] = [[] for _ in range(width)]
-        for (name, _gpu), points in story.gpus.items():
-            if name != node:
-                continue
+        sums, counts = [0.0] * width, [0] * width
+        for _gpu, points in by_node[node]:
             for point in points:
-                stretches[min(width - 1, int((point.at - first) / step))].append(point.usage.utilisation)
-        spark = "".join(" " if not values else SPARK[min(7, int(statistics.fmean(values) / 100 * 8))]
-                        for values in stretches)
-        mean = statistics.fmean(value for values in stretches for value in values)
-        slowed = _slowed(story, node)
-        lines.append(f"  {node.ljust(pad)}  {spark}  {mean:3.0f} % ({count(gpus_per_node[node], 'GPU')}"
+                stretch = min(width - 1, int((point.at - first) / step))
+                sums[stretch] += point.usage.utilisation
+                counts[stretch] += 1
+        spark = "".join(" " if not found else SPARK[min(7, int(total / found / 100 * 8))]
+                        for total, found in zip(sums, counts))
+        mean = sum(sums) / sum(counts)
+        slowed = _slowed(by_node[node])
+        lines.append(f"  {node.ljust(pad)}  {spark}  {mean:3.0f} % ({count(len(by_node[node]), 'GPU')}"
                      f"{'; ' + slowed if slowed else ''})")
     return lines
 
 
-def _slowed(story: Story, node: str) -> str:
-    """The clock throttle reasons present in at least half of the node's busy GPU samples."""
-    reasons = [point.usage.reasons for (name, _gpu), points in story.gpus.items() if name == node
-               for point in points if point.usage.utilisation >= GPU_BUSY]
+def _slowed(gpus: list[tuple[int, list[GpuPoint]]]) -> str:
+    """The clock throttle reasons present in at least half of a node's busy GPU samples."""
+    reasons = [point.usage.reasons for _gpu, points in gpus for point in points if point.usage.utilisation >= GPU_BUSY]
     return ", ".join(words for bit, words in THROTTLE_REASONS.items()
                      if reasons and 2 * sum(1 for value in reasons if value & bit) >= len(reasons))
 
