@@ -1,14 +1,17 @@
 """``torchherd report`` of a real run on the local cluster: a run with retries whose node2
 is killed mid-run (its link down, every process of its namespace killed) and replaced by
-the spare node3. Its history (``events.jsonl``, private) is read back, and the report's
-embedded figure JSON is checked for each node's row, both attempts and the spare's mark;
-the text form names both attempts and the recovery. No browser here: the page's figure
-JSON is what a browser would draw (tests/unit/test_report.py checks the page's parts)."""
+the spare node3. Its history (``events.jsonl``, private) is read back; the report's
+embedded figure JSON is checked for each node's row, both attempts and the spare's mark,
+then the page is opened in a real headless Chromium (Debian's, scripts/install-deps) with
+no network at all (its own network namespace: no request can leave the page): a
+screenshot is taken and the DOM it drew is checked for the same; the text form names both
+attempts and the recovery."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -32,6 +35,22 @@ def figures_of(text: str) -> dict[str, dict[str, Any]]:
 def torchherd(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "torchherd", *args], capture_output=True, text=True, timeout=120,
                           env={**cluster.env(), "COLUMNS": "200"})
+
+
+def browsed(page: Path, directory: Path) -> str:
+    """The DOM headless Chromium drew from ``page`` with no network (``unshare -n``), after
+    its screenshot (``directory/report.png``)."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.fail("chromium is not installed (scripts/install-deps installs Debian's)")
+    argv = ["unshare", "-n", chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            f"--user-data-dir={directory / 'chromium'}", "--window-size=1400,1400", "--virtual-time-budget=30000"]
+    subprocess.run([*argv, f"--screenshot={directory / 'report.png'}", page.as_uri()], capture_output=True,
+                   timeout=120, check=True)
+    assert (directory / "report.png").stat().st_size > 20_000
+    print(f"screenshot: {directory / 'report.png'}")
+    return subprocess.run([*argv, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120,
+                          check=True).stdout
 
 
 @pytest.mark.timeout(300)
@@ -72,8 +91,19 @@ def test_the_report_of_a_run_recovered_on_a_spare(make_cluster: Callable[..., Lo
     assert spare[0]["hovertext"][0].endswith("spare, in place of node2")
     excluded = [trace for trace in timeline["data"] if trace["name"] == "excluded"]
     assert excluded and excluded[0]["y"] == ["node2"]
+    assert sorted(figures) == ["progress", "timeline"]
     progress = figures["progress"]
     assert {trace["name"] for trace in progress["data"]} >= {"node0", "node1", "node2", "node3"}
+
+    dom = browsed(tmp_path / "report.html", tmp_path)
+    assert '<body data-plotted="2">' in dom  # both figures drawn, offline (the cluster's nodes have no GPU)
+    assert "<h2>GPUs: node:index over time</h2>\n<p class=\"note\">no samples of this kind" in dom
+    drawn = dom[dom.index('id="figure-timeline"'):dom.index('id="figure-progress"')]
+    assert [name for name in re.findall(r'class="ytick"><text[^>]*data-unformatted="([^"]+)"', drawn)] == [
+        "node3", "node2", "node1", "node0"]  # one row per node (drawn bottom up)
+    assert re.findall(r'class="annotation-text"[^>]*>(attempt \d)<', drawn) == ["attempt 1", "attempt 2"]
+    legend = re.findall(r'class="legendtext"[^>]*data-unformatted="([^"]+)"', drawn)
+    assert "spare" in legend and "excluded" in legend and "lost" in legend, legend
 
     done = torchherd(cluster, "report", run_id, "--text")
     assert done.returncode == 0, done.stderr

@@ -104,7 +104,7 @@ def timeline_figure(story: Story) -> dict[str, Any]:
     figure.update_layout(
         barmode="overlay", shapes=shapes, annotations=notes, height=max(260, 60 + 28 * len(story.nodes)),
         margin={"l": 10, "r": 10, "t": 40, "b": 40}, legend={"orientation": "h", "y": -0.15},
-        xaxis={"type": "date", "title": "UTC"},
+        xaxis={"type": "date", "title": _day(story), "tickformat": "%H:%M:%S"},
         yaxis={"categoryorder": "array", "categoryarray": story.nodes, "autorange": "reversed"})
     return _plain(figure)
 
@@ -126,9 +126,10 @@ def progress_figure(story: Story) -> dict[str, Any] | None:
             figure.add_trace(go.Scatter(
                 name=f"{node} (straggler)" if slow else node, legendgroup=node, showlegend=row == 1,
                 x0=iso(start + width / 2), dx=width * 1000, y=[_rounded(value, digits) for value in values],
-                mode="lines", connectgaps=False,
+                mode="lines+markers", connectgaps=False, marker={"size": 3},  # a lone sample shows too
                 line={"width": 3, "color": "#d62728"} if slow else {"width": 1}), row=row, col=1)
-    figure.update_xaxes(type="date")
+    figure.update_xaxes(type="date", tickformat="%H:%M:%S")
+    figure.update_xaxes(title=_day(story), row=2, col=1)
     figure.update_yaxes(rangemode="tozero")
     figure.update_yaxes(range=[0, 1.05], row=2, col=1)
     figure.update_layout(height=560, margin={"l": 10, "r": 10, "t": 40, "b": 40})
@@ -170,7 +171,8 @@ def gpu_figure(story: Story) -> dict[str, Any] | None:
         # 100,000s of cells would cost the report most of its time)
         figure.add_trace(go.Heatmap(name=title, z=[[0]], y=rows, x0=iso(start + width / 2), dx=width * 1000,
                                     colorscale=scale, colorbar=bar, hoverongaps=False, **limits), row=index, col=1)
-    figure.update_xaxes(type="date")
+    figure.update_xaxes(type="date", tickformat="%H:%M:%S")
+    figure.update_xaxes(title=_day(story), row=len(panels), col=1)
     figure.update_yaxes(autorange="reversed", type="category")
     height = max(140, min(900, 14 * len(rows)))
     figure.update_layout(height=len(panels) * height + 80, margin={"l": 10, "r": 10, "t": 40, "b": 40})
@@ -196,6 +198,12 @@ def _columns(columns: Sequence[int], values: Sequence[float | None], count: int,
     return [None if not found else round(total if worst else total / found) for total, found in zip(sums, counts)]
 
 
+def _day(story: Story) -> str:
+    """The x axis's title: the times are UTC, of this day (the ticks say only the time)."""
+    first, last = (datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d") for at in (story.start, story.end))
+    return f"UTC, {first}" if first == last else f"UTC, {first} to {last}"
+
+
 def _throttle(usage: Any) -> float:
     reasons = int(usage.reasons)
     worst = 0
@@ -209,6 +217,8 @@ def _plain(figure: Any) -> dict[str, Any]:
     """The figure as the page holds it: plotly's JSON, without its default template (the
     page's 100 kB the same for every figure)."""
     figure.update_layout(template="none", font={"family": "sans-serif", "size": 12})
+    figure.update_xaxes(automargin=True)
+    figure.update_yaxes(automargin=True)  # the node names whole, however long
     found: dict[str, Any] = json.loads(figure.to_json())
     return found
 
