@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Callable, Sequence
 
+from torchherd.checks.results import CLUSTER, CheckReport, CheckResult
 from torchherd.engine.eventlog import HISTORY_FILE, HistoryRecorder, Recorded, read_history
 from torchherd.engine.events import (
     AttemptFailed,
@@ -31,7 +32,6 @@ from torchherd.engine.events import (
     SpareTaken,
     TriageDone,
 )
-from torchherd.results import CLUSTER, CheckReport, CheckResult
 from torchherd.runlog import AttemptRecord, NodeOutcome, OutputLine, RunSummary, Slowest, Status
 
 T0 = 1_800_000_000.0

@@ -9,6 +9,7 @@ import os
 import stat
 from pathlib import Path
 
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.eventlog import (
     HISTORY_FILE,
     HistoryRecorder,
@@ -37,7 +38,6 @@ from torchherd.engine.events import (
     TriageDone,
 )
 from torchherd.remote.wire import StopLevel
-from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import AttemptRecord, NodeOutcome, OutputLine, RunSummary, Slowest, Status
 
 

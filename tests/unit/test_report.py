@@ -171,7 +171,7 @@ def test_the_page_is_one_file_with_plotly_inside_and_no_address_outside(tmp_path
 
 def record_run(home: Path, build: Callable[[Path], list[Recorded]], run_id: str) -> Path:
     """An attached run's record in the state directory, its history in its log directory."""
-    from torchherd.runrecord import AttachedRecord, NodeRecord, RunRecord, save, with_attached
+    from torchherd.engine.records import AttachedRecord, NodeRecord, RunRecord, save, with_attached
 
     run_dir = home / "logs" / run_id
     build(run_dir)
@@ -222,7 +222,7 @@ def test_the_command_tells_the_story_and_prints_the_history(home: Path) -> None:
 
 
 def test_a_run_without_history_and_a_missing_plotly_are_one_line_each(home: Path, tmp_path: Path) -> None:
-    from torchherd.runrecord import NodeRecord, RunRecord, save
+    from torchherd.engine.records import NodeRecord, RunRecord, save
 
     node = NodeRecord(name="node1", address="node1", user=None, ssh_port=None, identity_file=None, python="/opt/py",
                       workdir="/w", log_file="/tmp/th/node1.log", state_file="/tmp/th/node1.state")

@@ -37,6 +37,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Union, get_type_hints
 
+from torchherd.checks.results import CheckReport, CheckResult, ProbeResult
 from torchherd.engine import events as event_types
 from torchherd.engine.bookkeeping import LogDir, log_dir
 from torchherd.engine.events import (
@@ -52,8 +53,8 @@ from torchherd.engine.events import (
     RunStarted,
     WheelsProgress,
 )
+from torchherd.engine.records import RunRecord, attached_of
 from torchherd.errors import TorchherdError, TransportError
-from torchherd.results import CheckReport, CheckResult, ProbeResult
 from torchherd.runlog import (
     AttemptRecord,
     NodeOutcome,
@@ -63,7 +64,6 @@ from torchherd.runlog import (
     Status,
     flat,
 )
-from torchherd.runrecord import RunRecord, attached_of
 
 HISTORY_FILE = "events.jsonl"
 HISTORY_KEY = "history"

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from torchherd.engine.eventlog import HISTORY_FILE, Recorded, history_file, read_history
+from torchherd.engine.records import load
 from torchherd.errors import UsageError
-from torchherd.runrecord import load
 from torchherd.runreport.story import Story, story_of
 
 NO_HISTORY_HINT = ("a run keeps its history from this version on, attached or detached with retries; "

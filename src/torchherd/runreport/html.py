@@ -22,8 +22,8 @@ import statistics
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
+from torchherd.checks.results import CLUSTER
 from torchherd.errors import UsageError
-from torchherd.results import CLUSTER
 from torchherd.runlog import THROTTLE_REASONS
 from torchherd.runreport.story import Point, Story
 from torchherd.runreport.text import clock, duration, story_lines

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from torchherd.checks.results import CheckReport
 from torchherd.engine.eventlog import LinesSeen, Recorded
 from torchherd.engine.events import (
     AttemptFailed,
@@ -34,7 +35,6 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.recovery.hang import RankStack, stacks_of
 from torchherd.engine.recovery.straggler import StragglerTracker, tqdm_rate
-from torchherd.results import CheckReport
 from torchherd.runlog import GpuUsage, OutputLine, RunSummary, Status, flat, gpu_usage, progress_of
 from torchherd.words import count
 
