@@ -32,6 +32,7 @@ import json
 import os
 import threading
 import time
+import types
 import typing
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
@@ -135,14 +136,15 @@ def encoded(value: Any) -> Any:
     return value
 
 
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _hints(cls: type) -> dict[str, Any]:
+    """``cls``'s fields' types (resolved once a class: ``get_type_hints`` is slow)."""
     found = _HINTS.get(cls)
     if found is None:
         found = _HINTS[cls] = get_type_hints(cls)
     return found
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
 
 
 def decoded(hint: Any, value: Any) -> Any:
@@ -150,7 +152,7 @@ def decoded(hint: Any, value: Any) -> Any:
     if value is None:
         return None
     origin = typing.get_origin(hint)
-    if origin is Union or str(origin) == "<class 'types.UnionType'>":
+    if origin is Union or origin is types.UnionType:
         return _decoded_union(typing.get_args(hint), value)
     if origin in (tuple, list, typing.Sequence, typing.get_origin(typing.Sequence[int])):
         args = typing.get_args(hint)
