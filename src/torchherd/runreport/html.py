@@ -295,6 +295,7 @@ _LOADER = """
                            {responsive: true, displaylogo: false});
     }
     document.body.dataset.plotted = String(figures.length);
+    document.body.dataset.drawnMs = String(Math.round(performance.now()));  // from the page's start
   } catch (error) {
     for (const holder of figures) {
       document.getElementById(holder.dataset.figure).textContent =
