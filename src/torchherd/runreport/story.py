@@ -38,10 +38,6 @@ from torchherd.engine.recovery.straggler import StragglerTracker, tqdm_rate
 from torchherd.runlog import GpuUsage, OutputLine, RunSummary, Status, flat, gpu_usage, progress_of
 from torchherd.words import count
 
-ENDED_STATES = frozenset({"finished", "failed", "lost", "torn down", "not started"})
-"""States a node keeps until its attempt ends (the next ``RunStarted`` starts it again)."""
-
-
 @dataclass(frozen=True)
 class Segment:
     """``node`` was in ``state`` from ``start`` to ``end`` (seconds since the epoch)."""
