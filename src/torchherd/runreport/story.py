@@ -38,6 +38,7 @@ from torchherd.engine.recovery.straggler import StragglerTracker, tqdm_rate
 from torchherd.runlog import GpuUsage, OutputLine, RunSummary, Status, flat, gpu_usage, progress_of
 from torchherd.words import count
 
+
 @dataclass(frozen=True)
 class Segment:
     """``node`` was in ``state`` from ``start`` to ``end`` (seconds since the epoch)."""
