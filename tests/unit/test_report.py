@@ -265,3 +265,19 @@ def test_the_api_gives_the_history_as_typed_objects_and_writes_the_page(home: Pa
     assert torchherd.report("th-20270115-080000-aaaaa4", home / "r.html") == home / "r.html"
     assert figures_of((home / "r.html").read_text())["timeline"] == timeline_figure(
         story_of("th-20270115-080000-aaaaa4", histories.recovered(run_dir.parent / "again")))
+
+
+def test_events_with_a_filter_and_text_with_a_file_are_usage_errors(home: Path) -> None:
+    record_run(home, histories.clean, "th-20270115-080000-aaaaa5")
+    done = subprocess.run([sys.executable, "-m", "torchherd", "logs", "--events", "--node", "node1",
+                           "th-20270115-080000-aaaaa5"], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", (
+        "error: --events and --node: the history is printed whole, as recorded\n"
+        "  hint: leave one of them out (filter with grep)\n"))
+    done = subprocess.run([sys.executable, "-m", "torchherd", "report", "--text", "-o", "x.html",
+                           "th-20270115-080000-aaaaa5"], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", (
+        "error: --text and -o: the text goes to the terminal\n  hint: leave one of them out\n"))
+    assert not (home / "x.html").exists()
