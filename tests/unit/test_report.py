@@ -124,8 +124,8 @@ def test_the_straggler_stands_out_from_when_the_run_marked_it(tmp_path: Path) ->
     assert traces(timeline_figure(story))[-1] == ("scatter", "straggler", ["node3"])
     progress = progress_figure(story)
     assert progress is not None
-    assert [(trace["name"], trace["line"].get("width")) for trace in progress["data"]] == [
-        ("node1", 1), ("node2", 1), ("node3 (straggler)", 3), ("node1", 1), ("node2", 1), ("node3 (straggler)", 3)]
+    assert [(trace["name"], trace["line"]["width"], trace["line"]["color"]) for trace in progress["data"]] == [
+        ("node1", 1, "#1f77b4"), ("node2", 1, "#ff7f0e"), ("node3 (straggler)", 3, "#d62728")] * 2
     assert progress["layout"]["annotations"][0]["text"] == "progress (tqdm iterations/s)"
     assert set(progress["data"][2]["y"]) == {2.0} and set(progress["data"][0]["y"]) == {6.0}
 

@@ -40,7 +40,10 @@ STATE_COLOURS = {"starting": "#9ecae1", "running": "#31a354", "silent": "#fdae6b
 MARKS = {"triage": ("diamond", "#756bb1"), "excluded": ("x", "#de2d26"), "spare": ("star", "#3182bd"),
          "checkpoint": ("square", "#636363"), "staged": ("triangle-up", "#636363"),
          "replica": ("circle-open", "#636363"), "hang": ("hourglass", "#e6550d"),
-         "straggler": ("triangle-down", "#d62728")}
+         "straggler": ("triangle-down", "#d62728")}  # STRAGGLER
+STRAGGLER = "#d62728"
+NODE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+"""A node's colour in both of its rows (plotly's own, less the straggler's red)."""
 THROTTLE_ORDER = (0x4, 0x8, 0x20, 0x40, 0x80)
 """The slowing reasons, mildest first: a heatmap cell shows the worst present."""
 NO_PLOTLY = "report: the HTML report needs plotly, not installed here: pip install 'torchherd[report]'"
@@ -127,7 +130,8 @@ def progress_figure(story: Story) -> dict[str, Any] | None:
                 name=f"{node} (straggler)" if slow else node, legendgroup=node, showlegend=row == 1,
                 x0=iso(start + width / 2), dx=width * 1000, y=[_rounded(value, digits) for value in values],
                 mode="lines+markers", connectgaps=False, marker={"size": 3},  # a lone sample shows too
-                line={"width": 3, "color": "#d62728"} if slow else {"width": 1}), row=row, col=1)
+                line={"width": 3, "color": STRAGGLER} if slow else
+                {"width": 1, "color": NODE_COLOURS[_rank(story, node) % len(NODE_COLOURS)]}), row=row, col=1)
     figure.update_xaxes(type="date", tickformat="%H:%M:%S")
     figure.update_xaxes(title=_day(story), row=2, col=1)
     figure.update_yaxes(rangemode="tozero")
