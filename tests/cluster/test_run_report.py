@@ -96,7 +96,9 @@ def test_the_report_of_a_run_recovered_on_a_spare(make_cluster: Callable[..., Lo
     assert {trace["name"] for trace in progress["data"]} >= {"node0", "node1", "node2", "node3"}
 
     dom = browsed(tmp_path / "report.html", tmp_path)
-    assert '<body data-plotted="2">' in dom  # both figures drawn, offline (the cluster's nodes have no GPU)
+    drawn_in = re.search(r'<body data-plotted="(\d+)" data-drawn-ms="(\d+)">', dom)
+    assert drawn_in is not None and drawn_in.group(1) == "2", dom[-2000:]  # both drawn, offline (no GPU here)
+    print(f"drawn {drawn_in.group(2)} ms after the page's start")
     assert "<h2>GPUs: node:index over time</h2>\n<p class=\"note\">no samples of this kind" in dom
     drawn = dom[dom.index('id="figure-timeline"'):dom.index('id="figure-progress"')]
     assert [name for name in re.findall(r'class="ytick"><text[^>]*data-unformatted="([^"]+)"', drawn)] == [
