@@ -6,6 +6,7 @@ the answers a hostile or broken node could send."""
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -215,3 +216,96 @@ def test_a_line_without_end_is_cut_off_at_the_readers_cap() -> None:
 
     took, line, held = _read_line(FLOOD, 6.0)
     assert line is None and took < 5.0 and held <= MAX_LINE, (took, line, held)
+
+
+# --uv-offline: a node's platform answer names the wheelhouse's directory here ----------------
+
+class _Answers:
+    """A node whose venv builder answers ``answer`` (one JSON line) to every command."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = answer
+        self.commands: list[str] = []
+
+    def run(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> Any:
+        from torchherd.transport.base import CommandResult
+
+        self.commands.append(command)
+        return CommandResult(0, (json.dumps(self.answer) + "\n").encode(), b"", 0.1)
+
+
+def _venv_node(tmp_path: Path) -> Any:
+    from torchherd.plan import RunOptions, SyncOptions, UvOptions, build_plan
+
+    inventory = parse({"cluster": {"nproc_per_node": 1},
+                       "defaults": {"python": "/usr/bin/python3", "workdir": str(tmp_path),
+                                    "venv_dir": str(tmp_path / "v")},
+                       "hosts": [{"name": "n0"}]}, Path("h.toml"))
+    plan = build_plan(inventory, RunOptions(script="train.py", run_id="r1", sync=SyncOptions(str(tmp_path)),
+                                            uv=UvOptions("ab" * 32, offline=True)))
+    return plan.nodes[0]
+
+
+PLATFORM = {"system": "Linux", "machine": "x86_64", "libc": "glibc", "libc_version": "2.35", "python": "3.11.4"}
+
+
+@pytest.mark.parametrize("damage, field", [
+    pytest.param({"machine": "x86_64-3.11/../../../../my", "python": "thesis"}, "machine", id="machine-a-path"),
+    pytest.param({"python": "thesis"}, "python", id="python-not-a-version"),
+    pytest.param({"python": "3.11.4/../x"}, "python", id="python-a-path"),
+    pytest.param({"libc_version": "2.35/.."}, "libc_version", id="libc-version-a-path"),
+    pytest.param({"libc": "glibc/../x"}, "libc", id="libc-other"),
+    pytest.param({"system": "Linux/.."}, "system", id="system-not-linux"),
+    pytest.param({"machine": ["x86_64"]}, "machine", id="machine-a-list"),
+    pytest.param({"machine": "x" * 33}, "machine", id="machine-too-long"),
+    pytest.param({"machine": "x86_64\n"}, "machine", id="machine-with-a-newline"),
+])
+def test_a_hostile_platform_answer_fails_that_node_as_malformed(tmp_path: Path, damage: dict[str, Any],
+                                                                  field: str) -> None:
+    from torchherd.engine import venvs
+    from torchherd.engine.events import VenvFailed
+    from torchherd.engine.uvwheels import REPORTED
+
+    answer = {"error": "the lock's wheels are not in x", "wheelhouse_missing": True, **PLATFORM, **damage}
+    result = venvs._build(_venv_node(tmp_path), _Answers(answer), None, offline=True)  # type: ignore[arg-type]
+    assert isinstance(result, VenvFailed), result
+    assert result.message == f"the venv builder's answer is malformed: its {field} is not {REPORTED[field]}"
+    # the uv-missing answer is read as strictly (it picks the uv wheel sent to the node)
+    answer = {"error": "uv not found", "uv_missing": True, **PLATFORM, **damage}
+    if field != "python":
+        result = venvs._build(_venv_node(tmp_path), _Answers(answer), None)  # type: ignore[arg-type]
+        assert isinstance(result, VenvFailed) and result.message.startswith("the venv builder's answer is malformed")
+
+
+def test_a_good_platform_answer_asks_for_wheels(tmp_path: Path) -> None:
+    from torchherd.engine import venvs
+    from torchherd.engine.uvwheels import NodePlatform
+
+    answer = {"error": "the lock's wheels are not in x", "wheelhouse_missing": True, **PLATFORM}
+    needs = venvs._build(_venv_node(tmp_path), _Answers(answer), None, offline=True)  # type: ignore[arg-type]
+    assert isinstance(needs, venvs.NeedsWheels)
+    assert (needs.platform, needs.python) == (NodePlatform("Linux", "x86_64", "glibc", "2.35"), "3.11.4")
+    musl = {**answer, "libc": "musl", "libc_version": ""}
+    needs = venvs._build(_venv_node(tmp_path), _Answers(musl), None, offline=True)  # type: ignore[arg-type]
+    assert isinstance(needs, venvs.NeedsWheels) and needs.platform.libc == "musl"
+
+
+def test_the_wheelhouse_is_never_made_outside_its_cache(tmp_path: Path) -> None:
+    """Past the parser (a NodePlatform made by hand): the name a path, the wheelhouse the
+    reviewer's ``~/my-thesis``. Nothing there is renamed aside or removed."""
+    from torchherd.engine.offline import WheelhouseError, cache_name, make_wheelhouse
+    from torchherd.engine.uvwheels import NodePlatform
+
+    root = tmp_path / "c" / "t" / "houses"
+    hostile = NodePlatform("Linux", "x86_64-3.11/../../../../my", "glibc", "2.35")
+    name = cache_name("ab" * 32, hostile, "thesis")
+    (root / name.split("/")[0]).mkdir(parents=True)  # the first part: a wheelhouse made earlier
+    thesis = Path(os.path.normpath(root / name))
+    assert thesis == tmp_path / "my-thesis"
+    thesis.mkdir()
+    (thesis / "chapter1.tex").write_text("years of work")
+    with pytest.raises(WheelhouseError) as raised:
+        make_wheelhouse("", "ab" * 32, hostile, "thesis", None, root=root)
+    assert str(raised.value) == f"the wheelhouse name {name!r} is not one directory in {root}"
+    assert (thesis / "chapter1.tex").read_text() == "years of work"
+    assert sorted(path.name for path in thesis.iterdir()) == ["chapter1.tex"]

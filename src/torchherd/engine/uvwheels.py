@@ -16,9 +16,10 @@ import hashlib
 import os
 import re
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_WHEELS = "~/.cache/torchherd/wheels"
 """Where wheels are looked for when ``[uv].wheels`` says nothing."""
@@ -63,6 +64,32 @@ class NodePlatform:
             return f"musllinux_1_1_{machine}"
         version = self.version() or (2, 17)
         return f"manylinux_{version[0]}_{version[1]}_{machine}"
+
+
+class MalformedAnswer(Exception):
+    """A node's platform answer that is not one a venv builder gives: it names files and
+    directories on this machine (the wheelhouse's cache, engine/offline.py), so a value
+    outside these shapes fails that node rather than become a path."""
+
+
+REPORTED = {"system": "Linux", "machine": "[A-Za-z0-9_]{1,32}", "libc": "(glibc|musl)?",
+            "libc_version": "([0-9]{1,9}(\\.[0-9]{1,9}){0,2})?", "python": "[0-9]{1,9}\\.[0-9]{1,9}\\.[0-9]{1,9}"}
+"""What each reported field may be, in full (``system``: Linux, the only one uv's node
+wheels and torchherd's node programs are for; ASCII digits only)."""
+
+
+def reported(answer: Mapping[str, Any], field: str) -> str:
+    """The node's ``field`` when it has its shape (``REPORTED``); else MalformedAnswer
+    naming the field, not its value (a hostile value is not printed)."""
+    value = answer.get(field, "")
+    if not isinstance(value, str) or re.fullmatch(REPORTED[field], value) is None:
+        raise MalformedAnswer(f"the venv builder's answer is malformed: its {field} is not {REPORTED[field]}")
+    return value
+
+
+def reported_platform(answer: Mapping[str, Any]) -> NodePlatform:
+    """The platform a node's venv builder reported, each field checked (``reported``)."""
+    return NodePlatform(*(reported(answer, field) for field in ("system", "machine", "libc", "libc_version")))
 
 
 @dataclass(frozen=True)
