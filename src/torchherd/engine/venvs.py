@@ -342,10 +342,11 @@ def ship_uv(session: Session, node: NodePlan, local: LocalUv) -> str:
     Returns its path on the node."""
     assert node.venv is not None
     final = posixpath.join(posixpath.dirname(node.venv.path), f"uv-{local.digest[:16]}")
-    # One already there is taken only when it is this user's own (another user's file of
-    # that name in a shared venv_dir is replaced, never run).
-    found = session.run(f"mkdir -p {quote_path(posixpath.dirname(final))} && test -x {quote_path(final)} "
-                        f"&& test -O {quote_path(final)}", timeout=60.0)
+    # One already there is taken only when it is this user's own file, not a link (another
+    # user's file of that name is replaced, never run; the node program lstats it again).
+    found = session.run(f"mkdir -p {quote_path(posixpath.dirname(final))} && test ! -h {quote_path(final)} "
+                        f"&& test -f {quote_path(final)} && test -x {quote_path(final)} && test -O {quote_path(final)}",
+                        timeout=60.0)
     if found.exit_code == 0:
         return final
     partial = f"{final}.{os.getpid()}-{node.host.name}"
