@@ -530,7 +530,7 @@ def relay_wheelhouse(house: Wheelhouse, targets: Sequence[tuple[NodePlan, str]],
         if "progress" in message:
             observer(WheelsProgress(node, int(message["progress"]), house.size))
 
-    expect = {"path": name, "kind": "dir", "sha256": house.sha256}
+    expect = {"path": name, "kind": "dir", "sha256": house.sha256, "size": house.size}
     results = run_chain(hops, {"expect": expect, "progress": True}, house.size, feed=feed, on_message=on_message,
                         stopping=stopping)
     return results, sent[0]

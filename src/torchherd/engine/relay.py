@@ -5,8 +5,9 @@ one copy, and the controller's own link carries them at most once.
 
 Two things use it: checkpoint staging (``engine.recovery.staging``: the source is a node that holds
 the checkpoint) and image archives (``engine.images``: the source is the controller, which
-feeds the first receiver over its SSH channel). Every connection between nodes starts with
-a random token the controller sends on each program's stdin (never on a command line).
+feeds the first receiver over its SSH channel). Every connection between nodes is
+authenticated with a random token the controller sends on each program's stdin (never on
+a command line, never between nodes: each end proves it knows it, ``remote/relay.py``).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import math
 import os
 import shutil
 import socket
@@ -65,6 +66,8 @@ BURST_SECONDS = 0.05
 """A paced sender may send this much ahead of its rate (in seconds of it): short enough
 that the job's own traffic never queues behind a long burst."""
 SIOCGIFADDR = 0x8915
+FUTURE_SKEW = 300.0
+"""How far past this node's clock a copy's mtime may be (the nodes' clocks differ a little)."""
 
 
 class Pace:
@@ -306,7 +309,7 @@ def send_own(workdir: str, relative: str, listener: Optional[socket.socket], tok
     full = os.path.join(workdir, relative)
     files = listing(full)
     downstream = chain.accept(listener, token)
-    pace = Pace(rate_of(rate, downstream), time.monotonic())
+    pace = Pace(rate_of(rate, downstream.sock), time.monotonic())
     kind = "dir" if os.path.isdir(full) else "file"
     said: List[Dict[str, Any]] = []
 
@@ -342,12 +345,12 @@ def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: chain
     as for a venv's wheelhouse), so its stdin is watched for its end only once the copy is
     in: a watch started earlier would read the copy's own bytes. ``progress``: the config's
     ``"progress"``, ``{"progress": BYTES}`` lines as it receives (a wheelhouse's bars)."""
-    raw = upstream.line()
+    raw = upstream.signed_line(b"header")
     header = json.loads(raw)
+    newest_mtime = checked_header(header, expect)
     downstream = chain.accept(listener, token) if listener is not None else None
     kind = str(expect["kind"])
     target, temporary = place(workdir, relative)
-    newest_mtime = max([float(mtime) for _, _, mtime in header["files"]] or [0.0])
     CLEANUP.append(temporary)
     try:
         if kind == "dir":
@@ -379,6 +382,28 @@ def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: chain
         if downstream is not None:
             downstream.close()
     return {"ok": True, "bytes": received, "seconds": round(time.monotonic() - started, 3)}
+
+
+def checked_header(header: Dict[str, Any], expect: Dict[str, Any]) -> float:
+    """The stream's header as it must be: its files' sizes add up to the copy's (so the
+    stream ends there, whatever follows), its mtimes not past now by more than
+    ``FUTURE_SKEW`` (a copy dated 2100 would pass for the newest ever after). Its newest
+    mtime; else ValueError."""
+    files = header.get("files")
+    if not isinstance(files, list) or not all(isinstance(item, list) and len(item) == 3 for item in files):
+        raise ValueError("the upstream's header is malformed")
+    sizes = [size for _, size, _ in files]
+    mtimes = [mtime for _, _, mtime in files]
+    if not all(type(size) is int and size >= 0 for size in sizes) or \
+            not all(type(mtime) in (int, float) and math.isfinite(mtime) for mtime in mtimes):
+        raise ValueError("the upstream's header is malformed: a size or an mtime that is not one")
+    if "size" in expect and sum(sizes) != int(expect["size"]):
+        raise ValueError(f"the upstream sends {sum(sizes)} bytes, the copy is {expect['size']}")
+    newest_mtime = float(max(mtimes or [0.0]))
+    if newest_mtime > time.time() + FUTURE_SKEW:
+        raise ValueError(f"the upstream dates the copy {time.strftime('%Y-%m-%d', time.gmtime(newest_mtime))}, "
+                         "in the future: refused")
+    return newest_mtime
 
 
 def outputs(temporary: str, kind: str, files: List[List[Any]]) -> Iterator[Tuple[str, int, float, IO[bytes]]]:
