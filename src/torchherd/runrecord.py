@@ -30,6 +30,12 @@ STORED_TEXT_CHARS = 4096
 """The most of a headline a record keeps: it quotes the job's first error line, which
 may be a megabyte of undecodable bytes (each six bytes of JSON); the whole line stays in
 the node's log."""
+ATTEMPT_TEXT_CHARS = 512
+"""The most of one attempt's headline a record keeps (the run's own keeps more)."""
+ATTEMPT_HEADLINES = 64
+"""The attempts whose headlines a record keeps: the first and the last ones (a run of a
+thousand retries, each failing with a long line, stays far under ``MAX_RECORD_BYTES``);
+the others keep their number, nodes and how they ended."""
 
 REMOTE_RUNS_DIR = "~/.torchherd/runs"
 """On each node: ``<this>/<run-id>/<node>.log`` and ``<node>.state.json``. The node's
@@ -463,22 +469,32 @@ class RecoveryRecord:
         data = asdict(self)
         data["headline"] = stored_text(self.headline)
         data["checkpoint"] = stored_text(self.checkpoint)
-        data["attempts"] = [{**asdict(attempt), "nodes": list(attempt.nodes), "headline": stored_text(attempt.headline)}
-                            for attempt in self.attempts]
+        kept = _kept_headlines(len(self.attempts))
+        data["attempts"] = [{**asdict(attempt), "nodes": list(attempt.nodes),
+                             "headline": stored_text(attempt.headline, ATTEMPT_TEXT_CHARS) if index in kept else ""}
+                            for index, attempt in enumerate(self.attempts)]
         return data
+
+
+def _kept_headlines(count: int) -> range | set[int]:
+    """The indexes of the attempts whose headlines a record keeps (``ATTEMPT_HEADLINES``)."""
+    if count <= ATTEMPT_HEADLINES:
+        return range(count)
+    first = ATTEMPT_HEADLINES // 4
+    return set(range(first)) | set(range(count - (ATTEMPT_HEADLINES - first), count))
 
 
 _UNSTORABLE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 
 
-def stored_text(text: str) -> str:
+def stored_text(text: str, most: int = STORED_TEXT_CHARS) -> str:
     """``text`` as a record keeps what the job said: control characters as their escapes
     (a coloured error line must not make the record one the loader refuses), a lone
-    surrogate as U+FFFD, at most ``STORED_TEXT_CHARS`` characters."""
+    surrogate as U+FFFD, at most ``most`` characters."""
     text = _UNSTORABLE.sub(lambda found: "\ufffd" if found.group() >= "\ud800" else f"\\x{ord(found.group()):02x}",
-                           text[:STORED_TEXT_CHARS + 1])
-    if len(text) > STORED_TEXT_CHARS:
-        return text[:STORED_TEXT_CHARS] + " [cut: the node's log has the whole line]"
+                           text[:most + 1])
+    if len(text) > most:
+        return text[:most] + " [cut: the node's log has the whole line]"
     return text
 
 
@@ -609,7 +625,8 @@ AMBIGUOUS_SHOWN = 10
 
 
 def load(run_id: str, directory: Path | None = None) -> RunRecord:
-    """The record of ``run_id``; a unique prefix (or the last characters) is enough."""
+    """The record of ``run_id``; a unique prefix (or the last characters) is enough, never
+    a part in the middle (``stop 1200`` would stop whichever run started at 12:00)."""
     if not is_run_id(run_id):  # never a path: "../../x" must not name a file
         raise UsageError(f"run id {run_id!r}: not a run id (letters, digits and '-')",
                          "torchherd status lists the known runs")
@@ -617,7 +634,7 @@ def load(run_id: str, directory: Path | None = None) -> RunRecord:
     exact = directory / f"{run_id}.json"
     if exact.is_file():
         return read_record(exact)
-    matches = [path for path in _record_files(directory) if run_id in path.stem]
+    matches = [path for path in _record_files(directory) if path.stem.startswith(run_id) or path.stem.endswith(run_id)]
     if len(matches) == 1:
         return read_record(matches[0])
     if matches:  # one line still, however many runs the state directory holds
