@@ -147,7 +147,7 @@ def test_a_facts_answer_that_is_not_an_object_is_that_nodes_failure(tmp_path: Pa
 FLOOD = "import sys, time\nsys.stdout.write('x' * (20 << 20)); sys.stdout.flush(); time.sleep(30)\n"
 
 
-def _read_line(script: str, seconds: float) -> tuple[float, bytes | None, int]:
+def _read_line(script: str, seconds: float, sync: bool = False) -> tuple[float, bytes | None, int]:
     """A line read from a real local process that never ends one: how long it took, what it
     gave, and how much the reader held after. The process is killed after 8 s whatever
     happens (so a reader that never gives up still ends, and the test fails, not hangs)."""
@@ -157,21 +157,26 @@ def _read_line(script: str, seconds: float) -> tuple[float, bytes | None, int]:
     import time
 
     from torchherd.checks.gather import LineReader
+    from torchherd.engine.sync import Lines
     from torchherd.transport.local import LocalSession
 
     session = LocalSession("node1")
     process = session.start(f"exec {shlex.quote(sys.executable)} -u -c {shlex.quote(script)}")
-    reader = LineReader(process)
+    reader = Lines(process) if sync else LineReader(process)
     found: list[bytes | None] = []
     started = time.monotonic()
-    thread = threading.Thread(target=lambda: found.append(reader.line(time.monotonic() + seconds)), daemon=True)
+
+    def read() -> None:  # the sync's reader takes a timeout, the checks' a deadline
+        found.append(reader.line(seconds) if isinstance(reader, Lines) else reader.line(time.monotonic() + seconds))
+
+    thread = threading.Thread(target=read, daemon=True)
     thread.start()
     thread.join(8.0)
     took = time.monotonic() - started
     process.close()
     session.close()
     thread.join(10.0)
-    return took, found[0] if found else b"never returned", len(reader.buffer)
+    return took, found[0] if found else b"never returned", len(reader.lines.data)
 
 
 class _Trickle:
@@ -216,6 +221,28 @@ def test_a_line_without_end_is_cut_off_at_the_readers_cap() -> None:
 
     took, line, held = _read_line(FLOOD, 6.0)
     assert line is None and took < 5.0 and held <= MAX_LINE, (took, line, held)
+
+
+def test_the_syncs_reader_gives_up_a_line_without_end_at_the_same_cap() -> None:
+    """A sync receiver (or a relay) that never ends its answer: given up once it passes the
+    checks' cap, not held in memory until the read's timeout (600 s for a pull)."""
+    from torchherd.checks.gather import MAX_LINE
+
+    took, line, held = _read_line(FLOOD, 60.0, sync=True)
+    assert line is None and took < 5.0 and held <= MAX_LINE, (took, line, held)
+
+
+def test_the_shared_line_buffer_keeps_what_follows_a_line() -> None:
+    from torchherd.checks.gather import LineBuffer
+
+    lines = LineBuffer(cap=16)
+    for chunk in (b"ab", b"c\nde", b"f\n", b"g"):
+        lines.add(chunk)
+    assert (lines.take(), lines.take(), lines.take()) == (b"abc", b"def", None)
+    lines.add(b"h" * 16)
+    assert lines.take() is None and lines.broken and lines.data == bytearray()
+    lines.add(b"\n")
+    assert lines.take() is None  # broken: nothing more is held
 
 
 # --uv-offline: a node's platform answer names the wheelhouse's directory here ----------------
