@@ -336,3 +336,58 @@ def test_the_wheelhouse_is_never_made_outside_its_cache(tmp_path: Path) -> None:
     assert str(raised.value) == f"the wheelhouse name {name!r} is not one directory in {root}"
     assert (thesis / "chapter1.tex").read_text() == "years of work"
     assert sorted(path.name for path in thesis.iterdir()) == ["chapter1.tex"]
+
+
+# checkpoint staging: a node's answer of the wrong type, a file name that is not UTF-8 -------------
+
+CHECKPOINT = {"path": "ckpt/step-20.pt", "kind": "file", "size": 10, "mtime": 2000.0, "sha256": "ab" * 32, "files": 1}
+
+
+@pytest.mark.parametrize("damage", [
+    pytest.param({"size": "10"}, id="size-a-string"),
+    pytest.param({"size": True}, id="size-a-bool"),
+    pytest.param({"size": -1}, id="size-negative"),
+    pytest.param({"mtime": "yesterday"}, id="mtime-a-string"),
+    pytest.param({"mtime": None}, id="mtime-null"),
+    pytest.param({"kind": "fifo"}, id="kind-other"),
+    pytest.param({"path": ["a"]}, id="path-a-list"),
+    pytest.param({"sha256": 7}, id="sha256-a-number"),
+    pytest.param({"size": None, "kind": None, "mtime": None}, id="fields-missing"),
+])
+def test_a_checkpoint_answer_of_the_wrong_type_fails_that_node(tmp_path: Path, damage: dict[str, Any]) -> None:
+    from torchherd.engine.recovery.staging import _find
+
+    node = _venv_node(tmp_path)
+    answer = _find(_Answers({**CHECKPOINT, **damage}), node, "ckpt/step-*.pt")  # type: ignore[arg-type]
+    assert answer == "a malformed answer from checkpoint.py find"
+
+
+def test_a_checkpoint_name_that_is_not_utf8_fails_that_node_in_one_line(tmp_path: Path) -> None:
+    """The node's json.dumps writes an undecodable byte of a file name as a lone surrogate:
+    put on the relay's command line, paramiko's UTF-8 would raise."""
+    from torchherd.engine.recovery.staging import Copy, _find
+
+    node = _venv_node(tmp_path)
+    answer = _find(_Answers({**CHECKPOINT, "path": "ckpt/step-\udcff.pt"}), node, "ckpt/*")  # type: ignore[arg-type]
+    assert answer == ("its newest checkpoint's name is not UTF-8 (ckpt/step-\\udcff.pt): rename it; torchherd "
+                      "names files on command lines as UTF-8")
+    good = _find(_Answers(CHECKPOINT), node, "ckpt/*")  # type: ignore[arg-type]
+    assert good == Copy("n0", "ckpt/step-20.pt", "file", 10, 2000.0, "ab" * 32)
+
+
+def test_a_command_that_is_not_utf8_is_a_transport_error_not_an_internal_one() -> None:
+    from torchherd.errors import TransportError
+    from torchherd.transport.ssh import _as_transport_error
+
+    with pytest.raises(TransportError) as raised:
+        with _as_transport_error("n0", "run"):
+            "cat ckpt/\udcff.pt".encode("utf-8")
+    assert str(raised.value) == "n0: cannot run: a command or path that is not UTF-8"
+
+
+@pytest.mark.parametrize("progress, shown", [(1024, True), ("1024", False), (-1, False), (True, False), (1.5, False),
+                                             (None, False)])
+def test_a_relays_progress_of_the_wrong_type_is_passed_over(progress: Any, shown: bool) -> None:
+    from torchherd.engine.relay import _well_formed
+
+    assert _well_formed({"progress": progress}) is shown
