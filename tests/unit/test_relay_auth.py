@@ -8,6 +8,7 @@ bytes at a listener while the real next node waits."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -261,3 +262,42 @@ def test_a_stranger_that_never_answers_is_closed_within_the_handshake_deadline(m
         assert isinstance(accepted[0], TimeoutError) and str(accepted[0]) == "the next node never connected"
         stranger.close()
 
+
+
+# what a source sends: its own checkpoint, never another user's file or a link -------------------
+
+
+def test_find_passes_over_a_link_and_another_users_match(tmp_path: Path) -> None:
+    """In a checkpoint directory others can write, their link (to a file of theirs, or of
+    yours they want copied everywhere) or their file, dated newest, is not "the newest"."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "step-10.pt").write_bytes(b"mine")
+    os.utime(ckpt / "step-10.pt", (WALL, WALL))
+    (tmp_path / "secret").write_bytes(b"not a checkpoint")
+    (ckpt / "step-99.pt").symlink_to(tmp_path / "secret")
+    os.utime(tmp_path / "secret", (WALL + 100, WALL + 100))
+    if os.geteuid() == 0:
+        (ckpt / "step-98.pt").write_bytes(b"theirs")
+        os.chown(ckpt / "step-98.pt", 65534, 65534)
+        os.utime(ckpt / "step-98.pt", (WALL + 50, WALL + 50))
+    found = checkpoint.find(str(tmp_path), "ckpt/step-*.pt")
+    assert (found["path"], found["size"], found["mtime"]) == ("ckpt/step-10.pt", 4, WALL), found
+
+
+@pytest.mark.timeout(30)
+def test_a_file_swapped_for_a_link_after_it_was_listed_is_not_sent(tmp_path: Path) -> None:
+    (tmp_path / "model.bin").write_bytes(b"weights")
+    files = checkpoint.listing(str(tmp_path))
+    (tmp_path / "model.bin").unlink()
+    (tmp_path / "secret").write_bytes(b"private!")
+    (tmp_path / "model.bin").symlink_to(tmp_path / "secret")
+    ours, theirs = socket.socketpair()
+    with pytest.raises(OSError):  # O_NOFOLLOW: ELOOP
+        chain.send(chain.Peer(ours, KEY), files, lambda path: str(tmp_path / path))
+    theirs.settimeout(5)
+    heard = b""
+    while block := theirs.recv(1 << 16):
+        heard += block
+    assert b"private!" not in heard
+    theirs.close()

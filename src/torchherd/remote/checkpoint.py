@@ -48,6 +48,7 @@ import math
 import os
 import shutil
 import socket
+import stat
 import sys
 import time
 
@@ -177,19 +178,29 @@ def safe_relative(path: str) -> str:
     return path
 
 
+def own(info: os.stat_result) -> bool:
+    """A file or directory this user made (another user's, in a checkpoint directory others
+    can write, is never "the newest checkpoint")."""
+    return info.st_uid == os.geteuid()
+
+
 def listing(full: str) -> List[Tuple[str, int, float]]:
     """The files of a checkpoint (relative to it; a file: itself, as ""), sorted: path,
-    size, mtime. Symbolic links inside a directory are left out (never followed)."""
-    if not os.path.isdir(full):
-        info = os.stat(full)
-        return [("", info.st_size, info.st_mtime)]
+    size, mtime. Symbolic links are left out (never followed, the match itself neither:
+    ValueError), and so are files of another user's."""
+    top = os.lstat(full)
+    if stat.S_ISLNK(top.st_mode) or not own(top):
+        raise ValueError(f"{full} is {'a symbolic link' if stat.S_ISLNK(top.st_mode) else 'not yours'}: not a "
+                         "checkpoint of this run")
+    if not stat.S_ISDIR(top.st_mode):
+        return [("", top.st_size, top.st_mtime)]
     files = []
     for folder, names, found in os.walk(full):
         names[:] = sorted(name for name in names if TEMPORARY not in name)
         for name in found:
             path = os.path.join(folder, name)
             info = os.lstat(path)
-            if os.path.isfile(path) and not os.path.islink(path) and TEMPORARY not in name:
+            if stat.S_ISREG(info.st_mode) and own(info) and TEMPORARY not in name:
                 files.append((os.path.relpath(path, full), info.st_size, info.st_mtime))
     return sorted(files)
 
@@ -221,10 +232,10 @@ def newest(workdir: str, pattern: str) -> Optional[str]:
     best_mtime = -1.0
     for path in sorted(matches):
         try:
-            files = listing(path)
-        except OSError:
+            files = listing(path)  # a link, or another user's match: passed over
+            mtime = max([mtime for _, _, mtime in files] + [os.lstat(path).st_mtime])
+        except (OSError, ValueError):
             continue
-        mtime = max([mtime for _, _, mtime in files] + [os.stat(path).st_mtime])
         if mtime > best_mtime:
             best, best_mtime = path, mtime
     return None if best is None else os.path.relpath(best, workdir)
@@ -237,9 +248,9 @@ def find(workdir: str, pattern: str, hashed: bool = True) -> Dict[str, Any]:
     if relative is None:
         return {"path": None}
     full = os.path.join(workdir, relative)
-    kind = "dir" if os.path.isdir(full) else "file"
     files = listing(full)
-    mtime = max([mtime for _, _, mtime in files] + [os.stat(full).st_mtime])
+    kind = "dir" if stat.S_ISDIR(os.lstat(full).st_mode) else "file"
+    mtime = max([mtime for _, _, mtime in files] + [os.lstat(full).st_mtime])
     sha256 = None
     if hashed:
         hashes = [(path, size, file_sha256(os.path.join(full, path) if path else full)) for path, size, _ in files]
@@ -310,7 +321,7 @@ def send_own(workdir: str, relative: str, listener: Optional[socket.socket], tok
     files = listing(full)
     downstream = chain.accept(listener, token)
     pace = Pace(rate_of(rate, downstream.sock), time.monotonic())
-    kind = "dir" if os.path.isdir(full) else "file"
+    kind = "dir" if stat.S_ISDIR(os.lstat(full).st_mode) else "file"
     said: List[Dict[str, Any]] = []
 
     def trailer(hashes: List[str], changed: Optional[str]) -> Dict[str, Any]:
@@ -332,10 +343,10 @@ def send_own(workdir: str, relative: str, listener: Optional[socket.socket], tok
 def newer_here(target: str, mtime: float) -> bool:
     """Whether the copy at ``target`` is newer than one of ``mtime`` (kept, with ``keep_newer``)."""
     try:
-        files = listing(target)
-    except OSError:
+        files = listing(target)  # another user's copy, or a link, is no copy of this run's: replaced
+        return max([when for _, _, when in files] + [os.lstat(target).st_mtime]) > mtime
+    except (OSError, ValueError):
         return False
-    return max([when for _, _, when in files] + [os.stat(target).st_mtime]) > mtime
 
 
 def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: chain.Link,

@@ -43,6 +43,7 @@ import json
 import os
 import selectors
 import socket
+import stat
 import sys
 import time
 
@@ -356,7 +357,7 @@ def send(downstream: Peer, files: List[Tuple[str, int, float]], full: Callable[[
         downstream.send_signed(b"header", json.dumps(header).encode("utf-8"))
         for path, _, _ in files:
             digest = hashlib.sha256()
-            with open(full(path), "rb") as file:
+            with open_own(full(path)) as file:
                 before = os.fstat(file.fileno())
                 while True:
                     block = file.read(chunk)
@@ -379,6 +380,18 @@ def send(downstream: Peer, files: List[Tuple[str, int, float]], full: Callable[[
     finally:
         downstream.close()
     return sent
+
+
+def open_own(path: str) -> IO[bytes]:
+    """``path`` opened for reading, never through a link, and only when it is a file of
+    this user's: what is sent is what the opened descriptor reads (a file swapped for
+    another user's, or for a link, since it was listed is refused: ValueError)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(fd)
+        raise ValueError(f"{path} is no longer a file of yours: not sent")
+    return os.fdopen(fd, "rb")
 
 
 def finish(downstream: Peer) -> None:
