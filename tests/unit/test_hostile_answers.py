@@ -391,3 +391,23 @@ def test_a_relays_progress_of_the_wrong_type_is_passed_over(progress: Any, shown
     from torchherd.engine.relay import _well_formed
 
     assert _well_formed({"progress": progress}) is shown
+
+
+def test_a_nodes_python_version_reaches_the_terminal_escaped() -> None:
+    """``check --sync`` prints the wheels' notes: a python version a node made up (OSC 52,
+    a clear screen) is shown escaped (the venv builder's answer is checked too: M1)."""
+    from io import StringIO
+
+    from torchherd.console import make_console
+    from torchherd.console.sync import SyncPrinter
+    from torchherd.engine.events import WheelsDownloading, WheelsRelayed, WheelsStarted
+
+    hostile = "3.11\x1b]52;c;ZXZpbA==\x07\x1b[2J"
+    out = StringIO()
+    printer = SyncPrinter(make_console(out, width=400))
+    printer(WheelsDownloading("manylinux_2_35_x86_64", hostile, ("a==1",), "/w"))
+    printer(WheelsStarted("manylinux_2_35_x86_64", hostile, "/c/h", (("n0",),), 1, 10))
+    printer(WheelsRelayed("manylinux_2_35_x86_64", hostile, "/c/h", (("n0",),), 1, 10, 10, (), 1.0, ()))
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x07" not in text, repr(text)
+    assert text.count("python 3.11\\x1b]52;c;ZXZpbA==\\x07\\x1b[2J") == 3, text
