@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
+import tempfile
 import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -173,13 +175,32 @@ def extract_uv(wheel: Path, into: Path) -> tuple[Path, str]:
         raise WheelError(f"{wheel.name}: its uv is not a Linux binary")
     digest = hashlib.sha256(data).hexdigest()
     final = into / f"uv-{digest[:16]}"
-    if not final.exists():
-        into.mkdir(parents=True, exist_ok=True)
-        partial = into / f".uv-{digest[:16]}.{os.getpid()}"
-        partial.write_bytes(data)
-        partial.chmod(0o700)
-        os.replace(partial, final)
+    if not _is_extracted(final, digest):
+        # The directory private (0700), the binary written under a name no one guessed and
+        # renamed over one that was not this very binary (changed, or not the user's).
+        into.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(prefix=f".uv-{digest[:16]}.", dir=into)
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+            os.chmod(partial, 0o700)
+            os.replace(partial, final)
+        except BaseException:
+            os.unlink(partial)
+            raise
     return final, digest
+
+
+def _is_extracted(final: Path, digest: str) -> bool:
+    """Whether ``final`` is the user's own file (not a link) holding the binary of ``digest``:
+    a uv taken out earlier is reused by its hash, never by its name alone."""
+    try:
+        info = final.lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            return False
+        return hashlib.sha256(final.read_bytes()).hexdigest() == digest
+    except OSError:
+        return False
 
 
 def missing_wheel(node_name: str, node: NodePlatform, configured: str | None) -> str:
