@@ -377,10 +377,10 @@ def test_a_checkpoint_name_that_is_not_utf8_fails_that_node_in_one_line(tmp_path
 
 def test_a_command_that_is_not_utf8_is_a_transport_error_not_an_internal_one() -> None:
     from torchherd.errors import TransportError
-    from torchherd.transport.ssh import _as_transport_error
+    from torchherd.transport.sshfailures import as_transport_error
 
     with pytest.raises(TransportError) as raised:
-        with _as_transport_error("n0", "run"):
+        with as_transport_error("n0", "run"):
             "cat ckpt/\udcff.pt".encode("utf-8")
     assert str(raised.value) == "n0: cannot run: a command or path that is not UTF-8"
 

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from torchherd.console.detach import run_state, state_text
-from torchherd.errors import UsageError
-from torchherd.runrecord import (
+from torchherd.engine.records import (
     CoordinatorRecord,
     NodeRecord,
     NodeState,
@@ -23,6 +22,7 @@ from torchherd.runrecord import (
     runs_dir,
     save,
 )
+from torchherd.errors import UsageError
 
 
 def record(run_id: str = "th-20240501-120000-abcdef", created: float = 100.0) -> RunRecord:
@@ -122,7 +122,7 @@ def test_a_thousand_failed_attempts_with_long_lines_keep_the_record_loadable(tmp
     """Each attempt's headline quotes the job's first error line (here 4 KiB of bytes that
     are not UTF-8: six bytes of JSON each): the record keeps a short one per attempt, for the
     first and the last attempts, and stays far under its limit."""
-    from torchherd.runrecord import (
+    from torchherd.engine.records import (
         ATTEMPT_HEADLINES,
         ATTEMPT_TEXT_CHARS,
         MAX_RECORD_BYTES,
