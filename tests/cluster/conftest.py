@@ -41,7 +41,7 @@ from localcluster import (
 )
 
 from torchherd.api import attach
-from torchherd.runrecord import remote_run_dir
+from torchherd.engine.records import remote_run_dir
 
 if TYPE_CHECKING:
     from test_run import Controller

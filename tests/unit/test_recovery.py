@@ -20,6 +20,7 @@ import pytest
 from test_bad_input import assert_one_line, run_cli
 
 from torchherd.checks import CheckOptions
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.engine.events import (
@@ -66,7 +67,6 @@ from torchherd.engine.recovery.runner import RecoveringRun, attempt_plan
 from torchherd.errors import InventoryError, TorchherdError
 from torchherd.inventory import Recovery, parse, with_spares
 from torchherd.plan import Plan, RunOptions, build_plan
-from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
 from torchherd.transport.base import CommandResult
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 from torchherd.checks import CheckOptions
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.bookkeeping import log_dir
 from torchherd.engine.events import (
     AttemptFailed,
@@ -80,7 +81,6 @@ from torchherd.inventory import Bandwidth, Recovery
 from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan
 from torchherd.remote import flight, wire
 from torchherd.remote.container import container_name
-from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import AttemptRecord, OutputLine, RankLines, RunSummary, flat
 
 ATTEMPT_VARIABLE = wire.ATTEMPT_ENV
