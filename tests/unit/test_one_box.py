@@ -19,6 +19,7 @@ from test_hostspec import cli
 from torchherd.api import Cluster
 from torchherd.engine.bookkeeping import node_record
 from torchherd.engine.records.model import NodeRecord, RunRecord
+from torchherd.inventory import load as parse_file
 from torchherd.inventory import parse
 from torchherd.transport.local import LocalSession
 from torchherd.transport.ssh import SshConnector
@@ -141,3 +142,10 @@ def test_the_documented_api_example_runs_on_one_box_with_recovery_set(tmp_path: 
     assert re.search(r"(?m)^localhost:0 rank 0 done: loss", done.stdout), done.stdout
     assert "the node finished (exit 0)" in done.stdout
     assert re.search(r"(?m)^localhost ok 0$", done.stdout), done.stdout
+
+
+def test_init_keeps_ssh_for_a_host_given_as_ssh_url(tmp_path: Path) -> None:
+    code, out = cli("init", "-H", "ssh://localhost,127.0.0.1", cwd=tmp_path)
+    assert code == 0, out
+    inventory = parse_file(tmp_path / "hosts.toml")
+    assert [(host.name, host.transport) for host in inventory.hosts] == [("localhost", "ssh"), ("127.0.0.1", "local")]
