@@ -16,6 +16,7 @@ import queue
 import secrets
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeVar, overload
@@ -70,6 +71,16 @@ from torchherd.inventory import (
     with_spares,
 )
 from torchherd.inventory.nodeset import NodesetError, expand
+from torchherd.inventory.options import (
+    GRACE,
+    UV,
+    UV_OFFLINE,
+    UV_SYSTEM_SITE_PACKAGES,
+    OptionError,
+    checked_recovery,
+    given_fields,
+    recovery_problem,
+)
 from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
 from torchherd.runlog import OutputLine, flat
 from torchherd.transport import Connector
@@ -378,6 +389,12 @@ class Cluster:
         unknown = sorted(((picked or frozenset()) | left_out) - set(CHECK_IDS))
         if unknown:  # before the sync and the connections, not after them
             raise UsageError(f"unknown check id {', '.join(unknown)}", f"known ids: {', '.join(CHECK_IDS)}")
+        if grace is not None:
+            GRACE.from_argument(grace)
+        if recovery is not None:  # the file's [recovery] was checked as the file was read
+            needs = recovery_problem(checked_recovery(recovery), given_fields(recovery, self.recovery), "argument")
+            if needs is not None:
+                raise needs
         recovery = recovery if recovery is not None else self.recovery
         problem = heartbeat_problem(recovery)
         if problem is not None:
@@ -387,15 +404,29 @@ class Cluster:
                                 heartbeat_misses=recovery.heartbeat_misses)
         observer = on_event or ignore
         if recovery.retries > 0 or recovery.hang_timeout is not None:
-            self.backend.allow_recovery(plan, recovery)
-            if not detach:
-                recovering = RecoveringRun(self.backend, plan, options, recovery, observer).start()
-                return _remembered(recovering, plan, options, observer)
-            return DetachedRun(start_background(self.backend, plan, options, recovery, observer), self.connector)
+            with _named_as_arguments():
+                self.backend.allow_recovery(plan, recovery)
+                if not detach:
+                    recovering = RecoveringRun(self.backend, plan, options, recovery, observer).start()
+                    return _remembered(recovering, plan, options, observer)
+                return DetachedRun(start_background(self.backend, plan, options, recovery, observer),
+                                   self.connector)
         if detach:
             return DetachedRun(self.backend.start_detached(plan, options, observer), self.connector)
         run = self.backend.launch(plan, options, observer)
         return _remembered(run, plan, options, run.report)
+
+
+@contextmanager
+def _named_as_arguments() -> Iterator[None]:
+    """The engine names a value it refuses by its flag, for its own callers; a ``Cluster``
+    caller passed it as an argument (``Recovery(min_nodes=9)``), and is told so."""
+    try:
+        yield
+    except OptionError as error:
+        if error.final:
+            raise
+        raise error.as_argument() from None
 
 
 def _remembered(run: RunT, plan: Plan, options: LaunchOptions, report: Observer) -> RunT:
@@ -414,25 +445,28 @@ def _remembered(run: RunT, plan: Plan, options: LaunchOptions, report: Observer)
 def _uv_options(sync: SyncOptions | None, uv: bool | None, system_site_packages: bool, offline: bool = False,
                 asked_offline: bool = False) -> UvOptions | None:
     """A uv-locked project's options: the synced project's lock, hashed here. ``offline``
-    from the inventory alone (not ``asked_offline``) is no error where no venv is built."""
+    from the inventory alone (not ``asked_offline``) is no error where no venv is built.
+    Errors name the arguments (the CLI names its flags: ``OptionError``)."""
+    asked = UV if uv else UV_SYSTEM_SITE_PACKAGES if system_site_packages else UV_OFFLINE if asked_offline else None
     if uv is False:
         if system_site_packages or asked_offline:
-            flag = "--uv-system-site-packages" if system_site_packages else "--uv-offline"
-            raise UsageError(f"{flag}: not with --no-uv", "leave one of them out")
+            option = UV_SYSTEM_SITE_PACKAGES if system_site_packages else UV_OFFLINE
+            raise OptionError(option, True, "not with uv=False", "leave one of them out",
+                              flag_problem="not with --no-uv")
         return None
     if sync is None:
-        if uv or system_site_packages or asked_offline:
-            flag = "--uv" if uv else "--uv-system-site-packages" if system_site_packages else "--uv-offline"
-            raise UsageError(f"{flag}: the venv is built from the synced project's uv.lock, and nothing is synced",
-                             "add --sync (or a [sync] table) to send the project with its lock")
+        if asked is not None:
+            raise OptionError(asked, True, "the venv is built from the synced project's uv.lock, and nothing is "
+                              "synced", "pass sync=True too (or add a [sync] table) to send the project with its lock",
+                              flag_hint="add --sync (or a [sync] table) to send the project with its lock")
         return None
     lock_hash = uv_lock_hash(Path(sync.source))
     if lock_hash is None:
-        if uv or system_site_packages or asked_offline:
-            flag = "--uv" if uv else "--uv-system-site-packages" if system_site_packages else "--uv-offline"
+        if asked is not None:
             missing = " and ".join(name for name in UV_FILES if not (Path(sync.source) / name).is_file())
-            raise UsageError(f"{flag}: {sync.source} has no {missing or 'readable uv.lock'}",
-                             f"lock the project first (uv lock, in {sync.source}), or leave {flag} out")
+            first = f"lock the project first (uv lock, in {sync.source}), or leave "
+            raise OptionError(asked, True, f"{sync.source} has no {missing or 'readable uv.lock'}",
+                              first + f"{asked.name} out", flag_hint=first + f"{asked.flag} out")
         return None
     return UvOptions(lock_hash, system_site_packages, offline)
 
