@@ -143,3 +143,42 @@ def test_the_h200_through_the_node_s_facts_passes_and_sees_nvidia_persistenced(t
         "pass", f"2 GPU(s) visible for nproc_per_node = 2 (driver 580.159.04, CUDA 13.0, NVIDIA H200){note}")
     (kernel,) = xid.analyse(seen)
     assert (kernel.status, kernel.summary) == ("pass", "no Xid errors since boot (dmesg)")
+
+
+PROBE = Path(__file__).parent / "data" / "gpu-h200-probe"
+"""scripts/gpu-probe's outputs on another H200 (its README there): 5 uncorrectable ECC errors
+in its lifetime, the supervisor's own queries as it asks them."""
+
+
+def probe_answers() -> dict[str, str]:
+    """Each ``--query-gpu`` of query-gpu.txt: its fields, the line the H200 answered."""
+    text = (PROBE / "query-gpu.txt").read_text()
+    return dict(re.findall(r"(?m)^\$ nvidia-smi --query-gpu=(\S+) --format=csv,noheader,nounits\n(.+)\n\(exit 0\)", text))
+
+
+def test_the_supervisor_s_own_queries_as_the_h200_answered_them() -> None:
+    answers = probe_answers()
+    assert list(answers) == list(ranks.GPU_QUERIES)
+    assert [ranks.gpu_sample(answers[query]) for query in ranks.GPU_QUERIES] == [
+        [0, 0.0, 0.0, 143771.0, 345.0, 1980.0, 78.28, 1],  # idle: reasons 0x1, GPU idle
+        [0, 0.0, 0.0, 143771.0, 345.0, 1980.0, 78.27, 1],
+        [0, 0.0, 0.0, 143771.0]]
+
+
+def test_the_samples_of_a_busy_job_on_the_probed_h200() -> None:
+    import json
+
+    samples = json.loads((PROBE / "ddp-run-gpu-samples.json").read_text())
+    usages = [usage for gpus in samples for usage in gpu_usage(Status("localhost", "gpu", {"gpus": gpus}))]
+    assert len(usages) == len(samples) == 7
+    busy = [usage for usage in usages if usage.utilisation > 90]
+    assert len(busy) == 4 and {(usage.clock, usage.max_clock, usage.reasons) for usage in busy} == {(1830.0, 1980.0, 4)}
+
+
+def test_a_lifetime_ecc_history_warns_and_nothing_else_on_the_probed_h200() -> None:
+    report = nvsmi.parse((PROBE / "nvidia-smi-q-x.xml").read_text())
+    assert [gpu.persistence for gpu in report.gpus] == ["Enabled"]
+    assert [(finding.status, finding.text) for finding in gpu.health_findings("localhost", report, daemon=False)] == [
+        ("warn", "localhost GPU 0 (00000000:00:06.0): 5 uncorrectable ECC error(s) in its lifetime, none since the last "
+                 "reset")]
+    assert DEPRECATED in (PROBE / "kernel-log.txt").read_text()
