@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,8 @@ def test_one_node_without_an_address_of_its_own_meets_on_loopback() -> None:
 def test_a_one_node_cluster_addressed_as_localhost_takes_loopback_though_it_has_an_address() -> None:
     seen = one_node("localhost")
     assert (seen.networks["node0"].address, seen.networks["node0"].interface) == ("127.0.0.1", "lo")
+    seen.inventory = replace(seen.inventory, hosts=(replace(seen.inventory.hosts[0], local_addr="10.0.0.1"),))
+    assert compute_networks(seen)["node0"].address == "10.0.0.1"  # the node's local_addr is kept
 
 
 def test_two_nodes_that_are_one_machine_are_one_node_and_two_machines_are_not() -> None:

@@ -43,7 +43,7 @@ def master_network(observed: Observed, facts: NodeFacts) -> NodeNetwork | None:
     gloo = (facts.get("gloo") or {}).get("address")
     if isinstance(gloo, str):
         candidates.append((gloo, "the master's hostname resolves to it"))
-    if one_machine(observed) and (is_loopback_name(target) or not any(
+    if not master.local_addr and one_machine(observed) and (is_loopback_name(target) or not any(
             address in own and not is_loopback(address) for address, _ in candidates)):
         return loopback_network(facts)
     for address, reason in candidates:
