@@ -25,7 +25,8 @@ from torchherd.checks import CheckOptions
 from torchherd.checks.model import CHECK_IDS, Mesh
 from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.backend import Backend, Description, DetachedStartFailed, Follow
-from torchherd.engine.events import Event, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
+from torchherd.engine.eventlog import HistoryRecorder, Recorded, recording
+from torchherd.engine.events import Event, EventsNotKept, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.prepare.sync import sync_over
 from torchherd.engine.records import (
     AttachedStatus,
@@ -393,19 +394,28 @@ class Cluster:
         options = LaunchOptions(check=check, only=picked, skip=left_out, log_dir=Path(log_dir), grace=grace,
                                 fail_fast=fail_fast, heartbeat=recovery.heartbeat,
                                 heartbeat_misses=recovery.heartbeat_misses)
-        observer = on_event or ignore
+        told = on_event or ignore
+        history = HistoryRecorder(failed=lambda reason: told(EventsNotKept(reason)))
+        observer = recording(told, history)
         if recovery.retries > 0 or recovery.hang_timeout is not None:
             with _named_as_arguments():
                 self.backend.allow_recovery(plan, recovery)
                 if not detach:
                     recovering = RecoveringRun(self.backend, plan, options, recovery, observer).start()
                     return _remembered(recovering, plan, options, observer)
-                return DetachedRun(start_background(self.backend, plan, options, recovery, observer),
-                                   self.connector)
+                record = start_background(self.backend, plan, options, recovery, observer)
+                _kept_before(history, options.log_dir / plan.run_id)  # the preflight; the controller appends the rest
+                return DetachedRun(record, self.connector)
         if detach:
             return DetachedRun(self.backend.start_detached(plan, options, observer), self.connector)
         run = self.backend.launch(plan, options, observer)
         return _remembered(run, plan, options, run.report)
+
+
+def _kept_before(history: HistoryRecorder, directory: Path) -> None:
+    """What the foreground recorded before the background controller took the run over."""
+    history.keep_in(directory)
+    history.close()
 
 
 @contextmanager
@@ -647,3 +657,33 @@ def damaged_runs() -> list[str]:
 def attach(run_id: str, connector: Connector | None = None) -> DetachedRun:
     """The detached run ``run_id`` (UsageError when no record of it is here)."""
     return DetachedRun(load_record(run_id), connector)
+
+
+def report(run_id: str, path: str | Path | None = None) -> Path:
+    """Writes run ``run_id``'s report, one self-contained HTML page (the timeline of its
+    nodes and attempts, progress, busy shares, GPU heatmaps, the preflight, the summary), to
+    ``path`` (default: ``report.html`` in the run's log directory); returns its path.
+    Needs plotly (``pip install 'torchherd[report]'``): UsageError naming it where missing."""
+    from torchherd.runreport import default_path, story, write_html
+    from torchherd.runreport.html import plotly_modules
+
+    plotly_modules()  # before the history is read: the one line that names the extra
+    found = story(run_id)
+    return write_html(found, Path(path) if path is not None else default_path(run_id))
+
+
+def report_text(run_id: str) -> str:
+    """Run ``run_id``'s story in a few lines (``report RUN --text``)."""
+    from torchherd.runreport import story
+    from torchherd.runreport.text import story_text
+
+    return story_text(story(run_id))
+
+
+def events_of(run_id: str) -> list[Recorded]:
+    """Run ``run_id``'s history, oldest first: each typed event (``torchherd.events``) and
+    node sample (``NodeStatus``: gpu, busy, progress; ``LinesSeen``) with its time
+    (``Recorded.at``, seconds since the epoch), as its controller received them."""
+    from torchherd.runreport import history_of
+
+    return history_of(run_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,61 @@ def test_debian_loopback_hostname_names_the_line_to_write() -> None:
     assert result.summary == ("node1: hostname node1 resolves to loopback 127.0.1.1 (/etc/hosts: `127.0.1.1 "
                               "node1`); gloo would listen there and the other nodes could not reach it")
     assert result.fix == "in /etc/hosts on node1, remove `127.0.1.1 node1` and write: 10.0.0.2 node1"
+
+
+def one_node(master_target: str = "node0", **overrides: Any) -> Observed:
+    """A one-node inventory whose hostname is on 127.0.1.1, as Debian and Ubuntu write /etc/hosts."""
+    inventory = parse({"cluster": {"port": 29500}, "hosts": [{"name": "node0"}]}, Path("hosts.toml"))
+    seen = Observed(inventory=inventory, master_target=master_target)
+    seen.facts = {"node0": facts("node0", **{"gloo": {"address": "127.0.1.1"},
+                                             "etc_hosts": "127.0.0.1 localhost\n127.0.1.1\tnode0\n",
+                                             "resolve": {master_target: {"addresses": ["127.0.1.1"]}}, **overrides})}
+    if master_target != "localhost":
+        seen.ssh_addresses = {"node0": "10.0.0.1"}
+    seen.networks = compute_networks(seen)
+    return seen
+
+
+def test_one_node_on_127_0_1_1_is_judged_as_one_node() -> None:
+    """No other node needs to reach it: its hostname on loopback passes, gloo on loopback
+    is no warning, and its real address stays the rendezvous's where it has one."""
+    seen = one_node()
+    [named] = hostname.analyse(seen)
+    assert (named.status, named.summary) == (
+        "pass", "node0 -> 127.0.1.1 (loopback: fine on one machine, where no other node needs to reach it)")
+    [net] = network.analyse(seen)
+    assert (net.status, net.summary) == ("pass", "10.0.0.1 on eth0, mtu 1500: the controller reaches the master there")
+
+
+def test_one_node_without_an_address_of_its_own_meets_on_loopback() -> None:
+    seen = one_node("localhost", interfaces=[{"name": "lo", "addresses": ["127.0.0.1", "::1"], "mtu": 65536}],
+                    route={"error": "Network is unreachable"})
+    assert {name: (net.address, net.interface) for name, net in seen.networks.items()} == {"node0": ("127.0.0.1", "lo")}
+    [net] = network.analyse(seen)
+    assert (net.status, net.summary) == (
+        "pass", "127.0.0.1 on lo, mtu 65536: one machine: its ranks meet on loopback, as torchrun --standalone's do")
+    [named] = hostname.analyse(seen)
+    assert (named.status, named.summary.split(";")[0]) == (
+        "pass", "node0 -> 127.0.1.1 (loopback: fine on one machine, where no other node needs to reach it)")
+
+
+def test_a_one_node_cluster_addressed_as_localhost_takes_loopback_though_it_has_an_address() -> None:
+    seen = one_node("localhost")
+    assert (seen.networks["node0"].address, seen.networks["node0"].interface) == ("127.0.0.1", "lo")
+    seen.inventory = replace(seen.inventory, hosts=(replace(seen.inventory.hosts[0], local_addr="10.0.0.1"),))
+    assert compute_networks(seen)["node0"].address == "10.0.0.1"  # the node's local_addr is kept
+
+
+def test_two_nodes_that_are_one_machine_are_one_node_and_two_machines_are_not() -> None:
+    local = {"gloo": {"address": "127.0.1.1"}, "etc_hosts": "127.0.1.1\tnode0\n", "hostname": "node0",
+             "interfaces": [{"name": "lo", "addresses": ["127.0.0.1"], "mtu": 65536},
+                            {"name": "eth0", "addresses": ["10.0.0.1"], "mtu": 1500}]}
+    seen = observed(node0=facts("node0", **local), node1=facts("node1", **local))
+    assert statuses(hostname.analyse(seen)) == {"node0": "pass", "node1": "pass"}
+    assert statuses(network.analyse(seen)) == {"node0": "pass", "node1": "pass"}
+    apart = observed(node0=facts("node0", gloo={"address": "127.0.1.1"}, etc_hosts="127.0.1.1\tnode0\n" + HOSTS))
+    assert statuses(hostname.analyse(apart)) == {"node0": "fail", "node1": "pass"}
+    assert network.analyse(apart)[0].status == "warn"  # gloo would bind loopback: pinned by run
 
 
 def test_master_name_unresolvable_on_a_worker() -> None:

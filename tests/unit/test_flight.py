@@ -65,8 +65,7 @@ def test_a_record_that_is_an_error_or_garbage_says_nothing_wrong() -> None:
 def test_install_writes_a_private_hook_and_keeps_the_job_s_pythonpath(tmp_path: Path) -> None:
     added = flight.install(str(tmp_path), {"PYTHONPATH": "/job/lib", "TORCH_FR_BUFFER_SIZE": "50"})
     directory = tmp_path / flight.DIR_NAME
-    assert added == {"PYTHONPATH": f"{directory}{os.pathsep}/job/lib", flight.DIR_ENV: str(directory),
-                     "TORCH_NCCL_TRACE_BUFFER_SIZE": flight.BUFFER}
+    assert added == {"PYTHONPATH": f"{directory}{os.pathsep}/job/lib", flight.DIR_ENV: str(directory)}
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     assert stat.S_IMODE((directory / "sitecustomize.py").stat().st_mode) == 0o600
     with pytest.raises(FileExistsError):  # never into a directory someone made first
@@ -119,3 +118,57 @@ def test_collect_reads_a_record_written_while_it_waits(tmp_path: Path) -> None:
     threading.Thread(target=write_when_asked, daemon=True).start()
     found = flight.collect({4242: str(directory)}, {4242: 1}, 3.0)
     assert list(found) == ["1"] and found["1"]["groups"]["default_pg"][-1]["seq"] == 5
+
+
+def hooked(tmp_path: Path, program: str, torch_version: str | None, **env: str) -> subprocess.CompletedProcess[str]:
+    """``program`` in a real interpreter with the hook installed as the supervisor does; with
+    ``torch_version``, a stand-in torch package of that version first on the path."""
+    (tmp_path / "base").mkdir()
+    added = flight.install(str(tmp_path / "base"), env)
+    path = [added["PYTHONPATH"]]
+    if torch_version is not None:
+        (tmp_path / "lib" / "torch").mkdir(parents=True)
+        (tmp_path / "lib" / "torch" / "__init__.py").write_text("")
+        (tmp_path / "lib" / "torch" / "version.py").write_text(f"__version__ = '{torch_version}'\ncuda = None\n")
+        path.append(str(tmp_path / "lib"))
+    clean = {key: value for key, value in os.environ.items() if key not in flight.NAMES}
+    return subprocess.run([sys.executable, "-c", program], env={**clean, **added, **env, "PYTHONPATH": os.pathsep.join(path)},
+                          capture_output=True, text=True, timeout=120)
+
+
+NAMES_SET = "import os; print(sorted((name, os.environ[name]) for name in os.environ if 'BUFFER_SIZE' in name))"
+
+
+@pytest.mark.parametrize(("version", "expected"), [
+    ("2.13.0+cpu", [("TORCH_FR_BUFFER_SIZE", flight.BUFFER)]),
+    ("2.8.0a0+git1234", [("TORCH_FR_BUFFER_SIZE", flight.BUFFER)]),
+    ("2.7.1+cu126", [("TORCH_NCCL_TRACE_BUFFER_SIZE", flight.BUFFER)]),
+    ("1.13.1", [("TORCH_NCCL_TRACE_BUFFER_SIZE", flight.BUFFER)]),
+    ("garbage", [("TORCH_FR_BUFFER_SIZE", flight.BUFFER)]),
+])
+def test_the_hook_sets_the_one_buffer_variable_the_rank_s_torch_reads(tmp_path: Path, version: str,
+                                                                      expected: list[tuple[str, str]]) -> None:
+    done = hooked(tmp_path, NAMES_SET, version)
+    assert (done.returncode, done.stdout) == (0, f"{expected}\n"), done.stderr
+
+
+def test_the_job_s_own_buffer_size_is_kept_under_its_own_name(tmp_path: Path) -> None:
+    done = hooked(tmp_path, NAMES_SET, "2.13.0", TORCH_NCCL_TRACE_BUFFER_SIZE="50")
+    assert done.stdout == "[('TORCH_NCCL_TRACE_BUFFER_SIZE', '50')]\n", done.stderr
+
+
+def test_the_installed_torch_records_collectives_without_a_deprecation_warning(tmp_path: Path) -> None:
+    """The installed torch (2.13 here) under the hook: one gloo all_reduce lands in its flight
+    recorder, and no rank says the buffer's variable is deprecated."""
+    torch = pytest.importorskip("torch")
+    program = ("import json, torch, torch.distributed as dist\n"
+               f"dist.init_process_group('gloo', init_method='file://{tmp_path}/store', rank=0, world_size=1)\n"
+               "dist.all_reduce(torch.ones(4))\n"
+               "from torch._C._distributed_c10d import _dump_fr_trace_json\n"
+               "entries = json.loads(_dump_fr_trace_json()).get('entries', [])\n"
+               "print([entry['profiling_name'] for entry in entries])\n"
+               "dist.destroy_process_group()\n")
+    done = hooked(tmp_path, program, None, LOCAL_RANK="0", RANK="0")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "['gloo:all_reduce']\n", (torch.__version__, done.stderr)
+    assert "deprecated" not in done.stderr

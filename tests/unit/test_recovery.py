@@ -30,6 +30,7 @@ from torchherd.engine.events import (
     LostContainers,
     NodeExcluded,
     Observer,
+    Output,
     RanksRunning,
     RecoveryEnded,
     RunFinished,
@@ -360,6 +361,37 @@ def test_a_crash_once_then_success_on_the_same_nodes() -> None:
     assert [type(event) for event in events.events if isinstance(event, (AttemptStarted, AttemptFailed))] == [
         AttemptStarted, AttemptFailed, AttemptStarted]
     assert len(events.of(RunFinished)) == 1
+
+
+def test_lines_gives_every_attempt_s_lines_and_ends_with_the_run() -> None:
+    """``RecoveringRun.lines`` as ``Run.lines``: what each attempt printed, in order, through
+    the retry, until the run ends; ``report`` goes to the observer in order with them."""
+    backend = FakeBackend([lambda plan: ended(plan, "node1"), lambda plan: ended(plan, None)], hold=True)
+    events = Collector()
+    run = RecoveringRun(backend, plan_of(), LaunchOptions(check=False, log_dir=Path("/nonexistent")),
+                        Recovery(retries=1), events).start()
+    lines = run.lines()
+    got: list[OutputLine] = []
+    run.report(Output((OutputLine("node0", 0, "out", "before the first read"),)))
+    deadline = time.monotonic() + 10
+    while not events.of(Output) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    reader = threading.Thread(target=lambda: got.extend(lines), daemon=True)
+    reader.start()
+    for attempt in (1, 2):
+        while (run._lines.queue is None or len(backend.jobs) < attempt or run._current is None
+               or run._current.job is not backend.jobs[attempt - 1]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        run.report(Output((OutputLine("node0", 0, "out", f"attempt {attempt}"),
+                           OutputLine("node1", None, "err", f"torchrun {attempt}"))))
+        backend.jobs[attempt - 1].release.set()
+    assert run.wait(timeout=10).exit_code == 0
+    reader.join(5)
+    assert not reader.is_alive()
+    assert [(line.node, line.text) for line in got] == [("node0", "attempt 1"), ("node1", "torchrun 1"),
+                                                        ("node0", "attempt 2"), ("node1", "torchrun 2")]
+    assert [line.text for event in events.of(Output) for line in event.lines][0] == "before the first read"
+    assert list(run.lines()) == []  # the run has ended: nothing more, at once
 
 
 def test_a_lost_node_is_excluded_at_once_with_why_and_replaced_by_the_spare() -> None:

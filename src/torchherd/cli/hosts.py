@@ -15,11 +15,12 @@ if TYPE_CHECKING:
 
 
 def cmd_hosts(args: argparse.Namespace, console: Console) -> int:
-    from torchherd.console.hosts import hosts_rows, render_hosts
+    from torchherd.console.hosts import THIS_MACHINE, hosts_rows, render_hosts
     from torchherd.transport.ssh import resolve_target
 
     inventory = cluster_of(args).inventory
-    targets = [resolve_target(host, inventory.cluster.ssh_config).describe() for host in inventory.hosts]
+    targets = [THIS_MACHINE if host.transport == "local" else resolve_target(host, inventory.cluster.ssh_config).describe()
+               for host in inventory.hosts]
     if args.json:
         emit(args, {"hosts": hosts_rows(inventory, targets)})
     else:

@@ -20,10 +20,17 @@ MIN_PATH = 16
 """A path column narrower than this says too little: it is left out, and a note says so."""
 
 
+THIS_MACHINE = "this machine, no SSH"
+"""A host reached in-process (``Host.transport`` "local": ``-H localhost``)."""
+
+
 def hosts_rows(inventory: Inventory, ssh_targets: Sequence[str]) -> list[dict[str, object]]:
+    """One row per host; ``ssh`` is None for this machine reached without SSH, and
+    ``reached`` says which ("ssh" or "this machine, no SSH")."""
     cluster = inventory.cluster
     return [
-        {"name": host.name, "ssh": target, "node_rank": rank,
+        {"name": host.name, "ssh": None if host.transport == "local" else target,
+         "reached": THIS_MACHINE if host.transport == "local" else "ssh", "node_rank": rank,
          "nproc_per_node": cluster.nproc_per_node if host.nproc_per_node is None else host.nproc_per_node,
          "python": host.python, "workdir": host.workdir, "master": rank == 0}
         for rank, (host, target) in enumerate(zip(inventory.hosts, ssh_targets))
@@ -35,7 +42,7 @@ def render_hosts(console: Console, inventory: Inventory, ssh_targets: Sequence[s
     # comes from the inventory or ssh_config, so control characters are shown escaped.
     cluster = inventory.cluster
     cells = [dict(zip(COLUMNS, (printable(str(value)) for value in (
-        f"{row['name']} (master)" if row["master"] else row["name"], row["ssh"], row["node_rank"],
+        f"{row['name']} (master)" if row["master"] else row["name"], row["ssh"] or row["reached"], row["node_rank"],
         row["nproc_per_node"], row["python"], row["workdir"])))) for row in hosts_rows(inventory, ssh_targets)]
     # Piped, nothing is shortened: a script reads whole paths (the table is as wide as they are).
     width = console.width if console.is_terminal else PIPE_WIDTH

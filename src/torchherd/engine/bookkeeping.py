@@ -236,7 +236,8 @@ def node_record(host: Host, log_file: str, state_file: str, workdir: str | None 
     """What it takes to reach a node of a detached run again, and its files there."""
     return NodeRecord(name=host.name, address=host.address, user=host.user, ssh_port=host.ssh_port,
                       identity_file=host.identity_file, python=host.python,
-                      workdir=host.workdir if workdir is None else workdir, log_file=log_file, state_file=state_file)
+                      workdir=host.workdir if workdir is None else workdir, log_file=log_file, state_file=state_file,
+                      transport=host.transport)
 
 
 def run_record(plan: Plan, grace: float, nodes: Sequence[NodeRecord], ranks: int,

@@ -33,11 +33,15 @@ class HostEntry:
     ssh_port: int | None = None
     address: str | None = None
     """Set where the name is not the address: one address at two ports (``host-PORT``)."""
+    transport: str | None = None
+    """"ssh" for ``ssh://host``: SSH even to this machine (to test one's own sshd)."""
 
     def tables(self) -> list[dict[str, Any]]:
         extra: dict[str, Any] = {}
         if self.address is not None:
             extra["address"] = self.address
+        if self.transport is not None:
+            extra["transport"] = self.transport
         if self.user:
             extra["user"] = self.user
         if self.ssh_port is not None:
@@ -73,9 +77,20 @@ def host_items(text: str, flag: str = "-H") -> list[dict[str, Any]]:
     return [table for entry in host_entries(text, flag) for table in entry.tables()]
 
 
+SSH_SCHEME = "ssh://"
+"""``ssh://[user@]host[:port]``: SSH whatever the host is (``localhost`` is otherwise this
+machine without SSH)."""
+LOOPBACK_V6 = ("::1", "[::1]")
+"""``-H ::1``: this machine, named ``localhost`` (a name must be able to name a log file)."""
+
+
 def _entry(item: str, flag: str) -> HostEntry:
     if not item:
         raise UsageError(f"{flag}: empty host (two commas, or one at an end)", "write hosts like node0,node1")
+    if item.startswith(SSH_SCHEME):
+        return replace(_entry(item[len(SSH_SCHEME):], flag), transport="ssh")
+    if item in LOOPBACK_V6:
+        return HostEntry("localhost", address="::1")
     user, _, rest = item.rpartition("@")
     if rest.startswith("[") and ":" in rest.split("]", 1)[0]:
         raise UsageError(f"{flag} {item!r}: an IPv6 address needs a name",

@@ -57,6 +57,10 @@ class Host:
     venv_dir: str | None = None
     """Where a uv-locked project's venvs are kept on the node, one per lock; None: in the
     synced project (``.torchherd-venvs``), as local or as shared as the project is."""
+    transport: str = "ssh"
+    """How the controller reaches it: "ssh", or "local": this machine itself, in-process
+    (``transport.local``), no sshd and no keys. An inventory's "auto" (its default) is
+    decided once it is read (``inventory.parse.reached``)."""
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ the container flags)."""
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
@@ -58,7 +60,12 @@ CLUSTER_KEYS = (
     "ssh_config", "ssh_timeout", "scheduler",
 )
 NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "setup", "uv", "venv_dir")
-HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare", "container") + NODE_KEYS
+HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare", "container", "transport") + NODE_KEYS
+TRANSPORTS = ("auto", "ssh", "local")
+"""A host's ``transport``: "auto" is this machine without SSH for localhost, 127.0.0.1 or
+::1 (and for this machine's own hostname as the only host), where no user, port or key
+asks for SSH; "ssh" always SSH (to test one's own sshd); "local" this machine, no SSH."""
+LOOPBACK_ADDRESSES = ("localhost", "127.0.0.1", "::1")
 CONTAINER_KEYS = ("image", "runtime", "mounts", "options", "pull", "archive")
 STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
@@ -119,9 +126,10 @@ def parse(document: Mapping[str, Any], path: Path) -> Inventory:
     recovery, spare_names = _parse_recovery(_table(document, "recovery", path), path)
     container = _container_table(Reader(path, "[container].", _table(document, "container", path), CONTAINER_KEYS))
     if _slurm_without_hosts(document, cluster_table, slurm, path):
-        hosts: tuple[Host, ...] = (_slurm_template(defaults, path, container),)
+        hosts: tuple[Host, ...] = (replace(_slurm_template(defaults, path, container), transport="ssh"),)
     else:
         hosts = _spares_marked(_parse_hosts(document, defaults, path, container), spare_names, path)
+    hosts = reached(hosts)
     spares = tuple(host for host in hosts if host.spare)
     hosts = tuple(host for host in hosts if not host.spare)
     if not hosts:
@@ -459,7 +467,7 @@ def _parse_host(read: Reader, base: Mapping[str, Any], container: Mapping[str, A
         ssh_port=values.get("ssh_port"),
         identity_file=values.get("identity_file"),
         python=values.get("python", "python3"),
-        workdir=values.get("workdir", "~"),
+        workdir=values.get("workdir", UNSET_WORKDIR),
         env=MappingProxyType(dict(values.get("env", {}))),
         setup=values.get("setup", ""),
         local_addr=read.get("local_addr", None, read.local_addr),
@@ -468,4 +476,28 @@ def _parse_host(read: Reader, base: Mapping[str, Any], container: Mapping[str, A
         container=_host_container(read, container),
         uv=values.get("uv"),
         venv_dir=values.get("venv_dir"),
+        transport=read.get("transport", "auto", read.choice(TRANSPORTS)),
     )
+
+
+UNSET_WORKDIR = ""
+"""A host's workdir when no table gave one: the home directory over SSH, the current
+directory on this machine (where ``torchrun train.py`` would run)."""
+
+
+def reached(hosts: tuple[Host, ...]) -> tuple[Host, ...]:
+    """Every "auto" host decided: this machine ("local") or SSH. An explicit user, port or
+    identity file means SSH (someone testing their sshd); this machine's own hostname is
+    this machine only when it is the only host (on a cluster, a node may share the name)."""
+    own = socket.gethostname().lower()
+    decided = [host if host.transport != "auto" else replace(
+        host, transport="local" if _this_machine(host, own, len(hosts) == 1) else "ssh") for host in hosts]
+    return tuple(host if host.workdir != UNSET_WORKDIR else replace(
+        host, workdir=os.getcwd() if host.transport == "local" else "~") for host in decided)
+
+
+def _this_machine(host: Host, own: str, alone: bool) -> bool:
+    if host.user is not None or host.ssh_port is not None or host.identity_file is not None:
+        return False
+    address = host.address.lower()
+    return address in LOOPBACK_ADDRESSES or (alone and address == own)

@@ -150,10 +150,18 @@ class Reader:
 
     def nodeset(self, key: str, value: Any) -> str:
         text = self.text(key, value)
+        if "/" in text:  # sbatch reads a nodelist with a "/" as a file of names: torchherd would count one name
+            self.fail(key, f"{text!r} names a file (sbatch reads it as one); torchherd needs the nodes themselves",
+                      'write them as a nodeset, e.g. "gpu[01-04],cpu7"')
         try:
-            expand(text)
+            names = expand(text)
         except NodesetError as error:
             self.fail(key, f"not a nodeset: {error}", 'write it as SLURM does, e.g. "gpu[01-04],cpu7"')
+        seen: set[str] = set()
+        for name in names:  # sbatch counts a node once: a retry that leaves one out would ask for too many
+            if name in seen:
+                self.fail(key, f"node {name!r} is listed twice", "list every node once")
+            seen.add(name)
         return text
 
     def options(self, key: str, value: Any) -> tuple[str, ...]:

@@ -82,6 +82,8 @@ def inventory_text(entries: Sequence[HostEntry], *, python: str | None = None, w
             lines.append(f"user = {_toml(entry.user)}")
         if entry.ssh_port is not None:
             lines.append(f"ssh_port = {entry.ssh_port}")
+        if entry.transport is not None:
+            lines.append(_commented(f"transport = {_toml(entry.transport)}", "ssh://: over SSH, even to this machine"))
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,13 @@ starts a thread that sleeps until the hang probe asks (a file named ``dump`` app
 writes the rank's record beside it, and it runs the ``sitecustomize`` it hid, if any. A
 rank blocked in a collective has released Python's lock, so the thread runs then.
 
+The buffer's variable depends on the rank's torch: ``TORCH_FR_BUFFER_SIZE`` since torch
+2.8, which warns in every rank when it finds the old ``TORCH_NCCL_TRACE_BUFFER_SIZE``; older
+torch knows only the old name. The supervisor cannot tell which torch the ranks import (a
+venv, a container), so it hands the size over as ``TORCHHERD_FR_BUFFER`` and the hook, in
+the rank itself, reads its torch's version from ``torch/version.py`` (without importing
+torch) and sets the one name that torch reads.
+
 ``install`` (the supervisor) and ``collect`` (the hang probe) run on the node's Python
 (>= 3.8), standard library only.
 """
@@ -24,6 +31,11 @@ ENABLE_ENV = "TORCHHERD_FLIGHT_RECORDER"
 DIR_ENV = "TORCHHERD_FR_DIR"
 BUFFER = "2000"
 """Entries each rank keeps, unless the job set its own size."""
+BUFFER_ENV = "TORCHHERD_FR_BUFFER"
+"""The size the hook gives the rank's torch under the name that torch reads."""
+NAMES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+"""The buffer's variable: torch >= 2.8's (the hook's ``_torchherd_buffer_name``), then the
+older torch's, deprecated since."""
 DIR_NAME = "torchherd-fr"
 TRIGGER = "dump"
 RECORD_LIMIT = 4 << 20
@@ -67,7 +79,27 @@ def _torchherd_next_sitecustomize(here):
         spec.loader.exec_module(module)
 
 
+def _torchherd_buffer_name():
+    """The flight recorder's variable this process's torch reads, from torch/version.py
+    (``__version__ = '2.13.0+cu130'``); the new name where that cannot be read."""
+    import importlib.util
+    version = None
+    try:
+        spec = importlib.util.find_spec("torch")
+        with open(os.path.join(spec.submodule_search_locations[0], "version.py")) as file:
+            for line in file:
+                if line.startswith("__version__"):
+                    major, minor = line.split("=", 1)[1].strip()[1:].split(".")[:2]
+                    version = (int(major), int(minor))
+    except Exception:
+        version = None
+    return "TORCH_NCCL_TRACE_BUFFER_SIZE" if version is not None and version < (2, 8) else "TORCH_FR_BUFFER_SIZE"
+
+
 _here = os.path.dirname(os.path.abspath(__file__))
+if os.environ.get("TORCHHERD_FR_DIR") == _here and os.environ.get("TORCHHERD_FR_BUFFER") and not (
+        os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")):
+    os.environ[_torchherd_buffer_name()] = os.environ["TORCHHERD_FR_BUFFER"]
 if os.environ.get("LOCAL_RANK") is not None and os.environ.get("TORCHHERD_FR_DIR") == _here:
     threading.Thread(target=_torchherd_dump, args=(_here,), name="torchherd-fr", daemon=True).start()
 _torchherd_next_sitecustomize(_here)
@@ -84,9 +116,8 @@ def install(base: str, env: Mapping[str, str]) -> Dict[str, str]:
         file.write(HOOK)
     before = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     added = {"PYTHONPATH": directory + (os.pathsep + before if before else ""), DIR_ENV: directory}
-    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
-        if not (env.get(name) or os.environ.get(name)):
-            added[name] = BUFFER
+    if not any(env.get(name) or os.environ.get(name) for name in NAMES):
+        added[BUFFER_ENV] = BUFFER  # the job's own size, under either name, is kept as it is
     return added
 
 

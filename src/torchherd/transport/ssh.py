@@ -44,6 +44,7 @@ from torchherd.inventory import Host
 from torchherd.transport import sshconfig
 from torchherd.transport.base import Closing, CommandResult
 from torchherd.transport.hostkeys import HostKeyCheck
+from torchherd.transport.local import LocalSession
 from torchherd.transport.sshfailures import ATTEMPTS, as_transport_error, dropped_early, explain, handshake_failure
 
 # Where a node is, as ``transport.ssh``'s own names: what its callers import from here.
@@ -401,7 +402,9 @@ class SshConnector:
     handshakes: int = HANDSHAKES
     _shared: _Shared = field(default_factory=_Shared, init=False, repr=False, compare=False)
 
-    def connect(self, host: Host) -> Connection:
+    def connect(self, host: Host) -> Connection | LocalSession:
+        if host.transport == "local":  # this machine itself (-H localhost): no sshd, no keys
+            return LocalSession(host.name)
         local = self._shared.this_machine()
         target = resolve_target(host, self.ssh_config, local)
         hops = jump_chain(target, self.ssh_config, local)

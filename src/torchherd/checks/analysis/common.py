@@ -33,6 +33,25 @@ def per_node(observed: Observed, check: str, analyse: NodeAnalysis) -> list[Chec
     return results
 
 
+def one_machine(observed: Observed) -> bool:
+    """Every node of the job is one machine (one network namespace): one host, or hosts
+    whose facts show the same hostname, interfaces and addresses. No node then needs to
+    reach another over a network, and loopback serves the rendezvous (as torchrun's
+    ``--standalone`` does)."""
+    hosts = observed.inventory.hosts
+    if len(hosts) == 1:
+        return True
+    seen = [observed.facts.get(host.name) for host in hosts]
+    known = [_machine(facts) for facts in seen if facts is not None]
+    return len(known) == len(hosts) and bool(known[0][1]) and all(machine == known[0] for machine in known[1:])
+
+
+def _machine(facts: NodeFacts) -> tuple[str, frozenset[tuple[str, frozenset[str]]]]:
+    interfaces = frozenset((str(item.get("name")), frozenset(map(str, item.get("addresses") or [])))
+                           for item in facts.get("interfaces") or [] if isinstance(item, dict))
+    return str(facts.get("hostname")), interfaces
+
+
 def mapping(value: object) -> dict[str, Any]:
     """``value`` when it is a JSON object, else an empty one: a node's facts are read as
     they come, and a field of another shape (an old script, a hostile node) is absent."""

@@ -97,7 +97,8 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
     if stuck:
         findings.append(_stuck(host.name, stuck))
     if isinstance(report, nvsmi.SmiReport):
-        findings += lost_gpus(host.name, facts, report) + health_findings(host.name, report, peers, nvlinks(facts))
+        findings += lost_gpus(host.name, facts, report) + health_findings(host.name, report, peers, nvlinks(facts),
+                                                                          daemon_runs(facts))
     elif isinstance(report, str):
         findings.append(Finding("warn", f"{host.name}: {report}; ECC, remapping and clocks not checked",
                                 f"run `nvidia-smi -q -x` on {host.name} to see why"))
@@ -111,7 +112,8 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
     if findings:
         return _result(host.name, findings)
     return CheckResult(host.name, CHECK, "pass", f"{count} GPU(s) visible for nproc_per_node = {nproc}"
-                       + (_describe(report) if isinstance(report, nvsmi.SmiReport) else ""))
+                       + (_describe(report) + _legacy_persistence(report, daemon_runs(facts))
+                          if isinstance(report, nvsmi.SmiReport) else ""))
 
 
 def _stuck(node: str, error: object) -> Finding:
@@ -174,13 +176,17 @@ def nvlinks(facts: NodeFacts) -> dict[int, tuple[int, int]]:
 
 
 def health_findings(node: str, report: nvsmi.SmiReport, peers: _Peers | None = None,
-                    links: dict[int, tuple[int, int]] | None = None) -> list[Finding]:
-    """Per GPU, what is wrong with it by its own report (and beside its peers')."""
+                    links: dict[int, tuple[int, int]] | None = None, daemon: bool | None = None) -> list[Finding]:
+    """Per GPU, what is wrong with it by its own report (and beside its peers'); ``daemon``:
+    whether nvidia-persistenced runs on the node (None: not known)."""
     links = links or {}
     peers = peers or _Peers.of({node: report}, {node: links})
     findings: list[Finding] = []
+    def persistence(node: str, gpu: nvsmi.SmiGpu, peers: _Peers) -> Finding | None:
+        return _persistence(node, gpu, report.driver, daemon)
+
     for gpu in report.gpus:
-        for check in _GPU_CHECKS:
+        for check in (*_GPU_CHECKS[:-1], persistence, _GPU_CHECKS[-1]):
             found = check(node, gpu, peers)
             if found is not None:
                 findings.append(found)
@@ -281,11 +287,43 @@ def _link(node: str, gpu: nvsmi.SmiGpu, peers: _Peers) -> Finding | None:
                    f"reseat GPU {gpu.index} on {node} or check its riser and BIOS PCIe settings")
 
 
-def _persistence(node: str, gpu: nvsmi.SmiGpu, peers: _Peers) -> Finding | None:
-    if gpu.persistence != "Disabled":
+DAEMON_ONLY_FROM = 580
+"""The driver whose kernel module says "Persistence mode is deprecated and will be removed in
+a future release. Please use nvidia-persistenced instead." (``nvidia-smi -pm 1``)."""
+
+
+def daemon_runs(facts: NodeFacts) -> bool | None:
+    """Whether nvidia-persistenced runs on the node; None where the facts do not say."""
+    running = mapping(facts.get("gpu")).get("persistenced")
+    return running if isinstance(running, bool) else None
+
+
+def _legacy_only(driver: str | None) -> bool:
+    """A driver that deprecates ``nvidia-smi -pm 1`` for nvidia-persistenced."""
+    major = (driver or "").split(".")[0]
+    return major.isdigit() and int(major) >= DAEMON_ONLY_FROM
+
+
+def _persistence(node: str, gpu: nvsmi.SmiGpu, driver: str | None, daemon: bool | None) -> Finding | None:
+    """Persistence off, unless nvidia-persistenced runs (it keeps the GPU initialised
+    whatever the deprecated mode says); the fix names the one to use for this driver."""
+    if gpu.persistence != "Disabled" or daemon:
         return None
-    return Finding("warn", f"{node} {gpu.label}: persistence mode off (every job start reinitialises the GPU)",
-                   f"enable it on {node}: `sudo systemctl enable --now nvidia-persistenced` or `sudo nvidia-smi -pm 1`")
+    start = f"start nvidia-persistenced on {node}: `sudo systemctl enable --now nvidia-persistenced`"
+    fix = (f"{start} (driver {driver} deprecates `nvidia-smi -pm 1`)" if _legacy_only(driver)
+           else f"{start} (`sudo nvidia-smi -pm 1` also works on this driver; drivers from 580 on deprecate it)")
+    return Finding("warn", f"{node} {gpu.label}: persistence mode off (every job start reinitialises the GPU)", fix)
+
+
+def _legacy_persistence(report: nvsmi.SmiReport, daemon: bool | None) -> str:
+    """On a healthy node: persistence by the mode a driver from 580 on deprecates, without
+    nvidia-persistenced (it works; a later driver removes it)."""
+    if daemon is not False or not _legacy_only(report.driver):
+        return ""
+    if not any(gpu.persistence == "Enabled" for gpu in report.gpus):
+        return ""
+    return (f"; persistence by `nvidia-smi -pm 1`, which driver {report.driver} deprecates: "
+            "nvidia-persistenced is the one to use")
 
 
 def _mig(node: str, gpu: nvsmi.SmiGpu, peers: _Peers) -> Finding | None:
@@ -308,7 +346,8 @@ def _fabric(node: str, gpu: nvsmi.SmiGpu, peers: _Peers) -> Finding | None:
 
 
 _GPU_CHECKS: tuple[Callable[[str, nvsmi.SmiGpu, _Peers], Finding | None], ...] = (
-    _memory, _fabric, _clocks, _link, _persistence, _mig)
+    _memory, _fabric, _clocks, _link, _mig)
+"""Each GPU's own checks; the node's persistence comes before the last (MIG)."""
 
 
 def odd_ones_out(reports: dict[str, nvsmi.SmiReport]) -> dict[str, list[str]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from torchherd.checks.analysis.common import is_loopback, per_node, resolved
+from torchherd.checks.analysis.common import is_loopback, one_machine, per_node, resolved
 from torchherd.checks.model import NodeFacts, Observed
 from torchherd.checks.results import CheckResult
 from torchherd.inventory import Host
@@ -35,6 +35,8 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
     if host.name == observed.master.name and _answers_on_master(observed):
         master_part = "; every node's hostname resolves here to that node"
     summary = f"{name} -> {own} (an address of this node){master_part}"
+    if isinstance(own, str) and is_loopback(own):
+        summary = f"{name} -> {own} (loopback: {ONE_MACHINE})"
     mapped = mapped_lines(observed, host, facts)
     if not mapped:
         return CheckResult(host.name, CHECK, "pass", summary)
@@ -43,6 +45,8 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
                        f"to silence it, add to /etc/hosts on {host.name}: "
                        + "; ".join(f"`{line}`" for line in mapped))
 
+
+ONE_MACHINE = "fine on one machine, where no other node needs to reach it"
 
 C10D_NOTE = ("torch's c10d may log 'The hostname of the client socket cannot be retrieved. err=-3' (harmless): "
              "its store listens on IPv6, sees peers as ::ffff:a.b.c.d, and /etc/hosts names them only as IPv4")
@@ -98,6 +102,8 @@ def _own_name(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult |
                            f"{host.name}: its hostname {name} does not resolve ({gloo['error']})",
                            f"add this line to /etc/hosts on {host.name}: {line}")
     address = str(gloo.get("address"))
+    if is_loopback(address) and one_machine(observed):
+        return None  # gloo listens on loopback, where every rank of this machine reaches it
     if is_loopback(address):
         culprits = [entry for entry in hosts_lines_for(facts, name) if is_loopback(entry.split()[0])]
         where = f" (/etc/hosts: `{culprits[0]}`)" if culprits else ""
@@ -174,8 +180,9 @@ def _answers_on_master(observed: Observed) -> dict[str, object]:
 
 
 def _peers_on_master(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult | None:
-    """On the master: every other node's hostname resolves there, to one of that node's addresses."""
-    if host.name != observed.master.name:
+    """On the master: every other node's hostname resolves there, to one of that node's
+    addresses (on one machine, every node is the master's machine)."""
+    if host.name != observed.master.name or one_machine(observed):
         return None
     answers = _answers_on_master(observed)
     problems: list[str] = []

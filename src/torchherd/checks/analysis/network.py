@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from torchherd.checks.analysis.common import is_loopback, per_node, resolved
+from torchherd.checks.analysis.common import is_loopback, one_machine, per_node, resolved
 from torchherd.checks.model import NodeFacts, Observed
 from torchherd.checks.results import CheckResult
 from torchherd.inventory import Host
-from torchherd.plan import NodeNetwork
+from torchherd.plan import NodeNetwork, is_loopback_name
 from torchherd.plan import is_ip_address as is_ip
 
 CHECK = "network"
@@ -43,10 +43,24 @@ def master_network(observed: Observed, facts: NodeFacts) -> NodeNetwork | None:
     gloo = (facts.get("gloo") or {}).get("address")
     if isinstance(gloo, str):
         candidates.append((gloo, "the master's hostname resolves to it"))
+    if not master.local_addr and one_machine(observed) and (is_loopback_name(target) or not any(
+            address in own and not is_loopback(address) for address, _ in candidates)):
+        return loopback_network(facts)
     for address, reason in candidates:
         if address in own and not is_loopback(address):
             return _network(facts, address, reason)
     return None
+
+
+LOOPBACK_REASON = "one machine: its ranks meet on loopback, as torchrun --standalone's do"
+
+
+def loopback_network(facts: NodeFacts) -> NodeNetwork:
+    """The rendezvous of a job on one machine: no other node needs to reach it."""
+    address = next((address for address in ("127.0.0.1", "::1") if facts.interface_of(address)), "127.0.0.1")
+    interface = facts.interface_of(address)
+    return NodeNetwork(address=address, interface=str(interface["name"]) if interface else "lo",
+                       reason=LOOPBACK_REASON)
 
 
 def worker_network(observed: Observed, host: Host, facts: NodeFacts) -> NodeNetwork | None:
@@ -63,12 +77,15 @@ def worker_network(observed: Observed, host: Host, facts: NodeFacts) -> NodeNetw
 
 def compute_networks(observed: Observed) -> dict[str, NodeNetwork]:
     networks: dict[str, NodeNetwork] = {}
+    master_facts = observed.facts.get(observed.master.name)
+    master = master_network(observed, master_facts) if master_facts is not None else None
     for host in observed.inventory.hosts:
         facts = observed.facts.get(host.name)
         if facts is None:
             continue
-        found = (master_network(observed, facts) if host.name == observed.master.name
-                 else worker_network(observed, host, facts))
+        found = master if host.name == observed.master.name else (
+            loopback_network(facts) if master is not None and master.reason == LOOPBACK_REASON
+            else worker_network(observed, host, facts))
         if found is not None:
             networks[host.name] = found
     return networks
@@ -95,6 +112,8 @@ def _node(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult:
 
 
 def _duplicate(observed: Observed, host: Host, facts: NodeFacts, network: NodeNetwork) -> CheckResult | None:
+    if one_machine(observed):
+        return None  # every node is this one machine: its address the same by design
     others = [name for name, other in observed.networks.items()
               if name != host.name and other.address == network.address]
     if not others:
@@ -159,8 +178,8 @@ def _mtu(observed: Observed, host: Host, facts: NodeFacts, network: NodeNetwork)
 def _gloo_loopback(observed: Observed, host: Host, facts: NodeFacts,
                    network: NodeNetwork) -> CheckResult | None:
     gloo = (facts.get("gloo") or {}).get("address")
-    if not isinstance(gloo, str) or not is_loopback(gloo):
-        return None
+    if not isinstance(gloo, str) or not is_loopback(gloo) or one_machine(observed):
+        return None  # on one machine, loopback reaches every rank
     return CheckResult(host.name, CHECK, "warn",
                        f"gloo would bind {gloo} (the hostname's address, loopback); torchherd run pins "
                        f"GLOO_SOCKET_IFNAME={network.interface} and --local-addr {network.address} instead",

@@ -7,6 +7,7 @@ from torchherd.checks.results import CheckResult
 
 SLOW_SHELL_SECONDS = 2.0
 """A trivial command taking longer than this over SSH means a slow login shell."""
+THIS_MACHINE = "this machine, no SSH (commands run in-process: no sshd, no keys)"
 BUSY_PRESSURE = 50.0
 """Percent of the last 10 s in which some task on the node waited for a CPU (PSI) above
 which its CPUs count as busy: a shell slow to start that used little CPU itself spent
@@ -22,7 +23,9 @@ def analyse(observed: Observed) -> list[CheckResult]:
             continue
         address = observed.ssh_addresses.get(host.name, host.address)
         note = observed.host_key_notes.get(host.name)
-        result = _shell_speed(host.name, f"logged in to {address} non-interactively, {note or 'host key verified'}",
+        reached = (THIS_MACHINE if host.transport == "local"
+                   else f"logged in to {address} non-interactively, {note or 'host key verified'}")
+        result = _shell_speed(host.name, reached,
                               observed.shell_seconds.get(host.name), observed.facts.get(host.name),
                               observed.shell_alone.get(host.name))
         if note is not None and "StrictHostKeyChecking no" in note and result.status == "pass":

@@ -389,11 +389,26 @@ def pci_gpus(root: str) -> List[Dict[str, Optional[str]]]:
     return found
 
 
+PERSISTENCED = "nvidia-persiste"
+"""nvidia-persistenced's name in /proc/<pid>/comm (the kernel keeps 15 characters)."""
+
+
+def persistenced(root: str) -> bool:
+    """Whether nvidia-persistenced runs here: it keeps the GPUs initialised between jobs,
+    the way drivers from 580 on want (they deprecate ``nvidia-smi -pm 1``)."""
+    base = os.path.join(root, "proc")
+    for name in os.listdir(base) if os.path.isdir(base) else []:
+        if name.isdigit() and (read_text(os.path.join(base, name, "comm")) or "").strip() == PERSISTENCED:
+            return True
+    return False
+
+
 def gpus(root: str) -> Dict[str, Any]:
     facts: Dict[str, Any] = {}
     if shutil.which("nvidia-smi") is None:
         return facts
     facts["pci"] = guarded(pci_gpus, root)
+    facts["persistenced"] = guarded(persistenced, root)
     threads = [threading.Thread(target=lambda key=key, argv=argv, timeout=timeout:
                                 facts.__setitem__(key, capped(guarded(run_tool, argv, timeout))), daemon=True)
                for key, (argv, timeout) in SMI_QUERIES.items()]

@@ -54,7 +54,9 @@ from torchherd.engine.records.paths import (
     runs_dir,
 )
 from torchherd.engine.records.recovery import (
+    ATTEMPT_HEADLINES,
     ATTEMPT_STATES,
+    ATTEMPT_TEXT_CHARS,
     RECOVERY_KEY,
     STORED_TEXT_CHARS,
     AttemptState,
@@ -73,7 +75,8 @@ from torchherd.engine.records.store import (
     scan,
 )
 
-__all__ = ["AMBIGUOUS_SHOWN", "ATTACHED_KEY", "ATTEMPT_STATES", "AttachedRecord", "AttachedStatus", "AttemptState",
+__all__ = ["AMBIGUOUS_SHOWN", "ATTACHED_KEY", "ATTEMPT_HEADLINES", "ATTEMPT_STATES", "ATTEMPT_TEXT_CHARS",
+           "AttachedRecord", "AttachedStatus", "AttemptState",
            "CONTROLLER_GONE", "CoordinatorRecord", "ENDINGS", "KEPT_RUNS", "MAX_RECORD_BYTES", "NodeEnding",
            "NodeRecord", "NodeState", "OUTCOMES", "RECOVERY_KEY", "REMOTE_RUNS_DIR", "RecordError", "RecoveryRecord",
            "RecoveryStatus", "RunRecord", "STORED_TEXT_CHARS", "attached_node_states", "attached_of", "attached_state",

@@ -34,11 +34,13 @@ class NodeRecord:
     supervisor: int | None = None
     pid: int | None = None
     pgid: int | None = None
+    transport: str = "ssh"
+    """"local": this machine itself, reached without SSH (``Host.transport``)."""
 
     def host(self) -> Host:
         return Host(name=self.name, address=self.address, user=self.user, ssh_port=self.ssh_port,
                     identity_file=self.identity_file, python=self.python, workdir=self.workdir,
-                    env=MappingProxyType({}), setup="", local_addr=None)
+                    env=MappingProxyType({}), setup="", local_addr=None, transport=self.transport)
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,16 @@ def _node(read: Fields) -> NodeRecord:
                       identity_file=read.optional_text("identity_file"), python=read.text("python"),
                       workdir=read.text("workdir"), log_file=read.text("log_file"),
                       state_file=read.text("state_file"), supervisor=read.optional_integer("supervisor"),
-                      pid=read.optional_integer("pid"), pgid=read.optional_integer("pgid"))
+                      pid=read.optional_integer("pid"), pgid=read.optional_integer("pgid"),
+                      transport=_transport(read))
+
+
+def _transport(read: Fields) -> str:
+    """A record from before ``transport`` was kept reached every node over SSH."""
+    transport = read.optional_text("transport") or "ssh"
+    if transport not in ("ssh", "local"):
+        read.fail("transport", f"expected 'ssh' or 'local', got {transport!r}")
+    return transport
 
 
 _JOB_ID = re.compile(r"(?:[0-9]+(?:_[0-9]+)?)?\Z", re.ASCII)

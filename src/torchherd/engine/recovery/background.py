@@ -33,6 +33,7 @@ from types import MappingProxyType
 from typing import IO, Any, Callable, Mapping
 
 from torchherd.engine.backend import Backend
+from torchherd.engine.eventlog import HISTORY_FILE, HISTORY_KEY, HistoryRecorder, recording
 from torchherd.engine.events import (
     Observer,
 )
@@ -196,9 +197,13 @@ def serve(order: Order, said: IO[bytes]) -> int:
     connector = SshConnector(cluster.ssh_config, cluster.ssh_timeout, order.accept_new_host_keys)
     backend = backend_for(order.scheduler, connector)
     recorder = first_record(order, backend)
+    history_file = order.options.log_dir / order.plan.run_id / HISTORY_FILE
+    recorder.record = replace(recorder.record, extra={**recorder.record.extra, HISTORY_KEY: str(history_file)})
     save(recorder.record)
     options = replace(order.options, persist=True)
-    run = RecoveringRun(backend, order.plan, options, order.recovery, recorder, check_spares=order.check_spares)
+    history = HistoryRecorder()  # the foreground's file: its preflight is there already
+    run = RecoveringRun(backend, order.plan, options, order.recovery, recording(recorder, history),
+                        check_spares=order.check_spares)
     recorder.checkpoint = run.checkpoint_line
     on_sigterm(run.stop)
     try:

@@ -16,12 +16,13 @@ triage checks those, and the scheduler picks the replacements (no spares; with
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 from torchherd.checks import CheckOptions
 from torchherd.checks.results import CheckReport, CheckResult
@@ -63,7 +64,7 @@ from torchherd.engine.recovery.policy import (
     verdict,
 )
 from torchherd.engine.recovery.replication import Holdings, Replicator
-from torchherd.engine.run import Ended, Endings, LaunchOptions, Run, wait_stopping
+from torchherd.engine.run import LINE_BUFFER, Ended, Endings, LaunchOptions, Run, wait_stopping
 from torchherd.engine.watch.hang import (
     FAULTHANDLER,
     HangWatch,
@@ -80,7 +81,7 @@ from torchherd.inventory.options import MIN_NODES, OptionError
 from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan
 from torchherd.remote import flight, wire
 from torchherd.remote.container import container_name
-from torchherd.runlog import AttemptRecord, OutputLine, RankLines, RunSummary
+from torchherd.runlog import AttemptRecord, OutputLine, RankLines, RunSummary, flat
 
 ATTEMPT_VARIABLE = wire.ATTEMPT_ENV
 TRIAGE_ROUNDS = 4
@@ -169,10 +170,47 @@ class _Triaged:
     found: tuple[str, ...]
 
 
+class _Lines:
+    """``RecoveringRun.lines``'s feed: every attempt's lines once someone reads them (the
+    oldest dropped beyond ``LINE_BUFFER`` unread, as ``Run.lines``), None at the run's end."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.queue: queue.Queue[OutputLine | None] | None = None
+        self.ended = False
+
+    def reader(self) -> queue.Queue[OutputLine | None] | None:
+        """The queue to read (made at the first call); None when the run has ended already."""
+        with self._lock:
+            if self.queue is None:
+                self.queue = queue.Queue(LINE_BUFFER)
+                if self.ended:
+                    return None
+            return self.queue
+
+    def offer(self, line: OutputLine | None) -> None:
+        with self._lock:
+            if line is None:
+                self.ended = True
+            lines = self.queue
+        if lines is None:
+            return
+        while True:
+            try:
+                lines.put_nowait(line)
+                return
+            except queue.Full:
+                try:
+                    lines.get_nowait()
+                except queue.Empty:
+                    pass
+
+
 class RecoveringRun:
     """A run with retries: ``wait`` for the summary of the whole run (every attempt in
-    ``RunSummary.attempts``), ``stop`` it (never retried). The attempts run in a thread
-    of their own; the observer gets each attempt's events and the recovery's own."""
+    ``RunSummary.attempts``), ``stop`` it (never retried), read every attempt's ``lines``.
+    The attempts run in a thread of their own; the observer gets each attempt's events and
+    the recovery's own."""
 
     def __init__(self, backend: Backendish, plan: Plan, options: LaunchOptions, recovery: Recovery,
                  observer: Observer = ignore, check_spares: bool | None = None) -> None:
@@ -212,6 +250,7 @@ class RecoveringRun:
         self._error: BaseException | None = None
         self._done = threading.Event()
         self._endings = Endings(self._done)
+        self._lines = _Lines()
         self._refused: TorchherdError | None = None
         """Why the last attempt could not start (``LaunchAborted``, a refused submission);
         None when it started."""
@@ -267,6 +306,27 @@ class RecoveringRun:
     @property
     def done(self) -> bool:
         return self._done.is_set()
+
+    def lines(self) -> Iterator[OutputLine]:
+        """Every line of every attempt as it arrives, until the run ends (as ``Run.lines``:
+        node, rank, stream, text; those before the first call are in the log files)."""
+        lines = self._lines.reader()
+        while lines is not None:
+            line = lines.get()
+            if line is None:
+                lines.put_nowait(None)  # the end stays: a later reader ends at once too
+                return
+            yield line
+
+    def report(self, event: Event) -> None:
+        """Hands ``event`` to the run's observer (and its lines to ``lines``), in order with
+        the current attempt's own."""
+        with self._lock:
+            current = self._current
+        if current is not None and not current.done:
+            current.report(event)
+        else:
+            self._relay(event)
 
     @property
     def stopping(self) -> bool:
@@ -324,6 +384,9 @@ class RecoveringRun:
         watch = self._watch
         if isinstance(event, RanksRunning):
             self._running.add(event.node)
+        if isinstance(event, Output) and self._lines.queue is not None:  # someone reads lines()
+            for line in flat(event.lines):
+                self._lines.offer(line)
         if isinstance(event, Output) and watch is not None:
             watch.saw_output()
             if watch.hung is not None:
@@ -358,6 +421,7 @@ class RecoveringRun:
                 wait([self._spares_checked])
             if self.replicator is not None:
                 self.replicator.close()
+            self._lines.offer(None)
             self._error = self._endings.end(self._summary, self._error)
 
     def when_done(self, ended: Ended) -> None:
