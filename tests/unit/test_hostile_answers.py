@@ -289,8 +289,8 @@ PLATFORM = {"system": "Linux", "machine": "x86_64", "libc": "glibc", "libc_versi
 ])
 def test_a_hostile_platform_answer_fails_that_node_as_malformed(tmp_path: Path, damage: dict[str, Any],
                                                                   field: str) -> None:
-    from torchherd.engine.prepare import venvs
     from torchherd.engine.events import VenvFailed
+    from torchherd.engine.prepare import venvs
     from torchherd.engine.prepare.uvwheels import REPORTED
 
     answer = {"error": "the lock's wheels are not in x", "wheelhouse_missing": True, **PLATFORM, **damage}
