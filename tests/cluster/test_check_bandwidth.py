@@ -27,7 +27,8 @@ from torchherd.checks import runner
 from torchherd.checks.bandwidth import probe_paths
 from torchherd.cli import main
 
-pytestmark = pytest.mark.cluster
+# serial: it measures time or CPU (tests/conftest.py)
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 ONLY = "ssh,network,port,bandwidth,mtu"
 SLOW = "node2"
 

@@ -23,8 +23,9 @@ import pytest
 from localcluster import IMAGE_TAG, LocalCluster, image_mounts, write_image_archive
 
 if TYPE_CHECKING:
-    from conftest import Runs
     from test_run import Controller
+
+    from conftest import Runs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(shutil.which("podman") is None,
                                                       reason="podman is not installed (scripts/install-deps)")]
@@ -429,6 +430,7 @@ def test_the_hang_watch_names_the_hung_rank_inside_a_container(boxed: LocalClust
 
 
 @pytest.mark.slow  # about 60 s: the straggler is judged over 30 s (test_terminal's runs it without a container)
+@pytest.mark.serial  # it measures the ranks' CPU (tests/conftest.py)
 @pytest.mark.timeout(300)
 def test_the_node_the_others_wait_for_is_named_the_straggler_inside_a_container(boxed: LocalCluster,
                                                                                 tmp_path: Path) -> None:

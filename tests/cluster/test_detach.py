@@ -21,11 +21,11 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
-from conftest import Runs
 from localcluster import LocalCluster
 from processes import default_signals
 from test_run import Controller
 
+from conftest import Runs
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver

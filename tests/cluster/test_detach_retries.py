@@ -21,10 +21,10 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
-from conftest import Runs
 from localcluster import LocalCluster
 from test_detach import all_exited, assert_clean, wait_states
 
+from conftest import Runs
 from torchherd.api import attach
 from torchherd.cli import main
 from torchherd.console import make_console

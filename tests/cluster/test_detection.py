@@ -35,7 +35,8 @@ from torchherd.engine.launch import Run
 from torchherd.inventory import load
 from torchherd.transport.ssh import SshConnector
 
-pytestmark = pytest.mark.cluster
+# serial: it measures time or CPU (tests/conftest.py)
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 
 STEADY = str(Path(__file__).resolve().parent / "jobs" / "steady.py")
 LOST_WITHIN = 5.0

@@ -48,7 +48,7 @@ from torchherd.inventory import Recovery
 from torchherd.runlog import RunSummary
 from torchherd.runrecord import load as load_record
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("slurm")]  # one worker: SLURM (tests/conftest.py)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DDP_DEMO = str(EXAMPLES / "ddp_demo.py")

@@ -24,7 +24,8 @@ from rich.console import Console
 from torchherd.cli import main
 from torchherd.console import make_console
 
-pytestmark = pytest.mark.cluster
+# serial: it measures time or CPU (tests/conftest.py)
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 
 TQDM_DEMO = str(Path(__file__).resolve().parents[2] / "examples" / "tqdm_demo.py")
 ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

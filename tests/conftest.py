@@ -1,0 +1,48 @@
+"""The whole suite's settings: which tests a run of ``scripts/test`` takes in each of its
+phases, and how the cluster tests are shared between two pytest-xdist workers.
+
+``--phase`` (``scripts/test`` passes it; a plain ``pytest`` runs every phase at once):
+
+* ``unit``: every test not marked ``cluster`` (no root needed), on both cores (``-n 2``).
+* ``cluster``: the cluster tests not marked ``serial``, on two workers with ``--dist
+  loadgroup``. Every test of one module is in one group (the module's name), so a
+  module-scoped cluster is built once, on one worker; ``xdist_group`` marks of a test's
+  own (the SLURM modules: ``slurm``) take its place.
+* ``serial``: the cluster tests marked ``serial``, one at a time with nothing beside them.
+  They measure time or CPU (node-loss detection, the terminal's rates, bandwidth and MTU,
+  the straggler, scale): another cluster test on the other core would bend what they see.
+
+The shared fakes and builders are in ``tests/support`` (this directory is on ``sys.path``),
+never in a test module: no test module imports another.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+PHASES = ("unit", "cluster", "serial")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--phase", choices=PHASES, default=None,
+                     help="run only this phase of scripts/test: unit, cluster (not serial) or serial")
+
+
+def phase_of(item: pytest.Item) -> str:
+    if item.get_closest_marker("cluster") is None:
+        return "unit"
+    return "serial" if item.get_closest_marker("serial") is not None else "cluster"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its hook has no order)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    phase = config.getoption("phase")
+    if phase is not None:
+        kept = [item for item in items if phase_of(item) == phase]
+        dropped = [item for item in items if phase_of(item) != phase]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
+    for item in items:
+        if item.get_closest_marker("cluster") is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
