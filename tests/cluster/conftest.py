@@ -15,6 +15,7 @@ here is still there (namespace, veth, bridge, sshd, torchrun).
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import re
@@ -30,9 +31,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "unit"))  # processes.py, shared
 
 from localcluster import (
+    STATE_ROOT,
     LocalCluster,
     leftovers,
     list_clusters,
@@ -114,20 +115,24 @@ def cluster_prefix() -> Callable[[], str]:
     return make
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _cluster_hygiene() -> Iterator[None]:
-    """Before: remove clusters of dead earlier pytest runs. After: nothing of
-    ours may be left."""
-    if unavailable_reason() is None:
+def _remove_dead_clusters() -> None:
+    """Under a lock: workers that start together must not tear one cluster down twice at once."""
+    STATE_ROOT.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with open(STATE_ROOT / ".hygiene.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         for info in list_clusters():
             prefix = str(info.get("prefix", ""))
             owner = info.get("owner_pid")
-            if (
-                _PREFIX_RE.fullmatch(prefix)
-                and isinstance(owner, int)
-                and not _pid_alive(owner)
-            ):
+            if _PREFIX_RE.fullmatch(prefix) and isinstance(owner, int) and not _pid_alive(owner):
                 teardown(prefix)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cluster_hygiene() -> Iterator[None]:
+    """Before: remove clusters of dead earlier pytest runs. After: nothing of
+    ours may be left. Per process: each pytest-xdist worker checks what it made."""
+    if unavailable_reason() is None:
+        _remove_dead_clusters()
     yield
     problems = [item for prefix, inodes in _made for item in leftovers(prefix, inodes)]
     assert not problems, "local clusters left behind:\n" + "\n".join(problems)
