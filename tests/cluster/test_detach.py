@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 from localcluster import LocalCluster
-from processes import default_signals
 from test_run import Controller
 
 from conftest import Runs
+from support.processes import default_signals
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 from localcluster import LocalCluster
-from processes import default_signals
 
+from support.processes import default_signals
 from torchherd.cli import main
 from torchherd.console import make_console
 

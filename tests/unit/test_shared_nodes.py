@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from processes import run_supervisor
 
+from support.processes import run_supervisor
 from torchherd.api import Cluster
 from torchherd.engine.events import Collector, NodeNotStarted
 from torchherd.engine.job import LaunchOptions
