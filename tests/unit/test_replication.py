@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import pytest
-from test_bad_input import assert_one_line, run_cli
-from test_checkpoint_staging import find, relay_chain
-from test_recovery import FakeBackend, ended, plan_of, recover
 
+from support.cli import assert_one_line, run_cli
+from support.recovery import FakeBackend, ended, plan_of, recover
+from support.staging import find, relay_chain
 from torchherd.console.recovery import recovery_note
 from torchherd.engine.events import CheckpointReplicated, CheckpointSaved, Collector
 from torchherd.engine.job import LaunchOptions
@@ -378,7 +378,7 @@ def test_a_checkpoint_that_changes_while_it_is_sent_is_kept_by_no_receiver(tmp_p
 def test_a_receiver_refuses_bytes_that_are_not_what_the_sources_trailer_says(tmp_path: Path) -> None:
     import socket
 
-    from test_checkpoint_staging import node_program
+    from support.staging import node_program
 
     receiver = tmp_path / "node1"
     receiver.mkdir()
@@ -520,8 +520,7 @@ def test_a_replica_goes_to_the_ring_nodes_that_lack_it_and_a_newer_copy_stays(tm
     """``replicate`` over the in-process transport: n1 has an older copy (replaced), n2 the
     same one (left alone: its look matched and its hash confirmed it), n3 a newer one of its
     own (kept), n4 is not reached."""
-    from test_checkpoint_staging import nodes_in
-
+    from support.staging import nodes_in
     from torchherd.engine.recovery.staging import replicate
     from torchherd.transport.local import LocalConnector
 
@@ -544,7 +543,7 @@ def test_a_replica_goes_to_the_ring_nodes_that_lack_it_and_a_newer_copy_stays(tm
 
 
 def test_look_names_the_newest_copy_without_hashing_it(tmp_path: Path) -> None:
-    from test_checkpoint_staging import node_program
+    from support.staging import node_program
 
     (tmp_path / "snapshot.pt").write_bytes(b"x" * 10)
     os.utime(tmp_path / "snapshot.pt", (WALL, WALL))
