@@ -12,8 +12,9 @@ phases, and how the cluster tests are shared between two pytest-xdist workers.
   They measure time or CPU (node-loss detection, the terminal's rates, bandwidth and MTU,
   the straggler, scale): another cluster test on the other core would bend what they see.
 
-The shared fakes and builders are in ``tests/support`` (this directory is on ``sys.path``),
-never in a test module: no test module imports another.
+The shared fakes and builders are in ``tests/support`` (pytest's ``pythonpath`` in
+pyproject.toml puts tests/ and tests/cluster on ``sys.path``), never in a test module: no
+test module imports another (tests/unit/test_suite_marks.py).
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 from localcluster import LocalCluster
-from test_run import assert_clean
 
+from support.cluster_runs import assert_clean
 from torchherd import Cluster
 from torchherd.engine.events import Event, NodeLost, NodeSilent, NodeStarted
 from torchherd.engine.launch import Run

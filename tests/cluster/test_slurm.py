@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from localcluster import LocalCluster
 from slurmcluster import SlurmCluster, slurm_unavailable_reason
-from test_detach_retries import wait_recovery
-from test_run_recovery import assert_spied, attempt_rows
 
+from support.cluster_detach import wait_recovery
+from support.cluster_recovery import assert_spied, attempt_rows
 from support.processes import default_signals
 from torchherd.api import Cluster
 from torchherd.cli import main

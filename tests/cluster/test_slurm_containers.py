@@ -29,12 +29,12 @@ RUNS = Path.home() / ".torchherd" / "runs"
 
 @pytest.fixture(scope="module")
 def slurm_boxed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    from conftest import _start
+    from support.cluster_build import start_cluster
 
     reason = slurm_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    cluster = _start(2, tmp_path_factory.mktemp("slurm-containers"), containers=True)
+    cluster = start_cluster(2, tmp_path_factory.mktemp("slurm-containers"), containers=True)
     slurm: SlurmCluster | None = None
     try:
         archive = write_image_archive(cluster.state_dir / "image.tar")
