@@ -35,8 +35,8 @@ _API = {
     "damaged_runs": "torchherd.api",
     "attach": "torchherd.api", "new_run_id": "torchherd.api", "LaunchAborted": "torchherd.api",
     "DetachedStartFailed": "torchherd.api", "Plan": "torchherd.plan", "RunSummary": "torchherd.runlog",
-    "NodeOutcome": "torchherd.runlog", "OutputLine": "torchherd.runlog", "CheckReport": "torchherd.results",
-    "CheckResult": "torchherd.results", "TorchherdError": "torchherd.errors", "UsageError": "torchherd.errors",
+    "NodeOutcome": "torchherd.runlog", "OutputLine": "torchherd.runlog", "CheckReport": "torchherd.checks.results",
+    "CheckResult": "torchherd.checks.results", "TorchherdError": "torchherd.errors", "UsageError": "torchherd.errors",
     "TransportError": "torchherd.errors", "events": "torchherd.engine.events", "Recovery": "torchherd.inventory",
     "Bandwidth": "torchherd.inventory", "RecoveringRun": "torchherd.api", "AttemptRecord": "torchherd.runlog",
 }
@@ -55,11 +55,11 @@ if TYPE_CHECKING:  # the names __getattr__ loads, for type checkers and editors
         new_run_id,
         runs,
     )
+    from torchherd.checks.results import CheckReport, CheckResult  # noqa: F401
     from torchherd.engine import events  # noqa: F401
     from torchherd.errors import TorchherdError, TransportError, UsageError  # noqa: F401
     from torchherd.inventory import Bandwidth, Recovery  # noqa: F401
     from torchherd.plan import Plan  # noqa: F401
-    from torchherd.results import CheckReport, CheckResult  # noqa: F401
     from torchherd.runlog import AttemptRecord, NodeOutcome, OutputLine, RunSummary  # noqa: F401
 
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeVar, overload
 
-from torchherd import hostspec
 from torchherd.checks import CheckOptions
 from torchherd.checks.model import CHECK_IDS, Mesh
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.backend import (
     BACKENDS,
     Backend,
@@ -33,32 +33,9 @@ from torchherd.engine.backend import (
     backend_of,
 )
 from torchherd.engine.events import Event, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
-from torchherd.engine.history import History, controller_runs, follow_history
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Run
-from torchherd.engine.recovery.background import start_background, stop_controller
-from torchherd.engine.recovery.runner import RecoveringRun
-from torchherd.engine.slurm.batch import BatchJob, batch_job
-from torchherd.engine.sync import sync_over
-from torchherd.errors import UsageError
-from torchherd.inventory import (
-    HEARTBEAT_HINT,
-    SCHEDULERS,
-    SLURM_KEYS,
-    Inventory,
-    Recovery,
-    heartbeat_problem,
-    load,
-    parse,
-    parse_slurm,
-    with_container,
-    with_spares,
-)
-from torchherd.nodeset import NodesetError, expand
-from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
-from torchherd.results import CheckReport, CheckResult
-from torchherd.runlog import OutputLine, flat
-from torchherd.runrecord import (
+from torchherd.engine.records import (
     AttachedStatus,
     NodeState,
     RecoveryStatus,
@@ -71,7 +48,30 @@ from torchherd.runrecord import (
     runs_dir,
     scan,
 )
-from torchherd.runrecord import load as load_record
+from torchherd.engine.records import load as load_record
+from torchherd.engine.records.history import History, controller_runs, follow_history
+from torchherd.engine.recovery.background import start_background, stop_controller
+from torchherd.engine.recovery.runner import RecoveringRun
+from torchherd.engine.slurm.batch import BatchJob, batch_job
+from torchherd.engine.sync import sync_over
+from torchherd.errors import UsageError
+from torchherd.inventory import (
+    HEARTBEAT_HINT,
+    SCHEDULERS,
+    SLURM_KEYS,
+    Inventory,
+    Recovery,
+    heartbeat_problem,
+    hostspec,
+    load,
+    parse,
+    parse_slurm,
+    with_container,
+    with_spares,
+)
+from torchherd.inventory.nodeset import NodesetError, expand
+from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
+from torchherd.runlog import OutputLine, flat
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
 from torchherd.tree import UV_FILES, project_root, refusal, uv_lock_hash

@@ -265,7 +265,12 @@ class _Walk:
         if is_dir:
             self.directory(path, rules)
         elif stat.S_ISLNK(info.st_mode):
-            self.entries.append(Entry(path, 0, info.st_mtime_ns, False, os.readlink(item.path)))
+            try:
+                target = os.readlink(item.path)
+            except OSError as error:  # another user's /proc/PID/cwd, say: listed as skipped
+                self.skipped.append(f"{path}: cannot read the link ({error.strerror})")
+                return
+            self.entries.append(Entry(path, 0, info.st_mtime_ns, False, target))
         elif stat.S_ISREG(info.st_mode):
             self.entries.append(Entry(path, info.st_size, info.st_mtime_ns, bool(info.st_mode & stat.S_IXUSR)))
         else:
@@ -322,6 +327,8 @@ def refusal(root: Path, exclude: Iterable[str] = (), include: Iterable[str] = ()
     home directory ``home`` (or holds it), or it is not in a git repository and would send
     more than ``max_files`` files or ``max_bytes`` bytes. The reason says what would travel."""
     root, home = root.resolve(), home.expanduser().resolve()
+    if root.parent == root:  # walking the whole filesystem only to count it would take minutes
+        return f"{root} is the filesystem's root; it would send every file of this machine to every node"
     is_home = root == home or root in home.parents
     if not is_home and in_git_repository(root):
         return None

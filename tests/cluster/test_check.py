@@ -23,11 +23,11 @@ from localcluster import LocalCluster
 
 from torchherd.api import Cluster
 from torchherd.checks import CheckOptions, PreflightOutcome
+from torchherd.checks.results import CheckResult
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.engine.launch import preflight
 from torchherd.inventory import Inventory, load
-from torchherd.results import CheckResult
 
 pytestmark = pytest.mark.cluster
 PORT = 29500

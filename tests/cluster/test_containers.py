@@ -194,7 +194,7 @@ def wait_for_containers(cluster: LocalCluster, timeout: float = 90.0) -> None:
                          ids=["stop", "stop-after-supervisor-killed"])
 def test_stop_of_a_detached_run_removes_its_containers(boxed: LocalCluster, runs: Runs,
                                                        supervisor_killed: bool) -> None:
-    from torchherd.runrecord import remote_state_file
+    from torchherd.engine.records import remote_state_file
 
     run_id, _ = runs.detach(boxed, "--", str(EXAMPLES / "crash_demo.py"), "--steps", "1000")
     wait_for_containers(boxed)

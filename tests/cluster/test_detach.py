@@ -32,7 +32,7 @@ from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.console.run import LiveRenderer
 from torchherd.engine.detach import Follow, NodeFollower, follow_logs, node_states
-from torchherd.runrecord import load
+from torchherd.engine.records import load
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("state_home")]
 

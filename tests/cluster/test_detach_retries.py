@@ -29,7 +29,7 @@ from support.cluster_runs import assert_clean
 from torchherd.api import attach
 from torchherd.cli import main
 from torchherd.console import make_console
-from torchherd.runrecord import RecoveryStatus, controller_alive, load
+from torchherd.engine.records import RecoveryStatus, controller_alive, load
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("state_home")]
 

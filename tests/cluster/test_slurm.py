@@ -42,11 +42,11 @@ from torchherd.engine.events import (
     SpareTaken,
 )
 from torchherd.engine.job import LaunchOptions
+from torchherd.engine.records import load as load_record
 from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.slurm.commands import parse_scontrol
 from torchherd.inventory import Recovery
 from torchherd.runlog import RunSummary
-from torchherd.runrecord import load as load_record
 
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("slurm")]  # one worker: SLURM (tests/conftest.py)
 

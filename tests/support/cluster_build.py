@@ -17,7 +17,7 @@ import pytest
 from localcluster import LocalCluster, unavailable_reason
 
 from torchherd.api import attach
-from torchherd.runrecord import remote_run_dir
+from torchherd.engine.records import remote_run_dir
 
 # Prefixes made here: "tc" + this pid in base 36 + "-" + a counter, so parallel
 # pytest runs on one machine never collide and stay within interface-name limits.

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from torchherd.api import attach
 from torchherd.engine.detach import node_states
-from torchherd.runrecord import NodeState, RecoveryStatus, load
+from torchherd.engine.records import NodeState, RecoveryStatus, load
 
 
 def wait_states(run_id: str, done: Callable[[list[NodeState]], bool], timeout: float) -> list[NodeState]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, ClassVar, Sequence
 
 from torchherd.checks import CheckOptions
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.events import (
     Collector,
     LostContainers,
@@ -24,7 +25,6 @@ from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.errors import TorchherdError
 from torchherd.inventory import Recovery, parse
 from torchherd.plan import Plan, RunOptions, build_plan
-from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import NodeOutcome, RunSummary
 
 

@@ -15,8 +15,8 @@ from torchherd.api import Cluster, DetachedRun
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.engine.backend import SlurmBackend, SshBackend, backend_of
+from torchherd.engine.records import RunRecord
 from torchherd.errors import UsageError
-from torchherd.runrecord import RunRecord
 
 # 192.0.2.0/24 is TEST-NET-1: nothing answers there, so touching a node would hang.
 INVENTORY = '[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n[[hosts]]\nname = "b"\naddress = "192.0.2.2"\n'

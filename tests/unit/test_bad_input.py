@@ -293,7 +293,7 @@ def test_a_damaged_slurm_record_is_reported_never_acted_on(tmp_path: Path, monke
 
 def test_a_slurm_record_as_torchherd_writes_it_loads() -> None:
     """The control: the values the damaged ones replace are those of a real record."""
-    from torchherd.runrecord import RunRecord
+    from torchherd.engine.records import RunRecord
 
     node = {"name": "a", "address": "a", "python": "python3", "workdir": "~", "log_file": "x", "state_file": "y"}
     for job_id, directory in [("", "~/.torchherd/runs/th-x"), ("7", "~/.torchherd/runs/th-x"),

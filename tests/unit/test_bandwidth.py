@@ -210,10 +210,10 @@ def test_node_script_measures_and_echoes_on_loopback() -> None:
 def test_report_and_matrix_show_every_figure() -> None:
     from io import StringIO
 
+    from torchherd.checks.results import CheckReport
     from torchherd.console import make_console
     from torchherd.console.checks import render_report
     from torchherd.console.matrix import render_bandwidth
-    from torchherd.results import CheckReport
 
     transfers = ring(4, {"node2": 0.05 * G}, IDLE) + ring(4, {"node2": 0.05 * G}, IDLE, alone=True)
     seen = observed(4, transfers)

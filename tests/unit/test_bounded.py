@@ -17,11 +17,11 @@ from torchherd.engine import detach, events
 from torchherd.engine.events import Collector, Event, LinesDropped, Output
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import launch
+from torchherd.engine.records import NodeRecord, RunRecord
 from torchherd.inventory import Host
 from torchherd.remote import wire
 from torchherd.remote.framing import MAX_LINE, RankMender
 from torchherd.runlog import RecordSplitter
-from torchherd.runrecord import NodeRecord, RunRecord
 from torchherd.transport.base import MAX_PARALLEL, CommandResult
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from torchherd.checks import PreflightOutcome
 from torchherd.checks.model import Observed
+from torchherd.checks.results import CheckReport, ProbeResult
 from torchherd.console import make_console
 from torchherd.console.matrix import failed, render_matrix
 from torchherd.engine.launch import with_probes as _with_probes
 from torchherd.inventory import parse
-from torchherd.results import CheckReport, ProbeResult
 
 LEGEND = ("each node's two ephemeral ports under its name; node0:29500 is the master port. ok: connected; refused: "
           "nothing listening, or a REJECT rule; timed out: packets dropped; ?: not a verdict (one timeout, or no "

@@ -86,7 +86,7 @@ def test_the_key_and_the_flag_reach_the_recovery(tmp_path: Path) -> None:
     import argparse
 
     from torchherd.api import Cluster
-    from torchherd.cli import _recovery
+    from torchherd.cli.run import _recovery
 
     path = tmp_path / "hosts.toml"
     path.write_text('[recovery]\ncheckpoint = "ckpt/step-*.pt"\n' + HOSTS, encoding="utf-8")

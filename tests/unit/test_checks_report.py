@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from io import StringIO
 
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.console import make_console
 from torchherd.console.checks import render_report
-from torchherd.results import CheckReport, CheckResult
 
 EXPECTED = """\
 node  ssh port firewall

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from torchherd.checks.analysis.smoke import SmokeContext, SmokeRun, parse_marks, smoke_verdicts
+from torchherd.checks.results import CheckResult
 from torchherd.inventory import parse
-from torchherd.results import CheckResult
 from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
 
 NAMES = ("node0", "node1", "node2")

@@ -80,7 +80,7 @@ def test_one_address_at_two_ports_is_two_hosts(capsys: pytest.CaptureFixture[str
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from torchherd.hostspec import HostEntry, host_entries
+    from torchherd.inventory.hostspec import HostEntry, host_entries
 
     assert host_entries("127.0.0.1:2222,127.0.0.1:2223,other") == [
         HostEntry("127.0.0.1-2222", None, 2222, "127.0.0.1"), HostEntry("127.0.0.1-2223", None, 2223, "127.0.0.1"),
@@ -132,13 +132,14 @@ def test_master_port_overrides_the_inventory_s_port(tmp_path: Path) -> None:
 
 
 def test_ssh_timeout_overrides_the_inventory_s(tmp_path: Path) -> None:
-    from torchherd.cli import _hosts, build_parser
+    from torchherd.cli import build_parser
+    from torchherd.cli.cluster import hosts_of
 
     inventory = tmp_path / "hosts.toml"
     inventory.write_text('[cluster]\nssh_timeout = 30\n[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n')
     parse = build_parser().parse_args
-    assert _hosts(parse(["-i", str(inventory), "check", "--ssh-timeout", "2.5"])).inventory.cluster.ssh_timeout == 2.5
-    assert _hosts(parse(["-i", str(inventory), "check"])).inventory.cluster.ssh_timeout == 30
-    assert _hosts(parse(["hosts", "-H", "192.0.2.1", "--ssh-timeout", "4"])).inventory.cluster.ssh_timeout == 4
+    assert hosts_of(parse(["-i", str(inventory), "check", "--ssh-timeout", "2.5"])).inventory.cluster.ssh_timeout == 2.5
+    assert hosts_of(parse(["-i", str(inventory), "check"])).inventory.cluster.ssh_timeout == 30
+    assert hosts_of(parse(["hosts", "-H", "192.0.2.1", "--ssh-timeout", "4"])).inventory.cluster.ssh_timeout == 4
     assert cli("hosts", "-H", "192.0.2.1", "--ssh-timeout", "0")[1][0] == (
         "error: torchherd hosts: argument --ssh-timeout: expected seconds above 0, at most 86400, got '0'")

@@ -17,7 +17,7 @@ import pytest
 import torchherd
 from torchherd.cli import main
 from torchherd.console import make_console
-from torchherd.runrecord import NodeRecord, RunRecord, remote_log_file, remote_state_file, save
+from torchherd.engine.records import NodeRecord, RunRecord, remote_log_file, remote_state_file, save
 
 HOSTS = ["-H", "192.0.2.1,192.0.2.2", "--python", "/opt/py", "--workdir", "/w", "--nproc-per-node", "2"]
 """Two hosts no test reaches (TEST-NET-1): enough for a plan, which touches no network."""

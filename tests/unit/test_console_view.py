@@ -18,7 +18,7 @@ from torchherd.console.run import LiveRenderer
 from torchherd.console.view import TerminalView, ViewOptions
 from torchherd.engine.events import NodeExited, NodeStarted, NodeStatus, Output, RanksRunning, RunStarted
 from torchherd.errors import UsageError
-from torchherd.nodeset import expand
+from torchherd.inventory.nodeset import expand
 from torchherd.remote import wire
 from torchherd.runlog import GpuUsage, OutputLine, OutputParser, RankLines, Status, gpu_usage, parse_status, progress_of
 

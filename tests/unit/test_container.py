@@ -314,6 +314,15 @@ def test_a_bad_pull_policy_names_the_flag_or_key(tmp_path: Path, capsys: pytest.
     assert capsys.readouterr().err.startswith("error: --pull: expected one of 'missing', 'always', 'never'")
 
 
+def test_an_empty_container_flag_is_refused_not_ignored(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--image "$IMAGE"` with $IMAGE unset must not quietly run on the host's Python."""
+    for flag, said in (("--image", 'error: --image: expected an image name such as "nvcr.io/nvidia/pytorch:24.05-py3"'),
+                       ("--container-runtime", "error: --container-runtime: expected one of 'auto', 'podman'"),
+                       ("--pull", "error: --pull: expected one of 'missing', 'always', 'never'")):
+        assert main(["run", "-H", "a", "--dry-run", flag, "", "--", "t.py"]) == 2, flag
+        assert capsys.readouterr().err.startswith(said), flag
+
+
 def test_a_missing_image_that_the_launch_will_pull_is_a_warning() -> None:
     from torchherd.checks.analysis import container as analysis
 

@@ -15,12 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torchherd import cli
+from torchherd.cli import values as converters
 from torchherd.console import make_console
+from torchherd.engine.records import RecordError, RunRecord
 from torchherd.errors import InventoryError, UsageError
 from torchherd.inventory import CLUSTER_KEYS, HOST_KEYS, NODE_KEYS, Inventory, loads, parse
 from torchherd.plan import check_nnodes, parse_env_assignments
 from torchherd.runlog import OutputParser, RecordSplitter, parse_records
-from torchherd.runrecord import RecordError, RunRecord
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PATH = Path("fuzz.toml")
@@ -58,14 +59,14 @@ def test_any_inventory_bytes_load_or_fail_cleanly(raw: bytes) -> None:
 @FUZZ
 @given(st.text(max_size=20))
 def test_the_cli_value_parsers_accept_or_refuse_cleanly(text: str) -> None:
-    for parse_flag in (cli._grace, cli._interval, cli._count, cli._nnodes):
+    for parse_flag in (converters.grace, converters.interval, converters.count, converters.nnodes):
         try:
             value = parse_flag(text)
         except argparse.ArgumentTypeError:
             continue
         assert not isinstance(value, float) or math.isfinite(value) and value >= 0
     try:
-        cli._nproc(text)
+        converters.nproc_count(text)
     except UsageError:
         pass
     try:

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from torchherd.checks.analysis import gpu, ib, nvsmi, xid
 from torchherd.checks.model import NodeFacts, Observed
+from torchherd.checks.results import STATUSES
 from torchherd.inventory import parse
-from torchherd.results import STATUSES
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DATA = Path(__file__).parent / "data" / "gpu"

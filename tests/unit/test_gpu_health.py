@@ -11,8 +11,8 @@ import pytest
 
 from torchherd.checks.analysis import gpu, ib, nvsmi, xid
 from torchherd.checks.model import NodeFacts, Observed
+from torchherd.checks.results import CheckResult
 from torchherd.inventory import parse
-from torchherd.results import CheckResult
 
 DATA = Path(__file__).parent / "data" / "gpu"
 SMI = sorted((DATA / "nvidia-smi").glob("*.xml"))

@@ -23,10 +23,7 @@ from torchherd.api import Cluster
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.detach import ListedRun, render_runs, render_status
-from torchherd.engine.history import History, ending_of, parse_log_line
-from torchherd.plan import Plan
-from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
-from torchherd.runrecord import (
+from torchherd.engine.records import (
     AttachedRecord,
     AttachedStatus,
     NodeEnding,
@@ -40,6 +37,9 @@ from torchherd.runrecord import (
     save,
     with_attached,
 )
+from torchherd.engine.records.history import History, ending_of, parse_log_line
+from torchherd.plan import Plan
+from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
 
 RUN = "th-20240501-120000-abcdef"
 NODES = ("node0", "node1")
@@ -164,7 +164,7 @@ KILLED = """
 import sys, time
 from pathlib import Path
 from torchherd.api import Cluster
-from torchherd.engine.history import History
+from torchherd.engine.records.history import History
 plan = Cluster.from_hosts("node0,node1", python="/opt/py", workdir="/w").plan("train.py", nproc_per_node=2)
 History.start(plan, Path(sys.argv[1]), 10.0)
 print(plan.run_id, flush=True)

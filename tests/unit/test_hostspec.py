@@ -17,8 +17,9 @@ from torchherd.api import Cluster
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.errors import UsageError
-from torchherd.hostspec import host_items, hostfile_items, load_any, looks_like_hostfile, ssh_config_aliases, unfilled
 from torchherd.inventory import load
+from torchherd.inventory.hostspec import host_items, hostfile_items, load_any, looks_like_hostfile
+from torchherd.inventory.writer import ssh_config_aliases, unfilled
 
 
 def cli(*args: str, cwd: Path | None = None) -> tuple[int, str]:

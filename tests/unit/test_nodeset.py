@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from torchherd.nodeset import NodesetError, expand, split_top
+from torchherd.inventory.nodeset import NodesetError, expand, split_top
 
 
 @pytest.mark.parametrize("text,names", [

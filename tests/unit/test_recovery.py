@@ -18,6 +18,7 @@ import pytest
 
 from support.cli import assert_one_line, run_cli
 from support.recovery import FakeBackend, ended, inventory, names, outcome, plan_of, recover
+from torchherd.checks.results import CheckResult
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.engine.events import (
@@ -58,7 +59,6 @@ from torchherd.engine.recovery.policy import (
 from torchherd.engine.recovery.runner import RecoveringRun, attempt_plan
 from torchherd.errors import InventoryError
 from torchherd.inventory import Recovery, with_spares
-from torchherd.results import CheckResult
 from torchherd.runlog import OutputLine, RunSummary
 from torchherd.transport.base import CommandResult
 

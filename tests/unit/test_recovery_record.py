@@ -29,12 +29,7 @@ from torchherd.engine.events import (
     NodeStarted,
     RunFinished,
 )
-from torchherd.engine.recovery import background
-from torchherd.engine.recovery.background import Recorder
-from torchherd.inventory import Host
-from torchherd.remote.wire import process_start
-from torchherd.runlog import AttemptRecord, RunSummary
-from torchherd.runrecord import (
+from torchherd.engine.records import (
     AttemptState,
     NodeRecord,
     NodeState,
@@ -50,6 +45,11 @@ from torchherd.runrecord import (
     remote_state_file,
     with_recovery,
 )
+from torchherd.engine.recovery import background
+from torchherd.engine.recovery.background import Recorder
+from torchherd.inventory import Host
+from torchherd.remote.wire import process_start
+from torchherd.runlog import AttemptRecord, RunSummary
 
 RUN = "th-20240501-120000-abcdef"
 
@@ -129,7 +129,7 @@ def test_a_controller_is_its_lock_pid_and_start_time(tmp_path: Path, monkeypatch
 
 CONTROLLER = """
 import sys, time
-from torchherd.runrecord import hold_controller_lock
+from torchherd.engine.records import hold_controller_lock
 hold_controller_lock(sys.argv[1])
 print("locked", flush=True)
 time.sleep(60)

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from torchherd.console.detach import run_state, state_text
-from torchherd.errors import UsageError
-from torchherd.runrecord import (
+from torchherd.engine.records import (
     CoordinatorRecord,
     NodeRecord,
     NodeState,
@@ -23,6 +22,7 @@ from torchherd.runrecord import (
     runs_dir,
     save,
 )
+from torchherd.errors import UsageError
 
 
 def record(run_id: str = "th-20240501-120000-abcdef", created: float = 100.0) -> RunRecord:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from torchherd.api import Cluster
 from torchherd.checks.analysis.slurm import NodeInfo, gres_gpus, node_condition, parse_sinfo, slurm_view
+from torchherd.checks.results import CheckResult
 from torchherd.engine.slurm.batch import (
     Placement,
     batch_job,
@@ -43,7 +44,6 @@ from torchherd.engine.slurm.commands import (
 from torchherd.errors import UsageError
 from torchherd.inventory import SlurmSettings
 from torchherd.plan import Plan
-from torchherd.results import CheckResult
 from torchherd.transport.srun import step_command
 
 

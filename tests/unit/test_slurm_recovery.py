@@ -16,6 +16,7 @@ import pytest
 from torchherd.api import Cluster
 from torchherd.checks import CheckOptions
 from torchherd.checks.analysis.slurm import parse_sinfo, slurm_view
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.backend import SlurmBackend
 from torchherd.engine.events import (
     AttemptStarted,
@@ -45,7 +46,6 @@ from torchherd.engine.slurm.commands import submit
 from torchherd.errors import TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import Plan
-from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import NodeOutcome, RunSummary
 from torchherd.transport import CommandResult
 

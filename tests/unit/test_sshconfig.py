@@ -12,19 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from torchherd.transport import sshconfig
-from torchherd.transport.sshconfig import (
-    Jump,
-    Local,
-    SshConfigError,
-    expand_tokens,
-    lookup,
-    match_hostname,
-    match_pattern,
-    parse_jump,
-    parse_time,
-    split_args,
-    split_line,
-)
+from torchherd.transport.sshconfig import Jump, Local, SshConfigError, expand_tokens, lookup, parse_jump, parse_time
+from torchherd.transport.sshlines import match_hostname, match_pattern, split_args, split_line
 
 NAMES = st.from_regex(r"[a-z][a-z0-9-]{0,12}", fullmatch=True)
 WORDS = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=20)

@@ -13,9 +13,9 @@ from torchherd.cli import main
 from torchherd.console import make_console, printable, render_error
 from torchherd.console.detach import render_status
 from torchherd.console.run import LiveRenderer, render_summary
+from torchherd.engine.records import NodeRecord, NodeState, RunRecord
 from torchherd.errors import TorchherdError
 from torchherd.runlog import NodeOutcome, OutputLine, OutputParser, RankLines, RunSummary
-from torchherd.runrecord import NodeRecord, NodeState, RunRecord
 
 ESCAPES = "\x1b]52;c;ZXZpbA==\x1b\\ \x1b[2J \x9b31m \x07 \x00"
 """An OSC 52 clipboard write, a screen clear, a C1 CSI, a bell, a NUL."""
@@ -118,7 +118,7 @@ def test_sync_listings_and_failures_never_reach_the_terminal_raw() -> None:
 
 def test_a_detached_start_failure_is_shown_escaped() -> None:
     from torchherd.api import DetachedStartFailed
-    from torchherd.cli import _render_detached_failure
+    from torchherd.cli.dispatch import _render_detached_failure
     from torchherd.engine.detach import DetachedStart
 
     console = terminal()

@@ -17,7 +17,7 @@ import pytest
 
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
-from torchherd.transport import connect_all, ssh
+from torchherd.transport import connect_all, ssh, sshfailures
 from torchherd.transport.ssh import SshConnector, SshTarget, jump_chain, resolve_target
 from torchherd.transport.sshconfig import Local
 
@@ -234,7 +234,7 @@ def test_paramikos_wrapper_of_every_failed_address_is_explained_by_the_address_s
     was once reported as 'connection refused'."""
     target = SshTarget(node="n0", hostname="10.9.9.9", port=22, user="me", key_files=(), known_hosts=(),
                        proxy_jump=None, proxy_command=None, identities_only=False)
-    error = ssh._explain(target, paramiko.ssh_exception.NoValidConnectionsError({("10.9.9.9", 22): failure}))
+    error = sshfailures.explain(target, paramiko.ssh_exception.NoValidConnectionsError({("10.9.9.9", 22): failure}))
     assert isinstance(error, TransportError)
     assert (error.kind, str(error)) == (kind, message)
 

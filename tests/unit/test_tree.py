@@ -175,3 +175,22 @@ def test_a_refusal_counts_no_further_than_it_needs(tmp_path: Path) -> None:
         (tmp_path / f"f{index}").write_text("")
     listing = walk(tmp_path, limit=7)
     assert len(listing.entries) == 7 and not listing.complete
+
+
+def test_the_filesystem_root_is_refused_without_walking_it(tmp_path: Path) -> None:
+    assert refusal(Path("/"), home=tmp_path) == (
+        "/ is the filesystem's root; it would send every file of this machine to every node")
+
+
+def test_a_link_that_cannot_be_read_is_skipped_not_an_internal_error(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "cwd").symlink_to("/nowhere")
+
+    def refused(path: object) -> str:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "readlink", refused)
+    listing = walk(tmp_path)
+    assert [entry.path for entry in listing.entries] == ["a.py"]
+    assert listing.skipped == ("cwd: cannot read the link (Permission denied)",)

@@ -23,10 +23,10 @@ import pytest
 
 from support.processes import killed_after, plant, wait_until
 from torchherd import runlog
+from torchherd.engine.records import parse_node_state
 from torchherd.engine.sync import frame
 from torchherd.remote import PROGRAMS, SCRIPTS, argv, program, source, wire
 from torchherd.runlog import OutputLine, Status, parse_records, parse_status
-from torchherd.runrecord import parse_node_state
 
 PY = sys.executable
 BARE = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from torchherd.checks.model import CHECK_IDS, Mesh, Observed
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.plan import NodeNetwork, Plan
-from torchherd.results import CheckReport, CheckResult
 from torchherd.transport import Connector, Session
 
 __all__ = ["CHECK_IDS", "CheckOptions", "PreflightOutcome", "run_preflight"]

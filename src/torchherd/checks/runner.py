@@ -20,11 +20,11 @@ from torchherd.checks.gpudiag import gather as gather_gpu_diag
 from torchherd.checks.icmp import echo_all
 from torchherd.checks.model import CHECK_IDS, OPT_IN, Mesh, Observed
 from torchherd.checks.probes import listen_config, run_probes
+from torchherd.checks.results import CheckResult
 from torchherd.errors import TransportError, UsageError
 from torchherd.inventory import Host
 from torchherd.plan import Plan
 from torchherd.plan import is_ip_address as is_ip
-from torchherd.results import CheckResult
 from torchherd.transport import Connector, Session, fan_out
 from torchherd.transport.ssh import resolve_target
 

@@ -18,8 +18,8 @@ from dataclasses import replace
 from torchherd.checks.analysis.smoke import SmokeContext, SmokeRun, smoke_verdicts
 from torchherd.checks.gather import remote_source
 from torchherd.checks.model import Observed
+from torchherd.checks.results import CheckResult
 from torchherd.plan import NodePlan, Plan, RunOptions, build_plan
-from torchherd.results import CheckResult
 
 INIT_TIMEOUT = 30
 """Seconds: init_process_group's timeout, and the c10d rendezvous join/read timeouts."""

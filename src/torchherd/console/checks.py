@@ -15,10 +15,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.console import STATUS_STYLES, print_table, printable
 from torchherd.console.collapse import fold_names
 from torchherd.inventory import Inventory
-from torchherd.results import CheckReport, CheckResult
 
 SYMBOLS = {"pass": "ok", "warn": "WARN", "fail": "FAIL", "skip": "-"}
 PENDING = "..."

@@ -14,8 +14,8 @@ from rich.text import Text
 
 from torchherd.console import print_table, printable
 from torchherd.console.run import LiveRenderer
+from torchherd.engine.records import AttachedStatus, NodeState, RecoveryStatus, RunRecord, describe_since, recovery_of
 from torchherd.runlog import Status
-from torchherd.runrecord import AttachedStatus, NodeState, RecoveryStatus, RunRecord, describe_since, recovery_of
 from torchherd.words import count
 
 STATE_STYLES = {"running": "cyan", "exited": "green", "gone": "bold red", "unreachable": "bold red",

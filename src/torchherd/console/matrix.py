@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from torchherd.checks.results import ProbeResult
 from torchherd.console import print_table
 from torchherd.console.collapse import fold_names
-from torchherd.results import ProbeResult
 
 GROUP_AFTER = 12
 """The most nodes drawn one by one."""

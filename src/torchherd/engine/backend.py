@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, ClassVar, Mapping, Sequence, Union
 
 from torchherd.checks import CheckOptions
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine import detach as detached
 from torchherd.engine.containers import remove_lost
 from torchherd.engine.events import (
@@ -32,6 +33,7 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import Run, launch, open_nodes, preflight, sync_first, with_probes
+from torchherd.engine.records import NodeState, RunRecord
 from torchherd.engine.recovery.policy import TRIAGE_CHECKS
 from torchherd.engine.recovery.staging import Staged, replicate, stage
 from torchherd.engine.slurm import check as slurm_check
@@ -41,8 +43,6 @@ from torchherd.engine.slurm.batch import BatchJob, batch_job, picked_count, plac
 from torchherd.errors import TorchherdError, UsageError
 from torchherd.inventory import Bandwidth, Host, Recovery
 from torchherd.plan import Plan
-from torchherd.results import CheckReport, CheckResult
-from torchherd.runrecord import NodeState, RunRecord
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector, ssh_hostnames
 

@@ -20,11 +20,11 @@ from typing import IO, Any, Callable, Iterable, Mapping, Sequence, TypeVar, Unio
 
 from torchherd.engine.events import NodeStatus, Observer, Output, RanksRunning
 from torchherd.engine.outcome import OutputTrack
+from torchherd.engine.records import CoordinatorRecord, NodeRecord, RunRecord
 from torchherd.errors import TorchherdError
 from torchherd.inventory import Host
 from torchherd.plan import Plan
 from torchherd.runlog import OutputLine, RankLines, Status, flat
-from torchherd.runrecord import CoordinatorRecord, NodeRecord, RunRecord
 
 Item = TypeVar("Item")
 Line = Union[OutputLine, RankLines]
@@ -239,7 +239,7 @@ def node_record(host: Host, log_file: str, state_file: str, workdir: str | None 
 
 def run_record(plan: Plan, grace: float, nodes: Sequence[NodeRecord], ranks: int,
                coordinator: CoordinatorRecord | None = None, extra: Mapping[str, Any] | None = None) -> RunRecord:
-    """A detached run's record (``runrecord.save`` keeps it): how to find every node again."""
+    """A detached run's record (``records.save`` keeps it): how to find every node again."""
     inventory = plan.inventory
     ssh_config = inventory.cluster.ssh_config
     return RunRecord(run_id=plan.run_id, inventory=str(inventory.path.resolve()), created=time.time(),

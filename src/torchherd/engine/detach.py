@@ -32,12 +32,7 @@ from torchherd.engine.job import (
     supervisor_config,
     supervisor_source,
 )
-from torchherd.errors import TransportError, UsageError
-from torchherd.plan import Plan
-from torchherd.remote import command as node_program
-from torchherd.remote import wire
-from torchherd.runlog import RecordSplitter, Status, parse_status
-from torchherd.runrecord import (
+from torchherd.engine.records import (
     NodeRecord,
     NodeState,
     RunRecord,
@@ -48,6 +43,11 @@ from torchherd.runrecord import (
     remote_state_file,
     save,
 )
+from torchherd.errors import TransportError, UsageError
+from torchherd.plan import Plan
+from torchherd.remote import command as node_program
+from torchherd.remote import wire
+from torchherd.runlog import RecordSplitter, Status, parse_status
 from torchherd.shell import quote_path
 from torchherd.transport import Connected, Connector, Session, connect_all, fan_out
 from torchherd.transport.base import MAX_PARALLEL

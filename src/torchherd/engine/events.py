@@ -14,9 +14,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, TypeVar, Union
 
+from torchherd.checks.results import CheckReport
 from torchherd.errors import TransportError
 from torchherd.remote.wire import StopLevel
-from torchherd.results import CheckReport
 from torchherd.runlog import OutputLine, RankLines, RunSummary, Status, flat
 
 

@@ -13,11 +13,11 @@ import shlex
 from dataclasses import dataclass
 from typing import Mapping
 
+from torchherd.engine.records import CoordinatorRecord
 from torchherd.errors import TransportError
 from torchherd.plan import Plan
 from torchherd.remote import command as node_program
 from torchherd.remote import wire
-from torchherd.runrecord import CoordinatorRecord
 from torchherd.shell import quote_path
 from torchherd.transport import Session
 

@@ -37,6 +37,7 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.failfast import Coordination, start_coordinator
 from torchherd.engine.outcome import Ending, NodeRun, ssh_state, summarise
+from torchherd.engine.records import remote_coordinator_file, remote_log_file, remote_state_file
 from torchherd.engine.recovery.hang import Targets, targets_of
 from torchherd.engine.recovery.straggler import StragglerWatch
 from torchherd.errors import TransportError
@@ -54,7 +55,6 @@ from torchherd.runlog import (
     parse_records,
     visible_text,
 )
-from torchherd.runrecord import remote_coordinator_file, remote_log_file, remote_state_file
 from torchherd.shell import quote_path
 from torchherd.transport import Process, Session, fan_out
 

@@ -24,6 +24,7 @@ from torchherd.checks import CheckOptions, PreflightOutcome, run_preflight
 from torchherd.checks import smoke as smoke_check
 from torchherd.checks.analysis import port as port_check
 from torchherd.checks.analysis.smoke import SmokeRun
+from torchherd.checks.results import CheckReport, CheckResult, ProbeResult
 from torchherd.engine.bookkeeping import max_rank
 from torchherd.engine.events import (
     Collector,
@@ -45,7 +46,6 @@ from torchherd.engine.venvs import build_venvs
 from torchherd.errors import TorchherdError, TransportError
 from torchherd.inventory import Host
 from torchherd.plan import NodePlan, Plan
-from torchherd.results import CheckReport, CheckResult, ProbeResult
 from torchherd.runlog import OutputLine, RunSummary, flat
 from torchherd.transport import Connector, Session, close_all, connect_all, fan_out
 from torchherd.words import count

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Sequence
 
-from torchherd.transport.sshconfig import match_hostname
+from torchherd.transport.sshlines import match_hostname
 
 HASH_MAGIC = "|1|"
 MARKERS = {"@cert-authority": "cert-authority", "@revoked": "revoked"}

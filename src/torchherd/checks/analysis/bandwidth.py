@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any, Literal, Mapping, Sequence
 
 from torchherd.checks.model import MtuProbe, Observed, Transfer
-from torchherd.results import CLUSTER, CheckResult, CheckStatus
+from torchherd.checks.results import CLUSTER, CheckResult, CheckStatus
 
 CHECK = "bandwidth"
 MTU_CHECK = "mtu"

@@ -6,8 +6,8 @@ import ipaddress
 from typing import Any, Callable
 
 from torchherd.checks.model import NodeFacts, Observed
+from torchherd.checks.results import CheckResult
 from torchherd.inventory import Host
-from torchherd.results import CheckResult
 
 NodeAnalysis = Callable[[Observed, Host, NodeFacts], CheckResult]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from torchherd.checks.model import Observed
+from torchherd.checks.results import CheckResult
 from torchherd.inventory import Host
-from torchherd.results import CheckResult
 from torchherd.words import count
 
 CHECK = "container"

@@ -15,8 +15,8 @@ from torchherd.checks.analysis import frontends, iptables
 from torchherd.checks.analysis.common import per_node
 from torchherd.checks.analysis.port import port_range
 from torchherd.checks.model import Json, NodeFacts, Observed
+from torchherd.checks.results import CheckResult
 from torchherd.inventory import Host
-from torchherd.results import CheckResult
 
 CHECK = "firewall"
 

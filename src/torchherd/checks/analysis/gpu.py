@@ -12,8 +12,8 @@ from typing import Callable
 from torchherd.checks.analysis import nvsmi
 from torchherd.checks.analysis.common import mapping, per_node
 from torchherd.checks.model import NodeFacts, Observed
+from torchherd.checks.results import CheckResult, CheckStatus
 from torchherd.inventory import Host
-from torchherd.results import CheckResult, CheckStatus
 
 CHECK = "gpu"
 

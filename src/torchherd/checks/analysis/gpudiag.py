@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from torchherd.checks.model import Observed
-from torchherd.results import CheckResult
+from torchherd.checks.results import CheckResult
 
 CHECK = "gpudiag"
 DiagStatus = Literal["pass", "fail", "warn", "skip", "unknown"]

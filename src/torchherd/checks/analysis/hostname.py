@@ -11,9 +11,9 @@ import ipaddress
 
 from torchherd.checks.analysis.common import is_loopback, per_node, resolved
 from torchherd.checks.model import NodeFacts, Observed
+from torchherd.checks.results import CheckResult
 from torchherd.inventory import Host
 from torchherd.plan import is_ip_address as is_ip
-from torchherd.results import CheckResult
 
 CHECK = "hostname"
 

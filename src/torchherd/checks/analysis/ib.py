@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from torchherd.checks.analysis.common import mapping, per_node
 from torchherd.checks.analysis.gpu import gpu_count
 from torchherd.checks.model import NodeFacts, Observed
+from torchherd.checks.results import CheckResult, CheckStatus
 from torchherd.inventory import Host
-from torchherd.results import CheckResult, CheckStatus
 
 CHECK = "ib"
 DMABUF_NCCL = (2, 19)

@@ -12,10 +12,10 @@ from collections import Counter
 
 from torchherd.checks.analysis.common import is_loopback, per_node, resolved
 from torchherd.checks.model import NodeFacts, Observed
+from torchherd.checks.results import CheckResult
 from torchherd.inventory import Host
 from torchherd.plan import NodeNetwork
 from torchherd.plan import is_ip_address as is_ip
-from torchherd.results import CheckResult
 
 CHECK = "network"
 VIRTUAL_PREFIXES = ("docker", "virbr", "br-", "cni", "flannel", "podman")

@@ -15,8 +15,8 @@ from typing import Literal
 
 from torchherd.checks.analysis.common import per_node
 from torchherd.checks.model import Json, NodeFacts, Observed
+from torchherd.checks.results import CheckResult
 from torchherd.inventory import Host
-from torchherd.results import CheckResult
 
 CHECK = "port"
 MEANING = {"refused": "connection refused: nothing listening, or a REJECT rule",

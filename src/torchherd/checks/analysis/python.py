@@ -6,8 +6,8 @@ from __future__ import annotations
 from torchherd.checks.analysis.common import per_node
 from torchherd.checks.analysis.venv import not_built
 from torchherd.checks.model import NodeFacts, Observed
+from torchherd.checks.results import CheckResult, CheckStatus
 from torchherd.inventory import Host
-from torchherd.results import CheckResult, CheckStatus
 
 CHECK = "python"
 

@@ -24,7 +24,7 @@ from torchherd.checks.analysis import (
     xid,
 )
 from torchherd.checks.model import Observed
-from torchherd.results import CheckResult
+from torchherd.checks.results import CheckResult
 
 Analysis = Callable[[Observed], list[CheckResult]]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torchherd.checks.analysis.common import per_node
 from torchherd.checks.model import NodeFacts, Observed
+from torchherd.checks.results import CheckResult
 from torchherd.inventory import Host
-from torchherd.results import CheckResult
 
 CHECK = "script"
 

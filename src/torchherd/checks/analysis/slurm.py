@@ -8,10 +8,10 @@ import re
 from dataclasses import dataclass
 from typing import Literal, Protocol, Sequence
 
+from torchherd.checks.results import CLUSTER, CheckResult, CheckStatus
 from torchherd.inventory import SlurmSettings
-from torchherd.nodeset import NodesetError
-from torchherd.nodeset import expand as expand_nodeset
-from torchherd.results import CLUSTER, CheckResult, CheckStatus
+from torchherd.inventory.nodeset import NodesetError
+from torchherd.inventory.nodeset import expand as expand_nodeset
 
 
 class Where(Protocol):

@@ -17,8 +17,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from torchherd.checks.results import CLUSTER, CheckResult
 from torchherd.inventory import Inventory
-from torchherd.results import CLUSTER, CheckResult
 from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
 
 CHECK = "smoke"

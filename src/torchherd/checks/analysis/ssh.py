@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torchherd.checks.model import NodeFacts, Observed
-from torchherd.results import CheckResult
+from torchherd.checks.results import CheckResult
 
 SLOW_SHELL_SECONDS = 2.0
 """A trivial command taking longer than this over SSH means a slow login shell."""

@@ -13,9 +13,9 @@ import re
 
 from torchherd.checks.analysis.common import per_node
 from torchherd.checks.model import NodeFacts, Observed
+from torchherd.checks.results import CheckResult
 from torchherd.inventory import Host
 from torchherd.plan import NodeVenv
-from torchherd.results import CheckResult
 from torchherd.shell import quote_path
 
 CHECK = "venv"

@@ -19,8 +19,8 @@ from torchherd.checks.analysis import nvsmi
 from torchherd.checks.analysis.common import per_node
 from torchherd.checks.analysis.gpu import smi_report
 from torchherd.checks.model import NodeFacts, Observed
+from torchherd.checks.results import CheckResult, CheckStatus
 from torchherd.inventory import Host
-from torchherd.results import CheckResult, CheckStatus
 
 CHECK = "xid"
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?\): "

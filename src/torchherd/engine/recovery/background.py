@@ -49,14 +49,7 @@ from torchherd.engine.events import (
     RunStarted,
 )
 from torchherd.engine.job import STOP_MARGIN, LaunchOptions
-from torchherd.engine.recovery.runner import RecoveringRun
-from torchherd.engine.slurm.batch import run_dir
-from torchherd.engine.slurm.detached import slurm_nodes, slurm_record, with_job
-from torchherd.errors import EXIT_FAILED, TorchherdError
-from torchherd.inventory import Host, Recovery
-from torchherd.plan import Plan
-from torchherd.remote.wire import process_start
-from torchherd.runrecord import (
+from torchherd.engine.records import (
     AttemptState,
     CoordinatorRecord,
     NodeRecord,
@@ -72,6 +65,13 @@ from torchherd.runrecord import (
     save,
     with_recovery,
 )
+from torchherd.engine.recovery.runner import RecoveringRun
+from torchherd.engine.slurm.batch import run_dir
+from torchherd.engine.slurm.detached import slurm_nodes, slurm_record, with_job
+from torchherd.errors import EXIT_FAILED, TorchherdError
+from torchherd.inventory import Host, Recovery
+from torchherd.plan import Plan
+from torchherd.remote.wire import process_start
 from torchherd.transport.ssh import SshConnector
 
 ENTRY = ("import sys; sys.path[:] = [entry for entry in sys.path if entry]; "
@@ -198,7 +198,7 @@ def _signal(pid: int, signum: int) -> bool:
 
 class Recorder:
     """The background controller's observer: keeps the run record up to date, atomically
-    (``runrecord.save``), from the events of the attempts (called from several threads)."""
+    (``records.save``), from the events of the attempts (called from several threads)."""
 
     def __init__(self, record: RunRecord, hosts: Mapping[str, Host], workdirs: Mapping[str, str]) -> None:
         self.record = record

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
+from torchherd.checks.results import CheckResult
 from torchherd.inventory import Recovery
-from torchherd.results import CheckResult
 from torchherd.runlog import AttemptEnd, RunSummary
 
 TRIAGE_CHECKS = frozenset({"ssh", "ping", "hostname", "port", "firewall", "python", "gpu", "xid", "ib"})

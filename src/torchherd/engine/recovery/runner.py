@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
 from torchherd.checks import CheckOptions
+from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.bookkeeping import log_dir
 from torchherd.engine.events import (
     AttemptFailed,
@@ -79,7 +80,6 @@ from torchherd.inventory import Bandwidth, Recovery
 from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan
 from torchherd.remote import flight, wire
 from torchherd.remote.container import container_name
-from torchherd.results import CheckReport, CheckResult
 from torchherd.runlog import AttemptRecord, OutputLine, RankLines, RunSummary
 
 ATTEMPT_VARIABLE = wire.ATTEMPT_ENV

@@ -16,7 +16,7 @@ from typing import Sequence
 from torchherd.engine.slurm.container import PYXIS_RUNTIMES, node_run_command, pyxis_options, uses_pyxis
 from torchherd.errors import UsageError
 from torchherd.inventory import SlurmSettings
-from torchherd.nodeset import expand
+from torchherd.inventory.nodeset import expand
 from torchherd.plan import NodePlan, Plan, looks_secret, node_log_dir
 from torchherd.remote.container import NAME_PREFIX, RUNTIMES, ContainerSpec
 from torchherd.shell import quote_path

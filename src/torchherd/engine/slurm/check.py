@@ -19,6 +19,7 @@ from typing import Callable
 from torchherd.checks import CheckOptions, run_preflight
 from torchherd.checks.analysis import slurm as analysis
 from torchherd.checks.model import CHECK_IDS
+from torchherd.checks.results import CLUSTER, CheckReport, CheckResult
 from torchherd.engine.slurm.batch import (
     BatchJob,
     batch_job,
@@ -35,7 +36,6 @@ from torchherd.engine.slurm.commands import (
 )
 from torchherd.errors import TorchherdError, TransportError, UsageError
 from torchherd.plan import Plan, build_plan
-from torchherd.results import CLUSTER, CheckReport, CheckResult
 from torchherd.transport import Connector, Session
 from torchherd.transport.srun import SrunConnector
 

@@ -15,6 +15,7 @@ from torchherd.engine.events import (
     Observer,
 )
 from torchherd.engine.job import LaunchOptions
+from torchherd.engine.records import NodeRecord, NodeState, RunRecord, load, save
 from torchherd.engine.slurm.batch import (
     EXIT,
     OUT,
@@ -36,7 +37,6 @@ from torchherd.errors import TorchherdError, TransportError
 from torchherd.inventory import Host
 from torchherd.plan import Plan
 from torchherd.runlog import Status
-from torchherd.runrecord import NodeRecord, NodeState, RunRecord, load, save
 from torchherd.transport import Connector, Session
 from torchherd.transport.local import LocalSession
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from torchherd.checks.results import CheckReport
 from torchherd.engine.bookkeeping import NodeLogs, dispatch, max_rank
 from torchherd.engine.events import (
     Interrupted,
@@ -55,7 +56,6 @@ from torchherd.engine.slurm.files import BATCH_NODE, Item, RunFiles
 from torchherd.errors import TorchherdError, TransportError
 from torchherd.plan import Plan
 from torchherd.remote.wire import StopLevel
-from torchherd.results import CheckReport
 from torchherd.runlog import STDERR, OutcomeState, OutputLine, RunSummary
 from torchherd.transport import Connector, Session
 from torchherd.transport.srun import SrunConnector

@@ -2,7 +2,7 @@
 started in the foreground, as they know detached ones.
 
 An attached run writes its record into the same private state directory as a detached
-run (``runrecord.runs_dir``) once its job started, and again when it ended; its
+run (``records.runs_dir``) once its job started, and again when it ended; its
 controller (this process) holds the run's controller lock meanwhile, so a controller
 killed mid-run leaves a record that ``status`` calls ``ended (controller gone)``, never
 running forever. Its logs are the local log files the run wrote (``<log dir>/<run
@@ -20,11 +20,7 @@ from typing import Callable
 
 from torchherd.engine.bookkeeping import max_rank, node_record, report, run_record
 from torchherd.engine.events import NodeStatus, Observer
-from torchherd.errors import UsageError
-from torchherd.plan import Plan
-from torchherd.remote.wire import process_start
-from torchherd.runlog import STDERR, STDOUT, OutputLine, RunSummary, Status
-from torchherd.runrecord import (
+from torchherd.engine.records import (
     ATTACHED_KEY,
     AttachedRecord,
     NodeEnding,
@@ -37,6 +33,10 @@ from torchherd.runrecord import (
     save,
     with_attached,
 )
+from torchherd.errors import UsageError
+from torchherd.plan import Plan
+from torchherd.remote.wire import process_start
+from torchherd.runlog import STDERR, STDOUT, OutputLine, RunSummary, Status
 
 INTERRUPTED = 130
 POLL_EVERY = 0.5

@@ -1,0 +1,3 @@
+from torchherd.cli.dispatch import entry
+
+entry()

@@ -1,0 +1,152 @@
+"""Flag groups more than one command takes: the hosts and this run's choices, SLURM's
+``--slurm-KEY``, and ``--sync`` with its uv flags."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from torchherd.cli.values import interval, port, positive
+from torchherd.errors import UsageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def sync_printer(console: Console) -> Callable[[object], None]:
+    from torchherd.console.sync import SyncPrinter
+
+    return SyncPrinter(console)
+
+
+def add_sync_flag(parser: argparse.ArgumentParser, run: bool) -> None:
+    parser.add_argument("--sync", nargs="?", const=True, default=None, metavar="DIR",
+                        help="first make the local project (DIR, else [sync].dir, else the enclosing git repository, "
+                             "else .) identical on every node under its workdir; only changed files travel. "
+                             "Never sent: .git, the log directory, and unless included: .ssh/ .gnupg/ .aws/ .netrc "
+                             "*.pem id_rsa* id_ed25519* (SSH keys) .env .env.* (default: "
+                             + ("with a [sync] table in the inventory" if run else "off") + ")")
+    if run:
+        parser.add_argument("--no-sync", dest="sync", action="store_const", const=False,
+                            help="do not sync, even with a [sync] table in the inventory (default: off)")
+    parser.add_argument("--sync-include", metavar="PATTERN", action="append", default=[],
+                        help="send what matches although the private list or [sync].exclude leaves it out, "
+                             "e.g. .env (gitignore syntax; repeatable; adds to [sync].include; default: none)")
+    parser.add_argument("--sync-anyway", action="store_true",
+                        help="send the home directory, or a directory outside git with over 5000 files or 500 MB, "
+                             "which --sync otherwise refuses (default: off)")
+    parser.add_argument("--uv", action="store_true", default=None,
+                        help="run the job in a venv that uv sync --frozen builds on every node from the synced "
+                             "project's uv.lock, kept while the lock is unchanged (on by itself when the project "
+                             "has pyproject.toml and uv.lock; default: that)")
+    parser.add_argument("--no-uv", dest="uv", action="store_false",
+                        help="the node's configured python, even for a project with uv.lock (default: off)")
+    parser.add_argument("--uv-system-site-packages", action="store_true",
+                        help="the venv also sees the packages of the node's configured python (a torch installed "
+                             "there; default: off)")
+    parser.add_argument("--uv-offline", action="store_true", default=None,
+                        help="nodes without a package index: a node that must build its venv gets the lock's "
+                             "wheels from this machine (downloaded once per node platform, relayed node to node) "
+                             "and builds with no network (default: [uv] offline, else off)")
+
+
+def sync_choices(args: argparse.Namespace, syncs: bool) -> None:
+    """--sync-include and --sync-anyway mean nothing when nothing is synced: said, not ignored."""
+    given = [flag for flag, value in (("--sync-include", args.sync_include), ("--sync-anyway", args.sync_anyway))
+             if value]
+    if given and not syncs:
+        raise UsageError(f"{given[0]} without --sync: nothing is synced", "add --sync [DIR]")
+
+
+def sync_took_the_script(args: argparse.Namespace, extra: Sequence[str]) -> None:
+    """``--sync train.py --lr 3e-4``: --sync's optional DIR took the script (and argparse
+    would only say that ``--lr`` is unknown)."""
+    value = getattr(args, "sync", None)
+    if not isinstance(value, str):
+        return
+    path = Path(value).expanduser()
+    if path.is_dir():
+        return
+    if extra or path.is_file() or (not path.exists() and not getattr(args, "script", None)):
+        raise UsageError(f"--sync took {value!r} as its DIR; write `--sync -- {shlex.quote(value)}`",
+                         "--sync takes an optional DIR: --sync DIR -- SCRIPT [ARGS...] names the project, "
+                         "--sync -- SCRIPT [ARGS...] syncs the enclosing git repository")
+
+
+SLURM_FLAGS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_node", "time", "extra")
+"""Every [slurm] key, as --slurm-KEY on the command line."""
+
+
+def scheduler_flags() -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(add_help=False)
+    add_scheduler_flags(flags)
+    return flags
+
+
+def add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
+    from torchherd.inventory import SCHEDULERS
+
+    group = parser.add_argument_group("SLURM (torchherd docs slurm); each --slurm-KEY overrides [slurm].KEY",
+                                      "default for each --slurm-KEY: [slurm].KEY, else sbatch's own")
+    group.add_argument("--scheduler", choices=SCHEDULERS,
+                       help="who starts the job on the nodes (default: [cluster].scheduler, else ssh)")
+    group.add_argument("--slurm-login", metavar="HOST", help="submit on this host over SSH (default: here)")
+    group.add_argument("--slurm-partition", metavar="NAME", help="sbatch --partition")
+    group.add_argument("--slurm-account", metavar="NAME", help="sbatch --account")
+    group.add_argument("--slurm-nodes", metavar="N", type=positive, help="sbatch --nodes")
+    group.add_argument("--slurm-nodelist", metavar="NODESET", help="sbatch --nodelist, e.g. 'gpu[01-04]'")
+    group.add_argument("--slurm-gpus-per-node", metavar="N", type=positive, help="sbatch --gpus-per-node")
+    group.add_argument("--slurm-time", metavar="LIMIT", help="sbatch --time")
+    group.add_argument("--slurm-extra", metavar="OPTION", action="append",
+                       help="one more sbatch option, e.g. --slurm-extra=--qos=high (repeatable)")
+
+
+def add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False) -> None:
+    """Hosts without an inventory file, and the choices that override it for one run."""
+    group = parser.add_argument_group("hosts without an inventory, and choices for this run")
+    add_first_host_flags(group)
+    add_more_host_flags(group)
+    if nproc:
+        group.add_argument("--nproc-per-node", metavar="N", help=NPROC_HELP)
+
+
+def add_first_host_flags(group: argparse._ActionsContainer) -> None:
+    """The hosts, and where and with what the job runs on them."""
+    group.add_argument("-H", "--hosts", metavar="HOSTS",
+                       help="[user@]host[:port],... (nodesets: gpu[01-16]); no inventory file needed "
+                            "(default: the inventory's hosts)")
+    group.add_argument("--nodelist", metavar="LIST",
+                       help="hosts as a SLURM nodelist: gpu[01-04],cpu1 (default: the inventory's hosts)")
+    group.add_argument("--python", metavar="PATH",
+                       help="the interpreter with torch on every node (default: the inventory's python, else python3)")
+    group.add_argument("--workdir", metavar="DIR",
+                       help="where the job runs on every node (default: the inventory's workdir, else ~)")
+
+
+def add_more_host_flags(group: argparse._ActionsContainer) -> None:
+    """The master, SSH's patience, and a subset of the hosts, for one command."""
+    group.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
+    group.add_argument("--master-port", metavar="PORT", type=port,
+                       help="the master (rendezvous) port, torchrun's --master-port (default: [cluster].port, "
+                            "else 29500)")
+    group.add_argument("--ssh-timeout", metavar="S", type=interval,
+                       help="seconds to connect and authenticate to a node (default: [cluster].ssh_timeout, else 10)")
+    group.add_argument("--include", metavar="HOSTS", help="only these hosts (names, nodesets, globs; default: all)")
+    group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs; default: "
+                       "none)")
+    group.add_argument("--image", metavar="IMAGE",
+                       help="run the job inside this container image on every node (torchherd docs containers; default: "
+                            "[container].image, else none)")
+    group.add_argument("--container-runtime", metavar="RUNTIME",
+                       help="auto, podman, docker, apptainer or enroot (default: [container].runtime, auto)")
+    group.add_argument("--pull", metavar="POLICY",
+                       help="never (default), missing or always: run pulls the image on every node at once before "
+                            "its preflight, a bar per node (check never pulls)")
+    group.add_argument("--image-archive", metavar="FILE",
+                       help="a docker save / podman save tar of the image: sent once, relayed node to node and loaded "
+                            "on every node that lacks the image, before the launch (default: [container].archive)")
+
+
+NPROC_HELP = "processes per node: an int, gpu, cpu or auto (default: each host's nproc_per_node, else 1)"

@@ -1,0 +1,97 @@
+"""The commands about runs already started: ``status``, ``logs``, ``attach`` and ``stop``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from torchherd.cli.contract import emit
+from torchherd.cli.values import count, grace
+from torchherd.errors import EXIT_FAILED, EXIT_OK
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    from torchherd.api import DetachedRun, attach, damaged_runs, runs
+    from torchherd.console.detach import ListedRun, render_runs, render_status, run_json
+
+    def listed(run: DetachedRun) -> ListedRun:
+        recovery = run.recovery()  # first: it reads the record again (a later attempt's nodes)
+        states = run.status()
+        return ListedRun(run.record, states, recovery, run.controller())
+
+    if args.run:
+        row = listed(attach(args.run))
+        if args.json:
+            emit(args, run_json(row))
+        else:
+            render_status(console, row.record, row.states, row.recovery, row.attached)
+    elif args.json:
+        emit(args, {"runs": [run_json(listed(run)) for run in runs()]})
+    else:
+        render_runs(console, [listed(run) for run in runs()], damaged_runs())
+    return EXIT_OK
+
+
+def _follow(args: argparse.Namespace, console: Console, follow: bool) -> int:
+    """Renders the run's logs; 0 when every node that finished exited 0."""
+    from torchherd.api import attach
+    from torchherd.console.observer import ConsoleObserver
+    from torchherd.console.run import LiveRenderer
+
+    run = attach(args.run)
+    renderer = LiveRenderer(console, [node.name for node in run.record.nodes], run.record.max_rank)
+    codes = run.follow(ConsoleObserver(console, renderer), follow=follow, node=getattr(args, "node", None),
+                       rank=getattr(args, "rank", None))
+    return EXIT_OK if all(code == 0 for code in codes.values()) else EXIT_FAILED
+
+
+def cmd_logs(args: argparse.Namespace, console: Console) -> int:
+    return _follow(args, console, args.follow)
+
+
+def cmd_attach(args: argparse.Namespace, console: Console) -> int:
+    try:
+        return _follow(args, console, True)
+    except KeyboardInterrupt:
+        from torchherd.api import attach
+
+        # an attached run's own terminal stops it (attach only followed its logs)
+        how = "Ctrl-C in its own terminal" if attach(args.run).attached else f"torchherd stop {args.run}"
+        console.print(f"detached; the run goes on ({how} stops it)", markup=False, highlight=False)
+        return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace, console: Console) -> int:
+    from torchherd.api import attach
+    from torchherd.console.detach import render_stopped
+
+    run = attach(args.run)
+    recovery = run.recovery()
+    left = run.stop(args.grace)
+    return EXIT_OK if render_stopped(console, run.record, left, recovery) else EXIT_FAILED
+
+
+def add_detached_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    status = commands.add_parser("status", help="state of runs (detached, and the attached ones of the history), per node")
+    status.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    status.add_argument("run", nargs="?", metavar="RUN", help="run id (default: every known run)")
+    status.set_defaults(handler=cmd_status)
+
+    logs = commands.add_parser("logs", help="a run's output (detached or attached), with node:rank prefixes")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
+    logs.add_argument("--node", metavar="N", help="only this node")
+    logs.add_argument("--rank", metavar="R", type=count, help="only this global rank")
+    logs.add_argument("run", metavar="RUN", help="run id")
+    logs.set_defaults(handler=cmd_logs)
+
+    stop = commands.add_parser("stop", help="stop a detached run on every node, and confirm nothing is left")
+    stop.add_argument("--grace", type=grace, metavar="S", help="SIGTERM to SIGKILL (default: the run's)")
+    stop.add_argument("run", metavar="RUN", help="run id")
+    stop.set_defaults(handler=cmd_stop)
+
+    attach = commands.add_parser("attach", help="follow a detached run live; Ctrl-C detaches, never stops")
+    attach.add_argument("run", metavar="RUN", help="run id")
+    attach.set_defaults(handler=cmd_attach)
