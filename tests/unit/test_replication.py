@@ -6,6 +6,7 @@ recovering run handing each new checkpoint to the copier with the attempt's ring
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -354,6 +355,14 @@ def test_a_replica_is_checked_against_the_hash_the_source_sends_after_the_bytes(
     assert find(receiver, path)["sha256"] == hashed["sha256"]
 
 
+def _copy_begun(receiver: Path) -> bool:
+    for path in receiver.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_size > 0:
+                return True
+    return False
+
+
 def test_a_checkpoint_that_changes_while_it_is_sent_is_kept_by_no_receiver(tmp_path: Path) -> None:
     source, receiver = tmp_path / "node0", tmp_path / "node1"
     source.mkdir()
@@ -362,7 +371,11 @@ def test_a_checkpoint_that_changes_while_it_is_sent_is_kept_by_no_receiver(tmp_p
     expect = {**find(source, "snapshot.pt"), "sha256": None}
 
     def save_again() -> None:  # the job writes its next snapshot in place while the copy is paced
-        time.sleep(0.5)
+        # Once the receiver holds part of the copy (a fixed wait lost the race on a loaded
+        # machine, where the copy began after the write): at 1 MB/s, 2 MB take 2 s more.
+        deadline = time.monotonic() + 60
+        while not _copy_begun(receiver) and time.monotonic() < deadline:
+            time.sleep(0.01)
         with open(source / "snapshot.pt", "r+b") as file:
             file.write(b"epoch 6")
 
