@@ -6,11 +6,14 @@ phases, and how the cluster tests are shared between two pytest-xdist workers.
 * ``unit``: every test not marked ``cluster`` (no root needed), on both cores (``-n 2``).
 * ``cluster``: the cluster tests not marked ``serial``, on two workers with ``--dist
   loadgroup``. Every test of one module is in one group (the module's name), so a
-  module-scoped cluster is built once, on one worker; ``xdist_group`` marks of a test's
-  own (the SLURM modules: ``slurm``) take its place.
+  module-scoped cluster is built once, on one worker (an ``xdist_group`` mark of a test's
+  own takes its place).
 * ``serial``: the cluster tests marked ``serial``, one at a time with nothing beside them.
   They measure time or CPU (node-loss detection, the terminal's rates, bandwidth and MTU,
-  the straggler, scale): another cluster test on the other core would bend what they see.
+  the straggler, scale, the checks' and the hang watch's budgets of seconds) or did not
+  hold beside another cluster test on a loaded machine (SLURM): another cluster test on
+  the other core would bend what they see. A module split between the phases builds its
+  module-scoped cluster once in each.
 
 The shared fakes and builders are in ``tests/support`` (pytest's ``pythonpath`` in
 pyproject.toml puts tests/ and tests/cluster on ``sys.path``), never in a test module: no
@@ -26,9 +29,9 @@ PHASES = ("unit", "cluster", "serial")
 # the next module when it is almost done with its last (scripts/test passes
 # --no-loadscope-reorder, so this order holds): longest first leaves no long module to
 # start near the end while the other worker idles. Modules not named here come last.
-LONGEST_FIRST = ("test_slurm", "test_slurm_containers", "test_containers", "test_run_recovery", "test_check",
-                 "test_detach_retries", "test_ssh_topologies", "test_local_cluster", "test_detach",
-                 "test_ssh_aliases", "test_run", "test_one_command", "test_api", "test_uv_project")
+LONGEST_FIRST = ("test_run_recovery", "test_containers", "test_check", "test_detach_retries", "test_detach", "test_run",
+                 "test_ssh_aliases", "test_ssh_topologies", "test_uv_project", "test_one_command", "test_api",
+                 "test_local_cluster", "test_run_scripts", "test_ssh_host_keys", "test_transport")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -92,6 +92,7 @@ def test_a_rank_crash_once_then_success_on_the_same_nodes(four: LocalCluster, tm
     assert_clean(four)
 
 
+@pytest.mark.serial  # timed: a budget of seconds (tests/conftest.py)
 @pytest.mark.timeout(180)
 def test_a_silent_spare_costs_the_triage_one_ssh_timeout(four: LocalCluster, tmp_path: Path) -> None:
     """node3's sshd stopped: the kernel accepts the connection, no banner comes. It was
@@ -222,6 +223,7 @@ def test_ctrl_c_between_attempts_leaves_nothing(make_cluster: Callable[..., Loca
         cluster.restore_network("node2")
 
 
+@pytest.mark.serial  # timed: a budget of seconds (tests/conftest.py)
 @pytest.mark.timeout(180)
 def test_a_hang_names_the_stuck_rank_and_its_frame(four: LocalCluster, tmp_path: Path) -> None:
     # Rank 1 (node1) sleeps at step 5; ranks 0 and 2 wait for it in all_reduce, silent, without CPU.
