@@ -19,7 +19,9 @@ user never imports rich. The public names:
   checkpoint staged and replicated (``Bandwidth``: the cap on a replica's copy).
 - ``RunSummary``, ``NodeOutcome``, ``AttemptRecord``, ``OutputLine``: how a run ended, and
   its lines; ``CheckReport``, ``CheckResult``: what the preflight found.
-- ``events``: the typed events an observer (``on_event``) receives.
+- ``events``: the typed events an observer (``on_event``) receives; ``events_of(run_id)``:
+  a run's history, those events and its nodes' samples with their times; ``report(run_id,
+  path)``: that history as one self-contained HTML page (``pip install 'torchherd[report]'``).
 - ``TorchherdError`` (``UsageError``, ``TransportError``), ``LaunchAborted``,
   ``DetachedStartFailed``: what can go wrong, each with a hint.
 """
@@ -39,6 +41,7 @@ _API = {
     "CheckResult": "torchherd.checks.results", "TorchherdError": "torchherd.errors", "UsageError": "torchherd.errors",
     "TransportError": "torchherd.errors", "events": "torchherd.engine.events", "Recovery": "torchherd.inventory",
     "Bandwidth": "torchherd.inventory", "RecoveringRun": "torchherd.api", "AttemptRecord": "torchherd.runlog",
+    "report": "torchherd.api", "events_of": "torchherd.api",
 }
 __all__ = sorted(_API) + ["__version__"]
 
@@ -52,7 +55,9 @@ if TYPE_CHECKING:  # the names __getattr__ loads, for type checkers and editors
         Run,
         attach,
         damaged_runs,
+        events_of,
         new_run_id,
+        report,
         runs,
     )
     from torchherd.checks.results import CheckReport, CheckResult  # noqa: F401

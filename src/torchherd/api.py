@@ -16,6 +16,7 @@ import queue
 import secrets
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeVar, overload
@@ -32,7 +33,8 @@ from torchherd.engine.backend import (
     backend_for,
     backend_of,
 )
-from torchherd.engine.events import Event, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
+from torchherd.engine.eventlog import HistoryRecorder, Recorded, recording
+from torchherd.engine.events import Event, EventsNotKept, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.launch import LaunchAborted, Run
 from torchherd.engine.records import (
@@ -70,6 +72,16 @@ from torchherd.inventory import (
     with_spares,
 )
 from torchherd.inventory.nodeset import NodesetError, expand
+from torchherd.inventory.options import (
+    GRACE,
+    UV,
+    UV_OFFLINE,
+    UV_SYSTEM_SITE_PACKAGES,
+    OptionError,
+    checked_recovery,
+    given_fields,
+    recovery_problem,
+)
 from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
 from torchherd.runlog import OutputLine, flat
 from torchherd.transport import Connector
@@ -378,6 +390,12 @@ class Cluster:
         unknown = sorted(((picked or frozenset()) | left_out) - set(CHECK_IDS))
         if unknown:  # before the sync and the connections, not after them
             raise UsageError(f"unknown check id {', '.join(unknown)}", f"known ids: {', '.join(CHECK_IDS)}")
+        if grace is not None:
+            GRACE.from_argument(grace)
+        if recovery is not None:  # the file's [recovery] was checked as the file was read
+            needs = recovery_problem(checked_recovery(recovery), given_fields(recovery, self.recovery), "argument")
+            if needs is not None:
+                raise needs
         recovery = recovery if recovery is not None else self.recovery
         problem = heartbeat_problem(recovery)
         if problem is not None:
@@ -385,17 +403,40 @@ class Cluster:
         options = LaunchOptions(check=check, only=picked, skip=left_out, log_dir=Path(log_dir), grace=grace,
                                 fail_fast=fail_fast, heartbeat=recovery.heartbeat,
                                 heartbeat_misses=recovery.heartbeat_misses)
-        observer = on_event or ignore
+        told = on_event or ignore
+        history = HistoryRecorder(failed=lambda reason: told(EventsNotKept(reason)))
+        observer = recording(told, history)
         if recovery.retries > 0 or recovery.hang_timeout is not None:
-            self.backend.allow_recovery(plan, recovery)
-            if not detach:
-                recovering = RecoveringRun(self.backend, plan, options, recovery, observer).start()
-                return _remembered(recovering, plan, options, observer)
-            return DetachedRun(start_background(self.backend, plan, options, recovery, observer), self.connector)
+            with _named_as_arguments():
+                self.backend.allow_recovery(plan, recovery)
+                if not detach:
+                    recovering = RecoveringRun(self.backend, plan, options, recovery, observer).start()
+                    return _remembered(recovering, plan, options, observer)
+                record = start_background(self.backend, plan, options, recovery, observer)
+                _kept_before(history, options.log_dir / plan.run_id)  # the preflight; the controller appends the rest
+                return DetachedRun(record, self.connector)
         if detach:
             return DetachedRun(self.backend.start_detached(plan, options, observer), self.connector)
         run = self.backend.launch(plan, options, observer)
         return _remembered(run, plan, options, run.report)
+
+
+def _kept_before(history: HistoryRecorder, directory: Path) -> None:
+    """What the foreground recorded before the background controller took the run over."""
+    history.keep_in(directory)
+    history.close()
+
+
+@contextmanager
+def _named_as_arguments() -> Iterator[None]:
+    """The engine names a value it refuses by its flag, for its own callers; a ``Cluster``
+    caller passed it as an argument (``Recovery(min_nodes=9)``), and is told so."""
+    try:
+        yield
+    except OptionError as error:
+        if error.final:
+            raise
+        raise error.as_argument() from None
 
 
 def _remembered(run: RunT, plan: Plan, options: LaunchOptions, report: Observer) -> RunT:
@@ -414,25 +455,28 @@ def _remembered(run: RunT, plan: Plan, options: LaunchOptions, report: Observer)
 def _uv_options(sync: SyncOptions | None, uv: bool | None, system_site_packages: bool, offline: bool = False,
                 asked_offline: bool = False) -> UvOptions | None:
     """A uv-locked project's options: the synced project's lock, hashed here. ``offline``
-    from the inventory alone (not ``asked_offline``) is no error where no venv is built."""
+    from the inventory alone (not ``asked_offline``) is no error where no venv is built.
+    Errors name the arguments (the CLI names its flags: ``OptionError``)."""
+    asked = UV if uv else UV_SYSTEM_SITE_PACKAGES if system_site_packages else UV_OFFLINE if asked_offline else None
     if uv is False:
         if system_site_packages or asked_offline:
-            flag = "--uv-system-site-packages" if system_site_packages else "--uv-offline"
-            raise UsageError(f"{flag}: not with --no-uv", "leave one of them out")
+            option = UV_SYSTEM_SITE_PACKAGES if system_site_packages else UV_OFFLINE
+            raise OptionError(option, True, "not with uv=False", "leave one of them out",
+                              flag_problem="not with --no-uv")
         return None
     if sync is None:
-        if uv or system_site_packages or asked_offline:
-            flag = "--uv" if uv else "--uv-system-site-packages" if system_site_packages else "--uv-offline"
-            raise UsageError(f"{flag}: the venv is built from the synced project's uv.lock, and nothing is synced",
-                             "add --sync (or a [sync] table) to send the project with its lock")
+        if asked is not None:
+            raise OptionError(asked, True, "the venv is built from the synced project's uv.lock, and nothing is "
+                              "synced", "pass sync=True too (or add a [sync] table) to send the project with its lock",
+                              flag_hint="add --sync (or a [sync] table) to send the project with its lock")
         return None
     lock_hash = uv_lock_hash(Path(sync.source))
     if lock_hash is None:
-        if uv or system_site_packages or asked_offline:
-            flag = "--uv" if uv else "--uv-system-site-packages" if system_site_packages else "--uv-offline"
+        if asked is not None:
             missing = " and ".join(name for name in UV_FILES if not (Path(sync.source) / name).is_file())
-            raise UsageError(f"{flag}: {sync.source} has no {missing or 'readable uv.lock'}",
-                             f"lock the project first (uv lock, in {sync.source}), or leave {flag} out")
+            first = f"lock the project first (uv lock, in {sync.source}), or leave "
+            raise OptionError(asked, True, f"{sync.source} has no {missing or 'readable uv.lock'}",
+                              first + f"{asked.name} out", flag_hint=first + f"{asked.flag} out")
         return None
     return UvOptions(lock_hash, system_site_packages, offline)
 
@@ -622,3 +666,33 @@ def damaged_runs() -> list[str]:
 def attach(run_id: str, connector: Connector | None = None) -> DetachedRun:
     """The detached run ``run_id`` (UsageError when no record of it is here)."""
     return DetachedRun(load_record(run_id), connector)
+
+
+def report(run_id: str, path: str | Path | None = None) -> Path:
+    """Writes run ``run_id``'s report, one self-contained HTML page (the timeline of its
+    nodes and attempts, progress, busy shares, GPU heatmaps, the preflight, the summary), to
+    ``path`` (default: ``report.html`` in the run's log directory); returns its path.
+    Needs plotly (``pip install 'torchherd[report]'``): UsageError naming it where missing."""
+    from torchherd.runreport import default_path, story, write_html
+    from torchherd.runreport.html import plotly_modules
+
+    plotly_modules()  # before the history is read: the one line that names the extra
+    found = story(run_id)
+    return write_html(found, Path(path) if path is not None else default_path(run_id))
+
+
+def report_text(run_id: str) -> str:
+    """Run ``run_id``'s story in a few lines (``report RUN --text``)."""
+    from torchherd.runreport import story
+    from torchherd.runreport.text import story_text
+
+    return story_text(story(run_id))
+
+
+def events_of(run_id: str) -> list[Recorded]:
+    """Run ``run_id``'s history, oldest first: each typed event (``torchherd.events``) and
+    node sample (``NodeStatus``: gpu, busy, progress; ``LinesSeen``) with its time
+    (``Recorded.at``, seconds since the epoch), as its controller received them."""
+    from torchherd.runreport import history_of
+
+    return history_of(run_id)

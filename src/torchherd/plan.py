@@ -16,7 +16,16 @@ from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from torchherd.errors import UsageError
-from torchherd.inventory import CONTROL, ENV_NAME, MAX_NPROC, NPROC_WORDS, Host, Inventory
+from torchherd.inventory import CONTROL, Host, Inventory
+from torchherd.inventory.options import (
+    MAX_RESTARTS_OPTION,
+    MONITOR_INTERVAL,
+    NNODES,
+    NPROC_PER_NODE,
+    RDZV_CONF,
+    OptionError,
+    env_problem,
+)
 from torchherd.remote import container as containers
 from torchherd.remote import wire
 from torchherd.remote.wire import RANK_PREFIX_TEMPLATE
@@ -315,11 +324,13 @@ def build_plan(inventory: Inventory, options: RunOptions, networks: Mapping[str,
     cluster = inventory.cluster
     backend, backend_note = _rendezvous(inventory, options)
     if options.nnodes and ":" in options.nnodes and backend != "c10d":
-        raise UsageError(f"--nnodes {options.nnodes}: an elastic range needs the c10d rendezvous",
-                         "add --rdzv-backend c10d, or set rdzv_backend = \"c10d\" in [cluster]")
+        raise OptionError(NNODES, options.nnodes, "an elastic range needs the c10d rendezvous",
+                          'pass rdzv_backend="c10d" too, or set rdzv_backend = "c10d" in [cluster]',
+                          flag_hint='add --rdzv-backend c10d, or set rdzv_backend = "c10d" in [cluster]')
     if options.rdzv_conf and backend != "c10d":  # torchrun's static rendezvous reads no --rdzv-conf
-        raise UsageError(f"--rdzv-conf {options.rdzv_conf}: only the c10d rendezvous takes it, and this run's is "
-                         f"{backend}", "add --rdzv-backend c10d, or leave --rdzv-conf out")
+        raise OptionError(RDZV_CONF, options.rdzv_conf, f"only the c10d rendezvous takes it, and this run's is "
+                          f"{backend}", 'pass rdzv_backend="c10d" too, or leave rdzv_conf out',
+                          flag_hint="add --rdzv-backend c10d, or leave --rdzv-conf out")
     master = inventory.hosts[0]
     master_addr, master_note = _master_address(inventory, options, networks, ssh_hostnames)
     nodes = tuple(
@@ -566,8 +577,7 @@ def parse_env_assignments(assignments: Sequence[str]) -> dict[str, str]:
     env: dict[str, str] = {}
     for assignment in assignments:
         name, sep, value = assignment.partition("=")
-        # ENV_NAME, not str.isidentifier: that takes "ÄÖ", which no shell takes as a name
-        if not sep or not ENV_NAME.match(name) or "\0" in value:
+        if not sep or env_problem(name, value) is not None:
             raise UsageError(f"--env {assignment!r}: expected NAME=VALUE (NAME: ASCII letters, digits, '_')",
                              "for example --env NCCL_DEBUG=INFO")
         env[name] = value
@@ -597,20 +607,16 @@ def _check_options(options: RunOptions) -> None:
         try:
             check_nnodes(options.nnodes)
         except ValueError as error:
-            raise UsageError(f"--nnodes: {error}") from None
-    restarts = options.max_restarts
-    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
-        raise UsageError(f"max_restarts {restarts!r}: expected an integer of 0 or more")
-    interval = options.monitor_interval
-    if interval is not None and not (isinstance(interval, (int, float)) and 0 < interval <= 86400):
-        raise UsageError(f"monitor_interval {interval!r}: expected seconds above 0")
-    nproc = options.nproc_per_node
-    if nproc is not None and not (nproc in NPROC_WORDS if isinstance(nproc, str) else
-                                  not isinstance(nproc, bool) and isinstance(nproc, int) and 1 <= nproc <= MAX_NPROC):
-        raise UsageError(f"nproc_per_node {nproc!r}: expected an integer from 1 to {MAX_NPROC}, gpu, cpu or auto")
+            raise OptionError(NNODES, options.nnodes, str(error)) from None
+    MAX_RESTARTS_OPTION.from_argument(options.max_restarts)
+    if options.monitor_interval is not None:
+        MONITOR_INTERVAL.from_argument(options.monitor_interval)
+    if options.nproc_per_node is not None:
+        NPROC_PER_NODE.from_argument(options.nproc_per_node)
     for name, value in options.extra_env.items():
-        if not ENV_NAME.match(name) or "\0" in value:
-            raise UsageError(f"env {name!r}: expected an ASCII variable name and a value without NUL")
+        problem = env_problem(name, value)
+        if problem is not None:
+            raise UsageError(f"plan(env={{{name!r}: ...}}): {problem}")
     for key, text in (("master_addr", options.master_addr), ("rdzv_conf", options.rdzv_conf)):
         if text is not None and CONTROL.search(text):
             raise UsageError(f"{key} {text!r}: holds a control character")
@@ -623,6 +629,6 @@ def _check_hosts(inventory: Inventory) -> None:
             if CONTROL.search(text):
                 raise UsageError(f"{host.name}: {key} {text!r}: holds a control character (a newline, a NUL, ...)")
         for name, value in host.env.items():
-            if not ENV_NAME.match(name) or "\0" in value:
-                raise UsageError(f"{host.name}: env {name!r}: expected an ASCII variable name and a value "
-                                 "without NUL")
+            problem = env_problem(name, value)
+            if problem is not None:
+                raise UsageError(f"{host.name}: env {name!r}: {problem}")

@@ -48,7 +48,7 @@ def test_the_documented_example_runs_as_written(cluster: LocalCluster, tmp_path:
     assert "rich" not in done.stderr
     run_dirs = list((tmp_path / "logs").iterdir())
     assert len(run_dirs) == 1 and sorted(path.name for path in run_dirs[0].iterdir()) == [
-        "node0.log", "node1.log", "node2.log"]
+        "events.jsonl", "node0.log", "node1.log", "node2.log"]  # the run's history (docs/run.md, "The report")
 
 
 def test_a_run_through_the_api_never_imports_rich(cluster: LocalCluster, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -100,6 +101,13 @@ def test_a_detached_recovering_run_outlives_its_terminal(cluster: LocalCluster, 
     assert code == 0, out  # the last attempt ended well on node1
     assert len(re.findall(r"==== torchherd: attempt \d ", out)) == 2, out
     assert "failing on purpose" in out and "attempt 2, starting at step 5" in out, out
+    # its history, kept by the background controller in the run's log directory
+    assert stat.S_IMODE((logs / run_id / "events.jsonl").stat().st_mode) == 0o600
+    code, out = cli(cluster, "report", run_id, "--text")
+    assert code == 0, out
+    assert re.search(r"^attempt 1 on node0, node1: .*, node1 rank 1 failed first", out, re.M), out
+    assert re.search(r"^recovery after attempt 1: .* to ranks running again \(triage of 2 nodes", out, re.M), out
+    assert re.search(r"^attempt 2 on node0, node1: ", out, re.M), out
     assert_clean(cluster)
 
 

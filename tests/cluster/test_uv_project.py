@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from io import StringIO
 from pathlib import Path
@@ -141,6 +142,40 @@ def test_a_locked_project_runs_in_its_venv_everywhere_reuses_it_and_check_names_
     assert f"node1:1: rank 1 sum 2 prefix {shipped.path} value from the lock" in out, out
     assert cluster.ssh("node1", f"test -x {sent}").returncode == 0
     assert cluster.ssh("node0", f"test -e {sent}").returncode != 0  # node0 had its own: nothing sent there
+
+
+@pytest.mark.timeout(300)
+def test_a_venv_dir_another_user_made_is_refused_and_their_venv_never_runs(
+        make_cluster: object, tmp_path: Path, other_user: str) -> None:
+    """node1: another user made the venv_dir first, with a venv under the name the lock's key
+    gives (computable from the synced uv.lock), marked as built, whose python leaves a trace.
+    node1 is refused in one line naming the directory; node0 (its venv_dir its own) builds."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    cluster: LocalCluster = make_cluster(2, shared_paths=(str(REPO_ROOT), sys.prefix, str(shared)))  # type: ignore[operator]
+    wrapper, log = counting_uv(shared)
+    inventory = cluster.inventory.with_name("uv.toml")
+    inventory.write_text(cluster.inventory.read_text().replace(
+        'workdir = "/tmp"', f'workdir = "/tmp"\nuv = "{wrapper}"\nvenv_dir = "/tmp/venvs"'))
+    project = locked_project(tmp_path / "proj", TRAIN)
+    venv = Cluster.from_toml(inventory).override(workdir="/tmp/work").plan(
+        "train.py", sync=project, uv_system_site_packages=True).nodes[1].venv
+    assert venv is not None and venv.path.startswith("/tmp/venvs/")
+    plant = (f"mkdir -m 755 /tmp/venvs && mkdir -p -m 755 {venv.path}/bin && "
+             f"printf '#!/bin/sh\\ntouch /tmp/planted-ran\\n' > {venv.path}/bin/python && "
+             f"chmod 755 {venv.path}/bin/python && "
+             f"echo '{{\"key\": \"{venv.key}\"}}' > {venv.path}/.torchherd-venv")
+    done = cluster.ssh("node1", f"runuser -u {other_user} -- sh -c {shlex.quote(plant)}")
+    assert done.returncode == 0, done.stderr
+    code, out = cli("-i", str(inventory), "run", "--nproc-per-node", "1", "--log-dir", str(tmp_path / "logs"),
+                    "--workdir", "/tmp/work", "--sync", str(project), "--uv-system-site-packages", "--", "train.py")
+    assert code == 1, out
+    assert (f"node1: venv not built: /tmp/venvs cannot hold venvs: it is {other_user}'s, not yours (mode 0755); "
+            "another user could swap or redirect what is built and run there (use a venv_dir only you can write)"
+            in out), out
+    assert builds(log) == ["node0"], log.read_text()
+    assert "rank 0" not in out
+    assert cluster.ssh("node1", "test -e /tmp/planted-ran").returncode != 0
 
 
 @pytest.mark.timeout(600)

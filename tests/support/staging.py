@@ -53,12 +53,15 @@ def relay_chain(workdirs: list[Path], expect: dict[str, object], token: str = "t
         process.stdin.write((json.dumps(config) + "\n").encode())
         process.stdin.flush()
         ports.append(json.loads(process.stdout.readline())["port"])
-    if stranger:  # connects first to the source, with the wrong token: refused, the chain goes on
+    if stranger:  # connects first to the source, answers its nonce with a guess: refused, the chain goes on
         import socket
 
         with socket.create_connection(("127.0.0.1", ports[0])) as sock:
             sock.sendall(b"guess\n")
-            assert sock.recv(10) == b""
+            heard = b""
+            while block := sock.recv(100):
+                heard += block
+            assert heard.startswith(b"torchherd-relay 1 ") and heard.count(b"\n") == 1, heard  # the greeting only
     for index, process in enumerate(processes[1:], 1):
         assert process.stdin is not None
         process.stdin.write((json.dumps({"upstream": ["127.0.0.1", ports[index - 1]]}) + "\n").encode())

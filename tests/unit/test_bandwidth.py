@@ -286,6 +286,51 @@ def test_the_bandwidth_listener_takes_no_stranger() -> None:
     assert receiver.stderr.read() == b""
 
 
+def test_strangers_dribbling_a_byte_at_a_time_hold_no_receiver_slot() -> None:
+    """16 strangers, each sending a byte every half second and never a line, take every slot
+    a receiver has; the header's 2 s are in all, not per read: they are dropped by then, and
+    the check's own sender measures."""
+    import threading
+
+    receiver = node_script(stderr=subprocess.PIPE)
+    stop = threading.Event()
+    strangers: list[socket.socket] = []
+    try:
+        assert receiver.stdout is not None and receiver.stderr is not None
+        port = json.loads(receiver.stdout.readline())["tcp"]
+        strangers = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(16)]
+
+        def dribble() -> None:
+            while not stop.wait(0.5):
+                for sock in strangers:
+                    try:
+                        sock.send(b"{")
+                    except OSError:
+                        pass
+
+        threading.Thread(target=dribble, daemon=True).start()
+        time.sleep(3.5)
+        sender = node_script()
+        try:
+            assert sender.stdout is not None
+            json.loads(sender.stdout.readline())
+            sent = ask(sender, {"id": 1, "send": ["127.0.0.1", port], "seconds": 0.2})
+            assert isinstance(sent.get("bytes"), int) and sent["bytes"] > 0, sent
+        finally:
+            assert sender.stdin is not None
+            sender.stdin.close()
+            sender.wait(timeout=10)
+        stop.set()
+        assert all(_dropped(sock) for sock in strangers)
+    finally:
+        stop.set()
+        for sock in strangers:
+            sock.close()
+        assert receiver.stdin is not None
+        receiver.stdin.close()
+        receiver.wait(timeout=10)
+
+
 def _echoed(port: int, datagram: bytes, source: str = "127.0.0.1", wait: float = 0.5) -> list[bytes]:
     """What the echo at ``port`` sends back to ``source`` for ``datagram`` (each answer)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:

@@ -29,11 +29,11 @@ def test_an_abbreviated_flag_is_refused_never_taken_for_a_longer_one(flag: str, 
 
 @pytest.mark.parametrize("args,line", [
     (["rn"], "error: torchherd: unknown command 'rn'; did you mean 'run'? "
-             "(commands: hosts, check, run, status, logs, stop, attach, init, docs, completion)"),
+             "(commands: hosts, check, run, status, logs, report, stop, attach, init, docs, completion)"),
     (["-i", "h.toml", "stauts"], "error: torchherd: unknown command 'stauts'; did you mean 'status'? "
-                                 "(commands: hosts, check, run, status, logs, stop, attach, init, docs, completion)"),
-    (["launch"], "error: torchherd: unknown command 'launch' (commands: hosts, check, run, status, logs, stop, "
-                 "attach, init, docs, completion)"),
+                                 "(commands: hosts, check, run, status, logs, report, stop, attach, init, docs, completion)"),
+    (["launch"], "error: torchherd: unknown command 'launch' (commands: hosts, check, run, status, logs, report, "
+                 "stop, attach, init, docs, completion)"),
     (["run", "--rdzv-backend", "c01d", "--", "x.py"], "error: torchherd run: argument --rdzv-backend: invalid "
                                                       "choice 'c01d'; did you mean 'c10d'? (choose from static, c10d)"),
     (["run", "--no-chek", "--", "x.py"], "error: torchherd: unrecognized arguments: --no-chek; did you mean --no-check?"),

@@ -270,7 +270,7 @@ def test_bash_completion_completes_commands_flags_and_choices() -> None:
         "complete -o default -F _torchherd torchherd",
         "run", "check", "--nproc-per-node", "static c10d", "--mesh", "bash zsh fish",
         "",  # after --: the script's own words, left to the shell's file completion
-        "hosts check run status logs stop attach init docs completion"]
+        "hosts check run status logs report stop attach init docs completion"]
 
 
 @pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")

@@ -59,7 +59,7 @@ def test_any_inventory_bytes_load_or_fail_cleanly(raw: bytes) -> None:
 @FUZZ
 @given(st.text(max_size=20))
 def test_the_cli_value_parsers_accept_or_refuse_cleanly(text: str) -> None:
-    for parse_flag in (converters.grace, converters.interval, converters.count, converters.nnodes):
+    for parse_flag in (converters.grace, converters.ssh_timeout, converters.count, converters.nnodes):
         try:
             value = parse_flag(text)
         except argparse.ArgumentTypeError:

@@ -6,6 +6,7 @@ the answers a hostile or broken node could send."""
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,7 @@ def test_a_facts_answer_that_is_not_an_object_is_that_nodes_failure(tmp_path: Pa
 FLOOD = "import sys, time\nsys.stdout.write('x' * (20 << 20)); sys.stdout.flush(); time.sleep(30)\n"
 
 
-def _read_line(script: str, seconds: float) -> tuple[float, bytes | None, int]:
+def _read_line(script: str, seconds: float, sync: bool = False) -> tuple[float, bytes | None, int]:
     """A line read from a real local process that never ends one: how long it took, what it
     gave, and how much the reader held after. The process is killed after 8 s whatever
     happens (so a reader that never gives up still ends, and the test fails, not hangs)."""
@@ -154,21 +155,26 @@ def _read_line(script: str, seconds: float) -> tuple[float, bytes | None, int]:
     import time
 
     from torchherd.checks.gather import LineReader
+    from torchherd.engine.sync import Lines
     from torchherd.transport.local import LocalSession
 
     session = LocalSession("node1")
     process = session.start(f"exec {shlex.quote(sys.executable)} -u -c {shlex.quote(script)}")
-    reader = LineReader(process)
+    reader = Lines(process) if sync else LineReader(process)
     found: list[bytes | None] = []
     started = time.monotonic()
-    thread = threading.Thread(target=lambda: found.append(reader.line(time.monotonic() + seconds)), daemon=True)
+
+    def read() -> None:  # the sync's reader takes a timeout, the checks' a deadline
+        found.append(reader.line(seconds) if isinstance(reader, Lines) else reader.line(time.monotonic() + seconds))
+
+    thread = threading.Thread(target=read, daemon=True)
     thread.start()
     thread.join(8.0)
     took = time.monotonic() - started
     process.close()
     session.close()
     thread.join(10.0)
-    return took, found[0] if found else b"never returned", len(reader.buffer)
+    return took, found[0] if found else b"never returned", len(reader.lines.data)
 
 
 class _Trickle:
@@ -213,3 +219,193 @@ def test_a_line_without_end_is_cut_off_at_the_readers_cap() -> None:
 
     took, line, held = _read_line(FLOOD, 6.0)
     assert line is None and took < 5.0 and held <= MAX_LINE, (took, line, held)
+
+
+def test_the_syncs_reader_gives_up_a_line_without_end_at_the_same_cap() -> None:
+    """A sync receiver (or a relay) that never ends its answer: given up once it passes the
+    checks' cap, not held in memory until the read's timeout (600 s for a pull)."""
+    from torchherd.checks.gather import MAX_LINE
+
+    took, line, held = _read_line(FLOOD, 60.0, sync=True)
+    assert line is None and took < 5.0 and held <= MAX_LINE, (took, line, held)
+
+
+def test_the_shared_line_buffer_keeps_what_follows_a_line() -> None:
+    from torchherd.checks.gather import LineBuffer
+
+    lines = LineBuffer(cap=16)
+    for chunk in (b"ab", b"c\nde", b"f\n", b"g"):
+        lines.add(chunk)
+    assert (lines.take(), lines.take(), lines.take()) == (b"abc", b"def", None)
+    lines.add(b"h" * 16)
+    assert lines.take() is None and lines.broken and lines.data == bytearray()
+    lines.add(b"\n")
+    assert lines.take() is None  # broken: nothing more is held
+
+
+# --uv-offline: a node's platform answer names the wheelhouse's directory here ----------------
+
+class _Answers:
+    """A node whose venv builder answers ``answer`` (one JSON line) to every command."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = answer
+        self.commands: list[str] = []
+
+    def run(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> Any:
+        from torchherd.transport.base import CommandResult
+
+        self.commands.append(command)
+        return CommandResult(0, (json.dumps(self.answer) + "\n").encode(), b"", 0.1)
+
+
+def _venv_node(tmp_path: Path) -> Any:
+    from torchherd.plan import RunOptions, SyncOptions, UvOptions, build_plan
+
+    inventory = parse({"cluster": {"nproc_per_node": 1},
+                       "defaults": {"python": "/usr/bin/python3", "workdir": str(tmp_path),
+                                    "venv_dir": str(tmp_path / "v")},
+                       "hosts": [{"name": "n0"}]}, Path("h.toml"))
+    plan = build_plan(inventory, RunOptions(script="train.py", run_id="r1", sync=SyncOptions(str(tmp_path)),
+                                            uv=UvOptions("ab" * 32, offline=True)))
+    return plan.nodes[0]
+
+
+PLATFORM = {"system": "Linux", "machine": "x86_64", "libc": "glibc", "libc_version": "2.35", "python": "3.11.4"}
+
+
+@pytest.mark.parametrize("damage, field", [
+    pytest.param({"machine": "x86_64-3.11/../../../../my", "python": "thesis"}, "machine", id="machine-a-path"),
+    pytest.param({"python": "thesis"}, "python", id="python-not-a-version"),
+    pytest.param({"python": "3.11.4/../x"}, "python", id="python-a-path"),
+    pytest.param({"libc_version": "2.35/.."}, "libc_version", id="libc-version-a-path"),
+    pytest.param({"libc": "glibc/../x"}, "libc", id="libc-other"),
+    pytest.param({"system": "Linux/.."}, "system", id="system-not-linux"),
+    pytest.param({"machine": ["x86_64"]}, "machine", id="machine-a-list"),
+    pytest.param({"machine": "x" * 33}, "machine", id="machine-too-long"),
+    pytest.param({"machine": "x86_64\n"}, "machine", id="machine-with-a-newline"),
+])
+def test_a_hostile_platform_answer_fails_that_node_as_malformed(tmp_path: Path, damage: dict[str, Any],
+                                                                  field: str) -> None:
+    from torchherd.engine import venvs
+    from torchherd.engine.events import VenvFailed
+    from torchherd.engine.uvwheels import REPORTED
+
+    answer = {"error": "the lock's wheels are not in x", "wheelhouse_missing": True, **PLATFORM, **damage}
+    result = venvs._build(_venv_node(tmp_path), _Answers(answer), None, offline=True)  # type: ignore[arg-type]
+    assert isinstance(result, VenvFailed), result
+    assert result.message == f"the venv builder's answer is malformed: its {field} is not {REPORTED[field]}"
+    # the uv-missing answer is read as strictly (it picks the uv wheel sent to the node)
+    answer = {"error": "uv not found", "uv_missing": True, **PLATFORM, **damage}
+    if field != "python":
+        result = venvs._build(_venv_node(tmp_path), _Answers(answer), None)  # type: ignore[arg-type]
+        assert isinstance(result, VenvFailed) and result.message.startswith("the venv builder's answer is malformed")
+
+
+def test_a_good_platform_answer_asks_for_wheels(tmp_path: Path) -> None:
+    from torchherd.engine import venvs
+    from torchherd.engine.uvwheels import NodePlatform
+
+    answer = {"error": "the lock's wheels are not in x", "wheelhouse_missing": True, **PLATFORM}
+    needs = venvs._build(_venv_node(tmp_path), _Answers(answer), None, offline=True)  # type: ignore[arg-type]
+    assert isinstance(needs, venvs.NeedsWheels)
+    assert (needs.platform, needs.python) == (NodePlatform("Linux", "x86_64", "glibc", "2.35"), "3.11.4")
+    musl = {**answer, "libc": "musl", "libc_version": ""}
+    needs = venvs._build(_venv_node(tmp_path), _Answers(musl), None, offline=True)  # type: ignore[arg-type]
+    assert isinstance(needs, venvs.NeedsWheels) and needs.platform.libc == "musl"
+
+
+def test_the_wheelhouse_is_never_made_outside_its_cache(tmp_path: Path) -> None:
+    """Past the parser (a NodePlatform made by hand): the name a path, the wheelhouse the
+    reviewer's ``~/my-thesis``. Nothing there is renamed aside or removed."""
+    from torchherd.engine.offline import WheelhouseError, cache_name, make_wheelhouse
+    from torchherd.engine.uvwheels import NodePlatform
+
+    root = tmp_path / "c" / "t" / "houses"
+    hostile = NodePlatform("Linux", "x86_64-3.11/../../../../my", "glibc", "2.35")
+    name = cache_name("ab" * 32, hostile, "thesis")
+    (root / name.split("/")[0]).mkdir(parents=True)  # the first part: a wheelhouse made earlier
+    thesis = Path(os.path.normpath(root / name))
+    assert thesis == tmp_path / "my-thesis"
+    thesis.mkdir()
+    (thesis / "chapter1.tex").write_text("years of work")
+    with pytest.raises(WheelhouseError) as raised:
+        make_wheelhouse("", "ab" * 32, hostile, "thesis", None, root=root)
+    assert str(raised.value) == f"the wheelhouse name {name!r} is not one directory in {root}"
+    assert (thesis / "chapter1.tex").read_text() == "years of work"
+    assert sorted(path.name for path in thesis.iterdir()) == ["chapter1.tex"]
+
+
+# checkpoint staging: a node's answer of the wrong type, a file name that is not UTF-8 -------------
+
+CHECKPOINT = {"path": "ckpt/step-20.pt", "kind": "file", "size": 10, "mtime": 2000.0, "sha256": "ab" * 32, "files": 1}
+
+
+@pytest.mark.parametrize("damage", [
+    pytest.param({"size": "10"}, id="size-a-string"),
+    pytest.param({"size": True}, id="size-a-bool"),
+    pytest.param({"size": -1}, id="size-negative"),
+    pytest.param({"mtime": "yesterday"}, id="mtime-a-string"),
+    pytest.param({"mtime": None}, id="mtime-null"),
+    pytest.param({"kind": "fifo"}, id="kind-other"),
+    pytest.param({"path": ["a"]}, id="path-a-list"),
+    pytest.param({"sha256": 7}, id="sha256-a-number"),
+    pytest.param({"size": None, "kind": None, "mtime": None}, id="fields-missing"),
+])
+def test_a_checkpoint_answer_of_the_wrong_type_fails_that_node(tmp_path: Path, damage: dict[str, Any]) -> None:
+    from torchherd.engine.recovery.staging import _find
+
+    node = _venv_node(tmp_path)
+    answer = _find(_Answers({**CHECKPOINT, **damage}), node, "ckpt/step-*.pt")  # type: ignore[arg-type]
+    assert answer == "a malformed answer from checkpoint.py find"
+
+
+def test_a_checkpoint_name_that_is_not_utf8_fails_that_node_in_one_line(tmp_path: Path) -> None:
+    """The node's json.dumps writes an undecodable byte of a file name as a lone surrogate:
+    put on the relay's command line, paramiko's UTF-8 would raise."""
+    from torchherd.engine.recovery.staging import Copy, _find
+
+    node = _venv_node(tmp_path)
+    answer = _find(_Answers({**CHECKPOINT, "path": "ckpt/step-\udcff.pt"}), node, "ckpt/*")  # type: ignore[arg-type]
+    assert answer == ("its newest checkpoint's name is not UTF-8 (ckpt/step-\\udcff.pt): rename it; torchherd "
+                      "names files on command lines as UTF-8")
+    good = _find(_Answers(CHECKPOINT), node, "ckpt/*")  # type: ignore[arg-type]
+    assert good == Copy("n0", "ckpt/step-20.pt", "file", 10, 2000.0, "ab" * 32)
+
+
+def test_a_command_that_is_not_utf8_is_a_transport_error_not_an_internal_one() -> None:
+    from torchherd.errors import TransportError
+    from torchherd.transport.sshfailures import as_transport_error
+
+    with pytest.raises(TransportError) as raised:
+        with as_transport_error("n0", "run"):
+            "cat ckpt/\udcff.pt".encode("utf-8")
+    assert str(raised.value) == "n0: cannot run: a command or path that is not UTF-8"
+
+
+@pytest.mark.parametrize("progress, shown", [(1024, True), ("1024", False), (-1, False), (True, False), (1.5, False),
+                                             (None, False)])
+def test_a_relays_progress_of_the_wrong_type_is_passed_over(progress: Any, shown: bool) -> None:
+    from torchherd.engine.relay import _well_formed
+
+    assert _well_formed({"progress": progress}) is shown
+
+
+def test_a_nodes_python_version_reaches_the_terminal_escaped() -> None:
+    """``check --sync`` prints the wheels' notes: a python version a node made up (OSC 52,
+    a clear screen) is shown escaped (the venv builder's answer is checked too: M1)."""
+    from io import StringIO
+
+    from torchherd.console import make_console
+    from torchherd.console.sync import SyncPrinter
+    from torchherd.engine.events import WheelsDownloading, WheelsRelayed, WheelsStarted
+
+    hostile = "3.11\x1b]52;c;ZXZpbA==\x07\x1b[2J"
+    out = StringIO()
+    printer = SyncPrinter(make_console(out, width=400))
+    printer(WheelsDownloading("manylinux_2_35_x86_64", hostile, ("a==1",), "/w"))
+    printer(WheelsStarted("manylinux_2_35_x86_64", hostile, "/c/h", (("n0",),), 1, 10))
+    printer(WheelsRelayed("manylinux_2_35_x86_64", hostile, "/c/h", (("n0",),), 1, 10, 10, (), 1.0, ()))
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x07" not in text, repr(text)
+    assert text.count("python 3.11\\x1b]52;c;ZXZpbA==\\x07\\x1b[2J") == 3, text

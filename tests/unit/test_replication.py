@@ -392,6 +392,7 @@ def test_a_receiver_refuses_bytes_that_are_not_what_the_sources_trailer_says(tmp
     import socket
 
     from support.staging import node_program
+    from torchherd.remote.relay import accept
 
     receiver = tmp_path / "node1"
     receiver.mkdir()
@@ -406,12 +407,14 @@ def test_a_receiver_refuses_bytes_that_are_not_what_the_sources_trailer_says(tmp
         process.stdin.write((json.dumps({"upstream": ["127.0.0.1", listener.getsockname()[1]]}) + "\n").encode())
         process.stdin.flush()
         assert json.loads(process.stdout.readline()) == {"port": None}
-        sock, _ = listener.accept()
-        with sock:
-            assert sock.recv(6) == b"t0ken\n"
-            sock.sendall(json.dumps({"files": [["", 5, WALL]]}).encode() + b"\nhello"
-                         + json.dumps({"sha256": "0" * 64}).encode() + b"\n")
+        peer = accept(listener, b"t0ken")  # a source that knows the token: its lines are signed
+        try:
+            peer.send_signed(b"header", json.dumps({"files": [["", 5, WALL]]}).encode())
+            peer.sendall(b"hello")
+            peer.send_signed(b"trailer", json.dumps({"sha256": "0" * 64}).encode())
             answer = json.loads(process.stdout.readline())
+        finally:
+            peer.close()
         process.stdin.close()
         process.wait(timeout=30)
     assert answer["error"].startswith("the copy received has SHA-256 2cf24dba5fb0..., not the 000000000000..."), answer

@@ -105,3 +105,44 @@ def test_describe_since_and_run_state() -> None:
     assert run_state([NodeState("a", "unreachable")]) == "unknown"
     assert state_text(NodeState("a", "exited", 143)) == "exited (143)"
     assert state_text(NodeState("a", "gone")) == "gone"
+
+
+def test_a_run_id_matches_by_its_start_or_its_end_never_its_middle(tmp_path: Path) -> None:
+    """``stop 1200`` must not stop whichever run started at 12:00."""
+    save(record("th-20240501-120000-aaaaaa", 2.0), tmp_path)
+    assert load("th-20240501-12", tmp_path).run_id == "th-20240501-120000-aaaaaa"
+    assert load("0-aaaaaa", tmp_path).run_id == "th-20240501-120000-aaaaaa"
+    for middle in ("1200", "20240501", "120000"):
+        with pytest.raises(UsageError) as refused:
+            load(middle, tmp_path)
+        assert str(refused.value) == f"no run {middle!r} in {tmp_path}"
+
+
+def test_a_thousand_failed_attempts_with_long_lines_keep_the_record_loadable(tmp_path: Path) -> None:
+    """Each attempt's headline quotes the job's first error line (here 4 KiB of bytes that
+    are not UTF-8: six bytes of JSON each): the record keeps a short one per attempt, for the
+    first and the last attempts, and stays far under its limit."""
+    from torchherd.engine.records import (
+        ATTEMPT_HEADLINES,
+        ATTEMPT_TEXT_CHARS,
+        MAX_RECORD_BYTES,
+        RecoveryRecord,
+        recovery_of,
+        with_recovery,
+    )
+
+    line = b"\xff" * 4096
+    recovery = RecoveryRecord(4242, 77, 1000)
+    for number in range(1, 1001):
+        recovery = recovery.started(number, ("node0", "node1")).failed(
+            number, f"node1 rank 1 failed first (exit 1): {line.decode('utf-8', 'surrogateescape')}")
+    path = save(with_recovery(record(), recovery), tmp_path)
+    assert path.stat().st_size < MAX_RECORD_BYTES // 16, path.stat().st_size
+    loaded = recovery_of(load(record().run_id, tmp_path))
+    assert loaded is not None and [attempt.number for attempt in loaded.attempts] == list(range(1, 1001))
+    assert all(attempt.ended == "failed" and attempt.nodes == ("node0", "node1") for attempt in loaded.attempts)
+    kept = [attempt.number for attempt in loaded.attempts if attempt.headline]
+    assert len(kept) == ATTEMPT_HEADLINES and kept[0] == 1 and kept[-1] == 1000
+    assert loaded.attempts[-1].headline == ("node1 rank 1 failed first (exit 1): "
+                                            + "\ufffd" * (ATTEMPT_TEXT_CHARS - 36)
+                                            + " [cut: the node's log has the whole line]")

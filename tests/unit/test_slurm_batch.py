@@ -416,3 +416,25 @@ def test_a_line_break_in_an_argument_cannot_add_an_sbatch_directive(argument: st
     comment = next(line for line in header if line.startswith("# torchherd run th-test: "))
     assert "#SBATCH --partition=evil" in comment  # shown, escaped, on the comment's own line
     assert "\r" not in comment and "\u2028" not in comment and "\x85" not in comment
+
+
+@pytest.mark.parametrize("nodelist, message, hint", [
+    pytest.param("gpu[01-02],gpu02", "h.toml: [slurm].nodelist: node 'gpu02' is listed twice", "list every node once",
+                 id="listed-twice"),
+    pytest.param("n[1-3],n[2-4]", "h.toml: [slurm].nodelist: node 'n2' is listed twice", "list every node once",
+                 id="ranges-overlap"),
+    pytest.param("/shared/nodes.txt", "h.toml: [slurm].nodelist: '/shared/nodes.txt' names a file (sbatch reads it "
+                 "as one); torchherd needs the nodes themselves", 'write them as a nodeset, e.g. "gpu[01-04],cpu7"',
+                 id="a-file"),
+])
+def test_a_nodelist_sbatch_would_read_otherwise_is_refused_in_one_line(nodelist: str, message: str,
+                                                                     hint: str) -> None:
+    """sbatch counts a node listed twice once (a retry that excludes gpu01 would ask for
+    --nodes=3 --nodelist=gpu02,gpu02), and reads a nodelist with a "/" as a file of names."""
+    from torchherd.errors import InventoryError
+    from torchherd.inventory import parse_slurm
+
+    with pytest.raises(InventoryError) as refused:
+        parse_slurm({"nodelist": nodelist}, Path("h.toml"), "[slurm].")
+    assert (str(refused.value), refused.value.hint) == (message, hint)
+    assert parse_slurm({"nodelist": "gpu[01-02],gpu03"}, Path("h.toml"), "[slurm].").nodelist == "gpu[01-02],gpu03"

@@ -219,3 +219,19 @@ def test_a_node_without_uv_builds_its_venv_with_the_uv_of_the_wheel_for_its_plat
                                   f"wheel for it is in {wheels} or pip's cache: pip download uv --no-deps "
                                   f"--only-binary=:all: --platform {this_machines_tag()} -d {wheels}; or install uv")
     assert "\n" not in failed.hint
+
+
+def test_an_extracted_uv_is_reused_by_its_hash_not_its_name(tmp_path: Path) -> None:
+    """A file left under the extracted binary's name (changed since, or planted) is replaced
+    by the wheel's binary, never sent to the nodes as it is; the directory is private."""
+    wheel = uv_wheel(tmp_path, RELEASED[0], b"\x7fELF the real uv")
+    path, digest = extract_uv(wheel, tmp_path / "out")
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o700
+    path.write_bytes(b"\x7fELF something else")
+    assert extract_uv(wheel, tmp_path / "out") == (path, digest)
+    assert path.read_bytes() == b"\x7fELF the real uv" and path.stat().st_mode & 0o777 == 0o700
+    path.unlink()
+    path.symlink_to(tmp_path / "elsewhere")
+    assert extract_uv(wheel, tmp_path / "out") == (path, digest)
+    assert not path.is_symlink() and path.read_bytes() == b"\x7fELF the real uv"
+    assert sorted(item.name for item in (tmp_path / "out").iterdir()) == [path.name]

@@ -7,6 +7,7 @@ import ast
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from io import StringIO
@@ -365,3 +366,122 @@ def test_the_venv_notes() -> None:
 def test_uv_is_installed_for_the_tests() -> None:
     assert os.access(uv_binary(), os.X_OK)
     assert "venv.py" in source("__init__.py")
+
+
+# a shared venv_dir: what another user planted there is refused, never used ---------------------
+
+
+def logging_uv(tmp_path: Path) -> tuple[Path, Path]:
+    """A uv that only notes that it ran (a planted wheelhouse must never reach it)."""
+    log = tmp_path / "uv-ran"
+    uv = tmp_path / "bin" / "uv"
+    uv.parent.mkdir()
+    uv.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\nexit 1\n")
+    uv.chmod(0o755)
+    return uv, log
+
+
+def planted(path: Path, mode: int, other: bool = False) -> Path:
+    """``path`` with mode ``mode``, another user's (uid 65534) with ``other``."""
+    path.chmod(mode)
+    if other:
+        os.chown(path, 65534, 65534)
+    return path
+
+
+REMOVE = "refused, another user could have put it there (remove it and run again)"
+
+
+def test_a_venv_dir_others_can_write_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A 1777 /scratch as the venv_dir itself: anyone may put a venv there."""
+    uv, log = logging_uv(tmp_path)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    scratch.chmod(0o1777)
+    config = {"path": str(scratch / "proj-k1"), "key": "k1", "project": str(tmp_path), "uv": [str(uv)],
+              "system_site_packages": False, "env": {}}
+    assert build_here(config) == {"error": f"{scratch} cannot hold venvs: it is writable by group or others "
+                                           f"(chmod go-w {scratch}) (mode 1777); another user could swap or redirect "
+                                           "what is built and run there (use a venv_dir only you can write)"}
+    assert not log.exists()
+    # its own directory inside: made 0700, and trusted
+    config = {**config, "path": str(scratch / "mine" / "proj-k1")}
+    assert build_here(config)["error"].startswith("uv sync --frozen failed (exit 1)")
+    assert (scratch / "mine").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("other", [False, True], ids=["group-writable", "another-users"])
+def test_a_planted_venv_wheelhouse_or_uv_is_refused_and_never_run(tmp_path: Path, other: bool) -> None:
+    if other and os.geteuid() != 0:
+        pytest.skip("making a file another user's takes root (the cluster tests plant as another user)")
+    uv, log = logging_uv(tmp_path)
+    venvs = tmp_path / "venvs"
+    venvs.mkdir(mode=0o755)
+    config = {"path": str(venvs / "proj-k1"), "key": "k1", "project": str(tmp_path), "uv": [str(uv)],
+              "system_site_packages": False, "env": {}}
+    why = "not yours (mode 0755)" if other else "writable by group or others (mode 0777)"
+
+    # a venv whose marker holds the key, which was taken as cached
+    venv = venvs / "proj-k1"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\necho planted\n")
+    (venv / ".torchherd-venv").write_text(json.dumps({"key": "k1"}))
+    planted(venv, 0o755 if other else 0o777, other)
+    assert build_here(config) == {"error": f"{venv} is {why}: {REMOVE}"}
+
+    # a wheelhouse whose requirements went straight to uv
+    house = venvs / "wheelhouse-k1"
+    house.mkdir()
+    (house / "requirements.txt").write_text("evil==1.0\n")
+    planted(house, 0o755 if other else 0o777, other)
+    config = {**config, "path": str(venvs / "proj-k2"), "key": "k2", "wheelhouse": str(house)}
+    assert build_here(config) == {"error": f"{house} is {why}: {REMOVE}"}
+    assert (house / "requirements.txt").read_text() == "evil==1.0\n"  # refused, not removed: not ours
+
+    # a uv "sent" beside the venvs
+    shipped = venvs / "uv-0123456789abcdef"
+    shutil.copy(uv, shipped)
+    planted(shipped, 0o755 if other else 0o777, other)
+    config = {**config, "path": str(venvs / "proj-k3"), "key": "k3", "uv": [str(shipped)]}
+    config.pop("wheelhouse")
+    file_why = why if other else "writable by group or others (mode 0777)"
+    assert build_here(config) == {"error": f"{shipped} is {file_why}: {REMOVE}"}
+    assert not log.exists()
+
+
+def test_a_venv_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    uv, log = logging_uv(tmp_path)
+    venvs = tmp_path / "venvs"
+    venvs.mkdir(mode=0o755)
+    (tmp_path / "elsewhere").mkdir()
+    (venvs / "proj-k1").symlink_to(tmp_path / "elsewhere")
+    config = {"path": str(venvs / "proj-k1"), "key": "k1", "project": str(tmp_path), "uv": [str(uv)],
+              "system_site_packages": False, "env": {}}
+    assert build_here(config) == {"error": f"{venvs / 'proj-k1'} is a symbolic link (mode 0777): {REMOVE}"}
+    assert not log.exists()
+
+
+def test_a_planted_venv_fails_that_node_over_the_transport(tmp_path: Path) -> None:
+    """The controller's side (engine.venvs over the in-process transport): the node's refusal
+    is its failed venv, in one line."""
+    from torchherd.engine import venvs as engine
+    from torchherd.transport.local import LocalSession
+
+    uv, log = logging_uv(tmp_path)
+    inventory = parse({"cluster": {"nproc_per_node": 1},
+                       "defaults": {"python": sys.executable, "workdir": str(tmp_path), "uv": str(uv),
+                                    "venv_dir": str(tmp_path / "v")},
+                       "hosts": [{"name": "n0"}]}, Path("h.toml"))
+    plan = build_plan(inventory, RunOptions(script="train.py", run_id="r1", sync=SyncOptions(str(tmp_path)),
+                                            uv=UvOptions("ab" * 32)))
+    node = plan.nodes[0]
+    assert node.venv is not None
+    venv = Path(node.venv.path)
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    (venv / ".torchherd-venv").write_text(json.dumps({"key": node.venv.key}))
+    venv.chmod(0o777)
+    failed = engine._build(node, LocalSession("n0"))
+    assert isinstance(failed, VenvFailed), failed
+    assert failed.message == f"{venv} is writable by group or others (mode 0777): {REMOVE}"
+    assert not log.exists()

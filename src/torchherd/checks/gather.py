@@ -80,14 +80,49 @@ answers are read one after the other, the later ones after the deadline, however
 after): a node that keeps sending without a newline is given up then."""
 
 
+class LineBuffer:
+    """Bytes read from a node, cut into lines: one bytearray, each byte looked at once for
+    a newline (never ``bytes +=`` and a scan of it all at every read). A line that grows
+    past ``cap`` without its end breaks it: nothing more is held (a node that never sends
+    a newline does not fill this machine's memory). Shared by every reader of a node
+    program's answers (``LineReader`` here, ``engine.sync.Lines``)."""
+
+    def __init__(self, cap: int = MAX_LINE) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.scanned = 0
+        self.broken = False
+
+    def add(self, chunk: bytes) -> None:
+        if not self.broken:
+            self.data += chunk
+
+    def take(self) -> bytes | None:
+        """The next whole line without its newline; None while there is none (or once broken)."""
+        end = self.data.find(b"\n", self.scanned)
+        if end < 0:
+            self.scanned = len(self.data)
+            if len(self.data) > self.cap:
+                self.broken = True
+                self.data, self.scanned = bytearray(), 0
+            return None
+        line = bytes(self.data[:end])
+        del self.data[:end + 1]
+        self.scanned = 0
+        return line
+
+
 class LineReader:
     """A remote process's stdout, line by line; what follows a line is kept for the next."""
 
     def __init__(self, process: Process) -> None:
         self.process = process
-        self.buffer = b""
-        self.broken = False
+        self.lines = LineBuffer()
+
+    @property
+    def broken(self) -> bool:
         """A line longer than MAX_LINE came: nothing more is read from this process."""
+        return self.lines.broken
 
     def line(self, deadline: float) -> bytes | None:
         """The next line without its newline, or None at EOF, when the deadline passes
@@ -95,36 +130,26 @@ class LineReader:
         even when it is read later (what is there is taken for up to LATE). The clock is
         looked at on every read: a node that keeps sending without a newline is given up
         in time too."""
-        end = self.buffer.find(b"\n")
-        if end < 0:
-            pending = bytearray(self.buffer)
-            late = max(time.monotonic(), deadline) + LATE  # reading what is there, past the deadline: this long
-            while end < 0:
-                now = time.monotonic()
-                left = deadline - now
-                if self.broken or now > late:
-                    return self._held(pending)
-                chunk = self.process.read(min(0.2, max(left, 0.0)))
-                if chunk is None:
-                    if left <= 0:
-                        return self._held(pending)
-                    continue
-                if not chunk:
-                    return self._held(pending)
-                found = chunk.find(b"\n")
-                end = len(pending) + found if found >= 0 else -1
-                pending += chunk
-                if end < 0 and len(pending) > MAX_LINE:
-                    self.broken = True
-                    return self._held(bytearray())
-            self.buffer = bytes(pending)
-        line, self.buffer = self.buffer[:end], self.buffer[end + 1:]
-        return line
-
-    def _held(self, pending: bytearray) -> bytes | None:
-        """No line (yet): what arrived is kept for the next call."""
-        self.buffer = bytes(pending)
-        return None
+        found = self.lines.take()
+        if found is not None:
+            return found
+        late = max(time.monotonic(), deadline) + LATE  # reading what is there, past the deadline: this long
+        while True:
+            now = time.monotonic()
+            left = deadline - now
+            if self.lines.broken or now > late:
+                return None
+            chunk = self.process.read(min(0.2, max(left, 0.0)))
+            if chunk is None:
+                if left <= 0:
+                    return None
+                continue
+            if not chunk:
+                return None
+            self.lines.add(chunk)
+            found = self.lines.take()
+            if found is not None:
+                return found
 
 
 @dataclass

@@ -17,6 +17,7 @@ from torchherd.cli.flags import sync_took_the_script
 from torchherd.cli.init import cmd_init
 from torchherd.cli.parser import build_parser, cmd_completion
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, TorchherdError, UsageError
+from torchherd.inventory.options import OptionError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -95,6 +96,10 @@ def _run(args: argparse.Namespace, given: Console | None) -> int:
     except DetachedStartFailed as error:
         _render_detached_failure(error_console, error)
         raise _Ended(error, EXIT_FAILED) from None
+    except OptionError as error:
+        named = _named_here(error, args)
+        render_error(error_console, named)
+        raise _Ended(named, named.exit_code) from None
     except TorchherdError as error:
         render_error(error_console, error)
         raise _Ended(error, error.exit_code) from None
@@ -108,6 +113,20 @@ def _run(args: argparse.Namespace, given: Console | None) -> int:
                                   "rerun with TORCHHERD_DEBUG=1 and report the traceback")
         render_error(error_console, internal)
         raise _Ended(internal, EXIT_FAILED) from None
+
+
+def _named_here(error: OptionError, args: argparse.Namespace) -> OptionError:
+    """An option's error the library words for an API caller (``Recovery(min_nodes=9)``),
+    named as this command took the value: by its flag where the flag was given, else by the
+    inventory's key."""
+    option = error.option
+    if error.final or option.flag is None:
+        return error
+    given = getattr(args, option.flag.lstrip("-").replace("-", "_"), None) is not None
+    from_file = option.table is not None and not (getattr(args, "hosts", None) or getattr(args, "nodelist", None))
+    if from_file and not given:
+        return error.through(f"{inventory_path(args)}: {option.key} = {error.value!r}")
+    return error.through(option.flag_words(error.value), flag=True)
 
 
 def _warn_unfilled(args: argparse.Namespace, console: Console) -> None:

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from torchherd.cli.values import interval, port, positive
+from torchherd.cli.values import port, positive, ssh_timeout
 from torchherd.errors import UsageError
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def add_more_host_flags(group: argparse._ActionsContainer) -> None:
     group.add_argument("--master-port", metavar="PORT", type=port,
                        help="the master (rendezvous) port, torchrun's --master-port (default: [cluster].port, "
                             "else 29500)")
-    group.add_argument("--ssh-timeout", metavar="S", type=interval,
+    group.add_argument("--ssh-timeout", metavar="S", type=ssh_timeout,
                        help="seconds to connect and authenticate to a node (default: [cluster].ssh_timeout, else 10)")
     group.add_argument("--include", metavar="HOSTS", help="only these hosts (names, nodesets, globs; default: all)")
     group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs; default: "

@@ -19,19 +19,20 @@ from torchherd.cli.flags import (
 from torchherd.cli.values import (
     bandwidth,
     checkpoint,
-    count,
     exit_codes,
     extra_env,
     grace,
     hang_timeout,
     id_list,
-    interval,
+    max_restarts,
+    min_nodes,
+    monitor_interval,
     nnodes,
-    positive,
     replicate,
     retries,
 )
 from torchherd.errors import EXIT_FAILED, EXIT_OK, UsageError
+from torchherd.inventory.options import recovery_problem
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -114,18 +115,9 @@ def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
                                            ("replicate_bandwidth", args.replicate_bandwidth))
              if value is not None}
     recovery = replace(recovery, **given) if given else recovery
-    if args.checkpoint is not None and not recovery.retries:
-        raise UsageError("--checkpoint: it is staged before a new attempt, and without retries there is none",
-                         "add --retries N (or retries in [recovery])")
-    for flag, value in (("--replicate", args.replicate), ("--replicate-bandwidth", args.replicate_bandwidth)):
-        if value is None or flag == "--replicate" and not value:
-            continue
-        if recovery.checkpoint is None:
-            raise UsageError(f"{flag}: replication copies the checkpoint, and none is named",
-                             "add --checkpoint PATH (or checkpoint in [recovery])")
-        if not recovery.retries:  # no controller copies it (a plain --detach has none), nor stages it
-            raise UsageError(f"{flag}: a replica is there for a new attempt, and without retries there is none",
-                             "add --retries N (or retries in [recovery])")
+    problem = recovery_problem(recovery, tuple(given), "flag")
+    if problem is not None:
+        raise problem
     return recovery
 
 
@@ -185,7 +177,7 @@ def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
     group.add_argument("--spares", metavar="NODESET",
                        help="these hosts are spares: checked, not launched, until one takes an excluded node's place "
                             "(default: none)")
-    group.add_argument("--min-nodes", type=positive, metavar="K",
+    group.add_argument("--min-nodes", type=min_nodes, metavar="K",
                        help="with no spare left, go on with fewer nodes, down to K (default: never shrink)")
     group.add_argument("--hang-timeout", type=hang_timeout, metavar="S",
                        help="no rank printed and none used CPU for S seconds: the job is hung; every rank's stack is "
@@ -241,9 +233,9 @@ def add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],
                                "nodes' process counts differ)")
     torchrun.add_argument("--nnodes", type=nnodes, metavar="N|MIN:MAX",
                           help="torchrun --nnodes; MIN:MAX is elastic, c10d only (default: the number of hosts)")
-    torchrun.add_argument("--max-restarts", type=count, default=0, metavar="N",
+    torchrun.add_argument("--max-restarts", type=max_restarts, default=0, metavar="N",
                           help="torchrun --max-restarts (default: 0)")
-    torchrun.add_argument("--monitor-interval", type=interval, metavar="S",
+    torchrun.add_argument("--monitor-interval", type=monitor_interval, metavar="S",
                           help="torchrun --monitor-interval (default: torchrun's)")
     torchrun.add_argument("--rdzv-conf", metavar="K=V,...",
                           help="torchrun --rdzv-conf, c10d only (default: none)")

@@ -1,13 +1,14 @@
-"""The commands about runs already started: ``status``, ``logs``, ``attach`` and ``stop``."""
+"""The commands about runs already started: ``status``, ``logs``, ``report``, ``attach`` and ``stop``."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchherd.cli.contract import emit
 from torchherd.cli.values import count, grace
-from torchherd.errors import EXIT_FAILED, EXIT_OK
+from torchherd.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -49,7 +50,37 @@ def _follow(args: argparse.Namespace, console: Console, follow: bool) -> int:
 
 
 def cmd_logs(args: argparse.Namespace, console: Console) -> int:
+    if args.events:
+        return _events(args, console)
     return _follow(args, console, args.follow)
+
+
+def _events(args: argparse.Namespace, console: Console) -> int:
+    """``logs RUN --events``: the run's history, one record a line."""
+    from torchherd.api import events_of
+    from torchherd.console.report import render_events
+
+    for flag, given in (("-f", args.follow), ("--node", args.node), ("--rank", args.rank)):
+        if given:
+            raise UsageError(f"--events and {flag}: the history is printed whole, as recorded",
+                             "leave one of them out (filter with grep)")
+    render_events(console, events_of(args.run))
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    """``report RUN``: the HTML page (``-o FILE``); ``--text``: a few lines."""
+    from torchherd.api import report, report_text
+    from torchherd.console.report import render_story
+
+    if args.text:
+        if args.output is not None:
+            raise UsageError("--text and -o: the text goes to the terminal", "leave one of them out")
+        render_story(console, report_text(args.run))
+        return EXIT_OK
+    path = report(args.run, args.output)
+    render_story(console, f"report: {path}")
+    return EXIT_OK
 
 
 def cmd_attach(args: argparse.Namespace, console: Console) -> int:
@@ -84,8 +115,18 @@ def add_detached_commands(commands: argparse._SubParsersAction[argparse.Argument
     logs.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
     logs.add_argument("--node", metavar="N", help="only this node")
     logs.add_argument("--rank", metavar="R", type=count, help="only this global rank")
+    logs.add_argument("--events", action="store_true",
+                      help="the run's history instead: every event and node sample, one a line (UTC)")
     logs.add_argument("run", metavar="RUN", help="run id")
     logs.set_defaults(handler=cmd_logs)
+
+    report = commands.add_parser("report", help="a run's history as one self-contained HTML page "
+                                 "(timeline, progress, GPUs); --text: in a few lines")
+    report.add_argument("-o", "--output", metavar="FILE", type=Path,
+                        help="where to write the page (default: report.html in the run's log directory)")
+    report.add_argument("--text", action="store_true", help="the story in a few lines on the terminal instead")
+    report.add_argument("run", metavar="RUN", help="run id")
+    report.set_defaults(handler=cmd_report)
 
     stop = commands.add_parser("stop", help="stop a detached run on every node, and confirm nothing is left")
     stop.add_argument("--grace", type=grace, metavar="S", help="SIGTERM to SIGKILL (default: the run's)")

@@ -5,11 +5,26 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import math
 import os
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from torchherd.errors import UsageError
+from torchherd.inventory.options import (
+    FINAL_EXIT_CODES,
+    GRACE,
+    HANG_TIMEOUT,
+    MAX_RESTARTS,
+    MAX_RESTARTS_OPTION,
+    MIN_NODES,
+    MONITOR_INTERVAL,
+    NPROC_PER_NODE,
+    REPLICATE,
+    RETRIES,
+    SSH_TIMEOUT,
+    Integer,
+    Option,
+    env_problem,
+)
 
 if TYPE_CHECKING:
     from torchherd.inventory import Bandwidth
@@ -32,6 +47,9 @@ def extra_env(assignments: Sequence[str], passed: Sequence[str],
                parse: Callable[[Sequence[str]], dict[str, str]]) -> dict[str, str]:
     env = {}
     for name in passed:
+        problem = env_problem(name)
+        if problem is not None:
+            raise UsageError(f"--env-pass {name!r}: {problem}")
         if name not in os.environ:
             raise UsageError(f"--env-pass {name}: not set in this shell", f"export {name}=... first, or use --env")
         env[name] = os.environ[name]
@@ -40,72 +58,30 @@ def extra_env(assignments: Sequence[str], passed: Sequence[str],
 
 
 def nproc_count(text: str | None) -> int | str | None:
-    from torchherd.inventory import MAX_NPROC
-
+    """--nproc-per-node (read where the hosts are, not by argparse: its error names the flag itself)."""
     if text is None:
         return None
-    if text in ("gpu", "cpu", "auto"):
-        return text
-    # isascii: "²".isdigit() is True, and int("²") raises
-    if text.isascii() and text.isdigit() and 0 < int(text) <= MAX_NPROC:
-        return int(text)
-    raise UsageError(f"--nproc-per-node {text!r}: expected a positive integer (at most {MAX_NPROC}), gpu, cpu or auto")
+    found = NPROC_PER_NODE.kind.value(NPROC_PER_NODE.kind.of_text(text))
+    if found is None:
+        raise UsageError(f"--nproc-per-node {text!r}: expected {NPROC_PER_NODE.kind.expected('flag')}")
+    return found
 
 
-MAX_GRACE = 86400.0
-
-
-def number(text: str) -> float:
-    """The number ``text`` says, or nan, which no range holds."""
-    try:
-        return float(text)
-    except ValueError:
-        return math.nan
-
-
-def grace(text: str) -> float:
-    """Seconds from SIGTERM to SIGKILL: finite, 0 or more ("nan" and "-1" parse as floats)."""
-    value = number(text)
-    if not 0 <= value <= MAX_GRACE:
-        raise argparse.ArgumentTypeError(f"expected seconds from 0 to {MAX_GRACE:g}, got {text!r}")
-    return value
-
-
-def interval(text: str) -> float:
-    value = number(text)
-    if not 0 < value <= MAX_GRACE:
-        raise argparse.ArgumentTypeError(f"expected seconds above 0, at most {MAX_GRACE:g}, got {text!r}")
-    return value
-
-
-def count(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or int(text) > 1_000_000:
-        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 1000000, got {text!r}")
-    return int(text)
-
-
-def exit_codes(text: str) -> tuple[int, ...]:
-    codes = [item.strip() for item in text.split(",")]
-    if not all(code.isascii() and code.isdigit() and 1 <= int(code) <= 255 for code in codes):
-        raise argparse.ArgumentTypeError(f"expected exit codes from 1 to 255, comma-separated (2,3), got {text!r}")
-    return tuple(int(code) for code in codes)
-
-
-def hang_timeout(text: str) -> float:
-    from torchherd.inventory import MAX_SECONDS
-
-    value = number(text)
-    if not 1 <= value <= MAX_SECONDS:
-        raise argparse.ArgumentTypeError(f"expected seconds from 1 to {MAX_SECONDS:g}, got {text!r}")
-    return value
-
-
-def retries(text: str) -> int:
-    from torchherd.inventory import MAX_RETRIES
-
-    if not (text.isascii() and text.isdigit()) or int(text) > MAX_RETRIES:
-        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {MAX_RETRIES}, got {text!r}")
-    return int(text)
+# Each flag of an option with a rule (inventory.options) is that rule's door: argparse calls
+# ``from_flag`` and puts the flag in front of what it says was expected.
+grace = GRACE.from_flag
+hang_timeout = HANG_TIMEOUT.from_flag
+retries = RETRIES.from_flag
+exit_codes = FINAL_EXIT_CODES.from_flag
+min_nodes = MIN_NODES.from_flag
+replicate = REPLICATE.from_flag
+monitor_interval = MONITOR_INTERVAL.from_flag
+max_restarts = MAX_RESTARTS_OPTION.from_flag
+count = Option("count", Integer(0, MAX_RESTARTS)).from_flag
+"""A count of something else (--rank)."""
+ssh_timeout = SSH_TIMEOUT.from_flag
+positive = Option("positive", Integer(1)).from_flag
+"""A count of something else (--slurm-nodes, --slurm-gpus-per-node)."""
 
 
 def checkpoint(text: str) -> str:
@@ -115,16 +91,6 @@ def checkpoint(text: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(f"{problem} ({CHECKPOINT_HINT})")
     return text
-
-
-def replicate(text: str) -> int:
-    from torchherd.inventory import replicate_problem
-
-    value = int(text) if text.isascii() and text.isdigit() else text
-    problem = replicate_problem(value)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(problem)
-    return int(value)
 
 
 def bandwidth(text: str) -> Bandwidth:
@@ -157,10 +123,4 @@ def nnodes(text: str) -> str:
 def port(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"expected a TCP port, 1 to 65535, got {text!r}")
-    return int(text)
-
-
-def positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return int(text)

@@ -18,7 +18,7 @@ from torchherd.console.detach import status_note
 from torchherd.console.images import ArchiveBars, ArchiveEvent, archive_notes
 from torchherd.console.pull import PullView
 from torchherd.console.recovery import RecoveryEvent, recovery_note, render_attempts
-from torchherd.console.run import LiveRenderer, render_summary
+from torchherd.console.run import LiveRenderer, render_report_line, render_summary
 from torchherd.console.sync import (
     SYNC_EVENTS,
     WheelBars,
@@ -37,6 +37,7 @@ from torchherd.engine.events import (
     AttemptFailed,
     ConnectFailed,
     Event,
+    EventsNotKept,
     HistoryNotKept,
     Interrupted,
     JobQueued,
@@ -132,6 +133,7 @@ class ConsoleObserver:
             if event.summary.checkpoint is not None:
                 self.console.print(Text(printable(event.summary.checkpoint), style="bold"), soft_wrap=True)
             render_attempts(self.console, event.summary.attempts)
+            render_report_line(self.console, event.summary)
         elif isinstance(event, NodeStatus):
             status_note(self._renderer(), event.status)
         elif isinstance(event, JobQueued):
@@ -163,6 +165,8 @@ class ConsoleObserver:
         if isinstance(event, LinesDropped):
             self._note(f"{event.count} lines not shown: the terminal fell behind (every line is in the log files)",
                        "yellow")
+        elif isinstance(event, EventsNotKept):
+            self._note(f"the run's history is not kept (torchherd report will lack the rest): {event.reason}", "yellow")
         elif isinstance(event, HistoryNotKept):
             self._note(f"not in the run history (torchherd status will not list this run): {event.reason}", "yellow")
         elif isinstance(event, RanksRunning):

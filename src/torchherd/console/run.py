@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Sequence
 
 from rich.console import Console
@@ -10,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchherd.console import node_colour, print_table, printable
+from torchherd.engine.eventlog import HISTORY_FILE
 from torchherd.engine.slurm.batch import BatchJob, shown_script
 from torchherd.plan import Plan
 from torchherd.remote.wire import RANK_PREFIX_HEAD
@@ -214,3 +216,10 @@ def render_summary(console: Console, summary: RunSummary) -> None:
     style = "bold green" if summary.exit_code == 0 else "bold red"
     console.print(Text(printable(summary.headline), style=style), soft_wrap=True)
     console.print(Text(f"logs: {summary.log_dir}", style="dim"), soft_wrap=True)
+
+
+def render_report_line(console: Console, summary: RunSummary) -> None:
+    """The summary's last line, where the run's history was kept: the command that draws it."""
+    if (Path(summary.log_dir) / HISTORY_FILE).is_file():
+        console.print(Text(f"report: torchherd report {summary.run_id} (--text: in a few lines)", style="dim"),
+                      soft_wrap=True)

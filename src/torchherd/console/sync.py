@@ -83,15 +83,15 @@ def wheels_download_note(event: WheelsDownloading | WheelFetched) -> tuple[str, 
     more = f" and {len(event.names) - 5} more" if len(event.names) > 5 else ""
     what = ("the project's build backend, with its dependencies," if event.backend
             else f"{count(len(event.names), 'wheel')} of uv.lock")
-    return (f"wheels: downloading {what} for {printable(event.tag)} python {event.python} with pip, in none of "
-            f"{printable(event.looked)}: {shown}{more}", "")
+    return (f"wheels: downloading {what} for {printable(event.tag)} python {printable(event.python)} with pip, in "
+            f"none of {printable(event.looked)}: {shown}{more}", "")
 
 
 def wheels_started_note(event: WheelsStarted) -> tuple[str, str]:
     """``--uv-offline``: the lock's wheels for one platform, as their copy starts: what goes
     where (the bars, or on a pipe the end's note, say how it went)."""
     times = "once" if len(event.chains) == 1 else f"once per chain ({len(event.chains)} chains)"
-    return (f"wheels: sending uv.lock's {files(event.files)} for {printable(event.tag)} python {event.python} "
+    return (f"wheels: sending uv.lock's {files(event.files)} for {printable(event.tag)} python {printable(event.python)} "
             f"({size(event.size)}; {printable(event.path)}) {times}, relayed node to node: {routes(event.chains)}",
             "bold")
 
@@ -127,7 +127,7 @@ def wheels_note(event: WheelsRelayed) -> tuple[str, str]:
     """``--uv-offline``: the lock's wheels for one platform, where they came from, and what this machine sent."""
     fetched = f"{len(event.downloaded)} downloaded now" if event.downloaded else "none downloaded"
     reached = len(event.nodes) - len(event.failed)
-    text = (f"wheels: uv.lock's {files(event.files)} for {printable(event.tag)} python {event.python} "
+    text = (f"wheels: uv.lock's {files(event.files)} for {printable(event.tag)} python {printable(event.python)} "
             f"({size(event.size)}, {fetched}; {printable(event.path)}) relayed node to node: {routes(event.chains)}: "
             f"on {reached} of {count(len(event.nodes), 'node')} ({event.seconds:.1f} s; {size(event.sent)} sent "
             "from this machine)")

@@ -165,6 +165,14 @@ class HistoryNotKept:
 
 
 @dataclass(frozen=True)
+class EventsNotKept:
+    """The run's history (``events.jsonl`` in its log directory) could not be written:
+    ``report`` will lack what came after; the run goes on."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class JobQueued:
     """A scheduler holds the job (SLURM: submitted, or still waiting for nodes, and why)."""
 
@@ -630,7 +638,8 @@ Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, Ran
               VenvsDone, WheelsRelayed, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
               CheckpointStaged, CheckpointMissing, LostContainers, PullStarted, PullProgress, NodePulled,
               PullFailed, PullsDone, ArchiveStarted, ArchiveProgress, ArchiveDone, HistoryNotKept, CheckpointSaved,
-              CheckpointReplicated, WheelsStarted, WheelsProgress, WheelsDownloading, WheelFetched, NodeSilent]
+              CheckpointReplicated, WheelsStarted, WheelsProgress, WheelsDownloading, WheelFetched, NodeSilent,
+              EventsNotKept]
 Observer = Callable[[Event], None]
 
 MAX_PENDING_LINES = 50_000

@@ -176,6 +176,11 @@ def make_wheelhouse(exported: str, lock_hash: str, node: NodePlatform, python_ve
     environment = marker_environment(node, python_version)
     needed = wanted(requirements, environment)
     final = root / cache_name(lock_hash, node, python_version, build)
+    if final.parent != root or final.name in ("", ".", ".."):
+        # The name is made of what a node reported (checked where it is read, uvwheels.reported):
+        # whatever it holds, nothing outside the cache is renamed aside or removed.
+        raise WheelhouseError(f"the wheelhouse name {cache_name(lock_hash, node, python_version, build)!r} is not "
+                              f"one directory in {root}", "the node's platform answer is malformed")
     listing = _listing(final)
     if _complete(final, exported, needed, listing) and (build is None or (final / BUILD / BUILD_REQUIREMENTS).is_file()):
         return _house(final, listing)
@@ -525,7 +530,7 @@ def relay_wheelhouse(house: Wheelhouse, targets: Sequence[tuple[NodePlan, str]],
         if "progress" in message:
             observer(WheelsProgress(node, int(message["progress"]), house.size))
 
-    expect = {"path": name, "kind": "dir", "sha256": house.sha256}
+    expect = {"path": name, "kind": "dir", "sha256": house.sha256, "size": house.size}
     results = run_chain(hops, {"expect": expect, "progress": True}, house.size, feed=feed, on_message=on_message,
                         stopping=stopping)
     return results, sent[0]

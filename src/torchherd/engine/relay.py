@@ -5,8 +5,9 @@ one copy, and the controller's own link carries them at most once.
 
 Two things use it: checkpoint staging (``engine.recovery.staging``: the source is a node that holds
 the checkpoint) and image archives (``engine.images``: the source is the controller, which
-feeds the first receiver over its SSH channel). Every connection between nodes starts with
-a random token the controller sends on each program's stdin (never on a command line).
+feeds the first receiver over its SSH channel). Every connection between nodes is
+authenticated with a random token the controller sends on each program's stdin (never on
+a command line, never between nodes: each end proves it knows it, ``remote/relay.py``).
 """
 
 from __future__ import annotations
@@ -151,7 +152,8 @@ def _wait(hops: Sequence[Hop], processes: Mapping[str, Process], lines: Mapping[
         except queue.Empty:
             continue
         if answer is not None and "message" in answer:
-            on_message(node, answer["message"])
+            if _well_formed(answer["message"]):
+                on_message(node, answer["message"])
             continue
         results[node] = None if answer is not None and answer.get("ok") else why(answer, processes[node])
         if fed and node == hops[0].node and results[node] is not None:
@@ -169,6 +171,13 @@ def _answer(lines: Lines, deadline: float) -> dict[str, Any] | None:
     except ValueError:
         return {}  # not the program's (nothing else prints there): passed over as a message
     return value if isinstance(value, dict) else {}
+
+
+def _well_formed(message: Mapping[str, Any]) -> bool:
+    """A program's message as the observers read it: its ``progress`` a count of bytes
+    (another type from a node is passed over, never an error that ends the run)."""
+    progress = message.get("progress", 0)
+    return type(progress) is int and progress >= 0
 
 
 def broken(names: Sequence[str], where: str, why: str) -> dict[str, str | None]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, Union, cast
 
 from torchherd import tree
+from torchherd.checks.gather import LineBuffer
 from torchherd.engine.events import NodeSynced, Observer, SyncDone, SyncFailed, SyncStarted
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
@@ -62,20 +63,23 @@ def receiver_command(node: NodePlan, dest: str, within: str) -> str:
 
 
 class Lines:
-    """Whole lines out of a process's stdout (the sync's receivers, the checkpoint relays)."""
+    """Whole lines out of a process's stdout (the sync's receivers, the checkpoint relays),
+    held in the checks' ``LineBuffer``: a line past its cap (8 MiB) without a newline is
+    no line, and the node is given up (not held in memory until the timeout)."""
 
     def __init__(self, process: Process) -> None:
         self.process = process
-        self.buffer = b""
+        self.lines = LineBuffer()
 
     def line(self, timeout: float, stopping: Callable[[], bool] | None = None,
              poll: float = 0.5) -> bytes | None:
-        """The next line; None at EOF, past ``timeout``, or once ``stopping()`` (asked every
-        ``poll`` seconds: only a reader that may be stopped reads in short slices)."""
+        """The next line; None at EOF, past ``timeout``, once ``stopping()`` (asked every
+        ``poll`` seconds: only a reader that may be stopped reads in short slices), or
+        once a line passes the cap."""
         deadline = time.monotonic() + timeout
-        while b"\n" not in self.buffer:
+        while (found := self.lines.take()) is None:
             left = deadline - time.monotonic()
-            if left <= 0 or (stopping is not None and stopping()):
+            if self.lines.broken or left <= 0 or (stopping is not None and stopping()):
                 return None
             # One long read, not short polls: over SSH the channel keeps the last read's
             # timeout, and the sends that follow (the files) time out by it too; a node's
@@ -85,9 +89,8 @@ class Lines:
                 continue
             if not data:
                 return None
-            self.buffer += data
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return line
+            self.lines.add(data)
+        return found
 
 
 @dataclass

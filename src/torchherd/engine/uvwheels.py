@@ -15,10 +15,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
+import tempfile
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_WHEELS = "~/.cache/torchherd/wheels"
 """Where wheels are looked for when ``[uv].wheels`` says nothing."""
@@ -63,6 +66,32 @@ class NodePlatform:
             return f"musllinux_1_1_{machine}"
         version = self.version() or (2, 17)
         return f"manylinux_{version[0]}_{version[1]}_{machine}"
+
+
+class MalformedAnswer(Exception):
+    """A node's platform answer that is not one a venv builder gives: it names files and
+    directories on this machine (the wheelhouse's cache, engine/offline.py), so a value
+    outside these shapes fails that node rather than become a path."""
+
+
+REPORTED = {"system": "Linux", "machine": "[A-Za-z0-9_]{1,32}", "libc": "(glibc|musl)?",
+            "libc_version": "([0-9]{1,9}(\\.[0-9]{1,9}){0,2})?", "python": "[0-9]{1,9}\\.[0-9]{1,9}\\.[0-9]{1,9}"}
+"""What each reported field may be, in full (``system``: Linux, the only one uv's node
+wheels and torchherd's node programs are for; ASCII digits only)."""
+
+
+def reported(answer: Mapping[str, Any], field: str) -> str:
+    """The node's ``field`` when it has its shape (``REPORTED``); else MalformedAnswer
+    naming the field, not its value (a hostile value is not printed)."""
+    value = answer.get(field, "")
+    if not isinstance(value, str) or re.fullmatch(REPORTED[field], value) is None:
+        raise MalformedAnswer(f"the venv builder's answer is malformed: its {field} is not {REPORTED[field]}")
+    return value
+
+
+def reported_platform(answer: Mapping[str, Any]) -> NodePlatform:
+    """The platform a node's venv builder reported, each field checked (``reported``)."""
+    return NodePlatform(*(reported(answer, field) for field in ("system", "machine", "libc", "libc_version")))
 
 
 @dataclass(frozen=True)
@@ -146,13 +175,32 @@ def extract_uv(wheel: Path, into: Path) -> tuple[Path, str]:
         raise WheelError(f"{wheel.name}: its uv is not a Linux binary")
     digest = hashlib.sha256(data).hexdigest()
     final = into / f"uv-{digest[:16]}"
-    if not final.exists():
-        into.mkdir(parents=True, exist_ok=True)
-        partial = into / f".uv-{digest[:16]}.{os.getpid()}"
-        partial.write_bytes(data)
-        partial.chmod(0o700)
-        os.replace(partial, final)
+    if not _is_extracted(final, digest):
+        # The directory private (0700), the binary written under a name no one guessed and
+        # renamed over one that was not this very binary (changed, or not the user's).
+        into.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, partial = tempfile.mkstemp(prefix=f".uv-{digest[:16]}.", dir=into)
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+            os.chmod(partial, 0o700)
+            os.replace(partial, final)
+        except BaseException:
+            os.unlink(partial)
+            raise
     return final, digest
+
+
+def _is_extracted(final: Path, digest: str) -> bool:
+    """Whether ``final`` is the user's own file (not a link) holding the binary of ``digest``:
+    a uv taken out earlier is reused by its hash, never by its name alone."""
+    try:
+        info = final.lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            return False
+        return hashlib.sha256(final.read_bytes()).hexdigest() == digest
+    except OSError:
+        return False
 
 
 def missing_wheel(node_name: str, node: NodePlatform, configured: str | None) -> str:

@@ -41,11 +41,14 @@ from torchherd.engine.offline import (
 )
 from torchherd.engine.uvwheels import (
     DEFAULT_WHEELS,
+    MalformedAnswer,
     NodePlatform,
     WheelError,
     extract_uv,
     find_wheel,
     missing_wheel,
+    reported,
+    reported_platform,
     wheel_dirs,
 )
 from torchherd.engine.wheelhouse import looks_offline, node_dir, platforms
@@ -124,18 +127,31 @@ def _build(node: NodePlan, session: Session | None, wheels: str | None = None,
     name = node.host.name
     if session is None:
         return VenvFailed(name, "no SSH session")
+    try:
+        return _build_with(node, session, wheels, offline)
+    except MalformedAnswer as malformed:
+        return VenvFailed(name, str(malformed), "the node's venv builder (remote/venv.py) reports what Python's "
+                                                "platform module reads there: see what answers in its place")
+
+
+def _build_with(node: NodePlan, session: Session, wheels: str | None,
+                offline: bool) -> Union[VenvReady, VenvFailed, NeedsWheels]:
+    """``_build`` with a session; raises MalformedAnswer for a platform answer that is not one."""
+    assert node.venv is not None
+    name = node.host.name
     config = venv_config(node, offline)
     answer = _ask(session, node, config)
     if answer.get("wheelhouse_missing"):
-        return NeedsWheels(node, node_platform(answer), str(answer.get("python", "")), config)
+        return NeedsWheels(node, reported_platform(answer), reported(answer, "python"), config)
     if "error" not in answer or not answer.get("uv_missing") or node.host.uv is not None:
         return _outcome(node, answer, offline=offline)
     # No uv on the node, none configured: this machine's own, where it runs there; else
     # the binary of the uv wheel for the node's platform, from a wheel directory here.
+    platform_there = reported_platform(answer)
     local = local_uv()
     if local is None or _not_for(local, answer):
         try:
-            local = uv_from_wheel(node_platform(answer), wheels, name)
+            local = uv_from_wheel(platform_there, wheels, name)
         except WheelMissing as missing:
             return VenvFailed(name, str(answer["error"]), f"{missing}; or {missing_uv_hint(node)}")
     try:
@@ -145,7 +161,7 @@ def _build(node: NodePlan, session: Session | None, wheels: str | None = None,
     config = {**config, "uv": [shipped]}
     answer = _ask(session, node, config)
     if answer.get("wheelhouse_missing"):
-        return NeedsWheels(node, node_platform(answer), str(answer.get("python", "")), config, True, local.wheel)
+        return NeedsWheels(node, reported_platform(answer), reported(answer, "python"), config, True, local.wheel)
     return _outcome(node, answer, shipped=True, wheel=local.wheel, offline=offline)
 
 
@@ -296,11 +312,6 @@ class WheelMissing(Exception):
     """No uv wheel here for the node's platform (or an unreadable one): the one-line fix."""
 
 
-def node_platform(answer: Mapping[str, Any]) -> NodePlatform:
-    return NodePlatform(str(answer.get("system", "")), str(answer.get("machine", "")), str(answer.get("libc", "")),
-                        str(answer.get("libc_version", "")))
-
-
 def uv_from_wheel(node: NodePlatform, wheels: str | None, node_name: str = "") -> LocalUv:
     """The binary of the newest uv wheel here for ``node``'s platform, extracted once under
     its hash. Raises WheelMissing with the node, its platform and the download that fixes it."""
@@ -331,10 +342,11 @@ def ship_uv(session: Session, node: NodePlan, local: LocalUv) -> str:
     Returns its path on the node."""
     assert node.venv is not None
     final = posixpath.join(posixpath.dirname(node.venv.path), f"uv-{local.digest[:16]}")
-    # One already there is taken only when it is this user's own (another user's file of
-    # that name in a shared venv_dir is replaced, never run).
-    found = session.run(f"mkdir -p {quote_path(posixpath.dirname(final))} && test -x {quote_path(final)} "
-                        f"&& test -O {quote_path(final)}", timeout=60.0)
+    # One already there is taken only when it is this user's own file, not a link (another
+    # user's file of that name is replaced, never run; the node program lstats it again).
+    found = session.run(f"mkdir -p {quote_path(posixpath.dirname(final))} && test ! -h {quote_path(final)} "
+                        f"&& test -f {quote_path(final)} && test -x {quote_path(final)} && test -O {quote_path(final)}",
+                        timeout=60.0)
     if found.exit_code == 0:
         return final
     partial = f"{final}.{os.getpid()}-{node.host.name}"

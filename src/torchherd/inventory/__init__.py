@@ -78,9 +78,17 @@ from torchherd.inventory.rules import (
     heartbeat_problem,
     parse_bandwidth,
     parse_rate,
-    replicate_problem,
     valid_hostname,
     valid_ruser,
 )
 
-__all__ = ["ADDRESS_PATTERN", "BANDWIDTH", "BANDWIDTH_HINT", "Bandwidth", "CHECKPOINT_HINT", "CHECKS_KEYS", "CLUSTER_KEYS", "CONTAINER_KEYS", "CONTROL", "C_SPACE", "ChecksSettings", "Cluster", "ContainerSettings", "DEFAULT_REPLICATE_BANDWIDTH", "DEFAULT_REPLICATE_PER_CORE", "DEFAULT_REPLICATE_SHARE", "ENV_NAME", "HEARTBEAT_HINT", "HEARTBEAT_RANGE", "HOST_KEYS", "HOST_NAME_PATTERN", "Host", "Inventory", "LOCAL_ADDR", "MAX_INVENTORY_BYTES", "MAX_NPROC", "MAX_REPLICAS", "MAX_RETRIES", "MAX_SECONDS", "MIN_LOST_AFTER", "MISSES_RANGE", "NODE_KEYS", "NPROC_WORDS", "RATE", "RATE_UNITS", "RDZV_BACKENDS", "RECOVERY_KEYS", "Recovery", "SCHEDULERS", "SHELL_HOST_CHARS", "SHELL_USER_CHARS", "SLURM_KEYS", "SLURM_TEMPLATE_HOST", "STEP_KEYS", "SYNC_KEYS", "SlurmSettings", "SyncSettings", "TOP_KEYS", "USER_HINT", "UV_KEYS", "UvSettings", "checkpoint_problem", "heartbeat_problem", "load", "loads", "parse", "parse_bandwidth", "parse_rate", "parse_slurm", "read", "replicate_problem", "valid_hostname", "valid_ruser", "with_container", "with_spares"]
+__all__ = ["ADDRESS_PATTERN", "BANDWIDTH", "BANDWIDTH_HINT", "Bandwidth", "CHECKPOINT_HINT", "CHECKS_KEYS",
+           "CLUSTER_KEYS", "CONTAINER_KEYS", "CONTROL", "C_SPACE", "ChecksSettings", "Cluster", "ContainerSettings",
+           "DEFAULT_REPLICATE_BANDWIDTH", "DEFAULT_REPLICATE_PER_CORE", "DEFAULT_REPLICATE_SHARE", "ENV_NAME",
+           "HEARTBEAT_HINT", "HEARTBEAT_RANGE", "HOST_KEYS", "HOST_NAME_PATTERN", "Host", "Inventory", "LOCAL_ADDR",
+           "MAX_INVENTORY_BYTES", "MAX_NPROC", "MAX_REPLICAS", "MAX_RETRIES", "MAX_SECONDS", "MIN_LOST_AFTER",
+           "MISSES_RANGE", "NODE_KEYS", "NPROC_WORDS", "RATE", "RATE_UNITS", "RDZV_BACKENDS", "RECOVERY_KEYS",
+           "Recovery", "SCHEDULERS", "SHELL_HOST_CHARS", "SHELL_USER_CHARS", "SLURM_KEYS", "SLURM_TEMPLATE_HOST",
+           "STEP_KEYS", "SYNC_KEYS", "SlurmSettings", "SyncSettings", "TOP_KEYS", "USER_HINT", "UV_KEYS", "UvSettings",
+           "checkpoint_problem", "heartbeat_problem", "load", "loads", "parse", "parse_bandwidth", "parse_rate",
+           "parse_slurm", "read", "valid_hostname", "valid_ruser", "with_container", "with_spares"]

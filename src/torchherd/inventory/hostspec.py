@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 from torchherd.errors import InventoryError, UsageError
 from torchherd.inventory.model import Host, Inventory
 from torchherd.inventory.nodeset import NodesetError, expand, split_top
+from torchherd.inventory.options import NPROC_PER_NODE, SSH_TIMEOUT
 from torchherd.inventory.parse import loads, parse, read
 from torchherd.inventory.rules import HOST_NAME_PATTERN, MAX_NPROC, USER_HINT, valid_ruser
 
@@ -275,6 +276,10 @@ def override(inventory: Inventory, *, python: str | None = None, workdir: str | 
     """The inventory with the command line's ``--python``, ``--workdir``,
     ``--nproc-per-node`` (every host, spares too), ``--master``, ``--master-port`` and
     ``--ssh-timeout``."""
+    if nproc_per_node is not None:
+        NPROC_PER_NODE.from_argument(nproc_per_node, "override")
+    if ssh_timeout is not None:
+        SSH_TIMEOUT.from_argument(ssh_timeout, "override")
     hosts, spares = inventory.hosts, inventory.spares
     changes: dict[str, Any] = {key: value for key, value in (("python", python), ("workdir", workdir))
                                if value is not None}

@@ -29,6 +29,18 @@ from torchherd.inventory.model import (
     UvSettings,
 )
 from torchherd.inventory.nodeset import NodesetError, expand
+from torchherd.inventory.options import (
+    FINAL_EXIT_CODES,
+    HANG_TIMEOUT,
+    HEARTBEAT,
+    HEARTBEAT_MISSES,
+    MIN_NODES,
+    NPROC_PER_NODE,
+    REPLICATE,
+    RETRIES,
+    SSH_TIMEOUT,
+    recovery_problem,
+)
 from torchherd.inventory.reader import FlagReader, Reader, did_you_mean
 from torchherd.inventory.rules import (
     HEARTBEAT_HINT,
@@ -138,24 +150,23 @@ def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, fro
     """The ``[recovery]`` table, and the host names its ``spares`` nodeset stands for."""
     read = Reader(path, "[recovery].", table, RECOVERY_KEYS)
     spares = read.get("spares", None, read.nodeset)
-    min_nodes = read.get("min_nodes", None, read.count)
-    recovery = Recovery(retries=read.get("retries", 0, read.retries),
-                        final_exit_codes=read.get("final_exit_codes", (), read.exit_codes), min_nodes=min_nodes,
-                        hang_timeout=read.get("hang_timeout", None, read.seconds),
+    recovery = Recovery(retries=read.get("retries", 0, read.option(RETRIES)),
+                        final_exit_codes=read.get("final_exit_codes", (), read.option(FINAL_EXIT_CODES)),
+                        min_nodes=read.get("min_nodes", None, read.option(MIN_NODES)),
+                        hang_timeout=read.get("hang_timeout", None, read.option(HANG_TIMEOUT)),
                         checkpoint=read.get("checkpoint", None, read.checkpoint),
-                        heartbeat=read.get("heartbeat", 0.5, read.heartbeat),
-                        heartbeat_misses=read.get("heartbeat_misses", 5, read.misses),
-                        replicate=read.get("replicate", None, read.replicate))
+                        heartbeat=read.get("heartbeat", 0.5, read.option(HEARTBEAT)),
+                        heartbeat_misses=read.get("heartbeat_misses", 5, read.option(HEARTBEAT_MISSES)),
+                        replicate=read.get("replicate", None, read.option(REPLICATE)))
     problem = heartbeat_problem(recovery)
     if problem is not None:
         read.fail("heartbeat_misses" if "heartbeat_misses" in table else "heartbeat", problem, HEARTBEAT_HINT)
     if "replicate_bandwidth" in table:
         recovery = replace(recovery, replicate_bandwidth=read.bandwidth("replicate_bandwidth",
                                                                          table["replicate_bandwidth"]))
-    if recovery.checkpoint is None and (recovery.replicate or "replicate_bandwidth" in table):
-        key = "replicate" if recovery.replicate else "replicate_bandwidth"
-        read.fail(key, "replication copies the checkpoint, and [recovery].checkpoint names none",
-                  'add checkpoint = "PATH" to [recovery] (e.g. "snapshot.pt"), or remove ' + key)
+    needs = recovery_problem(recovery, tuple(table), "file")
+    if needs is not None:
+        read.fail(needs.option.name, needs.problem, needs.hint)
     return recovery, frozenset(expand(spares) if spares else ())
 
 
@@ -309,7 +320,7 @@ def _defaults_nproc(defaults: Mapping[str, Any], cluster: Mapping[str, Any],
     if "nproc_per_node" in cluster:
         read.fail("nproc_per_node", "[cluster].nproc_per_node is set too",
                   "keep one of them: both are every host's process count")
-    value = read.nproc("nproc_per_node", defaults["nproc_per_node"])
+    value = read.option(NPROC_PER_NODE)("nproc_per_node", defaults["nproc_per_node"])
     return ({key: item for key, item in defaults.items() if key != "nproc_per_node"},
             {**cluster, "nproc_per_node": value})
 
@@ -333,11 +344,11 @@ def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path
     return Cluster(
         master=master,
         port=read.get("port", 29500, read.port),
-        nproc_per_node=read.get("nproc_per_node", default_nproc, read.nproc),
+        nproc_per_node=read.get("nproc_per_node", default_nproc, read.option(NPROC_PER_NODE)),
         rdzv_backend=read.get("rdzv_backend", "static", read.choice(RDZV_BACKENDS)),
         master_addr=read.get("master_addr", None, read.text),
         ssh_config=_relative_to(path, ssh_config) if ssh_config else None,
-        ssh_timeout=read.get("ssh_timeout", 10.0, read.seconds),
+        ssh_timeout=read.get("ssh_timeout", 10.0, read.option(SSH_TIMEOUT)),
         rdzv_backend_set="rdzv_backend" in table,
         scheduler=read.get("scheduler", "ssh", read.choice(SCHEDULERS)),
     )
@@ -452,7 +463,7 @@ def _parse_host(read: Reader, base: Mapping[str, Any], container: Mapping[str, A
         env=MappingProxyType(dict(values.get("env", {}))),
         setup=values.get("setup", ""),
         local_addr=read.get("local_addr", None, read.local_addr),
-        nproc_per_node=read.get("nproc_per_node", None, read.nproc),
+        nproc_per_node=read.get("nproc_per_node", None, read.option(NPROC_PER_NODE)),
         spare=read.get("spare", False, read.flag),
         container=_host_container(read, container),
         uv=values.get("uv"),

@@ -12,25 +12,17 @@ from torchherd.imagearchive import HINT as ARCHIVE_HINT
 from torchherd.imagearchive import ImageArchive, read_archive
 from torchherd.inventory.model import Bandwidth
 from torchherd.inventory.nodeset import NodesetError, expand
+from torchherd.inventory.options import Option, env_problem
 from torchherd.inventory.rules import (
     ADDRESS_PATTERN,
     BANDWIDTH_HINT,
     CHECKPOINT_HINT,
     CONTROL,
-    ENV_NAME,
-    HEARTBEAT_HINT,
-    HEARTBEAT_RANGE,
     LOCAL_ADDR,
-    MAX_NPROC,
-    MAX_RETRIES,
-    MAX_SECONDS,
-    MISSES_RANGE,
-    NPROC_WORDS,
     USER_HINT,
     checkpoint_problem,
     parse_bandwidth,
     parse_rate,
-    replicate_problem,
     show,
     valid_hostname,
     valid_ruser,
@@ -113,11 +105,6 @@ class Reader:
             self.fail(key, f"expected a port number from 1 to 65535, got {show(value)}")
         return int(value)
 
-    def seconds(self, key: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
-            self.fail(key, f"expected a positive number of seconds (at most {MAX_SECONDS:g}), got {show(value)}")
-        return float(value)
-
     def rate(self, key: str, value: Any) -> float:
         found = parse_rate(str(value)) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else None
         if found is None:
@@ -129,13 +116,14 @@ class Reader:
             self.fail(key, f"expected a share of the median between 0 and 1 (0.5: half), got {show(value)}")
         return float(value)
 
-    def nproc(self, key: str, value: Any) -> int | str:
-        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_NPROC:
-            return value
-        if isinstance(value, str) and value in NPROC_WORDS:
-            return value
-        self.fail(key, f"expected a positive integer (at most {MAX_NPROC}) or one of {', '.join(map(repr, NPROC_WORDS))}, "
-                       f"got {show(value)}")
+    def option(self, option: Option[T]) -> Callable[[str, Any], T]:
+        """The converter of ``option``'s key: its rule, the one every door asks."""
+        def convert(key: str, value: Any) -> T:
+            found = option.kind.value(value)
+            if found is None:
+                self.fail(key, option.expected("file", value), option.file_hint or option.hint)
+            return found
+        return convert
 
     def count(self, key: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -154,49 +142,26 @@ class Reader:
             self.fail(key, problem, CHECKPOINT_HINT)
         return text
 
-    def heartbeat(self, key: str, value: Any) -> float:
-        low, high = HEARTBEAT_RANGE
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            self.fail(key, f"expected seconds between heartbeats, from {low:g} to {high:g}, got {show(value)}",
-                      HEARTBEAT_HINT)
-        return float(value)
-
-    def misses(self, key: str, value: Any) -> int:
-        low, high = MISSES_RANGE
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            self.fail(key, f"expected an integer from {low} to {high}, got {show(value)}", HEARTBEAT_HINT)
-        return int(value)
-
-    def replicate(self, key: str, value: Any) -> int:
-        problem = replicate_problem(value)
-        if problem is not None:
-            self.fail(key, problem)
-        return int(value)
-
     def bandwidth(self, key: str, value: Any) -> Bandwidth:
         found = parse_bandwidth(value) if isinstance(value, str) else None
         if found is None:
             self.fail(key, f"expected a share or a rate, got {show(value)}", BANDWIDTH_HINT)
         return found
 
-    def retries(self, key: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
-            self.fail(key, f"expected an integer from 0 to {MAX_RETRIES}, got {show(value)}")
-        return int(value)
-
-    def exit_codes(self, key: str, value: Any) -> tuple[int, ...]:
-        if not isinstance(value, list) or not all(
-                isinstance(code, int) and not isinstance(code, bool) and 1 <= code <= 255 for code in value):
-            self.fail(key, f"expected a list of exit codes from 1 to 255, got {show(value)}",
-                      "write final_exit_codes = [2]")
-        return tuple(int(code) for code in value)
-
     def nodeset(self, key: str, value: Any) -> str:
         text = self.text(key, value)
+        if "/" in text:  # sbatch reads a nodelist with a "/" as a file of names: torchherd would count one name
+            self.fail(key, f"{text!r} names a file (sbatch reads it as one); torchherd needs the nodes themselves",
+                      'write them as a nodeset, e.g. "gpu[01-04],cpu7"')
         try:
-            expand(text)
+            names = expand(text)
         except NodesetError as error:
             self.fail(key, f"not a nodeset: {error}", 'write it as SLURM does, e.g. "gpu[01-04],cpu7"')
+        seen: set[str] = set()
+        for name in names:  # sbatch counts a node once: a retry that leaves one out would ask for too many
+            if name in seen:
+                self.fail(key, f"node {name!r} is listed twice", "list every node once")
+            seen.add(name)
         return text
 
     def options(self, key: str, value: Any) -> tuple[str, ...]:
@@ -253,13 +218,14 @@ class Reader:
                       'write env = { NCCL_DEBUG = "WARN" }')
         result: dict[str, str] = {}
         for name, item in value.items():
-            if not ENV_NAME.match(name):
-                self.fail(f"{key}.{name!r}", "not a valid environment variable name",
-                          "letters, digits and '_', not starting with a digit")
+            problem = env_problem(name)
+            if problem is not None:
+                self.fail(f"{key}.{name!r}", problem)
             if isinstance(item, bool) or not isinstance(item, (str, int, float)):
                 self.fail(f"{key}.{name}", f"expected a string, got {show(item)}", "quote the value")
-            if "\0" in str(item):
-                self.fail(f"{key}.{name}", "holds a NUL character, which no environment can")
+            problem = env_problem(name, str(item))
+            if problem is not None:
+                self.fail(f"{key}.{name}", problem)
             result[name] = str(item)
         return result
 

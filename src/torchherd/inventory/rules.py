@@ -114,13 +114,6 @@ def parse_bandwidth(text: str) -> Bandwidth | None:
     return Bandwidth(bytes_per_second=number * scale / (8 if "bit" in unit else 1))
 
 
-def replicate_problem(value: Any) -> str | None:
-    """Why ``value`` is not a count of replicas, or None."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REPLICAS:
-        return f"expected an integer from 0 to {MAX_REPLICAS} (0: no replication), got {show(value)}"
-    return None
-
-
 CHECKPOINT_HINT = "give a path inside the job's workdir, relative to it (e.g. snapshot.pt or checkpoints/step-*.pt)"
 
 

@@ -32,7 +32,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "stop.py": ("container.py", "wire.py", "proctable.py"),
     "hangprobe.py": ("flight.py",),
     "receive.py": (),
-    "venv.py": (),
+    "venv.py": ("receive.py",),
     "checkpoint.py": ("relay.py",),
     "image.py": ("container.py", "relay.py"),
 }

@@ -44,9 +44,11 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import math
 import os
 import shutil
 import socket
+import stat
 import sys
 import time
 
@@ -65,6 +67,8 @@ BURST_SECONDS = 0.05
 """A paced sender may send this much ahead of its rate (in seconds of it): short enough
 that the job's own traffic never queues behind a long burst."""
 SIOCGIFADDR = 0x8915
+FUTURE_SKEW = 300.0
+"""How far past this node's clock a copy's mtime may be (the nodes' clocks differ a little)."""
 
 
 class Pace:
@@ -174,19 +178,29 @@ def safe_relative(path: str) -> str:
     return path
 
 
+def own(info: os.stat_result) -> bool:
+    """A file or directory this user made (another user's, in a checkpoint directory others
+    can write, is never "the newest checkpoint")."""
+    return info.st_uid == os.geteuid()
+
+
 def listing(full: str) -> List[Tuple[str, int, float]]:
     """The files of a checkpoint (relative to it; a file: itself, as ""), sorted: path,
-    size, mtime. Symbolic links inside a directory are left out (never followed)."""
-    if not os.path.isdir(full):
-        info = os.stat(full)
-        return [("", info.st_size, info.st_mtime)]
+    size, mtime. Symbolic links are left out (never followed, the match itself neither:
+    ValueError), and so are files of another user's."""
+    top = os.lstat(full)
+    if stat.S_ISLNK(top.st_mode) or not own(top):
+        raise ValueError(f"{full} is {'a symbolic link' if stat.S_ISLNK(top.st_mode) else 'not yours'}: not a "
+                         "checkpoint of this run")
+    if not stat.S_ISDIR(top.st_mode):
+        return [("", top.st_size, top.st_mtime)]
     files = []
     for folder, names, found in os.walk(full):
         names[:] = sorted(name for name in names if TEMPORARY not in name)
         for name in found:
             path = os.path.join(folder, name)
             info = os.lstat(path)
-            if os.path.isfile(path) and not os.path.islink(path) and TEMPORARY not in name:
+            if stat.S_ISREG(info.st_mode) and own(info) and TEMPORARY not in name:
                 files.append((os.path.relpath(path, full), info.st_size, info.st_mtime))
     return sorted(files)
 
@@ -218,10 +232,10 @@ def newest(workdir: str, pattern: str) -> Optional[str]:
     best_mtime = -1.0
     for path in sorted(matches):
         try:
-            files = listing(path)
-        except OSError:
+            files = listing(path)  # a link, or another user's match: passed over
+            mtime = max([mtime for _, _, mtime in files] + [os.lstat(path).st_mtime])
+        except (OSError, ValueError):
             continue
-        mtime = max([mtime for _, _, mtime in files] + [os.stat(path).st_mtime])
         if mtime > best_mtime:
             best, best_mtime = path, mtime
     return None if best is None else os.path.relpath(best, workdir)
@@ -234,9 +248,9 @@ def find(workdir: str, pattern: str, hashed: bool = True) -> Dict[str, Any]:
     if relative is None:
         return {"path": None}
     full = os.path.join(workdir, relative)
-    kind = "dir" if os.path.isdir(full) else "file"
     files = listing(full)
-    mtime = max([mtime for _, _, mtime in files] + [os.stat(full).st_mtime])
+    kind = "dir" if stat.S_ISDIR(os.lstat(full).st_mode) else "file"
+    mtime = max([mtime for _, _, mtime in files] + [os.lstat(full).st_mtime])
     sha256 = None
     if hashed:
         hashes = [(path, size, file_sha256(os.path.join(full, path) if path else full)) for path, size, _ in files]
@@ -306,8 +320,8 @@ def send_own(workdir: str, relative: str, listener: Optional[socket.socket], tok
     full = os.path.join(workdir, relative)
     files = listing(full)
     downstream = chain.accept(listener, token)
-    pace = Pace(rate_of(rate, downstream), time.monotonic())
-    kind = "dir" if os.path.isdir(full) else "file"
+    pace = Pace(rate_of(rate, downstream.sock), time.monotonic())
+    kind = "dir" if stat.S_ISDIR(os.lstat(full).st_mode) else "file"
     said: List[Dict[str, Any]] = []
 
     def trailer(hashes: List[str], changed: Optional[str]) -> Dict[str, Any]:
@@ -329,10 +343,10 @@ def send_own(workdir: str, relative: str, listener: Optional[socket.socket], tok
 def newer_here(target: str, mtime: float) -> bool:
     """Whether the copy at ``target`` is newer than one of ``mtime`` (kept, with ``keep_newer``)."""
     try:
-        files = listing(target)
-    except OSError:
+        files = listing(target)  # another user's copy, or a link, is no copy of this run's: replaced
+        return max([when for _, _, when in files] + [os.lstat(target).st_mtime]) > mtime
+    except (OSError, ValueError):
         return False
-    return max([when for _, _, when in files] + [os.stat(target).st_mtime]) > mtime
 
 
 def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: chain.Link,
@@ -342,12 +356,12 @@ def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: chain
     as for a venv's wheelhouse), so its stdin is watched for its end only once the copy is
     in: a watch started earlier would read the copy's own bytes. ``progress``: the config's
     ``"progress"``, ``{"progress": BYTES}`` lines as it receives (a wheelhouse's bars)."""
-    raw = upstream.line()
+    raw = upstream.signed_line(b"header")
     header = json.loads(raw)
+    newest_mtime = checked_header(header, expect)
     downstream = chain.accept(listener, token) if listener is not None else None
     kind = str(expect["kind"])
     target, temporary = place(workdir, relative)
-    newest_mtime = max([float(mtime) for _, _, mtime in header["files"]] or [0.0])
     CLEANUP.append(temporary)
     try:
         if kind == "dir":
@@ -379,6 +393,28 @@ def receive(workdir: str, relative: str, expect: Dict[str, Any], upstream: chain
         if downstream is not None:
             downstream.close()
     return {"ok": True, "bytes": received, "seconds": round(time.monotonic() - started, 3)}
+
+
+def checked_header(header: Dict[str, Any], expect: Dict[str, Any]) -> float:
+    """The stream's header as it must be: its files' sizes add up to the copy's (so the
+    stream ends there, whatever follows), its mtimes not past now by more than
+    ``FUTURE_SKEW`` (a copy dated 2100 would pass for the newest ever after). Its newest
+    mtime; else ValueError."""
+    files = header.get("files")
+    if not isinstance(files, list) or not all(isinstance(item, list) and len(item) == 3 for item in files):
+        raise ValueError("the upstream's header is malformed")
+    sizes = [size for _, size, _ in files]
+    mtimes = [mtime for _, _, mtime in files]
+    if not all(type(size) is int and size >= 0 for size in sizes) or \
+            not all(type(mtime) in (int, float) and math.isfinite(mtime) for mtime in mtimes):
+        raise ValueError("the upstream's header is malformed: a size or an mtime that is not one")
+    if "size" in expect and sum(sizes) != int(expect["size"]):
+        raise ValueError(f"the upstream sends {sum(sizes)} bytes, the copy is {expect['size']}")
+    newest_mtime = float(max(mtimes or [0.0]))
+    if newest_mtime > time.time() + FUTURE_SKEW:
+        raise ValueError(f"the upstream dates the copy {time.strftime('%Y-%m-%d', time.gmtime(newest_mtime))}, "
+                         "in the future: refused")
+    return newest_mtime
 
 
 def outputs(temporary: str, kind: str, files: List[List[Any]]) -> Iterator[Tuple[str, int, float, IO[bytes]]]:

@@ -103,7 +103,7 @@ def relay(wanted: str, image: str, folder: str, config: Dict[str, Any], stdin: c
         upstream = chain.upstream(token, stdin)
         if upstream is not stdin:
             chain.watch_controller(cleanup)
-        raw = upstream.line()
+        raw = upstream.signed_line(b"header")
         files = json.loads(raw)["files"]
         if len(files) != 1 or int(files[0][1]) != int(expect["size"]):
             raise ValueError(f"expected one archive of {expect['size']} bytes, the upstream sends {files}")

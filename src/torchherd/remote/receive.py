@@ -120,7 +120,12 @@ def owner(uid: int) -> str:
         return f"uid {uid}"
 
 
-def distrust(path: str, info: os.stat_result, inside: bool) -> Optional[str]:
+SYNC = ("a sync", "what is synced", "a workdir")
+"""What a checked directory is for, in the refusal: its use, what another user could swap
+there, and what to use instead (``venv.py`` walks a venv_dir with its own words)."""
+
+
+def distrust(path: str, info: os.stat_result, inside: bool, purpose: Tuple[str, str, str] = SYNC) -> Optional[str]:
     """Why nobody but the user (and root) is known to control what ``path`` holds, or
     None. Above the destination a directory of root's that no one else can write, or a
     sticky one (``/tmp``: others may add entries there, never replace ours), is fine, as
@@ -138,8 +143,8 @@ def distrust(path: str, info: os.stat_result, inside: bool) -> Optional[str]:
         why = "root's and writable by group or others"
     else:
         why = f"{owner(info.st_uid)}'s, not yours"
-    return (f"{path} cannot hold a sync: it is {why} (mode {stat.S_IMODE(info.st_mode):04o}); another user "
-            "could swap or redirect what is synced (use a workdir only you can write)")
+    return (f"{path} cannot hold {purpose[0]}: it is {why} (mode {stat.S_IMODE(info.st_mode):04o}); another user "
+            f"could swap or redirect {purpose[1]} (use {purpose[2]} only you can write)")
 
 
 def trusted_link(holder: os.stat_result, link: os.stat_result) -> bool:
@@ -151,7 +156,8 @@ def trusted_link(holder: os.stat_result, link: os.stat_result) -> bool:
 class Walk:
     """The directories walked so far, each open (O_NOFOLLOW) and checked."""
 
-    def __init__(self) -> None:
+    def __init__(self, purpose: Tuple[str, str, str] = SYNC) -> None:
+        self.purpose = purpose
         self.fds: List[int] = []
         self.names: List[str] = []
         self.infos: List[os.stat_result] = []
@@ -167,7 +173,7 @@ class Walk:
         if name != "/":
             self.names.append(name)
         self.infos.append(os.fstat(fd))
-        problem = distrust(self.path(), self.infos[-1], inside=False)
+        problem = distrust(self.path(), self.infos[-1], inside=False, purpose=self.purpose)
         if problem:
             raise ValueError(problem)
 
@@ -201,7 +207,7 @@ class Walk:
             os.close(fd)
 
 
-def walk(path: str, create: bool) -> Tuple[str, bool]:
+def walk(path: str, create: bool, purpose: Tuple[str, str, str] = SYNC) -> Tuple[str, bool]:
     """The destination's path with its symbolic links followed, and whether it exists;
     with ``create``, its missing directories made (0700). Walked from the root one
     directory at a time through file descriptors opened with O_NOFOLLOW: a directory
@@ -212,7 +218,7 @@ def walk(path: str, create: bool) -> Tuple[str, bool]:
     anything in it afterwards, and the sync then works on that path."""
     parts = [part for part in path.split("/") if part not in ("", ".")]
     parts.reverse()  # a stack: the next component last
-    where = Walk()
+    where = Walk(purpose)
     try:
         while parts:
             name = parts.pop()
@@ -232,7 +238,7 @@ def walk(path: str, create: bool) -> Tuple[str, bool]:
                 parts.extend(reversed(where.link(name)))
                 continue
             where.enter(name, fd)
-        problem = distrust(where.path(), where.infos[-1], inside=True)  # the destination itself: the user's own
+        problem = distrust(where.path(), where.infos[-1], inside=True, purpose=purpose)  # the destination: the user's own
         if problem:
             raise ValueError(problem)
         return where.path(), True

@@ -21,6 +21,12 @@ version: the controller makes the wheelhouse for that platform and python, and r
 
 Nodes that share a home build one venv: uv locks it while it syncs (the others wait, then
 find it in sync); the marker is replaced atomically.
+
+Before anything is read or run, the directory holding the venv (the venv_dir) is walked
+as a sync's destination is (``receive.walk``: the user's own, no group or other write,
+above it root's or sticky), and the venv, the wheelhouse and a uv sent there are each
+``lstat``-ed (the user's own, not a link, not writable by group or others): one another
+user planted in a shared ``/scratch`` is refused in one line naming it, never trusted.
 """
 
 from __future__ import annotations
@@ -28,10 +34,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
+
+from torchherd.remote.receive import walk
 
 MARKER = ".torchherd-venv"
 TAIL_LINES = 6
@@ -117,8 +126,62 @@ def editable_argv(uv: str, build_wheels: str, project: str, python: str) -> list
             "--editable", project, "--python", python]
 
 
+VENVS = ("venvs", "what is built and run there", "a venv_dir")
+"""A venv_dir's refusal (``receive.distrust``'s words)."""
+
+
+def untrusted(path: str, kind: str) -> Optional[str]:
+    """Why ``path`` (in a checked venv_dir) is not to be trusted, or None (not there is
+    fine: it is made here). ``kind``: "dir" or "file"."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(info.st_mode):
+        why = "a symbolic link"
+    elif not (stat.S_ISDIR(info.st_mode) if kind == "dir" else stat.S_ISREG(info.st_mode)):
+        why = "not a " + ("directory" if kind == "dir" else "file")
+    elif info.st_uid != os.geteuid():
+        why = "not yours"
+    elif info.st_mode & 0o022:
+        why = "writable by group or others"
+    else:
+        return None
+    return (f"{path} is {why} (mode {stat.S_IMODE(info.st_mode):04o}): refused, another user could have put it "
+            "there (remove it and run again)")
+
+
+def trusted_home(config: dict[str, Any]) -> tuple[str, Optional[str]]:
+    """The venv's path in its checked directory (``walk``, made 0700 when missing), and
+    why it is refused (its directory, the venv or the wheelhouse), or None."""
+    path = os.path.abspath(os.path.expanduser(config["path"]))
+    try:
+        home, _ = walk(os.path.dirname(path), True, VENVS)
+    except (ValueError, OSError) as error:
+        return path, str(error)
+    path = os.path.join(home, os.path.basename(path))
+    # the wheelhouse lies beside the venvs (engine/wheelhouse.py node_dir)
+    wheelhouse = [os.path.join(home, os.path.basename(config["wheelhouse"]))] if config.get("wheelhouse") else []
+    for item in [path, *wheelhouse]:
+        problem = untrusted(item, "dir")
+        if problem:
+            return path, problem
+    return path, None
+
+
+def trusted_uv(uv: str, home: str) -> Optional[str]:
+    """Why a uv found in the venv's own directory (one sent there, engine/venvs.py) is
+    not to be run, or None (one elsewhere: the user's PATH or inventory says so)."""
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(uv)))
+    if folder != home:
+        return None
+    return untrusted(os.path.join(home, os.path.basename(uv)), "file")
+
+
 def build(config: dict[str, Any]) -> dict[str, object]:
-    path = os.path.expanduser(config["path"])
+    path, problem = trusted_home(config)
+    if problem:
+        return {"error": problem}
     if built(path, config["key"]):
         return {"cached": True}
     env = dict(os.environ)
@@ -127,6 +190,9 @@ def build(config: dict[str, Any]) -> dict[str, object]:
     if uv is None:
         return {"error": "uv not found (looked for " + ", ".join(config["uv"]) + ")", "uv_missing": True,
                 **node_platform()}
+    problem = trusted_uv(uv, os.path.dirname(path))
+    if problem:
+        return {"error": problem}
     wheelhouse = os.path.expanduser(config["wheelhouse"]) if config.get("wheelhouse") else None
     if wheelhouse and not os.path.isfile(os.path.join(wheelhouse, "requirements.txt")):
         return {"error": f"the lock's wheels are not in {wheelhouse}", "wheelhouse_missing": True,

@@ -145,3 +145,6 @@ class as_transport_error:
         if isinstance(error, (OSError, EOFError)) or type(error).__module__.startswith("paramiko"):
             raise TransportError(self.node, "ssh", f"{self.node}: cannot {self.doing}: {error or type(error).__name__}") \
                 from error
+        if isinstance(error, UnicodeEncodeError):  # a command naming a node's file whose name is not UTF-8
+            raise TransportError(self.node, "ssh", f"{self.node}: cannot {self.doing}: a command or path that is not "
+                                                   "UTF-8") from error

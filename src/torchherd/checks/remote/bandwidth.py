@@ -60,7 +60,8 @@ PMTUDISC_DO = 2
 BISECT_STEP = 32
 """Bytes: the bisection for the largest size that passes stops this close."""
 HEADER_SECONDS = 2.0
-"""How long a connection may take to send its header: a stranger's idle one is dropped then."""
+"""How long a connection may take to send its header, in all (not per read): a stranger's
+idle or dribbling one is dropped then."""
 RECEIVERS = 16
 """Connections served at once; more are closed at once (the check makes one per link of a round)."""
 MAX_SECONDS = 600.0
@@ -102,9 +103,17 @@ def answer(document: Dict[str, Any]) -> None:
         sys.stdout.flush()
 
 
-def read_line(sock: socket.socket, limit: int = 4096) -> bytes:
+def read_line(sock: socket.socket, limit: int = 4096, seconds: Optional[float] = None) -> bytes:
+    """Up to a line; with ``seconds``, what came by then in all (a stranger sending a byte
+    now and then holds a receiver slot no longer than that): socket.timeout after it."""
     data = b""
+    deadline = time.monotonic() + seconds if seconds is not None else None
     while b"\n" not in data and len(data) < limit:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("no header in time")
+            sock.settimeout(left)
         chunk = sock.recv(limit - len(data))
         if not chunk:
             break
@@ -133,8 +142,7 @@ def receive(conn: socket.socket) -> None:
     """Counts one sender's bytes and tells it what arrived, then drains what is left.
     Every error ends the connection quietly: this runs for whoever connects."""
     try:
-        conn.settimeout(HEADER_SECONDS)
-        seconds = check_header(read_line(conn).partition(b"\n")[0])
+        seconds = check_header(read_line(conn, seconds=HEADER_SECONDS).partition(b"\n")[0])
         if seconds is None:
             return
         conn.settimeout(10.0)

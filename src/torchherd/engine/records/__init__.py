@@ -54,7 +54,9 @@ from torchherd.engine.records.paths import (
     runs_dir,
 )
 from torchherd.engine.records.recovery import (
+    ATTEMPT_HEADLINES,
     ATTEMPT_STATES,
+    ATTEMPT_TEXT_CHARS,
     RECOVERY_KEY,
     STORED_TEXT_CHARS,
     AttemptState,
@@ -73,4 +75,12 @@ from torchherd.engine.records.store import (
     scan,
 )
 
-__all__ = ["AMBIGUOUS_SHOWN", "ATTACHED_KEY", "ATTEMPT_STATES", "AttachedRecord", "AttachedStatus", "AttemptState", "CONTROLLER_GONE", "CoordinatorRecord", "ENDINGS", "KEPT_RUNS", "MAX_RECORD_BYTES", "NodeEnding", "NodeRecord", "NodeState", "OUTCOMES", "RECOVERY_KEY", "REMOTE_RUNS_DIR", "RecordError", "RecoveryRecord", "RecoveryStatus", "RunRecord", "STORED_TEXT_CHARS", "attached_node_states", "attached_of", "attached_state", "controller_alive", "controller_lock", "describe_since", "hold_controller_lock", "holds_lock", "load", "load_all", "parse_node_state", "prune", "read_record", "recovery_of", "remote_coordinator_file", "remote_log_file", "remote_run_dir", "remote_state_file", "runs_dir", "save", "scan", "stored_text", "with_attached", "with_recovery"]
+__all__ = ["AMBIGUOUS_SHOWN", "ATTACHED_KEY", "ATTEMPT_HEADLINES", "ATTEMPT_STATES", "ATTEMPT_TEXT_CHARS",
+           "AttachedRecord", "AttachedStatus", "AttemptState",
+           "CONTROLLER_GONE", "CoordinatorRecord", "ENDINGS", "KEPT_RUNS", "MAX_RECORD_BYTES", "NodeEnding",
+           "NodeRecord", "NodeState", "OUTCOMES", "RECOVERY_KEY", "REMOTE_RUNS_DIR", "RecordError", "RecoveryRecord",
+           "RecoveryStatus", "RunRecord", "STORED_TEXT_CHARS", "attached_node_states", "attached_of", "attached_state",
+           "controller_alive", "controller_lock", "describe_since", "hold_controller_lock", "holds_lock", "load",
+           "load_all", "parse_node_state", "prune", "read_record", "recovery_of", "remote_coordinator_file",
+           "remote_log_file", "remote_run_dir", "remote_state_file", "runs_dir", "save", "scan", "stored_text",
+           "with_attached", "with_recovery"]

@@ -12,6 +12,12 @@ STORED_TEXT_CHARS = 4096
 """The most of a headline a record keeps: it quotes the job's first error line, which
 may be a megabyte of undecodable bytes (each six bytes of JSON); the whole line stays in
 the node's log."""
+ATTEMPT_TEXT_CHARS = 512
+"""The most of one attempt's headline a record keeps (the run's own keeps more)."""
+ATTEMPT_HEADLINES = 64
+"""The attempts whose headlines a record keeps: the first and the last ones (a run of a
+thousand retries, each failing with a long line, stays far under ``MAX_RECORD_BYTES``);
+the others keep their number, nodes and how they ended."""
 RECOVERY_KEY = "recovery"
 """The key of ``RunRecord.extra`` a detached run with retries keeps its ``RecoveryRecord`` in."""
 ATTEMPT_STATES = ("running", "ok", "failed", "lost", "hung", "interrupted")
@@ -65,22 +71,32 @@ class RecoveryRecord:
         data = asdict(self)
         data["headline"] = stored_text(self.headline)
         data["checkpoint"] = stored_text(self.checkpoint)
-        data["attempts"] = [{**asdict(attempt), "nodes": list(attempt.nodes), "headline": stored_text(attempt.headline)}
-                            for attempt in self.attempts]
+        kept = _kept_headlines(len(self.attempts))
+        data["attempts"] = [{**asdict(attempt), "nodes": list(attempt.nodes),
+                             "headline": stored_text(attempt.headline, ATTEMPT_TEXT_CHARS) if index in kept else ""}
+                            for index, attempt in enumerate(self.attempts)]
         return data
+
+
+def _kept_headlines(count: int) -> range | set[int]:
+    """The indexes of the attempts whose headlines a record keeps (``ATTEMPT_HEADLINES``)."""
+    if count <= ATTEMPT_HEADLINES:
+        return range(count)
+    first = ATTEMPT_HEADLINES // 4
+    return set(range(first)) | set(range(count - (ATTEMPT_HEADLINES - first), count))
 
 
 _UNSTORABLE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 
 
-def stored_text(text: str) -> str:
+def stored_text(text: str, most: int = STORED_TEXT_CHARS) -> str:
     """``text`` as a record keeps what the job said: control characters as their escapes
     (a coloured error line must not make the record one the loader refuses), a lone
-    surrogate as U+FFFD, at most ``STORED_TEXT_CHARS`` characters."""
+    surrogate as U+FFFD, at most ``most`` characters."""
     text = _UNSTORABLE.sub(lambda found: "\ufffd" if found.group() >= "\ud800" else f"\\x{ord(found.group()):02x}",
-                           text[:STORED_TEXT_CHARS + 1])
-    if len(text) > STORED_TEXT_CHARS:
-        return text[:STORED_TEXT_CHARS] + " [cut: the node's log has the whole line]"
+                           text[:most + 1])
+    if len(text) > most:
+        return text[:most] + " [cut: the node's log has the whole line]"
     return text
 
 

@@ -35,7 +35,8 @@ AMBIGUOUS_SHOWN = 10
 
 
 def load(run_id: str, directory: Path | None = None) -> RunRecord:
-    """The record of ``run_id``; a unique prefix (or the last characters) is enough."""
+    """The record of ``run_id``; a unique prefix (or the last characters) is enough, never
+    a part in the middle (``stop 1200`` would stop whichever run started at 12:00)."""
     if not is_run_id(run_id):  # never a path: "../../x" must not name a file
         raise UsageError(f"run id {run_id!r}: not a run id (letters, digits and '-')",
                          "torchherd status lists the known runs")
@@ -43,7 +44,7 @@ def load(run_id: str, directory: Path | None = None) -> RunRecord:
     exact = directory / f"{run_id}.json"
     if exact.is_file():
         return read_record(exact)
-    matches = [path for path in _record_files(directory) if run_id in path.stem]
+    matches = [path for path in _record_files(directory) if path.stem.startswith(run_id) or path.stem.endswith(run_id)]
     if len(matches) == 1:
         return read_record(matches[0])
     if matches:  # one line still, however many runs the state directory holds

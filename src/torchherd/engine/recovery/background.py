@@ -34,6 +34,7 @@ from typing import IO, Any, Callable, Mapping
 
 from torchherd.engine.backend import Backend, backend_for, scheduler_of
 from torchherd.engine.bookkeeping import max_rank, node_record, run_record
+from torchherd.engine.eventlog import HISTORY_FILE, HISTORY_KEY, HistoryRecorder, recording
 from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
@@ -317,12 +318,15 @@ def serve(order: Order, said: IO[bytes]) -> int:
     attempt runs. The exit code is the run's."""
     hold_controller_lock(order.plan.run_id)  # held until this process ends: ``stop`` knows it by this
     recorder = first_record(order)
+    history_file = order.options.log_dir / order.plan.run_id / HISTORY_FILE
+    recorder.record = replace(recorder.record, extra={**recorder.record.extra, HISTORY_KEY: str(history_file)})
     save(recorder.record)
     cluster = order.plan.inventory.cluster
     connector = SshConnector(cluster.ssh_config, cluster.ssh_timeout, order.accept_new_host_keys)
     options = replace(order.options, persist=True)
-    run = RecoveringRun(backend_for(order.scheduler, connector), order.plan, options, order.recovery, recorder,
-                        check_spares=order.check_spares)
+    history = HistoryRecorder()  # the foreground's file: its preflight is there already
+    run = RecoveringRun(backend_for(order.scheduler, connector), order.plan, options, order.recovery,
+                        recording(recorder, history), check_spares=order.check_spares)
     recorder.checkpoint = run.checkpoint_line
     on_sigterm(run.stop)
     try:

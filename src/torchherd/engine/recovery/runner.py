@@ -77,6 +77,7 @@ from torchherd.engine.recovery.policy import (
 from torchherd.engine.recovery.replication import Holdings, Replicator
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Bandwidth, Recovery
+from torchherd.inventory.options import MIN_NODES, OptionError
 from torchherd.plan import NodeNetwork, Plan, RunOptions, build_plan
 from torchherd.remote import flight, wire
 from torchherd.remote.container import container_name
@@ -157,8 +158,8 @@ def check_recovery(plan: Plan, recovery: Recovery, count: int | None = None) -> 
     the scheduler picks for it, where it picks them)."""
     count = len(plan.nodes) if count is None else count
     if recovery.min_nodes is not None and recovery.min_nodes > count:
-        raise UsageError(f"--min-nodes {recovery.min_nodes}: more than the {count} nodes of the run",
-                         f"give at most {count}")
+        raise OptionError(MIN_NODES, recovery.min_nodes, f"more than the {count} nodes of the run",
+                          f"give at most {count}", first="flag")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ holds a newer copy of its own keeps it. Its outcome is ``CheckpointReplicated``.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import time
 from dataclasses import dataclass
@@ -188,8 +189,23 @@ def _find(session: Session, node: NodePlan, path: str, low: bool = False, mode: 
         return str(answer["error"])
     if answer.get("path") is None:
         return None
-    return Copy(node.host.name, str(answer["path"]), str(answer["kind"]), int(answer["size"]), float(answer["mtime"]),
-                str(answer["sha256"] or ""))
+    return _copy(node.host.name, answer)
+
+
+def _copy(name: str, answer: Mapping[str, Any]) -> Copy | str:
+    """The node's answer as a Copy, each field of its type; else why not, in one line (a
+    node's answer of the wrong type fails that node, never the run)."""
+    path, kind, size, mtime, sha256 = (answer.get(key) for key in ("path", "kind", "size", "mtime", "sha256"))
+    if not isinstance(path, str) or kind not in ("file", "dir") or type(size) is not int or size < 0 \
+            or not isinstance(mtime, (int, float)) or isinstance(mtime, bool) or not math.isfinite(mtime) \
+            or not isinstance(sha256, (str, type(None))):
+        return "a malformed answer from checkpoint.py find"
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return (f"its newest checkpoint's name is not UTF-8 ({ascii(path)[1:-1][:200]}): rename it; torchherd "
+                "names files on command lines as UTF-8")
+    return Copy(name, path, kind, size, float(mtime), sha256 or "")
 
 
 def _last_json(data: bytes) -> dict[str, Any] | None:
