@@ -1,5 +1,5 @@
 """What every backend must satisfy, whatever its scheduler: SSH, SLURM, and a scheduler
-that exists only in the tests (fakes/memory_backend.py), registered the way a new
+that exists only in the tests (tests/support/memory_backend.py), registered the way a new
 scheduler is, with one line (``register``). Nothing above ``engine.backend`` changes for it:
 ``Cluster`` launches, describes and follows its runs through the interface alone."""
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(autouse=True)
 def memory_scheduler(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(schedulers, "SCHEDULERS", dict(SCHEDULERS))
-    schedulers.register("memory", "fakes.memory_backend:MemoryBackend")  # all a new scheduler takes
+    schedulers.register("memory", "support.memory_backend:MemoryBackend")  # all a new scheduler takes
     yield
 
 

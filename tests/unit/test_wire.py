@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from processes import killed_after, plant, wait_until
 
+from support.processes import killed_after, plant, wait_until
 from torchherd import runlog
 from torchherd.engine.prepare.sync import frame
 from torchherd.engine.records import parse_node_state
