@@ -23,6 +23,8 @@ from torchherd.inventory import Host
 from torchherd.transport.base import Closing, CommandResult
 
 READ_SIZE = 1 << 16
+DRAIN_SECONDS = 2.0
+"""How long an ended command's output may take to reach its readers before its status is given."""
 
 
 class LocalProcess:
@@ -41,6 +43,7 @@ class LocalProcess:
         self._stdout: queue.Queue[bytes] = queue.Queue()
         self._stderr: queue.Queue[bytes] = queue.Queue()
         self._stdout_eof = False
+        self._drained = False
         self._let_go = threading.Event()
         assert self.popen.stdout is not None and self.popen.stderr is not None
         self._readers = [self._reader(self.popen.stdout, self._stdout), self._reader(self.popen.stderr, self._stderr)]
@@ -143,6 +146,14 @@ class LocalProcess:
             code = self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
+        if not self._drained:
+            # As over SSH, where the exit status follows the output: what the shell wrote
+            # before it ended is read before its status is given (a reader starved of CPU
+            # on a loaded machine may not have read it yet). Bounded, and once: a background
+            # child of the shell may hold the pipes open long after it.
+            self._drained = True
+            for reader in self._readers:
+                reader.join(timeout=DRAIN_SECONDS)
         # A shell killed by a signal has no exit status over SSH either.
         return None if code < 0 else code
 
