@@ -1,0 +1,78 @@
+"""Issue 41, the first hour (third pass): flags that do what they say, exact text."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from io import StringIO
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from torchherd.cli import main
+from torchherd.console import make_console
+
+
+def cli(*args: str) -> tuple[int, list[str]]:
+    out = StringIO()
+    code = main(list(args), console=make_console(out, width=400))
+    return code, out.getvalue().splitlines()
+
+
+@pytest.fixture
+def mute_port() -> Iterator[int]:
+    """A port that accepts TCP and never speaks: an sshd that hangs before its banner."""
+    import fabric  # noqa: F401  (imported here: its seconds of import on a loaded machine are not the connect's)
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.1)
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    done.set()
+    thread.join(5)
+    listener.close()
+    for connection in held:
+        connection.close()
+
+
+def timed(*args: str) -> tuple[float, int, list[str]]:
+    start = time.monotonic()
+    code, out = cli(*args)
+    return time.monotonic() - start, code, out
+
+
+def test_ssh_timeout_bounds_the_connect(mute_port: int) -> None:
+    seconds, code, out = timed("check", "-H", f"127.0.0.1:{mute_port}", "--ssh-timeout", "1", "--only", "ssh")
+    assert code == 1 and "accepted the connection but never answered" in "\n".join(out)
+    assert seconds < 5, f"--ssh-timeout 1 took {seconds:.1f} s (the default is 10)"
+
+
+def test_ssh_timeout_on_the_command_line_wins_over_the_file(mute_port: int, tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text(f'[cluster]\nssh_timeout = 30\n\n[[hosts]]\nname = "n"\naddress = "127.0.0.1"\n'
+                         f"ssh_port = {mute_port}\n")
+    seconds, code, _ = timed("-i", str(inventory), "check", "--ssh-timeout", "1", "--only", "ssh")
+    assert code == 1 and seconds < 5, f"--ssh-timeout 1 over the file's 30 took {seconds:.1f} s"
+
+
+def test_override_carries_the_timeout_to_the_connector() -> None:
+    from torchherd import Cluster
+    from torchherd.transport.ssh import SshConnector
+
+    cluster = Cluster(hosts=["192.0.2.1"], ssh_timeout=30).override(ssh_timeout=1.5)
+    assert isinstance(cluster.connector, SshConnector) and cluster.connector.timeout == 1.5
