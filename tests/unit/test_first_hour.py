@@ -76,3 +76,22 @@ def test_override_carries_the_timeout_to_the_connector() -> None:
 
     cluster = Cluster(hosts=["192.0.2.1"], ssh_timeout=30).override(ssh_timeout=1.5)
     assert isinstance(cluster.connector, SshConnector) and cluster.connector.timeout == 1.5
+
+
+@pytest.mark.parametrize("words,flag", [(["--dry-run"], "--dry-run"), (["--lr", "3", "--detach"], "--detach"),
+                                        (["--json"], "--json"), (["-H", "b"], "-H"), (["--sync=."], "--sync")])
+def test_a_run_flag_after_the_script_is_refused_without_a_separator(words: list[str], flag: str) -> None:
+    assert cli("run", "-H", "192.0.2.1", "train.py", *words) == (2, [
+        f"error: {flag} after train.py would go to train.py",
+        "  hint: put it before the script, or write -- before the script to pass it on"])
+
+
+@pytest.mark.parametrize("words,script", [
+    (["--", "train.py", "--dry-run"], ["train.py", "--dry-run"]),
+    (["train.py", "-h", "-i", "x", "-m", "y"], ["train.py", "-h", "-i", "x", "-m", "y"]),
+    (["train.py", "--", "--dry-run"], ["train.py", "--", "--dry-run"]),
+    (["train.py", "--dry-runs"], ["train.py", "--dry-runs"])])
+def test_the_script_keeps_its_own_flags(words: list[str], script: list[str]) -> None:
+    from torchherd.cli.dispatch import _parse
+
+    assert _parse(["run", "-H", "192.0.2.1", *words], None).script == script
