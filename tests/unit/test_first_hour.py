@@ -95,3 +95,22 @@ def test_the_script_keeps_its_own_flags(words: list[str], script: list[str]) -> 
     from torchherd.cli.dispatch import _parse
 
     assert _parse(["run", "-H", "192.0.2.1", *words], None).script == script
+
+
+def test_a_nodeset_of_a_million_hosts_is_refused_at_once() -> None:
+    import torchherd.api  # noqa: F401  (its import is not the refusal's time)
+
+    start = time.monotonic()
+    assert cli("run", "-H", "gpu[01-1000000]", "--dry-run", "--", "train.py") == (2, [
+        "error: -H 'gpu[01-1000000]': 1,000,000 hosts, more than 10,000 (a typo in a range?)",
+        "  hint: check the range; for a cluster that big, set TORCHHERD_MAX_HOSTS=1000000"])
+    assert time.monotonic() - start < 0.5
+
+
+def test_the_host_count_is_of_all_items_and_can_be_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchherd.inventory.hostspec import host_entries
+
+    code, out = cli("hosts", "-H", "a[1-6000],b[1-6000]")
+    assert (code, out[0]) == (2, "error: -H 'b[1-6000]': 12,000 hosts, more than 10,000 (a typo in a range?)")
+    monkeypatch.setenv("TORCHHERD_MAX_HOSTS", "12000")
+    assert len(host_entries("a[1-6000],b[1-6000]")) == 2

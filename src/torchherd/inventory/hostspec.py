@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 from torchherd.errors import InventoryError, UsageError
 from torchherd.inventory.model import Host, Inventory
-from torchherd.inventory.nodeset import NodesetError, expand, split_top
+from torchherd.inventory.nodeset import NodesetError, expand, pattern_size, split_top
 from torchherd.inventory.options import NPROC_PER_NODE, SSH_TIMEOUT
 from torchherd.inventory.parse import loads, parse, read
 from torchherd.inventory.rules import HOST_NAME_PATTERN, MAX_NPROC, USER_HINT, valid_ruser
@@ -56,7 +57,14 @@ def host_entries(text: str, flag: str = "-H") -> list[HostEntry]:
         items = split_top(text)
     except NodesetError as error:
         raise UsageError(f"{flag} {error}", "write hosts like node0,ubuntu@node1:2222,gpu[01-04]") from None
-    entries = _apart([_entry(item, flag) for item in items])
+    limit = max_hosts()
+    entries: list[HostEntry] = []
+    count = 0
+    for item in items:
+        entry = _entry(item, flag, limit - count)
+        count += pattern_size(entry.name)
+        entries.append(entry)
+    entries = _apart(entries)
     _no_duplicates([name for entry in entries for name in expand(entry.name)], flag)
     return entries
 
@@ -84,11 +92,26 @@ LOOPBACK_V6 = ("::1", "[::1]")
 """``-H ::1``: this machine, named ``localhost`` (a name must be able to name a log file)."""
 
 
-def _entry(item: str, flag: str) -> HostEntry:
+MAX_HOSTS = 10_000
+"""More hosts than this in ``-H`` is a typo (``gpu[01-1000000]``), refused before anything
+is made of them; ``TORCHHERD_MAX_HOSTS`` raises it for a cluster that big."""
+
+
+def max_hosts() -> int:
+    given = os.environ.get("TORCHHERD_MAX_HOSTS", "")
+    return int(given) if given.isdigit() and int(given) > 0 else MAX_HOSTS
+
+
+def _too_many(flag: str, item: str, count: int) -> UsageError:
+    return UsageError(f"{flag} {item!r}: {count:,} hosts, more than {max_hosts():,} (a typo in a range?)",
+                      f"check the range; for a cluster that big, set TORCHHERD_MAX_HOSTS={count}")
+
+
+def _entry(item: str, flag: str, room: int = MAX_HOSTS) -> HostEntry:
     if not item:
         raise UsageError(f"{flag}: empty host (two commas, or one at an end)", "write hosts like node0,node1")
     if item.startswith(SSH_SCHEME):
-        return replace(_entry(item[len(SSH_SCHEME):], flag), transport="ssh")
+        return replace(_entry(item[len(SSH_SCHEME):], flag, room), transport="ssh")
     if item in LOOPBACK_V6:
         return HostEntry("localhost", address="::1")
     user, _, rest = item.rpartition("@")
@@ -104,6 +127,9 @@ def _entry(item: str, flag: str) -> HostEntry:
     if user and not valid_ruser(user):
         raise UsageError(f"{flag} {item!r}: {user!r} is not a user name: ssh would hand it to a shell", USER_HINT)
     try:
+        count = pattern_size(host)
+        if count > room:  # counted, not made: a million names take seconds and hundreds of MB
+            raise _too_many(flag, item, count + max_hosts() - room)
         names = expand(host)
     except NodesetError as error:
         raise UsageError(f"{flag} {error}", "write a range like gpu[01-16] or gpu[1-3,7]") from None
