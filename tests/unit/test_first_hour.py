@@ -114,3 +114,11 @@ def test_the_host_count_is_of_all_items_and_can_be_raised(monkeypatch: pytest.Mo
     assert (code, out[0]) == (2, "error: -H 'b[1-6000]': 12,000 hosts, more than 10,000 (a typo in a range?)")
     monkeypatch.setenv("TORCHHERD_MAX_HOSTS", "12000")
     assert len(host_entries("a[1-6000],b[1-6000]")) == 2
+
+
+def test_a_process_count_given_anywhere_is_known_as_given() -> None:
+    from torchherd import Cluster
+
+    assert [cluster.inventory.cluster.nproc_per_node_set for cluster in (
+        Cluster(hosts=["a"]), Cluster(hosts=["a"], nproc_per_node=1), Cluster.from_hosts("a", nproc_per_node=1),
+        Cluster(hosts=["a"]).override(nproc_per_node=1))] == [False, True, True, True]

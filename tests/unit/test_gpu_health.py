@@ -465,3 +465,17 @@ def test_a_context_switch_timeout_beside_application_xids_warns() -> None:
     assert result.summary == ("node0: Xid 109 on 0000:cb:00: context switch timeout (the application, the driver or "
                               "the GPU); Xid 13 on 0000:cb:00 x3: graphics engine exception (usually the application) "
                               "(since boot, dmesg)")
+
+
+def test_fewer_processes_than_gpus_given_explicitly_warns_naming_nproc_gpu() -> None:
+    result = by_node(gpu.analyse(observed(1, node0=node_facts(smi("dual_a5000-v13.xml"), 2))))["node0"]
+    assert (result.status, result.summary, result.fix) == (
+        "warn", "2 GPU(s) visible, nproc_per_node = 1: 1 GPU(s) idle unless each process uses several",
+        '--nproc-per-node gpu (nproc_per_node = "gpu") starts one process per GPU')
+
+
+def test_the_default_single_process_on_a_gpu_node_is_no_warning() -> None:
+    inventory = parse({"hosts": [{"name": "node0"}]}, Path("hosts.toml"))
+    seen = Observed(inventory=inventory, master_target="node0")
+    seen.facts = {"node0": node_facts(smi("dual_a5000-v13.xml"), 2)}
+    assert (gpu.analyse(seen)[0].status, inventory.cluster.nproc_per_node) == ("pass", 1)

@@ -331,7 +331,7 @@ def override(inventory: Inventory, *, python: str | None = None, workdir: str | 
         spares = tuple(replace(host, **changes) for host in spares)
     cluster = inventory.cluster
     if nproc_per_node is not None:
-        cluster = replace(cluster, nproc_per_node=nproc_per_node)
+        cluster = replace(cluster, nproc_per_node=nproc_per_node, nproc_per_node_set=True)
     if port is not None:
         cluster = replace(cluster, port=port)
     if ssh_timeout is not None:

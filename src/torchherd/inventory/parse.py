@@ -359,6 +359,7 @@ def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path
         ssh_timeout=read.get("ssh_timeout", 10.0, read.option(SSH_TIMEOUT)),
         rdzv_backend_set="rdzv_backend" in table,
         scheduler=read.get("scheduler", "ssh", read.choice(SCHEDULERS)),
+        nproc_per_node_set="nproc_per_node" in table,
     )
 
 

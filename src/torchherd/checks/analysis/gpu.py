@@ -94,6 +94,10 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
     if isinstance(nproc, int) and nproc > count > 0:  # none at all: the job runs on CPU (gloo)
         findings.append(Finding("fail", f"{host.name} sees {count} GPU(s), nproc_per_node = {nproc}",
                                 f"set nproc_per_node = {count}, or check CUDA_VISIBLE_DEVICES on {host.name}"))
+    elif isinstance(nproc, int) and 0 < nproc < count and _nproc_given(observed, host):
+        findings.append(Finding("warn", f"{count} GPU(s) visible, nproc_per_node = {nproc}: {count - nproc} GPU(s) "
+                                        "idle unless each process uses several",
+                                "--nproc-per-node gpu (nproc_per_node = \"gpu\") starts one process per GPU"))
     if stuck:
         findings.append(_stuck(host.name, stuck))
     if isinstance(report, nvsmi.SmiReport):
@@ -114,6 +118,14 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
     return CheckResult(host.name, CHECK, "pass", f"{count} GPU(s) visible for nproc_per_node = {nproc}"
                        + (_describe(report) + _legacy_persistence(report, daemon_runs(facts))
                           if isinstance(report, nvsmi.SmiReport) else ""))
+
+
+def _nproc_given(observed: Observed, host: Host) -> bool:
+    """Whether someone chose this node's process count: the default 1 on a GPU node is
+    told by the plan, not warned about here (a warning must never be a false alarm)."""
+    cluster = observed.inventory.cluster
+    return (host.nproc_per_node is not None or cluster.nproc_per_node_set
+            or observed.nproc_per_node not in (None, cluster.nproc_per_node))
 
 
 def _stuck(node: str, error: object) -> Finding:
