@@ -479,3 +479,25 @@ def test_the_default_single_process_on_a_gpu_node_is_no_warning() -> None:
     seen = Observed(inventory=inventory, master_target="node0")
     seen.facts = {"node0": node_facts(smi("dual_a5000-v13.xml"), 2)}
     assert (gpu.analyse(seen)[0].status, inventory.cluster.nproc_per_node) == ("pass", 1)
+
+
+def hostfile_node(slots: int, gpus: int, cpus: int) -> Observed:
+    inventory = parse({"hosts": [{"name": "gpu01", "nproc_per_node": slots}]}, Path("hostfile"))
+    seen = Observed(inventory=inventory, master_target="gpu01", node_nproc={"gpu01": slots})
+    xml = smi("dual_a5000-v13.xml") if gpus else None
+    seen.facts = {"gpu01": node_facts(xml, gpus, cpu_contention={"cpus": cpus, "load": 0.0})}
+    return seen
+
+
+def test_a_hostfile_count_above_the_node_says_which_reading_was_taken() -> None:
+    result = gpu.analyse(hostfile_node(2222, 0, 16))[0]
+    assert (result.status, result.summary, result.fix) == (
+        "warn", "nproc_per_node = 2222 is above gpu01's 16 CPU(s) and 0 GPU(s) (a hostfile's gpu01:2222 is read as "
+                "2222 processes, MPICH's host:N, not an SSH port)",
+        "for an SSH port, write ssh_port = 2222 in hosts.toml (or -H gpu01:2222); for processes, slots=N")
+    assert gpu.analyse(hostfile_node(2222, 2, 16))[0].summary.endswith("not an SSH port)")
+
+
+def test_a_hostfile_count_within_the_cpus_is_no_warning() -> None:
+    assert gpu.analyse(hostfile_node(16, 0, 16))[0].status == "skip"
+    assert gpu.analyse(hostfile_node(2, 2, 16))[0].status == "pass"
