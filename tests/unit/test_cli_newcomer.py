@@ -23,8 +23,8 @@ def cli(*args: str) -> tuple[int, list[str]]:
                                         ("--no-ch", "--no-check"), ("--dry", "--dry-run")])
 def test_an_abbreviated_flag_is_refused_never_taken_for_a_longer_one(flag: str, meant: str) -> None:
     assert cli("run", "-H", "192.0.2.1", flag, "--", "train.py") == (2, [
-        f"error: torchherd: unrecognized arguments: {flag}; did you mean {meant}?",
-        "  hint: torchherd --help lists the options"])
+        f"error: torchherd run: unrecognized arguments: {flag}; did you mean {meant}?",
+        "  hint: torchherd run --help lists the options"])
 
 
 @pytest.mark.parametrize("args,line", [
@@ -36,8 +36,8 @@ def test_an_abbreviated_flag_is_refused_never_taken_for_a_longer_one(flag: str, 
                  "stop, attach, init, docs, completion)"),
     (["run", "--rdzv-backend", "c01d", "--", "x.py"], "error: torchherd run: argument --rdzv-backend: invalid "
                                                       "choice 'c01d'; did you mean 'c10d'? (choose from static, c10d)"),
-    (["run", "--no-chek", "--", "x.py"], "error: torchherd: unrecognized arguments: --no-chek; did you mean --no-check?"),
-    (["run", "--lr", "3e-4", "--", "x.py"], "error: torchherd: unrecognized arguments: --lr"),
+    (["run", "--no-chek", "--", "x.py"], "error: torchherd run: unrecognized arguments: --no-chek; did you mean --no-check?"),
+    (["run", "--lr", "3e-4", "--", "x.py"], "error: torchherd run: unrecognized arguments: --lr"),
 ])
 def test_a_mistyped_command_or_flag_gets_did_you_mean(args: list[str], line: str) -> None:
     code, out = cli(*args)

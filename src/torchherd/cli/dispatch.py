@@ -95,8 +95,9 @@ def _parse(words: Sequence[str], console: Console | None) -> argparse.Namespace:
         # is told as what it most likely is (the script taken as --sync's DIR)
         args, extra = parser.parse_known_args(words)
         sync_took_the_script(args, extra)
-        if extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(parser, args, extra[0])}")
+        if extra:  # named by the command that refused them: torchherd run --help has its flags
+            command = _command_parser(parser, args.command) if args.command else parser
+            command.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(parser, args, extra[0])}")
         _strip_separator(parser, args)
     except UsageError as error:
         render_error(_error_console(console), error)
