@@ -140,6 +140,6 @@ def test_ssh_timeout_overrides_the_inventory_s(tmp_path: Path) -> None:
     parse = build_parser().parse_args
     assert hosts_of(parse(["-i", str(inventory), "check", "--ssh-timeout", "2.5"])).inventory.cluster.ssh_timeout == 2.5
     assert hosts_of(parse(["-i", str(inventory), "check"])).inventory.cluster.ssh_timeout == 30
-    assert hosts_of(parse(["hosts", "-H", "192.0.2.1", "--ssh-timeout", "4"])).inventory.cluster.ssh_timeout == 4
-    assert cli("hosts", "-H", "192.0.2.1", "--ssh-timeout", "0")[1][0] == (
-        "error: torchherd hosts: argument --ssh-timeout: expected seconds above 0, at most 86400, got '0'")
+    assert hosts_of(parse(["check", "-H", "192.0.2.1", "--ssh-timeout", "4"])).inventory.cluster.ssh_timeout == 4
+    assert cli("check", "-H", "192.0.2.1", "--ssh-timeout", "0")[1][0] == (
+        "error: torchherd check: argument --ssh-timeout: expected seconds above 0, at most 86400, got '0'")

@@ -122,3 +122,17 @@ def test_a_process_count_given_anywhere_is_known_as_given() -> None:
     assert [cluster.inventory.cluster.nproc_per_node_set for cluster in (
         Cluster(hosts=["a"]), Cluster(hosts=["a"], nproc_per_node=1), Cluster.from_hosts("a", nproc_per_node=1),
         Cluster(hosts=["a"]).override(nproc_per_node=1))] == [False, True, True, True]
+
+
+@pytest.mark.parametrize("command,flag", [("hosts", "--pull"), ("hosts", "--ssh-timeout"),
+                                          ("hosts", "--image-archive"), ("check", "--pull")])
+def test_a_flag_the_command_does_not_use_is_refused(command: str, flag: str) -> None:
+    assert cli(command, "-H", "192.0.2.1", f"{flag}=x") == (2, [
+        f"error: torchherd {command}: unrecognized arguments: {flag}=x",
+        f"  hint: torchherd {command} --help lists the options"])
+
+
+def test_check_says_what_it_may_change(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    assert ("check preflight checks only; changes nothing (--sync and --uv do: the project, its venvs) "
+            "run") in " ".join(capsys.readouterr().out.split())
