@@ -136,3 +136,12 @@ def test_check_says_what_it_may_change(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["--help"]) == 0
     assert ("check preflight checks only; changes nothing (--sync and --uv do: the project, its venvs) "
             "run") in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("item,address", [("fe80::1", "fe80::1"), ("fe80::1%eth0", "fe80::1%eth0"), ("::", "::"),
+                                          ("[fe80::1]", "fe80::1"), ("root@[fe80::1]:22", "fe80::1"),
+                                          ("2001:db8::2", "2001:db8::2")])
+def test_an_ipv6_address_in_h_gets_one_message(item: str, address: str) -> None:
+    assert cli("hosts", "-H", item) == (2, [
+        f"error: -H {item!r}: -H does not take IPv6 addresses",
+        f'  hint: name the host in an inventory: name = "node3", address = "{address}"'])

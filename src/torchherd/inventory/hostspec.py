@@ -115,9 +115,10 @@ def _entry(item: str, flag: str, room: int = MAX_HOSTS) -> HostEntry:
     if item in LOOPBACK_V6:
         return HostEntry("localhost", address="::1")
     user, _, rest = item.rpartition("@")
-    if rest.startswith("[") and ":" in rest.split("]", 1)[0]:
-        raise UsageError(f"{flag} {item!r}: an IPv6 address needs a name",
-                         'list it in hosts.toml: name = "node3", address = "fe80::1"')
+    if _ipv6(rest):  # one message for every spelling: [fe80::1], fe80::1%eth0, ::
+        address = rest.strip("[]").rsplit("]", 1)[0].strip("[")
+        raise UsageError(f"{flag} {item!r}: {flag} does not take IPv6 addresses",
+                         f'name the host in an inventory: name = "node3", address = "{address}"')
     host, port = _split_port(rest, item, flag)
     if not host or "@" in user or "[" in user:
         raise UsageError(f"{flag} {item!r}: expected [user@]host[:port]", "for example ubuntu@node1:2222")
@@ -138,6 +139,12 @@ def _entry(item: str, flag: str, room: int = MAX_HOSTS) -> HostEntry:
             raise UsageError(f"{flag} {item!r}: {name!r} is not a usable host name",
                              "use letters, digits, '.', '_' and '-' (it names the log file)")
     return HostEntry(host, user or None, port)
+
+
+def _ipv6(text: str) -> bool:
+    """``[fe80::1]``, ``[::1]:22``, ``fe80::1%eth0``: colons inside a bracket group, or more
+    than the one of host:port (a nodeset's brackets hold no colon)."""
+    return (text.startswith("[") and ":" in text.split("]", 1)[0]) or text.count(":") > 1
 
 
 def _split_port(text: str, item: str, flag: str) -> tuple[str, int | None]:
