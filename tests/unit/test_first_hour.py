@@ -145,3 +145,16 @@ def test_an_ipv6_address_in_h_gets_one_message(item: str, address: str) -> None:
     assert cli("hosts", "-H", item) == (2, [
         f"error: -H {item!r}: -H does not take IPv6 addresses",
         f'  hint: name the host in an inventory: name = "node3", address = "{address}"'])
+
+
+@pytest.mark.parametrize("item,name,address", [("[1-2]", "1", "0.0.0.1"), ("2", "2", "0.0.0.2"),
+                                               ("root@167772161", "167772161", "10.0.0.1")])
+def test_an_all_digit_host_name_is_refused(item: str, name: str, address: str) -> None:
+    assert cli("hosts", "-H", item) == (2, [
+        f"error: -H {item!r}: {name!r} is all digits, an address ({address}) to ssh, not a name",
+        "  hint: name hosts with a letter in them: node1, gpu[01-04]"])
+
+
+def test_one_address_at_two_ports_names_the_master_by_its_address() -> None:
+    code, out = cli("run", "-H", "127.0.0.1:2222,127.0.0.1:2223", "--dry-run", "--no-check", "--", "x.py")
+    assert code == 0 and "master 127.0.0.1-2222 at 127.0.0.1:29500" in out[0]

@@ -13,6 +13,7 @@ import fnmatch
 import os
 import re
 from dataclasses import dataclass, replace
+from ipaddress import ip_address
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
@@ -138,6 +139,9 @@ def _entry(item: str, flag: str, room: int = MAX_HOSTS) -> HostEntry:
         if not HOST_NAME_PATTERN.match(name):
             raise UsageError(f"{flag} {item!r}: {name!r} is not a usable host name",
                              "use letters, digits, '.', '_' and '-' (it names the log file)")
+        if name.isdigit():  # ssh and the resolver take 2 for the address 0.0.0.2
+            raise UsageError(f"{flag} {item!r}: {name!r} is all digits, an address ({ip_address(int(name) % 2**32)}) "
+                             "to ssh, not a name", "name hosts with a letter in them: node1, gpu[01-04]")
     return HostEntry(host, user or None, port)
 
 
