@@ -158,3 +158,27 @@ def test_an_all_digit_host_name_is_refused(item: str, name: str, address: str) -
 def test_one_address_at_two_ports_names_the_master_by_its_address() -> None:
     code, out = cli("run", "-H", "127.0.0.1:2222,127.0.0.1:2223", "--dry-run", "--no-check", "--", "x.py")
     assert code == 0 and "master 127.0.0.1-2222 at 127.0.0.1:29500" in out[0]
+
+
+def test_init_names_a_master_not_among_the_hosts_by_its_flag(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    assert cli("-i", str(path), "init", "-H", "a1,b1", "--master", "c1") == (2, [
+        "error: --master c1: not one of the hosts given with -H (a1, b1)", "  hint: the hosts are a1, b1"])
+    assert not path.exists()
+
+
+def test_a_misplaced_master_in_a_file_says_hosts_not_keys(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text('[cluster]\nmaster = "zz"\n[[hosts]]\nname = "a1"\n[[hosts]]\nname = "b1"\n')
+    assert cli("-i", str(path), "hosts") == (2, [f"error: {path}: [cluster].master: 'zz' is not one of the hosts "
+                                                 "(a1, b1)", "  hint: known hosts: a1, b1"])
+
+
+@pytest.mark.parametrize("text,where", [('[[hosts]]\nname = "a"\nssh_timeout = 3\n', "hosts[0]."),
+                                        ('[defaults]\nssh_timeout = 3\n[[hosts]]\nname = "a"\n', "[defaults].")])
+def test_a_cluster_key_in_a_host_table_says_where_it_belongs(tmp_path: Path, text: str, where: str) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(text)
+    assert cli("-i", str(path), "hosts") == (2, [
+        f"error: {path}: {where}ssh_timeout: not a key of this table",
+        "  hint: ssh_timeout belongs in [cluster]: one value for every host"])

@@ -59,6 +59,9 @@ CLUSTER_KEYS = (
     "master", "port", "nproc_per_node", "rdzv_backend", "master_addr",
     "ssh_config", "ssh_timeout", "scheduler",
 )
+CLUSTER_ONLY = MappingProxyType({key: "[cluster]" for key in ("master", "port", "rdzv_backend", "master_addr",
+                                                                "ssh_config", "ssh_timeout", "scheduler")})
+"""The ``[cluster]`` keys a host's table or ``[defaults]`` cannot take: said where one is written there."""
 NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "setup", "uv", "venv_dir")
 HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare", "container", "transport") + NODE_KEYS
 TRANSPORTS = ("auto", "ssh", "local")
@@ -307,7 +310,7 @@ def _slurm_without_hosts(document: Mapping[str, Any], cluster: Mapping[str, Any]
 
 
 def _slurm_template(defaults: Mapping[str, Any], path: Path, container: Mapping[str, Any]) -> Host:
-    base = _read_node_keys(Reader(path, "[defaults].", defaults, NODE_KEYS), {})
+    base = _read_node_keys(Reader(path, "[defaults].", defaults, NODE_KEYS, CLUSTER_ONLY), {})
     return _parse_host(Reader(path, "", {"name": SLURM_TEMPLATE_HOST}, HOST_KEYS), base, container)
 
 
@@ -324,7 +327,7 @@ def _defaults_nproc(defaults: Mapping[str, Any], cluster: Mapping[str, Any],
     ``[cluster].nproc_per_node``: every host's count unless its table sets its own."""
     if "nproc_per_node" not in defaults:
         return defaults, cluster
-    read = Reader(path, "[defaults].", defaults, NODE_KEYS + ("nproc_per_node",))
+    read = Reader(path, "[defaults].", defaults, NODE_KEYS + ("nproc_per_node",), CLUSTER_ONLY)
     if "nproc_per_node" in cluster:
         read.fail("nproc_per_node", "[cluster].nproc_per_node is set too",
                   "keep one of them: both are every host's process count")
@@ -343,7 +346,7 @@ def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path
                   "choose another master, or drop spare = true from that host")
     if master not in names:
         read.fail("master", f"{master!r} is not one of the hosts ({', '.join(names)})",
-                  did_you_mean(master, tuple(names)))
+                  did_you_mean(master, tuple(names), "hosts"))
     ssh_config = read.get("ssh_config", None, read.text)
     if ssh_config and not _relative_to(path, ssh_config).is_file():
         read.fail("ssh_config", f"{str(_relative_to(path, ssh_config))!r}: no such file",
@@ -397,11 +400,11 @@ def _parse_hosts(document: Mapping[str, Any], defaults: Mapping[str, Any], path:
                              'add at least one [[hosts]] table with name = "..."')
     if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
         raise InventoryError(f"{path}: hosts: expected [[hosts]] tables, got {show(entries)}")
-    base = _read_node_keys(Reader(path, "[defaults].", defaults, NODE_KEYS), {})
+    base = _read_node_keys(Reader(path, "[defaults].", defaults, NODE_KEYS, CLUSTER_ONLY), {})
     hosts: list[Host] = []
     seen: set[str] = set()  # a set, not a scan of the hosts so far: 50,000 hosts parse in linear time
     for index, entry in enumerate(entries):
-        read = Reader(path, f"hosts[{index}].", entry, HOST_KEYS)
+        read = Reader(path, f"hosts[{index}].", entry, HOST_KEYS, CLUSTER_ONLY)
         for expanded in _expand_entry(read):
             host = _parse_host(Reader(path, f"hosts[{index}].", expanded, HOST_KEYS), base, container)
             if host.name in seen:
