@@ -182,3 +182,40 @@ def test_a_cluster_key_in_a_host_table_says_where_it_belongs(tmp_path: Path, tex
     assert cli("-i", str(path), "hosts") == (2, [
         f"error: {path}: {where}ssh_timeout: not a key of this table",
         "  hint: ssh_timeout belongs in [cluster]: one value for every host"])
+
+
+@pytest.mark.parametrize("hosts,port,line", [
+    ("node0", "22", "error: --master-port 22: 22 is SSH's port"),
+    ("127.0.0.1:2222,127.0.0.1:2223", "2223", "error: --master-port 2223: 2223 is the SSH port of 127.0.0.1-2223, at "
+                                              "the master's address")])
+def test_a_master_port_sshd_uses_is_refused(hosts: str, port: str, line: str) -> None:
+    assert cli("run", "-H", hosts, "--master-port", port, "--dry-run", "--no-check", "--", "x.py") == (2, [
+        line, "  hint: choose a free port for the rendezvous (torchrun's default is 29500)"])
+
+
+def test_a_master_port_of_another_machine_s_sshd_is_fine() -> None:
+    assert cli("run", "-H", "a:2222,b:2223", "--master-port", "2223", "--dry-run", "--no-check", "--", "x.py")[0] == 0
+
+
+def test_the_file_s_port_is_refused_as_the_flag_is(tmp_path: Path) -> None:
+    path = tmp_path / "h.toml"
+    path.write_text('[cluster]\nport = 22\n[[hosts]]\nname = "a"\n')
+    assert cli("-i", str(path), "hosts") == (2, [f"error: {path}: [cluster].port: 22 is SSH's port",
+                                                 "  hint: choose a free port for the rendezvous (torchrun's default "
+                                                 "is 29500)"])
+
+
+@pytest.mark.parametrize("image,fixed", [("UPPER/Case:tag", "upper/case:tag"), ("localhost/Foo", "localhost/foo")])
+def test_an_upper_case_repository_is_refused(image: str, fixed: str) -> None:
+    from torchherd.remote.container import image_problem
+
+    assert image_problem(image) == (f"{image!r}: docker and podman take only lower case in a repository name "
+                                    f"({image.split(':')[0].split('localhost/')[-1]!r}); write {fixed!r}")
+
+
+@pytest.mark.parametrize("image", ["nvcr.io/nvidia/pytorch:24.05-py3", "Registry.IO:5000/a/b:TAG", "ubuntu:Latest",
+                                   "/data/My.sif", "docker://X/Y", "pytorch@sha256:abc"])
+def test_a_registry_host_tag_or_file_may_have_upper_case(image: str) -> None:
+    from torchherd.remote.container import image_problem
+
+    assert image_problem(image) is None

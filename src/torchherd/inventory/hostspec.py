@@ -22,7 +22,7 @@ from torchherd.errors import InventoryError, UsageError
 from torchherd.inventory.model import Host, Inventory
 from torchherd.inventory.nodeset import NodesetError, expand, pattern_size, split_top
 from torchherd.inventory.options import NPROC_PER_NODE, SSH_TIMEOUT
-from torchherd.inventory.parse import loads, parse, read
+from torchherd.inventory.parse import loads, master_port_problem, parse, read
 from torchherd.inventory.rules import HOST_NAME_PATTERN, MAX_NPROC, USER_HINT, valid_ruser
 
 
@@ -354,6 +354,10 @@ def override(inventory: Inventory, *, python: str | None = None, workdir: str | 
                              _did_you_mean(master, names))
         hosts = _with_master(hosts, master)
         cluster = replace(cluster, master=master)
+    clash = master_port_problem(cluster.port, hosts, cluster.master) if port is not None or master else None
+    if clash:
+        raise UsageError(f"--master-port {cluster.port}: {clash}" if port is not None else f"--master {master}: "
+                         f"[cluster].port {clash}", "choose a free port for the rendezvous (torchrun's default is 29500)")
     return replace(inventory, cluster=cluster, hosts=hosts, spares=spares)
 
 

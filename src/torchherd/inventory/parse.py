@@ -10,7 +10,7 @@ import sys
 from dataclasses import fields, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -336,6 +336,18 @@ def _defaults_nproc(defaults: Mapping[str, Any], cluster: Mapping[str, Any],
             {**cluster, "nproc_per_node": value})
 
 
+def master_port_problem(port: int, hosts: Sequence[Host], master: str) -> str | None:
+    """Why the master port cannot be ``port``: sshd's port 22, or the SSH port of a host at
+    the master's address (one machine at two ports), where torchrun's bind would fail."""
+    if port == 22:
+        return "22 is SSH's port"
+    at = {host.address for host in hosts if host.name == master}
+    for host in hosts:
+        if host.address in at and host.transport == "ssh" and port == (host.ssh_port or 22):
+            return f"{port} is the SSH port of {host.name}, at the master's address"
+    return None
+
+
 def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path,
                    spares: tuple[str, ...] = ()) -> Cluster:
     read = Reader(path, "[cluster].", table, CLUSTER_KEYS)
@@ -352,9 +364,13 @@ def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path
         read.fail("ssh_config", f"{str(_relative_to(path, ssh_config))!r}: no such file",
                   "fix the path (relative to the inventory), or leave the key out to use ~/.ssh/config")
     default_nproc: int | str = 1
+    port = read.get("port", 29500, read.port)
+    clash = master_port_problem(port, hosts, master)
+    if clash:
+        read.fail("port", clash, "choose a free port for the rendezvous (torchrun's default is 29500)")
     return Cluster(
         master=master,
-        port=read.get("port", 29500, read.port),
+        port=port,
         nproc_per_node=read.get("nproc_per_node", default_nproc, read.option(NPROC_PER_NODE)),
         rdzv_backend=read.get("rdzv_backend", "static", read.choice(RDZV_BACKENDS)),
         master_addr=read.get("master_addr", None, read.text),
