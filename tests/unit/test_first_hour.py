@@ -219,3 +219,21 @@ def test_a_registry_host_tag_or_file_may_have_upper_case(image: str) -> None:
     from torchherd.remote.container import image_problem
 
     assert image_problem(image) is None
+
+
+def test_a_topic_in_the_wrong_case_gets_its_suggestion() -> None:
+    assert cli("docs", "RUN")[1][0].startswith("error: torchherd docs: argument TOPIC: invalid choice 'RUN'; did you "
+                                               "mean 'run'?")
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "report", "stop", "attach"])
+def test_the_run_argument_says_a_part_of_the_id_will_do(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command, "--help"]) == 0
+    assert "RUN run id, or a unique start or end of it (e7c180 for th-20260101-120000-e7c180)" in " ".join(
+        capsys.readouterr().out.split())
+
+
+def test_logs_node_says_it_is_a_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["logs", "--help"]) == 0
+    assert "--node N only this node, by its name (as `torchherd status RUN` lists it)" in " ".join(
+        capsys.readouterr().out.split())

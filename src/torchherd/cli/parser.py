@@ -44,7 +44,8 @@ class _Parser(argparse.ArgumentParser):
         if choices is None or value in choices:
             return
         known = [str(choice) for choice in choices]
-        close = difflib.get_close_matches(str(value), known, n=1, cutoff=0.6)
+        close = [choice for choice in known if choice.lower() == str(value).lower()] or difflib.get_close_matches(
+            str(value), known, n=1, cutoff=0.6)  # RUN for run first: case, then spelling
         guess = f"; did you mean {close[0]!r}?" if close else ""
         if isinstance(action, argparse._SubParsersAction):
             raise argparse.ArgumentError(None, f"unknown command {value!r}{guess} (commands: {', '.join(known)})")

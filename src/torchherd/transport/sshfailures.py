@@ -102,7 +102,7 @@ def explain(target: SshTarget, error: BaseException, check: HostKeyCheck | None 
         if errors and not isinstance(errors[0], paramiko.ssh_exception.NoValidConnectionsError):
             return explain(target, errors[0], check)
     if isinstance(error, (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError)):
-        return TransportError(node, "refused", f"{node}: connection refused by {where}",
+        return TransportError(node, "refused", f"{node}: connection refused by {target.describe(port_always=True)}",
                               "is sshd running on the node and listening on that port?")
     if isinstance(error, (socket.timeout, TimeoutError)):
         return TransportError(node, "timeout", f"{node}: no answer from {where} (timed out)",
