@@ -237,3 +237,22 @@ def test_logs_node_says_it_is_a_name(capsys: pytest.CaptureFixture[str]) -> None
     assert main(["logs", "--help"]) == 0
     assert "--node N only this node, by its name (as `torchherd status RUN` lists it)" in " ".join(
         capsys.readouterr().out.split())
+
+
+def every_flag() -> list[tuple[str, str]]:
+    import argparse
+
+    from torchherd.cli.parser import build_parser
+
+    commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    return [(name, flag) for name, command in commands._name_parser_map.items()
+            for flag in command._option_string_actions if flag not in ("-h", "--help")]
+
+
+def test_docs_cli_lists_every_flag_of_every_help() -> None:
+    import re
+
+    text = (Path(__file__).parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+    missing = sorted({f"{name} {flag}" for name, flag in every_flag()
+                      if not re.search(re.escape(flag) + r"(?![\w-])", text)})
+    assert len(every_flag()) > 100 and missing == []
