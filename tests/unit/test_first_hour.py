@@ -256,3 +256,13 @@ def test_docs_cli_lists_every_flag_of_every_help() -> None:
     missing = sorted({f"{name} {flag}" for name, flag in every_flag()
                       if not re.search(re.escape(flag) + r"(?![\w-])", text)})
     assert len(every_flag()) > 100 and missing == []
+
+
+@pytest.mark.parametrize("flag,words", [("--pull", "missing always never"),
+                                        ("--container-runtime", "auto podman docker apptainer enroot"),
+                                        ("--nproc-per-node", "gpu cpu auto"), ("--only", "ssh ping hostname port"),
+                                        ("--skip", "ssh ping hostname port")])
+def test_completion_completes_the_values_of_checked_flags(flag: str, words: str, capsys: pytest.CaptureFixture[str]) \
+        -> None:
+    assert main(["completion", "bash"]) == 0
+    assert f'        {flag}) COMPREPLY=($(compgen -W "{words}' in capsys.readouterr().out
