@@ -1,7 +1,8 @@
 """Fixtures for tests against the local multi-host test cluster (see localcluster.py).
 
 * ``cluster``: a module-scoped 3-node cluster (node0..node2).
-* ``_start(n, workdir)``: the same for a fixture of another scope (call ``down()``).
+* ``start_cluster(n, workdir)`` (tests/support/cluster_build.py): the same for a fixture
+  of another scope (call ``down()``).
 * ``make_cluster``: a factory, ``make_cluster(n)`` -> a running cluster with a
   prefix of its own; every cluster it made is torn down after the test.
 * ``state_home``: ``$XDG_STATE_HOME`` (the run records) in the test's own directory.
@@ -15,24 +16,17 @@ here is still there (namespace, veth, bridge, sshd, torchrun).
 
 from __future__ import annotations
 
-import itertools
+import fcntl
 import os
-import re
 import shutil
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "unit"))  # processes.py, shared
-
 from localcluster import (
+    STATE_ROOT,
     LocalCluster,
     leftovers,
     list_clusters,
@@ -40,31 +34,15 @@ from localcluster import (
     unavailable_reason,
 )
 
-from torchherd.api import attach
-from torchherd.engine.records import remote_run_dir
-
-if TYPE_CHECKING:
-    from test_run import Controller
-
-# Prefixes made here: "tc" + this pid in base 36 + "-" + a counter, so parallel
-# pytest runs on one machine never collide and stay within interface-name limits.
-_PREFIX_RE = re.compile(r"tc[0-9a-z]+-[0-9a-z]+")
-_counter = itertools.count()
-_made: list[tuple[str, tuple[int, ...]]] = []
-
-
-def _base36(value: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        value, rest = divmod(value, 36)
-        out = digits[rest] + out
-        if not value:
-            return out
-
-
-def new_prefix() -> str:
-    return f"tc{_base36(os.getpid())}-{_base36(next(_counter))}"
+from support.cluster_build import (
+    PREFIX_RE,
+    Runs,
+    made_prefixes,
+    new_prefix,
+    skip_unless_available,
+    start_cluster,
+)
+from support.cluster_runs import Controller
 
 
 def _pid_alive(pid: int) -> bool:
@@ -75,23 +53,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _skip_unless_available() -> None:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-
-
-def _start(n: int, workdir: Path, **kwargs: object) -> LocalCluster:
-    """Start an n-node cluster with a fresh prefix that the end-of-session check
-    covers (skips the test where no cluster can run). The caller calls down()."""
-    _skip_unless_available()
-    cluster = LocalCluster(n, workdir, new_prefix(), **kwargs)  # type: ignore[arg-type]
-    _made.append((cluster.prefix, ()))
-    cluster.up()
-    _made[-1] = (cluster.prefix, tuple(cluster.netns_inodes))
-    return cluster
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -108,28 +69,32 @@ def cluster_prefix() -> Callable[[], str]:
 
     def make() -> str:
         prefix = new_prefix()
-        _made.append((prefix, ()))
+        made_prefixes.append((prefix, ()))
         return prefix
 
     return make
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _cluster_hygiene() -> Iterator[None]:
-    """Before: remove clusters of dead earlier pytest runs. After: nothing of
-    ours may be left."""
-    if unavailable_reason() is None:
+def _remove_dead_clusters() -> None:
+    """Under a lock: workers that start together must not tear one cluster down twice at once."""
+    STATE_ROOT.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with open(STATE_ROOT / ".hygiene.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         for info in list_clusters():
             prefix = str(info.get("prefix", ""))
             owner = info.get("owner_pid")
-            if (
-                _PREFIX_RE.fullmatch(prefix)
-                and isinstance(owner, int)
-                and not _pid_alive(owner)
-            ):
+            if PREFIX_RE.fullmatch(prefix) and isinstance(owner, int) and not _pid_alive(owner):
                 teardown(prefix)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cluster_hygiene() -> Iterator[None]:
+    """Before: remove clusters of dead earlier pytest runs. After: nothing of
+    ours may be left. Per process: each pytest-xdist worker checks what it made."""
+    if unavailable_reason() is None:
+        _remove_dead_clusters()
     yield
-    problems = [item for prefix, inodes in _made for item in leftovers(prefix, inodes)]
+    problems = [item for prefix, inodes in made_prefixes for item in leftovers(prefix, inodes)]
     assert not problems, "local clusters left behind:\n" + "\n".join(problems)
 
 
@@ -151,8 +116,8 @@ def _private_history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Three running nodes, node0..node2, for the whole test module."""
-    _skip_unless_available()
-    created = _start(3, tmp_path_factory.mktemp("cluster"))
+    skip_unless_available()
+    created = start_cluster(3, tmp_path_factory.mktemp("cluster"))
     try:
         yield created
     finally:
@@ -168,7 +133,7 @@ def make_cluster(
 
     def factory(n: int = 2, **kwargs: object) -> LocalCluster:
         workdir = tmp_path_factory.mktemp(f"cluster{n}")
-        made = _start(n, workdir, **kwargs)
+        made = start_cluster(n, workdir, **kwargs)
         created.append(made)
         return made
 
@@ -190,43 +155,6 @@ def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "state"
 
 
-class Runs:
-    """Starts detached runs as a separate process (so no controller outlives the command)."""
-
-    def __init__(self, state_home: Path) -> None:
-        self.state_home = state_home
-        self.started: list[tuple[LocalCluster, str]] = []
-
-    def detach(self, cluster: LocalCluster, *args: str, inventory: Path | None = None) -> tuple[str, float]:
-        argv = [sys.executable, "-m", "torchherd", "-i", str(inventory or cluster.inventory), "run", "--detach",
-                "--no-check", "--nproc-per-node", "1", *args]
-        started = time.monotonic()
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-                              env=self.env(cluster))
-        seconds = time.monotonic() - started
-        run_id = self.started_id(cluster, done.stdout)
-        assert done.returncode == 0 and run_id, done.stdout + done.stderr
-        return run_id, seconds
-
-    def env(self, cluster: LocalCluster) -> dict[str, str]:
-        return {**cluster.env(), "XDG_STATE_HOME": str(self.state_home), "COLUMNS": "200"}
-
-    def started_id(self, cluster: LocalCluster, stdout: str) -> str | None:
-        """The run id ``run --detach`` printed (None: none, or several); kept for the cleanup."""
-        ids = re.findall(r"^(th-\S+)$", stdout, re.M)
-        if ids:
-            self.started.append((cluster, ids[0]))
-        return ids[0] if len(ids) == 1 else None
-
-    def cleanup(self) -> None:
-        for cluster, run_id in self.started:
-            try:
-                attach(run_id).stop()
-            finally:
-                for name in cluster.names:
-                    cluster.ssh(name, f"rm -rf {remote_run_dir(run_id)}")
-
-
 @pytest.fixture
 def runs(state_home: Path) -> Iterator[Runs]:
     made = Runs(state_home)
@@ -238,10 +166,8 @@ def runs(state_home: Path) -> Iterator[Runs]:
 
 @pytest.fixture
 def controllers() -> Iterator[Callable[..., Controller]]:
-    """Starts controllers (``run --no-check`` in a process: test_run's ``Controller``); kills
+    """Starts controllers (``run --no-check`` in a process: ``support.cluster_runs.Controller``); kills
     any still running when the test ends (pass or fail)."""
-    from test_run import Controller
-
     started: list[Controller] = []
 
     def start(cluster: LocalCluster, log_dir: Path, *args: str) -> Controller:

@@ -186,6 +186,7 @@ def test_port_taken_on_master(inventory: Inventory, cluster: LocalCluster) -> No
     assert results[("node1", "port")].status == "skip"
 
 
+@pytest.mark.serial  # times the check against the SSH timeout (tests/conftest.py)
 @pytest.mark.timeout(90)
 def test_sshd_stopped_on_one_node(inventory: Inventory, cluster: LocalCluster) -> None:
     cluster.stop_sshd("node2")
@@ -202,6 +203,7 @@ def test_sshd_stopped_on_one_node(inventory: Inventory, cluster: LocalCluster) -
     assert elapsed < inventory.cluster.ssh_timeout + 5
 
 
+@pytest.mark.serial  # times the check against the SSH timeout (tests/conftest.py)
 @pytest.mark.timeout(90)
 def test_unreachable_node_costs_one_ssh_timeout(inventory: Inventory, cluster: LocalCluster) -> None:
     quick = dataclasses.replace(inventory, cluster=dataclasses.replace(inventory.cluster, ssh_timeout=3.0))
@@ -217,6 +219,7 @@ def test_unreachable_node_costs_one_ssh_timeout(inventory: Inventory, cluster: L
     assert elapsed < 3.0 + 5
 
 
+@pytest.mark.serial  # times the check against the SSH timeout (tests/conftest.py)
 @pytest.mark.timeout(90)
 def test_a_silent_sshd_costs_one_ssh_timeout(inventory: Inventory, cluster: LocalCluster) -> None:
     """A stopped sshd: the kernel still accepts the connection, no banner ever comes (a

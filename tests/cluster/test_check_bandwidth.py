@@ -27,7 +27,8 @@ from torchherd.checks import runner
 from torchherd.checks.bandwidth import probe_paths
 from torchherd.cli import main
 
-pytestmark = pytest.mark.cluster
+# serial: it measures time or CPU (tests/conftest.py)
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 ONLY = "ssh,network,port,bandwidth,mtu"
 SLOW = "node2"
 
@@ -93,9 +94,9 @@ def set_mtu(cluster: LocalCluster, mtu: int, except_port_of: str | None = None) 
 
 @pytest.fixture(scope="module")
 def four(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    from conftest import _start
+    from support.cluster_build import start_cluster
 
-    made = _start(4, tmp_path_factory.mktemp("bandwidth4"))
+    made = start_cluster(4, tmp_path_factory.mktemp("bandwidth4"))
     try:
         yield made
     finally:

@@ -23,8 +23,8 @@ import pytest
 from localcluster import IMAGE_TAG, LocalCluster, image_mounts, write_image_archive
 
 if TYPE_CHECKING:
-    from conftest import Runs
-    from test_run import Controller
+    from support.cluster_build import Runs
+    from support.cluster_runs import Controller
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(shutil.which("podman") is None,
                                                       reason="podman is not installed (scripts/install-deps)")]
@@ -36,9 +36,9 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 @pytest.fixture(scope="module")
 def boxed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Two nodes with podman and the test image loaded on each; the inventory runs in it."""
-    from conftest import _start
+    from support.cluster_build import start_cluster
 
-    cluster = _start(2, tmp_path_factory.mktemp("containers"), containers=True)
+    cluster = start_cluster(2, tmp_path_factory.mktemp("containers"), containers=True)
     try:
         yield with_image(cluster)
     finally:
@@ -63,7 +63,7 @@ def assert_clean(cluster: LocalCluster, timeout: float = 10.0) -> None:
 
 
 def run(cluster: LocalCluster, log_dir: Path, *args: str) -> tuple[int, str]:
-    from test_run import run_cli
+    from support.cluster_runs import run_cli
 
     return run_cli(cluster, log_dir, *args)
 
@@ -241,7 +241,7 @@ def test_a_vanished_node_leaves_no_container_once_it_is_back(boxed: LocalCluster
 
 @pytest.mark.timeout(300)
 def test_a_retried_run_starts_its_next_attempt_in_fresh_containers(boxed: LocalCluster, tmp_path: Path) -> None:
-    from test_run import run_cli
+    from support.cluster_runs import run_cli
 
     code, out = run_cli(boxed, tmp_path / "logs", "--nproc-per-node", "1", "--retries", "1", "--",
                         str(JOBS / "fail_first_attempt.py"), "--count", "2")
@@ -261,7 +261,7 @@ def test_a_spare_takes_the_place_of_a_node_killed_mid_run_in_containers(
     while attempt 2 runs (a rebooted machine: sshd again, its podman storage as it was,
     listing the dead container): at the end the controller removes the run's container
     there, and the run ends 0 with nothing of it left on any node."""
-    from test_run_recovery import RESUMABLE, kill_node
+    from support.cluster_recovery import RESUMABLE, kill_node
 
     cluster = with_image(make_cluster(4, nproc_per_node=1, containers=True))
     controller = controllers(cluster, tmp_path / "logs", "--spares", "node3", "--retries", "1", "--plain", "--",
@@ -409,7 +409,7 @@ def test_the_hang_watch_names_the_hung_rank_inside_a_container(boxed: LocalClust
     The hang probe runs outside the containers (the supervisor's side): it finds the ranks in
     the node's process table by their environment, stops them, has py-spy (the test extra,
     beside the node's Python) read their stacks, and SIGABRTs them (faulthandler inside)."""
-    from test_run_recovery import RESUMABLE
+    from support.cluster_recovery import RESUMABLE
 
     sleeping = next(number for number, text in enumerate(Path(RESUMABLE).read_text().splitlines(), 1)
                     if "time.sleep(100_000)" in text)
@@ -429,14 +429,15 @@ def test_the_hang_watch_names_the_hung_rank_inside_a_container(boxed: LocalClust
 
 
 @pytest.mark.slow  # about 60 s: the straggler is judged over 30 s (test_terminal's runs it without a container)
+@pytest.mark.serial  # it measures the ranks' CPU (tests/conftest.py)
 @pytest.mark.timeout(300)
 def test_the_node_the_others_wait_for_is_named_the_straggler_inside_a_container(boxed: LocalCluster,
                                                                                 tmp_path: Path) -> None:
-    """node1's ranks, in their container, stopped 70% of the time (test_terminal's
+    """node1's ranks, in their container, stopped 70% of the time (support.cluster_straggler's
     ``less_cpu``); node0's wait for them in every all_reduce. The supervisor, outside,
     finds the ranks in its own process tree (podman's conmon, orphaned, is its child: it is
     the subreaper) and samples their states: node1 is named as it is without a container."""
-    from test_terminal import assert_named_the_straggler, compute_job, less_cpu
+    from support.cluster_straggler import assert_named_the_straggler, compute_job, less_cpu
 
     with less_cpu(boxed, "node1"):
         code, text = compute_job(boxed, tmp_path / "logs")
@@ -450,7 +451,7 @@ def test_the_node_the_others_wait_for_is_named_the_straggler_inside_a_container(
 def test_a_retried_run_through_the_docker_command(make_cluster: Callable[..., LocalCluster], tmp_path: Path) -> None:
     """Attempt 2 through ``docker``: its supervisor removes a container of the run's name
     first (docker has no --replace), then starts its own under that name."""
-    from test_run import run_cli
+    from support.cluster_runs import run_cli
 
     cluster = with_image(make_cluster(2, containers=True,
                                       node_path="/usr/bin:/bin:/usr/sbin:/sbin:/usr/local/bin"), runtime="docker")

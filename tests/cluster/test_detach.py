@@ -21,17 +21,18 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
-from conftest import Runs
 from localcluster import LocalCluster
-from processes import default_signals
-from test_run import Controller
 
+from support.cluster_build import Runs
+from support.cluster_detach import all_exited, wait_states
+from support.cluster_runs import Controller, assert_clean
+from support.processes import default_signals
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.console.run import LiveRenderer
 from torchherd.engine.detach import Follow, NodeFollower, follow_logs, node_states
-from torchherd.engine.records import NodeState, load
+from torchherd.engine.records import load
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("state_home")]
 
@@ -42,24 +43,6 @@ def cli(cluster: LocalCluster, *args: str) -> tuple[int, str]:
     out = StringIO()
     code = main(["-i", str(cluster.inventory), *args], console=make_console(out, width=200))
     return code, out.getvalue()
-
-
-def wait_states(run_id: str, done: Callable[[list[NodeState]], bool], timeout: float) -> list[NodeState]:
-    deadline = time.monotonic() + timeout
-    while True:
-        states = node_states(load(run_id))
-        if done(states) or time.monotonic() > deadline:
-            return states
-        time.sleep(0.5)
-
-
-def all_exited(states: list[NodeState]) -> bool:
-    return all(state.state == "exited" for state in states)
-
-
-def assert_clean(cluster: LocalCluster, timeout: float = 5.0) -> None:
-    for name in cluster.names:
-        assert cluster.wait_no_processes(name, timeout=timeout) == [], f"processes left on {name}"
 
 
 def ticks(out: str, node: str, rank: int) -> list[int]:

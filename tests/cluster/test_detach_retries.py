@@ -22,10 +22,11 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
-from conftest import Runs
 from localcluster import LocalCluster
-from test_detach import all_exited, assert_clean, wait_states
 
+from support.cluster_build import Runs
+from support.cluster_detach import all_exited, wait_recovery, wait_states
+from support.cluster_runs import assert_clean
 from torchherd.api import attach
 from torchherd.cli import main
 from torchherd.console import make_console
@@ -68,18 +69,6 @@ def cli(cluster: LocalCluster, *args: str) -> tuple[int, str]:
     out = StringIO()
     code = main(["-i", str(cluster.inventory), *args], console=make_console(out, width=200))
     return code, out.getvalue()
-
-
-def wait_recovery(run_id: str, done: object, timeout: float) -> RecoveryStatus:
-    """The run's recovery once ``done(status)`` holds (or the timeout passed)."""
-    assert callable(done)
-    deadline = time.monotonic() + timeout
-    while True:
-        status = attach(run_id).recovery()
-        assert status is not None
-        if done(status) or time.monotonic() > deadline:
-            return status
-        time.sleep(0.5)
 
 
 def running(run_id: str) -> bool:

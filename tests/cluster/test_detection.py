@@ -27,15 +27,16 @@ from pathlib import Path
 
 import pytest
 from localcluster import LocalCluster
-from test_run import assert_clean
 
+from support.cluster_runs import assert_clean
 from torchherd import Cluster
 from torchherd.engine.events import Event, NodeLost, NodeSilent, NodeStarted
 from torchherd.engine.launch import Run
 from torchherd.inventory import load
 from torchherd.transport.ssh import SshConnector
 
-pytestmark = pytest.mark.cluster
+# serial: it measures time or CPU (tests/conftest.py)
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 
 STEADY = str(Path(__file__).resolve().parent / "jobs" / "steady.py")
 LOST_WITHIN = 5.0

@@ -10,9 +10,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
 from io import StringIO
@@ -20,8 +17,8 @@ from pathlib import Path
 
 import pytest
 from localcluster import LocalCluster
-from processes import default_signals
 
+from support.cluster_runs import Controller, assert_clean, run_cli
 from torchherd.cli import main
 from torchherd.console import make_console
 
@@ -31,65 +28,9 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CRASH_DEMO = str(EXAMPLES / "crash_demo.py")
 
 
-def run_cli(cluster: LocalCluster, log_dir: Path, *args: str) -> tuple[int, str]:
-    """``torchherd run --no-check`` in this process; the exit code and all it printed."""
-    out = StringIO()
-    code = main(["-i", str(cluster.inventory), "run", "--no-check", "--log-dir", str(log_dir), *args],
-                console=make_console(out, width=200))
-    return code, out.getvalue()
-
-
-def assert_clean(cluster: LocalCluster, timeout: float = 5.0) -> None:
-    for name in cluster.names:
-        assert cluster.wait_no_processes(name, timeout=timeout) == [], f"processes left on {name}"
-
-
 def run_log(log_dir: Path, node: str) -> list[str]:
     (run_dir,) = [path for path in log_dir.iterdir() if path.is_dir()]
     return (run_dir / f"{node}.log").read_text(encoding="utf-8").splitlines()
-
-
-class Controller:
-    """``torchherd run`` as a separate process, so a test can signal or kill it."""
-
-    def __init__(self, cluster: LocalCluster, log_dir: Path, *args: str) -> None:
-        argv = [sys.executable, "-m", "torchherd", "-i", str(cluster.inventory), "run", "--no-check",
-                "--log-dir", str(log_dir), *args]
-        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, text=True, env={**cluster.env(), "COLUMNS": "200"},
-                                        preexec_fn=default_signals(signal.SIGINT, signal.SIGTERM))
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, pattern: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(re.search(pattern, line) for line in self.lines):
-                return
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise AssertionError(f"no line matching {pattern!r}; output:\n" + "\n".join(self.lines[-40:]))
-
-    def wait(self, timeout: float) -> int:
-        code = self.process.wait(timeout=timeout)
-        self._reader.join(timeout=5)
-        return code
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 @pytest.mark.timeout(60)

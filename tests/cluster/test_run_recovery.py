@@ -23,15 +23,16 @@ from pathlib import Path
 
 import pytest
 from localcluster import LocalCluster
-from test_run import Controller, assert_clean
 
+from support.cluster_recovery import RESUMABLE, assert_spied, attempt_rows, kill_node
+from support.cluster_runs import Controller, assert_clean
 from torchherd.cli import main
 from torchherd.console import make_console
 
+ROOT = Path(__file__).resolve().parents[2]
+
 pytestmark = pytest.mark.cluster
 
-ROOT = Path(__file__).resolve().parents[2]
-RESUMABLE = str(ROOT / "examples" / "resumable.py")
 BLOCK_PORT = str(Path(__file__).resolve().parent / "jobs" / "block_master_port.py")
 FINAL = re.compile(r"final loss (\S+) weights (\S+)")
 
@@ -39,9 +40,9 @@ FINAL = re.compile(r"final loss (\S+) weights (\S+)")
 @pytest.fixture(scope="module")
 def four(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Four nodes, one rank each: three run, node3 can be a spare."""
-    from conftest import _start
+    from support.cluster_build import start_cluster
 
-    cluster = _start(4, tmp_path_factory.mktemp("recovery"), nproc_per_node=1)
+    cluster = start_cluster(4, tmp_path_factory.mktemp("recovery"), nproc_per_node=1)
     try:
         yield cluster
     finally:
@@ -58,22 +59,6 @@ def run_cli(cluster: LocalCluster, log_dir: Path, *args: str) -> tuple[int, str]
 def log_text(log_dir: Path, node: str) -> str:
     (run_dir,) = [path for path in log_dir.iterdir() if path.is_dir()]
     return (run_dir / f"{node}.log").read_text(encoding="utf-8")
-
-
-def attempt_rows(out: str) -> list[str]:
-    """The rows of the attempts table (each starts with its number: piped, plain columns)."""
-    table = out[out.rindex("attempts"):]
-    return [line for line in table.splitlines() if re.match(r"^\d+  node", line)]
-
-
-def kill_node(cluster: LocalCluster, name: str) -> None:
-    """The node dies: its link goes down and every process of its namespace is killed."""
-    cluster.cut_network(name)
-    for pid in cluster.node_pids(name):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def fault_free(steps: int, world: int, tmp_path: Path) -> tuple[str, str]:
@@ -107,6 +92,7 @@ def test_a_rank_crash_once_then_success_on_the_same_nodes(four: LocalCluster, tm
     assert_clean(four)
 
 
+@pytest.mark.serial  # timed: a budget of seconds (tests/conftest.py)
 @pytest.mark.timeout(180)
 def test_a_silent_spare_costs_the_triage_one_ssh_timeout(four: LocalCluster, tmp_path: Path) -> None:
     """node3's sshd stopped: the kernel accepts the connection, no banner comes. It was
@@ -237,19 +223,7 @@ def test_ctrl_c_between_attempts_leaves_nothing(make_cluster: Callable[..., Loca
         cluster.restore_network("node2")
 
 
-def assert_spied(out: str, sleeping: int) -> None:
-    """py-spy (a test extra, beside the nodes' Python) dumped every rank while they were
-    stopped: the headline names the file, which has the sleeping rank in its own frame."""
-    found = re.search(r"\(py-spy: (\S+py-spy-attempt-1\.txt)\)", out)
-    assert found, out
-    path = Path(found.group(1))
-    assert path.stat().st_mode & 0o777 == 0o600
-    dumps = path.read_text(encoding="utf-8")
-    assert [int(rank) for rank in re.findall(r"^==== rank (\d) on node\d$", dumps, re.M)] == [0, 1, 2], dumps
-    one = dumps[dumps.index("==== rank 1 on node1"):dumps.index("==== rank 2")]
-    assert re.search(rf"^\s+main \(\S+/resumable\.py:{sleeping}\)$", one, re.M), dumps
-
-
+@pytest.mark.serial  # timed: a budget of seconds (tests/conftest.py)
 @pytest.mark.timeout(180)
 def test_a_hang_names_the_stuck_rank_and_its_frame(four: LocalCluster, tmp_path: Path) -> None:
     # Rank 1 (node1) sleeps at step 5; ranks 0 and 2 wait for it in all_reduce, silent, without CPU.

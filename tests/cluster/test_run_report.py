@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 from localcluster import LocalCluster
-from test_run import Controller
-from test_run_recovery import RESUMABLE, kill_node
+
+from support.cluster_recovery import RESUMABLE, kill_node
+from support.cluster_runs import Controller
 
 pytestmark = pytest.mark.cluster
 

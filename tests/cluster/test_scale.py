@@ -20,7 +20,7 @@ from localcluster import LocalCluster, make_room_for_neighbours
 from torchherd.checks import probes
 from torchherd.cli import main
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.serial]  # serial: timed (tests/conftest.py)
 NODES = 32
 ONLY = "ssh,ping,hostname,port,firewall"
 DROPPED = "node29"

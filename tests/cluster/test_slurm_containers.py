@@ -19,7 +19,8 @@ from slurmcluster import SlurmCluster, slurm_unavailable_reason
 from torchherd.cli import main
 from torchherd.console import make_console
 
-pytestmark = [pytest.mark.cluster, pytest.mark.skipif(shutil.which("podman") is None,
+# serial: as test_slurm.py (tests/conftest.py)
+pytestmark = [pytest.mark.cluster, pytest.mark.serial, pytest.mark.skipif(shutil.which("podman") is None,
                                                       reason="podman is not installed (scripts/install-deps)")]
 
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -29,12 +30,12 @@ RUNS = Path.home() / ".torchherd" / "runs"
 
 @pytest.fixture(scope="module")
 def slurm_boxed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    from conftest import _start
+    from support.cluster_build import start_cluster
 
     reason = slurm_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    cluster = _start(2, tmp_path_factory.mktemp("slurm-containers"), containers=True)
+    cluster = start_cluster(2, tmp_path_factory.mktemp("slurm-containers"), containers=True)
     slurm: SlurmCluster | None = None
     try:
         archive = write_image_archive(cluster.state_dir / "image.tar")

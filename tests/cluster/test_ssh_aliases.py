@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from localcluster import LocalCluster
-from test_ssh_topologies import DDP_DEMO, assert_clean
 
+from support.cluster_topologies import DDP_DEMO, assert_clean
 from torchherd.cli import main
 from torchherd.console import make_console
 

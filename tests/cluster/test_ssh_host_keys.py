@@ -26,9 +26,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
 @pytest.fixture(scope="module")
 def behind(tmp_path_factory: pytest.TempPathFactory) -> LocalCluster:
-    from conftest import _start
+    from support.cluster_build import start_cluster
 
-    cluster = _start(1, tmp_path_factory.mktemp("hostkeys"), jump_hosts=1)
+    cluster = start_cluster(1, tmp_path_factory.mktemp("hostkeys"), jump_hosts=1)
     yield cluster  # type: ignore[misc]
     cluster.down()
 

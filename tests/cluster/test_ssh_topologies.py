@@ -22,9 +22,9 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
-from localcluster import LocalCluster
-from test_scale import make_room_for_neighbours
+from localcluster import LocalCluster, make_room_for_neighbours
 
+from support.cluster_topologies import DDP_DEMO, assert_clean
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.errors import TransportError
@@ -32,7 +32,6 @@ from torchherd.inventory import load
 from torchherd.transport.ssh import SshConnector
 
 pytestmark = pytest.mark.cluster
-DDP_DEMO = str(Path(__file__).resolve().parents[2] / "examples" / "ddp_demo.py")
 
 
 def sshd_log(cluster: LocalCluster, name: str) -> str:
@@ -54,20 +53,6 @@ def check(inventory: Path, capsys: pytest.CaptureFixture[str], *options: str) ->
     document = json.loads(capsys.readouterr().out)
     assert document["ok"] is (code == 0)
     return document, took
-
-
-def assert_clean(document: dict[str, object], nodes: list[str]) -> None:
-    checks = document["checks"]
-    assert isinstance(checks, list)
-    failed = [entry["summary"] for entry in checks if entry["status"] == "fail"]
-    assert failed == [] and document["ok"] is True
-    ssh = {entry["node"]: entry for entry in checks if entry["check"] == "ssh"}
-    assert sorted(ssh) == sorted(nodes)
-    for entry in ssh.values():  # a warning may only say the 2-core machine was slow to start a shell
-        assert entry["status"] == "pass" or "round trip" in entry["summary"] or "took" in entry["summary"], entry
-        assert "host key verified" in entry["summary"], entry
-    warned = [entry["summary"] for entry in checks if entry["status"] == "warn" and entry["check"] != "ssh"]
-    print("\n".join(["warnings:"] + warned) if warned else "no warnings")
 
 
 def first_nodes(cluster: LocalCluster, count: int, path: Path) -> Path:

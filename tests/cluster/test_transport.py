@@ -20,9 +20,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> LocalCluster:
-    from conftest import _start
+    from support.cluster_build import start_cluster
 
-    cluster = _start(2, tmp_path_factory.mktemp("transport"))
+    cluster = start_cluster(2, tmp_path_factory.mktemp("transport"))
     yield cluster  # type: ignore[misc]
     cluster.down()
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from localcluster import REPO_ROOT, LocalCluster
-from uvproject import backend_wheels, locked_project, package_project, registry_project, uv_binary, wheel
 
+from support.uvproject import backend_wheels, locked_project, package_project, registry_project, uv_binary, wheel
 from torchherd.api import Cluster
 from torchherd.cli import main
 from torchherd.console import make_console

@@ -10,33 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from support.cli import assert_one_line, run_cli
 from torchherd.cli import main
 from torchherd.console import make_console
 
 # 192.0.2.0/24 is TEST-NET-1: nothing answers there, so touching a node would hang.
 HOSTS = '[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n[[hosts]]\nname = "b"\naddress = "192.0.2.2"\n'
 DRY_RUN = ["run", "--dry-run", "--", "train.py"]
-
-
-def run_cli(tmp_path: Path, inventory: str | bytes, args: list[str]) -> tuple[int, str]:
-    path = tmp_path / "hosts.toml"
-    if isinstance(inventory, bytes):
-        path.write_bytes(inventory)
-    else:
-        path.write_text(inventory, encoding="utf-8")
-    out = StringIO()
-    code = main(["-i", str(path), *args], console=make_console(out, width=400))
-    return code, out.getvalue()
-
-
-def assert_one_line(code: int, output: str, named: str) -> None:
-    assert code == 2, output
-    assert "Traceback" not in output
-    lines = output.splitlines()
-    errors = [line for line in lines if not line.startswith("  hint:")]
-    assert len(errors) == 1, output
-    assert errors[0].startswith("error: "), output
-    assert named in errors[0], output
 
 
 def cluster(line: str) -> str:

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_engine import faked
 
+from support.engine import faked
 from torchherd.api import Cluster
 from torchherd.engine import detach, events
 from torchherd.engine.events import Collector, Event, LinesDropped, Output

@@ -8,8 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,17 +15,17 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import pytest
-from test_bad_input import assert_one_line, run_cli
-from test_recovery import Collector, FakeBackend, ended, names, plan_of, recover
 
+from support.cli import assert_one_line, run_cli
+from support.recovery import Collector, FakeBackend, ended, names, plan_of, recover
+from support.staging import find, node_program, nodes_in, relay_chain
 from torchherd.console.recovery import recovery_note
 from torchherd.engine.events import AttemptStarted, CheckpointMissing, CheckpointStaged, SpareTaken
 from torchherd.engine.job import LaunchOptions
 from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.recovery.staging import Copy, lacking, newest
 from torchherd.inventory import Recovery, checkpoint_problem
-from torchherd.plan import NodePlan, Plan
-from torchherd.remote import argv
+from torchherd.plan import Plan
 
 HOSTS = '[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n[[hosts]]\nname = "b"\naddress = "192.0.2.2"\n'
 
@@ -102,19 +100,6 @@ def test_the_key_and_the_flag_reach_the_recovery(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ the controller's side, on this machine
-
-
-def nodes_in(tmp_path: Path, count: int) -> dict[str, NodePlan]:
-    """``count`` "nodes" (the in-process transport), each with a workdir of its own."""
-    from torchherd.api import Cluster
-    from torchherd.transport.local import LocalConnector
-
-    hosts = [{"name": f"n{index}", "address": "127.0.0.1", "workdir": str(tmp_path / f"n{index}")}
-             for index in range(count)]
-    for host in hosts:
-        Path(host["workdir"]).mkdir()
-    plan = Cluster(hosts, python=sys.executable, nproc_per_node=1, connector=LocalConnector()).plan("train.py")
-    return {node.host.name: node for node in plan.nodes}
 
 
 def test_staging_copies_the_newest_to_the_nodes_that_lack_it_only(tmp_path: Path) -> None:
@@ -235,20 +220,6 @@ def test_the_notes_say_what_went_where() -> None:
 # ------------------------------------------------------------------ the node program
 
 
-def node_program(mode: str, workdir: Path, path: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, *argv("checkpoint.py"), mode, str(workdir), path], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
-
-
-def find(workdir: Path, path: str, code: int = 0) -> dict[str, object]:
-    process = node_program("find", workdir, path)
-    out, err = process.communicate(timeout=30)
-    assert process.returncode == code, err
-    answer = json.loads(out)
-    assert isinstance(answer, dict)
-    return answer
-
-
 def test_find_names_the_newest_match_with_its_hash(tmp_path: Path) -> None:
     (tmp_path / "ckpt").mkdir()
     for step, mtime in ((10, 1000), (30, 3000), (20, 2000)):
@@ -259,41 +230,6 @@ def test_find_names_the_newest_match_with_its_hash(tmp_path: Path) -> None:
                       "sha256": hashlib.sha256(b"x" * 30).hexdigest(), "files": 1}
     assert find(tmp_path, "nothing-*.pt") == {"path": None}
     assert "refused path '../escape.pt'" in str(find(tmp_path, "../escape.pt", code=1)["error"])
-
-
-def relay_chain(workdirs: list[Path], expect: dict[str, object], token: str = "t0ken",
-                stranger: bool = False, extra: dict[str, object] | None = None) -> list[dict[str, object]]:
-    """The source (workdirs[0]) and a receiver per other workdir, chained on 127.0.0.1, as the
-    controller chains them (``extra``: replication's keys); each program's last answer."""
-    processes = [node_program("relay", workdir, str(expect["path"])) for workdir in workdirs]
-    ports = []
-    for index, process in enumerate(processes):
-        assert process.stdin is not None and process.stdout is not None
-        config = {"token": token, "expect": expect, "source": index == 0, "bind": "127.0.0.1",
-                  "downstream": index < len(processes) - 1, **(extra or {})}
-        process.stdin.write((json.dumps(config) + "\n").encode())
-        process.stdin.flush()
-        ports.append(json.loads(process.stdout.readline())["port"])
-    if stranger:  # connects first to the source, answers its nonce with a guess: refused, the chain goes on
-        import socket
-
-        with socket.create_connection(("127.0.0.1", ports[0])) as sock:
-            sock.sendall(b"guess\n")
-            heard = b""
-            while block := sock.recv(100):
-                heard += block
-            assert heard.startswith(b"torchherd-relay 1 ") and heard.count(b"\n") == 1, heard  # the greeting only
-    for index, process in enumerate(processes[1:], 1):
-        assert process.stdin is not None
-        process.stdin.write((json.dumps({"upstream": ["127.0.0.1", ports[index - 1]]}) + "\n").encode())
-        process.stdin.flush()
-    answers = []
-    for process in processes:
-        assert process.stdout is not None and process.stdin is not None
-        answers.append(json.loads(process.stdout.readline()))
-        process.stdin.close()
-        process.wait(timeout=30)
-    return answers
 
 
 def test_a_file_is_relayed_down_a_chain_verified_private_and_in_place(tmp_path: Path) -> None:

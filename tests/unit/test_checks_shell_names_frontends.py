@@ -3,8 +3,7 @@ ufw and firewalld read as firewall evidence."""
 
 from __future__ import annotations
 
-from test_checks_analysis import facts, observed
-
+from support.analysis import facts, observed
 from torchherd.checks.analysis import firewall, frontends, hostname, ssh
 from torchherd.checks.model import Observed
 

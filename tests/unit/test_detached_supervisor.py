@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from processes import killed_after, pids_with, wait_until
 
+from support.processes import killed_after, pids_with, wait_until
 from torchherd.remote import argv, command, wire
 from torchherd.remote import supervisor as sv
 

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_engine import faked
 
+from support.engine import faked
 from torchherd.api import Cluster, DetachedRun, attach, runs
 from torchherd.engine.events import Collector, NodeStatus, Output
 from torchherd.transport.local import LocalConnector

@@ -8,43 +8,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import stat
 import time
 from pathlib import Path
 
 import pytest
 
+from support.gpu import gather, stand_ins, tool
+from support.gpu import gathered_observed as observed
 from torchherd.checks.analysis import gpu, ib, xid
-from torchherd.checks.gather import finish_facts, start_facts
-from torchherd.checks.model import NodeFacts, Observed
-from torchherd.inventory import Host, parse
-from torchherd.transport.local import LocalSession
 
 DATA = Path(__file__).parent / "data" / "gpu"
-
-
-def tool(directory: Path, name: str, body: str) -> None:
-    path = directory / name
-    path.write_text("#!/bin/sh\n" + body, encoding="utf-8")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-
-
-def stand_ins(tmp_path: Path, xml: str, dmesg: str) -> Path:
-    """A bin directory: nvidia-smi answering each query the facts make, and dmesg."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (tmp_path / "query.xml").write_text(xml, encoding="utf-8")
-    (tmp_path / "dmesg.txt").write_text(dmesg, encoding="utf-8")
-    tool(bin_dir, "nvidia-smi", f"""case "$*" in
-  "-q -x") cat {tmp_path}/query.xml ;;
-  --query-gpu*) echo "0, NVIDIA RTX A5000, 1, 590.44.01"; echo "1, NVIDIA RTX A5000, 1, 590.44.01" ;;
-  --query-compute-apps*) ;;
-  "nvlink -s") echo "GPU 0: NVIDIA RTX A5000 (UUID: GPU-x)" ;;
-  *) exit 2 ;;
-esac
-""")
-    tool(bin_dir, "dmesg", f"cat {tmp_path}/dmesg.txt\n")
-    return bin_dir
 
 
 def sysfs(root: Path, ports: dict[str, dict[str, str]], peermem: bool) -> None:
@@ -56,25 +29,6 @@ def sysfs(root: Path, ports: dict[str, dict[str, str]], peermem: bool) -> None:
             (directory / key).write_text(value + "\n", encoding="utf-8")
     if peermem:
         (root / "sys/module/nvidia_peermem").mkdir(parents=True)
-
-
-def gather(bin_dir: Path, root: Path, **extra: object) -> NodeFacts:
-    host = Host(name="node0", address="127.0.0.1", user=None, ssh_port=None, identity_file=None,
-                python="python3", workdir="~", env={}, setup="", local_addr=None)
-    session = LocalSession("node0", env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
-    config = {"port": 29500, "resolve": [], "route_to": ["127.0.0.1"], "script": None, "workdir": "~",
-              "torch": False, "listen": None, "root": str(root), **extra}
-    try:
-        return finish_facts(start_facts(session, config, 30.0, "python3"), host).facts
-    finally:
-        session.close()
-
-
-def observed(facts: NodeFacts) -> Observed:
-    inventory = parse({"cluster": {"nproc_per_node": 2}, "hosts": [{"name": "node0"}]}, Path("hosts.toml"))
-    seen = Observed(inventory=inventory, master_target="node0", with_torch=False)
-    seen.facts = {"node0": facts}
-    return seen
 
 
 ACTIVE = {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "rate": "400 Gb/sec (4X NDR)", "link_layer": "InfiniBand"}

@@ -9,40 +9,13 @@ from typing import Any
 
 import pytest
 
+from support.gpu import by_node, node_facts, observed, smi, xid_result
 from torchherd.checks.analysis import gpu, ib, nvsmi, xid
-from torchherd.checks.model import NodeFacts, Observed
-from torchherd.checks.results import CheckResult
-from torchherd.inventory import parse
+from torchherd.checks.model import NodeFacts
 
 DATA = Path(__file__).parent / "data" / "gpu"
 SMI = sorted((DATA / "nvidia-smi").glob("*.xml"))
 KERNEL = DATA / "kernel-log"
-
-
-def smi(name: str) -> str:
-    return (DATA / "nvidia-smi" / name).read_text(encoding="utf-8")
-
-
-def node_facts(xml: str | None = None, gpus: int | None = None, **extra: Any) -> NodeFacts:
-    raw: dict[str, Any] = {"gpu": {}, "env": {}}
-    if xml is not None:
-        raw["gpu"] = {"query": {"code": 0, "out": xml, "err": ""}}
-    if gpus is not None:
-        raw["torch"] = {"gpus": gpus, "nccl": None}
-    raw.update(extra)
-    return NodeFacts(raw=raw, sent=0.0, received=0.0)
-
-
-def observed(nproc: int | str = 1, **facts: NodeFacts) -> Observed:
-    inventory = parse({"cluster": {"nproc_per_node": nproc}, "hosts": [{"name": name} for name in facts]},
-                      Path("hosts.toml"))
-    seen = Observed(inventory=inventory, master_target=next(iter(facts)))
-    seen.facts = dict(facts)
-    return seen
-
-
-def by_node(results: list[CheckResult]) -> dict[str, CheckResult]:
-    return {result.node: result for result in results}
 
 
 # --- nvidia-smi -q -x -------------------------------------------------------------------
@@ -244,11 +217,6 @@ def test_a_failing_nvidia_smi_is_said() -> None:
 
 def kernel(name: str) -> list[str]:
     return (KERNEL / name).read_text(encoding="utf-8").splitlines()
-
-
-def xid_result(lines: list[str], xml: str | None = None) -> CheckResult:
-    facts = node_facts(xml, 1, kernel_xids={"source": "dmesg", "lines": lines})
-    return by_node(xid.analyse(observed(node0=facts)))["node0"]
 
 
 def test_application_xids_pass_and_say_so() -> None:

@@ -10,10 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
-from test_gpu_gather import gather, stand_ins
-from test_gpu_gather import observed as gathered_observed
-from test_gpu_health import by_node, node_facts, observed, smi, xid_result
 
+from support.gpu import by_node, gather, gathered_observed, node_facts, observed, smi, stand_ins, xid_result
 from torchherd.checks.analysis import gpu, nvsmi, xid
 from torchherd.remote import ranks
 from torchherd.runlog import GpuUsage, Status, gpu_usage

@@ -98,8 +98,7 @@ def test_other_numbers_from_a_node_are_ascii_digits_only() -> None:
 def test_a_facts_document_of_the_wrong_shape_is_that_nodes_failed_check(check: str, damage: dict[str, Any]) -> None:
     """One node's facts with a list where an object is expected (or a number no float
     holds): that node's check fails, naming what it sent; the other node is judged as ever."""
-    from test_checks_analysis import facts, observed
-
+    from support.analysis import facts, observed
     from torchherd.checks.analysis.registry import ANALYSES
 
     results = {result.node: result for result in ANALYSES[check](observed(node1=facts("node1", **damage)))
@@ -111,8 +110,7 @@ def test_a_facts_document_of_the_wrong_shape_is_that_nodes_failed_check(check: s
 def test_gpu_facts_of_the_wrong_shape_are_read_as_absent_never_a_traceback() -> None:
     """The gpu check reads every field of a node's GPU facts as it comes (tests/unit/
     test_gpu_fuzz.py): a list where torch's answer should be is no answer from torch."""
-    from test_checks_analysis import facts, observed
-
+    from support.analysis import facts, observed
     from torchherd.checks.analysis.registry import ANALYSES
 
     results = {result.node: result for result in ANALYSES["gpu"](observed(node1=facts("node1", torch=[1])))

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import stat
 from io import StringIO
 from pathlib import Path
@@ -13,25 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from support.cli import cli
 from torchherd.api import Cluster
-from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.errors import UsageError
 from torchherd.inventory import load
 from torchherd.inventory.hostspec import host_items, hostfile_items, load_any, looks_like_hostfile
 from torchherd.inventory.writer import ssh_config_aliases, unfilled
-
-
-def cli(*args: str, cwd: Path | None = None) -> tuple[int, str]:
-    out = StringIO()
-    previous = os.getcwd()
-    if cwd is not None:
-        os.chdir(cwd)
-    try:
-        code = main(list(args), console=make_console(out, width=300))
-    finally:
-        os.chdir(previous)
-    return code, out.getvalue()
 
 
 def test_host_items_take_user_port_and_nodesets() -> None:

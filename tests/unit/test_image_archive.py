@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from test_bad_input import assert_one_line, run_cli
 
+from support.cli import assert_one_line, run_cli
 from torchherd.console.images import ArchiveBars, archive_notes
 from torchherd.engine.events import ArchiveDone, ArchiveProgress, ArchiveStarted, Collector
 from torchherd.engine.images import NodeImage, plan_archive

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_engine import cluster
 
+from support.engine import cluster
 from torchherd.console.observer import silent_note
 from torchherd.engine.events import NodeSilent
 from torchherd.engine.job import SILENT_LOST_AFTER, Job, LaunchOptions

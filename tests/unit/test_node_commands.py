@@ -11,8 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from processes import run_supervisor
 
+from support.processes import run_supervisor
 from torchherd.api import Cluster
 from torchherd.engine.events import Collector
 from torchherd.engine.job import LaunchOptions

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 from rich.console import Console
-from uvproject import registry_project, uv_binary, wheel
 
+from support.uvproject import registry_project, uv_binary, wheel
 from torchherd.api import Cluster
 from torchherd.cli import main
 from torchherd.console import make_console

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 from packaging.version import Version
-from uvproject import backend_wheels, package_project, registry_project, uv_binary, wheel
 
+from support.uvproject import backend_wheels, package_project, registry_project, uv_binary, wheel
 from torchherd.console.sync import wheels_download_note
 from torchherd.engine import offline, venvs
 from torchherd.engine.events import VenvReady, VenvsDone, WheelFetched, WheelsDownloading, WheelsRelayed

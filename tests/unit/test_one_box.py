@@ -13,9 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_bad_input import assert_one_line, run_cli
-from test_hostspec import cli
 
+from support.cli import assert_one_line, cli, run_cli
 from torchherd.api import Cluster
 from torchherd.engine.bookkeeping import node_record
 from torchherd.engine.records.model import NodeRecord, RunRecord

@@ -24,8 +24,8 @@ from typing import IO, Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from processes import plant
 
+from support.processes import plant
 from torchherd.checks.analysis import port
 from torchherd.checks.gather import LineReader, facts_command
 from torchherd.checks.model import Observed, ProbePlan

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from processes import run_supervisor
 
+from support.processes import run_supervisor
 from torchherd.engine.job import redirected, supervisor_config
 from torchherd.inventory import parse
 from torchherd.plan import RunOptions, build_plan

@@ -11,16 +11,15 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
-from typing import Callable, ClassVar, Sequence
 
 import pytest
-from test_bad_input import assert_one_line, run_cli
 
-from torchherd.checks import CheckOptions
-from torchherd.checks.results import CheckReport, CheckResult
+from support.cli import assert_one_line, run_cli
+from support.recovery import FakeBackend, ended, inventory, names, outcome, plan_of, recover
+from torchherd.checks.results import CheckResult
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.engine.events import (
@@ -29,17 +28,13 @@ from torchherd.engine.events import (
     Collector,
     LostContainers,
     NodeExcluded,
-    Observer,
     Output,
-    RanksRunning,
     RecoveryEnded,
     RunFinished,
     RunShrunk,
     SpareTaken,
-    ignore,
 )
 from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import Run, RunEvents
 from torchherd.engine.recovery.hang import (
     HangWatch,
     RankStack,
@@ -64,19 +59,12 @@ from torchherd.engine.recovery.policy import (
     verdict,
 )
 from torchherd.engine.recovery.runner import RecoveringRun, attempt_plan
-from torchherd.errors import InventoryError, TorchherdError
-from torchherd.inventory import Recovery, parse, with_spares
-from torchherd.plan import Plan, RunOptions, build_plan
-from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
+from torchherd.errors import InventoryError
+from torchherd.inventory import Recovery, with_spares
+from torchherd.runlog import OutputLine, RunSummary
 from torchherd.transport.base import CommandResult
 
 HOSTS = "".join(f'[[hosts]]\nname = "node{index}"\naddress = "192.0.2.{index + 1}"\n' for index in range(4))
-
-
-def inventory(text: str) -> object:
-    import tomllib
-
-    return parse(tomllib.loads(text), Path("hosts.toml"))
 
 
 # the inventory and the flags -------------------------------------------------------------
@@ -244,110 +232,6 @@ def test_triage_failures_do_not_blame_cross_node_checks_on_an_unreachable_round(
 
 
 # the loop, on a fake backend -------------------------------------------------------------------
-
-
-def plan_of(spares: str = "", nodes: int = 3) -> Plan:
-    hosts = "".join(f'[[hosts]]\nname = "node{index}"\n' for index in range(nodes))
-    parsed = inventory(hosts + (f'[recovery]\nspares = "{spares}"\n' if spares else ""))
-    return build_plan(parsed, RunOptions("train.py", run_id="th-test"))  # type: ignore[arg-type]
-
-
-@dataclass
-class _Job:
-    plan: Plan
-    log_dir: Path
-    summary: RunSummary
-    release: threading.Event
-    stopped: int = 0
-
-    def supervise(self) -> RunSummary:
-        self.release.wait(10)
-        if self.stopped:
-            return RunSummary(self.plan.run_id, 130, "interrupted: every node was told to stop",
-                              self.summary.nodes, str(self.log_dir))
-        return self.summary
-
-    def request_stop(self) -> None:
-        self.stopped += 1
-        self.release.set()
-
-
-def outcome(node: str, state: str, error: str | None = None, code: int | None = None) -> NodeOutcome:
-    return NodeOutcome(node, 0, state, code, 1.0, error, None, ())  # type: ignore[arg-type]
-
-
-def ended(plan: Plan, culprit: str | None, state: str = "failed", error: str = "rank 1: RuntimeError: boom",
-          code: int = 1) -> RunSummary:
-    nodes = tuple(outcome(node.host.name, state if node.host.name == culprit else ("torn down" if culprit else "ok"),
-                          error if node.host.name == culprit else None, code if node.host.name == culprit else 0)
-                  for node in plan.nodes)
-    if culprit is None:
-        return RunSummary(plan.run_id, 0, "all finished", nodes, "logs")
-    return RunSummary(plan.run_id, 1, f"{culprit} failed first", nodes, "logs", culprit)
-
-
-@dataclass
-class FakeBackend:
-    """Each launch ends as ``script`` says for that attempt; each check fails ``bad``."""
-
-    script: list[Callable[[Plan], RunSummary]]
-    bad: dict[str, str] = field(default_factory=dict)
-    launched: list[Plan] = field(default_factory=list)
-    checked: list[tuple[str, ...]] = field(default_factory=list)
-    only: dict[tuple[str, ...], frozenset[str]] = field(default_factory=dict)
-    known: dict[tuple[str, ...], dict[str, str]] = field(default_factory=dict)
-    """Per check, the nodes whose torch it was told ran lately (``CheckOptions.torch_known``)."""
-    running: Callable[[Plan], tuple[str, ...]] = lambda plan: tuple(node.host.name for node in plan.nodes)
-    """The nodes whose ranks get through the rendezvous in each attempt."""
-    hold: bool = False
-    jobs: list[_Job] = field(default_factory=list)
-    removed: list[tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=list)
-    containers: bool = False
-    remove_error: str = ""
-    triage_checks: ClassVar[frozenset[str]] = TRIAGE_CHECKS
-
-    def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
-              on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:
-        assert options.only is not None and "smoke" not in options.only and "ssh" in options.only
-        names = tuple(node.host.name for node in plan.nodes)
-        self.checked.append(names)
-        self.only[names] = options.only
-        self.known[names] = dict(options.torch_known)
-        return CheckReport(tuple(CheckResult(name, "ssh", "fail" if name in self.bad else "pass",
-                                             self.bad.get(name, "")) for name in names))
-
-    def picked_nodes(self, plan: Plan) -> int | None:
-        return None  # the SSH backend's answer: the plan names every node
-
-    def remove_lost_containers(self, plan: Plan, nodes: Sequence[str]) -> LostContainers | None:
-        self.removed.append((names(plan), tuple(nodes)))
-        if self.remove_error:
-            raise TorchherdError(self.remove_error)
-        return LostContainers(tuple(nodes)) if self.containers else None
-
-    def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
-        summary = self.script[len(self.launched)](plan)
-        self.launched.append(plan)
-        release = threading.Event()
-        if not self.hold:
-            release.set()
-        job = _Job(plan, options.log_dir / plan.run_id, summary, release)
-        self.jobs.append(job)
-        for node in self.running(plan):
-            observer(RanksRunning(node))
-        run = Run(job, RunEvents(observer))
-        run.start()
-        return run
-
-
-def recover(backend: FakeBackend, plan: Plan, recovery: Recovery) -> tuple[RunSummary, Collector]:
-    events = Collector()
-    run = RecoveringRun(backend, plan, LaunchOptions(check=False, log_dir=Path("/nonexistent")), recovery, events)
-    return run.start().wait(timeout=20), events
-
-
-def names(plan: Plan) -> tuple[str, ...]:
-    return tuple(node.host.name for node in plan.nodes)
 
 
 def test_a_crash_once_then_success_on_the_same_nodes() -> None:
@@ -566,8 +450,6 @@ def test_attempt_plans_keep_the_run_id() -> None:
     again = attempt_plan(plan, ("node3", "node1"), 4)
     assert again.run_id == plan.run_id and again.master == "node3"
     assert again.nodes[0].env["TORCHHERD_RUN_ID"] == plan.run_id and again.nodes[1].env["TORCHHERD_ATTEMPT"] == "4"
-
-
 
 
 # hangs -------------------------------------------------------------------------------------

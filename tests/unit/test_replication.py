@@ -6,6 +6,7 @@ recovering run handing each new checkpoint to the copier with the attempt's ring
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -15,10 +16,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import pytest
-from test_bad_input import assert_one_line, run_cli
-from test_checkpoint_staging import find, relay_chain
-from test_recovery import FakeBackend, ended, plan_of, recover
 
+from support.cli import assert_one_line, run_cli
+from support.recovery import FakeBackend, ended, plan_of, recover
+from support.staging import find, relay_chain
 from torchherd.console.recovery import recovery_note
 from torchherd.engine.events import CheckpointReplicated, CheckpointSaved, Collector
 from torchherd.engine.job import LaunchOptions
@@ -354,6 +355,14 @@ def test_a_replica_is_checked_against_the_hash_the_source_sends_after_the_bytes(
     assert find(receiver, path)["sha256"] == hashed["sha256"]
 
 
+def _copy_begun(receiver: Path) -> bool:
+    for path in receiver.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_size > 0:
+                return True
+    return False
+
+
 def test_a_checkpoint_that_changes_while_it_is_sent_is_kept_by_no_receiver(tmp_path: Path) -> None:
     source, receiver = tmp_path / "node0", tmp_path / "node1"
     source.mkdir()
@@ -362,7 +371,11 @@ def test_a_checkpoint_that_changes_while_it_is_sent_is_kept_by_no_receiver(tmp_p
     expect = {**find(source, "snapshot.pt"), "sha256": None}
 
     def save_again() -> None:  # the job writes its next snapshot in place while the copy is paced
-        time.sleep(0.5)
+        # Once the receiver holds part of the copy (a fixed wait lost the race on a loaded
+        # machine, where the copy began after the write): at 1 MB/s, 2 MB take 2 s more.
+        deadline = time.monotonic() + 60
+        while not _copy_begun(receiver) and time.monotonic() < deadline:
+            time.sleep(0.01)
         with open(source / "snapshot.pt", "r+b") as file:
             file.write(b"epoch 6")
 
@@ -378,8 +391,7 @@ def test_a_checkpoint_that_changes_while_it_is_sent_is_kept_by_no_receiver(tmp_p
 def test_a_receiver_refuses_bytes_that_are_not_what_the_sources_trailer_says(tmp_path: Path) -> None:
     import socket
 
-    from test_checkpoint_staging import node_program
-
+    from support.staging import node_program
     from torchherd.remote.relay import accept
 
     receiver = tmp_path / "node1"
@@ -524,8 +536,7 @@ def test_a_replica_goes_to_the_ring_nodes_that_lack_it_and_a_newer_copy_stays(tm
     """``replicate`` over the in-process transport: n1 has an older copy (replaced), n2 the
     same one (left alone: its look matched and its hash confirmed it), n3 a newer one of its
     own (kept), n4 is not reached."""
-    from test_checkpoint_staging import nodes_in
-
+    from support.staging import nodes_in
     from torchherd.engine.recovery.staging import replicate
     from torchherd.transport.local import LocalConnector
 
@@ -548,7 +559,7 @@ def test_a_replica_goes_to_the_ring_nodes_that_lack_it_and_a_newer_copy_stays(tm
 
 
 def test_look_names_the_newest_copy_without_hashing_it(tmp_path: Path) -> None:
-    from test_checkpoint_staging import node_program
+    from support.staging import node_program
 
     (tmp_path / "snapshot.pt").write_bytes(b"x" * 10)
     os.utime(tmp_path / "snapshot.pt", (WALL, WALL))

@@ -9,8 +9,7 @@ import sys
 from io import StringIO
 from pathlib import Path
 
-from processes import plant
-
+from support.processes import plant
 from torchherd.console import make_console
 from torchherd.console.detach import status_note
 from torchherd.console.run import LiveRenderer, render_summary

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from processes import run_supervisor
 
+from support.processes import run_supervisor
 from torchherd.api import Cluster
 from torchherd.engine.events import Collector, NodeNotStarted
 from torchherd.engine.job import LaunchOptions
@@ -176,7 +176,7 @@ def closed(sock: socket.socket, within: float) -> bool:
 
 
 def test_the_coordinator_tokens_never_reach_a_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from test_engine import faked
+    from support.engine import faked
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     home = tmp_path / "home"
@@ -262,7 +262,7 @@ def alive(pid: int) -> bool:
 
 
 def test_stop_never_kills_a_process_that_only_names_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from test_engine import faked
+    from support.engine import faked
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     home = tmp_path / "home"
@@ -327,7 +327,7 @@ def umask_022() -> Iterator[None]:
 
 def test_a_detached_run_writes_only_private_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    umask_022: None) -> None:
-    from test_engine import faked
+    from support.engine import faked
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     (tmp_path / "state" / "torchherd" / "runs").mkdir(parents=True, mode=0o755)  # as an older version left it
@@ -351,7 +351,7 @@ def test_a_detached_run_writes_only_private_files(tmp_path: Path, monkeypatch: p
 
 
 def test_an_attached_run_writes_only_private_logs(tmp_path: Path, umask_022: None) -> None:
-    from test_engine import faked
+    from support.engine import faked
 
     cluster = Cluster([{"name": "n0", "address": "127.0.0.1"}], python=PY, workdir=str(tmp_path), nproc_per_node=2,
                       connector=LocalConnector())
@@ -370,7 +370,7 @@ def test_a_log_directory_swapped_between_attempts_gets_nothing(other_user: str, 
     directory (opened once, checked: ours, 0700), never into theirs."""
     import tempfile
 
-    from test_engine import faked
+    from support.engine import faked
 
     base = Path(tempfile.mkdtemp(prefix="th-project-", dir="/tmp"))  # the other user can reach it
     try:

@@ -35,3 +35,31 @@ def test_no_two_test_modules_share_a_name() -> None:
     a unit and a cluster module of one name stop the whole run at collection."""
     names = [path.name for path in sorted(TESTS.glob("*/test_*.py"))]
     assert sorted({name for name in names if names.count(name) > 1}) == []
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """The top-level names of every module ``path`` imports, function-local imports included."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_no_test_module_imports_another_or_a_conftest() -> None:
+    """What several test modules share lives in tests/support (issue 36): a test module
+    imported by another runs its module-level code twice and ties the two together."""
+    modules = sorted(TESTS.glob("**/*.py"))
+    assert len(modules) > 100
+    offending = {str(path.relative_to(TESTS)): sorted(name for name in _imported_modules(path)
+                                                      if name.startswith("test_") or name == "conftest")
+                 for path in modules}
+    assert {path: names for path, names in offending.items() if names} == {}
+
+
+def test_no_conftest_puts_a_test_directory_on_sys_path() -> None:
+    """pytest's pythonpath (pyproject.toml) names tests/ and tests/cluster; no conftest adds more."""
+    assert [str(path.relative_to(TESTS)) for path in sorted(TESTS.glob("**/conftest.py"))
+            if any(change in path.read_text() for change in ("sys.path.insert", "sys.path.append", "sys.path["))] == []

@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from uvproject import locked_project, uv_binary
 
+from support.uvproject import locked_project, uv_binary
 from torchherd.console.sync import venv_notes
 from torchherd.engine import venvs
 from torchherd.engine.events import VenvFailed, VenvReady, VenvsDone

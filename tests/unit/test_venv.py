@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from uvproject import locked_project, uv_binary
 
+from support.uvproject import locked_project, uv_binary
 from torchherd.api import Cluster
 from torchherd.checks.analysis import python as python_check
 from torchherd.checks.analysis import venv as venv_check

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from uvproject import registry_project, uv_binary, wheel
 
+from support.uvproject import registry_project, uv_binary, wheel
 from torchherd.engine.uvwheels import NodePlatform
 from torchherd.engine.wheelhouse import (
     REQUIREMENTS,

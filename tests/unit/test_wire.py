@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from processes import killed_after, plant, wait_until
 
+from support.processes import killed_after, plant, wait_until
 from torchherd import runlog
 from torchherd.engine.records import parse_node_state
 from torchherd.engine.sync import frame
@@ -416,3 +416,32 @@ def test_stop_program_answers_bad_arguments_and_replies_in_json(run_id: str) -> 
     done = run_program("stop.py", run_id, "1", "/nonexistent/s.json")
     assert done.returncode == 0, done.stderr
     assert wire.StopReply.from_json(done.stdout.decode()) == wire.StopReply(False, ())
+
+
+def test_the_one_state_file_writer_is_private_atomic_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """One writer for every state file (run records, the supervisor's and the coordinator's):
+    0600 whatever the umask, a temporary of a random name (the coordinator's was a fixed
+    ``.tmp`` of the default mode), nothing left beside it, even when the write fails."""
+    import os
+    import stat
+
+    from torchherd.remote.wire import write_json_atomic, write_text_atomic
+
+    target = tmp_path / "state.json"
+    (tmp_path / "state.json.tmp").symlink_to(tmp_path / "elsewhere")  # the old fixed name, planted
+    old = os.umask(0)
+    try:
+        write_json_atomic(str(target), {"state": "running", "pid": 7})
+    finally:
+        os.umask(old)
+    assert target.read_text() == '{"state":"running","pid":7}'
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert not (tmp_path / "elsewhere").exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["state.json", "state.json.tmp"]
+    (tmp_path / "state.json.tmp").unlink()
+    with pytest.raises(OSError):
+        write_text_atomic(str(tmp_path / "missing-dir" / "state.json"), "x")
+    with pytest.raises(UnicodeEncodeError):
+        write_text_atomic(str(target), "\udcff")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["state.json"]
+    assert target.read_text() == '{"state":"running","pid":7}'

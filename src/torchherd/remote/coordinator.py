@@ -74,11 +74,8 @@ class Coordinator:
         fields: wire.CoordinatorStateFile = {
             "pid": os.getpid(), "start": wire.process_start(os.getpid()), "port": self.server.getsockname()[1],
             "state": wire.STATE_RUNNING, "culprit": self.culprit, "reason": self.reason}
-        path = os.path.expanduser(self.state_file)
         try:
-            with open(path + ".tmp", "w") as f:
-                json.dump(fields, f)
-            os.replace(path + ".tmp", path)
+            wire.write_json_atomic(self.state_file, fields)
         except OSError:
             pass
 
@@ -192,9 +189,7 @@ class Coordinator:
                 with open(path) as f:
                     fields = json.load(f)
                 fields["state"] = wire.STATE_EXITED
-                with open(path + ".tmp", "w") as f:
-                    json.dump(fields, f)
-                os.replace(path + ".tmp", path)
+                wire.write_json_atomic(path, fields)
             except (OSError, ValueError):
                 pass
 

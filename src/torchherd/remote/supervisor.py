@@ -46,7 +46,6 @@ executable, 2 for an invalid config.
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import shutil
@@ -55,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Mapping, Optional, Tuple
+from typing import List, Optional, Tuple
 
 # On a node these are the stand-in modules the shipped program registered; see
 # torchherd/remote/__init__.py.
@@ -82,17 +81,6 @@ DRAIN_IDLE_TIMEOUT = 2.0
 FINAL_FLUSH_STALL = 10.0
 TEE_DIR_PREFIX = "torchherd-"
 CONTAINER_RM_TIMEOUT = 60.0
-
-
-def write_json_atomic(path: str, fields: Mapping[str, object]) -> None:
-    """Readers (torchherd status over SSH) never see a half-written file."""
-    path = os.path.expanduser(path)
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    # 0600: it holds the supervisor's token. Modes are given per file, not by umask: the
-    # job inherits the supervisor's umask, and its own files are the user's business.
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(fields, f, separators=(",", ":"))
-    os.replace(tmp, path)
 
 
 def make_private_dirs(path: str, run_id: str) -> None:
@@ -200,7 +188,7 @@ class StateFile:
     def write(self) -> None:
         if self.path:
             try:
-                write_json_atomic(self.path, self.fields)
+                wire.write_json_atomic(self.path, self.fields)
             except OSError:
                 pass
 

@@ -26,9 +26,11 @@ Supervisor <-> coordinator (TCP, one line each way)::
 
 from __future__ import annotations
 
+import binascii
 import enum
 import functools
 import json
+import os
 from typing import Dict, Final, Iterable, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple, TypedDict
 
 from torchherd.remote.container import ContainerSpec
@@ -66,6 +68,32 @@ RANK_PREFIX_END: Final = b"] "
 
 RUN_ID_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 RUN_ID_MAX: Final = 100
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Writes ``path`` (``~`` expanded) so that a reader never sees half of it: a private
+    (0600) file of a random name beside it, made exclusively (never an existing file or a
+    link another user planted), then renamed over ``path``. The one writer of every state
+    file, the controller's run records and the nodes' supervisor and coordinator files."""
+    path = os.path.expanduser(path)
+    temporary = "%s.%s.tmp" % (path, binascii.hexlify(os.urandom(6)).decode("ascii"))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(temporary, flags, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def write_json_atomic(path: str, fields: Mapping[str, object]) -> None:
+    """``fields`` as compact JSON, by ``write_text_atomic``."""
+    write_text_atomic(path, json.dumps(fields, separators=(",", ":")))
 
 
 def is_run_id(text: object) -> bool:

@@ -27,6 +27,10 @@ def _glob_regex(pattern: str) -> re.Pattern[str]:
 
 def match_pattern(text: str, pattern: str) -> bool:
     """OpenSSH's glob: ``*`` and ``?`` only, case-sensitive, the whole text."""
+    if "*" not in pattern and "?" not in pattern:
+        # Most Host lines name one node: a regex compiled per name cost every lookup
+        # O(nodes) compiles and matches (about 3 ms a node's two lookups at 1,000 nodes).
+        return text == pattern
     return _glob_regex(pattern).fullmatch(text) is not None
 
 

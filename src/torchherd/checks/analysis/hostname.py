@@ -7,6 +7,7 @@ and then tells the peers that address: a 127.0.1.1 line in /etc/hosts hangs the 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 
 from torchherd.checks.analysis.common import is_loopback, one_machine, per_node, resolved
@@ -57,9 +58,22 @@ def mapped_lines(observed: Observed, host: Host, facts: NodeFacts) -> list[str]:
     c10d looks up there (its own and the master's; on the master every node's): glibc's
     files backend answers a reverse lookup of an IPv4-mapped address only from such a
     line. Only for addresses /etc/hosts names as IPv4: where it does not, DNS decides."""
+    names, mapped = _hosts_addresses(str(facts.get("etc_hosts") or ""))
+    peers = observed.inventory.hosts if host.name == observed.master.name else (host, observed.master)
+    wanted = [network.address for peer in peers if (network := observed.networks.get(peer.name)) is not None]
+    return [f"::ffff:{address} {' '.join(names[address])}" for address in dict.fromkeys(wanted)
+            if address in names and address not in mapped]
+
+
+@functools.lru_cache(maxsize=8)
+def _hosts_addresses(text: str) -> tuple[dict[str, list[str]], frozenset[str]]:
+    """/etc/hosts's IPv4 addresses (each with its names) and the IPv4 addresses it names
+    as ``::ffff:`` ones. Cached by the file's text: nodes mostly share one /etc/hosts, and
+    parsing every line's address cost ~20 ms per node against one of a few thousand lines
+    (the callers only read the result)."""
     names: dict[str, list[str]] = {}
     mapped: set[str] = set()
-    for line in str(facts.get("etc_hosts") or "").splitlines():
+    for line in text.splitlines():
         words = line.split("#")[0].split()
         try:
             address = ipaddress.ip_address(words[0]) if len(words) > 1 else None
@@ -69,10 +83,7 @@ def mapped_lines(observed: Observed, host: Host, facts: NodeFacts) -> list[str]:
             names.setdefault(str(address), words[1:])
         elif isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
             mapped.add(str(address.ipv4_mapped))
-    peers = observed.inventory.hosts if host.name == observed.master.name else (host, observed.master)
-    wanted = [network.address for peer in peers if (network := observed.networks.get(peer.name)) is not None]
-    return [f"::ffff:{address} {' '.join(names[address])}" for address in dict.fromkeys(wanted)
-            if address in names and address not in mapped]
+    return names, frozenset(mapped)
 
 
 def hosts_lines_for(facts: NodeFacts, name: str) -> list[str]:

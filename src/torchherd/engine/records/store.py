@@ -3,7 +3,6 @@ enough), listed, and the history of attached runs kept bounded."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from torchherd.engine.records.attached import KEPT_RUNS
@@ -12,7 +11,7 @@ from torchherd.engine.records.locks import controller_lock, holds_lock
 from torchherd.engine.records.model import RunRecord, attached_of
 from torchherd.engine.records.paths import runs_dir
 from torchherd.errors import UsageError
-from torchherd.remote.wire import is_run_id
+from torchherd.remote.wire import is_run_id, write_text_atomic
 
 MAX_RECORD_BYTES = 16 << 20
 
@@ -23,10 +22,7 @@ def save(record: RunRecord, directory: Path | None = None) -> Path:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     directory.chmod(0o700)  # how to reach the nodes: the user's only, however it was made
     path = directory / f"{record.run_id}.json"
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as file:
-        file.write(record.to_json())
-    os.replace(tmp, path)
+    write_text_atomic(str(path), record.to_json())
     return path
 
 

@@ -1,0 +1,66 @@
+"""The whole suite's settings: which tests a run of ``scripts/test`` takes in each of its
+phases, and how the cluster tests are shared between two pytest-xdist workers.
+
+``--phase`` (``scripts/test`` passes it; a plain ``pytest`` runs every phase at once):
+
+* ``unit``: every test not marked ``cluster`` (no root needed), on both cores (``-n 2``).
+* ``cluster``: the cluster tests not marked ``serial``, on two workers with ``--dist
+  loadgroup``. Every test of one module is in one group (the module's name), so a
+  module-scoped cluster is built once, on one worker (an ``xdist_group`` mark of a test's
+  own takes its place).
+* ``serial``: the cluster tests marked ``serial``, one at a time with nothing beside them.
+  They measure time or CPU (node-loss detection, the terminal's rates, bandwidth and MTU,
+  the straggler, scale, the checks' and the hang watch's budgets of seconds) or did not
+  hold beside another cluster test on a loaded machine (SLURM): another cluster test on
+  the other core would bend what they see. A module split between the phases builds its
+  module-scoped cluster once in each.
+
+The shared fakes and builders are in ``tests/support`` (pytest's ``pythonpath`` in
+pyproject.toml puts tests/ and tests/cluster on ``sys.path``), never in a test module: no
+test module imports another (tests/unit/test_suite_marks.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+PHASES = ("unit", "cluster", "serial")
+# The cluster phase's modules, longest first (measured: docs/testing.md). Each worker takes
+# the next module when it is almost done with its last (scripts/test passes
+# --no-loadscope-reorder, so this order holds): longest first leaves no long module to
+# start near the end while the other worker idles. Modules not named here come last.
+LONGEST_FIRST = ("test_run_recovery", "test_containers", "test_check", "test_detach_retries", "test_detach", "test_run",
+                 "test_ssh_aliases", "test_ssh_topologies", "test_uv_project", "test_one_command", "test_api",
+                 "test_local_cluster", "test_run_scripts", "test_ssh_host_keys", "test_transport")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--phase", choices=PHASES, default=None,
+                     help="run only this phase of scripts/test: unit, cluster (not serial) or serial")
+
+
+def _longest_first(item: pytest.Item) -> int:
+    name = item.module.__name__ if item.module else ""
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+def phase_of(item: pytest.Item) -> str:
+    if item.get_closest_marker("cluster") is None:
+        return "unit"
+    return "serial" if item.get_closest_marker("serial") is not None else "cluster"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its hook has no order)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    phase = config.getoption("phase")
+    if phase is not None:
+        kept = [item for item in items if phase_of(item) == phase]
+        dropped = [item for item in items if phase_of(item) != phase]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
+    if phase == "cluster":
+        items.sort(key=_longest_first)  # stable: a module's tests stay together, in their order
+    for item in items:
+        if item.get_closest_marker("cluster") is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
