@@ -11,7 +11,8 @@ import pytest
 
 from support.gpu import by_node, node_facts, observed, smi, xid_result
 from torchherd.checks.analysis import gpu, ib, nvsmi, xid
-from torchherd.checks.model import NodeFacts
+from torchherd.checks.model import NodeFacts, Observed
+from torchherd.inventory import parse
 
 DATA = Path(__file__).parent / "data" / "gpu"
 SMI = sorted((DATA / "nvidia-smi").glob("*.xml"))
