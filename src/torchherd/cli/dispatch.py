@@ -54,7 +54,8 @@ def _own_flag_after_script(command: argparse.ArgumentParser, script: Sequence[st
 
 def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
     commands = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
-    return commands[0]._name_parser_map[name]
+    command: argparse.ArgumentParser = commands[0]._name_parser_map[name]
+    return command
 
 
 def main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
