@@ -266,3 +266,12 @@ def test_completion_completes_the_values_of_checked_flags(flag: str, words: str,
         -> None:
     assert main(["completion", "bash"]) == 0
     assert f'        {flag}) COMPREPLY=($(compgen -W "{words}' in capsys.readouterr().out
+
+
+def test_a_folded_failure_of_plain_names_reads_as_several_hosts() -> None:
+    from torchherd.checks.results import CheckResult
+    from torchherd.console.checks import _coalesced
+
+    results = [CheckResult(name, "ssh", "fail", f"{name}: cannot resolve {name!r}", "fix the address") for name in "ab"]
+    assert [(result.node, result.summary, count) for result, count in _coalesced(results)] == [
+        ("a, b", "a, b: cannot resolve 'a, b'", 2)]
