@@ -275,3 +275,16 @@ def test_a_folded_failure_of_plain_names_reads_as_several_hosts() -> None:
     results = [CheckResult(name, "ssh", "fail", f"{name}: cannot resolve {name!r}", "fix the address") for name in "ab"]
     assert [(result.node, result.summary, count) for result, count in _coalesced(results)] == [
         ("a, b", "a, b: cannot resolve 'a, b'", 2)]
+
+
+def test_an_unresolvable_host_s_fix_names_h_too() -> None:
+    import socket
+
+    from torchherd.transport.sshfailures import explain
+    from torchherd.transport.sshtarget import SshTarget
+
+    target = SshTarget(node="a", hostname="a", port=22, user="me", key_files=(), known_hosts=(), proxy_jump=None,
+                       proxy_command=None, identities_only=False)
+    error = explain(target, socket.gaierror(-2, "Name or service not known"))
+    assert getattr(error, "hint", None) == (
+        "fix the address (in -H or the inventory) or ~/.ssh/config, or the controller's DNS")

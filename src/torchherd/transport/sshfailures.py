@@ -80,7 +80,7 @@ def explain(target: SshTarget, error: BaseException, check: HostKeyCheck | None 
         return error
     if isinstance(error, socket.gaierror):
         return TransportError(node, "dns", f"{node}: cannot resolve {target.hostname!r} ({error.strerror})",
-                              "fix the address in the inventory or ~/.ssh/config, or the controller's DNS")
+                              "fix the address (in -H or the inventory) or ~/.ssh/config, or the controller's DNS")
     if isinstance(error, paramiko.BadHostKeyException):
         check = check or HostKeyCheck(target, False, "")
         verdict = check.verdict(error.key.asbytes())
