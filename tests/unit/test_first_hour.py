@@ -288,3 +288,29 @@ def test_an_unresolvable_host_s_fix_names_h_too() -> None:
     error = explain(target, socket.gaierror(-2, "Name or service not known"))
     assert getattr(error, "hint", None) == (
         "fix the address (in -H or the inventory) or ~/.ssh/config, or the controller's DNS")
+
+
+def test_a_page_on_a_terminal_names_other_pages_as_commands() -> None:
+    from rich.console import Console
+
+    from torchherd.console.manual import render_page
+
+    out = StringIO()
+    render_page(Console(file=out, force_terminal=True, width=80, color_system=None),
+                "See docs/cli.md and docs/nosuch.md.\n", ("cli",))
+    assert "See torchherd docs cli and docs/nosuch.md." in out.getvalue()
+
+
+def test_a_page_on_a_terminal_goes_through_the_pager(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from torchherd.console.manual import render_page
+
+    paged: list[str] = []
+    monkeypatch.setattr("pydoc.pager", lambda text, *rest: paged.append(text))
+    monkeypatch.delenv("LESS", raising=False)
+    out = StringIO()
+    render_page(Console(file=out, force_terminal=True, width=80, color_system=None), "# Title\n", page=True)
+    import os
+
+    assert out.getvalue() == "" and "Title" in paged[0] and os.environ["LESS"] == "FRX"

@@ -100,7 +100,8 @@ def cmd_docs(args: argparse.Namespace, console: Console) -> int:
     if args.topic is None:
         render_topics(console, [(topic, manual.title(manual.read(topic))) for topic in manual.topics()])
     else:
-        render_page(console, manual.read(args.topic))
+        # paged only on this process's own terminal (a console handed in by a caller is theirs)
+        render_page(console, manual.read(args.topic), manual.topics(), page=console.file is sys.stdout)
     return EXIT_OK
 
 
