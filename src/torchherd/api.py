@@ -24,19 +24,10 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 from torchherd.checks import CheckOptions
 from torchherd.checks.model import CHECK_IDS, Mesh
 from torchherd.checks.results import CheckReport, CheckResult
-from torchherd.engine.backend import (
-    BACKENDS,
-    Backend,
-    Description,
-    DetachedStartFailed,
-    Follow,
-    backend_for,
-    backend_of,
-)
+from torchherd.engine.backend import Backend, Description, DetachedStartFailed, Follow
 from torchherd.engine.eventlog import HistoryRecorder, Recorded, recording
 from torchherd.engine.events import Event, EventsNotKept, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import LaunchAborted, Run
+from torchherd.engine.prepare.sync import sync_over
 from torchherd.engine.records import (
     AttachedStatus,
     NodeState,
@@ -54,8 +45,8 @@ from torchherd.engine.records import load as load_record
 from torchherd.engine.records.history import History, controller_runs, follow_history
 from torchherd.engine.recovery.background import start_background, stop_controller
 from torchherd.engine.recovery.runner import RecoveringRun
-from torchherd.engine.slurm.batch import BatchJob, batch_job
-from torchherd.engine.sync import sync_over
+from torchherd.engine.run import LaunchAborted, LaunchOptions, Run
+from torchherd.engine.schedulers import backend_class, backend_for, backend_of
 from torchherd.errors import UsageError
 from torchherd.inventory import (
     HEARTBEAT_HINT,
@@ -247,7 +238,7 @@ class Cluster:
             inventory = replace(inventory, cluster=replace(inventory.cluster, scheduler=scheduler))
         given = {key: value for key, value in (slurm or {}).items() if value is not None}
         if given:
-            if not BACKENDS[inventory.cluster.scheduler].takes_slurm_keys:
+            if not backend_class(inventory.cluster.scheduler).takes_slurm_keys:
                 flag = "--slurm-" + next(iter(given)).replace("_", "-")
                 raise UsageError(f"{flag}: only for SLURM runs", 'add --scheduler slurm, or set scheduler = "slurm" '
                                  "in [cluster]")
@@ -256,9 +247,9 @@ class Cluster:
                 key: getattr(parsed, key) for key in SLURM_KEYS if key in given}))
         return self._with(inventory)
 
-    def batch_script(self, plan: Plan, *, fail_fast: bool = True) -> BatchJob:
+    def batch_script(self, plan: Plan, *, fail_fast: bool = True) -> Description:
         """The SLURM batch script ``plan`` becomes (what ``run --dry-run`` prints for SLURM)."""
-        return batch_job(plan, self.inventory.slurm, fail_fast, pyxis=None)
+        return backend_class("slurm").script(plan, fail_fast=fail_fast)
 
     def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
         """What ``run --dry-run`` prints: ``plan`` itself (SSH), or its batch script (SLURM)."""

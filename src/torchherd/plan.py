@@ -30,6 +30,7 @@ from torchherd.remote import container as containers
 from torchherd.remote import wire
 from torchherd.remote.wire import RANK_PREFIX_TEMPLATE
 from torchherd.shell import quote_path
+from torchherd.words import count
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class UvOptions:
     offline: bool = False
     """``--uv-offline``, ``[uv] offline``: a node that must build its venv gets the lock's
     wheels from the controller (downloaded once per node platform, relayed node to node)
-    and builds with no network (``engine.offline``)."""
+    and builds with no network (``engine.prepare.offline``)."""
 
 
 @dataclass(frozen=True)
@@ -156,10 +157,93 @@ class RunOptions:
 
 
 @dataclass(frozen=True)
+class Torchrun:
+    """A node's torchrun settings, decided once by the plan: each backend renders its own
+    command from them (``argv`` for a node torchherd starts itself; SLURM's batch script
+    puts its own variables where each node differs), and nothing reads them back out of
+    a command line."""
+
+    python: str
+    nnodes: str
+    nproc_per_node: int | str
+    node_rank: int
+    master_addr: str
+    port: int
+    rdzv_backend: str
+    """"static" (``--node-rank``, ``--master-addr``) or "c10d" (a rendezvous endpoint)."""
+    run_id: str
+    rdzv_conf: str | None
+    local_addr: str | None
+    """The address the other nodes reach this one at (``--local-addr``); None: torch's own guess."""
+    max_restarts: int
+    monitor_interval: float | None
+    log_dir: str
+    module: bool
+    script: str
+    script_args: tuple[str, ...]
+
+    @property
+    def endpoint(self) -> str:
+        """The c10d rendezvous endpoint: the master's address (an IPv6 one bracketed) and port."""
+        host = f"[{self.master_addr}]" if ":" in self.master_addr else self.master_addr
+        return f"{host}:{self.port}"
+
+    @property
+    def conf(self) -> tuple[str, ...]:
+        """The c10d rendezvous's settings: the user's, and ``is_host=1`` on the master."""
+        conf = [self.rdzv_conf] if self.rdzv_conf else []
+        if self.node_rank == 0:
+            # The master hosts the store even when its address is on a secondary NIC,
+            # where torch's own hostname match gives a false negative.
+            conf.append("is_host=1")
+        return tuple(conf)
+
+    @property
+    def rank_base(self) -> int | None:
+        """The node's first global rank where torchrun's options fix it (static rendezvous:
+        the node rank x a numeric process count); None for c10d, where the rendezvous hands
+        out node ranks, and for ``gpu``/``auto`` process counts."""
+        if self.rdzv_backend != "static" or not isinstance(self.nproc_per_node, int):
+            return None
+        return self.node_rank * self.nproc_per_node
+
+    def options(self) -> list[tuple[str, str]]:
+        """torchrun's own options and their values, in the order its command has them."""
+        pairs = [("--nnodes", self.nnodes), ("--nproc-per-node", str(self.nproc_per_node))]
+        if self.rdzv_backend == "static":
+            pairs += [("--node-rank", str(self.node_rank)), ("--master-addr", self.master_addr),
+                      ("--master-port", str(self.port))]
+        else:
+            pairs += [("--rdzv-backend", "c10d"), ("--rdzv-endpoint", self.endpoint), ("--rdzv-id", self.run_id)]
+            if self.conf:
+                pairs.append(("--rdzv-conf", ",".join(self.conf)))
+        if self.local_addr:
+            pairs.append(("--local-addr", self.local_addr))
+        pairs.append(("--max-restarts", str(self.max_restarts)))
+        if self.monitor_interval is not None:
+            pairs.append(("--monitor-interval", str(self.monitor_interval)))
+        return pairs + [("--tee", "3"), ("--log-dir", self.log_dir)]
+
+    def target(self) -> list[str]:
+        """What torchrun runs: ``-m`` for a module, ``--`` (a script named "-x" is not an
+        option of torchrun), the script or module, its arguments."""
+        return (["-m"] if self.module else []) + ["--", self.script, *self.script_args]
+
+    def argv(self) -> tuple[str, ...]:
+        words = [self.python, "-m", "torch.distributed.run"]
+        for option, value in self.options():
+            words += [option, value]
+        return tuple(words + self.target())
+
+
+@dataclass(frozen=True)
 class NodePlan:
     host: Host
     node_rank: int
     argv: tuple[str, ...]
+    """The command the node runs: ``torchrun.argv()`` (a check's own program in its place)."""
+    torchrun: Torchrun
+    """The settings ``argv`` was rendered from, for a backend that renders its own command."""
     env: Mapping[str, str]
     workdir: str
     setup: str
@@ -260,6 +344,31 @@ class Plan:
         if not networks:
             return self
         return build_plan(self.base_inventory or self.inventory, self.options, networks, self.ssh_hostnames)
+
+    def as_json(self) -> dict[str, object]:
+        """``run --dry-run --json`` (``engine.backend.Description``): every node's exact command,
+        its environment's names (never their values: a token may be among them)."""
+        return {"run_id": self.run_id, "scheduler": "ssh", "master": self.master,
+                "master_addr": self.master_addr, "port": self.port, "rdzv_backend": self.rdzv_backend,
+                "world_size": self.world_size, "sync": None if self.sync is None else self.sync.source,
+                "nodes": [{"name": node.host.name, "node_rank": node.node_rank, "address": node.host.address,
+                           "local_addr": None if node.network is None else node.network.address,
+                           "nproc_per_node": node.nproc_per_node, "workdir": node.workdir, "argv": list(node.argv),
+                           "command": node.shell_line(hide_secrets=True), "env": sorted(node.env),
+                           "notes": list(node.notes)} for node in self.nodes]}
+
+    def text(self) -> tuple[tuple[str, str], ...]:
+        """What ``run --dry-run`` prints (``engine.backend.Description``): every node's command
+        as a user could paste it, and why each choice was made."""
+        lines = [("", f"run {self.run_id}: {count(len(self.nodes), 'node')}, master {self.master} at {self.master_addr}:{self.port}, "
+                      f"rendezvous {self.rdzv_backend}")]
+        for index, node in enumerate(self.nodes):
+            lines.append((f"node:{index}", f"{node.host.name} (node_rank {node.node_rank})"))
+            # every line of the command as it is sent (a setup snippet spans lines)
+            lines.append(("", "  $ " + node.shell_line(hide_secrets=True)))
+            lines.extend(("note", f"  - {note}") for note in node.notes)
+        lines.append(("", "dry run: nothing was started"))
+        return tuple(lines)
 
 
 DRY_USER = "UID:GID"
@@ -488,11 +597,12 @@ def _node_plan(inventory: Inventory, options: RunOptions, host: Host, rank: int,
     # One per node (nodes may share a /tmp); the supervisor creates it, 0700, and refuses
     # one that exists: the name is guessable, and another user could have made it first.
     remote_log_dir = node_log_dir(options.run_id, host.name)
-    argv = _torchrun_argv(inventory, options, host, rank, master_addr, local_addr, backend, remote_log_dir)
+    torchrun = _torchrun(inventory, options, host, rank, master_addr, local_addr, backend, remote_log_dir)
     env = _node_env(host, options, network, notes)
     nproc = node_nproc(inventory, options, host)
     spec = _container(host, options.run_id, nproc, notes)
-    return NodePlan(host=host, node_rank=rank, argv=argv, env=MappingProxyType(env), workdir=host.workdir,
+    return NodePlan(host=host, node_rank=rank, argv=torchrun.argv(), torchrun=torchrun, env=MappingProxyType(env),
+                    workdir=host.workdir,
                     setup=host.setup, network=network, notes=tuple(notes), remote_log_dir=remote_log_dir,
                     nproc_per_node=nproc, container=spec)
 
@@ -505,7 +615,7 @@ def _container(host: Host, run_id: str, nproc: int | str, notes: list[str]) -> c
         return None
     gpus = True if nproc == "gpu" else False if nproc == "cpu" else None
     # The container itself never pulls: with pull "missing"/"always" the run pulls the image
-    # on every node before its preflight (engine/pull.py reads the host's policy).
+    # on every node before its preflight (engine/prepare/pull.py reads the host's policy).
     spec = containers.ContainerSpec(image=settings.image, runtime=settings.runtime,
                                     name=containers.container_name(run_id, host.name), run_id=run_id,
                                     mounts=settings.mounts, options=settings.options, gpus=gpus, pull="never")
@@ -523,37 +633,14 @@ def node_log_dir(run_id: str, node: str) -> str:
     return f"/tmp/torchherd-{run_id}-{node}"
 
 
-def _torchrun_argv(inventory: Inventory, options: RunOptions, host: Host, rank: int, master_addr: str,
-                   local_addr: str | None, backend: str, log_dir: str) -> tuple[str, ...]:
-    cluster = inventory.cluster
-    nproc = node_nproc(inventory, options, host)
-    argv = [host.python, "-m", "torch.distributed.run",
-            "--nnodes", options.nnodes or str(len(inventory.hosts)),
-            "--nproc-per-node", str(nproc)]
-    if backend == "static":
-        argv += ["--node-rank", str(rank), "--master-addr", master_addr, "--master-port", str(cluster.port)]
-    else:
-        endpoint = f"[{master_addr}]" if ":" in master_addr else master_addr
-        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint}:{cluster.port}",
-                 "--rdzv-id", options.run_id]
-        conf = [options.rdzv_conf] if options.rdzv_conf else []
-        if rank == 0:
-            # The master hosts the store even when its address is on a secondary NIC,
-            # where torch's own hostname match gives a false negative.
-            conf.append("is_host=1")
-        if conf:
-            argv += ["--rdzv-conf", ",".join(conf)]
-    if local_addr:
-        argv += ["--local-addr", local_addr]
-    argv += ["--max-restarts", str(options.max_restarts)]
-    if options.monitor_interval is not None:
-        argv += ["--monitor-interval", str(options.monitor_interval)]
-    argv += ["--tee", "3", "--log-dir", log_dir]
-    if options.module:
-        argv.append("-m")
-    argv += ["--", options.script]  # "--": a script named "-x" is not an option of torchrun
-    argv += options.script_args
-    return tuple(argv)
+def _torchrun(inventory: Inventory, options: RunOptions, host: Host, rank: int, master_addr: str,
+              local_addr: str | None, backend: str, log_dir: str) -> Torchrun:
+    return Torchrun(python=host.python, nnodes=options.nnodes or str(len(inventory.hosts)),
+                    nproc_per_node=node_nproc(inventory, options, host), node_rank=rank, master_addr=master_addr,
+                    port=inventory.cluster.port, rdzv_backend="static" if backend == "static" else "c10d",
+                    run_id=options.run_id, rdzv_conf=options.rdzv_conf, local_addr=local_addr or None,
+                    max_restarts=options.max_restarts, monitor_interval=options.monitor_interval, log_dir=log_dir,
+                    module=options.module, script=options.script, script_args=tuple(options.script_args))
 
 
 def _node_env(host: Host, options: RunOptions, network: NodeNetwork | None, notes: list[str]) -> dict[str, str]:

@@ -438,7 +438,7 @@ class AttemptRecord:
 
 @dataclass(frozen=True)
 class Slowest:
-    """The slowest node marked during a run, at its worst (``engine.recovery.straggler``)."""
+    """The slowest node marked during a run, at its worst (``engine.watch.straggler``)."""
 
     node: str
     ratio: float

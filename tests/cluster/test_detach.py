@@ -31,8 +31,9 @@ from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.console.run import LiveRenderer
-from torchherd.engine.detach import Follow, NodeFollower, follow_logs, node_states
 from torchherd.engine.records import load
+from torchherd.engine.run import Follow
+from torchherd.engine.ssh.detach import NodeFollower, follow_logs, node_states
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("state_home")]
 

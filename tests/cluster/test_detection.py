@@ -31,7 +31,7 @@ from localcluster import LocalCluster
 from support.cluster_runs import assert_clean
 from torchherd import Cluster
 from torchherd.engine.events import Event, NodeLost, NodeSilent, NodeStarted
-from torchherd.engine.launch import Run
+from torchherd.engine.run import Run
 from torchherd.inventory import load
 from torchherd.transport.ssh import SshConnector
 

@@ -41,9 +41,9 @@ from torchherd.engine.events import (
     RunStarted,
     SpareTaken,
 )
-from torchherd.engine.job import LaunchOptions
 from torchherd.engine.records import load as load_record
 from torchherd.engine.recovery.runner import RecoveringRun
+from torchherd.engine.run import LaunchOptions
 from torchherd.engine.slurm.commands import parse_scontrol
 from torchherd.inventory import Recovery
 from torchherd.runlog import RunSummary

@@ -19,7 +19,7 @@ from support.uvproject import backend_wheels, locked_project, package_project, r
 from torchherd.api import Cluster
 from torchherd.cli import main
 from torchherd.console import make_console
-from torchherd.engine.venvs import local_uv
+from torchherd.engine.prepare.venvs import local_uv
 
 pytestmark = pytest.mark.cluster
 
@@ -182,10 +182,10 @@ def test_a_venv_dir_another_user_made_is_refused_and_their_venv_never_runs(
 def test_nodes_without_an_index_get_the_locks_wheels_relayed_once_then_find_their_venvs_cached(
         make_cluster: object, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchherd.engine import offline
-    from torchherd.engine.offline import project_build
-    from torchherd.engine.uvwheels import NodePlatform
-    from torchherd.engine.wheelhouse import cache_name
+    from torchherd.engine.prepare import offline
+    from torchherd.engine.prepare.offline import project_build
+    from torchherd.engine.prepare.uvwheels import NodePlatform
+    from torchherd.engine.prepare.wheelhouse import cache_name
     from torchherd.remote.venv import libc_of
     from torchherd.words import size
 

@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 
 from torchherd.api import attach
-from torchherd.engine.detach import node_states
 from torchherd.engine.records import NodeState, RecoveryStatus, load
+from torchherd.engine.ssh.detach import node_states
 
 
 def wait_states(run_id: str, done: Callable[[list[NodeState]], bool], timeout: float) -> list[NodeState]:

@@ -18,10 +18,9 @@ from torchherd.engine.events import (
     RanksRunning,
     ignore,
 )
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import Run, RunEvents
 from torchherd.engine.recovery.policy import TRIAGE_CHECKS
 from torchherd.engine.recovery.runner import RecoveringRun
+from torchherd.engine.run import LaunchOptions, Run, RunEvents
 from torchherd.errors import TorchherdError
 from torchherd.inventory import Recovery, parse
 from torchherd.plan import Plan, RunOptions, build_plan

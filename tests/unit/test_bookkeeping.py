@@ -18,10 +18,11 @@ from torchherd.console import make_console
 from torchherd.console.run import render_summary
 from torchherd.engine.bookkeeping import NodeLog, max_rank
 from torchherd.engine.events import ignore
-from torchherd.engine.job import Job, LaunchOptions
+from torchherd.engine.run import LaunchOptions
 from torchherd.engine.slurm.batch import batch_job
 from torchherd.engine.slurm.commands import JobState, NodeExit
 from torchherd.engine.slurm.job import SlurmJob
+from torchherd.engine.ssh.job import Job
 from torchherd.remote.wire import StopLevel
 from torchherd.runlog import STDERR, STDOUT, OutputLine, RunSummary
 from torchherd.transport.local import LocalSession

@@ -13,11 +13,12 @@ import pytest
 
 from support.engine import faked
 from torchherd.api import Cluster
-from torchherd.engine import detach, events
+from torchherd.engine import events
 from torchherd.engine.events import Collector, Event, LinesDropped, Output
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import launch
 from torchherd.engine.records import NodeRecord, RunRecord
+from torchherd.engine.run import Follow, LaunchOptions
+from torchherd.engine.ssh import detach
+from torchherd.engine.ssh.launch import launch
 from torchherd.inventory import Host
 from torchherd.remote import wire
 from torchherd.remote.framing import MAX_LINE, RankMender
@@ -91,7 +92,7 @@ def test_following_many_nodes_takes_a_bounded_number_of_threads() -> None:
     record = RunRecord("tb-follow", "/h.toml", 1.0, ("t.py",), nodes, 599, 1.0)
     connector = InstantConnector()
     before = threading.active_count()
-    followers = detach.follow_logs(record, Collector(), detach.Follow(follow=True), connector)  # type: ignore[arg-type]
+    followers = detach.follow_logs(record, Collector(), Follow(follow=True), connector)  # type: ignore[arg-type]
     assert all(follower.finished for follower in followers.values()) and len(connector.seen) == 300
     assert max(connector.seen) <= before + MAX_PARALLEL + 2
 
@@ -117,7 +118,7 @@ def test_logs_of_a_node_that_cannot_be_reached_say_so_and_end() -> None:
     record = RunRecord("tb-refused", "/h.toml", 1.0, ("t.py",), nodes, 599, 1.0)
     seen = Collector()
     started = time.monotonic()
-    followers = detach.follow_logs(record, seen, detach.Follow(follow=False), OneRefusing())  # type: ignore[arg-type]
+    followers = detach.follow_logs(record, seen, Follow(follow=False), OneRefusing())  # type: ignore[arg-type]
     assert time.monotonic() - started < 10 and all(follower.finished for follower in followers.values())
     errors = [(event.status.node, event.status.fields["message"]) for event in seen.events
               if isinstance(event, events.NodeStatus) and event.status.event == "error"]

@@ -21,9 +21,9 @@ from support.recovery import Collector, FakeBackend, ended, names, plan_of, reco
 from support.staging import find, node_program, nodes_in, relay_chain
 from torchherd.console.recovery import recovery_note
 from torchherd.engine.events import AttemptStarted, CheckpointMissing, CheckpointStaged, SpareTaken
-from torchherd.engine.job import LaunchOptions
+from torchherd.engine.prepare.staging import Copy, lacking, newest
 from torchherd.engine.recovery.runner import RecoveringRun
-from torchherd.engine.recovery.staging import Copy, lacking, newest
+from torchherd.engine.run import LaunchOptions
 from torchherd.inventory import Recovery, checkpoint_problem
 from torchherd.plan import Plan
 
@@ -103,7 +103,7 @@ def test_the_key_and_the_flag_reach_the_recovery(tmp_path: Path) -> None:
 
 
 def test_staging_copies_the_newest_to_the_nodes_that_lack_it_only(tmp_path: Path) -> None:
-    from torchherd.engine.recovery.staging import stage
+    from torchherd.engine.prepare.staging import stage
     from torchherd.transport.local import LocalConnector
 
     nodes = nodes_in(tmp_path, 5)
@@ -125,7 +125,7 @@ def test_staging_copies_the_newest_to_the_nodes_that_lack_it_only(tmp_path: Path
 
 
 def test_staging_says_where_it_looked_when_no_node_has_it(tmp_path: Path) -> None:
-    from torchherd.engine.recovery.staging import stage
+    from torchherd.engine.prepare.staging import stage
     from torchherd.transport.local import LocalConnector
 
     nodes = nodes_in(tmp_path, 3)

@@ -153,7 +153,7 @@ def test_cli_bad_image_or_runtime_exits_2_with_one_line(flags: list[str], named:
 
 
 def test_plan_names_the_container_after_the_run_and_node_and_ships_it_to_the_supervisor() -> None:
-    from torchherd.engine.job import supervisor_config
+    from torchherd.engine.ssh.job import supervisor_config
 
     plan = build_plan(parse(document(image="img:1", runtime="podman"), Path("h.toml")),
                       RunOptions(script="train.py", run_id="r7", nproc_per_node="cpu"))
@@ -298,7 +298,7 @@ def test_pull_policy_reaches_the_run_command_and_check_never_pulls() -> None:
         assert argv[argv.index("--pull") + 1] == policy
     inventory = parse({"container": {"image": "img:1", "pull": "always"}, "hosts": [{"name": "a"}]}, Path("h.toml"))
     plan = build_plan(inventory, RunOptions(script="t.py", run_id="r1"))
-    # the run pulls first (engine/pull.py): the job's container itself never pulls
+    # the run pulls first (engine/prepare/pull.py): the job's container itself never pulls
     assert plan.nodes[0].container is not None and plan.nodes[0].container.pull == "never"
     assert "--pull never" in plan.nodes[0].shell_line()
     assert "--pull always" not in node_command(inventory.hosts[0])
@@ -347,7 +347,7 @@ def test_the_lost_nodes_removal_says_removed_only_when_there_was_one(tmp_path: P
     """A stand-in ``podman``, alone on PATH: the command's verdict from each answer."""
     import subprocess
 
-    from torchherd.engine.containers import remove_command
+    from torchherd.engine.ssh.containers import remove_command
 
     (tmp_path / "podman").write_text(f'#!/bin/sh\n[ "$*" = "rm -f torchherd-r1-node2" ] || exit 9\n{answer}\n')
     (tmp_path / "podman").chmod(0o755)
@@ -454,3 +454,20 @@ def test_the_toolkit_is_asked_for_only_where_the_ranks_use_gpus() -> None:
     assert [r.status for r in analysis.analyse(observed_with({"n0": bare}, hosts=1, nproc=2))] == ["pass"]  # type: ignore[arg-type]
     assert [r.status for r in analysis.analyse(observed_with({"n0": with_devices}, hosts=1, nproc=2))] == ["fail"]  # type: ignore[arg-type]
     assert [r.status for r in analysis.analyse(observed_with({"n0": with_devices}, hosts=1, nproc="cpu"))] == ["pass"]  # type: ignore[arg-type]
+
+
+def test_each_runtime_is_one_entry_of_the_table() -> None:
+    """What torchherd does differently per runtime is read from its ``Runtime`` entry, never
+    from its name: the lists ``auto`` tries and the OCI ones follow from the table."""
+    assert container.RUNTIMES == ("podman", "docker", "apptainer", "enroot")
+    assert container.OCI_RUNTIMES == ("podman", "docker")
+    assert all(name == entry.name for name, entry in container.RUNTIME.items())
+    docker, podman, apptainer = (container.RUNTIME[name] for name in ("docker", "podman", "apptainer"))
+    assert docker.remove_argv("torchherd-r-n0") == ["docker", "rm", "-f", "torchherd-r-n0"]
+    assert podman.remove_argv("") is None and apptainer.remove_argv("torchherd-r-n0") is None
+    assert podman.inspect_argv("img:1") == ["podman", "image", "inspect", "--format", "{{.Id}}", "img:1"]
+    assert docker.load_argv("/tmp/a.tar") == ["docker", "load", "-i", "/tmp/a.tar"]
+    assert docker.pull_argv("img:1") == ["docker", "pull", "img:1"]
+    assert [entry.name for entry in container.RUNTIME.values() if entry.replaces] == ["podman"]
+    assert [entry.name for entry in container.RUNTIME.values() if entry.keep_id] == ["podman"]
+    assert all(entry.usable_fix for entry in container.RUNTIME.values() if entry.oci)

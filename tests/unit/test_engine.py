@@ -29,8 +29,9 @@ from torchherd.engine.events import (
     RunStarted,
     StopSent,
 )
-from torchherd.engine.job import Job, LaunchOptions
-from torchherd.engine.launch import LaunchAborted, Run, launch, run_quietly
+from torchherd.engine.run import LaunchAborted, LaunchOptions, Run
+from torchherd.engine.ssh.job import Job
+from torchherd.engine.ssh.launch import launch, run_quietly
 from torchherd.plan import Plan
 from torchherd.remote.wire import StopLevel
 from torchherd.transport.local import LocalConnector, LocalSession
@@ -189,7 +190,7 @@ def test_an_inherited_ignore_of_sigterm_is_kept() -> None:
     # ignored SIGINT); otherwise SIGTERM ends the run like Ctrl-C.
     import signal
 
-    from torchherd.engine.launch import sigterm_as_interrupt
+    from torchherd.engine.run import sigterm_as_interrupt
 
     before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from torchherd.engine.recovery.hang import Issued, flight_described, flight_issued
+from torchherd.engine.watch.hang import Issued, flight_described, flight_issued
 from torchherd.remote import flight
 
 DATA = Path(__file__).parent / "data" / "flight"

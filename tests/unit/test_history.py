@@ -315,7 +315,7 @@ def test_endings_tell_each_once_and_a_late_one_at_once() -> None:
     still told."""
     import threading
 
-    from torchherd.engine.launch import Endings
+    from torchherd.engine.run import Endings
 
     done = threading.Event()
     endings = Endings(done)

@@ -155,7 +155,7 @@ def _read_line(script: str, seconds: float, sync: bool = False) -> tuple[float, 
     import time
 
     from torchherd.checks.gather import LineReader
-    from torchherd.engine.sync import Lines
+    from torchherd.engine.prepare.sync import Lines
     from torchherd.transport.local import LocalSession
 
     session = LocalSession("node1")
@@ -287,9 +287,9 @@ PLATFORM = {"system": "Linux", "machine": "x86_64", "libc": "glibc", "libc_versi
 ])
 def test_a_hostile_platform_answer_fails_that_node_as_malformed(tmp_path: Path, damage: dict[str, Any],
                                                                   field: str) -> None:
-    from torchherd.engine import venvs
     from torchherd.engine.events import VenvFailed
-    from torchherd.engine.uvwheels import REPORTED
+    from torchherd.engine.prepare import venvs
+    from torchherd.engine.prepare.uvwheels import REPORTED
 
     answer = {"error": "the lock's wheels are not in x", "wheelhouse_missing": True, **PLATFORM, **damage}
     result = venvs._build(_venv_node(tmp_path), _Answers(answer), None, offline=True)  # type: ignore[arg-type]
@@ -303,8 +303,8 @@ def test_a_hostile_platform_answer_fails_that_node_as_malformed(tmp_path: Path, 
 
 
 def test_a_good_platform_answer_asks_for_wheels(tmp_path: Path) -> None:
-    from torchherd.engine import venvs
-    from torchherd.engine.uvwheels import NodePlatform
+    from torchherd.engine.prepare import venvs
+    from torchherd.engine.prepare.uvwheels import NodePlatform
 
     answer = {"error": "the lock's wheels are not in x", "wheelhouse_missing": True, **PLATFORM}
     needs = venvs._build(_venv_node(tmp_path), _Answers(answer), None, offline=True)  # type: ignore[arg-type]
@@ -318,8 +318,8 @@ def test_a_good_platform_answer_asks_for_wheels(tmp_path: Path) -> None:
 def test_the_wheelhouse_is_never_made_outside_its_cache(tmp_path: Path) -> None:
     """Past the parser (a NodePlatform made by hand): the name a path, the wheelhouse the
     reviewer's ``~/my-thesis``. Nothing there is renamed aside or removed."""
-    from torchherd.engine.offline import WheelhouseError, cache_name, make_wheelhouse
-    from torchherd.engine.uvwheels import NodePlatform
+    from torchherd.engine.prepare.offline import WheelhouseError, cache_name, make_wheelhouse
+    from torchherd.engine.prepare.uvwheels import NodePlatform
 
     root = tmp_path / "c" / "t" / "houses"
     hostile = NodePlatform("Linux", "x86_64-3.11/../../../../my", "glibc", "2.35")
@@ -353,7 +353,7 @@ CHECKPOINT = {"path": "ckpt/step-20.pt", "kind": "file", "size": 10, "mtime": 20
     pytest.param({"size": None, "kind": None, "mtime": None}, id="fields-missing"),
 ])
 def test_a_checkpoint_answer_of_the_wrong_type_fails_that_node(tmp_path: Path, damage: dict[str, Any]) -> None:
-    from torchherd.engine.recovery.staging import _find
+    from torchherd.engine.prepare.staging import _find
 
     node = _venv_node(tmp_path)
     answer = _find(_Answers({**CHECKPOINT, **damage}), node, "ckpt/step-*.pt")  # type: ignore[arg-type]
@@ -363,7 +363,7 @@ def test_a_checkpoint_answer_of_the_wrong_type_fails_that_node(tmp_path: Path, d
 def test_a_checkpoint_name_that_is_not_utf8_fails_that_node_in_one_line(tmp_path: Path) -> None:
     """The node's json.dumps writes an undecodable byte of a file name as a lone surrogate:
     put on the relay's command line, paramiko's UTF-8 would raise."""
-    from torchherd.engine.recovery.staging import Copy, _find
+    from torchherd.engine.prepare.staging import Copy, _find
 
     node = _venv_node(tmp_path)
     answer = _find(_Answers({**CHECKPOINT, "path": "ckpt/step-\udcff.pt"}), node, "ckpt/*")  # type: ignore[arg-type]
@@ -386,7 +386,7 @@ def test_a_command_that_is_not_utf8_is_a_transport_error_not_an_internal_one() -
 @pytest.mark.parametrize("progress, shown", [(1024, True), ("1024", False), (-1, False), (True, False), (1.5, False),
                                              (None, False)])
 def test_a_relays_progress_of_the_wrong_type_is_passed_over(progress: Any, shown: bool) -> None:
-    from torchherd.engine.relay import _well_formed
+    from torchherd.engine.prepare.relay import _well_formed
 
     assert _well_formed({"progress": progress}) is shown
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from support.cli import assert_one_line, run_cli
 from torchherd.console.images import ArchiveBars, archive_notes
 from torchherd.engine.events import ArchiveDone, ArchiveProgress, ArchiveStarted, Collector
-from torchherd.engine.images import NodeImage, plan_archive
+from torchherd.engine.prepare.images import NodeImage, plan_archive
 from torchherd.imagearchive import ImageArchive, holds, read_archive, short_name
 
 CONFIG_ID = "c0" * 32
@@ -163,7 +163,7 @@ def fake_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, P
 def staged(path: Path, sha256: str | None = None) -> tuple[Collector, ArchiveDone]:
     """The archive staged on three in-process nodes (with ``sha256``: the chain told that hash)."""
     from torchherd.api import Cluster
-    from torchherd.engine.images import file_sha256, relay_archive, stage_archives
+    from torchherd.engine.prepare.images import file_sha256, relay_archive, stage_archives
     from torchherd.transport import connect_all
     from torchherd.transport.local import LocalConnector
 
@@ -189,7 +189,7 @@ def staged(path: Path, sha256: str | None = None) -> tuple[Collector, ArchiveDon
 
 def test_the_archive_goes_down_one_chain_verified_and_loaded_on_each_node(tmp_path: Path,
                                                                           fake_nodes: tuple[Path, Path]) -> None:
-    from torchherd.engine.images import file_sha256
+    from torchherd.engine.prepare.images import file_sha256
 
     state, home = fake_nodes
     path = write_archive(tmp_path / "image.tar", ["localhost/th:1"], payload=3_000_000)
@@ -291,7 +291,7 @@ def test_a_relay_given_up_midway_leaves_no_copy_and_no_program(tmp_path: Path, f
     import time
 
     from torchherd.api import Cluster
-    from torchherd.engine.images import file_sha256, relay_archive
+    from torchherd.engine.prepare.images import file_sha256, relay_archive
     from torchherd.transport import connect_all
     from torchherd.transport.local import LocalConnector
 

@@ -13,8 +13,9 @@ import pytest
 from support.engine import cluster
 from torchherd.console.observer import silent_note
 from torchherd.engine.events import NodeSilent
-from torchherd.engine.job import SILENT_LOST_AFTER, Job, LaunchOptions
 from torchherd.engine.outcome import NodeRun
+from torchherd.engine.run import LaunchOptions
+from torchherd.engine.ssh.job import SILENT_LOST_AFTER, Job
 from torchherd.inventory import Recovery, heartbeat_problem
 from torchherd.transport.local import LocalSession
 

@@ -15,8 +15,8 @@ import pytest
 from support.processes import run_supervisor
 from torchherd.api import Cluster
 from torchherd.engine.events import Collector
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import launch
+from torchherd.engine.run import LaunchOptions
+from torchherd.engine.ssh.launch import launch
 from torchherd.plan import Plan
 from torchherd.remote import wire
 from torchherd.runlog import OutputLine, parse_status
@@ -146,7 +146,7 @@ def test_a_script_starting_with_a_dash_is_torchruns_script(tmp_path: Path) -> No
 
 
 def test_a_marker_in_the_middle_of_a_line_is_text(tmp_path: Path) -> None:
-    from torchherd.engine.job import supervisor_config
+    from torchherd.engine.ssh.job import supervisor_config
     from torchherd.runlog import OutputParser, RankLines
 
     node = one_node(tmp_path).plan("train.py", run_id="tmid").nodes[0]

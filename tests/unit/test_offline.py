@@ -1,4 +1,4 @@
-"""``--uv-offline``, the controller's side (engine.offline, engine.venvs): markers judged for
+"""``--uv-offline``, the controller's side (engine.prepare.offline, engine.prepare.venvs): markers judged for
 the nodes, this machine's wheelhouse keyed by lock, platform and python, gathered by hash
 from the local wheel directories and downloaded only for what is missing, the one-line
 failure with its fix, the flag and the inventory key; and for real (this machine plays two
@@ -27,7 +27,6 @@ from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.console.sync import SyncPrinter, WheelBars, wheels_note, wheels_started_note
-from torchherd.engine import offline, relay, venvs
 from torchherd.engine.events import (
     VenvFailed,
     VenvReady,
@@ -38,9 +37,10 @@ from torchherd.engine.events import (
     WheelsRelayed,
     WheelsStarted,
 )
-from torchherd.engine.offline import WheelhouseError, export_requirements, local_dirs, make_wheelhouse
-from torchherd.engine.uvwheels import NodePlatform
-from torchherd.engine.wheelhouse import (
+from torchherd.engine.prepare import offline, relay, venvs
+from torchherd.engine.prepare.offline import WheelhouseError, export_requirements, local_dirs, make_wheelhouse
+from torchherd.engine.prepare.uvwheels import NodePlatform
+from torchherd.engine.prepare.wheelhouse import (
     applies,
     cache_name,
     looks_offline,

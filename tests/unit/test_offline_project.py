@@ -25,11 +25,17 @@ from packaging.version import Version
 
 from support.uvproject import backend_wheels, package_project, registry_project, uv_binary, wheel
 from torchherd.console.sync import wheels_download_note
-from torchherd.engine import offline, venvs
 from torchherd.engine.events import VenvReady, VenvsDone, WheelFetched, WheelsDownloading, WheelsRelayed
-from torchherd.engine.offline import build_wheels, export_requirements, gather_build, make_wheelhouse, project_build
-from torchherd.engine.uvwheels import NodePlatform
-from torchherd.engine.wheelhouse import (
+from torchherd.engine.prepare import offline, venvs
+from torchherd.engine.prepare.offline import (
+    build_wheels,
+    export_requirements,
+    gather_build,
+    make_wheelhouse,
+    project_build,
+)
+from torchherd.engine.prepare.uvwheels import NodePlatform
+from torchherd.engine.prepare.wheelhouse import (
     LEGACY_BACKEND,
     REQUIREMENTS,
     BuildSystem,

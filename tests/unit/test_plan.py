@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from torchherd.console import make_console
-from torchherd.console.run import render_plan
+from torchherd.console.run import render_description
 from torchherd.errors import UsageError
 from torchherd.inventory import Inventory, parse
 from torchherd.plan import NodeNetwork, RunOptions, build_plan, parse_env_assignments
@@ -105,7 +105,7 @@ def test_shell_line_round_trips_through_a_real_shell(tmp_path: Path) -> None:
 
 def test_render_plan_shows_every_command_and_note() -> None:
     out = StringIO()
-    render_plan(make_console(out, width=300), build_plan(inventory(), RunOptions(script="t.py", run_id="r1")))
+    render_description(make_console(out, width=300), build_plan(inventory(), RunOptions(script="t.py", run_id="r1")))
     text = out.getvalue()
     assert text.splitlines()[0] == "run r1: 3 nodes, master b at 10.0.0.2:29511, rendezvous static"
     assert "b (node_rank 0)" in text and "a (node_rank 1)" in text and "c (node_rank 2)" in text

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from torchherd.console import make_console
-from torchherd.console.run import render_plan
+from torchherd.console.run import render_description
 from torchherd.errors import UsageError
 from torchherd.inventory import Inventory, parse
 from torchherd.plan import RunOptions, build_plan
@@ -40,7 +40,7 @@ def test_each_node_gets_its_own_count_and_uneven_counts_switch_to_c10d() -> None
 
 def test_dry_run_says_why_c10d() -> None:
     out = StringIO()
-    render_plan(make_console(out, width=300), build_plan(inventory(), RunOptions(script="train.py", run_id="r1")))
+    render_description(make_console(out, width=300), build_plan(inventory(), RunOptions(script="train.py", run_id="r1")))
     assert "rendezvous c10d" in out.getvalue()
     assert "static rendezvous needs the same count everywhere" in out.getvalue()
 

@@ -13,7 +13,7 @@ import pytest
 
 from torchherd.api import Cluster
 from torchherd.console import make_console
-from torchherd.console.run import render_plan
+from torchherd.console.run import render_description
 from torchherd.inventory import Inventory, parse
 from torchherd.plan import NodeNetwork, RunOptions, build_plan
 
@@ -38,7 +38,7 @@ def test_the_master_address_is_the_aliases_hostname_and_workers_bind_theirs() ->
     assert "gpu-a" not in " ".join(worker.argv)
     assert any("HostName of the master's ssh_config alias gpu-a" in note for note in master.notes)
     out = StringIO()
-    render_plan(make_console(out, width=250), plan)
+    render_description(make_console(out, width=250), plan)
     assert "master hn1 at 10.1.2.3:29500" in out.getvalue()
 
 

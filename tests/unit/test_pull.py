@@ -16,7 +16,7 @@ from rich.console import Console
 
 from torchherd.console.pull import NodeBar, PullView, bars, pull_notes
 from torchherd.engine.events import Collector, NodePulled, PullFailed, PullProgress, PullsDone, PullStarted
-from torchherd.engine.pull import Tracker, pull_images, pulled_nodes
+from torchherd.engine.prepare.pull import Tracker, pull_images, pulled_nodes
 from torchherd.plan import Plan
 
 DATA = Path(__file__).resolve().parent / "data" / "pull"

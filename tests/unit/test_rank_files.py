@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from support.processes import run_supervisor
-from torchherd.engine.job import redirected, supervisor_config
+from torchherd.engine.ssh.job import redirected, supervisor_config
 from torchherd.inventory import parse
 from torchherd.plan import RunOptions, build_plan
 from torchherd.remote import wire

@@ -34,17 +34,6 @@ from torchherd.engine.events import (
     RunShrunk,
     SpareTaken,
 )
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.recovery.hang import (
-    HangWatch,
-    RankStack,
-    Targets,
-    described,
-    merged,
-    spy_stacks,
-    stacks_of,
-    targets_of,
-)
 from torchherd.engine.recovery.policy import (
     TRIAGE_CHECKS,
     Attempt,
@@ -59,6 +48,17 @@ from torchherd.engine.recovery.policy import (
     verdict,
 )
 from torchherd.engine.recovery.runner import RecoveringRun, attempt_plan
+from torchherd.engine.run import LaunchOptions
+from torchherd.engine.watch.hang import (
+    HangWatch,
+    RankStack,
+    Targets,
+    described,
+    merged,
+    spy_stacks,
+    stacks_of,
+    targets_of,
+)
 from torchherd.errors import InventoryError
 from torchherd.inventory import Recovery, with_spares
 from torchherd.runlog import OutputLine, RunSummary

@@ -22,9 +22,9 @@ from support.recovery import FakeBackend, ended, plan_of, recover
 from support.staging import find, relay_chain
 from torchherd.console.recovery import recovery_note
 from torchherd.engine.events import CheckpointReplicated, CheckpointSaved, Collector
-from torchherd.engine.job import LaunchOptions
 from torchherd.engine.recovery.replication import Holdings, Replicator, ring
 from torchherd.engine.recovery.runner import RecoveringRun
+from torchherd.engine.run import LaunchOptions
 from torchherd.inventory import Bandwidth, Recovery, parse_bandwidth
 from torchherd.plan import Plan
 from torchherd.remote import wire
@@ -537,7 +537,7 @@ def test_a_replica_goes_to_the_ring_nodes_that_lack_it_and_a_newer_copy_stays(tm
     same one (left alone: its look matched and its hash confirmed it), n3 a newer one of its
     own (kept), n4 is not reached."""
     from support.staging import nodes_in
-    from torchherd.engine.recovery.staging import replicate
+    from torchherd.engine.prepare.staging import replicate
     from torchherd.transport.local import LocalConnector
 
     nodes = nodes_in(tmp_path, 5)

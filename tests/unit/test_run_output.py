@@ -13,8 +13,8 @@ from support.processes import plant
 from torchherd.console import make_console
 from torchherd.console.detach import status_note
 from torchherd.console.run import LiveRenderer, render_summary
-from torchherd.engine.job import records_to_events, remote_command, supervisor_config, supervisor_source
 from torchherd.engine.outcome import OutputTrack
+from torchherd.engine.ssh.job import records_to_events, remote_command, supervisor_config, supervisor_source
 from torchherd.inventory import parse
 from torchherd.plan import RunOptions, build_plan
 from torchherd.runlog import (

@@ -25,8 +25,8 @@ import pytest
 from support.processes import run_supervisor
 from torchherd.api import Cluster
 from torchherd.engine.events import Collector, NodeNotStarted
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import launch
+from torchherd.engine.run import LaunchOptions
+from torchherd.engine.ssh.launch import launch
 from torchherd.remote import argv, wire
 from torchherd.transport.local import LocalConnector
 

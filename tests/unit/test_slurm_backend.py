@@ -17,7 +17,7 @@ import pytest
 
 from torchherd.api import Cluster, DetachedRun
 from torchherd.engine.events import Collector, JobQueued, NodeExited, NodeStatus, Output, RunStarted
-from torchherd.engine.launch import Run
+from torchherd.engine.run import Run
 from torchherd.engine.slurm.commands import frontend
 from torchherd.errors import UsageError
 from torchherd.runlog import RankLines

@@ -17,7 +17,6 @@ from torchherd.api import Cluster
 from torchherd.checks import CheckOptions
 from torchherd.checks.analysis.slurm import parse_sinfo, slurm_view
 from torchherd.checks.results import CheckReport, CheckResult
-from torchherd.engine.backend import SlurmBackend
 from torchherd.engine.events import (
     AttemptStarted,
     Collector,
@@ -29,10 +28,10 @@ from torchherd.engine.events import (
     TriageDone,
     ignore,
 )
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import Run, RunEvents
 from torchherd.engine.recovery.policy import triage_failures
 from torchherd.engine.recovery.runner import RecoveringRun, attempt_plan
+from torchherd.engine.run import LaunchOptions, Run, RunEvents
+from torchherd.engine.slurm.backend import SlurmBackend
 from torchherd.engine.slurm.batch import (
     Placement,
     attempt_settings,

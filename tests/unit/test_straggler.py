@@ -14,7 +14,7 @@ from torchherd.console.observer import ConsoleObserver
 from torchherd.console.panel import PanelModel, render_panel
 from torchherd.console.view import TerminalView, ViewOptions
 from torchherd.engine.events import NodeStatus, Output, RanksRunning, RunFinished
-from torchherd.engine.recovery.straggler import StragglerTracker, StragglerWatch, tqdm_rate
+from torchherd.engine.watch.straggler import StragglerTracker, StragglerWatch, tqdm_rate
 from torchherd.runlog import OutputLine, RunSummary, Status
 
 

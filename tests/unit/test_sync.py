@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from torchherd.engine.events import Collector, NodeSynced, SyncDone, SyncFailed, SyncStarted
-from torchherd.engine.sync import sync_nodes
+from torchherd.engine.prepare.sync import sync_nodes
 from torchherd.errors import UsageError
 from torchherd.inventory import parse
 from torchherd.plan import Plan, RunOptions, SyncOptions, build_plan

@@ -119,7 +119,7 @@ def test_sync_listings_and_failures_never_reach_the_terminal_raw() -> None:
 def test_a_detached_start_failure_is_shown_escaped() -> None:
     from torchherd.api import DetachedStartFailed
     from torchherd.cli.dispatch import _render_detached_failure
-    from torchherd.engine.detach import DetachedStart
+    from torchherd.engine.run import DetachedStart
 
     console = terminal()
     node = NodeRecord("n0", "a", None, None, None, "python3", "~", "~/l", "~/s")
@@ -133,14 +133,14 @@ def test_a_detached_start_failure_is_shown_escaped() -> None:
 
 def test_the_slurm_dry_run_shows_the_jobs_arguments_and_environment_escaped() -> None:
     from torchherd.api import Cluster
-    from torchherd.console.run import render_batch_script
+    from torchherd.console.run import render_description
     from torchherd.engine.slurm.batch import batch_job
 
     cluster = Cluster(["node0", "node1"], scheduler="slurm", python="/opt/venv/bin/python", workdir="~/proj",
                       slurm={"partition": "main"}, env={"BANNER": OSC})
     job = batch_job(cluster.plan("train.py", f"--name={OSC}", run_id="th-test"), cluster.inventory.slurm)
     console = terminal()
-    render_batch_script(console, job)
+    render_description(console, job)
     text = console.export_text()
     assert "\x1b" not in text, repr(text)
     assert f"'--name={SHOWN}'" in text and f"export BANNER='{SHOWN}'" in text, text

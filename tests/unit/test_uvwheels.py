@@ -1,4 +1,4 @@
-"""uv for a node of another platform (engine.uvwheels): the wheel that fits the node's
+"""uv for a node of another platform (engine.prepare.uvwheels): the wheel that fits the node's
 machine and libc, picked among uv's real wheel names; its binary taken out; the one-line
 fix when none is at hand; and, for real, a node without uv that gets the binary of a
 wheel (this machine's own uv, packed as the wheel for this machine's tag) and builds its
@@ -17,9 +17,9 @@ import pytest
 
 from support.uvproject import locked_project, uv_binary
 from torchherd.console.sync import venv_notes
-from torchherd.engine import venvs
 from torchherd.engine.events import VenvFailed, VenvReady, VenvsDone
-from torchherd.engine.uvwheels import (
+from torchherd.engine.prepare import venvs
+from torchherd.engine.prepare.uvwheels import (
     NodePlatform,
     WheelError,
     extract_uv,

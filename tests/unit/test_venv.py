@@ -25,7 +25,7 @@ from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.console.sync import venv_notes
 from torchherd.engine.events import VenvFailed, VenvReady, VenvsDone
-from torchherd.engine.venvs import _not_for, local_uv, venv_command, venv_config
+from torchherd.engine.prepare.venvs import _not_for, local_uv, venv_command, venv_config
 from torchherd.errors import UsageError
 from torchherd.inventory import parse
 from torchherd.plan import NodeNetwork, RunOptions, SyncOptions, UvOptions, build_plan, uv_candidates
@@ -190,10 +190,10 @@ def test_dry_run_shows_the_venvs_python(tmp_path: Path) -> None:
     plan = Cluster(hosts=["192.0.2.1"], python="/usr/bin/python3").plan("train.py", sync=project)
     venv = plan.nodes[0].venv
     assert venv is not None
-    from torchherd.console.run import render_plan
+    from torchherd.console.run import render_description
 
     out = StringIO()
-    render_plan(make_console(out, width=400), plan)
+    render_description(make_console(out, width=400), plan)
     assert f"{venv.path}/bin/python -m torch.distributed.run" in out.getvalue()
     assert "the venv uv sync --frozen builds from uv.lock" in out.getvalue()
 
@@ -462,9 +462,9 @@ def test_a_venv_that_is_a_link_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_planted_venv_fails_that_node_over_the_transport(tmp_path: Path) -> None:
-    """The controller's side (engine.venvs over the in-process transport): the node's refusal
+    """The controller's side (engine.prepare.venvs over the in-process transport): the node's refusal
     is its failed venv, in one line."""
-    from torchherd.engine import venvs as engine
+    from torchherd.engine.prepare import venvs as engine
     from torchherd.transport.local import LocalSession
 
     uv, log = logging_uv(tmp_path)

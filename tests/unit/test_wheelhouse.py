@@ -1,4 +1,4 @@
-"""The lock's wheels for nodes without an index (engine.wheelhouse, remote/venv.py with a
+"""The lock's wheels for nodes without an index (engine.prepare.wheelhouse, remote/venv.py with a
 ``wheelhouse``): the requirements ``uv export`` writes, what is missing by hash, pip's
 download for a node platform, one download per platform; and for real, offline, with the
 real uv: a lock whose package comes from PyPI, which ``uv sync --frozen --offline
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from support.uvproject import registry_project, uv_binary, wheel
-from torchherd.engine.uvwheels import NodePlatform
-from torchherd.engine.wheelhouse import (
+from torchherd.engine.prepare.uvwheels import NodePlatform
+from torchherd.engine.prepare.wheelhouse import (
     REQUIREMENTS,
     Requirement,
     dir_hashes,

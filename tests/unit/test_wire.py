@@ -23,8 +23,8 @@ import pytest
 
 from support.processes import killed_after, plant, wait_until
 from torchherd import runlog
+from torchherd.engine.prepare.sync import frame
 from torchherd.engine.records import parse_node_state
-from torchherd.engine.sync import frame
 from torchherd.remote import PROGRAMS, SCRIPTS, argv, program, source, wire
 from torchherd.runlog import OutputLine, Status, parse_records, parse_status
 

@@ -51,10 +51,7 @@ def _versions_command(settings: ContainerSettings, runtime: str, python: str, ro
     # In "/", nothing of the node's mounted: never the node's /tmp, where another user can
     # leave a module for the check's Python to import (security review 4, H1).
     argv = containers.run_argv(spec, runtime, [python, "-c", VERSIONS], [], CHECK_WORKDIR,
-                               containers.Identity(USER_WORD, rootless, False), mount_workdir=False)
-    if runtime in containers.OCI_RUNTIMES:
-        at = argv.index("--name")
-        argv = argv[:at] + argv[at + 2:]  # a throwaway container needs no name: --rm removes it
+                               containers.Identity(USER_WORD, rootless, False), mount_workdir=False, named=False)
     words = " ".join(shlex.quote(word) for word in argv)
     return words.replace(shlex.quote(USER_WORD), '"$(id -u):$(id -g)"')
 
@@ -94,7 +91,7 @@ def node_command(host: Host) -> str:
     python = quote_path(host.python) if host.python.startswith("~") else host.python
     for runtime in containers.RUNTIMES:
         for pattern, rootless in ((f"{runtime}:0", False), (f"{runtime}:*", True)):
-            command = _versions_command(settings, runtime, python, rootless and runtime == "podman")
+            command = _versions_command(settings, runtime, python, rootless and containers.RUNTIME[runtime].keep_id)
             lines.append(f"  {pattern}) out=$({command} 2>&1) ;;")
     lines += [
         "esac",

@@ -85,7 +85,7 @@ class LineBuffer:
     a newline (never ``bytes +=`` and a scan of it all at every read). A line that grows
     past ``cap`` without its end breaks it: nothing more is held (a node that never sends
     a newline does not fill this machine's memory). Shared by every reader of a node
-    program's answers (``LineReader`` here, ``engine.sync.Lines``)."""
+    program's answers (``LineReader`` here, ``engine.prepare.sync.Lines``)."""
 
     def __init__(self, cap: int = MAX_LINE) -> None:
         self.cap = cap

@@ -64,7 +64,7 @@ def smoke_plan(observed: Observed) -> Plan:
     if plan.rdzv_backend == "c10d":  # the static rendezvous takes no --rdzv-conf (build_plan refuses it)
         options = replace(options, rdzv_conf=f"join_timeout={INIT_TIMEOUT},read_timeout={INIT_TIMEOUT}")
         plan = build_plan(observed.inventory, options, observed.networks, observed.ssh_hostnames)
-    return replace(plan, nodes=tuple(_writing_script(node, len(args)) for node in plan.nodes))
+    return replace(plan, nodes=tuple(_writing_script(node) for node in plan.nodes))
 
 
 def script_dir(node: NodePlan) -> str:
@@ -72,7 +72,7 @@ def script_dir(node: NodePlan) -> str:
     return f"{node.remote_log_dir}-smoke"
 
 
-def _writing_script(node: NodePlan, arg_count: int) -> NodePlan:
+def _writing_script(node: NodePlan) -> NodePlan:
     """The node writes the script first, into a directory only it can have made, and runs that copy."""
     directory = script_dir(node)
     script = f"{directory}/smoke.py"
@@ -80,9 +80,8 @@ def _writing_script(node: NodePlan, arg_count: int) -> NodePlan:
     write = (f"mkdir -m 700 {shlex.quote(directory)} && "
              f"printf '%s' {shlex.quote(remote_source('smoke.py'))} > {shlex.quote(script)}")
     setup = f"{node.setup.strip()}\n{write}" if node.setup.strip() else write
-    argv = list(node.argv)
-    argv[len(argv) - arg_count - 1] = script  # the script's place: just before its arguments
-    return replace(node, setup=setup, argv=tuple(argv))
+    torchrun = replace(node.torchrun, script=script)
+    return replace(node, setup=setup, argv=torchrun.argv(), torchrun=torchrun)
 
 
 def cleanup_command(node: NodePlan) -> str:

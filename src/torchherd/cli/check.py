@@ -22,10 +22,8 @@ if TYPE_CHECKING:
 def _known_checks(cluster: Cluster) -> tuple[str, ...]:
     """The check ids this cluster's checks take: SLURM's own too where SLURM runs the job."""
     from torchherd.checks.model import CHECK_IDS
-    from torchherd.engine.backend import SlurmBackend
-    from torchherd.engine.slurm.check import SLURM_CHECKS
 
-    return CHECK_IDS + (SLURM_CHECKS if isinstance(cluster.backend, SlurmBackend) else ())
+    return CHECK_IDS + cluster.backend.check_ids
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
@@ -82,12 +80,13 @@ def check_ids() -> str:
     """``check --help``'s list of the ids --only and --skip take (imported only for the help:
     the checks package is slow to import)."""
     from torchherd.checks.model import CHECK_IDS, OPT_IN
-    from torchherd.engine.slurm.check import SLURM_CHECKS
+    from torchherd.engine.schedulers import own_checks
 
     plain = ", ".join(check for check in CHECK_IDS if check not in OPT_IN)
     measured = ", ".join(check for check in CHECK_IDS if check in OPT_IN and check not in ("smoke", "gpudiag"))
+    own = "".join(f"; {title} runs also: {', '.join(ids)}" for title, ids in own_checks())
     text = (f"check ids for --only and --skip: {plain}; with --bandwidth or --smoke (or named by --only): "
-            f"{measured}; with --smoke: smoke; with --gpu-diag: gpudiag; SLURM runs also: {', '.join(SLURM_CHECKS)}. "
+            f"{measured}; with --smoke: smoke; with --gpu-diag: gpudiag{own}. "
             "What each establishes: torchherd docs checks.")
     return textwrap.fill(text, width=79, break_on_hyphens=False)  # an id is never cut at its hyphen
 

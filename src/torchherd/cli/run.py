@@ -47,7 +47,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from torchherd.api import DetachedRun
     from torchherd.console.observer import ConsoleObserver
     from torchherd.console.run import render_description
-    from torchherd.engine.launch import sigterm_as_interrupt
+    from torchherd.engine.run import sigterm_as_interrupt
     from torchherd.plan import parse_env_assignments
 
     cluster = cluster_of(args)

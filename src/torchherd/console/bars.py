@@ -1,4 +1,4 @@
-"""One progress bar per node of a relay (``engine.relay``: an image archive, a venv's
+"""One progress bar per node of a relay (``engine.prepare.relay``: an image archive, a venv's
 wheelhouse), fed by a small adapter per kind of relay (``console.images.ArchiveBars``,
 ``console.sync.WheelBars``) that turns its events into ``start``, ``update`` and ``finish``."""
 

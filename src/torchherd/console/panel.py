@@ -23,7 +23,7 @@ from rich.text import Text
 
 from torchherd.console import node_colour, printable
 from torchherd.console.collapse import fold_names
-from torchherd.engine.recovery.straggler import Progress, rate_text
+from torchherd.engine.watch.straggler import Progress, rate_text
 from torchherd.runlog import ERR_HEAD, STDERR, GpuUsage, OutputLine, RankLines
 
 RATE_WINDOW = 3.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -12,11 +12,11 @@ from rich.text import Text
 
 from torchherd.console import node_colour, print_table, printable
 from torchherd.engine.eventlog import HISTORY_FILE
-from torchherd.engine.slurm.batch import BatchJob, shown_script
-from torchherd.plan import Plan
 from torchherd.remote.wire import RANK_PREFIX_HEAD
 from torchherd.runlog import ERR_HEAD, OUT_HEAD, OUT_RANKS, STDERR, OutputLine, RankLines, RunSummary
-from torchherd.words import count
+
+if TYPE_CHECKING:  # the engine is imported when a run starts, not with the console
+    from torchherd.engine.backend import Description
 
 SEPARATOR = " │ "
 """Between a line's prefix and its text on a terminal (the prefixes padded to one width)."""
@@ -28,54 +28,29 @@ STATE_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "torn d
                 "interrupted": "yellow", "not started": "bold red", "unresponsive": "bold red"}
 
 
-def render_plan(console: Console, plan: Plan) -> None:
-    """Every node's command as a user could paste it, and why each choice was made."""
-    console.print(Text(f"run {plan.run_id}: {count(len(plan.nodes), 'node')}, master {plan.master} at "
-                       f"{plan.master_addr}:{plan.port}, rendezvous {plan.rdzv_backend}"), soft_wrap=True)
-    for index, node in enumerate(plan.nodes):
-        head = Text(f"{node.host.name} (node_rank {node.node_rank})", style=f"bold {node_colour(index)}")
-        console.print(head, soft_wrap=True)
-        # every line of the command as it is sent (a setup snippet spans lines), escapes shown
-        console.print(Text("  $ " + printable(node.shell_line(hide_secrets=True), lines=True)), soft_wrap=True)
-        for note in node.notes:
-            console.print(Text(f"  - {printable(note)}", style="dim"), soft_wrap=True)
-    console.print(Text("dry run: nothing was started"), soft_wrap=True)
+def render_description(console: Console, described: Description) -> None:
+    """What ``run --dry-run`` prints: every node's command, or SLURM's batch script; what
+    comes from the nodes, the job and the inventory with its escapes shown."""
+    for role, text in described.text():
+        # a note stays on its line; a command and a script keep theirs (a setup snippet spans lines)
+        shown = printable(text) if role == "note" else printable(text, lines=True)
+        console.print(Text(shown, style=_style(role)), soft_wrap=True)
 
 
-def render_description(console: Console, described: Plan | BatchJob) -> None:
-    """What ``run --dry-run`` prints: every node's command, or SLURM's batch script."""
-    if isinstance(described, BatchJob):
-        render_batch_script(console, described)
-    else:
-        render_plan(console, described)
+_ROLE_STYLES = {"": "", "title": "bold", "note": "dim"}
 
 
-def plan_json(described: Plan | BatchJob) -> dict[str, object]:
+def _style(role: str) -> str:
+    """A line's style by its role; ``node:N``: the Nth node's head, in its colour."""
+    if role in _ROLE_STYLES:
+        return _ROLE_STYLES[role]
+    return f"bold {node_colour(int(role.removeprefix('node:')))}"
+
+
+def plan_json(described: Description) -> dict[str, object]:
     """``run --dry-run --json``: every node's exact command, its environment's names (never
     their values: a token may be among them), or SLURM's batch script with secrets as ***."""
-    if isinstance(described, BatchJob):
-        return {"dry_run": True, "run_id": described.run_id, "scheduler": "slurm",
-                "batch_script": shown_script(described), "run_dir": described.run_dir, "notes": list(described.notes)}
-    plan = described
-    return {"dry_run": True, "run_id": plan.run_id, "scheduler": "ssh", "master": plan.master,
-            "master_addr": plan.master_addr, "port": plan.port, "rdzv_backend": plan.rdzv_backend,
-            "world_size": plan.world_size, "sync": None if plan.sync is None else plan.sync.source,
-            "nodes": [{"name": node.host.name, "node_rank": node.node_rank, "address": node.host.address,
-                       "local_addr": None if node.network is None else node.network.address,
-                       "nproc_per_node": node.nproc_per_node, "workdir": node.workdir, "argv": list(node.argv),
-                       "command": node.shell_line(hide_secrets=True), "env": sorted(node.env),
-                       "notes": list(node.notes)} for node in plan.nodes]}
-
-
-def render_batch_script(console: Console, job: BatchJob) -> None:
-    """The batch script SLURM would get (secrets as ***), and why each choice was made."""
-    console.print(Text(f"run {job.run_id}: SLURM batch script ({job.run_dir}/job.sbatch), "
-                       "submitted with sbatch --parsable", style="bold"), soft_wrap=True)
-    # The script holds the job's arguments and environment as given: escapes shown, lines kept.
-    console.print(Text(printable(shown_script(job).rstrip("\n"), lines=True)), soft_wrap=True)
-    for note in job.notes:
-        console.print(Text(f"  - {printable(note)}", style="dim"), soft_wrap=True)
-    console.print(Text("dry run: nothing was submitted"), soft_wrap=True)
+    return {"dry_run": True, **described.as_json()}
 
 
 class LiveRenderer:

@@ -33,7 +33,7 @@ from torchherd.engine.events import (
     RanksRunning,
     StopSent,
 )
-from torchherd.engine.recovery.straggler import StragglerWatch
+from torchherd.engine.watch.straggler import StragglerWatch
 from torchherd.runlog import OutputLine, RankLines, gpu_usage, progress_of
 
 REDRAW = 0.5

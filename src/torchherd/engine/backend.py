@@ -1,8 +1,10 @@
 """What a scheduler does for a plan, behind one interface (TorchX's ``Scheduler`` is the
-model): ``SshBackend`` starts every node itself over SSH, ``SlurmBackend`` hands the
-job to SLURM. ``Cluster`` picks one from its scheduler once (``backend_for``), and a
-detached run's record names the backend that started it (``backend_of``); nothing
-above this module asks which scheduler it is talking to.
+model). Each scheduler is a package of its own under ``engine/`` (SSH's: torchherd starts
+every node itself; SLURM's: SLURM does), named in one place only, ``engine.schedulers``,
+which imports it when it is asked for. ``Cluster`` picks one from
+its scheduler once (``backend_for``), and a detached run's record names the backend that
+started it (``backend_of``); nothing above the backends asks which scheduler it is
+talking to, and this module imports none of them.
 
 A caller that builds its own plan (a subset of the hosts, say: ``Cluster.select``)
 launches it here and reads from the ``RunSummary`` which node failed first
@@ -16,13 +18,11 @@ naming the flag), never silently ignored.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
-from typing import Callable, ClassVar, Mapping, Sequence, Union
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 from torchherd.checks import CheckOptions
 from torchherd.checks.results import CheckReport, CheckResult
-from torchherd.engine import detach as detached
-from torchherd.engine.containers import remove_lost
 from torchherd.engine.events import (
     CheckpointMissing,
     CheckpointReplicated,
@@ -31,32 +31,34 @@ from torchherd.engine.events import (
     Observer,
     ignore,
 )
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import Run, launch, open_nodes, preflight, sync_first, with_probes
-from torchherd.engine.records import NodeState, RunRecord
+from torchherd.engine.prepare.staging import Staged
+from torchherd.engine.recorder import Recorder
+from torchherd.engine.records import NodeState, RecoveryRecord, RunRecord
 from torchherd.engine.recovery.policy import TRIAGE_CHECKS
-from torchherd.engine.recovery.staging import Staged, replicate, stage
-from torchherd.engine.slurm import check as slurm_check
-from torchherd.engine.slurm import detached as slurm_detached
-from torchherd.engine.slurm import job as slurm_job
-from torchherd.engine.slurm.batch import BatchJob, batch_job, picked_count, placement
-from torchherd.errors import TorchherdError, UsageError
+from torchherd.engine.run import DetachedStartFailed, Follow, LaunchOptions, Run
+from torchherd.errors import UsageError
 from torchherd.inventory import Bandwidth, Host, Recovery
 from torchherd.plan import Plan
 from torchherd.transport import Connector
-from torchherd.transport.ssh import SshConnector, ssh_hostnames
 
-Description = Union[Plan, BatchJob]
-"""What ``--dry-run`` shows: every node's command (SSH), or the batch script (SLURM)."""
-Follow = detached.Follow
+__all__ = ["Backend", "Description", "DetachedStartFailed", "Follow"]
 
 
-class DetachedStartFailed(TorchherdError):
-    """Not every node of a detached run started; the others were stopped."""
+class Description(Protocol):
+    """What ``run --dry-run`` shows for a plan, whatever the scheduler: every node's
+    command (SSH: the ``Plan`` itself), or the batch script (SLURM's ``BatchJob``)."""
 
-    def __init__(self, start: detached.DetachedStart) -> None:
-        super().__init__(f"run {start.record.run_id}: not every node started; the others were stopped")
-        self.start = start
+    @property
+    def run_id(self) -> str: ...
+
+    def as_json(self) -> dict[str, Any]:
+        """``run --dry-run --json`` (but its schema number): the exact commands, the
+        environment's names only (never their values: a token may be among them)."""
+
+    def text(self) -> tuple[tuple[str, str], ...]:
+        """What ``run --dry-run`` prints, line by line, each with its role: ``"title"``,
+        ``"node:N"`` (the Nth node's head), ``"note"`` (why a choice was made) or ``""``.
+        The text is as the plan holds it: the console shows its escapes."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,10 @@ class Backend(ABC):
 
     connector: Connector | None = None
 
+    scheduler: ClassVar[str]
+    """Its name in ``[cluster].scheduler``, ``--scheduler`` and a run record's ``scheduler``."""
+    title: ClassVar[str]
+    """Its name in text (``check --help``)."""
     live_checks: ClassVar[bool] = True
     """Whether ``check`` reports one node's results at a time (a live grid is worth it)."""
     takes_slurm_keys: ClassVar[bool] = False
@@ -75,6 +81,9 @@ class Backend(ABC):
     """The flags it cannot honour: flag -> (why, hint)."""
     triage_checks: ClassVar[frozenset[str]] = TRIAGE_CHECKS
     """The checks a recovering run's triage runs on the next attempt's nodes."""
+    check_ids: ClassVar[tuple[str, ...]] = ()
+    """The check ids of its own that ``check``/``run`` take beside the common ones
+    (``--only``, ``--skip``)."""
 
     def ssh_hostnames(self, hosts: Sequence[Host]) -> dict[str, str]:
         """Per host reached by an ssh_config alias, the alias's HostName (the address its
@@ -103,7 +112,7 @@ class Backend(ABC):
     def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
                          attempt: int, stopping: Callable[[], bool] = lambda: False) -> Staged:
         """Puts the newest copy of the checkpoint ``path`` among ``sources`` on each node of
-        ``receivers`` that lacks it (``engine.recovery.staging``); ``plan`` has every one of them.
+        ``receivers`` that lacks it (``engine.prepare.staging``); ``plan`` has every one of them.
         ``stopping`` true: the copy is given up (Ctrl-C)."""
         return CheckpointMissing(attempt, "this scheduler cannot stage a checkpoint")
 
@@ -115,7 +124,7 @@ class Backend(ABC):
     def replicate_checkpoint(self, plan: Plan, saved: CheckpointSaved, targets: Sequence[str], bandwidth: Bandwidth,
                              stopping: Callable[[], bool] = lambda: False) -> CheckpointReplicated:
         """Copies the checkpoint ``saved`` to each node of ``targets`` that lacks it, while the
-        job runs, at low priority and at most at ``bandwidth`` (``engine.staging.replicate``)."""
+        job runs, at low priority and at most at ``bandwidth`` (``engine.prepare.staging.replicate``)."""
         return CheckpointReplicated(saved.path, saved.size, saved.mtime, saved.node, (), 0.0, str(bandwidth),
                                     failed=tuple((node, "this scheduler cannot replicate a checkpoint")
                                                  for node in targets))
@@ -127,9 +136,16 @@ class Backend(ABC):
         project made identical first, its events to ``on_event``). Returns the report;
         each result also goes to ``on_result`` as it is known."""
 
+    @classmethod
+    @abstractmethod
+    def script(cls, plan: Plan, *, fail_fast: bool = True) -> Description:
+        """What this scheduler is handed for ``plan``, unchecked and pure: the plan itself
+        (SSH), or the batch script (SLURM)."""
+
     @abstractmethod
     def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
-        """What ``run --dry-run`` prints for ``plan``: the plan itself, or the batch script."""
+        """What ``run --dry-run`` prints for ``plan`` (``script``), once this backend has
+        refused what it cannot honour."""
 
     @abstractmethod
     def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
@@ -151,6 +167,12 @@ class Backend(ABC):
         not start, DetachedStartFailed when only some nodes did (the others stopped)."""
 
     @abstractmethod
+    def detached_recorder(self, plan: Plan, grace: float, controller: RecoveryRecord) -> Recorder:
+        """The record of a detached run with retries before its first attempt (``plan``'s
+        nodes, ``controller`` the background process that runs it), and the observer that
+        keeps it up to date from the attempts' events (``engine.recovery.background``)."""
+
+    @abstractmethod
     def status(self, record: RunRecord) -> list[NodeState]:
         """Per node (or for a job still queued, one row): running, exited (its code), unreachable."""
 
@@ -163,177 +185,3 @@ class Backend(ABC):
     def stop(self, record: RunRecord, grace: float | None = None) -> dict[str, list[str]]:
         """Stops the run everywhere and waits for it; per node (or job) what is still left
         (an empty list: nothing). ``grace``: seconds from SIGTERM to SIGKILL (None: the run's)."""
-
-
-class SshBackend(Backend):
-    """torchherd starts every node itself: one supervisor per node over SSH."""
-
-    def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
-              on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:
-        connector = self._connector()
-        if sync and plan.sync is not None:
-            connector = sync_first(plan, connector, on_event)
-        outcome = preflight(plan, options, connector, on_result)
-        outcome.close()
-        return with_probes(outcome)
-
-    def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
-        return plan
-
-    def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
-        return launch(plan, options, self._connector(), observer)
-
-    def preflight(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Plan:
-        opened = open_nodes(plan, options, self._connector(), observer)
-        opened.close()
-        return opened.plan
-
-    def start_detached(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> RunRecord:
-        opened = open_nodes(plan, options, self._connector(), observer)
-        try:
-            start = detached.start_detached(opened.plan, options, opened.sessions)
-        finally:
-            opened.close()
-        if not start.ok:
-            raise DetachedStartFailed(start)
-        return start.record
-
-    def status(self, record: RunRecord) -> list[NodeState]:
-        return detached.node_states(record, self.connector)
-
-    def follow(self, record: RunRecord, observer: Observer, options: Follow) -> None:
-        detached.follow_logs(record, observer, options, self.connector)
-
-    def stop(self, record: RunRecord, grace: float | None = None) -> dict[str, list[str]]:
-        return detached.stop_run(record if grace is None else replace(record, grace=grace), self.connector)
-
-    def ssh_hostnames(self, hosts: Sequence[Host]) -> dict[str, str]:
-        if not isinstance(self.connector, SshConnector):
-            return {}
-        return ssh_hostnames(hosts, self.connector.ssh_config)
-
-    def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
-                         attempt: int, stopping: Callable[[], bool] = lambda: False) -> Staged:
-        nodes = {node.host.name: node for node in plan.nodes}
-        return stage(self._connector(), nodes, sources, receivers, path, attempt, stopping)
-
-    def remove_lost_containers(self, plan: Plan, nodes: Sequence[str]) -> LostContainers | None:
-        hosts = {node.host.name: node.host for node in plan.nodes}
-        return remove_lost(self._connector(), [hosts[name] for name in nodes], plan.run_id)
-
-    def replicate_checkpoint(self, plan: Plan, saved: CheckpointSaved, targets: Sequence[str], bandwidth: Bandwidth,
-                             stopping: Callable[[], bool] = lambda: False) -> CheckpointReplicated:
-        nodes = {node.host.name: node for node in plan.nodes}
-        return replicate(self._connector(), nodes, saved, targets, bandwidth.wire(), str(bandwidth), stopping)
-
-    def _connector(self) -> Connector:
-        assert self.connector is not None, "a Cluster's backend has its connector"
-        return self.connector
-
-
-class SlurmBackend(Backend):
-    """SLURM places the job, starts one task per node and does the killing (torchherd docs slurm).
-    torchherd never reaches its nodes over SSH: what needs that is refused (``refuses``)."""
-
-    live_checks: ClassVar[bool] = False
-    takes_slurm_keys: ClassVar[bool] = True
-    refuses: ClassVar[Mapping[str, tuple[str, str]]] = {
-        "--sync": ("not for SLURM runs (torchherd does not reach SLURM's nodes itself)",
-                   "keep the project on the cluster's shared filesystem, or sync it to the login host first"),
-        "--grace": ("not for SLURM runs (SLURM's KillWait is the grace period)", "leave --grace out"),
-        "--smoke": ("not for SLURM checks (the nodes are reached as steps of an allocation, not by run's supervisor)",
-                    "leave --smoke out; a short torchherd run is the smoke test"),
-        "--checkpoint": ("not for SLURM runs (torchherd does not reach SLURM's nodes to copy it)",
-                         "keep checkpoints on the cluster's shared filesystem, and leave --checkpoint out"),
-        "--matrix": ("not for SLURM checks (the probes run inside an allocation; the report lists the failed ones)",
-                     "leave --matrix out"),
-        "--only": ("not for SLURM runs (run's preflight there is SLURM's view only: sbatch --test-only)",
-                   "leave --only out, or --no-check to submit unchecked"),
-        "--skip": ("not for SLURM runs (run's preflight there is SLURM's view only: sbatch --test-only)",
-                   "leave --skip out, or --no-check to submit unchecked"),
-    }
-
-    triage_checks: ClassVar[frozenset[str]] = frozenset({"slurm-node"})
-    """SLURM's own word on each node (sinfo: drained, down, not responding, with the
-    admin's reason): torchherd does not reach SLURM's nodes to run the fast checks."""
-
-    def picked_nodes(self, plan: Plan) -> int | None:
-        if placement(plan, plan.inventory.slurm).source != "[slurm]":
-            return None
-        return picked_count(plan.inventory.slurm)
-
-    def allow_recovery(self, plan: Plan, recovery: Recovery) -> None:
-        super().allow_recovery(plan, recovery)
-        spares = (plan.base_inventory or plan.inventory).spares
-        if recovery.retries and spares and self.picked_nodes(plan) is not None:
-            # SLURM picks a replacement for each node left out (sbatch --exclude): a spare
-            # named beside [slurm].nodes would never be the one it picks.
-            raise UsageError(f"--spares: [slurm].nodes or nodelist lets SLURM pick the nodes, and it picks the "
-                             f"replacement for an excluded node too (spares: {', '.join(h.name for h in spares)})",
-                             "leave the spares out, or list every node as [[hosts]] instead of [slurm].nodes "
-                             "and nodelist")
-
-    def check(self, plan: Plan, options: CheckOptions, *, sync: bool = False,
-              on_result: Callable[[CheckResult], None] | None = None, on_event: Observer = ignore) -> CheckReport:
-        self.allow("--smoke", options.smoke)
-        self.allow("--sync", sync and plan.sync is not None)
-        return slurm_check.check(plan, options, self._connector(), on_result)
-
-    def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
-        self.allow("--sync", plan.sync is not None)
-        return batch_job(plan, plan.inventory.slurm, fail_fast, pyxis=None)
-
-    def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
-        return slurm_job.launch(self._attached(plan, options), options, self._connector(), observer)
-
-    def preflight(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Plan:
-        if options.check:
-            slurm_job.preflight(self._attached(plan, options), options, self._connector(), observer)
-        return plan
-
-    def start_detached(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> RunRecord:
-        return slurm_detached.start_detached(self._attached(plan, options), options, self._connector(), observer)
-
-    def status(self, record: RunRecord) -> list[NodeState]:
-        return slurm_detached.job_status(record, self.connector)
-
-    def follow(self, record: RunRecord, observer: Observer, options: Follow) -> None:
-        following: RunRecord | None = record
-        while following is not None:
-            slurm_detached.follow_job(following, observer, options.follow, options.node, options.rank,
-                                      self.connector)
-            # A recovering run's next attempt is a job of its own, its files in a directory of its own.
-            more = options.more
-            following = slurm_detached.next_job(following, more) if options.follow and more is not None else None
-
-    def stop(self, record: RunRecord, grace: float | None = None) -> dict[str, list[str]]:
-        self.allow("--grace", grace is not None)
-        return slurm_detached.stop_job(record, self.connector)
-
-    def _attached(self, plan: Plan, options: LaunchOptions) -> Plan:
-        self.allow("--grace", options.grace is not None)
-        self.allow("--sync", plan.sync is not None)
-        return plan
-
-    def _connector(self) -> Connector:
-        assert self.connector is not None, "a Cluster's backend has its connector"
-        return self.connector
-
-
-BACKENDS: dict[str, type[Backend]] = {"ssh": SshBackend, "slurm": SlurmBackend}
-"""Every scheduler the inventory's ``[cluster].scheduler`` names, and its backend."""
-
-
-def backend_for(scheduler: str, connector: Connector | None = None) -> Backend:
-    """The backend of a scheduler (``Cluster`` calls this once)."""
-    return BACKENDS[scheduler](connector)
-
-
-def scheduler_of(backend: Backend) -> str:
-    """The scheduler whose backend ``backend`` is (its run records say it)."""
-    return next(name for name, kind in BACKENDS.items() if isinstance(backend, kind))
-
-
-def backend_of(record: RunRecord, connector: Connector | None = None) -> Backend:
-    """The backend that started a detached run, as its record says."""
-    return backend_for(str(record.extra.get("scheduler", "ssh")), connector)

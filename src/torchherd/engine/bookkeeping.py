@@ -25,6 +25,8 @@ from torchherd.errors import TorchherdError
 from torchherd.inventory import Host
 from torchherd.plan import Plan
 from torchherd.runlog import OutputLine, RankLines, Status, flat
+from torchherd.transport import Connector
+from torchherd.transport.ssh import SshConnector
 
 Item = TypeVar("Item")
 Line = Union[OutputLine, RankLines]
@@ -247,3 +249,18 @@ def run_record(plan: Plan, grace: float, nodes: Sequence[NodeRecord], ranks: int
                      command=(plan.options.script, *plan.options.script_args), nodes=tuple(nodes),
                      max_rank=ranks, grace=grace, ssh_config=str(ssh_config) if ssh_config else None,
                      ssh_timeout=inventory.cluster.ssh_timeout, coordinator=coordinator, extra=dict(extra or {}))
+
+
+def attempt_marker(attempt: int, nodes: Sequence[str]) -> bytes:
+    """The line that opens an attempt's part of a node log (``run --retries``)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    return f"==== torchherd: attempt {attempt} at {stamp} on {','.join(nodes)} ====\n".encode()
+
+
+def _ssh_config(record: RunRecord) -> Path | None:
+    return Path(record.ssh_config) if record.ssh_config else None
+
+
+def connector_for(record: RunRecord, timeout: float | None = None) -> Connector:
+    """The connector the run was started with, rebuilt from its record."""
+    return SshConnector(_ssh_config(record), record.ssh_timeout if timeout is None else timeout)

@@ -540,7 +540,8 @@ class LostContainers:
     """At the end of a run with retries in containers: the run's containers on nodes lost in
     an attempt (their supervisor died with them, so nobody removed them), removed where the
     node answers again (``removed``: node names), or named where it does not (``left``:
-    node, container name, its runtime ("podman", "docker" or "podman or docker"), why)."""
+    node, container name, its runtime (an OCI runtime's name, or those it may be, joined by
+    "or", where the inventory says "auto"), why)."""
 
     removed: tuple[str, ...]
     left: tuple[tuple[str, str, str, str], ...] = ()

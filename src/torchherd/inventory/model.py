@@ -17,14 +17,14 @@ class ContainerSettings:
 
     image: str
     runtime: str = "auto"
-    """One of "auto", "podman", "docker", "apptainer", "enroot"; "auto": the first installed."""
+    """One of ``remote.container.RUNTIME_CHOICES``: "auto", or a runtime of its table; "auto": the first installed."""
     mounts: tuple[str, ...] = ()
     """More ``SRC[:DST[:OPTIONS]]`` mounts; the workdir is always mounted at itself."""
     options: tuple[str, ...] = ()
     """More options of the runtime's run command, one word each."""
     pull: str = "never"
     """docker/podman: "never" (the image must be there), "missing" or "always": ``run``
-    pulls it on every node before its preflight (``engine.pull``); ``check`` never pulls."""
+    pulls it on every node before its preflight (``engine.prepare.pull``); ``check`` never pulls."""
     archive: ImageArchive | None = None
     """docker/podman: a ``docker save`` tar of the image on the controller, relayed node to
     node and loaded where the image is missing (``--image-archive``)."""

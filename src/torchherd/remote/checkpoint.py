@@ -12,7 +12,7 @@ glob, of which the newest match (by mtime) counts. MODE is one of:
 
 ``relay``: one link of the chain (``relay.py`` has its protocol) that carries a copy from
   the node that has it (the source), or from the controller (``{"upstream": null}``: a
-  venv's wheelhouse, ``engine/offline.py``), to the nodes that lack it. The controller's first line
+  venv's wheelhouse, ``engine/prepare/offline.py``), to the nodes that lack it. The controller's first line
   adds ``"expect": COPY`` and ``"source": BOOL``; the source sends its copy, its files'
   sizes and mtimes in the header. A receiver writes each file into a temporary name in the
   target's own directory (0600, a directory 0700), checks the SHA-256 against the

@@ -19,12 +19,84 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Pattern, Sequence, Tuple
 
-RUNTIMES = ("podman", "docker", "apptainer", "enroot")
-"""In the order ``auto`` tries them: podman needs no daemon, so where it is installed it runs."""
+
+class Runtime(NamedTuple):
+    """One container runtime: everything torchherd does differently for it, in one entry
+    (``RUNTIME``), so that no other module branches on a runtime's name."""
+
+    name: str
+    oci: bool
+    """Its containers outlive their client (``run --rm`` with a run-scoped name and label,
+    removed by name), and it keeps images by name: inspected, pulled, saved and loaded."""
+    mount_flag: str
+    """What mounts ``SRC[:DST[:OPTIONS]]``."""
+    env_flag: Optional[str]
+    """What passes a variable by name into the container; None: the host's environment
+    passes in by default."""
+    gpu_words: Tuple[str, ...]
+    """What passes the GPUs in."""
+    workdir_flag: Optional[str]
+    """What starts the job in the workdir; None: no such option, a POSIX shell in the image
+    changes into it (``ENROOT_CD``)."""
+    gpu_setup: Optional[str]
+    """How the check sees that the GPUs can be passed in: "cdi" (a CDI spec of kind
+    nvidia.com/gpu), "nvidia-runtime" (docker's nvidia runtime or its hook); None: not looked at."""
+    replaces: bool = False
+    """``run --replace`` takes over a container of the same name left by an earlier attempt
+    whose node died; without it (docker) the supervisor removes that one first."""
+    keep_id: bool = False
+    """Rootless, it maps the user's own uid into the container (``--userns keep-id``)
+    instead of running as ``--user UID:GID``."""
+    usable_fix: str = ""
+    """The hint when it does not answer this user (permission denied, no daemon)."""
+    layer_line: Optional[Pattern[str]] = None
+    """A line its pull prints about one layer, without a terminal: the layer's id (group 1),
+    what it says of it (group 2; tests/unit/test_pull.py has their real output)."""
+    layer_in: Optional[Pattern[str]] = None
+    """What it says of a layer once the layer is in (matched at the start)."""
+    layer_status: Optional[str] = None
+    """The pull's status while it names layers; None: what it says of the layer (up to " [")."""
+
+    def remove_argv(self, name: str) -> Optional[List[str]]:
+        """What removes a container by name (stopped or not; gone already is fine); None
+        where the container is the job's own process tree."""
+        return [self.name, "rm", "-f", name] if self.oci and name else None
+
+    def inspect_argv(self, image: str) -> List[str]:
+        """What prints the image's id (docker writes ``sha256:``, podman does not)."""
+        return [self.name, "image", "inspect", "--format", "{{.Id}}", image]
+
+    def load_argv(self, path: str) -> List[str]:
+        """What loads an image archive (``docker save``/``podman save``)."""
+        return [self.name, "load", "-i", path]
+
+    def pull_argv(self, image: str) -> List[str]:
+        return [self.name, "pull", image]
+
+
+RUNTIME = {runtime.name: runtime for runtime in (
+    Runtime("podman", oci=True, mount_flag="-v", env_flag="-e", gpu_words=("--device", "nvidia.com/gpu=all"),
+            workdir_flag="-w", gpu_setup="cdi", replaces=True, keep_id=True,
+            usable_fix="rootless podman needs subuid/subgid ranges for the user (sudo usermod --add-subuids ...)",
+            layer_line=re.compile(r"Copying blob (?:sha256:)?([0-9a-f]{12,64})(?:\s+(.*))?$"),
+            layer_in=re.compile(r"done|skipped"), layer_status="copying layers"),
+    Runtime("docker", oci=True, mount_flag="-v", env_flag="-e", gpu_words=("--gpus", "all"),
+            workdir_flag="-w", gpu_setup="nvidia-runtime",
+            usable_fix="add the user to the docker group (sudo usermod -aG docker USER, then log in again), "
+                       "or start dockerd",
+            layer_line=re.compile(r"([0-9a-f]{12}): (.+)$"), layer_in=re.compile(r"(?:Pull complete|Already exists)\Z")),
+    Runtime("apptainer", oci=False, mount_flag="--bind", env_flag=None, gpu_words=("--nv",), workdir_flag="--pwd",
+            gpu_setup=None),
+    Runtime("enroot", oci=False, mount_flag="--mount", env_flag="--env", gpu_words=("--env", "NVIDIA_VISIBLE_DEVICES"),
+            workdir_flag=None, gpu_setup=None),
+)}
+"""Every runtime, in the order ``auto`` tries them: podman needs no daemon, so where it is
+installed it runs."""
+RUNTIMES = tuple(RUNTIME)
 RUNTIME_CHOICES = ("auto",) + RUNTIMES
-OCI_RUNTIMES = ("podman", "docker")
+OCI_RUNTIMES = tuple(runtime.name for runtime in RUNTIME.values() if runtime.oci)
 """Runtimes whose containers outlive their client and must be removed by name."""
 PULL_CHOICES = ("missing", "always", "never")
 
@@ -59,7 +131,7 @@ class ContainerSpec(NamedTuple):
     """Pass the GPUs through; None: where the node has NVIDIA devices."""
     pull: str = "never"
     """docker/podman ``run --pull``: "never" for a job's container (the run's pull step,
-    ``engine.pull``, brought the image first); the check's throwaway container too."""
+    ``engine.prepare.pull``, brought the image first); the check's throwaway container too."""
 
     def to_json_object(self) -> Dict[str, object]:
         return {"image": self.image, "runtime": self.runtime, "name": self.name, "run_id": self.run_id,
@@ -206,53 +278,56 @@ def _same_path_mounts(paths: Sequence[str], seen: Sequence[str]) -> List[str]:
 
 
 def run_argv(spec: ContainerSpec, runtime: str, argv: Sequence[str], env_names: Sequence[str], workdir: str,
-             identity: Identity, binds: Sequence[str] = (), mount_workdir: bool = True) -> List[str]:
+             identity: Identity, binds: Sequence[str] = (), mount_workdir: bool = True,
+             named: bool = True) -> List[str]:
     """The command that runs ``argv`` in ``spec``'s image with ``runtime`` (resolved, not
     "auto"), in ``workdir`` (mounted at itself unless ``mount_workdir`` is false, as are
     ``binds``: torchrun's log directory), with the variables ``env_names`` taken from the
-    runtime's own environment."""
+    runtime's own environment. ``named`` false: a throwaway container, no ``--name``
+    (``--rm`` removes it)."""
     gpus = identity.gpus if spec.gpus is None else spec.gpus
     own = _same_path_mounts([workdir, *binds] if mount_workdir else list(binds), spec.mounts)
     mounts = own + list(spec.mounts)
     names = sorted(set(env_names))
-    if runtime in OCI_RUNTIMES:
-        words = [runtime, "run", "--rm", "--name", spec.name]
-        if runtime == "podman" and spec.name:
+    kind = RUNTIME.get(runtime)
+    if kind is None:
+        raise ValueError("not a container runtime: %r" % runtime)
+    passed = []  # type: List[str]
+    if kind.env_flag is not None:
+        for name in names:
+            passed += [kind.env_flag, name]
+    if kind.oci:
+        words = [runtime, "run", "--rm"] + (["--name", spec.name] if named else [])
+        if kind.replaces and spec.name and named:
             # A container of this run's own name left by an attempt whose node died (its
             # supervisor with it) would refuse the name when the node is back in a later
             # attempt: podman replaces it (docker has no --replace: the supervisor removes it).
             words.append("--replace")
         words += ["--label", LABEL + "=" + spec.run_id, "--pull", spec.pull, "--network", "host", "--ipc", "host"]
-        if runtime == "podman" and identity.rootless:
+        if kind.keep_id and identity.rootless:
             # rootless podman: the user's uid inside is mapped to the user's uid outside
             words += ["--userns", "keep-id"]
         else:
             words += ["--user", identity.user]
         if gpus:
-            words += ["--gpus", "all"] if runtime == "docker" else ["--device", "nvidia.com/gpu=all"]
-        words += _mount_words("-v", mounts) + ["-w", workdir]
-        for name in names:
-            words += ["-e", name]
+            words += list(kind.gpu_words)
+        words += _mount_words(kind.mount_flag, mounts) + [str(kind.workdir_flag), workdir] + passed
         return words + list(spec.options) + [spec.image] + list(argv)
-    if runtime == "apptainer":
-        # the host's environment (the job's variables included) passes in by default
-        words = ["apptainer", "exec"] + (["--nv"] if gpus else [])
-        words += _mount_words("--bind", mounts) + ["--pwd", workdir]
+    if kind.workdir_flag is not None:
+        # apptainer: the host's environment (the job's variables included) passes in by default
+        words = [runtime, "exec"] + (list(kind.gpu_words) if gpus else [])
+        words += _mount_words(kind.mount_flag, mounts) + [kind.workdir_flag, workdir] + passed
         return words + list(spec.options) + [spec.image] + list(argv)
-    if runtime == "enroot":
-        words = ["enroot", "start"] + _mount_words("--mount", mounts)
-        for name in names:
-            words += ["--env", name]
-        if gpus:
-            words += ["--env", "NVIDIA_VISIBLE_DEVICES"]
-        return words + list(spec.options) + [spec.image, "sh", "-c", ENROOT_CD, "sh", workdir] + list(argv)
-    raise ValueError("not a container runtime: %r" % runtime)
+    # enroot: no working-directory option, a POSIX shell in the image changes into it
+    words = [runtime, "start"] + _mount_words(kind.mount_flag, mounts) + passed
+    if gpus:
+        words += list(kind.gpu_words)
+    return words + list(spec.options) + [spec.image, "sh", "-c", ENROOT_CD, "sh", workdir] + list(argv)
 
 
 def remove_argv(runtime: str, name: str) -> Optional[List[str]]:
     """What removes the run's container (stopped or not; gone already is fine); None for
     runtimes whose container is the job's own process tree (apptainer, enroot)."""
-    if runtime in OCI_RUNTIMES and name:
-        return [runtime, "rm", "-f", name]
-    return None
+    kind = RUNTIME.get(runtime)
+    return None if kind is None else kind.remove_argv(name)
 

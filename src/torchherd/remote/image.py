@@ -2,7 +2,8 @@
 chain that relays a ``docker save`` / ``podman save`` archive node to node and loads it.
 
 Standard library only, Python >= 3.8, Linux. Run as ``PYTHON -I -S -u -c PROGRAM MODE
-RUNTIME IMAGE [DIR]`` (``remote.command``); RUNTIME is "auto", "podman" or "docker". MODE:
+RUNTIME IMAGE [DIR]`` (``remote.command``); RUNTIME is "auto" or an OCI runtime's name
+(``container.OCI_RUNTIMES``). MODE:
 
 ``have``: prints ``{"runtime": NAME or null, "id": HEX or null}``: the runtime this node
   uses (null: none installed) and the id of IMAGE there (null: not there).
@@ -57,7 +58,7 @@ def runtime_of(wanted: str) -> Optional[str]:
 
 def image_id(runtime: str, image: str) -> Optional[str]:
     """The image's id here without ``sha256:`` (docker writes it, podman does not); None: not here."""
-    result = subprocess.run([runtime, "image", "inspect", "--format", "{{.Id}}", image], stdin=subprocess.DEVNULL,
+    result = subprocess.run(containers.RUNTIME[runtime].inspect_argv(image), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=120)
     text = result.stdout.decode("utf-8", "replace").strip()
     if result.returncode != 0 or not text:
@@ -72,7 +73,7 @@ def have(wanted: str, image: str) -> Dict[str, Any]:
 
 def load(runtime: str, path: str, image: str, expect: str) -> str:
     """Loads the archive; the image's id after it (ValueError when it is not ``expect``)."""
-    child = subprocess.Popen([runtime, "load", "-i", path], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    child = subprocess.Popen(containers.RUNTIME[runtime].load_argv(path), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT)
     CHILDREN.append(child)
     output, _ = child.communicate(timeout=LOAD_SECONDS)

@@ -346,9 +346,10 @@ class Supervisor:
                                                  "on this node (not on PATH)" % wanted))
                 return False
             self.state.contained(self.runtime, spec.name)
-            if self.runtime == "docker" and self.cfg.env.get(wire.ATTEMPT_ENV, "1") != "1":
+            if not container.RUNTIME[self.runtime].replaces and self.cfg.env.get(wire.ATTEMPT_ENV, "1") != "1":
                 # a later attempt: a container of this run's own name may be left by an
-                # earlier one on this node, its supervisor dead with the node (podman: --replace)
+                # earlier one on this node, its supervisor dead with the node (podman: --replace;
+                # a runtime that keeps no container by name has none to remove)
                 self._remove_container()
         try:
             self.proc = proc = start_job(self.cfg, self.token, self.runtime)

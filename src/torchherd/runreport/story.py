@@ -33,8 +33,8 @@ from torchherd.engine.events import (
     SpareTaken,
     TriageDone,
 )
-from torchherd.engine.recovery.hang import RankStack, stacks_of
-from torchherd.engine.recovery.straggler import StragglerTracker, tqdm_rate
+from torchherd.engine.watch.hang import RankStack, stacks_of
+from torchherd.engine.watch.straggler import StragglerTracker, tqdm_rate
 from torchherd.runlog import GpuUsage, OutputLine, RunSummary, Status, flat, gpu_usage, progress_of
 from torchherd.words import count
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from torchherd.engine.recovery.hang import described
-from torchherd.engine.recovery.straggler import GPU_BUSY
+from torchherd.engine.watch.hang import described
+from torchherd.engine.watch.straggler import GPU_BUSY
 from torchherd.runlog import THROTTLE_REASONS
 from torchherd.runreport.story import GpuPoint, Story
 from torchherd.words import count

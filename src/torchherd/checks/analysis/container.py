@@ -9,6 +9,7 @@ from typing import Any
 from torchherd.checks.model import Observed
 from torchherd.checks.results import CheckResult
 from torchherd.inventory import Host
+from torchherd.remote.container import OCI_RUNTIMES, RUNTIME, RUNTIMES
 from torchherd.words import count
 
 CHECK = "container"
@@ -74,26 +75,29 @@ def _gpus(host: Host, facts: dict[str, Any], passed: CheckResult) -> CheckResult
     enroot's hooks are not looked at: both pass as they are."""
     runtime = str(facts.get("runtime", ""))
     ctk = facts.get("nvidia-ctk")
-    if runtime == "podman":
+    kind = RUNTIME.get(runtime)
+    setup = None if kind is None else kind.gpu_setup
+    if setup == "cdi":
         devices = [str(device) for device in facts.get("cdi-devices", [])]
         specs = [path for path, kind in facts.get("cdi-specs", []) if kind == "nvidia.com/gpu"]
         if "nvidia.com/gpu=all" in devices or (not devices and specs):
             where = "nvidia.com/gpu=all" if devices else f"CDI spec {specs[0]}"
             return CheckResult(host.name, CHECK, "pass", f"{passed.summary}; GPUs passed in through {where}")
         if ctk:
-            return CheckResult(host.name, CHECK, "fail", f"podman on {host.name} cannot pass the GPUs in: no CDI "
+            return CheckResult(host.name, CHECK, "fail", f"{runtime} on {host.name} cannot pass the GPUs in: no CDI "
                                "device nvidia.com/gpu=all (nvidia-ctk cdi list; /etc/cdi, /var/run/cdi)", CDI_FIX)
-        return CheckResult(host.name, CHECK, "fail", f"podman on {host.name} cannot pass the GPUs in: the NVIDIA "
+        return CheckResult(host.name, CHECK, "fail", f"{runtime} on {host.name} cannot pass the GPUs in: the NVIDIA "
                            "container toolkit is not installed (no nvidia-ctk, no CDI spec of nvidia.com/gpu in "
                            "/etc/cdi or /var/run/cdi)", f"{TOOLKIT}, then {CDI_FIX}")
-    if runtime == "docker":
+    if setup == "nvidia-runtime":
         runtimes = [str(name) for name in facts.get("docker-runtimes", [])]
         if "nvidia" in runtimes or facts.get("nvidia-hook") == "yes":
             how = "the nvidia runtime" if "nvidia" in runtimes else "nvidia-container-runtime-hook"
             return CheckResult(host.name, CHECK, "pass", f"{passed.summary}; GPUs passed in through {how}")
-        configure = "sudo nvidia-ctk runtime configure --runtime=docker there and restart docker"
-        return CheckResult(host.name, CHECK, "fail", f"docker on {host.name} cannot pass the GPUs in (--gpus all): "
-                           "no nvidia runtime in docker info, no nvidia-container-runtime-hook on PATH",
+        configure = f"sudo nvidia-ctk runtime configure --runtime={runtime} there and restart {runtime}"
+        flags = " ".join(RUNTIME[runtime].gpu_words)
+        return CheckResult(host.name, CHECK, "fail", f"{runtime} on {host.name} cannot pass the GPUs in ({flags}): "
+                           f"no nvidia runtime in {runtime} info, no nvidia-container-runtime-hook on PATH",
                            configure if ctk else f"{TOOLKIT}, then {configure}")
     return passed
 
@@ -122,7 +126,7 @@ def _node(host: Host, facts: dict[str, Any], references: dict[str, tuple[str, st
         return CheckResult(host.name, CHECK, "fail", f"could not look at the container runtime on {host.name}: "
                            f"{facts['error']}")
     if "runtime-missing" in facts:
-        wanted = "none of podman, docker, apptainer, enroot is" if settings.runtime == "auto" else \
+        wanted = f"none of {', '.join(RUNTIMES)} is" if settings.runtime == "auto" else \
             f"{settings.runtime} is not"
         return CheckResult(host.name, CHECK, "fail", f"{wanted} installed on {host.name} (not on PATH)",
                            "install the runtime there, or name the one it has: [container].runtime")
@@ -132,10 +136,10 @@ def _node(host: Host, facts: dict[str, Any], references: dict[str, tuple[str, st
         if any(word in error.lower() for word in UNUSABLE):
             return CheckResult(host.name, CHECK, "fail", f"{runtime} on {host.name} does not answer this user: "
                                f"{error[:300]}", _usable_fix(runtime))
-        if settings.archive is not None and runtime in ("docker", "podman"):
+        if settings.archive is not None and runtime in OCI_RUNTIMES:
             return CheckResult(host.name, CHECK, "warn", f"image {image} is not on {host.name}: {WOULD_LOAD} "
                                f"({settings.archive.path}, {short(settings.archive.image_id)})")
-        if settings.pull != "never" and runtime in ("docker", "podman"):
+        if settings.pull != "never" and runtime in OCI_RUNTIMES:
             return CheckResult(host.name, CHECK, "warn", f"image {image} is not on {host.name} yet: the launch pulls "
                                f"it (pull = {settings.pull}); its id is compared once it is there")
         return CheckResult(host.name, CHECK, "fail", f"image {image} is not on {host.name} ({runtime}: "
@@ -165,8 +169,5 @@ def _node(host: Host, facts: dict[str, Any], references: dict[str, tuple[str, st
 
 
 def _usable_fix(runtime: str) -> str:
-    if runtime == "docker":
-        return "add the user to the docker group (sudo usermod -aG docker USER, then log in again), or start dockerd"
-    if runtime == "podman":
-        return "rootless podman needs subuid/subgid ranges for the user (sudo usermod --add-subuids ...)"
-    return f"make {runtime} usable by this user"
+    kind = RUNTIME.get(runtime)
+    return kind.usable_fix if kind is not None and kind.usable_fix else f"make {runtime} usable by this user"

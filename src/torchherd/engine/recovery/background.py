@@ -32,45 +32,26 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any, Callable, Mapping
 
-from torchherd.engine.backend import Backend, backend_for, scheduler_of
-from torchherd.engine.bookkeeping import max_rank, node_record, run_record
+from torchherd.engine.backend import Backend
 from torchherd.engine.eventlog import HISTORY_FILE, HISTORY_KEY, HistoryRecorder, recording
 from torchherd.engine.events import (
-    AttemptFailed,
-    AttemptStarted,
-    CheckpointReplicated,
-    CheckpointSaved,
-    CheckpointStaged,
-    CoordinatorStarted,
-    Event,
-    JobQueued,
-    NodeStarted,
     Observer,
-    RunFinished,
-    RunStarted,
 )
-from torchherd.engine.job import STOP_MARGIN, LaunchOptions
+from torchherd.engine.recorder import Recorder
 from torchherd.engine.records import (
-    AttemptState,
-    CoordinatorRecord,
-    NodeRecord,
     RecoveryRecord,
     RunRecord,
     controller_alive,
     hold_controller_lock,
     load,
-    recovery_of,
-    remote_log_file,
-    remote_state_file,
     runs_dir,
     save,
-    with_recovery,
 )
 from torchherd.engine.recovery.runner import RecoveringRun
-from torchherd.engine.slurm.batch import run_dir
-from torchherd.engine.slurm.detached import slurm_nodes, slurm_record, with_job
+from torchherd.engine.run import STOP_MARGIN, LaunchOptions
+from torchherd.engine.schedulers import backend_for, scheduler_of
 from torchherd.errors import EXIT_FAILED, TorchherdError
-from torchherd.inventory import Host, Recovery
+from torchherd.inventory import Recovery
 from torchherd.plan import Plan
 from torchherd.remote.wire import process_start
 from torchherd.transport.ssh import SshConnector
@@ -197,114 +178,9 @@ def _signal(pid: int, signum: int) -> bool:
 # the background ---------------------------------------------------------------------
 
 
-class Recorder:
-    """The background controller's observer: keeps the run record up to date, atomically
-    (``records.save``), from the events of the attempts (called from several threads)."""
-
-    def __init__(self, record: RunRecord, hosts: Mapping[str, Host], workdirs: Mapping[str, str]) -> None:
-        self.record = record
-        self.hosts = hosts
-        self.workdirs = workdirs
-        self.checkpoint: Callable[[], str] | None = None
-        """Where the newest checkpoint is, as the run's summary says it (the recovering
-        run's ``checkpoint_line``): a detached run has no terminal to print it on."""
-        self._lock = threading.Lock()
-
-    @property
-    def recovery(self) -> RecoveryRecord:
-        found = recovery_of(self.record)
-        assert found is not None, "the controller's record has its recovery"
-        return found
-
-    def __call__(self, event: Event) -> None:
-        with self._lock:
-            changed = self._changed(event)
-            if changed is not None:
-                self.record = changed
-                save(self.record)
-
-    def _changed(self, event: Event) -> RunRecord | None:
-        """The record after ``event``; None: unchanged."""
-        if isinstance(event, AttemptStarted):
-            return with_recovery(self._with_nodes(event.nodes), self.recovery.started(event.number, event.nodes))
-        if isinstance(event, AttemptFailed):
-            return with_recovery(self.record, self.recovery.failed(event.number, event.headline))
-        if isinstance(event, CoordinatorStarted):  # ``stop`` ends it with the rest
-            return replace(self.record, coordinator=CoordinatorRecord(event.node, event.port, event.pid,
-                                                                      event.state_file))
-        if isinstance(event, NodeStarted):
-            return replace(self.record, nodes=tuple(
-                replace(node, supervisor=event.supervisor, pid=event.pid) if node.name == event.node else node
-                for node in self.record.nodes))
-        if isinstance(event, (CheckpointSaved, CheckpointReplicated, CheckpointStaged)) and \
-                self.checkpoint is not None:
-            return with_recovery(self.record, replace(self.recovery, checkpoint=self.checkpoint()))
-        if isinstance(event, RunFinished):
-            summary = event.summary
-            attempts = tuple(AttemptState(attempt.number, attempt.nodes, attempt.ended, attempt.headline)
-                             for attempt in summary.attempts)
-            recovery = self.recovery.finished(summary.exit_code, summary.headline, attempts)
-            if summary.checkpoint is not None:
-                recovery = replace(recovery, checkpoint=summary.checkpoint)
-            return with_recovery(self.record, recovery)
-        return None
-
-    def ended(self, code: int, headline: str) -> None:
-        """The run ended without a summary (its first attempt could not start)."""
-        with self._lock:
-            self.record = with_recovery(self.record, replace(self.recovery, exit_code=code, headline=headline))
-            save(self.record)
-
-    def _with_nodes(self, nodes: tuple[str, ...]) -> RunRecord:
-        """The record's nodes: this attempt's first (its master leads), then the earlier ones
-        (their logs hold the earlier attempts)."""
-        known = {node.name: node for node in self.record.nodes}
-        ordered = [known.get(name) or self._node(name) for name in nodes]
-        return replace(self.record, nodes=tuple(ordered + [node for node in self.record.nodes if node.name not in nodes]))
-
-    def _node(self, name: str) -> NodeRecord:
-        run_id = self.record.run_id
-        return node_record(self.hosts[name], remote_log_file(run_id, name), remote_state_file(run_id, name),
-                           self.workdirs.get(name))
-
-
-class SlurmRecorder(Recorder):
-    """A SLURM run's: each attempt is a job of its own, with its own run directory on the
-    submit host; the record follows the current one (``status``, ``logs``, ``stop`` read
-    it), and its nodes are those SLURM started the job on."""
-
-    def __init__(self, record: RunRecord, plan: Plan) -> None:
-        super().__init__(record, {}, {})
-        self.plan = plan
-
-    def _changed(self, event: Event) -> RunRecord | None:
-        if isinstance(event, AttemptStarted):
-            return with_recovery(self.record, self.recovery.started(event.number, event.nodes))
-        if isinstance(event, JobQueued):  # the job of the attempt started last (0: a run without retries)
-            attempts = self.recovery.attempts
-            attempt = attempts[-1].number if attempts else 0
-            return with_job(self.record, event.job_id, run_dir(self.record.run_id, attempt))
-        if isinstance(event, RunStarted):
-            directory = str(self.record.extra["run_dir"])
-            return replace(self.record, nodes=tuple(slurm_nodes(self.plan, event.nodes, directory)))
-        if isinstance(event, NodeStarted):
-            return None  # no supervisor: SLURM's task
-        return super()._changed(event)
-
-
-def first_record(order: Order) -> Recorder:
-    """The record before the first attempt: the nodes of the plan, this process."""
-    if order.scheduler == "slurm":
-        record = slurm_record(order.plan, order.options.stop_grace, "", run_dir(order.plan.run_id))
-        return SlurmRecorder(with_recovery(record, _controller(order)), order.plan)
-    plan, run_id = order.plan, order.plan.run_id
-    inventory = plan.base_inventory or plan.inventory
-    hosts = {host.name: host for host in inventory.hosts + inventory.spares}
-    workdirs = {node.host.name: node.workdir for node in plan.nodes}
-    nodes = [node_record(node.host, remote_log_file(run_id, node.host.name), remote_state_file(run_id, node.host.name),
-                         node.workdir) for node in plan.nodes]
-    record = run_record(plan, order.options.stop_grace, nodes, max_rank(plan), extra={"scheduler": "ssh"})
-    return Recorder(with_recovery(record, _controller(order)), hosts, workdirs)
+def first_record(order: Order, backend: Backend) -> Recorder:
+    """The record before the first attempt (the backend's: its nodes), this process its controller."""
+    return backend.detached_recorder(order.plan, order.options.stop_grace, _controller(order))
 
 
 def _controller(order: Order) -> RecoveryRecord:
@@ -317,16 +193,17 @@ def serve(order: Order, said: IO[bytes]) -> int:
     """Runs the order to its end; says STARTED (or why not) on ``said`` once the first
     attempt runs. The exit code is the run's."""
     hold_controller_lock(order.plan.run_id)  # held until this process ends: ``stop`` knows it by this
-    recorder = first_record(order)
+    cluster = order.plan.inventory.cluster
+    connector = SshConnector(cluster.ssh_config, cluster.ssh_timeout, order.accept_new_host_keys)
+    backend = backend_for(order.scheduler, connector)
+    recorder = first_record(order, backend)
     history_file = order.options.log_dir / order.plan.run_id / HISTORY_FILE
     recorder.record = replace(recorder.record, extra={**recorder.record.extra, HISTORY_KEY: str(history_file)})
     save(recorder.record)
-    cluster = order.plan.inventory.cluster
-    connector = SshConnector(cluster.ssh_config, cluster.ssh_timeout, order.accept_new_host_keys)
     options = replace(order.options, persist=True)
     history = HistoryRecorder()  # the foreground's file: its preflight is there already
-    run = RecoveringRun(backend_for(order.scheduler, connector), order.plan, options, order.recovery,
-                        recording(recorder, history), check_spares=order.check_spares)
+    run = RecoveringRun(backend, order.plan, options, order.recovery, recording(recorder, history),
+                        check_spares=order.check_spares)
     recorder.checkpoint = run.checkpoint_line
     on_sigterm(run.stop)
     try:

@@ -51,18 +51,6 @@ from torchherd.engine.events import (
     TriageDone,
     ignore,
 )
-from torchherd.engine.job import LaunchOptions
-from torchherd.engine.launch import LINE_BUFFER, Ended, Endings, Run, wait_stopping
-from torchherd.engine.recovery.hang import (
-    FAULTHANDLER,
-    HangWatch,
-    described,
-    flight_described,
-    flight_issued,
-    merged,
-    spy_stacks,
-    stacks_of,
-)
 from torchherd.engine.recovery.policy import (
     Attempt,
     End,
@@ -76,6 +64,17 @@ from torchherd.engine.recovery.policy import (
     verdict,
 )
 from torchherd.engine.recovery.replication import Holdings, Replicator
+from torchherd.engine.run import LINE_BUFFER, Ended, Endings, LaunchOptions, Run, wait_stopping
+from torchherd.engine.watch.hang import (
+    FAULTHANDLER,
+    HangWatch,
+    described,
+    flight_described,
+    flight_issued,
+    merged,
+    spy_stacks,
+    stacks_of,
+)
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Bandwidth, Recovery
 from torchherd.inventory.options import MIN_NODES, OptionError

@@ -72,6 +72,21 @@ class BatchJob:
     """``--nodes=K-N`` on sbatch's command line (over the script's ``--nodes=N``): an attempt
     of a recovering run where SLURM picks the nodes may start on fewer (``--min-nodes``)."""
 
+    def as_json(self) -> dict[str, object]:
+        """``run --dry-run --json`` (``engine.backend.Description``): the script with secrets as ***."""
+        return {"run_id": self.run_id, "scheduler": "slurm", "batch_script": shown_script(self),
+                "run_dir": self.run_dir, "notes": list(self.notes)}
+
+    def text(self) -> tuple[tuple[str, str], ...]:
+        """What ``run --dry-run`` prints (``engine.backend.Description``): the batch script SLURM
+        would get (secrets as ***), and why each choice was made."""
+        return (("title", f"run {self.run_id}: SLURM batch script ({self.run_dir}/{BATCH_SCRIPT}), "
+                          "submitted with sbatch --parsable"),
+                # the job's arguments and environment as given, its lines kept
+                ("", shown_script(self).rstrip("\n")),
+                *(("note", f"  - {note}") for note in self.notes),
+                ("", "dry run: nothing was submitted"))
+
 
 def run_dir(run_id: str, attempt: int = 0) -> str:
     """The run's directory on the submit host; an attempt after the first gets one of its
@@ -126,7 +141,7 @@ def placement(plan: Plan, settings: SlurmSettings) -> Placement:
 
 def _with_own_pull(node: NodePlan) -> ContainerSpec | None:
     """The node's container with the host's pull policy: over SSH the run pulls before its
-    launch (engine/pull.py) and the container never does; a SLURM task has no such step,
+    launch (engine/prepare/pull.py) and the container never does; a SLURM task has no such step,
     so its container pulls as the inventory says."""
     spec = node.container
     if spec is None or node.host.container is None:
@@ -296,28 +311,15 @@ def _nproc_case(nodes: Sequence[NodePlan]) -> list[str]:
 
 
 def torchrun_words(plan: Plan, node: NodePlan) -> list[str]:
-    """The node's torchrun argv as shell words: quoted values, and SLURM's own variables
-    where each node differs (node rank, master, node count). ``--local-addr`` is left
-    out: it names an inventory host, and SLURM picks the hosts."""
-    argv = list(node.argv)
-    script_at = len(argv) - len(plan.options.script_args) - 1
-    words = [quote_path(argv[0])]
-    index = 1
-    while index < len(argv):
-        item = argv[index]
-        value = argv[index + 1] if index + 1 < script_at else None
-        if index >= script_at or value is None:
-            words.append(shlex.quote(item))
-            index += 1
-            continue
-        replaced = _replace(plan, item, value)
-        if replaced is None:
-            words.append(shlex.quote(item))
-            index += 1
-            continue
-        words += list(replaced)
-        index += 2
-    return words
+    """The node's torchrun command as shell words, from its settings: quoted values, and
+    SLURM's own variables where each node differs (node rank, master, node count).
+    ``--local-addr`` is left out: it names an inventory host, and SLURM picks the hosts."""
+    torchrun = node.torchrun
+    words = [quote_path(torchrun.python), "-m", "torch.distributed.run"]
+    for option, value in torchrun.options():
+        replaced = _replace(plan, option, value)
+        words += [shlex.quote(option), shlex.quote(value)] if replaced is None else list(replaced)
+    return words + [shlex.quote(word) for word in torchrun.target()]
 
 
 def _replace(plan: Plan, option: str, value: str) -> tuple[str, ...] | None:

@@ -8,14 +8,13 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
-from torchherd.engine.bookkeeping import max_rank, node_record, report, run_record
-from torchherd.engine.detach import connector_for
+from torchherd.engine.bookkeeping import connector_for, max_rank, node_record, report, run_record
 from torchherd.engine.events import (
     JobQueued,
     Observer,
 )
-from torchherd.engine.job import LaunchOptions
 from torchherd.engine.records import NodeRecord, NodeState, RunRecord, load, save
+from torchherd.engine.run import LaunchOptions
 from torchherd.engine.slurm.batch import (
     EXIT,
     OUT,

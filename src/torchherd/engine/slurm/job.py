@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from torchherd.checks.results import CheckReport
-from torchherd.engine.bookkeeping import NodeLogs, dispatch, max_rank
+from torchherd.engine.bookkeeping import NodeLogs, attempt_marker, dispatch, max_rank
 from torchherd.engine.events import (
     Interrupted,
     JobQueued,
@@ -26,11 +26,8 @@ from torchherd.engine.events import (
     RunStarted,
     StopSent,
 )
-from torchherd.engine.job import LaunchOptions, attempt_marker
-from torchherd.engine.launch import LaunchAborted, Run, RunEvents
 from torchherd.engine.outcome import Ending, OutputTrack, summarise
-from torchherd.engine.recovery.hang import Target, Targets
-from torchherd.engine.recovery.straggler import StragglerWatch
+from torchherd.engine.run import LaunchAborted, LaunchOptions, Run, RunEvents
 from torchherd.engine.slurm.batch import (
     BatchJob,
     attempt_settings,
@@ -53,6 +50,8 @@ from torchherd.engine.slurm.commands import (
     submit,
 )
 from torchherd.engine.slurm.files import BATCH_NODE, Item, RunFiles
+from torchherd.engine.watch.hang import Target, Targets
+from torchherd.engine.watch.straggler import StragglerWatch
 from torchherd.errors import TorchherdError, TransportError
 from torchherd.plan import Plan
 from torchherd.remote.wire import StopLevel

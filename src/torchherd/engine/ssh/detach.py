@@ -17,21 +17,11 @@ import queue
 import shlex
 import threading
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Callable, Mapping
 
-from torchherd.engine.bookkeeping import max_rank, node_record, report, run_record
+from torchherd.engine.bookkeeping import connector_for, max_rank, node_record, report, run_record
 from torchherd.engine.events import Observer
-from torchherd.engine.failfast import START_TIMEOUT, Coordination, start_coordinator
-from torchherd.engine.job import (
-    LaunchOptions,
-    Record,
-    records_to_events,
-    remote_command,
-    supervisor_config,
-    supervisor_source,
-)
 from torchherd.engine.records import (
     NodeRecord,
     NodeState,
@@ -43,6 +33,9 @@ from torchherd.engine.records import (
     remote_state_file,
     save,
 )
+from torchherd.engine.run import DetachedStart, Follow, LaunchOptions
+from torchherd.engine.ssh.failfast import START_TIMEOUT, Coordination, start_coordinator
+from torchherd.engine.ssh.job import Record, records_to_events, remote_command, supervisor_config, supervisor_source
 from torchherd.errors import TransportError, UsageError
 from torchherd.plan import Plan
 from torchherd.remote import command as node_program
@@ -51,7 +44,6 @@ from torchherd.runlog import RecordSplitter, Status, parse_status
 from torchherd.shell import quote_path
 from torchherd.transport import Connected, Connector, Session, connect_all, fan_out
 from torchherd.transport.base import MAX_PARALLEL
-from torchherd.transport.ssh import SshConnector
 
 FETCH_LIMIT = 4 << 20
 """Bytes of a node's log fetched at once (more than the supervisor's longest record)."""
@@ -64,21 +56,6 @@ CONNECT_TRIES = 3
 goes on without it (``logs -f`` retries on, having said so once)."""
 
 # starting ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DetachedStart:
-    """How ``run --detach`` went: the saved record, and per node why it did not start
-    (empty when every node started). When one did not, the others were stopped and
-    ``left`` says what could not be."""
-
-    record: RunRecord
-    errors: tuple[str, ...] = ()
-    left: Mapping[str, list[str]] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors
 
 
 def start_detached(plan: Plan, options: LaunchOptions, sessions: Mapping[str, Session]) -> DetachedStart:
@@ -144,15 +121,6 @@ def _started(node: NodeRecord, stdout: bytes, stderr: bytes) -> NodeRecord | str
 
 
 # reconnecting ------------------------------------------------------------------
-
-
-def _ssh_config(record: RunRecord) -> Path | None:
-    return Path(record.ssh_config) if record.ssh_config else None
-
-
-def connector_for(record: RunRecord, timeout: float | None = None) -> Connector:
-    """The connector the run was started with, rebuilt from its record."""
-    return SshConnector(_ssh_config(record), record.ssh_timeout if timeout is None else timeout)
 
 
 def connect_run(record: RunRecord, connector: Connector | None = None) -> Connected:
@@ -222,16 +190,6 @@ def stop_run(record: RunRecord, connector: Connector | None = None) -> dict[str,
 
 
 # following ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Follow:
-    follow: bool = False
-    node: str | None = None
-    rank: int | None = None
-    more: Callable[[], bool] | None = None
-    """A detached run with retries: while this says so (its recovering controller runs), a
-    node's job ending is not the end of its log: the next attempt writes on in it."""
 
 
 JOIN_EVERY = 1.0

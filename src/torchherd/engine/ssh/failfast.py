@@ -1,7 +1,7 @@
 """Fail fast with no controller: the coordinator on the master node.
 
-A plain detached run starts one (``engine.detach``); so does each attempt of a detached
-run with retries (``engine.job``, persist mode), whose supervisors obey it only once
+A plain detached run starts one (``engine.ssh.detach``); so does each attempt of a detached
+run with retries (``engine.ssh.job``, persist mode), whose supervisors obey it only once
 the background controller is gone. The coordinator (``remote/coordinator.py``) takes a
 TCP connection from every node's supervisor and tells the others to stop when one fails.
 """

@@ -16,10 +16,9 @@ import shlex
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping, Sequence, Union
 
-from torchherd.engine.bookkeeping import NodeLog, dispatch, log_dir
+from torchherd.engine.bookkeeping import NodeLog, attempt_marker, dispatch, log_dir
 from torchherd.engine.events import (
     CheckpointSaved,
     CoordinatorStarted,
@@ -35,11 +34,12 @@ from torchherd.engine.events import (
     RunFinished,
     StopSent,
 )
-from torchherd.engine.failfast import Coordination, start_coordinator
 from torchherd.engine.outcome import Ending, NodeRun, ssh_state, summarise
 from torchherd.engine.records import remote_coordinator_file, remote_log_file, remote_state_file
-from torchherd.engine.recovery.hang import Targets, targets_of
-from torchherd.engine.recovery.straggler import StragglerWatch
+from torchherd.engine.run import HEARTBEAT_EVERY, STOP_MARGIN, LaunchOptions
+from torchherd.engine.ssh.failfast import Coordination, start_coordinator
+from torchherd.engine.watch.hang import Targets, targets_of
+from torchherd.engine.watch.straggler import StragglerWatch
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command, wire
@@ -58,72 +58,17 @@ from torchherd.runlog import (
 from torchherd.shell import quote_path
 from torchherd.transport import Process, Session, fan_out
 
-HEARTBEAT_EVERY = 0.5
-"""Seconds between heartbeats, both ways (``[recovery] heartbeat``)."""
-HEARTBEAT_MISSES = 5
-"""Heartbeats missed in a row, the SSH connection silent as long: the node is lost
-(``[recovery] heartbeat_misses``)."""
 SILENT_LOST_AFTER = 30.0
 """A node whose sshd still answers but whose supervisor sent nothing this long is lost
 too: its supervisor is stuck (a node at full load still beats, late by milliseconds)."""
 WATCHDOG = 10.0
 """The supervisor tears its job down when the controller is silent this long."""
-STOP_MARGIN = 10.0
-"""Beyond the grace period: TERM -> KILL, and KILL -> give the node up."""
 MAX_BATCH = 5000
 """Queue items rendered at once; bounded so status checks run between batches."""
 GPU_EVERY = 5.0
 BUSY_EVERY = 2.0
 """Seconds between two reports of a node's busy share (its ranks sampled five times a second)."""
 """Seconds between two GPU samples on a node that has nvidia-smi."""
-
-
-DEFAULT_GRACE = 10.0
-"""Seconds from SIGTERM to SIGKILL when no grace period is given."""
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    check: bool = True
-    only: frozenset[str] | None = None
-    """With ``check``: the preflight runs only these check ids (``run --only``); None: all."""
-    skip: frozenset[str] = frozenset()
-    """With ``check``: the preflight leaves these check ids out (``run --skip``)."""
-    log_dir: Path = Path("torchherd-logs")
-    grace: float | None = None
-    """Seconds from SIGTERM to SIGKILL; None: DEFAULT_GRACE (a backend whose scheduler
-    does the killing refuses any other)."""
-    fail_fast: bool = True
-    timeout: float | None = None
-    """Seconds after which every node is told to stop (the smoke check); None: no limit."""
-    attempt: int = 0
-    """A run with retries: the attempt's number (from 1); its node logs are written on
-    after a marker line. 0: a run without retries (each log written afresh)."""
-    exclude: tuple[str, ...] = ()
-    """Nodes the scheduler must not place the job on: the nodes a recovering run excluded
-    (SLURM's ``--exclude``). An SSH run starts only the nodes its plan names."""
-    shrink_to: int | None = None
-    """Where the scheduler picks the nodes (SLURM's ``[slurm].nodes``): the fewest it may
-    start the attempt on when it cannot find them all (``--min-nodes``; ``--nodes=K-N``)."""
-    persist: bool = False
-    """The job outlives the controller (a detached run with retries, its controller in the
-    background): each node's supervisor also appends its records to the node's log of a
-    detached run, keeps its state file there, and runs on when the controller is gone."""
-    heartbeat: float = HEARTBEAT_EVERY
-    """Seconds between heartbeats, both ways."""
-    heartbeat_misses: int = HEARTBEAT_MISSES
-    """A node silent for this many heartbeats, whose SSH connection does not answer either, is lost."""
-    watch_checkpoint: str | None = None
-    """The checkpoint each node's supervisor watches for a new complete one (``[recovery]
-    replicate``): ``CheckpointSaved`` events; None: not watched."""
-
-    @property
-    def stop_grace(self) -> float:
-        return DEFAULT_GRACE if self.grace is None else self.grace
-
-    @property
-    def lost_after(self) -> float:
-        return self.heartbeat * self.heartbeat_misses
 
 
 @dataclass(frozen=True)
@@ -164,21 +109,8 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float, heartbeat: floa
     return wire.SupervisorConfig(run_id=run_id, argv=argv, env=node.env, cwd=None, grace=grace,
                                  heartbeat=heartbeat, watchdog=watchdog, cleanup_dir=node.remote_log_dir,
                                  rank_marker=None if files else wire.RANK_PREFIX_HEAD.decode(), gpu_every=GPU_EVERY,
-                                 rank_logs=node.remote_log_dir if files else None, rank_base=rank_base(node.argv),
+                                 rank_logs=node.remote_log_dir if files else None, rank_base=node.torchrun.rank_base,
                                  busy_every=BUSY_EVERY, container=node.container)
-
-
-def rank_base(argv: Sequence[str]) -> int | None:
-    """The node's first global rank where torchrun's own options fix it (static
-    rendezvous: ``--node-rank`` x a numeric ``--nproc-per-node``); None for c10d, where
-    the rendezvous hands out node ranks, and for ``gpu``/``auto`` process counts."""
-    # torchrun's own options only: after "--" come the script's arguments
-    own = list(argv[:argv.index("--")]) if "--" in argv else list(argv)
-    options = dict(zip(own, own[1:]))
-    node_rank, nproc = options.get("--node-rank", ""), options.get("--nproc-per-node", "")
-    if "--rdzv-backend" in options or not (node_rank + nproc).isascii() or not (node_rank.isdigit() and nproc.isdigit()):
-        return None
-    return int(node_rank) * int(nproc)
 
 
 def redirected(argv: Sequence[str]) -> tuple[str, ...]:
@@ -211,12 +143,6 @@ def remote_command(node: NodePlan, run_id: str, source: str) -> str:
 def records_to_events(node: str, records: Sequence[bytes]) -> list[Record]:
     """Supervisor records -> lines and status events; heartbeats carry no event."""
     return list(parse_records(node, records))
-
-
-def attempt_marker(attempt: int, nodes: Sequence[str]) -> bytes:
-    """The line that opens an attempt's part of a node log (``run --retries``)."""
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    return f"==== torchherd: attempt {attempt} at {stamp} on {','.join(nodes)} ====\n".encode()
 
 
 def read_node(node: NodeRun, process: Process, events: queue.Queue[list[RunEvent]], marker: bytes = b"") -> None:

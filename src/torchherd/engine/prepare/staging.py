@@ -7,7 +7,7 @@ that lacks it, copied node to node over the cluster's network, never through the
    with its size, mtime and SHA-256 (``Copy``).
 2. The newest copy on a node of the failed attempt is the one (``newest``); every node
    of the next attempt that has no copy with the same path and hash needs it (``lacking``).
-3. One chain of ``checkpoint.py relay`` programs carries it (``engine.relay``, the relay
+3. One chain of ``checkpoint.py relay`` programs carries it (``engine.prepare.relay``, the relay
    image archives use too): the source listens on its job address, the first receiver
    connects to it, listens in turn for the second, and so on; each receiver writes what it
    gets and passes it on at once, so N nodes take about the time of one copy. Each receiver
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, Union
 
 from torchherd.engine.events import CheckpointMissing, CheckpointReplicated, CheckpointSaved, CheckpointStaged
-from torchherd.engine.relay import BYTES_PER_SECOND, Hop, run_chain
+from torchherd.engine.prepare.relay import BYTES_PER_SECOND, Hop, run_chain
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan
 from torchherd.remote import command
@@ -78,9 +78,7 @@ def lacking(best: Copy, found: Mapping[str, Copy | None], nodes: Sequence[str]) 
 def job_address(node: NodePlan) -> str:
     """The address the other nodes reach ``node`` at: its torchrun ``--local-addr`` when the
     plan has one, else its SSH address."""
-    if "--local-addr" in node.argv:
-        return node.argv[node.argv.index("--local-addr") + 1]
-    return node.host.local_addr or node.host.address
+    return node.torchrun.local_addr or node.host.local_addr or node.host.address
 
 
 def program(node: NodePlan, mode: str, path: str, low: bool = False) -> str:

@@ -1,6 +1,6 @@
 """The lock's wheels for nodes without an index (``--uv-offline``; `torchherd docs
 environments`, "Nodes without internet"): what this machine exports and downloads once per
-node platform (``engine.offline`` runs it), the markers judged for the nodes, and how a node
+node platform (``engine.prepare.offline`` runs it), the markers judged for the nodes, and how a node
 builds its venv from them with no network (``remote/venv.py``, given a ``wheelhouse``).
 
 ``uv sync --frozen`` installs a registry package from the URL in ``uv.lock`` and ignores
@@ -41,7 +41,7 @@ from packaging.requirements import Requirement as Specified
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from torchherd.engine.uvwheels import NodePlatform
+from torchherd.engine.prepare.uvwheels import NodePlatform
 from torchherd.remote.checkpoint import file_sha256
 
 REQUIREMENTS = "requirements.txt"

@@ -1,6 +1,6 @@
 """``--image-archive FILE``: the image put on every node that lacks it, for clusters that
 reach no registry. The archive leaves this machine once and travels node to node over the
-cluster's own network (``engine.relay``, the chain checkpoint staging uses):
+cluster's own network (``engine.prepare.relay``, the chain checkpoint staging uses):
 
 1. every node says, with ``remote/image.py have``, which runtime it uses and the image's id
    there; a node that shows the archive's id already is left alone (nothing sent, nothing
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from torchherd.engine.events import ArchiveDone, ArchiveProgress, ArchiveStarted, Observer
-from torchherd.engine.recovery.staging import job_address
-from torchherd.engine.relay import Hop, file_feed, run_chain
+from torchherd.engine.prepare.relay import Hop, file_feed, run_chain
+from torchherd.engine.prepare.staging import job_address
 from torchherd.errors import TransportError
 from torchherd.imagearchive import ImageArchive
 from torchherd.plan import NodePlan

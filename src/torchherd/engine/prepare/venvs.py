@@ -7,8 +7,8 @@ else it finds uv there and runs ``uv sync --frozen`` into the venv. The job's en
 the program's stdin, never a command line. A node without uv (and none configured) gets
 this machine's own uv binary, when it runs there (Linux, the same machine and libc), else
 the binary of the ``uv`` wheel for the node's platform from a local wheel directory
-(engine/uvwheels.py), sent over SFTP beside the node's venvs. With ``--uv-offline`` a node
-that must build gets the lock's wheels from this machine (``engine.offline``: made once per
+(engine/prepare/uvwheels.py), sent over SFTP beside the node's venvs. With ``--uv-offline`` a node
+that must build gets the lock's wheels from this machine (``engine.prepare.offline``: made once per
 node platform and python, relayed node to node; the observer is told ``WheelsStarted``, each node's ``WheelsProgress``
 and ``WheelsRelayed``) and
 builds from them with no network; a node whose venv is built costs what it always did. The
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
 
 from torchherd.engine.events import Observer, VenvFailed, VenvReady, VenvsDone, WheelsRelayed, WheelsStarted
-from torchherd.engine.offline import (
+from torchherd.engine.prepare.offline import (
     Wheelhouse,
     WheelhouseError,
     export_requirements,
@@ -39,7 +39,7 @@ from torchherd.engine.offline import (
     project_build,
     relay_wheelhouse,
 )
-from torchherd.engine.uvwheels import (
+from torchherd.engine.prepare.uvwheels import (
     DEFAULT_WHEELS,
     MalformedAnswer,
     NodePlatform,
@@ -51,7 +51,7 @@ from torchherd.engine.uvwheels import (
     reported_platform,
     wheel_dirs,
 )
-from torchherd.engine.wheelhouse import looks_offline, node_dir, platforms
+from torchherd.engine.prepare.wheelhouse import looks_offline, node_dir, platforms
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command
@@ -74,7 +74,7 @@ def venv_command(node: NodePlan) -> str:
 
 def venv_config(node: NodePlan, offline: bool = False) -> dict[str, object]:
     """What ``remote/venv.py`` reads on its stdin (``offline``: its build from the
-    wheelhouse relayed beside its venvs, ``engine.offline``)."""
+    wheelhouse relayed beside its venvs, ``engine.prepare.offline``)."""
     venv = node.venv
     assert venv is not None
     config: dict[str, object] = {"path": venv.path, "key": venv.key, "project": venv.project, "uv": list(venv.uv),

@@ -10,15 +10,11 @@ nothing here prints.
 from __future__ import annotations
 
 import dataclasses
-import queue
-import signal
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
-from typing import Callable, Iterator, Mapping, Protocol
+from typing import Callable, Mapping
 
 from torchherd.checks import CheckOptions, PreflightOutcome, run_preflight
 from torchherd.checks import smoke as smoke_check
@@ -29,45 +25,22 @@ from torchherd.engine.bookkeeping import max_rank
 from torchherd.engine.events import (
     Collector,
     ConnectFailed,
-    Event,
     Observer,
-    Output,
     PreflightDone,
-    Relay,
     RunStarted,
     ignore,
 )
-from torchherd.engine.images import stage_archives
-from torchherd.engine.job import Job, LaunchOptions
-from torchherd.engine.pull import pull_images, pulled_nodes
-from torchherd.engine.recovery.hang import Targets
-from torchherd.engine.sync import sync_nodes
-from torchherd.engine.venvs import build_venvs
-from torchherd.errors import TorchherdError, TransportError
+from torchherd.engine.prepare.images import stage_archives
+from torchherd.engine.prepare.pull import pull_images, pulled_nodes
+from torchherd.engine.prepare.sync import sync_nodes
+from torchherd.engine.prepare.venvs import build_venvs
+from torchherd.engine.run import LaunchAborted, LaunchOptions, Run, RunEvents
+from torchherd.engine.ssh.job import Job
+from torchherd.errors import TransportError
 from torchherd.inventory import Host
 from torchherd.plan import NodePlan, Plan
-from torchherd.runlog import OutputLine, RunSummary, flat
 from torchherd.transport import Connector, Session, close_all, connect_all, fan_out
 from torchherd.words import count
-
-Ended = Callable[[RunSummary | None, BaseException | None], None]
-"""Told how a run ended (its summary, or what went wrong instead), before ``wait`` returns."""
-
-LINE_BUFFER = 100_000
-"""Lines ``Run.lines`` holds for a reader that falls behind; older ones are dropped
-from the iterator only, never from the log files."""
-
-
-class LaunchAborted(TorchherdError):
-    """The job was not started: the preflight failed or a node could not be reached.
-    What went wrong was already reported to the observer (``PreflightDone``, ``ConnectFailed``)."""
-
-    def __init__(self, message: str, report: CheckReport | None = None,
-                 errors: tuple[TransportError, ...] = ()) -> None:
-        super().__init__(message)
-        self.report = report
-        self.errors = errors
-
 
 # preflight -----------------------------------------------------------------------
 
@@ -178,7 +151,7 @@ def open_nodes(plan: Plan, options: LaunchOptions, connector: Connector, observe
 
 def pull_first(plan: Plan, connector: Connector, observer: Observer) -> Connector:
     """Connects to every node and pulls the image on those with a pull policy, all at once
-    (``engine.pull``), before the preflight compares the images' ids; returns a connector
+    (``engine.prepare.pull``), before the preflight compares the images' ids; returns a connector
     that hands the preflight and the launch the very same sessions. Raises LaunchAborted
     (the sessions closed) when a node could not be reached or could not pull."""
     opened = _connect(plan, connector, observer)
@@ -197,7 +170,7 @@ def pull_first(plan: Plan, connector: Connector, observer: Observer) -> Connecto
 
 def sync_first(plan: Plan, connector: Connector, observer: Observer, log_dir: Path | None = None) -> Connector:
     """Connects to every node and syncs the project over those sessions (never ``log_dir``),
-    and builds a uv-locked project's venv there (``engine.venvs``); returns a connector that
+    and builds a uv-locked project's venv there (``engine.prepare.venvs``); returns a connector that
     hands the preflight and the launch the very same sessions. Raises LaunchAborted (the
     sessions closed) when a node could not be reached or synced."""
     opened = _connect(plan, connector, observer)
@@ -220,7 +193,7 @@ def sync_first(plan: Plan, connector: Connector, observer: Observer, log_dir: Pa
 
 
 def images_first(plan: Plan, connector: Connector, observer: Observer) -> Connector:
-    """Loads ``--image-archive`` on every node that lacks the image (``engine.images``), so
+    """Loads ``--image-archive`` on every node that lacks the image (``engine.prepare.images``), so
     the preflight's ``container`` check and the launch find it there; returns a connector
     that hands them the same sessions. Raises LaunchAborted (the sessions closed) when a
     node could not be reached or could not load it."""
@@ -284,175 +257,6 @@ def _after_preflight(plan: Plan, connector: Connector, observer: Observer, optio
 # the run ------------------------------------------------------------------------------
 
 
-class Supervised(Protocol):
-    """What ``Run`` drives in its thread: an SSH ``Job``, or a SLURM job (``engine.slurm.job``)."""
-
-    plan: Plan
-    log_dir: Path
-
-    def supervise(self) -> RunSummary: ...
-
-    def request_stop(self) -> None: ...
-
-    def hang_targets(self) -> Targets:
-        """Its nodes as the hang watch reaches them (empty until they are known)."""
-
-
-class RunEvents:
-    """A run's observer: every event to the caller's through a ``Relay`` (a thread of its
-    own), and every line to ``Run.lines`` once someone reads them. Made before the job,
-    which reports to it."""
-
-    def __init__(self, observer: Observer) -> None:
-        self.relay = Relay(observer)
-        self.lines: queue.Queue[OutputLine | None] | None = None
-
-    def __call__(self, event: Event) -> None:
-        if self.lines is not None and isinstance(event, Output):
-            for line in flat(event.lines):
-                self.offer(line)
-        self.relay(event)
-
-    def offer(self, line: OutputLine | None) -> None:
-        """Queues a line for ``Run.lines`` (None: the end), dropping the oldest when full."""
-        assert self.lines is not None
-        while True:
-            try:
-                self.lines.put_nowait(line)
-                return
-            except queue.Full:
-                try:
-                    self.lines.get_nowait()
-                except queue.Empty:
-                    pass
-
-
-class Run:
-    """A job launched on every node: ``wait`` for its summary, ``stop`` it, read its ``lines``.
-
-    A supervising thread reads every node, writes the log files, and tears the job down
-    when it ends; the caller's thread stays free. The observer gets its events from a
-    ``Relay`` thread: a terminal that stops reading never holds the supervising thread.
-    Built with its job (which reports to ``events``); ``start`` starts the supervising thread.
-    """
-
-    def __init__(self, job: Supervised, events: RunEvents, on_end: Callable[[], None] = lambda: None) -> None:
-        self.job = job
-        self.plan = job.plan
-        self.run_id = job.plan.run_id
-        self.log_dir = job.log_dir
-        self._on_end = on_end
-        self._events = events
-        self._observer = events.relay
-        self._summary: RunSummary | None = None
-        self._error: BaseException | None = None
-        self._done = threading.Event()
-        self._endings = Endings(self._done)
-        self._thread = threading.Thread(target=self._supervise, name="torchherd-run", daemon=True)
-
-    def start(self) -> None:
-        """Supervises the job in a thread of its own until it ends (once)."""
-        self._thread.start()
-
-    def report(self, event: Event) -> None:
-        """Hands ``event`` to the run's observer, in order with the job's own (what a
-        watcher of the run found, such as a hang)."""
-        self._events(event)
-
-    def _supervise(self) -> None:
-        try:
-            self._summary = self.job.supervise()
-        except BaseException as error:  # handed to wait(): a bug must not vanish in a thread
-            self._error = error
-        finally:
-            self._on_end()
-            if self._events.lines is not None:
-                self._events.offer(None)
-            self._error = self._endings.end(self._summary, self._error)
-
-    def when_done(self, ended: Ended) -> None:
-        """``ended`` is told how the run ended, before ``wait`` returns (at once when it has)."""
-        self._endings.add(ended)
-
-    def wait(self, timeout: float | None = None) -> RunSummary:
-        """The summary once every node has finished. Ctrl-C while waiting stops the run as
-        ``stop`` does (a second one kills) and waits on for the teardown."""
-        wait_stopping(self._done, timeout, self.stop, self.run_id)
-        self._delivered()
-        if self._error is not None:
-            raise self._error
-        assert self._summary is not None
-        return self._summary
-
-    def _delivered(self) -> None:
-        """Waits until the observer has had every event (the summary included): the run is
-        over, only a terminal that stopped reading can hold this, or a Ctrl-C end it."""
-        while True:
-            try:
-                if self._observer.close(0.2):
-                    break
-            except KeyboardInterrupt:
-                break
-        if self._observer.error is not None and self._error is None:
-            self._error = self._observer.error
-
-    def stop(self) -> None:
-        """The same teardown as Ctrl-C: every node stops gracefully; called again, at once."""
-        self.job.request_stop()
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def lines(self) -> Iterator[OutputLine]:
-        """Every line of every node as it arrives, until the run ends (node, rank, stream,
-        text). Lines printed before the first call are in the log files."""
-        if self._events.lines is None:
-            self._events.lines = queue.Queue(LINE_BUFFER)
-            if self._done.is_set():
-                return
-        while True:
-            line = self._events.lines.get()
-            if line is None:
-                return
-            yield line
-
-
-class Endings:
-    """Who is told how a run ended (``when_done``): each once, as it ends, or at once when
-    it has ended already; ``done`` is set with the telling."""
-
-    def __init__(self, done: threading.Event) -> None:
-        self._lock = threading.Lock()
-        self._waiting: list[Ended] = []
-        self._told: tuple[RunSummary | None, BaseException | None] | None = None
-        self._done = done
-
-    def end(self, summary: RunSummary | None, error: BaseException | None) -> BaseException | None:
-        """Tells everyone waiting how the run ended; the error ``wait`` raises: the first
-        one's failure, else ``error`` (never lost in the supervising thread, never a
-        ``wait`` that waits forever)."""
-        failed: BaseException | None = None
-        with self._lock:
-            for callback in self._waiting:
-                try:
-                    callback(summary, error)
-                except Exception as failure:  # the job is over either way: the others are told still
-                    failed = failed or failure
-            error = failed or error
-            self._told = (summary, error)
-            self._done.set()
-        return error
-
-    def add(self, ended: Ended) -> None:
-        with self._lock:
-            told = self._told
-            if told is None:
-                self._waiting.append(ended)
-                return
-        ended(*told)
-
-
 def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: Observer = ignore) -> Run:
     """Preflights ``plan`` (unless ``options.check`` is off), starts it on every node and
     returns the running ``Run``. Raises LaunchAborted when it could not start."""
@@ -468,36 +272,3 @@ def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: O
         job.interrupt()
     run.start()
     return run
-
-
-def wait_stopping(done: threading.Event, timeout: float | None, stop: Callable[[], None], run_id: str) -> None:
-    """Waits for ``done``; Ctrl-C meanwhile calls ``stop`` (again: again) and waits on for
-    the teardown. TimeoutError after ``timeout`` seconds (None: no limit)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while not done.is_set():
-        try:
-            done.wait(0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic())))
-        except KeyboardInterrupt:
-            stop()
-        if deadline is not None and time.monotonic() >= deadline and not done.is_set():
-            raise TimeoutError(f"run {run_id} still running after {timeout:g} s")
-
-
-class sigterm_as_interrupt:
-    """SIGTERM to the controller ends the run like Ctrl-C (130, every node stopped),
-    unless the controller was started with SIGTERM ignored: an inherited ignore is kept,
-    as Python keeps an ignored SIGINT (torchherd docs run)."""
-
-    def __enter__(self) -> None:
-        self.previous: Callable[[int, FrameType | None], object] | int | None = None
-        if threading.current_thread() is threading.main_thread() \
-                and signal.getsignal(signal.SIGTERM) != signal.SIG_IGN:
-            self.previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt

@@ -15,7 +15,7 @@ node to node (`torchherd docs environments`, "Nodes without internet").
    editable from them, as ``uv sync`` does.
 3. ``relay_wheelhouse``: this machine feeds the directory once to the first node of the
    chain (the master first), and the nodes pass it on over the cluster's network
-   (``engine.relay``, with ``remote/checkpoint.py relay`` on each node): each writes it
+   (``engine.prepare.relay``, with ``remote/checkpoint.py relay`` on each node): each writes it
    into a private temporary directory beside its venvs, checks the SHA-256 of the whole
    (every file's hash), and renames it to ``wheelhouse-<venv key>``, where the node's venv
    builder (``remote/venv.py``) finds it. Each node says how far it is as it receives
@@ -43,10 +43,10 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from torchherd.engine.events import Observer, WheelFetched, WheelsDownloading, WheelsProgress
-from torchherd.engine.recovery.staging import job_address
-from torchherd.engine.relay import Hop, file_feed, run_chain
-from torchherd.engine.uvwheels import DEFAULT_WHEELS, NodePlatform
-from torchherd.engine.wheelhouse import (
+from torchherd.engine.prepare.relay import Hop, file_feed, run_chain
+from torchherd.engine.prepare.staging import job_address
+from torchherd.engine.prepare.uvwheels import DEFAULT_WHEELS, NodePlatform
+from torchherd.engine.prepare.wheelhouse import (
     BUILD,
     BUILD_REQUIREMENTS,
     REQUIREMENTS,

@@ -3,8 +3,8 @@ chain of node programs carries files from where they are to the nodes that lack 
 node passing the bytes on to the next as it writes them, so N nodes take about the time of
 one copy, and the controller's own link carries them at most once.
 
-Two things use it: checkpoint staging (``engine.recovery.staging``: the source is a node that holds
-the checkpoint) and image archives (``engine.images``: the source is the controller, which
+Two things use it: checkpoint staging (``engine.prepare.staging``: the source is a node that holds
+the checkpoint) and image archives (``engine.prepare.images``: the source is the controller, which
 feeds the first receiver over its SSH channel). Every connection between nodes is
 authenticated with a random token the controller sends on each program's stdin (never on
 a command line, never between nodes: each end proves it knows it, ``remote/relay.py``).
@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from torchherd.engine.sync import Lines
+from torchherd.engine.prepare.sync import Lines
 from torchherd.errors import TransportError
 from torchherd.transport import Process, Session
 

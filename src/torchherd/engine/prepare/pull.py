@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from torchherd.engine.events import NodePulled, Observer, PullFailed, PullProgress, PullsDone, PullStarted
-from torchherd.engine.sync import Lines
+from torchherd.engine.prepare.sync import Lines
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
 from torchherd.remote import container as containers
@@ -41,9 +41,8 @@ per layer; a single huge layer over a slow link is the case this leaves room for
 MARK = "torchherd-pull:"
 """The lines of the node command's own, apart from the runtime's."""
 
-PODMAN_BLOB = re.compile(r"Copying blob (?:sha256:)?([0-9a-f]{12,64})(?:\s+(.*))?$")
-DOCKER_LAYER = re.compile(r"([0-9a-f]{12}): (.+)$")
-DOCKER_DONE = ("Pull complete", "Already exists")
+LAYERED = tuple(runtime for runtime in containers.RUNTIME.values() if runtime.layer_line is not None)
+"""The runtimes whose pull names its layers (``Runtime.layer_line``), in the table's order."""
 
 
 @dataclass
@@ -63,22 +62,28 @@ class Tracker:
         """Takes one line of the runtime's; True when the progress changed."""
         line = line.strip()
         before = (dict(self.layers), self.status, self.finished)
-        blob = PODMAN_BLOB.match(line)
-        layer = DOCKER_LAYER.match(line)
-        if blob:
-            name, rest = blob.group(1)[:12], (blob.group(2) or "").strip()
-            self.layers[name] = self.layers.get(name, False) or rest.startswith(("done", "skipped"))
-            self.status = "copying layers"
-        elif layer:
-            name, said = layer.groups()
-            self.layers[name] = self.layers.get(name, False) or said in DOCKER_DONE
-            self.status = said.split(" [")[0].lower()
+        layer = _layer(line)
+        if layer is not None:
+            runtime, name, said = layer
+            assert runtime.layer_in is not None
+            self.layers[name] = self.layers.get(name, False) or runtime.layer_in.match(said) is not None
+            self.status = runtime.layer_status or said.split(" [")[0].lower()
         elif line.startswith(("Copying config", "Writing manifest")):
             self.finished = True
             self.status = "writing the image"
         elif line.startswith(("Trying to pull", "Getting image source signatures")) or ": Pulling from " in line:
             self.status = "starting"
         return (self.layers, self.status, self.finished) != before
+
+
+def _layer(line: str) -> tuple[containers.Runtime, str, str] | None:
+    """The runtime whose pull printed ``line`` about a layer, the layer's id, what it says of it."""
+    for runtime in LAYERED:
+        assert runtime.layer_line is not None
+        match = runtime.layer_line.match(line)
+        if match:
+            return runtime, match.group(1)[:12], match.group(2) or ""
+    return None
 
 
 def pulled_nodes(plan: Plan) -> tuple[NodePlan, ...]:

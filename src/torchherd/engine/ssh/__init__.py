@@ -1,0 +1,1 @@
+"""The SSH backend: torchherd starts every node itself, one supervisor per node over SSH."""
