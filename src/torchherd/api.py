@@ -206,7 +206,18 @@ class Cluster:
     def _with(self, inventory: Inventory) -> Cluster:
         if inventory is self.inventory:
             return self
-        return Cluster(inventory=inventory, connector=self.connector, accept_new_host_keys=self.accept_new_host_keys)
+        return Cluster(inventory=inventory, connector=self._connector_for(inventory),
+                       accept_new_host_keys=self.accept_new_host_keys)
+
+    def _connector_for(self, inventory: Inventory) -> Connector:
+        """This cluster's connector, following ``inventory``'s SSH settings: an SSH
+        connector keeps the timeout and ssh_config it was built with, so an override
+        (``--ssh-timeout``) that left it would bound nothing."""
+        connector, cluster = self.connector, inventory.cluster
+        if isinstance(connector, SshConnector) and (connector.timeout, connector.ssh_config) != (
+                cluster.ssh_timeout, cluster.ssh_config):
+            return replace(connector, timeout=cluster.ssh_timeout, ssh_config=cluster.ssh_config)
+        return connector
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -234,9 +245,7 @@ class Cluster:
             parsed = parse_slurm(given, Path("command line"), "--slurm-")
             inventory = replace(inventory, slurm=replace(inventory.slurm, **{
                 key: getattr(parsed, key) for key in SLURM_KEYS if key in given}))
-        if inventory is self.inventory:
-            return self
-        return Cluster(inventory=inventory, connector=self.connector, accept_new_host_keys=self.accept_new_host_keys)
+        return self._with(inventory)
 
     def batch_script(self, plan: Plan, *, fail_fast: bool = True) -> Description:
         """The SLURM batch script ``plan`` becomes (what ``run --dry-run`` prints for SLURM)."""

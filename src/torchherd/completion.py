@@ -49,12 +49,25 @@ def _summary(text: str | None) -> str:
     return first if len(first) <= 80 else first[:79] + "…"
 
 
+def _checked_values() -> dict[str, tuple[str, ...]]:
+    """The words of the flags whose values are checked after parsing (a comma list, a
+    number or a word), not by argparse's choices: taken from the rules that check them."""
+    from torchherd.checks.model import CHECK_IDS
+    from torchherd.inventory.rules import NPROC_WORDS
+    from torchherd.remote.container import PULL_CHOICES, RUNTIMES
+
+    return {"--pull": PULL_CHOICES, "--container-runtime": ("auto", *RUNTIMES), "--nproc-per-node": NPROC_WORDS,
+            "--only": tuple(CHECK_IDS), "--skip": tuple(CHECK_IDS)}
+
+
 def _options(parser: argparse.ArgumentParser) -> tuple[Option, ...]:
     found = []
+    checked = _checked_values()
     for action in parser._actions:
         if not action.option_strings or action.help == argparse.SUPPRESS:
             continue
-        choices = tuple(_word(str(choice)) for choice in action.choices) if action.choices else ()
+        words = action.choices or next((checked[flag] for flag in action.option_strings if flag in checked), ())
+        choices = tuple(_word(str(choice)) for choice in words)
         found.append(Option(tuple(_word(flag) for flag in action.option_strings), action.nargs != 0, choices,
                             _summary(action.help)))
     return tuple(found)

@@ -56,7 +56,7 @@ def test_connect_all_reports_each_node_separately(two: LocalCluster) -> None:
         assert list(results.succeeded) == ["node0"] and list(results.failed) == ["node1"]
         error = results.failed["node1"]
         assert error.kind == "refused"
-        assert str(error) == f"node1: connection refused by root@{two.node('node1').ip}"
+        assert str(error) == f"node1: connection refused by root@{two.node('node1').ip}:22"
         results.close()
         assert not results.succeeded["node0"].is_alive()
     finally:

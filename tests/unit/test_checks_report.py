@@ -74,7 +74,7 @@ def test_the_same_failure_on_many_nodes_is_shown_once_under_their_nodeset() -> N
     """64 unresolvable nodes printed 197 lines; as dshbak -c: one row, one block."""
     failing = tuple(CheckResult(f"bad{index:02d}", "ssh", "fail",
                                 f"bad{index:02d}: cannot resolve 'bad{index:02d}' (Name or service not known)",
-                                "fix the address in the inventory or ~/.ssh/config, or the controller's DNS")
+                                "fix the address (in -H or the inventory) or ~/.ssh/config, or the controller's DNS")
                     for index in range(1, 65))
     fine = tuple(CheckResult(f"gpu{index}", "ssh", "pass", "connected") for index in range(1, 4))
     odd = (CheckResult("gpu10", "ssh", "fail", "gpu10: authentication failed", "install your key on gpu10"),)
@@ -85,7 +85,7 @@ def test_the_same_failure_on_many_nodes_is_shown_once_under_their_nodeset() -> N
         "gpu[1-3] (3)           ok\n"
         "bad[01-64],gpu10 (65)  FAIL\n"
         "FAIL bad[01-64] ssh: bad[01-64]: cannot resolve 'bad[01-64]' (Name or service not known) (64 nodes)\n"
-        "  fix: fix the address in the inventory or ~/.ssh/config, or the controller's DNS\n"
+        "  fix: fix the address (in -H or the inventory) or ~/.ssh/config, or the controller's DNS\n"
         "FAIL gpu10 ssh: gpu10: authentication failed\n"
         "  fix: install your key on gpu10\n"
         "preflight failed: 3 pass, 0 warn, 65 fail, 0 skip\n")

@@ -23,8 +23,8 @@ def cli(*args: str) -> tuple[int, list[str]]:
                                         ("--no-ch", "--no-check"), ("--dry", "--dry-run")])
 def test_an_abbreviated_flag_is_refused_never_taken_for_a_longer_one(flag: str, meant: str) -> None:
     assert cli("run", "-H", "192.0.2.1", flag, "--", "train.py") == (2, [
-        f"error: torchherd: unrecognized arguments: {flag}; did you mean {meant}?",
-        "  hint: torchherd --help lists the options"])
+        f"error: torchherd run: unrecognized arguments: {flag}; did you mean {meant}?",
+        "  hint: torchherd run --help lists the options"])
 
 
 @pytest.mark.parametrize("args,line", [
@@ -36,8 +36,8 @@ def test_an_abbreviated_flag_is_refused_never_taken_for_a_longer_one(flag: str, 
                  "stop, attach, init, docs, completion)"),
     (["run", "--rdzv-backend", "c01d", "--", "x.py"], "error: torchherd run: argument --rdzv-backend: invalid "
                                                       "choice 'c01d'; did you mean 'c10d'? (choose from static, c10d)"),
-    (["run", "--no-chek", "--", "x.py"], "error: torchherd: unrecognized arguments: --no-chek; did you mean --no-check?"),
-    (["run", "--lr", "3e-4", "--", "x.py"], "error: torchherd: unrecognized arguments: --lr"),
+    (["run", "--no-chek", "--", "x.py"], "error: torchherd run: unrecognized arguments: --no-chek; did you mean --no-check?"),
+    (["run", "--lr", "3e-4", "--", "x.py"], "error: torchherd run: unrecognized arguments: --lr"),
 ])
 def test_a_mistyped_command_or_flag_gets_did_you_mean(args: list[str], line: str) -> None:
     code, out = cli(*args)
@@ -140,6 +140,6 @@ def test_ssh_timeout_overrides_the_inventory_s(tmp_path: Path) -> None:
     parse = build_parser().parse_args
     assert hosts_of(parse(["-i", str(inventory), "check", "--ssh-timeout", "2.5"])).inventory.cluster.ssh_timeout == 2.5
     assert hosts_of(parse(["-i", str(inventory), "check"])).inventory.cluster.ssh_timeout == 30
-    assert hosts_of(parse(["hosts", "-H", "192.0.2.1", "--ssh-timeout", "4"])).inventory.cluster.ssh_timeout == 4
-    assert cli("hosts", "-H", "192.0.2.1", "--ssh-timeout", "0")[1][0] == (
-        "error: torchherd hosts: argument --ssh-timeout: expected seconds above 0, at most 86400, got '0'")
+    assert hosts_of(parse(["check", "-H", "192.0.2.1", "--ssh-timeout", "4"])).inventory.cluster.ssh_timeout == 4
+    assert cli("check", "-H", "192.0.2.1", "--ssh-timeout", "0")[1][0] == (
+        "error: torchherd check: argument --ssh-timeout: expected seconds above 0, at most 86400, got '0'")

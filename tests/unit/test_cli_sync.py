@@ -52,7 +52,7 @@ def test_the_script_taken_as_the_sync_dir_is_named(project: Path, args: list[str
 
 def test_an_unknown_flag_without_sync_is_still_argparse_s_message(project: Path) -> None:
     assert cli("run", *HOSTS, "--lr", "3e-4", "--", "train.py") == (2, [
-        "error: torchherd: unrecognized arguments: --lr", "  hint: torchherd --help lists the options"])
+        "error: torchherd run: unrecognized arguments: --lr", "  hint: torchherd run --help lists the options"])
 
 
 def test_a_missing_sync_dir_before_the_script_is_not_a_directory(project: Path) -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from support.gpu import by_node, node_facts, observed, smi, xid_result
 from torchherd.checks.analysis import gpu, ib, nvsmi, xid
-from torchherd.checks.model import NodeFacts
+from torchherd.checks.model import NodeFacts, Observed
+from torchherd.inventory import parse
 
 DATA = Path(__file__).parent / "data" / "gpu"
 SMI = sorted((DATA / "nvidia-smi").glob("*.xml"))
@@ -433,3 +434,39 @@ def test_a_context_switch_timeout_beside_application_xids_warns() -> None:
     assert result.summary == ("node0: Xid 109 on 0000:cb:00: context switch timeout (the application, the driver or "
                               "the GPU); Xid 13 on 0000:cb:00 x3: graphics engine exception (usually the application) "
                               "(since boot, dmesg)")
+
+
+def test_fewer_processes_than_gpus_given_explicitly_warns_naming_nproc_gpu() -> None:
+    result = by_node(gpu.analyse(observed(1, node0=node_facts(smi("dual_a5000-v13.xml"), 2))))["node0"]
+    assert (result.status, result.summary, result.fix) == (
+        "warn", "2 GPU(s) visible, nproc_per_node = 1: 1 GPU(s) idle unless each process uses several",
+        '--nproc-per-node gpu (nproc_per_node = "gpu") starts one process per GPU')
+
+
+def test_the_default_single_process_on_a_gpu_node_is_no_warning() -> None:
+    inventory = parse({"hosts": [{"name": "node0"}]}, Path("hosts.toml"))
+    seen = Observed(inventory=inventory, master_target="node0")
+    seen.facts = {"node0": node_facts(smi("dual_a5000-v13.xml"), 2)}
+    assert (gpu.analyse(seen)[0].status, inventory.cluster.nproc_per_node) == ("pass", 1)
+
+
+def hostfile_node(slots: int, gpus: int, cpus: int) -> Observed:
+    inventory = parse({"hosts": [{"name": "gpu01", "nproc_per_node": slots}]}, Path("hostfile"))
+    seen = Observed(inventory=inventory, master_target="gpu01", node_nproc={"gpu01": slots})
+    xml = smi("dual_a5000-v13.xml") if gpus else None
+    seen.facts = {"gpu01": node_facts(xml, gpus, cpu_contention={"cpus": cpus, "load": 0.0})}
+    return seen
+
+
+def test_a_hostfile_count_above_the_node_says_which_reading_was_taken() -> None:
+    result = gpu.analyse(hostfile_node(2222, 0, 16))[0]
+    assert (result.status, result.summary, result.fix) == (
+        "warn", "nproc_per_node = 2222 is above gpu01's 16 CPU(s) and 0 GPU(s) (a hostfile's gpu01:2222 is read as "
+                "2222 processes, MPICH's host:N, not an SSH port)",
+        "for an SSH port, write ssh_port = 2222 in hosts.toml (or -H gpu01:2222); for processes, slots=N")
+    assert gpu.analyse(hostfile_node(2222, 2, 16))[0].summary.endswith("not an SSH port)")
+
+
+def test_a_hostfile_count_within_the_cpus_is_no_warning() -> None:
+    assert gpu.analyse(hostfile_node(16, 0, 16))[0].status == "skip"
+    assert gpu.analyse(hostfile_node(2, 2, 16))[0].status == "pass"

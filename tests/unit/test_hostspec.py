@@ -34,7 +34,7 @@ def test_host_items_take_user_port_and_nodesets() -> None:
     ("gpu[3-1]", "-H 'gpu[3-1]': [3-1]: the range 3-1 ends below its start"),
     ("node0,node0", "-H: host 'node0' is listed twice"),
     ("a@b@c", "-H 'a@b@c': expected [user@]host[:port]"),
-    ("[fe80::1]", "-H '[fe80::1]': an IPv6 address needs a name"),
+    ("[fe80::1]", "-H '[fe80::1]': -H does not take IPv6 addresses"),
     ("no/slash", "-H 'no/slash': 'no/slash' is not a usable host name"),
     ("@node1", "-H '@node1': an empty user before '@'"),
     ("node0,@gpu[1-2]:2222", "-H '@gpu[1-2]:2222': an empty user before '@'"),

@@ -168,8 +168,8 @@ def test_rdzv_conf_without_c10d_names_the_door() -> None:
 
 def test_the_ssh_timeout_one_verdict(tmp_path: Path) -> None:
     """The file took at most an hour, the flag a day: a day, from each door."""
-    code, out = cli(tmp_path, ["hosts", "--ssh-timeout", "86401"])
-    assert out[0] == "error: torchherd hosts: argument --ssh-timeout: expected seconds above 0, at most 86400, got '86401'"
+    code, out = cli(tmp_path, ["check", "--ssh-timeout", "86401"])
+    assert out[0] == "error: torchherd check: argument --ssh-timeout: expected seconds above 0, at most 86400, got '86401'"
     code, out = cli(tmp_path, ["hosts"], "[cluster]\nssh_timeout = 86401\n")
     assert out[0] == ("error: hosts.toml: [cluster].ssh_timeout: expected a positive number of seconds (at most 86400), "
                       "got an integer 86401")

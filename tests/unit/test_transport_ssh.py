@@ -183,7 +183,7 @@ def test_a_dead_bastion_fails_every_node_behind_it_at_once_naming_the_hop(tmp_pa
     assert log.opens["10.0.0.1"] == 1
     for name, result in results.items():
         assert isinstance(result, TransportError) and result.kind == "refused"
-        assert str(result) == f"{name}: jump host bastion: connection refused by {getpass.getuser()}@10.0.0.1"
+        assert str(result) == f"{name}: jump host bastion: connection refused by {getpass.getuser()}@10.0.0.1:22"
     assert connector._shared.chains == {}
 
 
@@ -226,7 +226,7 @@ def test_connections_made_in_many_threads_at_once_each_see_a_whole_config(tmp_pa
 
 @pytest.mark.parametrize("failure,kind,message", [
     (OSError(113, "No route to host"), "unreachable", "n0: no route to me@10.9.9.9 (No route to host)"),
-    (ConnectionRefusedError(111, "Connection refused"), "refused", "n0: connection refused by me@10.9.9.9"),
+    (ConnectionRefusedError(111, "Connection refused"), "refused", "n0: connection refused by me@10.9.9.9:22"),
 ])
 def test_paramikos_wrapper_of_every_failed_address_is_explained_by_the_address_s_own_error(
         failure: OSError, kind: str, message: str) -> None:

@@ -95,7 +95,7 @@ def add_check(commands: argparse._SubParsersAction[argparse.ArgumentParser],
               inventory: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``check``'s flags; the parser, for the help's list of check ids (``build_parser``)."""
     scheduler = scheduler_flags()
-    check = commands.add_parser("check", parents=[inventory, scheduler], help="preflight checks only; changes nothing",
+    check = commands.add_parser("check", parents=[inventory, scheduler], help="preflight checks only; changes nothing (--sync and --uv do: the project, its venvs)",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # the epilog comes wrapped
     check.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     check.add_argument("--only", metavar="ID,...", help="run only these checks (the ids are listed below)")
@@ -117,6 +117,6 @@ def add_check(commands: argparse._SubParsersAction[argparse.ArgumentParser],
                        help="always show the probes as a node x node matrix (shown anyway when one failed)")
     check.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT: also check the training script")
     check.set_defaults(handler=cmd_check)
-    add_host_flags(check, nproc=True)
+    add_host_flags(check, nproc=True, unused=frozenset({"--pull"}))  # check never pulls
     add_sync_flag(check, run=False)
     return check

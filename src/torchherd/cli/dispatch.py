@@ -28,10 +28,34 @@ if TYPE_CHECKING:
 Handler = Callable[[argparse.Namespace, "Console"], int]
 
 
-def _strip_separator(args: argparse.Namespace) -> None:
+def _strip_separator(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     script = getattr(args, "script", None)
     if script and script[0] == "--":
         args.script = script[1:]
+    elif script:
+        _own_flag_after_script(_command_parser(parser, args.command), script)
+
+
+SCRIPT_FLAGS_TOO = frozenset({"-h", "-i", "-m"})
+"""Short flags of run's that scripts take as often (their help, an input, a model): passed on."""
+
+
+def _own_flag_after_script(command: argparse.ArgumentParser, script: Sequence[str]) -> None:
+    """``run -H a train.py --dry-run`` hands --dry-run to train.py (the script and all after
+    it are the script's): refused without an explicit ``--``, which says the user meant it."""
+    for word in script[1:]:
+        if word == "--":
+            return
+        flag = word.split("=", 1)[0]
+        if flag in command._option_string_actions and flag not in SCRIPT_FLAGS_TOO:
+            raise UsageError(f"{flag} after {script[0]} would go to {script[0]}",
+                             "put it before the script, or write -- before the script to pass it on")
+
+
+def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    commands = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    command: argparse.ArgumentParser = commands[0]._name_parser_map[name]
+    return command
 
 
 def main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
@@ -72,12 +96,13 @@ def _parse(words: Sequence[str], console: Console | None) -> argparse.Namespace:
         # is told as what it most likely is (the script taken as --sync's DIR)
         args, extra = parser.parse_known_args(words)
         sync_took_the_script(args, extra)
-        if extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(parser, args, extra[0])}")
+        if extra:  # named by the command that refused them: torchherd run --help has its flags
+            command = _command_parser(parser, args.command) if args.command else parser
+            command.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(parser, args, extra[0])}")
+        _strip_separator(parser, args)
     except UsageError as error:
         render_error(_error_console(console), error)
         raise _Ended(error, EXIT_USAGE) from None
-    _strip_separator(args)
     return args
 
 
@@ -160,8 +185,7 @@ def _did_you_mean(parser: argparse.ArgumentParser, args: argparse.Namespace, unk
     if not unknown.startswith("--") or args.command is None:
         return ""
     flag = unknown.split("=", 1)[0]
-    commands = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
-    command = commands[0]._name_parser_map[args.command]
+    command = _command_parser(parser, args.command)
     known = [option for option in command._option_string_actions if option.startswith("--")]
     begun = [option for option in known if option.startswith(flag)]
     close = begun if len(begun) == 1 else difflib.get_close_matches(flag, known, n=1, cutoff=0.75)

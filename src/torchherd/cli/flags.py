@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from torchherd.cli.values import port, positive, ssh_timeout
 from torchherd.errors import UsageError
@@ -103,13 +103,25 @@ def add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
                        help="one more sbatch option, e.g. --slurm-extra=--qos=high (repeatable)")
 
 
-def add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False) -> None:
-    """Hosts without an inventory file, and the choices that override it for one run."""
+def add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False, unused: frozenset[str] = frozenset()) -> None:
+    """Hosts without an inventory file, and the choices that override it for one run; a
+    command leaves out the ``unused`` flags, which would do nothing there (refused, not ignored)."""
     group = parser.add_argument_group("hosts without an inventory, and choices for this run")
     add_first_host_flags(group)
-    add_more_host_flags(group)
+    add_more_host_flags(_Without(group, unused))
     if nproc:
         group.add_argument("--nproc-per-node", metavar="N", help=NPROC_HELP)
+
+
+class _Without:
+    """A group that adds every flag but the ``unused`` ones."""
+
+    def __init__(self, group: argparse._ActionsContainer, unused: frozenset[str]) -> None:
+        self.group, self.unused = group, unused
+
+    def add_argument(self, *names: str, **options: Any) -> None:
+        if not self.unused.intersection(names):
+            self.group.add_argument(*names, **options)
 
 
 def add_first_host_flags(group: argparse._ActionsContainer) -> None:
@@ -125,7 +137,7 @@ def add_first_host_flags(group: argparse._ActionsContainer) -> None:
                        help="where the job runs on every node (default: the inventory's workdir, else ~)")
 
 
-def add_more_host_flags(group: argparse._ActionsContainer) -> None:
+def add_more_host_flags(group: argparse._ActionsContainer | _Without) -> None:
     """The master, SSH's patience, and a subset of the hosts, for one command."""
     group.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
     group.add_argument("--master-port", metavar="PORT", type=port,
@@ -143,7 +155,7 @@ def add_more_host_flags(group: argparse._ActionsContainer) -> None:
                        help="auto, podman, docker, apptainer or enroot (default: [container].runtime, auto)")
     group.add_argument("--pull", metavar="POLICY",
                        help="never (default), missing or always: run pulls the image on every node at once before "
-                            "its preflight, a bar per node (check never pulls)")
+                            "its preflight, a bar per node")
     group.add_argument("--image-archive", metavar="FILE",
                        help="a docker save / podman save tar of the image: sent once, relayed node to node and loaded "
                             "on every node that lacks the image, before the launch (default: [container].archive)")

@@ -33,4 +33,4 @@ def add_hosts(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     hosts = commands.add_parser("hosts", parents=[inventory], help="show the resolved inventory")
     hosts.add_argument("--json", action="store_true", help="print the inventory as JSON")
     hosts.set_defaults(handler=cmd_hosts)
-    add_host_flags(hosts, nproc=True)
+    add_host_flags(hosts, nproc=True, unused=frozenset({"--ssh-timeout", "--pull", "--image-archive"}))

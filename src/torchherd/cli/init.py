@@ -50,6 +50,9 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
         entries, source = hostspec.host_entries(",".join(names), "--from-ssh-config"), f" from {config}"
         if config.resolve() != Path(DEFAULT_SSH_CONFIG).expanduser().resolve():
             ssh_config = str(config.resolve())  # its aliases resolve only through it
+    if entries and args.master is not None:  # named as the flag, before a file is written
+        hostspec.document([table for entry in entries for table in entry.tables()], master=args.master,
+                          flag="-H" if args.hosts else "--from-ssh-config")
     nproc = nproc_count(args.nproc_per_node)
     named = "" if path == Path("hosts.toml") else f"-i {shlex.quote(str(path))} "
     then = f"torchherd {named}hosts; torchherd {named}check -- train.py"

@@ -44,7 +44,8 @@ class _Parser(argparse.ArgumentParser):
         if choices is None or value in choices:
             return
         known = [str(choice) for choice in choices]
-        close = difflib.get_close_matches(str(value), known, n=1, cutoff=0.6)
+        close = [choice for choice in known if choice.lower() == str(value).lower()] or difflib.get_close_matches(
+            str(value), known, n=1, cutoff=0.6)  # RUN for run first: case, then spelling
         guess = f"; did you mean {close[0]!r}?" if close else ""
         if isinstance(action, argparse._SubParsersAction):
             raise argparse.ArgumentError(None, f"unknown command {value!r}{guess} (commands: {', '.join(known)})")
@@ -99,7 +100,8 @@ def cmd_docs(args: argparse.Namespace, console: Console) -> int:
     if args.topic is None:
         render_topics(console, [(topic, manual.title(manual.read(topic))) for topic in manual.topics()])
     else:
-        render_page(console, manual.read(args.topic))
+        # paged only on this process's own terminal (a console handed in by a caller is theirs)
+        render_page(console, manual.read(args.topic), manual.topics(), page=console.file is sys.stdout)
     return EXIT_OK
 
 

@@ -105,19 +105,22 @@ def cmd_stop(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK if render_stopped(console, run.record, left, recovery) else EXIT_FAILED
 
 
+RUN_HELP = "run id, or a unique start or end of it (e7c180 for th-20260101-120000-e7c180)"
+
+
 def add_detached_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = commands.add_parser("status", help="state of runs (detached, and the attached ones of the history), per node")
     status.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    status.add_argument("run", nargs="?", metavar="RUN", help="run id (default: every known run)")
+    status.add_argument("run", nargs="?", metavar="RUN", help=RUN_HELP + " (default: every known run)")
     status.set_defaults(handler=cmd_status)
 
     logs = commands.add_parser("logs", help="a run's output (detached or attached), with node:rank prefixes")
     logs.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
-    logs.add_argument("--node", metavar="N", help="only this node")
+    logs.add_argument("--node", metavar="N", help="only this node, by its name (as `torchherd status RUN` lists it)")
     logs.add_argument("--rank", metavar="R", type=count, help="only this global rank")
     logs.add_argument("--events", action="store_true",
                       help="the run's history instead: every event and node sample, one a line (UTC)")
-    logs.add_argument("run", metavar="RUN", help="run id")
+    logs.add_argument("run", metavar="RUN", help=RUN_HELP)
     logs.set_defaults(handler=cmd_logs)
 
     report = commands.add_parser("report", help="a run's history as one self-contained HTML page "
@@ -125,14 +128,14 @@ def add_detached_commands(commands: argparse._SubParsersAction[argparse.Argument
     report.add_argument("-o", "--output", metavar="FILE", type=Path,
                         help="where to write the page (default: report.html in the run's log directory)")
     report.add_argument("--text", action="store_true", help="the story in a few lines on the terminal instead")
-    report.add_argument("run", metavar="RUN", help="run id")
+    report.add_argument("run", metavar="RUN", help=RUN_HELP)
     report.set_defaults(handler=cmd_report)
 
     stop = commands.add_parser("stop", help="stop a detached run on every node, and confirm nothing is left")
     stop.add_argument("--grace", type=grace, metavar="S", help="SIGTERM to SIGKILL (default: the run's)")
-    stop.add_argument("run", metavar="RUN", help="run id")
+    stop.add_argument("run", metavar="RUN", help=RUN_HELP)
     stop.set_defaults(handler=cmd_stop)
 
     attach = commands.add_parser("attach", help="follow a detached run live; Ctrl-C detaches, never stops")
-    attach.add_argument("run", metavar="RUN", help="run id")
+    attach.add_argument("run", metavar="RUN", help=RUN_HELP)
     attach.set_defaults(handler=cmd_attach)

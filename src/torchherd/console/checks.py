@@ -19,6 +19,7 @@ from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.console import STATUS_STYLES, print_table, printable
 from torchherd.console.collapse import fold_names
 from torchherd.inventory import Inventory
+from torchherd.inventory.nodeset import split_top
 
 SYMBOLS = {"pass": "ok", "warn": "WARN", "fail": "FAIL", "skip": "-"}
 PENDING = "..."
@@ -135,7 +136,8 @@ def _coalesced(results: list[CheckResult]) -> list[tuple[CheckResult, int]]:
         if len(members) == 1:
             merged.append((members[0], 1))
             continue
-        label = fold_names([member.node for member in members])
+        # "a, b": "a,b" in "cannot resolve 'a,b'" read as one host's name
+        label = ", ".join(split_top(fold_names([member.node for member in members])))
         merged.append((CheckResult(label, check, members[0].status, summary.replace("\0", label),
                                    fix.replace("\0", label)), len(members)))
     return merged

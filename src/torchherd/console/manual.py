@@ -3,6 +3,8 @@ raw Markdown anywhere else (a pipe, a file: ``grep`` and ``less`` read it as wri
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Sequence
 
 from rich.console import Console
@@ -19,9 +21,20 @@ def render_topics(console: Console, rows: Sequence[tuple[str, str]]) -> None:
         console.print(Text(f"  {name.ljust(width)}  {title}"), soft_wrap=True)
 
 
-def render_page(console: Console, text: str) -> None:
+def render_page(console: Console, text: str, topics: Sequence[str] = (), page: bool = False) -> None:
+    """On a terminal: rendered, a page's ``docs/cli.md`` as the command that shows it
+    (``torchherd docs cli``: a pip user has no docs/), through ``$PAGER`` when ``page``
+    (as git help: less, told to keep the colours and to quit when it fits); elsewhere the
+    Markdown as written."""
     if console.is_terminal:
-        console.print(Markdown(text))
+        shown = re.sub(r"\bdocs/([\w-]+)\.md\b",
+                       lambda ref: f"torchherd docs {ref.group(1)}" if ref.group(1) in topics else ref.group(0), text)
+        if not page:
+            console.print(Markdown(shown))
+            return
+        os.environ.setdefault("LESS", "FRX")
+        with console.pager(styles=True):
+            console.print(Markdown(shown))
     else:
         console.file.write(text)
         console.file.flush()

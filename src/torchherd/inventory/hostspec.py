@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import os
 import re
 from dataclasses import dataclass, replace
+from ipaddress import ip_address
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 from torchherd.errors import InventoryError, UsageError
 from torchherd.inventory.model import Host, Inventory
-from torchherd.inventory.nodeset import NodesetError, expand, split_top
+from torchherd.inventory.nodeset import NodesetError, expand, pattern_size, split_top
 from torchherd.inventory.options import NPROC_PER_NODE, SSH_TIMEOUT
-from torchherd.inventory.parse import loads, parse, read
+from torchherd.inventory.parse import loads, master_port_problem, parse, read
 from torchherd.inventory.rules import HOST_NAME_PATTERN, MAX_NPROC, USER_HINT, valid_ruser
 
 
@@ -56,7 +58,14 @@ def host_entries(text: str, flag: str = "-H") -> list[HostEntry]:
         items = split_top(text)
     except NodesetError as error:
         raise UsageError(f"{flag} {error}", "write hosts like node0,ubuntu@node1:2222,gpu[01-04]") from None
-    entries = _apart([_entry(item, flag) for item in items])
+    limit = max_hosts()
+    entries: list[HostEntry] = []
+    count = 0
+    for item in items:
+        entry = _entry(item, flag, limit - count)
+        count += pattern_size(entry.name)
+        entries.append(entry)
+    entries = _apart(entries)
     _no_duplicates([name for entry in entries for name in expand(entry.name)], flag)
     return entries
 
@@ -84,17 +93,33 @@ LOOPBACK_V6 = ("::1", "[::1]")
 """``-H ::1``: this machine, named ``localhost`` (a name must be able to name a log file)."""
 
 
-def _entry(item: str, flag: str) -> HostEntry:
+MAX_HOSTS = 10_000
+"""More hosts than this in ``-H`` is a typo (``gpu[01-1000000]``), refused before anything
+is made of them; ``TORCHHERD_MAX_HOSTS`` raises it for a cluster that big."""
+
+
+def max_hosts() -> int:
+    given = os.environ.get("TORCHHERD_MAX_HOSTS", "")
+    return int(given) if given.isdigit() and int(given) > 0 else MAX_HOSTS
+
+
+def _too_many(flag: str, item: str, count: int) -> UsageError:
+    return UsageError(f"{flag} {item!r}: {count:,} hosts, more than {max_hosts():,} (a typo in a range?)",
+                      f"check the range; for a cluster that big, set TORCHHERD_MAX_HOSTS={count}")
+
+
+def _entry(item: str, flag: str, room: int = MAX_HOSTS) -> HostEntry:
     if not item:
         raise UsageError(f"{flag}: empty host (two commas, or one at an end)", "write hosts like node0,node1")
     if item.startswith(SSH_SCHEME):
-        return replace(_entry(item[len(SSH_SCHEME):], flag), transport="ssh")
+        return replace(_entry(item[len(SSH_SCHEME):], flag, room), transport="ssh")
     if item in LOOPBACK_V6:
         return HostEntry("localhost", address="::1")
     user, _, rest = item.rpartition("@")
-    if rest.startswith("[") and ":" in rest.split("]", 1)[0]:
-        raise UsageError(f"{flag} {item!r}: an IPv6 address needs a name",
-                         'list it in hosts.toml: name = "node3", address = "fe80::1"')
+    if _ipv6(rest):  # one message for every spelling: [fe80::1], fe80::1%eth0, ::
+        address = rest.strip("[]").rsplit("]", 1)[0].strip("[")
+        raise UsageError(f"{flag} {item!r}: {flag} does not take IPv6 addresses",
+                         f'name the host in an inventory: name = "node3", address = "{address}"')
     host, port = _split_port(rest, item, flag)
     if not host or "@" in user or "[" in user:
         raise UsageError(f"{flag} {item!r}: expected [user@]host[:port]", "for example ubuntu@node1:2222")
@@ -104,6 +129,9 @@ def _entry(item: str, flag: str) -> HostEntry:
     if user and not valid_ruser(user):
         raise UsageError(f"{flag} {item!r}: {user!r} is not a user name: ssh would hand it to a shell", USER_HINT)
     try:
+        count = pattern_size(host)
+        if count > room:  # counted, not made: a million names take seconds and hundreds of MB
+            raise _too_many(flag, item, count + max_hosts() - room)
         names = expand(host)
     except NodesetError as error:
         raise UsageError(f"{flag} {error}", "write a range like gpu[01-16] or gpu[1-3,7]") from None
@@ -111,7 +139,16 @@ def _entry(item: str, flag: str) -> HostEntry:
         if not HOST_NAME_PATTERN.match(name):
             raise UsageError(f"{flag} {item!r}: {name!r} is not a usable host name",
                              "use letters, digits, '.', '_' and '-' (it names the log file)")
+        if name.isdigit():  # ssh and the resolver take 2 for the address 0.0.0.2
+            raise UsageError(f"{flag} {item!r}: {name!r} is all digits, an address ({ip_address(int(name) % 2**32)}) "
+                             "to ssh, not a name", "name hosts with a letter in them: node1, gpu[01-04]")
     return HostEntry(host, user or None, port)
+
+
+def _ipv6(text: str) -> bool:
+    """``[fe80::1]``, ``[::1]:22``, ``fe80::1%eth0``: colons inside a bracket group, or more
+    than the one of host:port (a nodeset's brackets hold no colon)."""
+    return (text.startswith("[") and ":" in text.split("]", 1)[0]) or text.count(":") > 1
 
 
 def _split_port(text: str, item: str, flag: str) -> tuple[str, int | None]:
@@ -305,7 +342,7 @@ def override(inventory: Inventory, *, python: str | None = None, workdir: str | 
         spares = tuple(replace(host, **changes) for host in spares)
     cluster = inventory.cluster
     if nproc_per_node is not None:
-        cluster = replace(cluster, nproc_per_node=nproc_per_node)
+        cluster = replace(cluster, nproc_per_node=nproc_per_node, nproc_per_node_set=True)
     if port is not None:
         cluster = replace(cluster, port=port)
     if ssh_timeout is not None:
@@ -317,6 +354,10 @@ def override(inventory: Inventory, *, python: str | None = None, workdir: str | 
                              _did_you_mean(master, names))
         hosts = _with_master(hosts, master)
         cluster = replace(cluster, master=master)
+    clash = master_port_problem(cluster.port, hosts, cluster.master) if port is not None or master else None
+    if clash:
+        raise UsageError(f"--master-port {cluster.port}: {clash}" if port is not None else f"--master {master}: "
+                         f"[cluster].port {clash}", "choose a free port for the rendezvous (torchrun's default is 29500)")
     return replace(inventory, cluster=cluster, hosts=hosts, spares=spares)
 
 

@@ -76,6 +76,8 @@ class Cluster:
     """Whether the inventory chose the rendezvous itself (not the "static" default)."""
     scheduler: str = "ssh"
     """"ssh": torchherd starts every node itself; "slurm": SLURM does (``[slurm]``)."""
+    nproc_per_node_set: bool = False
+    """Whether nproc_per_node was given (the inventory, ``--nproc-per-node``), not the default 1."""
 
 
 @dataclass(frozen=True)

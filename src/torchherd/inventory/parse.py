@@ -10,7 +10,7 @@ import sys
 from dataclasses import fields, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -59,6 +59,9 @@ CLUSTER_KEYS = (
     "master", "port", "nproc_per_node", "rdzv_backend", "master_addr",
     "ssh_config", "ssh_timeout", "scheduler",
 )
+CLUSTER_ONLY = MappingProxyType({key: "[cluster]" for key in ("master", "port", "rdzv_backend", "master_addr",
+                                                                "ssh_config", "ssh_timeout", "scheduler")})
+"""The ``[cluster]`` keys a host's table or ``[defaults]`` cannot take: said where one is written there."""
 NODE_KEYS = ("user", "ssh_port", "identity_file", "python", "workdir", "env", "setup", "uv", "venv_dir")
 HOST_KEYS = ("name", "address", "local_addr", "nproc_per_node", "spare", "container", "transport") + NODE_KEYS
 TRANSPORTS = ("auto", "ssh", "local")
@@ -307,7 +310,7 @@ def _slurm_without_hosts(document: Mapping[str, Any], cluster: Mapping[str, Any]
 
 
 def _slurm_template(defaults: Mapping[str, Any], path: Path, container: Mapping[str, Any]) -> Host:
-    base = _read_node_keys(Reader(path, "[defaults].", defaults, NODE_KEYS), {})
+    base = _read_node_keys(Reader(path, "[defaults].", defaults, NODE_KEYS, CLUSTER_ONLY), {})
     return _parse_host(Reader(path, "", {"name": SLURM_TEMPLATE_HOST}, HOST_KEYS), base, container)
 
 
@@ -324,13 +327,25 @@ def _defaults_nproc(defaults: Mapping[str, Any], cluster: Mapping[str, Any],
     ``[cluster].nproc_per_node``: every host's count unless its table sets its own."""
     if "nproc_per_node" not in defaults:
         return defaults, cluster
-    read = Reader(path, "[defaults].", defaults, NODE_KEYS + ("nproc_per_node",))
+    read = Reader(path, "[defaults].", defaults, NODE_KEYS + ("nproc_per_node",), CLUSTER_ONLY)
     if "nproc_per_node" in cluster:
         read.fail("nproc_per_node", "[cluster].nproc_per_node is set too",
                   "keep one of them: both are every host's process count")
     value = read.option(NPROC_PER_NODE)("nproc_per_node", defaults["nproc_per_node"])
     return ({key: item for key, item in defaults.items() if key != "nproc_per_node"},
             {**cluster, "nproc_per_node": value})
+
+
+def master_port_problem(port: int, hosts: Sequence[Host], master: str) -> str | None:
+    """Why the master port cannot be ``port``: sshd's port 22, or the SSH port of a host at
+    the master's address (one machine at two ports), where torchrun's bind would fail."""
+    if port == 22:
+        return "22 is SSH's port"
+    at = {host.address for host in hosts if host.name == master}
+    for host in hosts:
+        if host.address in at and host.transport == "ssh" and port == (host.ssh_port or 22):
+            return f"{port} is the SSH port of {host.name}, at the master's address"
+    return None
 
 
 def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path,
@@ -343,15 +358,19 @@ def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path
                   "choose another master, or drop spare = true from that host")
     if master not in names:
         read.fail("master", f"{master!r} is not one of the hosts ({', '.join(names)})",
-                  did_you_mean(master, tuple(names)))
+                  did_you_mean(master, tuple(names), "hosts"))
     ssh_config = read.get("ssh_config", None, read.text)
     if ssh_config and not _relative_to(path, ssh_config).is_file():
         read.fail("ssh_config", f"{str(_relative_to(path, ssh_config))!r}: no such file",
                   "fix the path (relative to the inventory), or leave the key out to use ~/.ssh/config")
     default_nproc: int | str = 1
+    port = read.get("port", 29500, read.port)
+    clash = master_port_problem(port, hosts, master)
+    if clash:
+        read.fail("port", clash, "choose a free port for the rendezvous (torchrun's default is 29500)")
     return Cluster(
         master=master,
-        port=read.get("port", 29500, read.port),
+        port=port,
         nproc_per_node=read.get("nproc_per_node", default_nproc, read.option(NPROC_PER_NODE)),
         rdzv_backend=read.get("rdzv_backend", "static", read.choice(RDZV_BACKENDS)),
         master_addr=read.get("master_addr", None, read.text),
@@ -359,6 +378,7 @@ def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path
         ssh_timeout=read.get("ssh_timeout", 10.0, read.option(SSH_TIMEOUT)),
         rdzv_backend_set="rdzv_backend" in table,
         scheduler=read.get("scheduler", "ssh", read.choice(SCHEDULERS)),
+        nproc_per_node_set="nproc_per_node" in table,
     )
 
 
@@ -396,11 +416,11 @@ def _parse_hosts(document: Mapping[str, Any], defaults: Mapping[str, Any], path:
                              'add at least one [[hosts]] table with name = "..."')
     if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
         raise InventoryError(f"{path}: hosts: expected [[hosts]] tables, got {show(entries)}")
-    base = _read_node_keys(Reader(path, "[defaults].", defaults, NODE_KEYS), {})
+    base = _read_node_keys(Reader(path, "[defaults].", defaults, NODE_KEYS, CLUSTER_ONLY), {})
     hosts: list[Host] = []
     seen: set[str] = set()  # a set, not a scan of the hosts so far: 50,000 hosts parse in linear time
     for index, entry in enumerate(entries):
-        read = Reader(path, f"hosts[{index}].", entry, HOST_KEYS)
+        read = Reader(path, f"hosts[{index}].", entry, HOST_KEYS, CLUSTER_ONLY)
         for expanded in _expand_entry(read):
             host = _parse_host(Reader(path, f"hosts[{index}].", expanded, HOST_KEYS), base, container)
             if host.name in seen:

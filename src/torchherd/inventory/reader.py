@@ -35,11 +35,17 @@ T = TypeVar("T")
 class Reader:
     """Reads typed values out of one TOML table, naming the key in every error."""
 
-    def __init__(self, path: Path, where: str, table: Mapping[str, Any], allowed: tuple[str, ...]):
+    def __init__(self, path: Path, where: str, table: Mapping[str, Any], allowed: tuple[str, ...],
+                 elsewhere: Mapping[str, str] | None = None):
+        """``elsewhere``: the table each key of another table belongs in (``ssh_timeout``:
+        ``[cluster]``), said instead of a guess at a key of this one."""
         self.path = path
         self.where = where
         self.table = table
         for key in table:
+            if key in (elsewhere or {}) and key not in allowed:
+                self.fail(key, "not a key of this table", f"{key} belongs in {(elsewhere or {})[key]}: one value "
+                          "for every host")
             if key not in allowed:
                 self.fail(key, "unknown key", did_you_mean(key, allowed))
 
@@ -230,11 +236,11 @@ class Reader:
         return result
 
 
-def did_you_mean(key: str, allowed: tuple[str, ...]) -> str:
+def did_you_mean(key: str, allowed: tuple[str, ...], kind: str = "keys") -> str:
     close = difflib.get_close_matches(key, allowed, n=1)
     if close:
         return f"did you mean {close[0]!r}?"
-    return f"known keys: {', '.join(allowed)}"
+    return f"known {kind}: {', '.join(allowed)}"
 
 
 

@@ -173,7 +173,25 @@ def image_problem(image: object) -> Optional[str]:
     if not IMAGE.match(image):
         return ("%r is not an image name: only letters, digits and . _ / : @ + - (a shell would read the "
                 "rest)" % image)
+    repository = _repository(image)
+    if repository != repository.lower():
+        return ("%r: docker and podman take only lower case in a repository name (%r); write %r"
+                % (image, repository, image.replace(repository, repository.lower(), 1)))
     return None
+
+
+def _repository(image: str) -> str:
+    """The repository path of a registry reference (``nvcr.io/nvidia/pytorch:24.05`` ->
+    ``nvidia/pytorch``: the registry host may be any case); "" for a file (``/x.sif``) or
+    a ``scheme://`` reference, which are not docker's to refuse."""
+    if image.startswith(("/", "./")) or "://" in image:
+        return ""
+    name = image.split("@", 1)[0]
+    head, slash, tail = name.rpartition("/")
+    name = head + slash + tail.split(":", 1)[0]
+    first, _, rest = name.partition("/")
+    registry = rest and ("." in first or ":" in first or first == "localhost")
+    return rest if registry else name
 
 
 def mount_problem(mount: object) -> Optional[str]:

@@ -80,7 +80,7 @@ def explain(target: SshTarget, error: BaseException, check: HostKeyCheck | None 
         return error
     if isinstance(error, socket.gaierror):
         return TransportError(node, "dns", f"{node}: cannot resolve {target.hostname!r} ({error.strerror})",
-                              "fix the address in the inventory or ~/.ssh/config, or the controller's DNS")
+                              "fix the address (in -H or the inventory) or ~/.ssh/config, or the controller's DNS")
     if isinstance(error, paramiko.BadHostKeyException):
         check = check or HostKeyCheck(target, False, "")
         verdict = check.verdict(error.key.asbytes())
@@ -102,7 +102,7 @@ def explain(target: SshTarget, error: BaseException, check: HostKeyCheck | None 
         if errors and not isinstance(errors[0], paramiko.ssh_exception.NoValidConnectionsError):
             return explain(target, errors[0], check)
     if isinstance(error, (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError)):
-        return TransportError(node, "refused", f"{node}: connection refused by {where}",
+        return TransportError(node, "refused", f"{node}: connection refused by {target.describe(port_always=True)}",
                               "is sshd running on the node and listening on that port?")
     if isinstance(error, (socket.timeout, TimeoutError)):
         return TransportError(node, "timeout", f"{node}: no answer from {where} (timed out)",

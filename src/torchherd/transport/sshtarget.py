@@ -46,8 +46,9 @@ class SshTarget:
     revoked_host_keys: tuple[str, ...] = ()
     """``RevokedHostKeys`` files: a key they list is refused; one that cannot be read refuses the host."""
 
-    def describe(self) -> str:
-        port = f":{self.port}" if self.port != 22 else ""
+    def describe(self, port_always: bool = False) -> str:
+        """``user@host[:port][ via jump]``; ``port_always``: :22 too (where the port is the news)."""
+        port = f":{self.port}" if self.port != 22 or port_always else ""
         via = f" via {self.proxy_jump}" if self.proxy_jump else ""
         return f"{self.user}@{self.hostname}{port}{via}"
 

@@ -74,10 +74,13 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
             return _result(host.name, [_stuck(host.name, stuck)])
         return CheckResult(host.name, CHECK, "skip", "neither torch nor nvidia-smi could count GPUs here")
     listed = len(report.gpus) if isinstance(report, nvsmi.SmiReport) else 0
+    oversized = _above_the_node(host, nproc, facts, count)
     if count == 0:
         if nproc == "gpu":
             return CheckResult(host.name, CHECK, "fail", f"no GPU visible on {host.name}, nproc_per_node = gpu",
                                "set nproc_per_node to a number (CPU, gloo) or check the driver (nvidia-smi)")
+        if not listed and oversized:
+            return _result(host.name, [oversized])
         if not listed:
             return CheckResult(host.name, CHECK, "skip",
                                f"CPU-only node: nproc_per_node = {nproc} runs on CPU (gloo)")
@@ -94,6 +97,12 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
     if isinstance(nproc, int) and nproc > count > 0:  # none at all: the job runs on CPU (gloo)
         findings.append(Finding("fail", f"{host.name} sees {count} GPU(s), nproc_per_node = {nproc}",
                                 f"set nproc_per_node = {count}, or check CUDA_VISIBLE_DEVICES on {host.name}"))
+    elif isinstance(nproc, int) and 0 < nproc < count and _nproc_given(observed, host):
+        findings.append(Finding("warn", f"{count} GPU(s) visible, nproc_per_node = {nproc}: {count - nproc} GPU(s) "
+                                        "idle unless each process uses several",
+                                "--nproc-per-node gpu (nproc_per_node = \"gpu\") starts one process per GPU"))
+    if oversized:
+        findings.append(oversized)
     if stuck:
         findings.append(_stuck(host.name, stuck))
     if isinstance(report, nvsmi.SmiReport):
@@ -114,6 +123,28 @@ def _node(observed: Observed, host: Host, facts: NodeFacts, report: nvsmi.SmiRep
     return CheckResult(host.name, CHECK, "pass", f"{count} GPU(s) visible for nproc_per_node = {nproc}"
                        + (_describe(report) + _legacy_persistence(report, daemon_runs(facts))
                           if isinstance(report, nvsmi.SmiReport) else ""))
+
+
+def _above_the_node(host: Host, nproc: int | str, facts: NodeFacts, gpus: int) -> Finding | None:
+    """A host's own count above both its CPUs and its GPUs: ``ubuntu@gpu01:2222`` in a
+    hostfile is MPICH's host:N, 2,222 processes, where -H reads an SSH port."""
+    cpus = mapping(facts.get("cpu_contention")).get("cpus")
+    if (host.nproc_per_node != nproc or not isinstance(nproc, int) or not isinstance(cpus, int)
+            or nproc <= max(cpus, gpus)):
+        return None
+    return Finding("warn", f"nproc_per_node = {nproc} is above {host.name}'s {cpus} CPU(s) and {gpus} GPU(s) "
+                           f"(a hostfile's {host.name}:{nproc} is read as {nproc} processes, MPICH's host:N, "
+                           "not an SSH port)",
+                   f"for an SSH port, write ssh_port = {nproc} in hosts.toml (or -H {host.name}:{nproc}); for "
+                   f"processes, slots=N")
+
+
+def _nproc_given(observed: Observed, host: Host) -> bool:
+    """Whether someone chose this node's process count: the default 1 on a GPU node is
+    told by the plan, not warned about here (a warning must never be a false alarm)."""
+    cluster = observed.inventory.cluster
+    return (host.nproc_per_node is not None or cluster.nproc_per_node_set
+            or observed.nproc_per_node not in (None, cluster.nproc_per_node))
 
 
 def _stuck(node: str, error: object) -> Finding:
