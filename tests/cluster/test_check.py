@@ -486,8 +486,11 @@ def test_gpu_faults_are_named_on_their_node_alone(inventory: Inventory, cluster:
     assert results["node1", "gpu"].fix.startswith("drain node1 and reset GPU 1: `sudo nvidia-smi -r -i 1`")
     assert results["node2", "xid"].summary == ("node2: Xid 79 on GPU 0 (0000:81:00): the GPU has fallen off the bus "
                                                "(the GPU, its slot, riser or power) (since boot, dmesg)")
+    # persistence mode on, no nvidia-persistenced: a pass that names the one to use (issue 39)
     assert results["node0", "gpu"].summary == ("2 GPU(s) visible for nproc_per_node = 2 (driver 590.44.01, "
-                                               "CUDA 13.1, NVIDIA RTX A5000)")
+                                               "CUDA 13.1, NVIDIA RTX A5000); persistence by `nvidia-smi -pm 1`, "
+                                               "which driver 590.44.01 deprecates: nvidia-persistenced is the one "
+                                               "to use")
     assert results["node2", "gpu"].status == "pass" and results["node1", "xid"].status == "pass"
     assert {results[node, "ib"].summary for node in ("node0", "node1", "node2")} == {"no InfiniBand or RoCE device here"}
 
