@@ -22,6 +22,12 @@ test module imports another (tests/unit/test_suite_marks.py).
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+
 import pytest
 
 PHASES = ("unit", "cluster", "serial")
@@ -64,3 +70,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("cluster") is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+
+
+@pytest.fixture
+def other_user() -> Iterator[str]:
+    """A second local account (the cluster's nodes share this machine's /etc/passwd), removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second local user")
+    if shutil.which("useradd") is None or shutil.which("runuser") is None:
+        pytest.skip("needs useradd and runuser")
+    name = "th" + uuid.uuid4().hex[:10]
+    subprocess.run(["useradd", "-M", "-s", "/bin/sh", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=False)

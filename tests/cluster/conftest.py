@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
-import subprocess
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -179,14 +176,3 @@ def controllers() -> Iterator[Callable[..., Controller]]:
         controller.stop()
 
 
-@pytest.fixture
-def other_user() -> Iterator[str]:
-    """A second account on every node (the nodes share this machine's /etc/passwd), removed afterwards."""
-    if shutil.which("useradd") is None or shutil.which("runuser") is None:
-        pytest.skip("needs useradd and runuser")
-    name = "th" + uuid.uuid4().hex[:10]
-    subprocess.run(["useradd", "-M", "-s", "/bin/sh", name], check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", name], check=False)

@@ -43,21 +43,6 @@ def status(records: list[bytes], event: str) -> dict[str, object]:
     return next(json.loads(record[1:]) for record in records if record.startswith(b'S{"event":"%s"' % event.encode()))
 
 
-@pytest.fixture
-def other_user() -> Iterator[str]:
-    """A second local account, removed afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a second local user")
-    if shutil.which("useradd") is None or shutil.which("runuser") is None:
-        pytest.skip("needs useradd and runuser")
-    name = "th" + uuid.uuid4().hex[:10]
-    subprocess.run(["useradd", "-M", "-s", "/bin/sh", name], check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", name], check=False)
-
-
 def as_user(user: str, command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["runuser", "-u", user, "--", "sh", "-c", command], capture_output=True, text=True,
                           timeout=30, cwd="/")
