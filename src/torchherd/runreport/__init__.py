@@ -4,12 +4,12 @@ file, ``html``), ``report RUN --text`` (``text``), ``torchherd.report`` and
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from torchherd.engine.eventlog import HISTORY_FILE, Recorded, history_file, read_history
 from torchherd.engine.records import load
 from torchherd.errors import UsageError
+from torchherd.remote.wire import write_text_atomic
 from torchherd.runreport.story import Story, story_of
 
 NO_HISTORY_HINT = ("a run keeps its history from this version on, attached or detached with retries; "
@@ -46,16 +46,7 @@ def write_html(found: Story, path: Path) -> Path:
     """The report written to ``path`` (private: 0600, replaced atomically); its path."""
     from torchherd.runreport.html import page
 
-    text = page(found)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    write_text_atomic(str(path), page(found))
     return path
 
 
