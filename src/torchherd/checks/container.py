@@ -12,6 +12,7 @@ import re
 import shlex
 from typing import Any, Mapping
 
+from torchherd.checks.gather import DROP_START_DIRECTORY
 from torchherd.errors import TransportError
 from torchherd.inventory import ContainerSettings, Host
 from torchherd.remote import container as containers
@@ -27,8 +28,7 @@ CHECK_WORKDIR = "/"
 # The first line drops the start directory ("" first in sys.path under ``python -c``) before
 # anything is imported, so no json.py or torch/ in the directory the image starts in is run;
 # -I would do it too, but would also drop the image's own PYTHONPATH, which may be how it finds torch.
-VERSIONS = """\
-import sys; sys.path[:] = [path for path in sys.path if path]
+VERSIONS = DROP_START_DIRECTORY + """\
 import json
 found = {"python": sys.version.split()[0], "executable": sys.executable}
 try:
