@@ -1,7 +1,7 @@
 """The programs torchherd runs on the nodes, and how they travel there.
 
 The node programs (``supervisor.py``, ``coordinator.py``, ``stop.py``, ``hangprobe.py``,
-``receive.py``, ``venv.py``, ``checkpoint.py``, ``image.py``) and the modules they share
+``receive.py``, ``venv.py``, ``checkpoint.py``, ``image.py``, ``zygote.py``) and the modules they share
 (``container``, ``wire``, ``relay``, ``framing``, ``proctable``, ``ranks``, ``flight``, ``checkpoint``,
 ``savewatch``)
 use the standard library only, and run on the node's own Python (>= 3.8); nothing is
@@ -35,6 +35,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "venv.py": ("receive.py",),
     "checkpoint.py": ("relay.py",),
     "image.py": ("container.py", "relay.py"),
+    "zygote.py": (),
 }
 """Each node program and the modules it imports, in the order they are loaded (a module
 after those it imports)."""

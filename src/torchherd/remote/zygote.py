@@ -1,0 +1,587 @@
+"""A warm Python per node: it has imported torch once, and forks each process of the job.
+
+Standard library only, Python >= 3.8, Linux. Shipped like every node program
+(``torchherd.remote.program("zygote.py")``) and started as ``PYTHON -u -c PROGRAM serve
+PRELOAD...`` (no ``-I``/``-S``: it imports what the job imports, with the job's
+environment and ``sys.path``). It imports each PRELOAD module (``torch``,
+``torch.distributed.run``; never CUDA), makes a private directory (``mkdtemp``, 0700) and
+in it ``sock`` (a unix socket, 0600) and ``python``, a tiny client that stands in for the
+interpreter: ``DIR/python -m torch.distributed.run ...`` starts torchrun's agent, and
+``PYTHON_EXEC=DIR/python`` makes the agent start each rank through it too. Its first
+line on stdout is ``{"dir": DIR}`` (or ``{"error": why}``); it ends, killing every
+child it forked, when its stdin ends (the controller's channel), on SIGTERM/SIGINT/SIGHUP.
+
+The client (``DIR/python ARGS...``) connects to ``sock`` and sends its arguments, its
+environment, its working directory and its stdin, stdout and stderr (SCM_RIGHTS). The
+zygote forks; the child starts a session of its own (a fresh process group, as torchrun
+gives each rank), takes those fds, directory, environment (``os.environ`` and the
+initial environment ``/proc/PID/environ`` shows, so the supervisor's teardown and the
+rank finders see the job's variables) and arguments, and runs the script or module as
+``__main__`` from its first line (``runpy``). The client relays every signal it gets to
+the child's process group and exits as the child did (a signal: by the same signal).
+The zygote kills a child whose client is gone (SIGKILLed by a teardown).
+
+A child is forked only when it is safe, else the client runs the real interpreter
+(``exec``, cold) and says why on stderr: CUDA initialised in the zygote, a thread more
+than the preload left, an option or a ``PYTHON*`` variable that changes how Python starts
+and that the zygote did not start with, or no zygote to reach.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import tempfile
+from typing import Dict, List, Optional, Tuple
+
+HEADER = struct.Struct("!I")
+MAX_REQUEST = 16 * 1024 * 1024
+SOCKET_NAME = "sock"
+CLIENT_NAME = "python"
+PROGRAM_NAME = "program.py"
+ENV_PAD = "TORCHHERD_ZYGOTE_ROOM"
+"""Room in the zygote's initial environment block: a child writes its own environment there."""
+ENV_ROOM = 120 * 1024
+"""Below Linux's MAX_ARG_STRLEN (128 KiB): one variable of it passes ``execve``."""
+KILL_GRACE = 5.0
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+           signal.SIGABRT, signal.SIGCONT, signal.SIGWINCH)
+STARTUP_VARIABLES_KEPT = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER")
+"""``PYTHON*`` variables a child applies itself; any other one must be as the zygote had it."""
+COLD_NOTE = "torchherd: started cold (%s)\n"
+
+
+# -- the messages -------------------------------------------------------------------
+
+
+def send_message(sock: socket.socket, message: Dict[str, object], fds: Tuple[int, ...] = ()) -> None:
+    data = json.dumps(message).encode()
+    framed = HEADER.pack(len(data)) + data
+    if fds:
+        sock.sendmsg([framed[:1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        framed = framed[1:]
+    sock.sendall(framed)
+
+
+def receive_message(sock: socket.socket, want_fds: int = 0) -> Tuple[Optional[Dict[str, object]], List[int]]:
+    """One message and the fds that came with it; (None, []) when the peer is gone."""
+    fds: List[int] = []
+    data = b""
+    if want_fds:
+        room = socket.CMSG_SPACE(want_fds * array.array("i").itemsize)
+        first, ancillary, _flags, _address = sock.recvmsg(1, room)
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(payload[: len(payload) - len(payload) % got.itemsize])
+                fds.extend(got)
+        if not first:
+            return None, fds
+        data = first
+    data += _exactly(sock, HEADER.size - len(data))
+    if len(data) < HEADER.size:
+        return None, fds
+    (size,) = HEADER.unpack(data)
+    if size > MAX_REQUEST:
+        return None, fds
+    body = _exactly(sock, size)
+    if len(body) < size:
+        return None, fds
+    message = json.loads(body.decode())
+    return (message if isinstance(message, dict) else None), fds
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+# -- what a child runs ----------------------------------------------------------------
+
+
+def parse_python_args(args: List[str]) -> Tuple[Optional[Dict[str, object]], str]:
+    """The interpreter's arguments as the child takes them: ({unbuffered, module or
+    script, argv}, "") or (None, why the child cannot: an option it does not emulate)."""
+    unbuffered = False
+    index = 0
+    while index < len(args):
+        word = args[index]
+        if word == "-u":
+            unbuffered = True
+            index += 1
+        elif word == "-m" and index + 1 < len(args):
+            module = args[index + 1]
+            return {"unbuffered": unbuffered, "module": module, "argv": [module] + args[index + 2:]}, ""
+        elif word == "--":
+            index += 1
+            break
+        elif word.startswith("-"):
+            return None, "python option %s" % word
+        else:
+            break
+    if index >= len(args) or args[index] == "-":
+        return None, "no script"
+    return {"unbuffered": unbuffered, "script": args[index], "argv": args[index:]}, ""
+
+
+def startup_differs(env: Dict[str, str], mine: Dict[str, str]) -> str:
+    """A ``PYTHON*`` variable that would start Python otherwise than the zygote started, or ""."""
+    names = sorted(name for name in set(env) | set(mine)
+                   if name.startswith("PYTHON") and name not in STARTUP_VARIABLES_KEPT and name != "PYTHON_EXEC")
+    for name in names:
+        if env.get(name) != mine.get(name):
+            return "%s differs from the warm interpreter's" % name
+    return ""
+
+
+def rewrite_initial_environ(env: Dict[str, str]) -> bool:
+    """Writes ``env`` over this process's initial environment block (what
+    ``/proc/self/environ`` shows, read by the supervisor's teardown and the rank finders)
+    when it fits; the C library's pointers into it are gone by then (``os.environ`` was
+    cleared and refilled). False when it does not fit or cannot be found."""
+    try:
+        import ctypes
+
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50, 51)
+        block = b"".join(name.encode() + b"=" + value.encode() + b"\0"
+                         for name, value in env.items() if "\0" not in name + value)
+        if start <= 0 or len(block) > end - start:
+            return False
+        ctypes.memmove(start, block + b"\0" * (end - start - len(block)), end - start)
+        return True
+    except (OSError, ValueError, IndexError, ImportError):
+        return False
+
+
+def run_child(request: Dict[str, object], fds: List[int]) -> None:
+    """In the forked child: become the job's process, run it, never return."""
+    code = 1
+    try:
+        os.setsid()
+        for target, fd in enumerate(fds[:3]):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        for number in RELAYED + (signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(number, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        env = {str(k): str(v) for k, v in dict(request["env"]).items()}  # type: ignore[call-overload]
+        os.chdir(str(request["cwd"]))
+        os.environ.clear()
+        os.environ.update(env)
+        rewrite_initial_environ(env)
+        code = _run_python(request)
+    except SystemExit as stop:
+        code = _exit_code(stop.code)
+    except BaseException:  # noqa: BLE001 - the job's own error: its traceback, as python prints it
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    _finish(code)
+
+
+def _run_python(request: Dict[str, object]) -> int:
+    import io
+    import runpy
+
+    spec = dict(request["spec"])  # type: ignore[call-overload]
+    if spec["unbuffered"] or os.environ.get("PYTHONUNBUFFERED"):
+        sys.stdout = io.TextIOWrapper(open(1, "wb", 0, closefd=False), write_through=True)
+        sys.stderr = io.TextIOWrapper(open(2, "wb", 0, closefd=False), write_through=True,
+                                      errors="backslashreplace")
+    else:
+        sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), line_buffering=os.isatty(1))
+        sys.stderr = io.TextIOWrapper(open(2, "wb", 0, closefd=False), write_through=True,
+                                      errors="backslashreplace")
+    sys.stdin = io.TextIOWrapper(open(0, "rb", closefd=False))
+    if os.environ.get("PYTHONFAULTHANDLER"):
+        import faulthandler
+
+        faulthandler.enable()
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
+    sys.argv = [str(word) for word in spec["argv"]]
+    if "module" in spec:
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(str(spec["module"]), run_name="__main__", alter_sys=True)
+    else:
+        script = str(spec["script"])
+        sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
+        runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    sys.stderr.write(str(code) + "\n")
+    return 1
+
+
+def _finish(code: int) -> None:
+    """The interpreter's own ending, as far as a forked child can have it: non-daemon
+    threads joined, atexit handlers, streams flushed; then ``_exit`` (the zygote's
+    stack below this frame is not the child's to unwind)."""
+    try:
+        import threading
+
+        shutdown = getattr(threading, "_shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        import atexit
+
+        atexit._run_exitfuncs()
+    except SystemExit as stop:
+        code = _exit_code(stop.code)
+    except BaseException:  # noqa: BLE001 - the ending must end
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+# -- the zygote -----------------------------------------------------------------------
+
+
+class Zygote:
+    def __init__(self, directory: str, listener: socket.socket) -> None:
+        self.directory = directory
+        self.listener = listener
+        self.selector = selectors.DefaultSelector()
+        self.children: Dict[int, socket.socket] = {}
+        self.clients: Dict[socket.socket, int] = {}
+        self.tasks = len(os.listdir("/proc/self/task"))
+        self.startup_env = dict(os.environ)
+        self.stopping = False
+        self.wake: Tuple[int, int] = (-1, -1)
+
+    def unsafe(self) -> str:
+        """Why forking now would not be safe, or ""."""
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        if cuda is not None and cuda.is_initialized():
+            return "CUDA is initialised in the warm interpreter"
+        import threading
+
+        if threading.active_count() > 1 or len(os.listdir("/proc/self/task")) > self.tasks:
+            return "the warm interpreter has started a thread"
+        return ""
+
+    def serve(self, stdin: int) -> None:
+        wake_r, wake_w = self.wake = os.pipe()
+        os.set_blocking(wake_w, False)
+        os.set_blocking(wake_r, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(number, self._stop)
+        self.selector.register(self.listener, selectors.EVENT_READ, "listen")
+        self.selector.register(wake_r, selectors.EVENT_READ, "wake")
+        self.selector.register(stdin, selectors.EVENT_READ, "stdin")
+        while not self.stopping:
+            for key, _events in self.selector.select(1.0):
+                if key.data == "listen":
+                    self._accept()
+                elif key.data == "wake":
+                    try:
+                        os.read(wake_r, 512)
+                    except BlockingIOError:
+                        pass
+                elif key.data == "stdin":
+                    if not os.read(stdin, 4096):
+                        self.stopping = True
+                else:
+                    self._client_gone(key.fileobj)  # type: ignore[arg-type]
+            self._reap()
+        self.shutdown()
+
+    def _stop(self, *_args: object) -> None:
+        self.stopping = True
+
+    def _accept(self) -> None:
+        try:
+            conn, _address = self.listener.accept()
+        except OSError:
+            return
+        conn.setblocking(True)
+        conn.settimeout(10.0)
+        try:
+            request, fds = receive_message(conn, 3)
+        except (OSError, ValueError):
+            request, fds = None, []
+        try:
+            if request is None or len(fds) != 3:
+                conn.close()
+                return
+            why = self.unsafe() or startup_differs({str(k): str(v) for k, v in dict(request["env"]).items()},  # type: ignore[call-overload]
+                                                   self.startup_env)
+            if why:
+                send_message(conn, {"refused": why})
+                conn.close()
+                return
+            pid = os.fork()
+            if pid == 0:
+                self.listener.close()
+                for other in list(self.clients):
+                    other.close()
+                self.selector.close()
+                for fd in self.wake:
+                    os.close(fd)
+                run_child(request, fds)
+            self.children[pid] = conn
+            self.clients[conn] = pid
+            send_message(conn, {"pid": pid})
+            conn.settimeout(None)
+            self.selector.register(conn, selectors.EVENT_READ, "client")
+        except OSError:
+            conn.close()
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _client_gone(self, conn: socket.socket) -> None:
+        """A client said something (it never does) or went away: its child goes too."""
+        try:
+            data = conn.recv(64)
+        except OSError:
+            data = b""
+        if data:
+            return
+        pid = self.clients.pop(conn, None)
+        self.selector.unregister(conn)
+        conn.close()
+        if pid is not None and pid in self.children:
+            self.children[pid] = None  # type: ignore[assignment]
+            _kill_group(pid, signal.SIGKILL)
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            self.clients.pop(conn, None)
+            try:
+                self.selector.unregister(conn)
+                send_message(conn, {"status": status})
+            except (OSError, KeyError, ValueError):
+                pass
+            conn.close()
+
+    def shutdown(self) -> None:
+        """Every child's group SIGTERM, then SIGKILL after a grace; the directory removed."""
+        import time
+
+        for pid in list(self.children):
+            _kill_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + KILL_GRACE
+        while self.children and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.02)
+        for pid in list(self.children):
+            _kill_group(pid, signal.SIGKILL)
+        while self.children:
+            self._reap()
+            time.sleep(0.01)
+        remove_directory(self.directory)
+
+
+def _kill_group(pid: int, number: int) -> None:
+    try:
+        os.killpg(pid, number)
+    except OSError:
+        try:
+            os.kill(pid, number)
+        except OSError:
+            pass
+
+
+def remove_directory(directory: str) -> None:
+    for name in (SOCKET_NAME, CLIENT_NAME, PROGRAM_NAME):
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError:
+            pass
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass
+
+
+def own_program() -> Optional[str]:
+    """The ``-c`` text this process was started with: the client runs the same program."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return None
+    if b"-c" not in words:
+        return None
+    return words[words.index(b"-c") + 1].decode()
+
+
+def prepare(parent: Optional[str]) -> Tuple[str, socket.socket]:
+    """The private directory, its client and its listening socket (0600 before it listens)."""
+    directory = tempfile.mkdtemp(prefix="torchherd-warm-", dir=parent)
+    program = own_program()
+    if program is None:
+        raise OSError("cannot read this program's own text")
+    path = os.path.join(directory, PROGRAM_NAME)
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(program)
+    client = os.path.join(directory, CLIENT_NAME)
+    script = "#!/bin/sh\nexec %s -I -S %s client %s \"$@\"\n" % (_sh(sys.executable), _sh(path), _sh(sys.executable))
+    with open(os.open(client, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700), "w") as f:
+        f.write(script)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        listener.bind(os.path.join(directory, SOCKET_NAME))
+    finally:
+        os.umask(old)
+    listener.listen(64)
+    return directory, listener
+
+
+def _sh(word: str) -> str:
+    return "'" + word.replace("'", "'\"'\"'") + "'"
+
+
+def _with_room() -> None:
+    """Starts this program again (``exec``: the same pid and channel) with room in its
+    initial environment block for the largest environment a child will write there."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            words = [word.decode() for word in f.read().split(b"\0")[:-1]]
+        os.execve(sys.executable, [sys.executable] + words[1:], dict(os.environ, **{ENV_PAD: "x" * ENV_ROOM}))
+    except OSError:
+        pass  # no room: the children's /proc/PID/environ is the zygote's (see rewrite_initial_environ)
+
+
+def serve_main(args: List[str]) -> int:
+    parent = None
+    if args[:1] == ["--dir"] and len(args) > 1:
+        parent, args = args[1], args[2:]
+    if ENV_PAD not in os.environ:
+        _with_room()
+    os.environ.pop(ENV_PAD, None)
+    try:
+        for module in args:
+            __import__(module)
+        directory, listener = prepare(parent)
+    except BaseException as exc:  # noqa: BLE001 - reported on the channel: the run goes on cold
+        print(json.dumps({"error": "%s: %s" % (type(exc).__name__, exc)}), flush=True)
+        return 1
+    zygote = Zygote(directory, listener)
+    print(json.dumps({"dir": directory, "pid": os.getpid(), "python": sys.executable}), flush=True)
+    try:
+        zygote.serve(0)
+    finally:
+        remove_directory(directory)
+    return 0
+
+
+# -- the client -----------------------------------------------------------------------
+
+
+def client_main(python: str, args: List[str]) -> int:
+    """``DIR/python ARGS...``: the job's process forked from the zygote, else the real
+    interpreter ``python`` (the zygote's own)."""
+    directory = os.path.dirname(os.path.abspath(sys.argv[0]))
+    spec, why = parse_python_args(args)
+    sock = None
+    if spec is not None:
+        sock, why = _ask(directory, spec)
+    if sock is None:
+        sys.stderr.write(COLD_NOTE % why)
+        sys.stderr.flush()
+        env = dict(os.environ)
+        env.pop("PYTHON_EXEC", None)
+        os.execve(python, [python] + args, env)
+    return _relay(sock)
+
+
+def _ask(directory: str, spec: Dict[str, object]) -> Tuple[Optional[socket.socket], str]:
+    env = dict(os.environ)
+    env.pop("PYTHON_EXEC", None)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(os.path.join(directory, SOCKET_NAME))
+        send_message(sock, {"env": env, "cwd": os.getcwd(), "spec": spec}, (0, 1, 2))
+        reply, _fds = receive_message(sock)
+    except OSError as exc:
+        sock.close()
+        return None, "no warm interpreter: %s" % (exc.strerror or exc)
+    if reply is None or "pid" not in reply:
+        sock.close()
+        return None, str(reply.get("refused")) if reply else "the warm interpreter did not answer"
+    global _child
+    _child = int(reply["pid"])  # type: ignore[call-overload]
+    return sock, ""
+
+
+_child = 0
+
+
+def _forward(number: int, _frame: object) -> None:
+    if _child > 0:  # never 0: killpg(0) is the client's own group
+        _kill_group(_child, number)
+
+
+def _relay(sock: socket.socket) -> int:
+    for number in RELAYED:
+        signal.signal(number, _forward)
+    while True:
+        try:
+            reply, _fds = receive_message(sock)
+            break
+        except InterruptedError:
+            continue
+    status = reply.get("status") if reply else None
+    if not isinstance(status, int):
+        return 1
+    if os.WIFSIGNALED(status):
+        died = os.WTERMSIG(status)
+        signal.signal(died, signal.SIG_DFL)
+        os.kill(os.getpid(), died)
+        return 128 + died
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+
+
+def main(argv: List[str]) -> int:
+    if argv[:1] == ["serve"]:
+        return serve_main(argv[1:])
+    if argv[:1] == ["client"] and len(argv) > 1:
+        return client_main(argv[1], argv[2:])
+    sys.stderr.write("usage: zygote.py serve [--dir DIR] [MODULE...] | client PYTHON-ARGS...\n")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
