@@ -26,8 +26,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+IMPORTING = time.time()
+
+import torch  # noqa: E402 - after the clock: --timing says what the import took
+import torch.distributed as dist  # noqa: E402
+
+IMPORTED = time.time()
 
 FEATURES = 8
 
@@ -70,6 +74,14 @@ def resume(directory: Path, model: torch.nn.Linear) -> int:
     return step
 
 
+def process_started() -> float:
+    """When this process began (fork or exec), as wall-clock time: /proc's start tick."""
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    since = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - since
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
@@ -85,8 +97,13 @@ def main() -> None:
     parser.add_argument("--hang-step", type=int, default=-1)
     parser.add_argument("--fail-hang", action="store_true",
                         help="the other ranks stop at the failing step and sleep (none fails of the failure)")
+    parser.add_argument("--timing", action="store_true",
+                        help="each rank prints when its process started, imported torch and joined the group")
     args = parser.parse_args()
     dist.init_process_group("gloo")
+    if args.timing:
+        print(f"timing rank {os.environ.get('RANK')}: process {process_started():.3f} importing {IMPORTING:.3f} "
+              f"imported {IMPORTED:.3f} joined {time.time():.3f}", flush=True)
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("TORCHHERD_ATTEMPT", "1"))
     run_id = os.environ.get("TORCHHERD_RUN_ID", "local")

@@ -430,10 +430,21 @@ class AttemptRecord:
     (or none ran)."""
     next: str = ""
     """What followed: the nodes of the next attempt, or why the run ended here."""
+    warm: tuple[str, ...] = ()
+    """The nodes whose torchrun and ranks forked from a warm Python (torch imported
+    beforehand); the others started cold."""
+
+    @property
+    def start(self) -> str:
+        """How the attempt's nodes started: "cold", "warm", or "warm on node0,node1" (some)."""
+        if not self.warm:
+            return "cold"
+        return "warm" if set(self.warm) >= set(self.nodes) else f"warm on {','.join(self.warm)}"
 
     def as_json(self) -> dict[str, object]:
         return {"attempt": self.number, "nodes": list(self.nodes), "ended": self.ended, "headline": self.headline,
-                "seconds": round(self.seconds, 3), "triage": list(self.triage), "next": self.next}
+                "seconds": round(self.seconds, 3), "triage": list(self.triage), "next": self.next,
+                "start": self.start, "warm": list(self.warm)}
 
 
 @dataclass(frozen=True)

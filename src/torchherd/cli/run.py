@@ -112,7 +112,7 @@ def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
     given = {key: value for key, value in (("retries", args.retries), ("final_exit_codes", args.final_exit_codes),
                                            ("min_nodes", args.min_nodes), ("hang_timeout", args.hang_timeout),
                                            ("checkpoint", args.checkpoint), ("replicate", args.replicate),
-                                           ("replicate_bandwidth", args.replicate_bandwidth))
+                                           ("replicate_bandwidth", args.replicate_bandwidth), ("warm", args.warm))
              if value is not None}
     recovery = replace(recovery, **given) if given else recovery
     problem = recovery_problem(recovery, tuple(given), "flag")
@@ -193,6 +193,9 @@ def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
     group.add_argument("--replicate-bandwidth", type=bandwidth, metavar="CAP",
                        help='the most a replica\'s copy takes of the link: "25%%" of its speed, or a rate such as '
                             '"200MB/s" (default: auto, 25%% of the link and at most 5 MB/s per CPU core)')
+    group.add_argument("--no-warm", dest="warm", action="store_const", const=False, default=None,
+                       help="start every attempt cold: no warm Python per node from which a new attempt's torchrun "
+                            "and ranks fork (default: [recovery].warm, else warm)")
 
 
 def add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],

@@ -38,7 +38,11 @@ def recovery_note(event: RecoveryEvent) -> tuple[str, str]:
     if isinstance(event, AttemptStarted):
         if not event.nodes:
             return f"attempt {event.number} of {event.of} on {event.picking}", "bold"
-        return f"attempt {event.number} of {event.of} on {count(len(event.nodes), 'node')}: {', '.join(event.nodes)}", "bold"
+        started = f"attempt {event.number} of {event.of} on {count(len(event.nodes), 'node')}: {', '.join(event.nodes)}"
+        if event.warm is not None:
+            cold = [node for node in event.nodes if node not in event.warm]
+            started += f" ({'warm' if not cold else 'cold on ' + ', '.join(cold) if event.warm else 'cold'})"
+        return started, "bold"
     if isinstance(event, AttemptFailed):
         return f"attempt {event.number} failed after {event.seconds:.1f} s: {event.headline}", "bold red"
     if isinstance(event, TriageDone):
@@ -115,10 +119,10 @@ def render_attempts(console: Console, attempts: tuple[AttemptRecord, ...]) -> No
     if not attempts:
         return
     table = Table(title=Text("attempts"), title_justify="left")
-    for column in ("#", "nodes", "ended", "time", "triage", "then"):
+    for column in ("#", "nodes", "start", "ended", "time", "triage", "then"):
         table.add_column(column, overflow="fold")
     for attempt in attempts:
-        table.add_row(str(attempt.number), Text(",".join(attempt.nodes)),
+        table.add_row(str(attempt.number), Text(",".join(attempt.nodes)), Text(attempt.start),
                       Text(attempt.ended, style=ENDED_STYLES.get(attempt.ended, "")), f"{attempt.seconds:.1f}s",
                       Text(printable("; ".join(attempt.triage) or "-")), Text(printable(attempt.next or "-")))
     print_table(console, table)

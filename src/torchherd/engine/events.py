@@ -383,6 +383,9 @@ class AttemptStarted:
     picking: str = ""
     """Where the scheduler picks the nodes (``nodes`` empty): how many, and which it must
     leave out ("2 nodes SLURM picks, not node1")."""
+    warm: tuple[str, ...] | None = None
+    """From attempt 2 on, where warm Pythons exist: the nodes whose torchrun and ranks fork
+    from theirs (the others start cold); None: every node starts cold, as attempt 1 does."""
 
 
 @dataclass(frozen=True)

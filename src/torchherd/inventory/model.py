@@ -152,6 +152,9 @@ class Recovery:
     the ring of node ranks); None: 1 when there is a ``checkpoint``; 0: none."""
     replicate_bandwidth: Bandwidth = field(default_factory=lambda: DEFAULT_REPLICATE_BANDWIDTH)
     """The most a replica's copy may take of the link (``Bandwidth``)."""
+    warm: bool = True
+    """With retries: a warm Python per node (torch imported while attempt 1 runs) from which
+    a later attempt's torchrun and ranks fork (SSH backend); False: every attempt starts cold."""
 
     @property
     def lost_after(self) -> float:

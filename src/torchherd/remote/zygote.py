@@ -54,6 +54,7 @@ RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.
            signal.SIGABRT, signal.SIGCONT, signal.SIGWINCH)
 STARTUP_VARIABLES_KEPT = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER")
 """``PYTHON*`` variables a child applies itself; any other one must be as the zygote had it."""
+AGENT_MODULE = "torch.distributed.run"
 COLD_NOTE = "torchherd: started cold (%s)\n"
 
 
@@ -473,6 +474,18 @@ def _sh(word: str) -> str:
     return "'" + word.replace("'", "'\"'\"'") + "'"
 
 
+def _first_line(fd: int) -> str:
+    """One line of ``fd``, read a byte at a time: what follows stays for the serve loop
+    (and for the program ``exec`` starts again)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        data += byte
+    return data.decode()
+
+
 def _with_room() -> None:
     """Starts this program again (``exec``: the same pid and channel) with room in its
     initial environment block for the largest environment a child will write there."""
@@ -489,6 +502,13 @@ def serve_main(args: List[str]) -> int:
     if args[:1] == ["--dir"] and len(args) > 1:
         parent, args = args[1], args[2:]
     if ENV_PAD not in os.environ:
+        try:
+            settings = json.loads(_first_line(0) or "{}")
+        except ValueError:
+            settings = {}
+        env = settings.get("env") if isinstance(settings, dict) else None
+        if isinstance(env, dict):
+            os.environ.update({str(name): str(value) for name, value in env.items()})
         _with_room()
     os.environ.pop(ENV_PAD, None)
     try:
@@ -521,15 +541,21 @@ def client_main(python: str, args: List[str]) -> int:
     if sock is None:
         sys.stderr.write(COLD_NOTE % why)
         sys.stderr.flush()
-        env = dict(os.environ)
-        env.pop("PYTHON_EXEC", None)
-        os.execve(python, [python] + args, env)
+        os.execve(python, [python] + args, child_env(spec))
     return _relay(sock)
 
 
-def _ask(directory: str, spec: Dict[str, object]) -> Tuple[Optional[socket.socket], str]:
+def child_env(spec: Optional[Dict[str, object]]) -> Dict[str, str]:
+    """The environment the job's process gets: the client's, less ``PYTHON_EXEC`` (which
+    made torchrun start this client) for a rank; torchrun's agent keeps it for its ranks."""
     env = dict(os.environ)
-    env.pop("PYTHON_EXEC", None)
+    if spec is None or spec.get("module") != AGENT_MODULE:
+        env.pop("PYTHON_EXEC", None)
+    return env
+
+
+def _ask(directory: str, spec: Dict[str, object]) -> Tuple[Optional[socket.socket], str]:
+    env = child_env(spec)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(os.path.join(directory, SOCKET_NAME))

@@ -112,6 +112,20 @@ class Backendish(Protocol):
                              stopping: Callable[[], bool] = lambda: False) -> CheckpointReplicated: ...
 
 
+class WarmPool(Protocol):
+    """A backend's warm Pythons for later attempts (the SSH backend's ``engine.ssh.warm``)."""
+
+    def close(self) -> None: ...
+
+
+class Warming(Protocol):
+    """A backend that can keep a warm Python per node (``start_warm``, ``warmed``)."""
+
+    def start_warm(self, plan: Plan) -> WarmPool: ...
+
+    def warmed(self, plan: Plan, pool: WarmPool) -> tuple[Plan, tuple[str, ...]]: ...
+
+
 def attempt_plan(base: Plan, nodes: Sequence[str], attempt: int,
                  networks: Mapping[str, NodeNetwork] | None = None, faulthandler: bool = False) -> Plan:
     """``base`` on ``nodes`` (names of its hosts or spares; the first is the master), with
@@ -263,6 +277,10 @@ class RecoveringRun:
         self.holdings = Holdings(recovery.checkpoint) if recovery.checkpoint is not None else None
         self._running_plan = plan
         """The plan of the attempt running now: the replication reaches its nodes."""
+        self.warm_pool: WarmPool | None = None
+        """The warm Pythons later attempts fork from, where the backend keeps them."""
+        self.started_warm: dict[int, tuple[str, ...]] = {}
+        """Per attempt, the nodes that started warm."""
         self.replicator = (Replicator(self._replicate, recovery.replicas, observer, self.holdings)
                            if self.holdings is not None and recovery.replicas and recovery.retries
                            and self.picked is None else None)
@@ -282,8 +300,30 @@ class RecoveringRun:
             # their page cache holds it when one is taken).
             self._spares_checked = _in_background(self.backend.check, attempt_plan(self.plan, self.spares, 1),
                                                   CheckOptions(only=frozenset({"ssh", "python"})))
+        self.warm_pool = self._start_warm()
         threading.Thread(target=self._loop, args=(first,), name="torchherd-recovery", daemon=True).start()
         return self
+
+    def _warming(self) -> Warming | None:
+        """The backend, when a later attempt can start warm: retries, nodes the plan names,
+        no container (the job's Python is the image's), attached (a background controller's
+        nodes outlive it), and no hang watch (its probe looks for the ranks among the
+        supervisor's descendants; a warm rank is the warm Python's)."""
+        backend = self.backend
+        if not (self.recovery.warm and self.recovery.retries and self.picked is None
+                and self.recovery.hang_timeout is None and not self.options.persist
+                and all(node.container is None for node in self.plan.nodes)):
+            return None
+        if not (callable(getattr(backend, "start_warm", None)) and callable(getattr(backend, "warmed", None))):
+            return None
+        return backend  # type: ignore[return-value]
+
+    def _start_warm(self) -> WarmPool | None:
+        """A warm Python on every node of the run and every spare, while attempt 1 runs."""
+        warming = self._warming()
+        if warming is None:
+            return None
+        return warming.start_warm(attempt_plan(self.plan, self._first_nodes() + tuple(self.spares), 1, self.networks))
 
     def wait(self, timeout: float | None = None) -> RunSummary:
         """The summary once the last attempt ended. Ctrl-C while waiting stops the run as
@@ -343,8 +383,13 @@ class RecoveringRun:
             plan = attempt_plan(self.plan, nodes, number, self.networks, faulthandler=timeout is not None)
         else:
             plan = picked_plan(self.plan, number, faulthandler=timeout is not None)
+        warming, pool = self._warming(), self.warm_pool
+        warm: tuple[str, ...] | None = None
+        if number > 1 and warming is not None and pool is not None:
+            plan, warm = warming.warmed(plan, pool)
+            self.started_warm[number] = warm
         if self.recovery.retries:
-            self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes, self._picking()))
+            self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes, self._picking(), warm))
         shrink = self.recovery.min_nodes if self.picked is not None and self.excluded else None
         self._running = set()
         if self.replicator is not None:
@@ -421,6 +466,8 @@ class RecoveringRun:
                 wait([self._spares_checked])
             if self.replicator is not None:
                 self.replicator.close()
+            if self.warm_pool is not None:  # every warm Python ends, and what it forked
+                self.warm_pool.close()
             self._lines.offer(None)
             self._error = self._endings.end(self._summary, self._error)
 
@@ -560,7 +607,8 @@ class RecoveringRun:
             headline = f"{why}; attempt {len(self.records)}: {summary.headline}"
         elif len(self.records) > 1:
             headline = f"{summary.headline} (attempt {len(self.records)})"
-        return replace(summary, exit_code=code, headline=headline, attempts=tuple(self.records),
+        records = tuple(replace(record, warm=self.started_warm.get(record.number, ())) for record in self.records)
+        return replace(summary, exit_code=code, headline=headline, attempts=records,
                        checkpoint=self.checkpoint_line() or None)
 
     def checkpoint_line(self) -> str:

@@ -25,6 +25,7 @@ from torchherd.engine.run import DetachedStartFailed, Follow, LaunchOptions, Run
 from torchherd.engine.ssh import detach as detached
 from torchherd.engine.ssh.containers import remove_lost
 from torchherd.engine.ssh.launch import launch, open_nodes, preflight, sync_first, with_probes
+from torchherd.engine.ssh.warm import WarmPool, start_warm, warmed
 from torchherd.inventory import Bandwidth, Host
 from torchherd.plan import Plan
 from torchherd.transport import Connector
@@ -108,6 +109,15 @@ class SshBackend(Backend):
                              stopping: Callable[[], bool] = lambda: False) -> CheckpointReplicated:
         nodes = {node.host.name: node for node in plan.nodes}
         return replicate(self._connector(), nodes, saved, targets, bandwidth.wire(), str(bandwidth), stopping)
+
+    def start_warm(self, plan: Plan) -> WarmPool:
+        """A warm Python on every node of ``plan`` (``engine.ssh.warm``), started in the background."""
+        return start_warm(self._connector(), plan)
+
+    @staticmethod
+    def warmed(plan: Plan, pool: WarmPool) -> tuple[Plan, tuple[str, ...]]:
+        """``plan`` with each node whose warm Python is ready starting from it; those nodes."""
+        return warmed(plan, pool.ready())
 
     def _connector(self) -> Connector:
         assert self.connector is not None, "a Cluster's backend has its connector"
