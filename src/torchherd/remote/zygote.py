@@ -127,7 +127,7 @@ def parse_python_args(args: List[str]) -> Tuple[Optional[Dict[str, object]], str
         elif word == "--":
             index += 1
             break
-        elif word.startswith("-"):
+        elif word.startswith("-") and word != "-":
             return None, "python option %s" % word
         else:
             break
@@ -594,7 +594,10 @@ def _relay(sock: socket.socket) -> int:
         return 1
     if os.WIFSIGNALED(status):
         died = os.WTERMSIG(status)
-        signal.signal(died, signal.SIG_DFL)
+        try:
+            signal.signal(died, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL, SIGSTOP: never caught, nothing to reset
+            pass
         os.kill(os.getpid(), died)
         return 128 + died
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1

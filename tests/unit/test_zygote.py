@@ -1,0 +1,247 @@
+"""The warm interpreter (remote/zygote.py) on this machine: a real zygote process, real
+forks, the client as torchrun would start it (``DIR/python -u script ARGS``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from torchherd.remote import program
+from torchherd.remote.zygote import Zygote, parse_python_args, startup_differs
+
+SCRIPT = textwrap.dedent("""\
+    import os, signal, sys, time
+    environ = open("/proc/self/environ", "rb").read().split(b"\\0")
+    print("main", __name__, sys.argv, os.getcwd(), os.environ.get("FOO"), flush=True)
+    print("own group", os.getpid() == os.getpgid(0) == os.getsid(0), flush=True)
+    print("initial environ", b"FOO=" + os.environ.get("FOO", "").encode() in environ, flush=True)
+    print("zygote's variable", any(item.startswith(b"ZYGOTE_ONLY=") for item in environ), flush=True)
+    if sys.argv[1] == "sleep":
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+        print("sleeping", flush=True)
+        time.sleep(60)
+    if sys.argv[1] == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(int(sys.argv[1]))
+""")
+
+
+class Warm:
+    def __init__(self, process: subprocess.Popen[bytes], directory: str) -> None:
+        self.process = process
+        self.directory = directory
+        self.client = os.path.join(directory, "python")
+
+    def run(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([self.client, *args], cwd=cwd, env=env or client_env(), capture_output=True, text=True,
+                              timeout=60)
+
+
+def client_env(**extra: str) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTHON")}
+    return {**env, "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "FOO": "bar", **extra}
+
+
+def start_zygote(preload: list[str], env: dict[str, str] | None = None) -> Warm:
+    process = subprocess.Popen([sys.executable, "-u", "-c", program("zygote.py"), "serve", *preload],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env or client_env())
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write((json.dumps({"env": {"ZYGOTE_ONLY": "1"}}) + "\n").encode())
+    process.stdin.flush()
+    answer = json.loads(process.stdout.readline())
+    return Warm(process, answer["dir"])
+
+
+def stop_zygote(warm: Warm) -> None:
+    assert warm.process.stdin is not None
+    warm.process.stdin.close()
+    warm.process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def warm() -> Iterator[Warm]:
+    started = start_zygote(["json"])
+    yield started
+    stop_zygote(started)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "job.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def test_the_private_directory_is_the_users_alone(warm: Warm) -> None:
+    assert os.stat(warm.directory).st_mode & 0o777 == 0o700
+    assert os.stat(os.path.join(warm.directory, "sock")).st_mode & 0o777 == 0o600
+    assert os.stat(warm.client).st_mode & 0o777 == 0o700
+
+
+def test_a_forked_child_runs_the_script_as_main_with_the_clients_argv_env_cwd(warm: Warm, script: Path,
+                                                                               tmp_path: Path) -> None:
+    done = warm.run(["-u", str(script), "3", "x y"], tmp_path)
+    assert done.returncode == 3
+    assert done.stdout.splitlines() == [
+        f"main __main__ ['{script}', '3', 'x y'] {tmp_path} bar",
+        "own group True",
+        "initial environ True",
+        "zygote's variable False",
+    ]
+    assert "started cold" not in done.stderr
+
+
+def test_a_module_runs_as_main_with_the_working_directory_on_its_path(warm: Warm, tmp_path: Path) -> None:
+    (tmp_path / "mymod.py").write_text("import sys\nprint(__name__, sys.argv)\nsys.exit(4)\n")
+    done = warm.run(["-m", "mymod", "a"], tmp_path)
+    assert (done.returncode, done.stdout) == (4, f"__main__ ['{tmp_path / 'mymod.py'}', 'a']\n")
+
+
+def test_the_client_relays_a_signal_and_exits_as_the_child_did(warm: Warm, script: Path, tmp_path: Path) -> None:
+    client = subprocess.Popen([warm.client, "-u", str(script), "sleep"], cwd=tmp_path, env=client_env(),
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert client.stdout is not None
+    while "sleeping" not in client.stdout.readline():
+        pass
+    os.killpg(client.pid, signal.SIGTERM)  # as torchrun's close does
+    assert client.wait(timeout=30) == 7
+
+
+def test_a_child_killed_by_a_signal_kills_its_client_with_it(warm: Warm, script: Path, tmp_path: Path) -> None:
+    assert warm.run(["-u", str(script), "die"], tmp_path).returncode == -signal.SIGKILL
+
+
+def test_a_child_whose_client_is_killed_is_killed_by_the_zygote(warm: Warm, script: Path, tmp_path: Path) -> None:
+    client = subprocess.Popen([warm.client, "-u", str(script), "sleep"], cwd=tmp_path, env=client_env(),
+                              stdout=subprocess.PIPE, text=True)
+    assert client.stdout is not None
+    while "sleeping" not in client.stdout.readline():
+        pass
+    child = _children(warm.process.pid)
+    assert len(child) == 1
+    client.kill()
+    client.wait()
+    assert _gone(child[0])
+
+
+def test_an_option_python_would_need_starts_cold_and_says_why(warm: Warm, script: Path, tmp_path: Path) -> None:
+    done = warm.run(["-X", "utf8", str(script), "5"], tmp_path)
+    assert done.returncode == 5
+    assert done.stderr == "torchherd: started cold (python option -X)\n"
+    assert "zygote's variable False" in done.stdout
+
+
+def test_a_python_variable_the_zygote_did_not_start_with_starts_cold(warm: Warm, script: Path, tmp_path: Path) -> None:
+    done = warm.run(["-u", str(script), "0"], tmp_path, client_env(PYTHONOPTIMIZE="1"))
+    assert done.returncode == 0
+    assert done.stderr == "torchherd: started cold (PYTHONOPTIMIZE differs from the warm interpreter's)\n"
+
+
+def test_a_thread_in_the_zygote_makes_every_start_cold(script: Path, tmp_path: Path) -> None:
+    (tmp_path / "threader.py").write_text("import threading, time\n"
+                                          "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
+    env = client_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env["PYTHONPATH"]]))
+    threaded = start_zygote(["threader"], env)
+    try:
+        done = threaded.run(["-u", str(script), "2"], tmp_path, env)
+        assert done.returncode == 2
+        assert done.stderr == "torchherd: started cold (the warm interpreter has started a thread)\n"
+    finally:
+        stop_zygote(threaded)
+
+
+def test_cuda_initialised_in_the_zygote_refuses_to_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        zygote = Zygote("/nonexistent", listener)
+        assert zygote.unsafe() == ""
+        fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))
+        monkeypatch.setitem(sys.modules, "torch", fake)
+        assert zygote.unsafe() == "CUDA is initialised in the warm interpreter"
+    finally:
+        listener.close()
+
+
+def test_without_a_zygote_the_client_starts_cold(script: Path, tmp_path: Path) -> None:
+    gone = start_zygote(["json"])
+    client = gone.client
+    shutil_copy = tmp_path / "client"
+    shutil_copy.mkdir()
+    stop_zygote(gone)
+    assert not os.path.exists(gone.directory)  # the zygote removed its directory
+    # The client of a zygote gone, kept by hand: the script still runs, cold.
+    (shutil_copy / "python").write_text(f"#!/bin/sh\nexec {sys.executable} -I -S {shutil_copy / 'program.py'} client "
+                                        f"{sys.executable} \"$@\"\n")
+    (shutil_copy / "program.py").write_text(program("zygote.py"))
+    os.chmod(shutil_copy / "python", 0o700)
+    done = subprocess.run([str(shutil_copy / "python"), "-u", str(script), "6"], cwd=tmp_path, env=client_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert client.endswith("/python")
+    assert done.returncode == 6
+    assert done.stderr.startswith("torchherd: started cold (no warm interpreter: ")
+
+
+def test_the_zygote_ending_kills_what_it_forked(script: Path, tmp_path: Path) -> None:
+    ending = start_zygote(["json"])
+    client = subprocess.Popen([ending.client, "-u", str(script), "sleep"], cwd=tmp_path, env=client_env(),
+                              stdout=subprocess.PIPE, text=True)
+    assert client.stdout is not None
+    while "sleeping" not in client.stdout.readline():
+        pass
+    child = _children(ending.process.pid)
+    stop_zygote(ending)  # its stdin ends: SIGTERM to each child's group (the script exits 7)
+    assert client.wait(timeout=30) == 7
+    assert _gone(child[0])
+    assert not os.path.exists(ending.directory)
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["-u", "train.py", "-x"], ({"unbuffered": True, "script": "train.py", "argv": ["train.py", "-x"]}, "")),
+    (["-m", "torch.distributed.run", "--nnodes", "2"],
+     ({"unbuffered": False, "module": "torch.distributed.run", "argv": ["torch.distributed.run", "--nnodes", "2"]},
+      "")),
+    (["--", "-odd.py"], ({"unbuffered": False, "script": "-odd.py", "argv": ["-odd.py"]}, "")),
+    (["-O", "train.py"], (None, "python option -O")),
+    (["-c", "pass"], (None, "python option -c")),
+    ([], (None, "no script")),
+    (["-"], (None, "no script")),
+])
+def test_python_arguments(args: list[str], expected: tuple[object, str]) -> None:
+    assert parse_python_args(args) == expected
+
+
+def test_startup_variables_compared_but_those_a_child_applies() -> None:
+    assert startup_differs({"PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "PYTHON_EXEC": "x"}, {}) == ""
+    assert startup_differs({"PYTHONPATH": "/a"}, {"PYTHONPATH": "/b"}) == "PYTHONPATH differs from the warm interpreter's"
+    assert startup_differs({}, {"PYTHONHOME": "/h"}) == "PYTHONHOME differs from the warm interpreter's"
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(word) for word in f.read().split()]
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    time.sleep(0.05)
+                    continue
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
