@@ -292,7 +292,7 @@ def test_the_summary_as_json_has_every_node_attempt_and_the_slowest() -> None:
                    "last_lines": ["a", "b"]}],
         "attempts": [{"attempt": 1, "nodes": ["node0", "node1"], "ended": "failed",
                       "headline": "node1 rank 2 failed first", "seconds": 12.5, "triage": ["node1: ping"],
-                      "next": "attempt 2 on node0, node2"}],
+                      "next": "attempt 2 on node0, node2", "start": "cold", "warm": []}],
         "slowest": {"node": "node1", "ratio": 2.25, "signal": "busy share", "detail": "the others waited for it"},
         "straggler": "slowest node: node1", "checkpoint": None}
 

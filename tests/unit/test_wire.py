@@ -205,7 +205,7 @@ def test_node_programs_cannot_see_the_checkout() -> None:
     done = subprocess.run([*bare_python(), "-c", "import torchherd"], capture_output=True, cwd="/", env=BARE)
     assert done.returncode != 0 and b"ModuleNotFoundError" in done.stderr
     assert set(SCRIPTS) == {"supervisor.py", "coordinator.py", "stop.py", "hangprobe.py", "receive.py", "venv.py",
-                            "checkpoint.py", "image.py"}
+                            "checkpoint.py", "image.py", "zygote.py"}
     with pytest.raises(ValueError):
         program("wire.py")
     for name in SCRIPTS:

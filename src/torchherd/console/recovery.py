@@ -14,6 +14,7 @@ from torchherd.console import print_table, printable
 from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
+    AttemptWarm,
     CheckpointMissing,
     CheckpointReplicated,
     CheckpointStaged,
@@ -28,7 +29,7 @@ from torchherd.engine.events import (
 from torchherd.runlog import AttemptRecord
 from torchherd.words import count, size
 
-RecoveryEvent = Union[AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
+RecoveryEvent = Union[AttemptStarted, AttemptWarm, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
                       HangFound, CheckpointStaged, CheckpointMissing, LostContainers, CheckpointReplicated]
 ENDED_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "hung": "bold red", "interrupted": "yellow"}
 
@@ -38,11 +39,9 @@ def recovery_note(event: RecoveryEvent) -> tuple[str, str]:
     if isinstance(event, AttemptStarted):
         if not event.nodes:
             return f"attempt {event.number} of {event.of} on {event.picking}", "bold"
-        started = f"attempt {event.number} of {event.of} on {count(len(event.nodes), 'node')}: {', '.join(event.nodes)}"
-        if event.warm is not None:
-            cold = [node for node in event.nodes if node not in event.warm]
-            started += f" ({'warm' if not cold else 'cold on ' + ', '.join(cold) if event.warm else 'cold'})"
-        return started, "bold"
+        return f"attempt {event.number} of {event.of} on {count(len(event.nodes), 'node')}: {', '.join(event.nodes)}", "bold"
+    if isinstance(event, AttemptWarm):
+        return warm_note(event), "dim"
     if isinstance(event, AttemptFailed):
         return f"attempt {event.number} failed after {event.seconds:.1f} s: {event.headline}", "bold red"
     if isinstance(event, TriageDone):
@@ -112,6 +111,18 @@ def replica_note(event: CheckpointReplicated) -> tuple[str, str]:
     if not parts:
         parts.append("no other node to replicate it to")
     return f"{what} {', '.join(parts)}", "bold yellow" if event.failed else "dim"
+
+
+def warm_note(event: AttemptWarm) -> str:
+    """``attempt 2 starts warm on node0, node1 (torch imported beforehand); cold on node4: ...``."""
+    parts = []
+    if event.nodes:
+        parts.append(f"attempt {event.number} starts warm on {', '.join(event.nodes)} (torch imported beforehand)")
+    if event.cold:
+        why = dict(event.why)
+        cold = ", ".join(f"{node} ({printable(why[node])})" if node in why else node for node in event.cold)
+        parts.append(f"cold on {cold}" if event.nodes else f"attempt {event.number} starts cold on {cold}")
+    return "; ".join(parts)
 
 
 def render_attempts(console: Console, attempts: tuple[AttemptRecord, ...]) -> None:

@@ -383,9 +383,20 @@ class AttemptStarted:
     picking: str = ""
     """Where the scheduler picks the nodes (``nodes`` empty): how many, and which it must
     leave out ("2 nodes SLURM picks, not node1")."""
-    warm: tuple[str, ...] | None = None
-    """From attempt 2 on, where warm Pythons exist: the nodes whose torchrun and ranks fork
-    from theirs (the others start cold); None: every node starts cold, as attempt 1 does."""
+
+
+@dataclass(frozen=True)
+class AttemptWarm:
+    """Attempt ``number`` (2 or later, ``[recovery] warm``) starts its torchrun and ranks
+    forked from each node's warm Python (torch imported beforehand) on ``nodes``; the nodes
+    of ``cold`` start Python and import torch again, as attempt 1 did (their warm Python was
+    not ready, or could not start: ``why``)."""
+
+    number: int
+    nodes: tuple[str, ...]
+    cold: tuple[str, ...] = ()
+    why: tuple[tuple[str, str], ...] = ()
+    """(node, why it has no warm Python) for the nodes of ``cold`` that say."""
 
 
 @dataclass(frozen=True)
@@ -633,12 +644,12 @@ class CheckpointReplicated:
     kept: tuple[str, ...] = ()
 
 
-RECOVERY_EVENTS = (AttemptStarted, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
+RECOVERY_EVENTS = (AttemptStarted, AttemptWarm, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
                    HangFound, CheckpointStaged, CheckpointMissing, LostContainers, CheckpointReplicated)
 
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
               NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished, JobQueued,
-              SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptFailed, TriageDone,
+              SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptWarm, AttemptFailed, TriageDone,
               VenvsDone, WheelsRelayed, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
               CheckpointStaged, CheckpointMissing, LostContainers, PullStarted, PullProgress, NodePulled,
               PullFailed, PullsDone, ArchiveStarted, ArchiveProgress, ArchiveDone, HistoryNotKept, CheckpointSaved,

@@ -30,6 +30,7 @@ from torchherd.engine.bookkeeping import log_dir
 from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
+    AttemptWarm,
     CheckpointMissing,
     CheckpointReplicated,
     CheckpointSaved,
@@ -114,6 +115,9 @@ class Backendish(Protocol):
 
 class WarmPool(Protocol):
     """A backend's warm Pythons for later attempts (the SSH backend's ``engine.ssh.warm``)."""
+
+    def errors(self) -> dict[str, str]:
+        """Node -> why it has no warm Python (it could not start one)."""
 
     def close(self) -> None: ...
 
@@ -384,12 +388,17 @@ class RecoveringRun:
         else:
             plan = picked_plan(self.plan, number, faulthandler=timeout is not None)
         warming, pool = self._warming(), self.warm_pool
-        warm: tuple[str, ...] | None = None
+        warm: AttemptWarm | None = None
         if number > 1 and warming is not None and pool is not None:
-            plan, warm = warming.warmed(plan, pool)
-            self.started_warm[number] = warm
+            plan, started = warming.warmed(plan, pool)
+            self.started_warm[number] = started
+            cold = tuple(name for name in nodes if name not in started)
+            why = pool.errors()
+            warm = AttemptWarm(number, started, cold, tuple((name, why.get(name, "not ready yet")) for name in cold))
         if self.recovery.retries:
-            self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes, self._picking(), warm))
+            self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes, self._picking()))
+        if warm is not None:
+            self.emit(warm)
         shrink = self.recovery.min_nodes if self.picked is not None and self.excluded else None
         self._running = set()
         if self.replicator is not None:
