@@ -74,11 +74,17 @@ def fault_free(steps: int, world: int, tmp_path: Path) -> tuple[str, str]:
 
 @pytest.mark.timeout(180)
 def test_a_rank_crash_once_then_success_on_the_same_nodes(four: LocalCluster, tmp_path: Path) -> None:
+    """Cold (``--no-warm``): every attempt starts Python and imports torch, as before issue 40."""
+    expected = fault_free(12, 3, tmp_path)
     logs = tmp_path / "logs"
-    code, out = run_cli(four, logs, "--no-check", "--include", "node[0-2]", "--retries", "2", "--",
+    code, out = run_cli(four, logs, "--no-check", "--include", "node[0-2]", "--retries", "2", "--no-warm", "--",
                         RESUMABLE, "--steps", "12", "--step-seconds", "0.05", "--fail-step", "6", "--fail-rank", "1",
                         "--fail-attempt", "1", "--fail-hang")
     assert code == 0, out
+    match = FINAL.search(out)
+    assert match and (match.group(1), match.group(2)) == expected, (expected, out[-3000:])
+    assert "warm Python" not in out and "starts warm" not in out
+    assert re.match(r"^2  node0,node1,node2  cold +ok ", attempt_rows(out)[1]), out
     assert "attempt 1 of 3 on 3 nodes: node0, node1, node2" in out
     assert "attempt 1 failed after" in out and "node1 rank 1 failed first" in out
     assert "triage: 3 nodes passed the checks" in out
@@ -159,13 +165,16 @@ def test_a_final_exit_code_ends_the_run_at_once(four: LocalCluster, tmp_path: Pa
 def test_a_node_killed_mid_run_is_replaced_by_a_spare_that_resumes(
         make_cluster: Callable[..., LocalCluster], tmp_path: Path,
         controllers: Callable[..., Controller]) -> None:
-    steps = 40
+    steps = 60  # 9 s: time for the warm Pythons to get ready before the kill, on a busy machine
     expected = fault_free(steps, 3, tmp_path)
     cluster = make_cluster(4, nproc_per_node=1)
     controller = controllers(cluster, tmp_path / "logs", "--spares", "node3", "--retries", "2", "--plain", "--",
                              RESUMABLE, "--steps", str(steps), "--step-seconds", "0.15")
     # The argv the Controller builds has --no-check; the spare is checked by the triage.
+    # Warm (the default with retries): the attempt after the kill forks from each node's
+    # warm Python, the spare's too, once they are ready.
     controller.wait_for(r"step 12 loss", timeout=90)
+    controller.wait_for(r"warm Python ready on node0, node1, node2, node3 in ", timeout=120)
     kill_node(cluster, "node2")
     killed = time.monotonic()
     try:
@@ -173,6 +182,9 @@ def test_a_node_killed_mid_run_is_replaced_by_a_spare_that_resumes(
         print(f"attempt 2 started {time.monotonic() - killed:.1f} s after the kill")
         assert controller.wait(timeout=120) == 0, controller.output
         out = controller.output
+        assert "attempt 2 starts warm on node0, node1, node3 (torch imported beforehand)" in out
+        assert "started cold" not in out
+        assert re.match(r"^2  node0,node1,node3  warm +ok ", attempt_rows(out)[1]), out
         assert "node2 vanished" in out
         assert "node2 excluded: lost in attempt 1: vanished: nothing heard from it" in out
         assert "spare node3 takes the place of node2" in out

@@ -25,11 +25,12 @@ from torchherd.engine.events import (
     RunShrunk,
     SpareTaken,
     TriageDone,
+    WarmReady,
 )
 from torchherd.runlog import AttemptRecord
 from torchherd.words import count, size
 
-RecoveryEvent = Union[AttemptStarted, AttemptWarm, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
+RecoveryEvent = Union[AttemptStarted, AttemptWarm, WarmReady, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
                       HangFound, CheckpointStaged, CheckpointMissing, LostContainers, CheckpointReplicated]
 ENDED_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "hung": "bold red", "interrupted": "yellow"}
 
@@ -42,6 +43,11 @@ def recovery_note(event: RecoveryEvent) -> tuple[str, str]:
         return f"attempt {event.number} of {event.of} on {count(len(event.nodes), 'node')}: {', '.join(event.nodes)}", "bold"
     if isinstance(event, AttemptWarm):
         return warm_note(event), "dim"
+    if isinstance(event, WarmReady):
+        parts = [f"warm Python ready on {', '.join(event.nodes)} in {event.seconds:.1f} s (torch imported, "
+                 "for a later attempt)"] if event.nodes else []
+        parts += [f"no warm Python on {node}: {printable(why)}" for node, why in event.failed]
+        return "; ".join(parts), "bold yellow" if event.failed else "dim"
     if isinstance(event, AttemptFailed):
         return f"attempt {event.number} failed after {event.seconds:.1f} s: {event.headline}", "bold red"
     if isinstance(event, TriageDone):

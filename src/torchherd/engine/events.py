@@ -386,6 +386,16 @@ class AttemptStarted:
 
 
 @dataclass(frozen=True)
+class WarmReady:
+    """The run's warm Pythons (``[recovery] warm``) answered, ``seconds`` after they were
+    started while attempt 1 ran: ready on ``nodes``; ``failed``: (node, why not)."""
+
+    nodes: tuple[str, ...]
+    failed: tuple[tuple[str, str], ...]
+    seconds: float
+
+
+@dataclass(frozen=True)
 class AttemptWarm:
     """Attempt ``number`` (2 or later, ``[recovery] warm``) starts its torchrun and ranks
     forked from each node's warm Python (torch imported beforehand) on ``nodes``; the nodes
@@ -644,12 +654,12 @@ class CheckpointReplicated:
     kept: tuple[str, ...] = ()
 
 
-RECOVERY_EVENTS = (AttemptStarted, AttemptWarm, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
+RECOVERY_EVENTS = (AttemptStarted, AttemptWarm, WarmReady, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,
                    HangFound, CheckpointStaged, CheckpointMissing, LostContainers, CheckpointReplicated)
 
 Event = Union[PreflightDone, ConnectFailed, RunStarted, Output, NodeStarted, RanksRunning, NodeExited,
               NodeNotStarted, NodeLost, ProcessesLeft, StopSent, Interrupted, NodeStatus, RunFinished, JobQueued,
-              SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptWarm, AttemptFailed, TriageDone,
+              SyncStarted, NodeSynced, SyncFailed, SyncDone, LinesDropped, AttemptStarted, AttemptWarm, WarmReady, AttemptFailed, TriageDone,
               VenvsDone, WheelsRelayed, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded, HangFound, CoordinatorStarted,
               CheckpointStaged, CheckpointMissing, LostContainers, PullStarted, PullProgress, NodePulled,
               PullFailed, PullsDone, ArchiveStarted, ArchiveProgress, ArchiveDone, HistoryNotKept, CheckpointSaved,

@@ -50,6 +50,7 @@ from torchherd.engine.events import (
     RunStarted,
     SpareTaken,
     TriageDone,
+    WarmReady,
     ignore,
 )
 from torchherd.engine.recovery.policy import (
@@ -125,7 +126,7 @@ class WarmPool(Protocol):
 class Warming(Protocol):
     """A backend that can keep a warm Python per node (``start_warm``, ``warmed``)."""
 
-    def start_warm(self, plan: Plan) -> WarmPool: ...
+    def start_warm(self, plan: Plan, on_ready: Callable[[WarmReady], None]) -> WarmPool: ...
 
     def warmed(self, plan: Plan, pool: WarmPool) -> tuple[Plan, tuple[str, ...]]: ...
 
@@ -327,7 +328,8 @@ class RecoveringRun:
         warming = self._warming()
         if warming is None:
             return None
-        return warming.start_warm(attempt_plan(self.plan, self._first_nodes() + tuple(self.spares), 1, self.networks))
+        return warming.start_warm(attempt_plan(self.plan, self._first_nodes() + tuple(self.spares), 1, self.networks),
+                                  self.report)
 
     def wait(self, timeout: float | None = None) -> RunSummary:
         """The summary once the last attempt ended. Ctrl-C while waiting stops the run as

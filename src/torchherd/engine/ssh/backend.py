@@ -10,7 +10,7 @@ from torchherd.checks import CheckOptions
 from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.backend import Backend, Description
 from torchherd.engine.bookkeeping import max_rank, node_record, run_record
-from torchherd.engine.events import CheckpointReplicated, CheckpointSaved, LostContainers, Observer, ignore
+from torchherd.engine.events import CheckpointReplicated, CheckpointSaved, LostContainers, Observer, WarmReady, ignore
 from torchherd.engine.prepare.staging import Staged, replicate, stage
 from torchherd.engine.recorder import Recorder
 from torchherd.engine.records import (
@@ -110,9 +110,10 @@ class SshBackend(Backend):
         nodes = {node.host.name: node for node in plan.nodes}
         return replicate(self._connector(), nodes, saved, targets, bandwidth.wire(), str(bandwidth), stopping)
 
-    def start_warm(self, plan: Plan) -> WarmPool:
-        """A warm Python on every node of ``plan`` (``engine.ssh.warm``), started in the background."""
-        return start_warm(self._connector(), plan)
+    def start_warm(self, plan: Plan, on_ready: Callable[[WarmReady], None]) -> WarmPool:
+        """A warm Python on every node of ``plan`` (``engine.ssh.warm``), started in the
+        background; ``on_ready`` once every node answered."""
+        return start_warm(self._connector(), plan, on_ready)
 
     @staticmethod
     def warmed(plan: Plan, pool: WarmPool) -> tuple[Plan, tuple[str, ...]]:

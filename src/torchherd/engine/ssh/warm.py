@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 import shlex
 import threading
+import time
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
+from torchherd.engine.events import WarmReady
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
 from torchherd.remote import program, wire
@@ -29,6 +31,8 @@ PRELOAD = ("torch", "torch.distributed.run")
 """What a zygote imports: torch, and torchrun's agent (it imports most of torch.distributed)."""
 READY_WITHIN = 300.0
 """The most a zygote may take to import torch (a cold page cache on a network filesystem)."""
+CLOSE_WAIT = 1.0
+"""How long the run's end waits for zygotes still starting."""
 PYTHON_EXEC = "PYTHON_EXEC"
 """torchrun's own override of the interpreter that runs each rank."""
 
@@ -60,9 +64,11 @@ def zygote_env(node: NodePlan) -> dict[str, str]:
 class WarmPool:
     """The run's zygotes, started in the background; ``ready`` names those that answered."""
 
-    def __init__(self, connector: Connector, nodes: Sequence[NodePlan]) -> None:
+    def __init__(self, connector: Connector, nodes: Sequence[NodePlan],
+                 on_ready: Callable[[WarmReady], None] = lambda _ready: None) -> None:
         self.connector = connector
         self.nodes = list(nodes)
+        self.on_ready = on_ready
         self._lock = threading.Lock()
         self._found: dict[str, WarmNode] = {}
         self._running: dict[str, tuple[Session, Process]] = {}
@@ -95,10 +101,20 @@ class WarmPool:
             process.exit_code(timeout=10.0)
             process.close()
             session.close()
-        self._thread.join(timeout=READY_WITHIN)
+        # A connect still pending (a node whose sshd does not answer) is not waited for: the
+        # zygote it would start sees the pool closed and ends at once (``_start``).
+        self._thread.join(timeout=CLOSE_WAIT)
 
     def _start_all(self) -> None:
+        started = time.monotonic()
         fan_out(self.nodes, self._start)
+        with self._lock:
+            if self._closed:
+                return
+            found = [self._found[node.host.name] for node in self.nodes if node.host.name in self._found]
+        self.on_ready(WarmReady(tuple(one.node for one in found if one.directory is not None),
+                                tuple((one.node, one.error) for one in found if one.error is not None),
+                                time.monotonic() - started))
 
     def _start(self, node: NodePlan) -> None:
         name = node.host.name
@@ -166,5 +182,5 @@ def warmed(plan: Plan, directories: Mapping[str, str]) -> tuple[Plan, tuple[str,
     return replace(plan, nodes=tuple(nodes)), tuple(warm)
 
 
-def start_warm(connector: Connector, plan: Plan) -> WarmPool:
-    return WarmPool(connector, plan.nodes).start()
+def start_warm(connector: Connector, plan: Plan, on_ready: Callable[[WarmReady], None]) -> WarmPool:
+    return WarmPool(connector, plan.nodes, on_ready).start()
