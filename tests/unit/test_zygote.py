@@ -102,6 +102,31 @@ def test_a_forked_child_runs_the_script_as_main_with_the_clients_argv_env_cwd(wa
     assert "started cold" not in done.stderr
 
 
+def test_a_child_looks_like_a_fresh_interpreter(warm: Warm, tmp_path: Path) -> None:
+    """Its command line is the one that started it (``ps``), SIGINT raises KeyboardInterrupt,
+    SIGPIPE stays ignored, and the zygote's stand-in modules are gone."""
+    (tmp_path / "fresh.py").write_text(textwrap.dedent("""\
+        import signal, sys
+        print(open("/proc/self/cmdline", "rb").read().rstrip(b"\\0").split(b"\\0")[1:])
+        print(signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+              signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN, "torchherd" in sys.modules)
+    """))
+    done = warm.run(["-u", str(tmp_path / "fresh.py"), "a b"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"[b'-u', b'{tmp_path / 'fresh.py'}', b'a b']", "True True False"]
+
+
+def test_numpy_draws_fresh_numbers_in_each_child(tmp_path: Path) -> None:
+    pytest.importorskip("numpy")
+    numbers = start_zygote(["numpy.random"])
+    try:
+        (tmp_path / "draw.py").write_text("import numpy\nprint(numpy.random.randint(1 << 30))\n")
+        draws = {numbers.run([str(tmp_path / "draw.py")], tmp_path).stdout for _ in range(3)}
+        assert len(draws) == 3, draws
+    finally:
+        stop_zygote(numbers)
+
+
 def test_a_module_runs_as_main_with_the_working_directory_on_its_path(warm: Warm, tmp_path: Path) -> None:
     (tmp_path / "mymod.py").write_text("import sys\nprint(__name__, sys.argv)\nsys.exit(4)\n")
     done = warm.run(["-m", "mymod", "a"], tmp_path)

@@ -151,14 +151,25 @@ def rewrite_initial_environ(env: Dict[str, str]) -> bool:
     ``/proc/self/environ`` shows, read by the supervisor's teardown and the rank finders)
     when it fits; the C library's pointers into it are gone by then (``os.environ`` was
     cleared and refilled). False when it does not fit or cannot be found."""
+    return _rewrite_block(47, [name + "=" + value for name, value in env.items()])
+
+
+def rewrite_command_line(argv: List[str]) -> bool:
+    """Writes ``argv`` over this process's command line (``/proc/self/cmdline``, what ``ps``
+    shows), as setproctitle does, when it fits: the rank shows as the command that started it."""
+    return _rewrite_block(45, argv)
+
+
+def _rewrite_block(field: int, words: List[str]) -> bool:
+    """Fields ``field`` and ``field + 1`` of ``/proc/self/stat`` (after the command name)
+    bound the block: arg_start/arg_end (45, 46) or env_start/env_end (47, 48)."""
     try:
         import ctypes
 
         with open("/proc/self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50, 51)
-        block = b"".join(name.encode() + b"=" + value.encode() + b"\0"
-                         for name, value in env.items() if "\0" not in name + value)
+        start, end = int(fields[field]), int(fields[field + 1])
+        block = b"".join(word.encode("utf-8", "surrogateescape") + b"\0" for word in words if "\0" not in word)
         if start <= 0 or len(block) > end - start:
             return False
         ctypes.memmove(start, block + b"\0" * (end - start - len(block)), end - start)
@@ -177,14 +188,22 @@ def run_child(request: Dict[str, object], fds: List[int]) -> None:
         for fd in fds:
             if fd > 2:
                 os.close(fd)
-        for number in RELAYED + (signal.SIGCHLD, signal.SIGPIPE):
-            signal.signal(number, signal.SIG_DFL)
+        # As a fresh interpreter has them: SIGINT raises KeyboardInterrupt, SIGPIPE stays
+        # ignored (Python's own start ignores it), every other default.
+        for number in RELAYED + (signal.SIGCHLD,):
+            signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
+        for name in [name for name in sys.modules if name == "torchherd" or name.startswith("torchherd.")]:
+            del sys.modules[name]  # the loader's stand-ins: the job's own torchherd, if any, is imported afresh
         env = {str(k): str(v) for k, v in dict(request["env"]).items()}  # type: ignore[call-overload]
         os.chdir(str(request["cwd"]))
         os.environ.clear()
         os.environ.update(env)
         rewrite_initial_environ(env)
+        words = request.get("args")
+        rewrite_command_line([str(request.get("python") or sys.executable)]
+                             + ([str(word) for word in words] if isinstance(words, list) else []))
+        _fresh_random_state()
         code = _run_python(request)
     except SystemExit as stop:
         code = _exit_code(stop.code)
@@ -194,6 +213,19 @@ def run_child(request: Dict[str, object], fds: List[int]) -> None:
         traceback.print_exc()
         code = 1
     _finish(code)
+
+
+def _fresh_random_state() -> None:
+    """The entropy a fresh process draws at its start: ``random`` reseeds itself after a
+    fork; numpy's global generator (torch imports numpy) does not, and every rank would
+    draw the zygote's numbers."""
+    numpy_random = sys.modules.get("numpy.random")
+    seed = getattr(numpy_random, "seed", None)
+    if callable(seed):
+        try:
+            seed()
+        except Exception:  # noqa: BLE001 - a numpy that cannot reseed keeps what it has
+            pass
 
 
 def _run_python(request: Dict[str, object]) -> int:
@@ -537,7 +569,7 @@ def client_main(python: str, args: List[str]) -> int:
     spec, why = parse_python_args(args)
     sock = None
     if spec is not None:
-        sock, why = _ask(directory, spec)
+        sock, why = _ask(directory, spec, python, args)
     if sock is None:
         sys.stderr.write(COLD_NOTE % why)
         sys.stderr.flush()
@@ -554,12 +586,14 @@ def child_env(spec: Optional[Dict[str, object]]) -> Dict[str, str]:
     return env
 
 
-def _ask(directory: str, spec: Dict[str, object]) -> Tuple[Optional[socket.socket], str]:
+def _ask(directory: str, spec: Dict[str, object], python: str,
+         args: List[str]) -> Tuple[Optional[socket.socket], str]:
     env = child_env(spec)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(os.path.join(directory, SOCKET_NAME))
-        send_message(sock, {"env": env, "cwd": os.getcwd(), "spec": spec}, (0, 1, 2))
+        send_message(sock, {"env": env, "cwd": os.getcwd(), "spec": spec, "python": python, "args": args},
+                     (0, 1, 2))
         reply, _fds = receive_message(sock)
     except OSError as exc:
         sock.close()
