@@ -393,7 +393,8 @@ class Cluster:
         if grace is not None:
             GRACE.from_argument(grace)
         if recovery is not None:  # the file's [recovery] was checked as the file was read
-            needs = recovery_problem(checked_recovery(recovery), given_fields(recovery, self.recovery), "argument")
+            recovery = checked_recovery(recovery)
+            needs = recovery_problem(recovery, given_fields(recovery, self.recovery), "argument")
             if needs is not None:
                 raise needs
         recovery = recovery if recovery is not None else self.recovery
