@@ -393,10 +393,11 @@ class Cluster:
         if grace is not None:
             GRACE.from_argument(grace)
         if recovery is not None:  # the file's [recovery] was checked as the file was read
-            recovery = checked_recovery(recovery)
-            needs = recovery_problem(recovery, given_fields(recovery, self.recovery), "argument")
+            checked = checked_recovery(recovery)  # the error names the value as given (one string, say)
+            needs = recovery_problem(recovery, given_fields(checked, self.recovery), "argument")
             if needs is not None:
                 raise needs
+            recovery = checked
         recovery = recovery if recovery is not None else self.recovery
         problem = heartbeat_problem(recovery)
         if problem is not None:
