@@ -394,7 +394,10 @@ class Cluster:
             GRACE.from_argument(grace)
         if recovery is not None:  # the file's [recovery] was checked as the file was read
             checked = checked_recovery(recovery)  # the error names the value as given (one string, say)
-            needs = recovery_problem(recovery, given_fields(checked, self.recovery), "argument")
+            given = given_fields(checked, self.recovery)
+            # A scheduler that cannot honour them says so first (the rule would ask for a checkpoint it refuses).
+            self.backend.allow("--resume-args", bool(checked.resume_args and ("resume_args" in given or checked.retries)))
+            needs = recovery_problem(recovery, given, "argument")
             if needs is not None:
                 raise needs
             recovery = checked

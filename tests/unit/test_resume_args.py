@@ -209,3 +209,23 @@ def test_dry_run_shows_them_under_the_plan(tmp_path: Path, capsys: pytest.Captur
         "resume_args": ["--init_from=resume"]}
     code, out = cli(tmp_path, ["run", "--dry-run", "--", "train.py"])
     assert code == 0 and out[-1] == "dry run: nothing was started" and "TORCHHERD_ATTEMPT" not in "\n".join(out)
+
+
+def test_slurm_refuses_them_first_from_the_flag_and_the_api(tmp_path: Path) -> None:
+    """No checkpoint is staged on SLURM: the refusal comes before the rule's hint, which would
+    ask for a --checkpoint that SLURM refuses in turn."""
+    path = tmp_path / "hosts.toml"
+    path.write_text('[cluster]\nscheduler = "slurm"\n[slurm]\nlogin = "login1"\nnodes = 2\n'
+                    '[defaults]\npython = "/p"\nworkdir = "/w"\n', encoding="utf-8")
+    out = StringIO()
+    code = main(["-i", str(path), "run", "--retries", "1", "--resume-args", "--init_from=resume", "--", "t.py"],
+                console=make_console(out, width=400))
+    refused = ["error: --resume-args: not for SLURM runs (they are added on an attempt from a checkpoint torchherd "
+               "staged, and it stages none there)",
+               "  hint: leave --resume-args out; the script can read TORCHHERD_ATTEMPT (2 and up: a new attempt) and "
+               "look for its checkpoint on the shared filesystem"]
+    assert (code, out.getvalue().splitlines()) == (2, refused)
+    made = Cluster.from_toml(path)
+    with pytest.raises(UsageError) as raised:
+        made.launch(made.plan("t.py"), recovery=Recovery(retries=1, resume_args=("--r",)), check=False)
+    assert str(raised.value) == refused[0].removeprefix("error: ")

@@ -135,6 +135,9 @@ def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
                                            ("resume_args", args.resume_args))
              if value is not None}
     recovery = replace(recovery, **given) if given else recovery
+    # A scheduler that cannot honour them says so first: the rule's hint would ask for a
+    # --checkpoint it refuses in turn.
+    cluster.backend.allow("--resume-args", "resume_args" in given or bool(recovery.resume_args and recovery.retries))
     problem = recovery_problem(recovery, tuple(given), "flag")
     if problem is not None:
         raise problem
