@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from torchherd.engine.ssh.warm import warmed, zygote_command, zygote_env
+from torchherd.inventory import Inventory, parse
+from torchherd.plan import RunOptions, build_plan
 from torchherd.remote import program
 from torchherd.remote.zygote import Zygote, parse_python_args, startup_differs
 
@@ -270,3 +273,44 @@ def _gone(pid: int, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+# ------------------------------------------------------- the controller's side (engine.ssh.warm)
+
+
+def warm_inventory(env: dict[str, str] | None = None) -> Inventory:
+    document = {
+        "cluster": {"master": "a", "port": 29511, "nproc_per_node": 1},
+        "defaults": {"python": "/opt/venv/bin/python", "workdir": "~/proj dir", "env": env or {"NCCL_DEBUG": "WARN"}},
+        "hosts": [{"name": "a", "address": "10.0.0.1"}, {"name": "b", "address": "10.0.0.2",
+                                                        "setup": "source ~/venv/bin/activate"}],
+    }
+    return parse(document, Path("hosts.toml"))
+
+
+def test_a_warm_node_starts_torchrun_and_its_ranks_through_the_client() -> None:
+    plan = build_plan(warm_inventory(), RunOptions(script="train.py", script_args=("--lr", "0.1"), run_id="r1"))
+    warm_plan, started = warmed(plan, {"b": "/tmp/torchherd-warm-x"})
+    assert started == ("b",)
+    a, b = warm_plan.nodes
+    assert a == plan.nodes[0]  # no warm Python: as it was
+    assert b.argv == ("/tmp/torchherd-warm-x/python", *plan.nodes[1].argv[1:])
+    assert b.argv[1:3] == ("-m", "torch.distributed.run") and b.argv[-3:] == ("train.py", "--lr", "0.1")
+    assert b.env == {**plan.nodes[1].env, "PYTHON_EXEC": "/tmp/torchherd-warm-x/python"}
+
+
+def test_a_job_with_its_own_python_exec_keeps_it() -> None:
+    plan = build_plan(warm_inventory({"PYTHON_EXEC": "/opt/mine"}), RunOptions(script="train.py", run_id="r1"))
+    warm_plan, started = warmed(plan, {"a": "/tmp/w"})
+    assert started == ("a",)
+    assert warm_plan.nodes[0].env["PYTHON_EXEC"] == "/opt/mine"
+
+
+def test_the_zygote_starts_after_the_setup_in_the_workdir_with_the_env_on_stdin() -> None:
+    plan = build_plan(warm_inventory({"SECRET_TOKEN": "hunter2"}), RunOptions(script="train.py", run_id="r1"))
+    line = zygote_command(plan.nodes[1])
+    assert line.startswith("cd ~/'proj dir' && { source ~/venv/bin/activate\n} >&2 && exec /opt/venv/bin/python -u -c ")
+    assert line.endswith(" serve torch torch.distributed.run")
+    assert "hunter2" not in line
+    env = zygote_env(plan.nodes[1])
+    assert env["SECRET_TOKEN"] == "hunter2" and "TORCHHERD_SUPERVISOR" not in env
