@@ -123,6 +123,11 @@ class WarmPool:
         except TransportError as error:
             self._found_one(WarmNode(name, None, f"not reached: {error}"))
             return
+        with self._lock:
+            closed = self._closed
+        if closed:  # the run ended while this node was being reached (a slow sshd): nothing to start
+            session.close()
+            return
         try:
             process = session.start(zygote_command(node))
             process.send((json.dumps({"env": zygote_env(node)}) + "\n").encode())
