@@ -28,7 +28,7 @@ from torchherd.engine.run import LaunchOptions
 from torchherd.inventory import Bandwidth, Recovery, parse_bandwidth
 from torchherd.plan import Plan
 from torchherd.remote import wire
-from torchherd.remote.checkpoint import BURST_SECONDS, Pace, rate_of
+from torchherd.remote.checkpoint import BURST_SECONDS, Pace, rates_of
 from torchherd.remote.savewatch import CheckpointWatch, Settle, look, open_for_writing
 
 HOSTS = '[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n[[hosts]]\nname = "b"\naddress = "192.0.2.2"\n'
@@ -187,8 +187,11 @@ def test_the_default_cap_is_the_smaller_of_the_links_share_and_the_cores_rate(
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))  # lo states no speed: 1 Gb/s assumed, a quarter is 31.25 MB/s
-        assert rate_of({"share": 0.25, "per_core": 5e6}, sock) == rate
-        assert rate_of({"share": 0.25}, sock) == 31.25e6  # a share given alone: no core's cap
+        assert rates_of({"share": 0.25, "per_core": 5e6}, sock) == (rate, 31.25e6)  # the link's share: the ceiling
+        assert rates_of({"share": 0.25}, sock) == (31.25e6, 31.25e6)  # a share given alone: no core's cap
+        # the link as check --bandwidth measured it (80 MB/s) instead of the stated speed
+        assert rates_of({"share": 0.25, "per_core": 5e6, "link": 80e6}, sock) == (min(rate, 20e6), 20e6)
+        assert rates_of({"bytes": 2e8, "link": 80e6}, sock) == (2e8, 2e8)  # a rate given: the user's own
 
 
 def test_one_replica_by_default_with_a_checkpoint_and_none_without() -> None:

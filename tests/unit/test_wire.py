@@ -236,7 +236,7 @@ def test_every_program_ships_each_module_it_imports_before_it() -> None:
             assert imports_of(file) <= loaded, (name, file, imports_of(file) - loaded)
             loaded.add(file)
     assert imports_of("supervisor.py") == {"container.py", "wire.py", "framing.py", "proctable.py", "ranks.py",
-                                            "flight.py", "savewatch.py"}
+                                            "flight.py", "savewatch.py", "pace.py"}
     assert imports_of("stop.py") == {"container.py", "wire.py", "proctable.py"}
 
 

@@ -3,7 +3,7 @@
 The node programs (``supervisor.py``, ``coordinator.py``, ``stop.py``, ``hangprobe.py``,
 ``receive.py``, ``venv.py``, ``checkpoint.py``, ``image.py``) and the modules they share
 (``container``, ``wire``, ``relay``, ``framing``, ``proctable``, ``ranks``, ``flight``, ``checkpoint``,
-``savewatch``)
+``savewatch``, ``pace``)
 use the standard library only, and run on the node's own Python (>= 3.8); nothing is
 installed on a node. ``program(name)`` is the text to run there with ``python -c``: a short
 loader and, in one packed blob, the modules the program imports, then the program.
@@ -27,13 +27,13 @@ import zlib
 
 PROGRAMS: dict[str, tuple[str, ...]] = {
     "supervisor.py": ("container.py", "wire.py", "framing.py", "proctable.py", "ranks.py", "flight.py", "relay.py",
-                      "checkpoint.py", "savewatch.py"),
+                      "pace.py", "checkpoint.py", "savewatch.py"),
     "coordinator.py": ("container.py", "wire.py"),
     "stop.py": ("container.py", "wire.py", "proctable.py"),
     "hangprobe.py": ("flight.py",),
     "receive.py": (),
     "venv.py": ("receive.py",),
-    "checkpoint.py": ("relay.py",),
+    "checkpoint.py": ("relay.py", "pace.py"),
     "image.py": ("container.py", "relay.py"),
 }
 """Each node program and the modules it imports, in the order they are loaded (a module

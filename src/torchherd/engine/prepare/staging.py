@@ -38,6 +38,7 @@ from torchherd.errors import TransportError
 from torchherd.plan import NodePlan
 from torchherd.remote import command
 from torchherd.remote.checkpoint import LINK_ASSUMED
+from torchherd.remote.pace import SLOWEST_SHARE
 from torchherd.shell import quote_path
 from torchherd.transport import Connector, Session, connect_all, fan_out
 
@@ -118,7 +119,7 @@ def stage(connector: Connector, nodes: Mapping[str, NodePlan], sources: Sequence
 
 
 def replicate(connector: Connector, nodes: Mapping[str, NodePlan], saved: CheckpointSaved, targets: Sequence[str],
-              rate: Mapping[str, float], cap: str, stopping: Callable[[], bool] = lambda: False
+              rate: Mapping[str, Any], cap: str, stopping: Callable[[], bool] = lambda: False
               ) -> CheckpointReplicated:
     """Copies the checkpoint ``saved`` on ``saved.node`` to each node of ``targets`` that
     lacks it, at low priority, the source sending at most at ``rate`` (``Bandwidth.wire``;
@@ -151,9 +152,10 @@ def replicate(connector: Connector, nodes: Mapping[str, NodePlan], saved: Checkp
                         and not isinstance(answers.get(name), str))
         done: tuple[str, ...] = ()
         if needing:
-            # a node of one core under the default's per-core cap is the slowest a copy may be
+            # a node of one core under the default's per-core cap, the job's pace holding the
+            # copy at the governor's floor throughout, is the slowest a copy may be
             slowest = min(BYTES_PER_SECOND, rate.get("bytes", rate.get("share", 1.0) * LINK_ASSUMED),
-                          rate.get("per_core", BYTES_PER_SECOND)) / 2
+                          rate.get("per_core", BYTES_PER_SECOND)) * (SLOWEST_SHARE if "pace" in rate else 0.5)
             results = _relay(sessions, nodes, own, needing, stopping,
                              {"rate": dict(rate), "keep_newer": True, "trailer": True}, slowest)
             done = tuple(name for name in needing if results[name] is None)

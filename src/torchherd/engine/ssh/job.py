@@ -247,7 +247,7 @@ class Job:
         # up, with room: a longer silence setting (a link that drops out) holds both ends.
         config = supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace, self.options.heartbeat,
                                    max(WATCHDOG, 2 * self.options.lost_after))._replace(
-            checkpoint=self.options.watch_checkpoint)
+            checkpoint=self.options.watch_checkpoint, node=node.name)
         if not self.options.persist:
             return config
         # The watchdog only says when the controller counts as gone (its machine went
