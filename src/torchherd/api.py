@@ -43,6 +43,7 @@ from torchherd.engine.records import (
 )
 from torchherd.engine.records import load as load_record
 from torchherd.engine.records.history import History, controller_runs, follow_history
+from torchherd.engine.records.links import keep_links
 from torchherd.engine.recovery.background import start_background, stop_controller
 from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.run import LaunchAborted, LaunchOptions, Run
@@ -313,7 +314,10 @@ class Cluster:
         plan = plan or self.plan(script or "", run_id="check", sync=sync, sync_include=sync_include,
                                  sync_anyway=sync_anyway, uv=uv, uv_system_site_packages=uv_system_site_packages,
                                  uv_offline=uv_offline)
-        return self.backend.check(plan, options, sync=bool(sync), on_result=on_result, on_event=on_event or ignore)
+        report = self.backend.check(plan, options, sync=bool(sync), on_result=on_result, on_event=on_event or ignore)
+        if report.bandwidth is not None:  # kept: a run's replication takes its share of the link as measured
+            keep_links(report.bandwidth, {node.host.name: node.host.address for node in plan.nodes})
+        return report
 
     def sync(self, source: bool | str | Path = True, *, plan: Plan | None = None, dry_run: bool = False,
              on_event: Observer | None = None, include: Iterable[str] = (), anyway: bool = False,

@@ -34,8 +34,10 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 from torchherd.engine.events import CheckpointMissing, CheckpointReplicated, CheckpointSaved, CheckpointStaged
 from torchherd.engine.prepare.relay import BYTES_PER_SECOND, Hop, run_chain
+from torchherd.engine.records.links import measured_link
 from torchherd.errors import TransportError
-from torchherd.plan import NodePlan
+from torchherd.inventory import Bandwidth
+from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command
 from torchherd.remote.checkpoint import LINK_ASSUMED
 from torchherd.remote.pace import SLOWEST_SHARE
@@ -116,6 +118,20 @@ def stage(connector: Connector, nodes: Mapping[str, NodePlan], sources: Sequence
                                 tuple(failed))
     finally:
         connected.close()
+
+
+def replication_rate(plan: Plan, saved: CheckpointSaved, targets: Sequence[str], bandwidth: Bandwidth) -> dict[str, Any]:
+    """What the source of a replica is told of its rate (``remote/checkpoint.py``): the
+    cap's own keys, the link to the first node it sends to as ``check --bandwidth`` last
+    measured it (where kept: ``records.links``), and whose pace to keep to (the run's and
+    the source's: the file its supervisor writes, ``remote/pace.py``)."""
+    rate: dict[str, Any] = {**bandwidth.wire(), "pace": [plan.run_id, saved.node]}
+    hosts = {node.host.name: node.host for node in plan.nodes}
+    if targets and saved.node in hosts and targets[0] in hosts:
+        link = measured_link(hosts[saved.node].address, hosts[targets[0]].address)
+        if link is not None:
+            rate["link"] = link
+    return rate
 
 
 def replicate(connector: Connector, nodes: Mapping[str, NodePlan], saved: CheckpointSaved, targets: Sequence[str],

@@ -11,7 +11,7 @@ from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.backend import Backend, Description
 from torchherd.engine.bookkeeping import max_rank, node_record, run_record
 from torchherd.engine.events import CheckpointReplicated, CheckpointSaved, LostContainers, Observer, ignore
-from torchherd.engine.prepare.staging import Staged, replicate, stage
+from torchherd.engine.prepare.staging import Staged, replicate, replication_rate, stage
 from torchherd.engine.recorder import Recorder
 from torchherd.engine.records import (
     NodeState,
@@ -107,7 +107,8 @@ class SshBackend(Backend):
     def replicate_checkpoint(self, plan: Plan, saved: CheckpointSaved, targets: Sequence[str], bandwidth: Bandwidth,
                              stopping: Callable[[], bool] = lambda: False) -> CheckpointReplicated:
         nodes = {node.host.name: node for node in plan.nodes}
-        return replicate(self._connector(), nodes, saved, targets, bandwidth.wire(), str(bandwidth), stopping)
+        return replicate(self._connector(), nodes, saved, targets, replication_rate(plan, saved, targets, bandwidth),
+                         str(bandwidth), stopping)
 
     def _connector(self) -> Connector:
         assert self.connector is not None, "a Cluster's backend has its connector"
