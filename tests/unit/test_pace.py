@@ -105,6 +105,13 @@ def test_the_rate_settles_where_the_job_is_slowed_by_less_than_five_percent() ->
     assert mean > START * FLOOR_SHARE * 2  # and the copy goes on at a useful rate
 
 
+def test_a_job_that_prints_less_is_judged_over_a_longer_period() -> None:
+    governor = Governor(START, 1e9, 0.0)
+    rates = drive(governor, Job(lines=25.0, cpu=0.0), QUIET_SECONDS + 8.5)
+    assert governor.period == 4.0  # 100 lines at 25 a second
+    assert [rate for rate in rates if rate > 0][-1] == START + 2 * START * INCREASE  # two decisions in 8.5 s
+
+
 def test_the_jobs_pace_is_measured_again_every_thirty_seconds() -> None:
     governor = Governor(START, 1e9, 0.0)
     rates = drive(governor, Job(), QUIET_SECONDS + REBASE_SECONDS + 1.0)

@@ -10,8 +10,8 @@ Standard library only, Python >= 3.8, Linux. Two sides on the same node:
 - A replication's source (``checkpoint.py relay``) keeps its sending rate with a
   ``Governor``: from those counters it knows the job's pace (lines a second, CPU seconds a
   second) with nothing copied (``QUIET_SECONDS`` without sending, at the start and again
-  every ``REBASE_SECONDS``: the job's own pace drifts), then, every ``PERIOD_SECONDS`` while
-  it sends, whether the job went slower than that by more than ``TOLERANCE``: then the rate
+  every ``REBASE_SECONDS``: the job's own pace drifts), then, every period while it sends
+  (``PERIOD_SECONDS``, longer for a job that prints less: ``PERIOD_LINES``), whether the job went slower than that by more than ``TOLERANCE``: then the rate
   is halved (down to ``floor``), else raised by a step (up to ``ceiling``). AIMD, as TCP
   shares a link: the cap settles just under what the job stands, and a job that slows for
   any reason (the copy's packets, the pages it writes, another program) gets its CPU back
@@ -40,9 +40,13 @@ if TYPE_CHECKING:
 WRITE_EVERY = 0.5
 """Seconds between two writes of the counters by the supervisor: a period holds two."""
 PERIOD_SECONDS = 1.0
-"""Seconds between two decisions of the governor: long enough that a 9 ms step's lines
-(about 100) or a busy job's CPU seconds tell a 3 % change from noise, short enough that a
-job slowed by the copy is slowed for at most about a second."""
+"""Seconds between two decisions of the governor at least: short enough that a job slowed
+by the copy is slowed for about a second, long enough that a busy job's CPU seconds (100
+clock ticks a core) tell a 3 % change from noise."""
+PERIOD_LINES = 100.0
+"""Lines a period holds at the quiet pace, at least (its length grows to hold them, up to
+``LONGEST_PERIOD``): a count of 30 moves by 3 % with one line more or less."""
+LONGEST_PERIOD = 5.0
 QUIET_SECONDS = 2.0
 """Seconds without sending that measure the job's own pace."""
 REBASE_SECONDS = 30.0
@@ -165,6 +169,7 @@ class Governor:
         self.baseline = None  # type: Optional[Tuple[float, float]]
         """The job's pace with nothing copied: (lines, CPU seconds) a second."""
         self.period_from = None  # type: Optional[Sample]
+        self.period = PERIOD_SECONDS
         self.next_quiet = 0.0
         self.decisions = []  # type: List[Tuple[float, float, bool]]
         """(time, rate, slowed) at each decision: the source's last line tells them."""
@@ -185,7 +190,7 @@ class Governor:
             return self.current
         if self.period_from is None:
             self.period_from = sample
-        elif sample[0] - self.period_from[0] >= PERIOD_SECONDS:
+        elif sample[0] - self.period_from[0] >= self.period:
             self._decide(now, self.period_from, sample)
             self.period_from = sample
         return self.current
@@ -205,6 +210,7 @@ class Governor:
         pace = _pace(began, sample)
         if pace is not None and (pace[0] >= MIN_LINES or pace[1] >= MIN_CPU):
             self.baseline = pace
+            self.period = min(LONGEST_PERIOD, max(PERIOD_SECONDS, PERIOD_LINES / pace[0] if pace[0] else 0.0))
 
     def _decide(self, now: float, began: "Sample", ended: "Sample") -> None:
         pace = _pace(began, ended)
