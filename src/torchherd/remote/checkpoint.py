@@ -30,7 +30,8 @@ glob, of which the newest match (by mtime) counts. MODE is one of:
   ``"link": B``: the link's speed as ``check --bandwidth`` measured it, used instead of the
   stated one; ``"pace": [RUN_ID, NODE]``: the rate is then kept to the job's pace, as the
   node's supervisor counts it, by ``pace.Governor``, between an eighth of the starting
-  rate and four times it, never above the link's share; the last line adds ``"governed"``),
+  rate and four times it, never above the link's share; a line before the last then says
+  how: ``{"governed": {"start": B, "rate": B, "slowed": N, "raised": N, ...}}``),
   ``"keep_newer": true`` (a receiver whose own copy at the path is newer than the one
   sent keeps it: a replica never passes for a newer checkpoint than the original), and
   ``"trailer": true``: the source was not hashed beforehand (``look``, not ``find``: that
@@ -353,9 +354,10 @@ def send_own(workdir: str, relative: str, listener: Optional[socket.socket], tok
                       trailer if trailed else None)
     if said and "error" in said[0]:
         return said[0]
-    told = {"governed": governed.governor.summary()} if governed is not None else {}
-    return {"ok": True, "bytes": sent, "seconds": round(time.monotonic() - started, 3), **(said[0] if said else {}),
-            **told}
+    if governed is not None:  # a line before the last: the controller tells it with the copy
+        chain.emit({"governed": {**governed.governor.summary(), "start": round(start), "ceiling": round(ceiling),
+                                 "link": "measured" if rate and rate.get("link") else "stated"}})
+    return {"ok": True, "bytes": sent, "seconds": round(time.monotonic() - started, 3), **(said[0] if said else {})}
 
 
 def newer_here(target: str, mtime: float) -> bool:
