@@ -578,9 +578,10 @@ def test_the_sources_account_of_its_governed_rate_is_told_in_words() -> None:
 
     said = {"governed": {"start": 10e6, "rate": 12.5e6, "ceiling": 40e6, "slowed": 1, "raised": 14,
                          "baseline": [101.2, 1.1], "link": "measured"}}
-    assert governed([{"progress": 5}, said]) == ("kept to the job's pace: 10 MB/s at first, 12.5 MB/s at the end "
+    assert governed([{"progress": 5}, said]) == ("kept to the job's pace (101 lines/s, 1.10 CPU): 10 MB/s at first, 12.5 MB/s at the end "
                                                  "(at most 40 MB/s, a share of the link as measured), cut 1 time, "
                                                  "raised 14 times")
     quiet = {"governed": {**said["governed"], "baseline": None, "link": "stated"}}
     assert governed([quiet]) == "at 10 MB/s: the job's pace too slight to keep to"
     assert governed([{"governed": {"start": "fast"}}]) == "" and governed([]) == ""
+    assert governed([{"governed": {**said["governed"], "baseline": [1]}}]) == ""
