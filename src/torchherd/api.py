@@ -397,7 +397,8 @@ class Cluster:
         if grace is not None:
             GRACE.from_argument(grace)
         if recovery is not None:  # the file's [recovery] was checked as the file was read
-            needs = recovery_problem(checked_recovery(recovery), given_fields(recovery, self.recovery), "argument")
+            needs = recovery_problem(checked_recovery(recovery), given_fields(recovery, self.recovery), "argument",
+                                     detached=detach)
             if needs is not None:
                 raise needs
         recovery = recovery if recovery is not None else self.recovery
@@ -410,7 +411,9 @@ class Cluster:
         told = on_event or ignore
         history = HistoryRecorder(failed=lambda reason: told(EventsNotKept(reason)))
         observer = recording(told, history)
-        if recovery.retries > 0 or recovery.hang_timeout is not None:
+        # A detached run that replicates keeps a controller in the background for the copies,
+        # with retries or without (then it makes no new attempt: it copies while the job runs).
+        if recovery.retries > 0 or recovery.hang_timeout is not None or (detach and recovery.replicas > 0):
             with _named_as_arguments():
                 self.backend.allow_recovery(plan, recovery)
                 if not detach:

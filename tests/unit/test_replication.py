@@ -26,6 +26,7 @@ from torchherd.engine.recovery.replication import Holdings, Replicator, ring
 from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.run import LaunchOptions
 from torchherd.inventory import Bandwidth, Recovery, parse_bandwidth
+from torchherd.inventory.options import recovery_problem
 from torchherd.plan import Plan
 from torchherd.remote import wire
 from torchherd.remote.checkpoint import BURST_SECONDS, Pace, rates_of
@@ -225,7 +226,6 @@ def test_a_bad_replication_flag_is_one_line_naming_it(tmp_path: Path, flags: lis
     assert_one_line(code, out, named)
 
 
-@pytest.mark.parametrize("detach", [[], ["--detach"]], ids=["attached", "detached"])
 @pytest.mark.parametrize(("flags", "named"), [
     (["--checkpoint", "snapshot.pt"], "--checkpoint: it is staged before a new attempt, and without retries there is "
                                       "none"),
@@ -233,15 +233,22 @@ def test_a_bad_replication_flag_is_one_line_naming_it(tmp_path: Path, flags: lis
     (["--replicate-bandwidth", "25%"], "--replicate-bandwidth: a replica is there for a new attempt, and without "
                                        "retries there is none"),
 ])
-def test_replication_without_retries_is_refused_detached_or_not(tmp_path: Path, detach: list[str], flags: list[str],
-                                                                named: str) -> None:
-    """A plain ``--detach`` leaves no controller behind to copy a checkpoint, and neither run
-    has a new attempt to stage it for: the flag is refused before any node is reached (the
-    inventory's checkpoint stands in for the flag's where the flag is not --checkpoint)."""
-    code, out = run_cli(tmp_path, '[recovery]\ncheckpoint = "snapshot.pt"\n' + HOSTS, ["run", *detach, *flags, "--",
-                                                                                         "t.py"])
+def test_replication_without_retries_is_refused_attached(tmp_path: Path, flags: list[str], named: str) -> None:
+    """An attached run without retries has no new attempt to stage a checkpoint for: the
+    flag is refused before any node is reached (the inventory's checkpoint stands in for
+    the flag's where the flag is not --checkpoint)."""
+    code, out = run_cli(tmp_path, '[recovery]\ncheckpoint = "snapshot.pt"\n' + HOSTS, ["run", *flags, "--", "t.py"])
     assert_one_line(code, out, named)
     assert "hint: add --retries N (or retries in [recovery])" in out, out
+
+
+@pytest.mark.parametrize("given", [("checkpoint",), ("replicate",), ("replicate_bandwidth",)])
+def test_a_detached_run_replicates_without_retries(given: tuple[str, ...]) -> None:
+    """A plain ``--detach`` keeps its controller in the background for the copies: no
+    attempt is needed for them (engine: ``Cluster.launch``)."""
+    recovery = Recovery(checkpoint="snapshot.pt", replicate=1)
+    assert recovery_problem(recovery, given, "flag", detached=True) is None
+    assert recovery_problem(recovery, given, "flag") is not None
 
 
 def test_no_replica_is_made_without_retries() -> None:

@@ -115,7 +115,7 @@ def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
                                            ("replicate_bandwidth", args.replicate_bandwidth))
              if value is not None}
     recovery = replace(recovery, **given) if given else recovery
-    problem = recovery_problem(recovery, tuple(given), "flag")
+    problem = recovery_problem(recovery, tuple(given), "flag", detached=bool(args.detach))
     if problem is not None:
         raise problem
     return recovery

@@ -264,10 +264,11 @@ class RecoveringRun:
         self._running_plan = plan
         """The plan of the attempt running now: the replication reaches its nodes."""
         self.replicator = (Replicator(self._replicate, recovery.replicas, observer, self.holdings)
-                           if self.holdings is not None and recovery.replicas and recovery.retries
+                           if self.holdings is not None and recovery.replicas and (recovery.retries or options.persist)
                            and self.picked is None else None)
-        """Only with retries: a replica is there for the staging before a new attempt (a
-        run with ``hang_timeout`` alone has none, as a plain run has no controller to copy)."""
+        """With retries: a replica is there for the staging before a new attempt (a run with
+        ``hang_timeout`` alone has none, as a plain run has no controller to copy). Detached
+        (``persist``, the controller in the background) without retries too: it runs to copy."""
 
     # the caller's side ------------------------------------------------------------------
     def start(self) -> RecoveringRun:
