@@ -151,7 +151,8 @@ class Recovery:
     """Other nodes each new checkpoint is copied to while the job runs (the next ones in
     the ring of node ranks); None: 1 when there is a ``checkpoint``; 0: none."""
     replicate_bandwidth: Bandwidth = field(default_factory=lambda: DEFAULT_REPLICATE_BANDWIDTH)
-    """The most a replica's copy may take of the link (``Bandwidth``)."""
+    """The most a replica's copy may take of the link (``Bandwidth``), at its start: then
+    the job's pace moves it (``remote/pace.py``)."""
 
     @property
     def lost_after(self) -> float:
@@ -169,7 +170,8 @@ class Recovery:
 DEFAULT_REPLICATE_SHARE = 0.25
 """A replica's copy takes at most a quarter of the link: the job's own traffic keeps the rest."""
 DEFAULT_REPLICATE_PER_CORE = 5e6
-"""And by default at most 5 MB/s per CPU core of the node: what a copy costs in the kernel
+"""And by default at most 5 MB/s per CPU core of the node to start with (the source then
+keeps the rate to the job's pace, up to four times this: ``remote/pace.py``): what a copy costs in the kernel
 (its packets, the pages it writes) is no one's to lower by priority, and where cores are
 few or the link is virtual (a veth pair states 10 Gb/s) a share of the link does not bind.
 Measured on 2 cores, each node one rank busy with a 9 ms step (``scripts/bench-replication``,
