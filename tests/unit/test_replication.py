@@ -592,3 +592,20 @@ def test_the_sources_account_of_its_governed_rate_is_told_in_words() -> None:
     assert governed([quiet]) == "at 10 MB/s: the job's pace too slight to keep to"
     assert governed([{"governed": {"start": "fast"}}]) == "" and governed([]) == ""
     assert governed([{"governed": {**said["governed"], "baseline": [1]}}]) == ""
+
+
+def test_the_source_is_told_whose_pace_to_keep_to_and_the_link_as_measured(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from support.recovery import plan_of
+    from torchherd.engine.prepare.staging import replication_rate
+    from torchherd.engine.records.links import keep_links
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    plan = plan_of(nodes=3)
+    saved = CheckpointSaved("node1", "snapshot.pt", 10, 1.0)
+    auto = Recovery(checkpoint="snapshot.pt").replicate_bandwidth
+    assert replication_rate(plan, saved, ["node2"], auto) == {"share": 0.25, "per_core": 5e6,
+                                                              "pace": ["th-test", "node1"]}
+    keep_links({"links": [{"from": "node1", "to": "node2", "gbit": 0.8}]}, {"node1": "node1", "node2": "node2"})
+    assert replication_rate(plan, saved, ["node2", "node0"], auto)["link"] == 100e6  # to the first of the chain
+    assert "link" not in replication_rate(plan, saved, ["node0"], auto)
