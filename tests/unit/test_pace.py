@@ -171,8 +171,9 @@ def test_the_supervisor_writes_the_counters_and_the_source_reads_only_its_own_fi
     link.symlink_to(path)
     assert read_pace(str(link)) is None  # never through a link
     assert read_pace(str(tmp_path / "none.pace")) is None
+    link.unlink()
     writer.remove()
-    assert not path.exists()
+    assert not path.exists() and not path.parent.exists()  # the run's directory too, once empty
 
 
 def test_the_jobs_cpu_is_its_processes_user_and_system_time(tmp_path: Path) -> None:

@@ -130,10 +130,13 @@ class PaceWriter:
             pass  # no pace for the replication to keep to: it keeps its starting cap
 
     def remove(self) -> None:
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        """The file, and the run's directory when nothing else is in it (an attached run
+        keeps nothing there: only a detached one's log and state file stay)."""
+        for remove, path in ((os.unlink, self.path), (os.rmdir, os.path.dirname(self.path))):
+            try:
+                remove(path)
+            except OSError:
+                pass
 
 
 def read_pace(path: str) -> "Optional[Sample]":
