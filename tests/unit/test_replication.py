@@ -251,6 +251,12 @@ def test_a_detached_run_replicates_without_retries(given: tuple[str, ...]) -> No
     assert recovery_problem(recovery, given, "flag") is not None
 
 
+def test_a_detached_runs_resume_arguments_still_need_retries() -> None:
+    recovery = Recovery(checkpoint="snapshot.pt", resume_args=("--init_from=resume",))
+    problem = recovery_problem(recovery, ("checkpoint", "resume_args"), "flag", detached=True)
+    assert problem is not None and str(problem).startswith("--resume-args"), problem
+
+
 def test_no_replica_is_made_without_retries() -> None:
     """``hang_timeout`` alone runs the recovering run, one attempt: no watch, no copy."""
     recovery = Recovery(checkpoint="snapshot.pt", hang_timeout=30)
