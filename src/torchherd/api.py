@@ -74,10 +74,11 @@ from torchherd.inventory.options import (
     recovery_problem,
 )
 from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
+from torchherd.remote.uvlock import UV_FILES
 from torchherd.runlog import OutputLine, flat
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
-from torchherd.tree import UV_FILES, project_root, refusal, uv_lock_hash
+from torchherd.tree import project_root, refusal, uv_lock_hash
 
 RunT = TypeVar("RunT", Run, RecoveringRun)
 

@@ -27,7 +27,7 @@ from torchherd.inventory.options import (
     env_problem,
 )
 from torchherd.remote import container as containers
-from torchherd.remote import wire
+from torchherd.remote import uvlock, wire
 from torchherd.remote.wire import RANK_PREFIX_TEMPLATE
 from torchherd.shell import quote_path
 from torchherd.words import count
@@ -100,13 +100,11 @@ class NodeVenv:
 
     @property
     def marker(self) -> str:
-        return posixpath.join(self.path, VENV_MARKER)
+        return posixpath.join(self.path, uvlock.MARKER)
 
 
 VENVS_IN_PROJECT = ".torchherd-venvs"
 """Where the venvs are kept in the synced project on a node, unless ``venv_dir`` says."""
-VENV_MARKER = ".torchherd-venv"
-"""Written into a venv once ``uv sync`` built it: its key, and the uv and python that built it."""
 
 
 def uv_candidates(host: Host) -> tuple[str, ...]:
