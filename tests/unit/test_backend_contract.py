@@ -19,10 +19,10 @@ from torchherd.checks.model import CHECK_IDS
 from torchherd.console import make_console
 from torchherd.console.run import plan_json, render_description
 from torchherd.engine import schedulers
-from torchherd.engine.backend import Backend
+from torchherd.engine.backend import Backend, backend_class, backend_for, backend_of, own_checks, scheduler_of
 from torchherd.engine.events import Collector, Output
 from torchherd.engine.run import LaunchOptions, Run
-from torchherd.engine.schedulers import SCHEDULERS, backend_class, backend_for, backend_of, scheduler_of
+from torchherd.engine.schedulers import SCHEDULERS
 from torchherd.errors import UsageError
 from torchherd.plan import Plan
 
@@ -56,7 +56,7 @@ def test_its_own_check_ids_are_new_and_its_triage_checks_are_known(name: str) ->
     kind = backend_class(name)
     assert not set(kind.check_ids) & set(CHECK_IDS)
     assert kind.triage_checks <= set(CHECK_IDS) | set(kind.check_ids)
-    assert (kind.title, kind.check_ids) in schedulers.own_checks() or not kind.check_ids
+    assert (kind.title, kind.check_ids) in own_checks() or not kind.check_ids
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -76,4 +76,4 @@ def hosts_of(args: argparse.Namespace) -> Cluster:
 def cluster_of(args: argparse.Namespace) -> Cluster:
     cluster = hosts_of(args)
     slurm = {key: getattr(args, f"slurm_{key}", None) for key in SLURM_FLAGS}
-    return cluster.using(getattr(args, "scheduler", None), slurm)
+    return cluster.using(getattr(args, "scheduler", None), slurm=slurm)

@@ -86,11 +86,11 @@ def scheduler_flags() -> argparse.ArgumentParser:
 
 
 def add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
-    from torchherd.inventory import SCHEDULERS
+    from torchherd.engine.schedulers import names
 
     group = parser.add_argument_group("SLURM (torchherd docs slurm); each --slurm-KEY overrides [slurm].KEY",
                                       "default for each --slurm-KEY: [slurm].KEY, else sbatch's own")
-    group.add_argument("--scheduler", choices=SCHEDULERS,
+    group.add_argument("--scheduler", choices=names(),
                        help="who starts the job on the nodes (default: [cluster].scheduler, else ssh)")
     group.add_argument("--slurm-login", metavar="HOST", help="submit on this host over SSH (default: here)")
     group.add_argument("--slurm-partition", metavar="NAME", help="sbatch --partition")

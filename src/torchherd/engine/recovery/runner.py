@@ -140,7 +140,7 @@ def named_plan(base: Plan, nodes: Sequence[str]) -> Plan:
     template = inventory.hosts[0]
     hosts = tuple(replace(template, name=name, address=name, local_addr=None) for name in nodes)
     named = replace(inventory, hosts=hosts, cluster=replace(inventory.cluster, master=nodes[0]),
-                    slurm=replace(inventory.slurm, nodes=None, nodelist=None))
+                    tables=inventory.named_tables())
     return build_plan(named, base.options)
 
 
