@@ -11,7 +11,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, Literal, Mapping, TypeVar
 
 S = TypeVar("S", bound="TableSettings")
 
@@ -31,6 +31,17 @@ class TableSettings:
         return dataclasses.replace(self, **changes)
 
 
+@dataclass(frozen=True)
+class Flag:
+    """One key of a scheduler's table as the command line takes it: ``--NAME-KEY``."""
+
+    key: str
+    metavar: str
+    help: str
+    kind: Literal["text", "count", "repeat"] = "text"
+    """"count": a whole number from 1; "repeat": given once per value."""
+
+
 class SchedulerTable(ABC):
     """How the inventory reads one scheduler's table: its keys, their rules (``parse``), and
     whether that scheduler runs an inventory without ``[[hosts]]`` (it picks the nodes)."""
@@ -40,6 +51,10 @@ class SchedulerTable(ABC):
     title: str
     """The scheduler's name in text: "only for TITLE runs"."""
     keys: tuple[str, ...]
+    flags: tuple[Flag, ...] = ()
+    """Its keys on the command line, in the order ``--help`` lists them."""
+    flags_default: str = ""
+    """What a ``--NAME-KEY`` left out and absent from the file means (``--help``)."""
 
     @abstractmethod
     def parse(self, table: Mapping[str, Any], path: Path, where: str) -> TableSettings:

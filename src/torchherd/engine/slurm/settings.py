@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from torchherd.errors import InventoryError
 from torchherd.inventory import Inventory
 from torchherd.inventory.reader import Reader
-from torchherd.inventory.tables import SchedulerTable, TableSettings
+from torchherd.inventory.tables import Flag, SchedulerTable, TableSettings
 
 NAME = "slurm"
 SLURM_KEYS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_node", "time", "extra")
@@ -59,6 +59,17 @@ class SlurmTable(SchedulerTable):
     name = NAME
     title = "SLURM"
     keys = SLURM_KEYS
+    flags = (
+        Flag("login", "HOST", "submit on this host over SSH (default: here)"),
+        Flag("partition", "NAME", "sbatch --partition"),
+        Flag("account", "NAME", "sbatch --account"),
+        Flag("nodes", "N", "sbatch --nodes", "count"),
+        Flag("nodelist", "NODESET", "sbatch --nodelist, e.g. 'gpu[01-04]'"),
+        Flag("gpus_per_node", "N", "sbatch --gpus-per-node", "count"),
+        Flag("time", "LIMIT", "sbatch --time"),
+        Flag("extra", "OPTION", "one more sbatch option, e.g. --slurm-extra=--qos=high (repeatable)", "repeat"),
+    )
+    flags_default = "sbatch's own"
 
     def parse(self, table: Mapping[str, Any], path: Path, where: str) -> SlurmSettings:
         return parse_slurm(table, path, where)
