@@ -80,7 +80,7 @@ def check_ids() -> str:
     """``check --help``'s list of the ids --only and --skip take (imported only for the help:
     the checks package is slow to import)."""
     from torchherd.checks.model import CHECK_IDS, OPT_IN
-    from torchherd.engine.schedulers import own_checks
+    from torchherd.engine.backend import own_checks
 
     plain = ", ".join(check for check in CHECK_IDS if check not in OPT_IN)
     measured = ", ".join(check for check in CHECK_IDS if check in OPT_IN and check not in ("smoke", "gpudiag"))

@@ -19,6 +19,7 @@ from torchherd.inventory.options import (
     MONITOR_INTERVAL,
     NPROC_PER_NODE,
     REPLICATE,
+    RESUME_ARGS,
     RETRIES,
     SSH_TIMEOUT,
     Integer,
@@ -75,13 +76,14 @@ retries = RETRIES.from_flag
 exit_codes = FINAL_EXIT_CODES.from_flag
 min_nodes = MIN_NODES.from_flag
 replicate = REPLICATE.from_flag
+resume_args = RESUME_ARGS.from_flag
 monitor_interval = MONITOR_INTERVAL.from_flag
 max_restarts = MAX_RESTARTS_OPTION.from_flag
 count = Option("count", Integer(0, MAX_RESTARTS)).from_flag
 """A count of something else (--rank)."""
 ssh_timeout = SSH_TIMEOUT.from_flag
 positive = Option("positive", Integer(1)).from_flag
-"""A count of something else (--slurm-nodes, --slurm-gpus-per-node)."""
+"""A count of something else (a scheduler table's counts: ``inventory.tables.Flag``)."""
 
 
 def checkpoint(text: str) -> str:

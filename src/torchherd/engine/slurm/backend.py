@@ -18,6 +18,7 @@ from torchherd.engine.slurm import job as slurm_job
 from torchherd.engine.slurm.batch import batch_job, picked_count, placement
 from torchherd.engine.slurm.check import SLURM_CHECKS
 from torchherd.engine.slurm.recorder import slurm_recorder
+from torchherd.engine.slurm.settings import settings_of
 from torchherd.errors import UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import Plan
@@ -32,7 +33,6 @@ class SlurmBackend(Backend):
     title: ClassVar[str] = "SLURM"
     check_ids: ClassVar[tuple[str, ...]] = SLURM_CHECKS
     live_checks: ClassVar[bool] = False
-    takes_slurm_keys: ClassVar[bool] = True
     refuses: ClassVar[Mapping[str, tuple[str, str]]] = {
         "--sync": ("not for SLURM runs (torchherd does not reach SLURM's nodes itself)",
                    "keep the project on the cluster's shared filesystem, or sync it to the login host first"),
@@ -41,6 +41,9 @@ class SlurmBackend(Backend):
                     "leave --smoke out; a short torchherd run is the smoke test"),
         "--checkpoint": ("not for SLURM runs (torchherd does not reach SLURM's nodes to copy it)",
                          "keep checkpoints on the cluster's shared filesystem, and leave --checkpoint out"),
+        "--resume-args": ("not for SLURM runs (they are added on an attempt from a checkpoint torchherd staged, and "
+                          "it stages none there)", "leave --resume-args out; the script can read TORCHHERD_ATTEMPT "
+                          "(2 and up: a new attempt) and look for its checkpoint on the shared filesystem"),
         "--matrix": ("not for SLURM checks (the probes run inside an allocation; the report lists the failed ones)",
                      "leave --matrix out"),
         "--only": ("not for SLURM runs (run's preflight there is SLURM's view only: sbatch --test-only)",
@@ -54,9 +57,9 @@ class SlurmBackend(Backend):
     admin's reason): torchherd does not reach SLURM's nodes to run the fast checks."""
 
     def picked_nodes(self, plan: Plan) -> int | None:
-        if placement(plan, plan.inventory.slurm).source != "[slurm]":
+        if placement(plan, settings_of(plan.inventory)).source != "[slurm]":
             return None
-        return picked_count(plan.inventory.slurm)
+        return picked_count(settings_of(plan.inventory))
 
     def allow_recovery(self, plan: Plan, recovery: Recovery) -> None:
         super().allow_recovery(plan, recovery)
@@ -77,7 +80,7 @@ class SlurmBackend(Backend):
 
     @classmethod
     def script(cls, plan: Plan, *, fail_fast: bool = True) -> Description:
-        return batch_job(plan, plan.inventory.slurm, fail_fast, pyxis=None)
+        return batch_job(plan, settings_of(plan.inventory), fail_fast, pyxis=None)
 
     def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
         self.allow("--sync", plan.sync is not None)
