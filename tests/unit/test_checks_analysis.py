@@ -264,6 +264,17 @@ def test_iptables_rule_is_named_in_order() -> None:
                               "icmp-port-unreachable` on node0 rejects TCP 29500 from node1 (10.0.0.2)")
 
 
+def test_iptables_rule_naming_one_peer_is_found_though_the_others_pass() -> None:
+    # One verdict per port serves every peer only where no rule names a source: here one does.
+    rules = "-P INPUT ACCEPT\n-A INPUT -s 10.0.0.2/32 -j DROP\n"
+    seen = observed(node1=facts("node1", firewall={"tools": {"iptables": {"code": 0, "out": rules}}}))
+    assert firewall.analyse(seen)[1].status == "pass"  # node1's own address is never a peer's
+    seen = observed(node0=facts("node0", firewall={"tools": {"iptables": {"code": 0, "out": rules}}}))
+    result = firewall.analyse(seen)[0]
+    assert result.status == "fail"
+    assert result.summary == "iptables rule `-A INPUT -s 10.0.0.2/32 -j DROP` on node0 drops TCP 29500 from node1 (10.0.0.2)"
+
+
 def test_iptables_accept_before_drop_and_policy_drop() -> None:
     ruleset = iptables.parse("-P INPUT DROP\n-N PEERS\n-A INPUT -m conntrack --ctstate ESTABLISHED -j ACCEPT\n"
                              "-A INPUT -j PEERS\n-A PEERS -s 10.0.0.0/24 -j ACCEPT\n-A PEERS -j RETURN\n")
