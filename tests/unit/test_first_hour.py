@@ -24,7 +24,7 @@ def cli(*args: str) -> tuple[int, list[str]]:
 @pytest.fixture
 def mute_port() -> Iterator[int]:
     """A port that accepts TCP and never speaks: an sshd that hangs before its banner."""
-    import paramiko  # noqa: F401  (imported here: its seconds of import on a loaded machine are not the connect's)
+    import fabric  # noqa: F401  (imported here: its seconds of import on a loaded machine are not the connect's)
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

@@ -1,12 +1,11 @@
 """transport.ssh without sshds: jump chains resolved as ``ssh -J`` does, one shared
 connection per chain (opened once, closed with its last session), the handshake gate,
-and which failures are retried. The connections are fakes in place of paramiko's."""
+and which failures are retried. The connections are fakes in place of fabric's."""
 
 from __future__ import annotations
 
 import getpass
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -81,7 +80,7 @@ def test_the_inventory_wins_over_the_config(tmp_path: Path) -> None:
 
 
 class FakeConnection:
-    """Stands in for a Hop: opens by the script it is given."""
+    """Stands in for a fabric Connection: opens by the script it is given."""
 
     def __init__(self, target: SshTarget, gateway: Any, log: Log) -> None:
         self.target, self.gateway, self.log = target, gateway, log
@@ -127,7 +126,7 @@ class Log:
 @pytest.fixture
 def log(monkeypatch: pytest.MonkeyPatch) -> Log:
     made = Log()
-    monkeypatch.setattr(SshConnector, "_hop",
+    monkeypatch.setattr(SshConnector, "_fabric_connection",
                         lambda self, target, gateway: FakeConnection(target, gateway, made))
     monkeypatch.setattr(ssh, "BACKOFF_SECONDS", 0.001)
     return made
@@ -141,7 +140,7 @@ def test_nodes_behind_one_bastion_share_one_connection_closed_with_the_last_sess
     results = connect_all(connector, [host(f"gpu{index}") for index in range(24)])
     sessions = [result for result in results.values() if not isinstance(result, TransportError)]
     assert len(sessions) == 24 and log.opens["10.0.0.1"] == 1
-    assert {session.hop.gateway.target.hostname for session in sessions} == {"10.0.0.1"}  # type: ignore[attr-defined]
+    assert {session.fabric.gateway.target.hostname for session in sessions} == {"10.0.0.1"}  # type: ignore[attr-defined]
     for session in sessions[:-1]:
         session.close()
     assert "10.0.0.1" not in log.closed
@@ -160,7 +159,7 @@ def test_no_more_than_the_gate_s_handshakes_at_once_to_one_sshd(tmp_path: Path, 
 def test_a_dropped_banner_is_retried_and_an_auth_failure_is_not(tmp_path: Path, log: Log) -> None:
     connector = SshConnector(config(tmp_path, "Host a\n  HostName 10.0.0.2\nHost b\n  HostName 10.0.0.3\n"), 5.0)
     log.failures["10.0.0.2"] = [paramiko.SSHException("Error reading SSH protocol banner"), ConnectionResetError()]
-    assert connector.connect(host("a")).hop.is_connected
+    assert connector.connect(host("a")).fabric.is_connected
     assert log.opens["10.0.0.2"] == 3
     log.failures["10.0.0.3"] = [paramiko.AuthenticationException("no"), paramiko.AuthenticationException("no")]
     with pytest.raises(TransportError) as caught:
@@ -198,7 +197,7 @@ def test_connector_close_closes_the_shared_chains(tmp_path: Path, log: Log) -> N
 
 
 def test_connections_made_in_many_threads_at_once_each_see_a_whole_config(tmp_path: Path) -> None:
-    # fabric's Connection (which carried connections before) wrote into its config, empty while it re-merged: with
+    # fabric's Connection writes into its config, which is empty while it re-merges: with
     # one config shared by the connecting threads, most Connections here raised
     # AttributeError ('forward_agent'), as one did at 256 nodes on a loaded machine.
     connector = SshConnector(config(tmp_path, "Host n1\n  HostName 10.0.0.1\n"), 5.0)
@@ -208,7 +207,7 @@ def test_connections_made_in_many_threads_at_once_each_see_a_whole_config(tmp_pa
     def make() -> None:
         for _ in range(20):
             try:
-                connector._hop(target, False)
+                connector._fabric_connection(target, False)
             except AttributeError as error:
                 errors.append(error)
 
@@ -316,15 +315,3 @@ def test_an_sshd_that_closes_before_its_banner_is_still_retried(tmp_path: Path, 
         listener.close()
     assert caught.value.kind == "dropped" and "MaxStartups" in caught.value.hint
     assert len(listener.accepted) == ssh.ATTEMPTS
-
-
-def test_paramiko_is_imported_without_invoke_which_it_gets_on_first_use() -> None:
-    # In a fresh interpreter: this one imported paramiko (and invoke with it) already.
-    program = ("import sys\n"
-               "from torchherd.transport.ssh import _paramiko\n"
-               "paramiko = _paramiko()\n"
-               "print('invoke' in sys.modules, type(paramiko.config.invoke).__name__)\n"
-               "run = paramiko.config.invoke.run\n"
-               "print('invoke' in sys.modules, paramiko.config.invoke is sys.modules['invoke'], callable(run))\n")
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
-    assert done.stdout.splitlines() == ["False _Deferred", "True True True"]

@@ -1,14 +1,15 @@
 """The SSH implementation of the transport seam (``transport.base``): the one place that speaks SSH.
 
-Built on paramiko: one ``Hop`` (a ``paramiko.SSHClient`` and how it is reached) per
-node, and one per jump host, given to the nodes behind it as their ``gateway``. What
-paramiko leaves to its caller is done here:
+Built on fabric: one ``fabric.Connection`` per node, and one per jump host, given to
+the nodes behind it as their ``gateway``. What fabric leaves out or gets wrong for us
+is done here, on the ``paramiko.SSHClient`` every fabric Connection holds:
 
 * ssh_config is read by ``transport.sshconfig`` (Include, Match, first value wins, as
-  ``ssh -G``), never by paramiko (its reader has no Include); the inventory's own
+  ``ssh -G``), never by fabric (paramiko's reader has no Include); the inventory's own
   keys win over the config, as ``ssh -l/-p/-i`` would.
-* host keys are checked on every hop before it opens: we load what ``transport.knownhosts``
-  finds for the host into its client and set our own policy (``transport.hostkeys``). An unknown key
+* host keys are checked on every hop before it opens: fabric sets paramiko's
+  ``AutoAddPolicy`` and loads no known_hosts; we load what ``transport.knownhosts``
+  finds for the host into ``connection.client`` and set our own policy (``transport.hostkeys``). An unknown key
   is refused unless the user (``--accept-new-host-keys``, or ``StrictHostKeyChecking
   accept-new``/``no`` in their own config) accepts new ones; a changed or revoked key
   is always refused.
@@ -20,13 +21,9 @@ paramiko leaves to its caller is done here:
   banner dropped or reset (sshd's ``MaxStartups`` at work) is retried with backoff and
   jitter before it is reported.
 * commands run on raw paramiko channels (``RemoteProcess``): stdout and stderr apart,
-  no PTY, stdin open as a control line.
+  no PTY, stdin open as a control line; fabric's runners merge or buffer what we stream.
 
-fabric carried each connection here before; its ``Connection`` cost 0.8 ms of CPU a node
-(invoke's config merge), its import and invoke's 40 ms of every start, and torchherd used
-none of what it adds to paramiko (its gateway was replaced, its config emptied).
-
-Every paramiko or socket error is turned into a ``TransportError`` where it arises
+Every paramiko, fabric or socket error is turned into a ``TransportError`` where it arises
 (``transport.sshfailures`` says which kind it is); ``transport.sshtarget`` resolves where a node is.
 """
 
@@ -36,7 +33,6 @@ import os
 import random
 import shlex
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,7 +53,7 @@ from torchherd.transport.sshtarget import jump_chain as jump_chain
 from torchherd.transport.sshtarget import resolve_target as resolve_target
 from torchherd.transport.sshtarget import ssh_hostnames as ssh_hostnames
 
-if TYPE_CHECKING:  # paramiko is imported lazily: `torchherd --help` must stay fast.
+if TYPE_CHECKING:  # paramiko and fabric are imported lazily: `torchherd --help` must stay fast.
     import paramiko
 
 READ_SIZE = 1 << 22
@@ -86,14 +82,14 @@ failure, the request being unknown), whatever the processes it runs are doing.""
 class Connection(Closing):
     """An authenticated SSH session to one node; run commands or start streamed ones.
 
-    ``hop`` is the node's open ``Hop``; ``client`` its paramiko client, whose transport
-    carries the raw channels. ``release`` lets go of the shared jump chain."""
+    ``fabric`` is the node's fabric Connection; ``client`` its paramiko client, whose
+    transport carries the raw channels. ``release`` lets go of the shared jump chain."""
 
-    def __init__(self, target: SshTarget, hop: Any, release: Callable[[], None] | None = None,
+    def __init__(self, target: SshTarget, fabric: Any, release: Callable[[], None] | None = None,
                  timeout: float = 10.0, host_key_note: str | None = None) -> None:
         self.target = target
-        self.hop = hop
-        self.client: paramiko.SSHClient = hop.client
+        self.fabric = fabric
+        self.client: paramiko.SSHClient = fabric.client
         self.timeout = timeout
         self.host_key_note = host_key_note
         """Said by ``check`` when the host key was not verified against a key on record."""
@@ -192,7 +188,7 @@ class Connection(Closing):
         if not self._closed.acquire(blocking=False):
             return  # closed already: the shared chain is released once
         try:
-            self.hop.close()
+            self.fabric.close()
         finally:
             if self._release is not None:
                 self._release()
@@ -279,80 +275,34 @@ class RemoteProcess:
         return None if code == -1 else code
 
 
-class Hop:
-    """One SSH connection, to a node or a jump host: a ``paramiko.SSHClient`` opened through
-    ``gateway``: False (directly), a ProxyCommand line, or an open ``Hop`` (a jump host,
-    through which a ``direct-tcpip`` channel is opened, with a timeout: the chain was
-    opened once by ``SshConnector``, and its connection is shared)."""
+def _fabric_class() -> Any:
+    """``fabric.Connection`` whose gateway torchherd opens itself (imported on first use)."""
+    global _FABRIC_CLASS
+    if _FABRIC_CLASS is None:
+        import fabric
+        import paramiko
 
-    def __init__(self, host: str, user: str, port: int, gateway: Any, connect_kwargs: dict[str, Any]) -> None:
-        self.host, self.user, self.port = host, user, port
-        self.gateway = gateway
-        self.connect_kwargs = connect_kwargs
-        self.client = _paramiko().SSHClient()
-        self.transport: Any = None
+        class GatewayedConnection(fabric.Connection):  # type: ignore[misc]
+            """fabric's own ``open_gateway`` would open a gateway that is not connected (from
+            every node's thread at once: many logins to one bastion) and waits on its channel
+            without a timeout, and re-expands ProxyCommand tokens. Here the gateway is already
+            open (``SshConnector`` opened it once), the channel has a timeout, and a
+            ProxyCommand arrives expanded, to run in the user's shell as ssh runs it."""
 
-    @property
-    def is_connected(self) -> bool:
-        return self.transport is not None and bool(self.transport.active)
+            def open_gateway(self) -> Any:
+                if isinstance(self.gateway, str):
+                    return paramiko.ProxyCommand(self.gateway)
+                if not self.gateway.is_connected:
+                    raise EOFError("the jump host's connection is closed")
+                return self.gateway.transport.open_channel(
+                    "direct-tcpip", (self.host, int(self.port)), ("127.0.0.1", 0),
+                    timeout=self.connect_kwargs.get("timeout"))
 
-    def open(self) -> None:
-        kwargs = dict(self.connect_kwargs)
-        if self.gateway:
-            kwargs["sock"] = self._open_gateway()
-        self.client.connect(hostname=self.host, port=self.port, username=self.user, **kwargs)
-        self.transport = self.client.get_transport()
-
-    def _open_gateway(self) -> Any:
-        if isinstance(self.gateway, str):
-            return _paramiko().ProxyCommand(self.gateway)
-        if not self.gateway.is_connected:
-            raise EOFError("the jump host's connection is closed")
-        return self.gateway.transport.open_channel("direct-tcpip", (self.host, int(self.port)), ("127.0.0.1", 0),
-                                                   timeout=self.connect_kwargs.get("timeout"))
-
-    def close(self) -> None:
-        if self.is_connected:
-            self.client.close()
+        _FABRIC_CLASS = GatewayedConnection
+    return _FABRIC_CLASS
 
 
-_IMPORTING = threading.Lock()
-
-
-def _paramiko() -> Any:
-    """paramiko, imported on first use. Its ``config`` module imports invoke at once (for
-    ``Match exec`` in paramiko's own ssh_config reader, which torchherd does not use:
-    ``transport.sshconfig`` reads the files), and invoke brings yaml, asyncio and
-    unittest.mock: about a third of paramiko's import. invoke is left out of that import
-    and handed to paramiko on first use, as it would have had it."""
-    with _IMPORTING:
-        if "paramiko" in sys.modules:
-            return sys.modules["paramiko"]
-        deferred = "invoke" not in sys.modules
-        if deferred:
-            sys.modules["invoke"] = None  # type: ignore[assignment]  # import fails at once: paramiko goes on without it
-        try:
-            import paramiko
-        finally:
-            if deferred and sys.modules.get("invoke", False) is None:
-                del sys.modules["invoke"]
-        if deferred and paramiko.config.invoke is None:
-            paramiko.config.invoke = _Deferred("invoke", paramiko.config)
-        return paramiko
-
-
-class _Deferred:
-    """A module imported when first used, and then put in its place in ``owner``."""
-
-    def __init__(self, name: str, owner: Any) -> None:
-        self._name, self._owner = name, owner
-
-    def __getattr__(self, attribute: str) -> Any:
-        import importlib
-
-        module = importlib.import_module(self._name)
-        setattr(self._owner, self._name, module)
-        return getattr(module, attribute)
+_FABRIC_CLASS: Any = None
 
 
 def _transport_class() -> Any:
@@ -362,9 +312,9 @@ def _transport_class() -> Any:
     second (0.02 s with one). Data is read as it arrives either way."""
     global _TRANSPORT_CLASS
     if _TRANSPORT_CLASS is None:
-        base: Any = _paramiko().Transport
+        import paramiko
 
-        class CalmTransport(base):  # type: ignore[misc]
+        class CalmTransport(paramiko.Transport):  # type: ignore[misc]
             _active_check_timeout = 1.0
 
         _TRANSPORT_CLASS = CalmTransport
@@ -382,7 +332,7 @@ def _proxy_command_line(command: str) -> str:
 
 @dataclass
 class _Chain:
-    """The jump hosts in front of some nodes: one open ``Hop`` per hop, shared."""
+    """The jump hosts in front of some nodes: one open fabric Connection per hop, shared."""
 
     hops: list[SshTarget]
     connections: list[Any] = field(default_factory=list)
@@ -423,6 +373,19 @@ class _Shared:
                 self.local = sshconfig.Local.of_this_machine()
             return self.local
 
+    @staticmethod
+    def fabric_config() -> Any:
+        """A config of its own for every fabric Connection: ``Connection.__init__`` writes
+        into its config (``inline_ssh_env``), and each write re-merges it, empty for a
+        moment; shared by the connecting threads, another thread's Connection then found
+        no keys at all (AttributeError: 'forward_agent', seen at 256 nodes)."""
+        import fabric
+        import paramiko
+
+        # An explicit, empty SSHConfig: fabric reads no ssh_config file (ours is read by
+        # transport.sshconfig); lazy: no fabric/invoke config files either.
+        return fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
+
 
 @dataclass(frozen=True)
 class SshConnector:
@@ -446,16 +409,16 @@ class SshConnector:
         target = resolve_target(host, self.ssh_config, local)
         hops = jump_chain(target, self.ssh_config, local)
         if not hops:
-            hop, note = self._open(target, target.proxy_command or False, ())
-            return Connection(target, hop, None, self.timeout, note)
+            fabric, note = self._open(target, target.proxy_command or False, ())
+            return Connection(target, fabric, None, self.timeout, note)
         key = tuple(hop.chain_key for hop in hops)
         chain, gateway = self._acquire(key, hops, host.name)
         try:
-            hop, note = self._open(target, gateway, key)
+            fabric, note = self._open(target, gateway, key)
         except BaseException:
             self._release(key, chain)
             raise
-        return Connection(target, hop, lambda: self._release(key, chain), self.timeout, note)
+        return Connection(target, fabric, lambda: self._release(key, chain), self.timeout, note)
 
     def close(self) -> None:
         """Closes every jump host connection still open (the sessions through them die with them)."""
@@ -514,12 +477,12 @@ class SshConnector:
             chain.close()
 
     def _open(self, target: SshTarget, gateway: Any, via: tuple[object, ...]) -> tuple[Any, str | None]:
-        """One ``Hop``, host key checked, opened through ``gateway`` (a jump host's ``Hop``, a
-        ProxyCommand, or False), retried while sshd drops its banner."""
+        """One fabric Connection, host key checked, opened through ``gateway`` (a jump host's
+        Connection, a ProxyCommand, or False), retried while sshd drops its banner."""
         check = HostKeyCheck(target, self.accept_new, self._shared.this_machine().home)
         gate = self._shared.gate((via, target.hostname, target.port), self.handshakes)
         for attempt in range(ATTEMPTS):
-            connection = self._hop(target, gateway)
+            connection = self._fabric_connection(target, gateway)
             check.install(connection.client)
             with gate:
                 try:
@@ -538,7 +501,7 @@ class SshConnector:
             _tcp_keepalive(transport.sock)
         return connection, check.note
 
-    def _hop(self, target: SshTarget, gateway: Any) -> Any:
+    def _fabric_connection(self, target: SshTarget, gateway: Any) -> Any:
         _quiet_paramiko()
         timeout = min(self.timeout, target.connect_timeout) if target.connect_timeout else self.timeout
         keys = [path for path in target.key_files if os.path.isfile(path)]
@@ -550,7 +513,8 @@ class SshConnector:
             connect_kwargs["key_filename"] = keys
         if isinstance(gateway, str):
             gateway = _proxy_command_line(gateway)
-        return Hop(target.hostname, target.user, target.port, gateway, connect_kwargs)
+        return _fabric_class()(target.hostname, user=target.user, port=target.port, config=self._shared.fabric_config(),
+                               gateway=gateway, connect_kwargs=connect_kwargs)
 
 
 def _tcp_keepalive(sock: object) -> None:
