@@ -25,6 +25,8 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
     from torchherd.inventory import hostspec, writer
 
     not_empty(args, "hosts", "-H", "name the hosts: -H node0,node1 (or leave out -H for two placeholder hosts)")
+    if args.example_script is not None:
+        return _init_example_script(args, Path(args.example_script), console)
     path = inventory_path(args)
     if path.exists():
         raise UsageError(f"{path}: already exists; init never overwrites a file",
@@ -89,6 +91,32 @@ def _init_example(args: argparse.Namespace, path: Path, console: Console) -> int
     return EXIT_OK
 
 
+EXAMPLE_SCRIPT_RUN = "torchherd run -H localhost --nproc-per-node 2 -- {script}"
+"""The first run of the example script: this machine, no SSH."""
+
+
+def _init_example_script(args: argparse.Namespace, path: Path, console: Console) -> int:
+    """The example DDP training script shipped in the package (examples/ddp_demo.py), written
+    as ``path``: a pip user's first job, on CPU (gloo) or GPU (nccl)."""
+    from importlib.resources import files
+
+    given = [flag for flag, value in (("-H", args.hosts), ("--from-ssh-config", args.from_ssh_config),
+                                      ("--python", args.python), ("--workdir", args.workdir),
+                                      ("--nproc-per-node", args.nproc_per_node), ("--master", args.master),
+                                      ("--example", args.example or None)) if value is not None]
+    if given:
+        raise UsageError(f"--example-script and {given[0]}: the script is written alone",
+                         "write the script first, then the inventory: torchherd init --example-script; torchherd init -H ...")
+    if path.exists() or path.is_symlink():
+        raise UsageError(f"--example-script {path}: already exists; init never overwrites a file",
+                         "name another file: torchherd init --example-script other.py")
+    _written(path, files("torchherd").joinpath("train.example").read_text(encoding="utf-8"))
+    run = EXAMPLE_SCRIPT_RUN.format(script=shlex.quote(str(path)))
+    console.print(f"wrote {path}: a small DDP training script (CPU or GPU, torch only); run it here: {run}",
+                  markup=False, highlight=False)
+    return EXIT_OK
+
+
 def _written(path: Path, text: str) -> Path:
     """Writes a new private file (0600); an existing one is never replaced."""
     try:
@@ -117,4 +145,7 @@ def add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     init.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
     init.add_argument("--example", action="store_true",
                       help="write the documented example inventory instead (every key, explained)")
+    init.add_argument("--example-script", metavar="FILE", nargs="?", const="train.py",
+                      help="write instead a small DDP training script (CPU or GPU) as FILE (default: train.py), "
+                           "to run first: torchherd run -H localhost -- train.py")
     init.set_defaults(handler=cmd_init)
