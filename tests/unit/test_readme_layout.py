@@ -1,4 +1,4 @@
-"""The README's Layout section names the tree as it is: every path it names exists, every
+"""The source Layout section (docs/contributing.md, moved there from the README) names the tree as it is: every path it names exists, every
 module it names beside a directory is in that directory, and every top-level module and
 package of ``src/torchherd`` is named."""
 
@@ -17,7 +17,7 @@ FOLDER = re.compile(r"(?<![\w./-])([a-z_]+/)(?=[\s,;:)]|$)")
 def entries() -> list[tuple[str, str]]:
     """(path, text) of each entry of the Layout block: a line starting with a path, and the
     indented lines after it."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
     block = text.split("## Layout", 1)[1].split("```", 2)[1]
     found: list[tuple[str, str]] = []
     for line in block.splitlines():
