@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from torchherd import words
 from torchherd.cli.cluster import inventory_path, not_empty
+from torchherd.cli.flags import flag_groups
 from torchherd.cli.values import nproc_count
 from torchherd.errors import EXIT_OK, UsageError
 
@@ -133,19 +134,24 @@ def _written(path: Path, text: str) -> Path:
 def add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser],
               inventory: argparse.ArgumentParser) -> None:
     init = commands.add_parser("init", parents=[inventory],
-                               help="write a commented hosts.toml (from -H or ~/.ssh/config); never overwrites")
-    init.add_argument("-H", "--hosts", metavar="HOSTS", help="[user@]host[:port],... (nodesets: gpu[01-16])")
-    init.add_argument("--from-ssh-config", metavar="PATTERN",
-                      help="the Host entries of ~/.ssh/config matching this glob, e.g. 'gpu*'")
-    init.add_argument("--ssh-config", metavar="FILE", default=DEFAULT_SSH_CONFIG,
-                      help="the OpenSSH config --from-ssh-config reads (default: ~/.ssh/config)")
-    init.add_argument("--python", metavar="PATH", help="the interpreter with torch on the nodes")
-    init.add_argument("--workdir", metavar="DIR", help="where the job runs on the nodes")
-    init.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
-    init.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
-    init.add_argument("--example", action="store_true",
-                      help="write the documented example inventory instead (every key, explained)")
-    init.add_argument("--example-script", metavar="FILE", nargs="?", const="train.py",
-                      help="write instead a small DDP training script (CPU or GPU) as FILE (default: train.py), "
-                           "to run first: torchherd run -H localhost -- train.py")
+                               help="write a commented hosts.toml (from -H or ~/.ssh/config); never overwrites",
+                               usage="torchherd init [options]")
+    groups = flag_groups(init, "hosts", "job", "output")
+    hosts = groups["hosts"]
+    hosts.add_argument("-H", "--hosts", metavar="HOSTS", help="[user@]host[:port],... (nodesets: gpu[01-16])")
+    hosts.add_argument("--from-ssh-config", metavar="PATTERN",
+                       help="the Host entries of ~/.ssh/config matching this glob, e.g. 'gpu*'")
+    hosts.add_argument("--ssh-config", metavar="FILE", default=DEFAULT_SSH_CONFIG,
+                       help="the OpenSSH config --from-ssh-config reads (default: ~/.ssh/config)")
+    hosts.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
+    job = groups["job"]
+    job.add_argument("--python", metavar="PATH", help="the interpreter with torch on the nodes")
+    job.add_argument("--workdir", metavar="DIR", help="where the job runs on the nodes")
+    job.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
+    output = groups["output"]
+    output.add_argument("--example", action="store_true",
+                        help="write the documented example inventory instead (every key, explained)")
+    output.add_argument("--example-script", metavar="FILE", nargs="?", const="train.py",
+                        help="write instead a small DDP training script (CPU or GPU) as FILE (default: train.py), "
+                             "to run first: torchherd run -H localhost -- train.py")
     init.set_defaults(handler=cmd_init)
