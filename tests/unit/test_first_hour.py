@@ -258,6 +258,24 @@ def test_docs_cli_lists_every_flag_of_every_help() -> None:
     assert len(every_flag()) > 100 and missing == []
 
 
+@pytest.mark.parametrize("command,page", [("run", "run.md"), ("check", "checks.md")])
+def test_the_synopsis_of_run_md_and_checks_md_lists_every_flag_in_the_help_s_groups(command: str, page: str) -> None:
+    """Item 11: the page's synopsis (its first block) names each flag of the command's help
+    (SLURM's as --slurm-KEY), in the help's groups and their order."""
+    import re
+
+    text = (Path(__file__).parents[2] / "docs" / page).read_text(encoding="utf-8")
+    synopsis = text.split("```\n", 2)[1]
+    assert synopsis.startswith(f"torchherd {command} [options]")
+    missing = [flag for name, flag in every_flag() if name == command and not flag.startswith("--slurm-")
+               and not re.search(re.escape(flag) + r"(?![\w-])", synopsis)]
+    assert missing == [] and "--slurm-KEY" in synopsis
+    titles = [line.split(":")[0] for line in synopsis.splitlines()[2:] if re.match(r"[A-Za-z]", line)]
+    assert titles == {"run": ["hosts", "the job", "torchrun's", "checks", "output", "recovery",
+                              "containers and environments", "SLURM"],
+                      "check": ["hosts", "the job", "checks", "output", "containers and environments", "SLURM"]}[command]
+
+
 @pytest.mark.parametrize("flag,words", [("--pull", "missing always never"),
                                         ("--container-runtime", "auto podman docker apptainer enroot"),
                                         ("--nproc-per-node", "gpu cpu auto"), ("--only", "ssh ping hostname port"),
