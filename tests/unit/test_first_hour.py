@@ -332,3 +332,37 @@ def test_a_page_on_a_terminal_goes_through_the_pager(monkeypatch: pytest.MonkeyP
     import os
 
     assert out.getvalue() == "" and "Title" in paged[0] and os.environ["LESS"] == "FRX"
+
+
+@pytest.mark.parametrize("path,fix", [
+    ("-H", "fix the address given to -H or ~/.ssh/config, or the controller's DNS"),
+    ("--nodelist", "fix the address given to --nodelist or ~/.ssh/config, or the controller's DNS"),
+    ("cluster/hosts.toml", "fix the address in cluster/hosts.toml or ~/.ssh/config, or the controller's DNS")])
+def test_an_unresolvable_address_s_fix_names_where_the_hosts_were_given(path: str, fix: str) -> None:
+    """Item 17: "the inventory" only when there is one; -H's hosts are fixed in -H."""
+    import socket
+    from types import SimpleNamespace
+
+    from torchherd.checks.analysis.ssh import analyse
+    from torchherd.transport.sshfailures import explain
+    from torchherd.transport.sshtarget import SshTarget
+
+    target = SshTarget(node="a", hostname="a.invalid", port=22, user="me", key_files=(), known_hosts=(),
+                       proxy_jump=None, proxy_command=None, identities_only=False)
+    error = explain(target, socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    host = SimpleNamespace(name="a", address="a.invalid", transport="ssh")
+    observed = SimpleNamespace(inventory=SimpleNamespace(path=Path(path), hosts=[host]), ssh_errors={"a": error})
+    [result] = analyse(observed)  # type: ignore[arg-type]
+    assert (result.summary, result.fix) == ("a: cannot resolve 'a.invalid' (Name or service not known)", fix)
+
+
+def test_folded_failures_keep_each_host_s_reason_where_they_differ() -> None:
+    from torchherd.checks.results import CheckResult
+    from torchherd.console.checks import _coalesced
+
+    results = [CheckResult("a", "ssh", "fail", "a: cannot resolve 'a' (Name or service not known)", "fix"),
+               CheckResult("b", "ssh", "fail", "b: cannot resolve 'b' (Temporary failure in name resolution)", "fix"),
+               CheckResult("c", "ssh", "fail", "c: cannot resolve 'c' (Name or service not known)", "fix")]
+    assert [(result.node, result.summary, count) for result, count in _coalesced(results)] == [
+        ("a, c", "a, c: cannot resolve 'a, c' (Name or service not known)", 2),
+        ("b", "b: cannot resolve 'b' (Temporary failure in name resolution)", 1)]
