@@ -366,3 +366,18 @@ def test_folded_failures_keep_each_host_s_reason_where_they_differ() -> None:
     assert [(result.node, result.summary, count) for result, count in _coalesced(results)] == [
         ("a, c", "a, c: cannot resolve 'a, c' (Name or service not known)", 2),
         ("b", "b: cannot resolve 'b' (Temporary failure in name resolution)", 1)]
+
+
+def test_an_internal_error_says_where_to_report_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 29: "report the traceback" names the page that says what to send and where."""
+    from torchherd import manual
+
+    def broken(args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("torchherd.cli.hosts.cluster_of", broken)
+    assert cli("hosts", "-H", "a") == (1, [
+        "error: internal error: RuntimeError: boom",
+        "  hint: rerun with TORCHHERD_DEBUG=1 and report the traceback (what to send, and where: torchherd docs "
+        "contributing)"])
+    assert "## Reporting a bug" in manual.read("contributing")
