@@ -381,3 +381,20 @@ def test_an_internal_error_says_where_to_report_it(monkeypatch: pytest.MonkeyPat
         "  hint: rerun with TORCHHERD_DEBUG=1 and report the traceback (what to send, and where: torchherd docs "
         "contributing)"])
     assert "## Reporting a bug" in manual.read("contributing")
+
+
+def test_run_sync_refuses_a_script_the_synced_project_lacks_before_sending(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 23: the job runs from the project's root on every node; said here, before the sync."""
+    (tmp_path / "proj" / "sub").mkdir(parents=True)
+    (tmp_path / "proj" / "sub" / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    project = tmp_path.resolve() / "proj"
+    assert cli("run", "-H", "a", "--sync", "proj", "--dry-run", "--", "nosuch.py") == (2, [
+        f"error: nosuch.py: not in the synced project {project}",
+        f"  hint: the job runs from the project's root on every node: name the script relative to {project}"])
+    assert cli("run", "-H", "a", "--sync", "proj", "--dry-run", "--", "proj/sub/train.py") == (2, [
+        f"error: proj/sub/train.py: not in the synced project {project}",
+        "  hint: the job runs from the project's root on every node: name it sub/train.py"])
+    code, out = cli("run", "-H", "a", "--sync", "proj", "--dry-run", "--", "sub/train.py")
+    assert any(line.endswith(" -- sub/train.py") for line in out), out  # planned (node a then cannot be asked)

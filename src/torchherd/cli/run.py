@@ -67,6 +67,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                         sync_anyway=args.sync_anyway, uv=args.uv,
                         uv_system_site_packages=args.uv_system_site_packages, uv_offline=args.uv_offline)
     _ranks_exist(args.ranks, plan)
+    _script_in_project(plan)
     only, skip = _run_checks(args, cluster)
     if args.dry_run:
         described = cluster.describe(plan, fail_fast=not args.no_fail_fast)
@@ -103,6 +104,25 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         return summary.exit_code
     finally:
         observer.close()  # the panel goes, whichever way the command leaves
+
+
+def _script_in_project(plan: Plan) -> None:
+    """With --sync the job runs from the synced project's root on every node: a script the
+    project does not hold is said here, before anything is sent (not by every node after)."""
+    import os
+    from pathlib import Path
+
+    script = plan.script
+    if plan.sync is None or script is None or os.path.isabs(script):
+        return
+    source = Path(plan.sync.source)
+    if (source / script).is_file():
+        return
+    here = Path(script).resolve()
+    hint = (f"the job runs from the project's root on every node: name it {os.path.relpath(here, source)}"
+            if here.is_file() and here.is_relative_to(source) else
+            f"the job runs from the project's root on every node: name the script relative to {source}")
+    raise UsageError(f"{script}: not in the synced project {source}", hint)
 
 
 def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
