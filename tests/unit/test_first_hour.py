@@ -398,3 +398,23 @@ def test_run_sync_refuses_a_script_the_synced_project_lacks_before_sending(tmp_p
         "  hint: the job runs from the project's root on every node: name it sub/train.py"])
     code, out = cli("run", "-H", "a", "--sync", "proj", "--dry-run", "--", "sub/train.py")
     assert any(line.endswith(" -- sub/train.py") for line in out), out  # planned (node a then cannot be asked)
+
+
+def test_a_dry_run_sync_says_why_it_exits_1_when_a_node_cannot_answer(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 22: --dry-run --sync asks the nodes; an unreachable one is said as such, and why exit 1."""
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    code, out = cli("run", "-H", "127.0.0.1:1,127.0.0.1:2", "--ssh-timeout", "2", "--sync", "proj", "--dry-run", "--",
+                    "train.py")
+    assert code == 1 and [line.split(":")[0] for line in out[-3:-1]] == ["sync to 127.0.0.1-1", "sync to 127.0.0.1-2"]
+    assert out[-1] == "2 nodes could not be asked what they lack: the run would stop there (exit 1; the dry run " \
+                      "changed nothing)", out
+
+
+def test_run_help_says_a_dry_run_sync_asks_the_nodes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--help"]) == 0
+    assert ("--dry-run print each node's command; start nothing; with --sync also ask every node what it lacks, "
+            "changing nothing (exit 1 when a node cannot answer: the run would stop there; default: off)") in " ".join(
+        capsys.readouterr().out.split())

@@ -240,7 +240,10 @@ def add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],
                      help="set a variable on every rank (repeatable; default: the inventory's env only)")
     job.add_argument("--env-pass", metavar="NAME", action="append", default=[],
                      help="pass this variable from the controller's environment (repeatable; default: none)")
-    job.add_argument("--dry-run", action="store_true", help="print each node's command; start nothing (default: off)")
+    job.add_argument("--dry-run", action="store_true",
+                     help="print each node's command; start nothing; with --sync also ask every node what it lacks, "
+                          "changing nothing (exit 1 when a node cannot answer: the run would stop there; "
+                          "default: off)")
     job.add_argument("--detach", action="store_true",
                      help="start the job so it outlives this command; print the run id and return (default: off)")
     job.add_argument("--grace", type=grace, metavar="S", help="SIGTERM to SIGKILL, in seconds (default: 10)")
