@@ -418,3 +418,17 @@ def test_run_help_says_a_dry_run_sync_asks_the_nodes(capsys: pytest.CaptureFixtu
     assert ("--dry-run print each node's command; start nothing; with --sync also ask every node what it lacks, "
             "changing nothing (exit 1 when a node cannot answer: the run would stop there; default: off)") in " ".join(
         capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("runtime,said,shown", [
+    (None, "(runtime auto: each node uses the first of podman, docker, apptainer, enroot it has; the command shows "
+           "podman's)", "podman run"),
+    ("docker", "(runtime docker)", "docker run")])
+def test_a_dry_run_says_the_runtime_auto_picks_is_each_node_s(runtime: str | None, said: str, shown: str) -> None:
+    """Item 26: with runtime auto the podman line is one node's possibility, said as such."""
+    flags = ["--container-runtime", runtime] if runtime else []
+    code, out = cli("run", "-H", "a", "--image", "pytorch/pytorch:2.5", *flags, "--dry-run", "--", "train.py")
+    assert code == 0, out
+    assert any(f" {shown} " in line for line in out if line.startswith("  $ ")), out
+    assert [line for line in out if "in container" in line][0].startswith(
+        f"  - in container torchherd-{out[0].split()[1].rstrip(':')}-a of image pytorch/pytorch:2.5 {said}; "), out
