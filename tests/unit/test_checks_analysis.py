@@ -241,6 +241,15 @@ def test_one_failing_prober_is_reported_on_the_prober() -> None:
                                                "refused twice)")
 
 
+def test_one_node_s_port_summary_says_there_is_no_worker_to_probe_it() -> None:
+    """Issue 41 item 27: not "every node probed all 0 others"."""
+    seen = mesh(1)
+    seen.probe_plan = ProbePlan("full", {"node0": ()}, 1)
+    [result] = port.analyse(seen)
+    assert (result.status, result.summary) == (
+        "pass", "port 29500 is free: a real listener took it (one node: no worker to probe it)")
+
+
 def test_the_master_summary_names_the_probe_plan() -> None:
     seen = mesh(3)
     seen.probe_plan = ProbePlan("full", {"node0": ("node1", "node2"), "node1": ("node2", "node0"),
