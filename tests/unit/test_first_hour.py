@@ -432,3 +432,17 @@ def test_a_dry_run_says_the_runtime_auto_picks_is_each_node_s(runtime: str | Non
     assert any(f" {shown} " in line for line in out if line.startswith("  $ ")), out
     assert [line for line in out if "in container" in line][0].startswith(
         f"  - in container torchherd-{out[0].split()[1].rstrip(':')}-a of image pytorch/pytorch:2.5 {said}; "), out
+
+
+def test_a_peer_that_closes_before_ssh_starts_is_not_only_blamed_on_maxstartups() -> None:
+    """Item 16: 5 drops before the banner may be something else than sshd on the port."""
+    from torchherd.transport.sshfailures import ATTEMPTS, explain
+    from torchherd.transport.sshtarget import SshTarget
+
+    target = SshTarget(node="a", hostname="10.0.0.1", port=2222, user="me", key_files=(), known_hosts=(),
+                       proxy_jump=None, proxy_command=None, identities_only=False)
+    error = explain(target, EOFError())
+    assert str(error).startswith(f"a: me@10.0.0.1:2222 dropped the connection before login, {ATTEMPTS} times")
+    assert error.hint == ("sshd's MaxStartups may be turning connections away: too many at once to one host (a "  # type: ignore[attr-defined]
+                          "bastion?), or it is overloaded; or something on port 2222 closes the connection before "
+                          "SSH starts (not sshd? a proxy or load balancer?)")
