@@ -29,7 +29,7 @@ class PlainBar:
 
     def __init__(self, iterable: Iterable[int], total: int, desc: str, **_: Any) -> None:
         self.iterable, self.total, self.desc, self.postfix = iterable, total, desc, ""
-        self.started = time.monotonic()
+        self.started, self.closed = time.monotonic(), False
 
     def set_postfix_str(self, text: str) -> None:
         self.postfix = text
@@ -39,7 +39,12 @@ class PlainBar:
             self._draw(done)
             yield item
         self._draw(self.total)
-        sys.stderr.write("\n")
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            sys.stderr.write("\n")
 
     def _draw(self, done: int) -> None:
         filled = 20 * done // max(1, self.total)
@@ -65,6 +70,9 @@ def main() -> None:
     parser.add_argument("--compute", type=int, default=0, metavar="N",
                         help="N products of 128x128 matrices per step instead of the sleep: real work, "
                              "which a node with less CPU does more slowly (a straggler)")
+    parser.add_argument("--seconds", type=float, default=0.0, metavar="S",
+                        help="end the epoch once S seconds have passed (rank 0's clock, told to every rank in "
+                             "the step's all_reduce), --steps at most: a run as long on a slow node as on a fast one")
     args = parser.parse_args()
     # One thread per rank: torchrun sets OMP_NUM_THREADS=1 only with several ranks per
     # node, and a rank's threads spinning for CPUs its peers need make every step crawl.
@@ -75,6 +83,7 @@ def main() -> None:
     loss = torch.tensor(1.0 + rank / 10)
     matrix = torch.full((128, 128), 1.0 / 128)
     for epoch in range(1, args.epochs + 1):
+        started = time.monotonic()
         bar = progress(range(args.steps), args.steps, f"rank {rank} epoch {epoch}")
         for _ in bar:
             if args.compute:
@@ -84,10 +93,16 @@ def main() -> None:
             else:
                 time.sleep(args.delay)
             loss = loss * 0.97
-            mean = loss.clone()
-            dist.all_reduce(mean)
-            mean /= world
+            # The loss and rank 0's verdict on the time travel together: every rank leaves
+            # the epoch after the same step, so no rank waits in an all_reduce alone.
+            out_of_time = float(rank == 0 and args.seconds > 0 and time.monotonic() - started >= args.seconds)
+            both = torch.stack([loss, torch.tensor(out_of_time)])
+            dist.all_reduce(both)
+            mean = both[0] / world
             bar.set_postfix_str(f"loss={mean.item():.4f}")
+            if both[1].item() > 0:
+                break
+        bar.close()
         print(f"epoch {epoch}/{args.epochs}: mean loss {mean.item():.4f}", flush=True)
     dist.destroy_process_group()
 

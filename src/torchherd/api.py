@@ -393,9 +393,14 @@ class Cluster:
         if grace is not None:
             GRACE.from_argument(grace)
         if recovery is not None:  # the file's [recovery] was checked as the file was read
-            needs = recovery_problem(checked_recovery(recovery), given_fields(recovery, self.recovery), "argument")
+            checked = checked_recovery(recovery)  # the error names the value as given (one string, say)
+            given = given_fields(checked, self.recovery)
+            # A scheduler that cannot honour them says so first (the rule would ask for a checkpoint it refuses).
+            self.backend.allow("--resume-args", bool(checked.resume_args and ("resume_args" in given or checked.retries)))
+            needs = recovery_problem(recovery, given, "argument")
             if needs is not None:
                 raise needs
+            recovery = checked
         recovery = recovery if recovery is not None else self.recovery
         problem = heartbeat_problem(recovery)
         if problem is not None:

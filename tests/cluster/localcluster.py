@@ -89,6 +89,8 @@ CONTROLLER_FILES = (
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+ROOT_BASHRC = Path("/root/.bashrc")
+"""The SSH user's (root's) ``~/.bashrc``, which each node replaces by one of its own."""
 PRIVATE_COPIES = ((Path("/root/.pyenv/shims"), ".pyenv-shim"),)
 """Directories of the shared home that each node gets a private copy of, and the lock
 file in each that the copy leaves out (one held or left stale at the moment of the copy
@@ -1163,6 +1165,7 @@ class LocalCluster:
             + [f"mkdir -p {shlex.quote(path)} && mount --move {shlex.quote(str(stash))} {shlex.quote(path)}"
                for path, stash in keep]
             + self._private_copies(host)
+            + self._login_shell(host)
             + self._container_mounts(host)
         )
         script = f"hostname {host.name} && {mounts + ' && ' if mounts else ''}exec {sshd} -D -e -f {config}"
@@ -1231,6 +1234,22 @@ class LocalCluster:
             if done.stdout.strip():
                 left[name] = done.stdout.strip()
         return left
+
+    def _login_shell(self, host: NodeInfo) -> list[str]:
+        """A shell command that gives the node a ``~/.bashrc`` of its own (bound over the
+        shared one in the node's mount namespace) that sets PATH and nothing else. bash
+        reads ~/.bashrc for every command sshd starts, and this machine's runs ``pyenv
+        init`` and ``pyenv virtualenv-init``: 145 ms of CPU a command (a plain sshd
+        command costs 24 ms), paid by every SSH command of every test. A node's shell
+        finds the same programs: this Python's directory first, then the PATH the
+        cluster was built with."""
+        bashrc = ROOT_BASHRC
+        if not bashrc.is_file():
+            return []
+        own = self._node_dir(host.name) / "bashrc"
+        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath)])
+        own.write_text(f"# {host.name}'s own ~/.bashrc (tests/cluster/localcluster.py)\nexport PATH={shlex.quote(path)}\n")
+        return [f"mount --bind {shlex.quote(str(own))} {shlex.quote(str(bashrc))}"]
 
     def _private_copies(self, host: NodeInfo) -> list[str]:
         """Shell commands that give the node its own copy of each of PRIVATE_COPIES (a

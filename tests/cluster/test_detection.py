@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from io import StringIO
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,8 @@ from localcluster import LocalCluster
 
 from support.cluster_runs import assert_clean
 from torchherd import Cluster
+from torchherd.console import make_console
+from torchherd.console.observer import ConsoleObserver
 from torchherd.engine.events import Event, NodeLost, NodeSilent, NodeStarted
 from torchherd.engine.run import Run
 from torchherd.inventory import load
@@ -86,12 +90,19 @@ def _log(log_dir: Path, node: str) -> str:
 
 
 def start(cluster: LocalCluster, log_dir: Path, seconds: float, *args: str,
-          inventory: Path | None = None) -> tuple[Run, Watch]:
-    """``steady.py`` on every node, one rank each, once every rank has taken a step."""
+          inventory: Path | None = None, shown: Callable[[Event], None] | None = None) -> tuple[Run, Watch]:
+    """``steady.py`` on every node, one rank each, once every rank has taken a step
+    (``shown``: an observer that gets every event too, the console's)."""
     api = Cluster.from_toml(inventory or cluster.inventory)
     watch = Watch()
+
+    def observe(event: Event) -> None:
+        watch(event)
+        if shown is not None:
+            shown(event)
+
     run = api.launch(api.plan(STEADY, "--seconds", str(seconds), *args, nproc_per_node=1), log_dir=log_dir,
-                     check=False, on_event=watch)
+                     check=False, on_event=observe)
     assert isinstance(run, Run)
     _wait_for(lambda: all(f"step 2 rank {rank} " in _log(log_dir, node) for rank, node in enumerate(cluster.names)),
               120, "no step 2 from every rank")
@@ -141,8 +152,10 @@ def test_a_node_whose_link_goes_down_is_lost_within_seconds(cluster: LocalCluste
 def test_a_supervisor_stopped_for_seconds_is_told_of_and_not_lost(cluster: LocalCluster, tmp_path: Path) -> None:
     """node1's supervisor stopped (SIGSTOP) for 5 s, as a process stuck on a swapping node:
     its sshd answers, so the node is not lost (that takes 30 s of it), but the user is told
-    within seconds, and again when it speaks."""
-    run, watch = start(cluster, tmp_path / "logs", 20)
+    within seconds, and again when it speaks; the summary names the silence."""
+    out = StringIO()
+    console = ConsoleObserver(make_console(out, width=300))
+    run, watch = start(cluster, tmp_path / "logs", 20, shown=console)
     [inside] = [event.supervisor for _, event in watch.seen if isinstance(event, NodeStarted) and event.node == "node1"]
     [pid] = [pid for pid in cluster.node_pids("node1") if _node_pid(pid) == inside]  # the node has its own pids
     os.kill(pid, signal.SIGSTOP)
@@ -161,6 +174,9 @@ def test_a_supervisor_stopped_for_seconds_is_told_of_and_not_lost(cluster: Local
     assert heard.seconds >= 4.0
     assert watch.lost() == []
     assert summary.exit_code == 0, summary.headline
+    shown = out.getvalue()
+    assert re.search(r"^node1: its supervisor was silent for \d+\.\d s while its sshd answered \(the node "
+                     r"overloaded, or the supervisor stuck\)$", shown, re.M), shown[-2000:]
     assert_clean(cluster)
 
 

@@ -312,6 +312,34 @@ esac
     assert_clean(four)
 
 
+RESUME_WHEN_TOLD = str(Path(__file__).resolve().parent / "jobs" / "resume_when_told.py")
+
+
+@pytest.mark.timeout(180)
+def test_resume_args_only_on_the_attempt_that_starts_from_the_checkpoint(four: LocalCluster, tmp_path: Path) -> None:
+    """nanoGPT's form: a script that fails on a first start when told to resume. Attempt 1
+    runs without --init_from=resume (and no TORCHHERD_CHECKPOINT); rank 0 saves into its
+    private /tmp and fails; the checkpoint is staged on node1; attempt 2 runs with the words
+    on both nodes, TORCHHERD_ATTEMPT=2 and TORCHHERD_CHECKPOINT, and both ranks resume."""
+    name = f"resume-{tmp_path.name}.ckpt"  # the module's nodes keep their /tmp: a name of this test's own
+    try:
+        code, out = run_cli(four, tmp_path / "logs", "--no-check", "--include", "node[0-1]", "--retries", "1",
+                            "--checkpoint", name, "--replicate", "0", "--resume-args", "--init_from=resume", "--",
+                            RESUME_WHEN_TOLD, "--ckpt", name)
+        assert code == 0, out
+        given = sorted((seen["attempt"], seen["rank"], seen["argv"], seen["checkpoint"])
+                       for seen in map(json.loads, re.findall(r"^node\d:\d: given (\{.*\})$", out, re.M)))
+        assert given == [(1, 0, ["--ckpt", name], None), (1, 1, ["--ckpt", name], None),
+                         (2, 0, ["--ckpt", name, "--init_from=resume"], name),
+                         (2, 1, ["--ckpt", name, "--init_from=resume"], name)], out
+        assert re.search(rf"checkpoint: {re.escape(name)} \(\d+ B, from node0\) staged on node1 in", out), out
+        assert "node1:1: rank 1 resumed from step 7" in out and "node0:0: rank 0 resumed from step 7" in out, out
+        assert_clean(four)
+    finally:
+        for node in ("node0", "node1"):
+            four.ssh(node, f"rm -f /tmp/{name}", timeout=30)
+
+
 MULTINODE = str(Path(__file__).resolve().parent / "jobs" / "multinode.py")
 
 

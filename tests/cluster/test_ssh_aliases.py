@@ -5,7 +5,8 @@ cannot resolve it (their /etc/hosts knows node0..node2 only), so the master addr
 the workers are told must be what ssh_config resolves the alias to.
 
 ``check`` is clean, ``run --dry-run`` names the HostName, and a 3-node x 2-rank DDP
-run is correct, with and without ``--no-check``.
+run is correct, with and without ``--no-check`` (trained once, with the aliases in the
+config itself: through an Include the plan is the same).
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ def test_aliased_hosts_check_clean_and_run_with_and_without_the_checks(
     assert not any("gpu-a" in f"{entry['summary']} {entry.get('fix') or ''}" for entry in document["checks"]), \
         document
 
+    if include:
+        # The runs would repeat in-config's: the plan above tells the workers the same
+        # HostName through the Include, and test_ssh_topologies.py's
+        # test_aliases_from_an_included_file trains through an Include.
+        return
     assert_trained(*cli("-i", str(inventory), "run", "--log-dir", str(tmp_path / "logs"), "--", DDP_DEMO))
     assert_trained(*cli("-i", str(inventory), "run", "--no-check", "--log-dir", str(tmp_path / "logs"),
                         "--", DDP_DEMO))

@@ -136,3 +136,69 @@ def test_the_silent_supervisors_notes_exactly() -> None:
         "supervisor stuck (lost after 30 s of silence)", "yellow")
     assert silent_note(NodeSilent("node1", 7.25, 30.0, heard=True)) == (
         "node1: its supervisor speaks again, after 7.2 s of silence", "dim")
+
+
+def test_the_panel_shows_a_silent_supervisor_until_it_speaks_again() -> None:
+    """Through the observer (as the run feeds it), each row exactly: node1 silent while its
+    sshd answers, then running again once its supervisor speaks."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from torchherd.console.observer import ConsoleObserver
+    from torchherd.console.panel import render_panel
+    from torchherd.console.view import TerminalView, ViewOptions
+    from torchherd.engine.events import RanksRunning, RunStarted
+
+    console = Console(file=StringIO(), width=60, height=40, force_terminal=True, color_system=None)
+    observer = ConsoleObserver(console, view=ViewOptions(panel=True))
+    observer(RunStarted("r1", ("node0", "node1"), "node0", "10.0.0.1", 29500, "logs", 1))
+    observer(RanksRunning("node0"))
+    observer(RanksRunning("node1"))
+    observer(NodeSilent("node1", 2.5, 30.0))
+    view = observer.renderer
+    assert isinstance(view, TerminalView) and view.model is not None
+
+    def panel() -> str:
+        out = StringIO()
+        Console(file=out, width=60, color_system=None).print(render_panel(view.model, 10.0))  # type: ignore[arg-type]
+        return out.getvalue()
+
+    assert panel() == ("node    state     ranks   lines/s   quiet   last line\n"
+                       "─────────────────────────────────────────────────────\n"
+                       "node0   running       0         0       -            \n"
+                       "node1   silent        0         0       -            \n")
+    observer(NodeSilent("node1", 5.1, 30.0, heard=True))
+    assert panel().splitlines()[3] == "node1   running       0         0       -            "
+    observer.close()
+
+
+def test_the_summary_names_each_silent_supervisor_but_a_node_lost_for_it() -> None:
+    from io import StringIO
+
+    from torchherd.console import make_console
+    from torchherd.console.observer import ConsoleObserver
+    from torchherd.engine.events import NodeLost, RunFinished, RunStarted
+    from torchherd.runlog import NodeOutcome, RunSummary
+
+    out = StringIO()
+    observer = ConsoleObserver(make_console(out, width=200))
+    observer(RunStarted("r1", ("node0", "node1", "node2", "node3"), "node0", "10.0.0.1", 29500, "logs", 3))
+    for event in (NodeSilent("node1", 2.5, 30.0), NodeSilent("node1", 5.14, 30.0, heard=True),
+                  NodeSilent("node2", 2.5, 30.0), NodeSilent("node2", 3.0, 30.0, heard=True),
+                  NodeSilent("node2", 2.6, 30.0), NodeSilent("node2", 7.25, 30.0, heard=True),
+                  NodeSilent("node0", 2.5, 30.0),
+                  NodeSilent("node3", 2.5, 30.0), NodeLost("node3", "node3 vanished: nothing heard from it for 30 s "
+                                                                     "(its sshd answers: its supervisor is stuck)")):
+        observer(event)
+    nodes = tuple(NodeOutcome(name, index, "ok", 0, 9.0, None, None, ()) for index, name in enumerate(("node0", "node1", "node2")))
+    observer(RunFinished(RunSummary("r1", 0, "all 3 nodes finished (exit 0)", nodes, "logs")))
+    text = out.getvalue()
+    summary = text[text.index("run r1\n"):].splitlines()
+    assert summary[-3:] == [
+        "node1: its supervisor was silent for 5.1 s while its sshd answered (the node overloaded, or the supervisor "
+        "stuck)",
+        "node2: its supervisor was silent 2 times, 7.2 s at the longest, while its sshd answered (the node overloaded, "
+        "or the supervisor stuck)",
+        "node0: its supervisor was silent for 2.5 s or more while its sshd answered (the node overloaded, or the "
+        "supervisor stuck)"], text

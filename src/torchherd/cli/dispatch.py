@@ -16,6 +16,7 @@ from torchherd.cli.contract import JSON_SCHEMA, failure_json, json_wanted
 from torchherd.cli.flags import sync_took_the_script
 from torchherd.cli.init import cmd_init
 from torchherd.cli.parser import build_parser, cmd_completion
+from torchherd.cli.run import glued
 from torchherd.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, TorchherdError, UsageError
 from torchherd.inventory.options import OptionError
 
@@ -94,7 +95,7 @@ def _parse(words: Sequence[str], console: Console | None) -> argparse.Namespace:
     try:
         # parse_known_args, then parse_args' own check: an unknown argument after --sync
         # is told as what it most likely is (the script taken as --sync's DIR)
-        args, extra = parser.parse_known_args(words)
+        args, extra = parser.parse_known_args(glued(words))
         sync_took_the_script(args, extra)
         if extra:  # named by the command that refused them: torchherd run --help has its flags
             command = _command_parser(parser, args.command) if args.command else parser

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from torchherd.cli.cluster import cluster_of
 from torchherd.cli.contract import emit
@@ -30,6 +30,7 @@ from torchherd.cli.values import (
     monitor_interval,
     nnodes,
     replicate,
+    resume_args,
     retries,
 )
 from torchherd.errors import EXIT_FAILED, EXIT_OK, UsageError
@@ -42,6 +43,22 @@ if TYPE_CHECKING:
     from torchherd.console.view import ViewOptions
     from torchherd.inventory import Recovery
     from torchherd.plan import Plan
+
+
+RESUME_ARGS_FLAG = "--resume-args"
+
+
+def glued(words: Sequence[str]) -> list[str]:
+    """``--resume-args VALUE`` as ``--resume-args=VALUE`` where VALUE starts with a dash
+    (``"--init_from=resume"``, nanoGPT's): argparse takes such a word for a flag of its own
+    and says the flag has no value. Only before a ``--``: after it all is the script's."""
+    given = list(words)
+    for index, word in enumerate(given[:-1]):
+        if word == "--":
+            break
+        if word == RESUME_ARGS_FLAG and given[index + 1].startswith("-"):
+            return given[:index] + [f"{word}={given[index + 1]}"] + glued(given[index + 2:])
+    return given
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -69,16 +86,18 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     _ranks_exist(args.ranks, plan)
     _script_in_project(plan)
     only, skip = _run_checks(args, cluster)
+    recovery = _recovery(args, cluster)
     if args.dry_run:
+        from torchherd.engine.recovery.resume import resume_lines
+
         described = cluster.describe(plan, fail_fast=not args.no_fail_fast)
         if args.json:  # the plan only: what --sync would send needs the nodes asked (run --sync --dry-run)
             from torchherd.console.run import plan_json
 
-            emit(args, plan_json(described))
+            emit(args, {**plan_json(described), **_recovery_json(recovery)})
             return EXIT_OK
-        render_description(console, described)
+        render_description(console, described, resume_lines(plan.options, recovery))
         return _dry_sync(cluster, plan, console, args.log_dir) if plan.sync is not None else EXIT_OK
-    recovery = _recovery(args, cluster)
     if args.json:
         from torchherd.console import make_console
 
@@ -133,13 +152,30 @@ def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
     given = {key: value for key, value in (("retries", args.retries), ("final_exit_codes", args.final_exit_codes),
                                            ("min_nodes", args.min_nodes), ("hang_timeout", args.hang_timeout),
                                            ("checkpoint", args.checkpoint), ("replicate", args.replicate),
-                                           ("replicate_bandwidth", args.replicate_bandwidth))
+                                           ("replicate_bandwidth", args.replicate_bandwidth),
+                                           ("resume_args", args.resume_args))
              if value is not None}
     recovery = replace(recovery, **given) if given else recovery
+    # A scheduler that cannot honour them says so first: the rule's hint would ask for a
+    # --checkpoint it refuses in turn.
+    cluster.backend.allow("--resume-args", "resume_args" in given or bool(recovery.resume_args and recovery.retries))
     problem = recovery_problem(recovery, tuple(given), "flag")
     if problem is not None:
         raise problem
     return recovery
+
+
+def _recovery_json(recovery: Recovery) -> dict[str, object]:
+    """``run --dry-run --json``'s word on the attempts after the first (with retries only):
+    the variables each rank gets, and the words added on an attempt from the checkpoint."""
+    if not recovery.retries:
+        return {}
+    from torchherd.engine.recovery.resume import CHECKPOINT_ENV
+    from torchherd.remote.wire import ATTEMPT_ENV
+
+    return {"recovery": {"retries": recovery.retries, "attempt_env": ATTEMPT_ENV, "checkpoint": recovery.checkpoint,
+                         "checkpoint_env": CHECKPOINT_ENV if recovery.checkpoint is not None else None,
+                         "resume_args": list(recovery.resume_args)}}
 
 
 def _dry_sync(cluster: Cluster, plan: Plan, console: Console, log_dir: str) -> int:
@@ -213,6 +249,10 @@ def _add_recovery_flags(group: argparse._ActionsContainer) -> None:
     group.add_argument("--replicate-bandwidth", type=bandwidth, metavar="CAP",
                        help='the most a replica\'s copy takes of the link: "25%%" of its speed, or a rate such as '
                             '"200MB/s" (default: auto, 25%% of the link and at most 5 MB/s per CPU core)')
+    group.add_argument(RESUME_ARGS_FLAG, type=resume_args, metavar="ARGS",
+                       help='add these to the script\'s arguments on an attempt that starts from the staged checkpoint, '
+                            'split as a shell splits them, e.g. "--init_from=resume" (never on attempt 1, nor without '
+                            'a checkpoint; default: [recovery].resume_args, else none)')
 
 
 RUN_EXAMPLES = """\

@@ -19,6 +19,7 @@ from torchherd.inventory.options import (
     MONITOR_INTERVAL,
     NPROC_PER_NODE,
     REPLICATE,
+    RESUME_ARGS,
     RETRIES,
     SSH_TIMEOUT,
     Integer,
@@ -75,6 +76,7 @@ retries = RETRIES.from_flag
 exit_codes = FINAL_EXIT_CODES.from_flag
 min_nodes = MIN_NODES.from_flag
 replicate = REPLICATE.from_flag
+resume_args = RESUME_ARGS.from_flag
 monitor_interval = MONITOR_INTERVAL.from_flag
 max_restarts = MAX_RESTARTS_OPTION.from_flag
 count = Option("count", Integer(0, MAX_RESTARTS)).from_flag

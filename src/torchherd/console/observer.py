@@ -7,7 +7,8 @@ the run. The exact texts are the public face of ``torchherd run``; tests compare
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 from rich.console import Console
 from rich.text import Text
@@ -76,6 +77,40 @@ def silent_note(event: NodeSilent) -> tuple[str, str]:
             f"is overloaded, or the supervisor stuck (lost after {event.lost_after:.0f} s of silence)", "yellow")
 
 
+@dataclass
+class Silence:
+    """A node's supervisor silences while its sshd answered (``NodeSilent``), for the summary."""
+
+    times: int = 0
+    longest: float = 0.0
+    open: bool = False
+    """The last one had not ended when the run did (the supervisor never spoke again)."""
+    lost: bool = False
+    """The node was lost after it: the summary's table says so, with why."""
+
+    def saw(self, event: NodeSilent) -> None:
+        if event.heard:
+            self.open = False
+        else:
+            self.times += 1
+            self.open = True
+        self.longest = max(self.longest, event.seconds)
+
+
+def silence_lines(silences: Mapping[str, Silence]) -> list[str]:
+    """The summary's word on each node whose supervisor went silent while its sshd answered
+    (and that was not lost for it: the table says that)."""
+    lines = []
+    for node, silence in silences.items():
+        if silence.lost:
+            continue
+        longest = f"{silence.longest:.1f} s" + (" or more" if silence.open else "")
+        length = f"for {longest}" if silence.times == 1 else f"{silence.times} times, {longest} at the longest,"
+        lines.append(f"{printable(node)}: its supervisor was silent {length} while its sshd answered (the node "
+                     "overloaded, or the supervisor stuck)")
+    return lines
+
+
 class ConsoleObserver:
     """Renders a run's events on ``console``; ``renderer`` is given when following a
     detached run (its nodes are known before any event), else made at ``RunStarted``."""
@@ -88,6 +123,8 @@ class ConsoleObserver:
         """The panel, collapsed duplicates, a rank filter (``run``); none by default."""
         self.c10d_noted = False
         """Whether c10d's "cannot name a peer" warning was explained already (once a run)."""
+        self.silences: dict[str, Silence] = {}
+        """Per node, its supervisor's silences while its sshd answered (every attempt's)."""
         self.pulls = PullView(console, live=self.view.panel)  # a terminal, not --plain
         self.bars = ArchiveBars(console)
         """``--image-archive``'s bars, one per node, while the archive travels."""
@@ -130,6 +167,8 @@ class ConsoleObserver:
             if straggler is not None:
                 self.console.print(Text(printable(straggler), style="bold magenta" if "x slower" in straggler else "dim"),
                                    soft_wrap=True)
+            for line in silence_lines(self.silences):
+                self.console.print(Text(line, style="yellow"), soft_wrap=True)
             if event.summary.checkpoint is not None:
                 self.console.print(Text(printable(event.summary.checkpoint), style="bold"), soft_wrap=True)
             render_attempts(self.console, event.summary.attempts)
@@ -181,8 +220,11 @@ class ConsoleObserver:
         elif isinstance(event, NodeExited) and not event.expected:
             self._note(f"{event.node}: exited with code {event.code}", "bold red")
         elif isinstance(event, NodeLost):
+            if event.node in self.silences and self.silences[event.node].open:
+                self.silences[event.node].lost = True
             self._note(event.reason, "bold red")
         elif isinstance(event, NodeSilent):
+            self.silences.setdefault(event.node, Silence()).saw(event)
             self._note(*silent_note(event))
         elif isinstance(event, ProcessesLeft):
             self._note(f"{event.node}: {event.count} processes of the job could not be killed", "bold red")

@@ -34,7 +34,7 @@ BAR_FRESH = 10.0
 """A progress bar not redrawn for this long gives its place back to the last line."""
 STATE_STYLES = {"connecting": "dim", "rendezvous": "yellow", "running": "green", "quiet": "bold yellow",
                 "stopping": "yellow", "finished": "green", "exited": "bold red", "lost": "bold red",
-                "not started": "bold red", "slow": "bold magenta"}
+                "not started": "bold red", "slow": "bold magenta", "silent": "bold yellow"}
 
 
 @dataclass
@@ -56,6 +56,8 @@ class NodeView:
     bar_rank: int | None = None
     bar_at: float = 0.0
     gpus: tuple[GpuUsage, ...] = ()
+    before_silent: str = ""
+    """Its state before its supervisor went silent (``silent``), given back when it speaks."""
 
     def printed(self, count: int, now: float) -> None:
         self.lines += count
@@ -121,6 +123,16 @@ class PanelModel:
         if view.state in ("exited", "lost", "not started") and state == "stopping":
             return
         view.state, view.code = state, code
+
+    def silent(self, name: str, heard: bool) -> None:
+        """The node's supervisor went silent while its sshd answers (``NodeSilent``): shown
+        as ``silent`` until it speaks again (``heard``: as it was) or the node's end is known."""
+        view = self.node(name)
+        if heard:
+            if view.state == "silent":
+                view.state = view.before_silent
+        elif view.state in ("connecting", "rendezvous", "running"):
+            view.before_silent, view.state = view.state, "silent"
 
     def bar(self, name: str, rank: int | None, text: str, now: float) -> None:
         """A rank's progress bar as it stands; the node shows its lowest rank's bar."""

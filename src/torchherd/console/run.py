@@ -28,10 +28,12 @@ STATE_STYLES = {"ok": "green", "failed": "bold red", "lost": "bold red", "torn d
                 "interrupted": "yellow", "not started": "bold red", "unresponsive": "bold red"}
 
 
-def render_description(console: Console, described: Description) -> None:
+def render_description(console: Console, described: Description, after: Sequence[str] = ()) -> None:
     """What ``run --dry-run`` prints: every node's command, or SLURM's batch script; what
-    comes from the nodes, the job and the inventory with its escapes shown."""
-    for role, text in described.text():
+    comes from the nodes, the job and the inventory with its escapes shown. ``after``: notes
+    put before its closing line (a run with retries: what its later attempts add)."""
+    lines = described.text()
+    for role, text in (*lines[:-1], *(("note", f"  - {note}") for note in after), *lines[-1:]):
         # a note stays on its line; a command and a script keep theirs (a setup snippet spans lines)
         shown = printable(text) if role == "note" else printable(text, lines=True)
         console.print(Text(shown, style=_style(role)), soft_wrap=True)

@@ -28,6 +28,7 @@ from torchherd.engine.events import (
     NodeExited,
     NodeLost,
     NodeNotStarted,
+    NodeSilent,
     NodeStarted,
     NodeStatus,
     RanksRunning,
@@ -128,6 +129,8 @@ class TerminalView(LiveRenderer):
                 model.state(event.node, "exited", event.code)
             elif isinstance(event, NodeLost):
                 model.state(event.node, "lost")
+            elif isinstance(event, NodeSilent):
+                model.silent(event.node, event.heard)
             elif isinstance(event, NodeNotStarted):
                 model.state(event.node, "not started")
             elif isinstance(event, StopSent):

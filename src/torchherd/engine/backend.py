@@ -108,6 +108,7 @@ class Backend(ABC):
         self.allow("--retries", recovery.retries > 0)
         self.allow("--hang-timeout", recovery.hang_timeout is not None)
         self.allow("--checkpoint", recovery.checkpoint is not None)
+        self.allow("--resume-args", bool(recovery.resume_args))
 
     def stage_checkpoint(self, plan: Plan, sources: Sequence[str], receivers: Sequence[str], path: str,
                          attempt: int, stopping: Callable[[], bool] = lambda: False) -> Staged:

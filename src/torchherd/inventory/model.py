@@ -152,6 +152,10 @@ class Recovery:
     the ring of node ranks); None: 1 when there is a ``checkpoint``; 0: none."""
     replicate_bandwidth: Bandwidth = field(default_factory=lambda: DEFAULT_REPLICATE_BANDWIDTH)
     """The most a replica's copy may take of the link (``Bandwidth``)."""
+    resume_args: tuple[str, ...] = ()
+    """Words added after the script's own arguments on an attempt that starts from a staged
+    checkpoint (``("--init_from=resume",)``: nanoGPT's); never on attempt 1, nor on one with
+    no checkpoint. The API also takes one string, split as a shell splits it."""
 
     @property
     def lost_after(self) -> float:

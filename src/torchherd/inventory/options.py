@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Generic, Literal, Sequence, TypeVar
 
 from torchherd.errors import UsageError
@@ -160,6 +161,36 @@ class Nproc(Kind["int | str"]):
 
 
 @dataclass(frozen=True)
+class Words(Kind[tuple[str, ...]]):
+    """Arguments for a command line: one string, split once as a shell splits it (its
+    quotes balanced), or the words themselves (a list in the file, a tuple in the API);
+    at least one word, none holding a NUL (no command line can)."""
+
+    what: str
+
+    def expected(self, door: Door) -> str:
+        if door == "flag":
+            return f"{self.what}, as a shell splits them (e.g. --init_from=resume)"
+        if door == "file":
+            return f"{self.what}: one string, as a shell splits it, or a list of strings"
+        return f"{self.what}: a tuple of strings, or one string, as a shell splits it"
+
+    def value(self, given: object) -> tuple[str, ...] | None:
+        if isinstance(given, str):
+            try:
+                words = shlex.split(given)
+            except ValueError:  # "No closing quotation", "No escaped character"
+                return None
+        elif isinstance(given, (list, tuple)) and all(isinstance(word, str) for word in given):
+            words = list(given)
+        else:
+            return None
+        if not words or any("\0" in word for word in words):
+            return None
+        return tuple(words)
+
+
+@dataclass(frozen=True)
 class Elsewhere(Kind[Any]):
     """A value with a rule of its own (``rule`` names it), here for the cross-field rules."""
 
@@ -267,6 +298,9 @@ REPLICATE = Option("replicate", Integer(0, MAX_REPLICAS, "(0: no replication)"),
 CHECKPOINT = Option("checkpoint", Elsewhere("checkpoint_problem"), "--checkpoint", "recovery", "Recovery")
 REPLICATE_BANDWIDTH = Option("replicate_bandwidth", Elsewhere("parse_bandwidth"), "--replicate-bandwidth", "recovery",
                              "Recovery")
+RESUME_ARGS = Option("resume_args", Words("the script's arguments on a resumed attempt"), "--resume-args", "recovery",
+                     "Recovery", hint='e.g. "--init_from=resume" (quoted as a shell quotes: its quotes balanced)',
+                     file_hint='write resume_args = "--init_from=resume"')
 NPROC_PER_NODE = Option("nproc_per_node", Nproc(), "--nproc-per-node", "cluster", "plan")
 MONITOR_INTERVAL = Option("monitor_interval", Seconds(0.0, MAX_INTERVAL, above=True), "--monitor-interval",
                           owner="plan")
@@ -287,7 +321,7 @@ HEARTBEAT_MISSES = Option("heartbeat_misses", Integer(*MISSES_RANGE), table="rec
                           hint=HEARTBEAT_HINT)
 
 RECOVERY_OPTIONS: tuple[Option[Any], ...] = (RETRIES, FINAL_EXIT_CODES, MIN_NODES, HANG_TIMEOUT, REPLICATE, HEARTBEAT,
-                                             HEARTBEAT_MISSES)
+                                             HEARTBEAT_MISSES, RESUME_ARGS)
 """The ``Recovery`` fields with a rule of their own (the heartbeat's product too: ``heartbeat_problem``)."""
 
 
@@ -303,11 +337,16 @@ def env_problem(name: str, value: str = "") -> str | None:
 
 def checked_recovery(recovery: Recovery) -> Recovery:
     """``recovery`` as an API caller gave it (``Cluster.launch(recovery=...)``), each field
-    through its option's rule; OptionError names the argument."""
+    through its option's rule, normalised (``resume_args`` given as one string: its words);
+    OptionError names the argument."""
     for option in RECOVERY_OPTIONS:
         given = getattr(recovery, option.name)
+        if option is RESUME_ARGS and given == ():
+            continue  # the default: nothing added
         if given is not None:  # None: the field's "not set" (min_nodes, hang_timeout, replicate)
-            option.from_argument(given)
+            found = option.from_argument(given)
+            if found != given:
+                recovery = replace(recovery, **{option.name: found})
     return recovery
 
 
@@ -322,7 +361,7 @@ class Needs:
 
     def applies(self, recovery: Recovery) -> bool:
         value = getattr(recovery, self.option.name)
-        if self.option is REPLICATE and not value:  # 0: no replication, nothing to need
+        if self.option in (REPLICATE, RESUME_ARGS) and not value:  # 0, (): none asked for, nothing to need
             return False
         return not getattr(recovery, self.needed.name)
 
@@ -345,10 +384,13 @@ class Needs:
 
 
 REPLICATION_NEEDS = (Needs(REPLICATE, CHECKPOINT, "replication copies the checkpoint", "PATH"),
-                     Needs(REPLICATE_BANDWIDTH, CHECKPOINT, "replication copies the checkpoint", "PATH"))
+                     Needs(REPLICATE_BANDWIDTH, CHECKPOINT, "replication copies the checkpoint", "PATH"),
+                     Needs(RESUME_ARGS, CHECKPOINT, "they are added on an attempt that starts from the staged "
+                           "checkpoint", "PATH"))
 ATTEMPT_NEEDS = (Needs(CHECKPOINT, RETRIES, "it is staged before a new attempt", "N"),
                  Needs(REPLICATE, RETRIES, "a replica is there for a new attempt", "N"),
-                 Needs(REPLICATE_BANDWIDTH, RETRIES, "a replica is there for a new attempt", "N"))
+                 Needs(REPLICATE_BANDWIDTH, RETRIES, "a replica is there for a new attempt", "N"),
+                 Needs(RESUME_ARGS, RETRIES, "they are added on a new attempt", "N"))
 """A run that asks for these by a flag or an argument must make a new attempt (no
 controller copies a replica, nor stages a checkpoint, without one). Not the file's
 table: it holds every run's defaults, to which a run may add --retries."""
@@ -360,7 +402,7 @@ def recovery_problem(recovery: Recovery, given: Sequence[str], door: Door) -> Op
     when it can. For each field asked for, in the order the rules list them, the first rule
     it breaks."""
     rules = REPLICATION_NEEDS + (ATTEMPT_NEEDS if door != "file" else ())
-    for option in (CHECKPOINT, REPLICATE, REPLICATE_BANDWIDTH):
+    for option in (CHECKPOINT, REPLICATE, REPLICATE_BANDWIDTH, RESUME_ARGS):
         if option.name not in given:
             continue
         for rule in rules:
@@ -379,5 +421,5 @@ __all__ = ["ATTEMPT_NEEDS", "CHECKPOINT", "Door", "Elsewhere", "ExitCodes", "FIN
            "HANG_TIMEOUT", "HEARTBEAT", "HEARTBEAT_MISSES", "Integer", "Kind", "MAX_INTERVAL", "MAX_RESTARTS",
            "MAX_RESTARTS_OPTION", "MIN_NODES", "MONITOR_INTERVAL", "NNODES", "NPROC_PER_NODE", "Needs", "Nproc",
            "Option", "OptionError", "RDZV_CONF", "RECOVERY_OPTIONS", "REPLICATE", "REPLICATE_BANDWIDTH",
-           "REPLICATION_NEEDS", "RETRIES", "SSH_TIMEOUT", "Seconds", "UV", "UV_OFFLINE", "UV_SYSTEM_SITE_PACKAGES",
-           "checked_recovery", "env_problem", "given_fields", "recovery_problem"]
+           "REPLICATION_NEEDS", "RESUME_ARGS", "RETRIES", "SSH_TIMEOUT", "Seconds", "UV", "UV_OFFLINE", "UV_SYSTEM_SITE_PACKAGES",
+           "Words", "checked_recovery", "env_problem", "given_fields", "recovery_problem"]

@@ -39,6 +39,7 @@ from torchherd.inventory.options import (
     MIN_NODES,
     NPROC_PER_NODE,
     REPLICATE,
+    RESUME_ARGS,
     RETRIES,
     SSH_TIMEOUT,
     recovery_problem,
@@ -76,7 +77,7 @@ SYNC_KEYS = ("dir", "exclude", "include", "dest")
 TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks", "container", "uv")
 UV_KEYS = ("wheels", "offline")
 RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout", "checkpoint", "heartbeat",
-                 "heartbeat_misses", "replicate", "replicate_bandwidth")
+                 "heartbeat_misses", "replicate", "replicate_bandwidth", "resume_args")
 CHECKS_KEYS = ("min_bandwidth", "slow_ratio")
 SLURM_KEYS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_node", "time", "extra")
 SLURM_TEMPLATE_HOST = "slurm-node"
@@ -168,7 +169,8 @@ def _parse_recovery(table: Mapping[str, Any], path: Path) -> tuple[Recovery, fro
                         checkpoint=read.get("checkpoint", None, read.checkpoint),
                         heartbeat=read.get("heartbeat", 0.5, read.option(HEARTBEAT)),
                         heartbeat_misses=read.get("heartbeat_misses", 5, read.option(HEARTBEAT_MISSES)),
-                        replicate=read.get("replicate", None, read.option(REPLICATE)))
+                        replicate=read.get("replicate", None, read.option(REPLICATE)),
+                        resume_args=read.get("resume_args", (), read.option(RESUME_ARGS)))
     problem = heartbeat_problem(recovery)
     if problem is not None:
         read.fail("heartbeat_misses" if "heartbeat_misses" in table else "heartbeat", problem, HEARTBEAT_HINT)

@@ -64,6 +64,7 @@ from torchherd.engine.recovery.policy import (
     verdict,
 )
 from torchherd.engine.recovery.replication import Holdings, Replicator
+from torchherd.engine.recovery.resume import Resume, resume_of, resumed_host, resumed_options
 from torchherd.engine.run import LINE_BUFFER, Ended, Endings, LaunchOptions, Run, wait_stopping
 from torchherd.engine.watch.hang import (
     FAULTHANDLER,
@@ -113,24 +114,30 @@ class Backendish(Protocol):
 
 
 def attempt_plan(base: Plan, nodes: Sequence[str], attempt: int,
-                 networks: Mapping[str, NodeNetwork] | None = None, faulthandler: bool = False) -> Plan:
+                 networks: Mapping[str, NodeNetwork] | None = None, faulthandler: bool = False,
+                 resume: Resume | None = None) -> Plan:
     """``base`` on ``nodes`` (names of its hosts or spares; the first is the master), with
     the attempt's number in the job's environment (and ``PYTHONFAULTHANDLER=1`` for the
-    hang watch, unless set). A fixed ``--nnodes`` follows the count."""
+    hang watch, unless set). A fixed ``--nnodes`` follows the count. ``resume``: the attempt
+    starts from the staged checkpoint (``engine.recovery.resume``)."""
     inventory = base.base_inventory or base.inventory
     known = {host.name: host for host in inventory.hosts + inventory.spares}
-    hosts = tuple(replace(known[name], spare=False) for name in nodes)
+    hosts = tuple(resumed_host(replace(known[name], spare=False), resume) for name in nodes)
     chosen = replace(inventory, hosts=hosts, spares=(), cluster=replace(inventory.cluster, master=nodes[0]))
     nnodes = base.options.nnodes
     if nnodes is not None and ":" not in nnodes:
         nnodes = str(len(nodes))
-    return build_plan(chosen, replace(_attempt_options(base, attempt, faulthandler), nnodes=nnodes), networks)
+    options = resumed_options(_attempt_options(base, attempt, faulthandler), resume)
+    return build_plan(chosen, replace(options, nnodes=nnodes), networks)
 
 
-def picked_plan(base: Plan, attempt: int, faulthandler: bool = False) -> Plan:
+def picked_plan(base: Plan, attempt: int, faulthandler: bool = False, resume: Resume | None = None) -> Plan:
     """``base`` as an attempt where the scheduler picks the nodes: the same plan, with the
     attempt's number (and the hang watch's variable) in the job's environment."""
-    return build_plan(base.base_inventory or base.inventory, _attempt_options(base, attempt, faulthandler))
+    inventory = base.base_inventory or base.inventory
+    if resume is not None:
+        inventory = replace(inventory, hosts=tuple(resumed_host(host, resume) for host in inventory.hosts))
+    return build_plan(inventory, resumed_options(_attempt_options(base, attempt, faulthandler), resume))
 
 
 def named_plan(base: Plan, nodes: Sequence[str]) -> Plan:
@@ -263,6 +270,8 @@ class RecoveringRun:
         self.holdings = Holdings(recovery.checkpoint) if recovery.checkpoint is not None else None
         self._running_plan = plan
         """The plan of the attempt running now: the replication reaches its nodes."""
+        self._resume: Resume | None = None
+        """How the next attempt starts from the checkpoint its staging found; None: as the first."""
         self.replicator = (Replicator(self._replicate, recovery.replicas, observer, self.holdings)
                            if self.holdings is not None and recovery.replicas and recovery.retries
                            and self.picked is None else None)
@@ -339,10 +348,12 @@ class RecoveringRun:
 
     def _launch(self, number: int, nodes: tuple[str, ...], options: LaunchOptions) -> Run:
         timeout = self.recovery.hang_timeout
+        resume = self._resume if number > 1 else None
         if self.picked is None:
-            plan = attempt_plan(self.plan, nodes, number, self.networks, faulthandler=timeout is not None)
+            plan = attempt_plan(self.plan, nodes, number, self.networks, faulthandler=timeout is not None,
+                                resume=resume)
         else:
-            plan = picked_plan(self.plan, number, faulthandler=timeout is not None)
+            plan = picked_plan(self.plan, number, faulthandler=timeout is not None, resume=resume)
         if self.recovery.retries:
             self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes, self._picking()))
         shrink = self.recovery.min_nodes if self.picked is not None and self.excluded else None
@@ -727,6 +738,7 @@ class RecoveringRun:
         """The checkpoint (``Recovery.checkpoint``) put on the next attempt's nodes that lack
         it, from the failed attempt's nodes still reached; what the summary's table says of it."""
         path = self.recovery.checkpoint
+        self._resume = None
         if path is None or self.picked is not None or self.stopping:
             return ""
         sources = [node for node in attempt.nodes if node not in attempt.lost and node not in self.unreachable]
@@ -739,6 +751,7 @@ class RecoveringRun:
             event = CheckpointMissing(attempt.number + 1, f"{path} could not be staged: {error}")
         if self.holdings is not None and not isinstance(event, CheckpointMissing):
             self.holdings.staged(event)  # before the event: a detached run's record reads where it is then
+        self._resume = resume_of(event, self.recovery, following.nodes)
         self.emit(event)
         if isinstance(event, CheckpointMissing):
             return f"; no checkpoint: {event.message}"

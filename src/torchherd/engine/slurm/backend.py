@@ -41,6 +41,9 @@ class SlurmBackend(Backend):
                     "leave --smoke out; a short torchherd run is the smoke test"),
         "--checkpoint": ("not for SLURM runs (torchherd does not reach SLURM's nodes to copy it)",
                          "keep checkpoints on the cluster's shared filesystem, and leave --checkpoint out"),
+        "--resume-args": ("not for SLURM runs (they are added on an attempt from a checkpoint torchherd staged, and "
+                          "it stages none there)", "leave --resume-args out; the script can read TORCHHERD_ATTEMPT "
+                          "(2 and up: a new attempt) and look for its checkpoint on the shared filesystem"),
         "--matrix": ("not for SLURM checks (the probes run inside an allocation; the report lists the failed ones)",
                      "leave --matrix out"),
         "--only": ("not for SLURM runs (run's preflight there is SLURM's view only: sbatch --test-only)",
