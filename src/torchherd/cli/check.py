@@ -89,7 +89,7 @@ def check_ids() -> str:
     """``check --help``'s list of the ids --only and --skip take (imported only for the help:
     the checks package is slow to import)."""
     from torchherd.checks.model import CHECK_IDS, OPT_IN
-    from torchherd.engine.schedulers import own_checks
+    from torchherd.engine.backend import own_checks
 
     plain = ", ".join(check for check in CHECK_IDS if check not in OPT_IN)
     measured = ", ".join(check for check in CHECK_IDS if check in OPT_IN and check not in ("smoke", "gpudiag"))
@@ -114,7 +114,7 @@ def add_check(commands: argparse._SubParsersAction[argparse.ArgumentParser],
                                 usage="torchherd check [options] [-- SCRIPT]",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # the epilog comes wrapped
     check.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT: also check the training script")
-    groups = flag_groups(check, "hosts", "job", "checks", "output", "environments", "slurm")
+    groups = flag_groups(check, "hosts", "job", "checks", "output", "environments")
     add_host_flags(groups["hosts"])
     add_place_flags(groups["job"])
     add_sync_flag(groups["job"], groups["environments"], run=False)
@@ -136,6 +136,6 @@ def add_check(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     groups["output"].add_argument("--matrix", action="store_true",
                                   help="always show the probes as a node x node matrix (shown anyway when one failed)")
     add_container_flags(groups["environments"], unused=frozenset({"--pull"}))  # check never pulls
-    add_scheduler_flags(groups["slurm"])
+    add_scheduler_flags(check)  # each scheduler's group, last
     check.set_defaults(handler=cmd_check)
     return check

@@ -1,5 +1,6 @@
-"""Flag groups more than one command takes: the hosts and this run's choices, SLURM's
-``--slurm-KEY``, and ``--sync`` with its uv flags."""
+"""Flag groups more than one command takes: the hosts and this run's choices, each
+scheduler table's ``--NAME-KEY`` (as the scheduler declares them), and ``--sync`` with its
+uv flags."""
 
 from __future__ import annotations
 
@@ -76,10 +77,6 @@ def sync_took_the_script(args: argparse.Namespace, extra: Sequence[str]) -> None
                          "--sync -- SCRIPT [ARGS...] syncs the enclosing git repository")
 
 
-SLURM_FLAGS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_node", "time", "extra")
-"""Every [slurm] key, as --slurm-KEY on the command line."""
-
-
 GROUPS = {
     "hosts": "hosts",
     "job": "the job",
@@ -88,10 +85,10 @@ GROUPS = {
     "output": "output",
     "recovery": "recovery (torchherd docs run: Recovery); each flag overrides [recovery]",
     "environments": "containers and environments",
-    "slurm": "SLURM (torchherd docs slurm); each --slurm-KEY overrides [slurm].KEY",
 }
-"""Every command's --help groups its flags so, in this order (the ones it has): a flag is
-found in the same place whichever command's help it is read in."""
+"""Every command's --help groups its flags so, in this order (the ones it has), each
+scheduler's own last (``add_scheduler_flags``): a flag is found in the same place whichever
+command's help it is read in."""
 
 
 def flag_groups(parser: argparse.ArgumentParser, *names: str) -> dict[str, argparse._ArgumentGroup]:
@@ -101,25 +98,37 @@ def flag_groups(parser: argparse.ArgumentParser, *names: str) -> dict[str, argpa
     for name, title in GROUPS.items():
         if name in names:
             found = [group for group in parser._action_groups if group.title == title]
-            made[name] = found[0] if found else parser.add_argument_group(
-                title, "default for each --slurm-KEY: [slurm].KEY, else sbatch's own" if name == "slurm" else None)
+            made[name] = found[0] if found else parser.add_argument_group(title)
     return made
 
 
-def add_scheduler_flags(group: argparse._ActionsContainer) -> None:
-    from torchherd.inventory import SCHEDULERS
+def add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
+    """``--scheduler``, and each scheduler table's keys as ``--NAME-KEY`` (``engine.schedulers``),
+    in a group per table; ``--scheduler`` heads the first."""
+    from torchherd.engine.schedulers import known, names
 
-    group.add_argument("--scheduler", choices=SCHEDULERS,
-                       help="who starts the job on the nodes (default: [cluster].scheduler, else ssh)")
-    group.add_argument("--slurm-login", metavar="HOST", help="submit on this host over SSH (default: here)")
-    group.add_argument("--slurm-partition", metavar="NAME", help="sbatch --partition")
-    group.add_argument("--slurm-account", metavar="NAME", help="sbatch --account")
-    group.add_argument("--slurm-nodes", metavar="N", type=positive, help="sbatch --nodes")
-    group.add_argument("--slurm-nodelist", metavar="NODESET", help="sbatch --nodelist, e.g. 'gpu[01-04]'")
-    group.add_argument("--slurm-gpus-per-node", metavar="N", type=positive, help="sbatch --gpus-per-node")
-    group.add_argument("--slurm-time", metavar="LIMIT", help="sbatch --time")
-    group.add_argument("--slurm-extra", metavar="OPTION", action="append",
-                       help="one more sbatch option, e.g. --slurm-extra=--qos=high (repeatable)")
+    groups = [parser.add_argument_group(f"{table.title} (torchherd docs {table.name}); each --{table.name}-KEY "
+                                        f"overrides [{table.name}].KEY",
+                                        f"default for each --{table.name}-KEY: [{table.name}].KEY, else "
+                                        f"{table.flags_default}") for table in known().tables]
+    (groups[0] if groups else parser).add_argument(
+        "--scheduler", choices=names(), help="who starts the job on the nodes (default: [cluster].scheduler, else ssh)")
+    for table, group in zip(known().tables, groups):
+        for flag in table.flags:
+            options: dict[str, Any] = {"metavar": flag.metavar, "help": flag.help}
+            if flag.kind == "count":
+                options["type"] = positive
+            elif flag.kind == "repeat":
+                options["action"] = "append"
+            group.add_argument(f"--{table.name}-{flag.key.replace('_', '-')}", **options)
+
+
+def table_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """What the command line gave each scheduler table (``Cluster.using``'s keywords)."""
+    from torchherd.engine.schedulers import known
+
+    return {table.name: {key: getattr(args, f"{table.name}_{key}", None) for key in table.keys}
+            for table in known().tables}
 
 
 def add_host_flags(hosts: argparse._ActionsContainer, unused: frozenset[str] = frozenset()) -> None:

@@ -84,7 +84,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                         sync_anyway=args.sync_anyway, uv=args.uv,
                         uv_system_site_packages=args.uv_system_site_packages, uv_offline=args.uv_offline)
     _ranks_exist(args.ranks, plan)
-    _script_in_project(plan)
+    _script_in_project(plan, cluster)
     only, skip = _run_checks(args, cluster)
     recovery = _recovery(args, cluster)
     if args.dry_run:
@@ -125,15 +125,17 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         observer.close()  # the panel goes, whichever way the command leaves
 
 
-def _script_in_project(plan: Plan) -> None:
+def _script_in_project(plan: Plan, cluster: Cluster) -> None:
     """With --sync the job runs from the synced project's root on every node: a script the
-    project does not hold is said here, before anything is sent (not by every node after)."""
+    project does not hold is said here, before anything is sent (not by every node after);
+    a backend that takes no --sync says so first."""
     import os
     from pathlib import Path
 
     script = plan.script
     if plan.sync is None or script is None or os.path.isabs(script):
         return
+    cluster.backend.allow("--sync", True)
     source = Path(plan.sync.source)
     if (source / script).is_file():
         return
@@ -271,7 +273,7 @@ def add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],
                               formatter_class=argparse.RawDescriptionHelpFormatter)  # the examples as written
     run.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT [ARGS...]: the training script, run "
                      "by torchrun on every node")
-    groups = flag_groups(run, "hosts", "job", "torchrun", "checks", "output", "recovery", "environments", "slurm")
+    groups = flag_groups(run, "hosts", "job", "torchrun", "checks", "output", "recovery", "environments")
     add_host_flags(groups["hosts"])
     job = groups["job"]
     add_place_flags(job)
@@ -334,5 +336,5 @@ def add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],
                         "(the logs keep them all; default: every rank)")
     _add_recovery_flags(groups["recovery"])
     add_container_flags(groups["environments"])
-    add_scheduler_flags(groups["slurm"])
+    add_scheduler_flags(run)  # each scheduler's group, last
     run.set_defaults(handler=cmd_run)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from torchherd.engine.slurm.container import PYXIS_RUNTIMES, node_run_command, pyxis_options, uses_pyxis
+from torchherd.engine.slurm.settings import SlurmSettings
 from torchherd.errors import UsageError
-from torchherd.inventory import SlurmSettings
 from torchherd.inventory.nodeset import expand
 from torchherd.plan import NodePlan, Plan, looks_secret, node_log_dir
 from torchherd.remote.container import NAME_PREFIX, RUNTIMES, ContainerSpec
