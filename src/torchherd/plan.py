@@ -623,7 +623,10 @@ def _container(host: Host, run_id: str, nproc: int | str, notes: list[str]) -> c
     problem = containers.spec_problem(spec)
     if problem:
         raise UsageError(f"{host.name}: container: {problem}")
-    notes.append(f"in container {spec.name} of image {spec.image} (runtime {spec.runtime}); "
+    # "auto" is decided on each node: the command shown is the first runtime's, said so
+    runtime = (f"runtime auto: each node uses the first of {', '.join(containers.RUNTIMES)} it has; the command "
+               f"shows {containers.RUNTIMES[0]}'s" if spec.runtime == "auto" else f"runtime {spec.runtime}")
+    notes.append(f"in container {spec.name} of image {spec.image} ({runtime}); "
                  + containers.SHM_NOTE + ("" if gpus is not None else "; GPUs passed through where the node has them")
                  + (f"; the image pulled first (pull = {settings.pull})" if settings.pull != "never" else ""))
     return spec

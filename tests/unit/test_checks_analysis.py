@@ -41,7 +41,9 @@ def test_debian_loopback_hostname_names_the_line_to_write() -> None:
     assert (result.node, result.status) == ("node1", "fail")
     assert result.summary == ("node1: hostname node1 resolves to loopback 127.0.1.1 (/etc/hosts: `127.0.1.1 "
                               "node1`); gloo would listen there and the other nodes could not reach it")
-    assert result.fix == "in /etc/hosts on node1, remove `127.0.1.1 node1` and write: 10.0.0.2 node1"
+    assert result.fix == ("in /etc/hosts on node1, remove `127.0.1.1 node1` and write: 10.0.0.2 node1 (a plain "
+                          "torchrun hangs on it; torchherd run pins the address and interface, and runs with --skip "
+                          "hostname)")
 
 
 def one_node(master_target: str = "node0", **overrides: Any) -> Observed:
@@ -239,6 +241,15 @@ def test_one_failing_prober_is_reported_on_the_prober() -> None:
     assert results["node2"].summary.startswith("node2 cannot connect to node1 10.0.0.2:40001, an ephemeral port "
                                                "(connection refused: nothing listening, or a REJECT rule; "
                                                "refused twice)")
+
+
+def test_one_node_s_port_summary_says_there_is_no_worker_to_probe_it() -> None:
+    """Issue 41 item 27: not "every node probed all 0 others"."""
+    seen = mesh(1)
+    seen.probe_plan = ProbePlan("full", {"node0": ()}, 1)
+    [result] = port.analyse(seen)
+    assert (result.status, result.summary) == (
+        "pass", "port 29500 is free: a real listener took it (one node: no worker to probe it)")
 
 
 def test_the_master_summary_names_the_probe_plan() -> None:
