@@ -22,7 +22,6 @@ from torchherd.engine.records import (
     with_recovery,
 )
 from torchherd.engine.run import DetachedStartFailed, Follow, LaunchOptions, Run
-from torchherd.engine.ssh import detach as detached
 from torchherd.engine.ssh.containers import remove_lost
 from torchherd.engine.ssh.launch import launch, open_nodes, preflight, sync_first, with_probes
 from torchherd.inventory import Bandwidth, Host
@@ -64,6 +63,8 @@ class SshBackend(Backend):
     def start_detached(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> RunRecord:
         opened = open_nodes(plan, options, self._connector(), observer)
         try:
+            from torchherd.engine.ssh import detach as detached  # a detached run's own: not `check`'s
+
             start = detached.start_detached(opened.plan, options, opened.sessions)
         finally:
             opened.close()
@@ -82,12 +83,18 @@ class SshBackend(Backend):
         return Recorder(with_recovery(record, controller), hosts, workdirs)
 
     def status(self, record: RunRecord) -> list[NodeState]:
+        from torchherd.engine.ssh import detach as detached
+
         return detached.node_states(record, self.connector)
 
     def follow(self, record: RunRecord, observer: Observer, options: Follow) -> None:
+        from torchherd.engine.ssh import detach as detached
+
         detached.follow_logs(record, observer, options, self.connector)
 
     def stop(self, record: RunRecord, grace: float | None = None) -> dict[str, list[str]]:
+        from torchherd.engine.ssh import detach as detached
+
         return detached.stop_run(record if grace is None else replace(record, grace=grace), self.connector)
 
     def ssh_hostnames(self, hosts: Sequence[Host]) -> dict[str, str]:
