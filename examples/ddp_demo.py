@@ -9,9 +9,10 @@ rank prints the same value:
     ...
     rank R done: loss FIRST -> LAST
 
-Run on one machine:
+Run on this machine, 2 ranks (`torchherd init --example-script` writes this file as train.py):
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 examples/ddp_demo.py
+    torchherd run -H localhost --nproc-per-node 2 -- train.py
+    python -m torch.distributed.run --standalone --nproc-per-node 2 train.py   # the same, by hand
 
 Without torchrun it runs as a single rank on 127.0.0.1.
 """

@@ -24,7 +24,16 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 from torchherd.checks import CheckOptions
 from torchherd.checks.model import CHECK_IDS, Mesh
 from torchherd.checks.results import CheckReport, CheckResult
-from torchherd.engine.backend import Backend, Description, DetachedStartFailed, Follow
+from torchherd.engine import schedulers
+from torchherd.engine.backend import (
+    Backend,
+    Description,
+    DetachedStartFailed,
+    Follow,
+    backend_class,
+    backend_for,
+    backend_of,
+)
 from torchherd.engine.eventlog import HistoryRecorder, Recorded, recording
 from torchherd.engine.events import Event, EventsNotKept, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
 from torchherd.engine.prepare.sync import sync_over
@@ -43,22 +52,19 @@ from torchherd.engine.records import (
 )
 from torchherd.engine.records import load as load_record
 from torchherd.engine.records.history import History, controller_runs, follow_history
+from torchherd.engine.records.links import keep_links
 from torchherd.engine.recovery.background import start_background, stop_controller
 from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.run import LaunchAborted, LaunchOptions, Run
-from torchherd.engine.schedulers import backend_class, backend_for, backend_of
 from torchherd.errors import UsageError
 from torchherd.inventory import (
     HEARTBEAT_HINT,
-    SCHEDULERS,
-    SLURM_KEYS,
     Inventory,
     Recovery,
     heartbeat_problem,
     hostspec,
     load,
     parse,
-    parse_slurm,
     with_container,
     with_spares,
 )
@@ -74,10 +80,11 @@ from torchherd.inventory.options import (
     recovery_problem,
 )
 from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
+from torchherd.remote.uvlock import UV_FILES
 from torchherd.runlog import OutputLine, flat
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
-from torchherd.tree import UV_FILES, project_root, refusal, uv_lock_hash
+from torchherd.tree import project_root, refusal, uv_lock_hash
 
 RunT = TypeVar("RunT", Run, RecoveringRun)
 
@@ -95,16 +102,17 @@ class Cluster:
 
     ``Cluster(hosts=["node0", {"name": "node1", "address": "10.0.0.2"}], python="/opt/venv/bin/python",
     nproc_per_node=2)``: hosts are names or tables of the inventory's host keys, ``defaults``
-    the ``[defaults]`` table, any other keyword a ``[cluster]`` or ``[defaults]`` key; every
-    value is validated as the TOML inventory's is.
+    the ``[defaults]`` table, a keyword named after a scheduler with a table of its own that
+    table (``engine.schedulers.TABLES``), any other keyword a ``[cluster]`` or ``[defaults]``
+    key; every value is validated as the TOML inventory's is.
     """
 
     def __init__(self, hosts: Sequence[str | Mapping[str, Any]] = (), *, inventory: Inventory | None = None,
                  defaults: Mapping[str, Any] | None = None, connector: Connector | None = None,
-                 accept_new_host_keys: bool = False, slurm: Mapping[str, Any] | None = None, **keys: Any) -> None:
+                 accept_new_host_keys: bool = False, **keys: Any) -> None:
         if inventory is None:
-            inventory = parse(_document(hosts, defaults, keys, slurm), Path("<torchherd.Cluster>"))
-        elif hosts or defaults or keys or slurm:
+            inventory = parse(_document(hosts, defaults, keys), Path("<torchherd.Cluster>"), schedulers.known())
+        elif hosts or defaults or any(key not in schedulers.TABLES or value is not None for key, value in keys.items()):
             raise UsageError("Cluster: give either an inventory or hosts and keys, not both")
         self.inventory = inventory
         self.accept_new_host_keys = accept_new_host_keys
@@ -117,7 +125,7 @@ class Cluster:
     def from_toml(cls, path: str | Path, *, connector: Connector | None = None,
                   accept_new_host_keys: bool = False) -> Cluster:
         """The cluster a TOML inventory describes (``torchherd init --example`` writes one, every key explained)."""
-        return cls(inventory=load(Path(path).expanduser()), connector=connector,
+        return cls(inventory=load(Path(path).expanduser(), schedulers.known()), connector=connector,
                    accept_new_host_keys=accept_new_host_keys)
 
     @classmethod
@@ -130,7 +138,7 @@ class Cluster:
         text = hosts if isinstance(hosts, str) else ",".join(hosts)
         document = hostspec.document(hostspec.host_items(text), python=python, workdir=workdir,
                                      nproc_per_node=nproc_per_node, master=master)
-        return cls(inventory=parse(document, Path("-H")), connector=connector,
+        return cls(inventory=parse(document, Path("-H"), schedulers.known()), connector=connector,
                    accept_new_host_keys=accept_new_host_keys)
 
     @classmethod
@@ -140,7 +148,7 @@ class Cluster:
         """The hosts of a SLURM nodelist string (``gpu[01-04],cpu1``)."""
         document = hostspec.document(hostspec.nodelist_items(nodelist), python=python, workdir=workdir,
                                      nproc_per_node=nproc_per_node, master=master, flag="--nodelist")
-        return cls(inventory=parse(document, Path("--nodelist")), connector=connector,
+        return cls(inventory=parse(document, Path("--nodelist"), schedulers.known()), connector=connector,
                    accept_new_host_keys=accept_new_host_keys)
 
     @classmethod
@@ -149,7 +157,7 @@ class Cluster:
                   connector: Connector | None = None, accept_new_host_keys: bool = False) -> Cluster:
         """A TOML inventory, or a DeepSpeed/MPI hostfile (``worker-1 slots=4``: slots is the
         host's nproc_per_node). The keywords override the file for every host."""
-        inventory = hostspec.load_any(Path(path).expanduser(), python=python, workdir=workdir,
+        inventory = hostspec.load_any(Path(path).expanduser(), schedulers.known(), python=python, workdir=workdir,
                                       nproc_per_node=nproc_per_node, master=master)
         return cls(inventory=inventory, connector=connector, accept_new_host_keys=accept_new_host_keys)
 
@@ -225,31 +233,42 @@ class Cluster:
 
     @property
     def scheduler(self) -> str:
-        """"ssh" (torchherd starts every node) or "slurm" (SLURM does; torchherd docs slurm)."""
+        """Who starts the nodes: "ssh" (torchherd itself) or another of ``engine.schedulers``
+        (``[cluster].scheduler``)."""
         return self.inventory.cluster.scheduler
 
-    def using(self, scheduler: str | None = None, slurm: Mapping[str, Any] | None = None) -> Cluster:
-        """The same cluster with another scheduler and ``[slurm]`` keys (the command line's
-        ``--scheduler`` and ``--slurm-*``), validated as the file's are."""
+    def using(self, scheduler: str | None = None, **tables: Mapping[str, Any] | None) -> Cluster:
+        """The same cluster with another scheduler and its own table's keys (a keyword named
+        after the scheduler: the command line's ``--scheduler`` and ``--NAME-KEY``), validated
+        as the file's are."""
         inventory = self.inventory
         if scheduler is not None:
-            if scheduler not in SCHEDULERS:
-                raise UsageError(f"--scheduler {scheduler!r}: expected one of {', '.join(SCHEDULERS)}")
+            if scheduler not in schedulers.names():
+                raise UsageError(f"--scheduler {scheduler!r}: expected one of {', '.join(schedulers.names())}")
             inventory = replace(inventory, cluster=replace(inventory.cluster, scheduler=scheduler))
-        given = {key: value for key, value in (slurm or {}).items() if value is not None}
-        if given:
-            if not backend_class(inventory.cluster.scheduler).takes_slurm_keys:
-                flag = "--slurm-" + next(iter(given)).replace("_", "-")
-                raise UsageError(f"{flag}: only for SLURM runs", 'add --scheduler slurm, or set scheduler = "slurm" '
-                                 "in [cluster]")
-            parsed = parse_slurm(given, Path("command line"), "--slurm-")
-            inventory = replace(inventory, slurm=replace(inventory.slurm, **{
-                key: getattr(parsed, key) for key in SLURM_KEYS if key in given}))
+        known = schedulers.known()
+        for name, keys in tables.items():
+            table = known.table(name)
+            if table is None:
+                raise UsageError(f"Cluster.using: {name}: no scheduler has such a table",
+                                 f"one of: {', '.join(table.name for table in known.tables)}")
+            given = {key: value for key, value in (keys or {}).items() if value is not None}
+            if not given:
+                continue
+            if inventory.cluster.scheduler != name:
+                flag = f"--{name}-" + next(iter(given)).replace("_", "-")
+                raise UsageError(f"{flag}: only for {table.title} runs",
+                                 f'add --scheduler {name}, or set scheduler = "{name}" in [cluster]')
+            parsed = table.parse(given, Path("command line"), f"--{name}-")
+            current = inventory.table(name) or table.parse({}, inventory.path, f"[{name}].")
+            inventory = inventory.with_table(name, current.updated(parsed, tuple(key for key in table.keys
+                                                                                 if key in given)))
         return self._with(inventory)
 
     def batch_script(self, plan: Plan, *, fail_fast: bool = True) -> Description:
-        """The SLURM batch script ``plan`` becomes (what ``run --dry-run`` prints for SLURM)."""
-        return backend_class("slurm").script(plan, fail_fast=fail_fast)
+        """The batch script ``plan`` becomes (what ``run --dry-run`` prints for the scheduler
+        that takes one: ``engine.schedulers.BATCH_SCRIPT``)."""
+        return backend_class(schedulers.BATCH_SCRIPT).script(plan, fail_fast=fail_fast)
 
     def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
         """What ``run --dry-run`` prints: ``plan`` itself (SSH), or its batch script (SLURM)."""
@@ -313,7 +332,10 @@ class Cluster:
         plan = plan or self.plan(script or "", run_id="check", sync=sync, sync_include=sync_include,
                                  sync_anyway=sync_anyway, uv=uv, uv_system_site_packages=uv_system_site_packages,
                                  uv_offline=uv_offline)
-        return self.backend.check(plan, options, sync=bool(sync), on_result=on_result, on_event=on_event or ignore)
+        report = self.backend.check(plan, options, sync=bool(sync), on_result=on_result, on_event=on_event or ignore)
+        if report.bandwidth is not None:  # kept: a run's replication takes its share of the link as measured
+            keep_links(report.bandwidth, {node.host.name: node.host.address for node in plan.nodes})
+        return report
 
     def sync(self, source: bool | str | Path = True, *, plan: Plan | None = None, dry_run: bool = False,
              on_event: Observer | None = None, include: Iterable[str] = (), anyway: bool = False,
@@ -397,7 +419,7 @@ class Cluster:
             given = given_fields(checked, self.recovery)
             # A scheduler that cannot honour them says so first (the rule would ask for a checkpoint it refuses).
             self.backend.allow("--resume-args", bool(checked.resume_args and ("resume_args" in given or checked.retries)))
-            needs = recovery_problem(recovery, given, "argument")
+            needs = recovery_problem(recovery, given, "argument", detached=detach)
             if needs is not None:
                 raise needs
             recovery = checked
@@ -411,7 +433,9 @@ class Cluster:
         told = on_event or ignore
         history = HistoryRecorder(failed=lambda reason: told(EventsNotKept(reason)))
         observer = recording(told, history)
-        if recovery.retries > 0 or recovery.hang_timeout is not None:
+        # A detached run that replicates keeps a controller in the background for the copies,
+        # with retries or without (then it makes no new attempt: it copies while the job runs).
+        if recovery.retries > 0 or recovery.hang_timeout is not None or (detach and recovery.replicas > 0):
             with _named_as_arguments():
                 self.backend.allow_recovery(plan, recovery)
                 if not detach:
@@ -487,16 +511,16 @@ def _uv_options(sync: SyncOptions | None, uv: bool | None, system_site_packages:
 
 
 def _document(hosts: Sequence[str | Mapping[str, Any]], defaults: Mapping[str, Any] | None,
-              keys: Mapping[str, Any], slurm: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              keys: Mapping[str, Any]) -> dict[str, Any]:
     from torchherd.inventory import CLUSTER_KEYS
 
+    tables = {key: dict(value) for key, value in keys.items() if key in schedulers.TABLES and value is not None}
+    keys = {key: value for key, value in keys.items() if key not in schedulers.TABLES}
     cluster = {key: value for key, value in keys.items() if key in CLUSTER_KEYS}
     merged_defaults = {**(defaults or {}), **{key: value for key, value in keys.items()
                                               if key not in CLUSTER_KEYS and key != "container"}}
     rows = [{"name": host} if isinstance(host, str) else dict(host) for host in hosts]
-    document = {"cluster": cluster, "defaults": merged_defaults, "hosts": rows}
-    if slurm is not None:
-        document["slurm"] = dict(slurm)
+    document = {"cluster": cluster, "defaults": merged_defaults, "hosts": rows, **tables}
     if "container" in keys:  # Cluster(container={"image": ...}): the [container] table
         document["container"] = keys["container"]
     return document

@@ -27,7 +27,7 @@ from torchherd.inventory.options import (
     env_problem,
 )
 from torchherd.remote import container as containers
-from torchherd.remote import wire
+from torchherd.remote import uvlock, wire
 from torchherd.remote.wire import RANK_PREFIX_TEMPLATE
 from torchherd.shell import quote_path
 from torchherd.words import count
@@ -100,13 +100,11 @@ class NodeVenv:
 
     @property
     def marker(self) -> str:
-        return posixpath.join(self.path, VENV_MARKER)
+        return posixpath.join(self.path, uvlock.MARKER)
 
 
 VENVS_IN_PROJECT = ".torchherd-venvs"
 """Where the venvs are kept in the synced project on a node, unless ``venv_dir`` says."""
-VENV_MARKER = ".torchherd-venv"
-"""Written into a venv once ``uv sync`` built it: its key, and the uv and python that built it."""
 
 
 def uv_candidates(host: Host) -> tuple[str, ...]:
@@ -207,8 +205,10 @@ class Torchrun:
             return None
         return self.node_rank * self.nproc_per_node
 
-    def options(self) -> list[tuple[str, str]]:
-        """torchrun's own options and their values, in the order its command has them."""
+    def options(self, output: str = "--tee") -> list[tuple[str, str]]:
+        """torchrun's own options and their values, in the order its command has them.
+        ``output``: how the ranks' output reaches their files (``--tee 3``: and torchrun's
+        own stdout; ``--redirects 3``: only the files)."""
         pairs = [("--nnodes", self.nnodes), ("--nproc-per-node", str(self.nproc_per_node))]
         if self.rdzv_backend == "static":
             pairs += [("--node-rank", str(self.node_rank)), ("--master-addr", self.master_addr),
@@ -222,16 +222,17 @@ class Torchrun:
         pairs.append(("--max-restarts", str(self.max_restarts)))
         if self.monitor_interval is not None:
             pairs.append(("--monitor-interval", str(self.monitor_interval)))
-        return pairs + [("--tee", "3"), ("--log-dir", self.log_dir)]
+        return pairs + [(output, "3"), ("--log-dir", self.log_dir)]
 
     def target(self) -> list[str]:
         """What torchrun runs: ``-m`` for a module, ``--`` (a script named "-x" is not an
         option of torchrun), the script or module, its arguments."""
         return (["-m"] if self.module else []) + ["--", self.script, *self.script_args]
 
-    def argv(self) -> tuple[str, ...]:
+    def argv(self, output: str = "--tee") -> tuple[str, ...]:
+        """torchrun's command (``output``: as in ``options``)."""
         words = [self.python, "-m", "torch.distributed.run"]
-        for option, value in self.options():
+        for option, value in self.options(output):
             words += [option, value]
         return tuple(words + self.target())
 
@@ -622,7 +623,10 @@ def _container(host: Host, run_id: str, nproc: int | str, notes: list[str]) -> c
     problem = containers.spec_problem(spec)
     if problem:
         raise UsageError(f"{host.name}: container: {problem}")
-    notes.append(f"in container {spec.name} of image {spec.image} (runtime {spec.runtime}); "
+    # "auto" is decided on each node: the command shown is the first runtime's, said so
+    runtime = (f"runtime auto: each node uses the first of {', '.join(containers.RUNTIMES)} it has; the command "
+               f"shows {containers.RUNTIMES[0]}'s" if spec.runtime == "auto" else f"runtime {spec.runtime}")
+    notes.append(f"in container {spec.name} of image {spec.image} ({runtime}); "
                  + containers.SHM_NOTE + ("" if gpus is not None else "; GPUs passed through where the node has them")
                  + (f"; the image pulled first (pull = {settings.pull})" if settings.pull != "never" else ""))
     return spec

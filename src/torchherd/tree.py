@@ -9,7 +9,6 @@ hashed, ``uv_lock_hash``), never the network.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from torchherd.remote import uvlock
 from torchherd.remote.receive import LARGE, MANIFEST
 
 ALWAYS_LEFT_OUT = (".git", ".torchherd-venvs")
@@ -405,20 +405,7 @@ def is_large(entry: Entry) -> bool:
 
 # a uv-locked project ---------------------------------------------------------------------
 
-UV_FILES = ("pyproject.toml", "uv.lock")
-"""What makes the synced project a uv-locked one, and what its environment is keyed by."""
-
-
 def uv_lock_hash(root: Path) -> str | None:
-    """The SHA-256 of the project's ``pyproject.toml`` and ``uv.lock`` (each file's length,
-    then its bytes), or None when it lacks either: what a node's venv is keyed by, so an
-    edited lock (or project table) builds a new venv and an unchanged one reuses its own."""
-    digest = hashlib.sha256()
-    for name in UV_FILES:
-        try:
-            data = (root / name).read_bytes()
-        except OSError:
-            return None
-        digest.update(f"{name} {len(data)}\n".encode())
-        digest.update(data)
-    return digest.hexdigest()
+    """The SHA-256 of the project's ``pyproject.toml`` and ``uv.lock``, or None when it lacks
+    either (``remote.uvlock``: the node computes the same)."""
+    return uvlock.uv_lock_hash(str(root))

@@ -242,6 +242,48 @@ def _snapshot(cluster: LocalCluster, node: str) -> tuple[str, str]:
     return (words[0], words[-1]) if result.returncode == 0 and len(words) == 3 else ("", "")
 
 
+def _replicated(cluster: LocalCluster, run_id: str) -> None:
+    """Waits for a replica of node0's snapshot on node1 (the same bytes as one node0 held),
+    private to the user, while the run goes on."""
+    deadline = time.monotonic() + 90
+    seen: dict[str, float] = {}  # each snapshot node0 held, and when it was first seen there
+    while time.monotonic() < deadline:
+        original = _snapshot(cluster, "node0")[0]
+        if original:
+            seen.setdefault(original, time.monotonic())
+        replica = _snapshot(cluster, "node1")
+        if replica[0] in seen:
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError(f"no replica of node0's snapshot on node1: {cli(cluster, 'logs', run_id)[1][-3000:]}")
+    print(f"node0's snapshot on node1 {time.monotonic() - seen[replica[0]]:.1f} s after it was first seen on node0")
+    assert replica[1] == "600", replica  # private to the user, as staging writes it
+    assert running(run_id)
+
+
+@pytest.mark.timeout(180)
+def test_a_plain_detached_run_replicates_too(cluster: LocalCluster, runs: Runs, tmp_path: Path) -> None:
+    """``run --detach --checkpoint`` without retries: its controller in the background
+    copies each complete snapshot to node1 while the job runs (and makes no new attempt);
+    ``stop`` ends it and the job."""
+    run_id, _ = runs.detach(cluster, "--include", "node[0-1]", "--log-dir", str(tmp_path / "logs"),
+                            "--checkpoint", "snapshot.pt", "--", MULTINODE, "1000", "5", "--epoch-seconds", "0.8")
+    try:
+        _replicated(cluster, run_id)
+        code, out = cli(cluster, "stop", run_id)
+        assert code == 0, out
+        assert_clean(cluster)
+        after = attach(run_id).recovery()
+        assert after is not None and not controller_alive(after.record, run_id), out
+        # no attempt told (it has no other), the summary's checkpoint line kept
+        assert after.record.retries == 0 and after.record.attempts == (), after
+        assert after.record.checkpoint.startswith("newest checkpoint: snapshot.pt ("), after
+    finally:
+        for name in cluster.names:
+            cluster.ssh(name, "rm -f /tmp/snapshot.pt")
+
+
 @pytest.mark.timeout(180)
 def test_a_detached_recovering_run_replicates_the_snapshot_to_the_next_node(cluster: LocalCluster, runs: Runs,
                                                                           tmp_path: Path) -> None:
@@ -253,21 +295,7 @@ def test_a_detached_recovering_run_replicates_the_snapshot_to_the_next_node(clus
     run_id, _ = runs.detach(cluster, "--include", "node[0-1]", "--log-dir", str(tmp_path / "logs"), "--retries", "1",
                             "--checkpoint", "snapshot.pt", "--", MULTINODE, "1000", "5", "--epoch-seconds", "0.8")
     try:
-        deadline = time.monotonic() + 90
-        seen: dict[str, float] = {}  # each snapshot node0 held, and when it was first seen there
-        while time.monotonic() < deadline:  # a replica on node1: the same bytes as one of node0's
-            original = _snapshot(cluster, "node0")[0]
-            if original:
-                seen.setdefault(original, time.monotonic())
-            replica = _snapshot(cluster, "node1")
-            if replica[0] in seen:
-                break
-            time.sleep(0.3)
-        else:
-            raise AssertionError(f"no replica of node0's snapshot on node1: {cli(cluster, 'logs', run_id)[1][-3000:]}")
-        print(f"node0's snapshot on node1 {time.monotonic() - seen[replica[0]]:.1f} s after it was first seen on node0")
-        assert replica[1] == "600", replica  # private to the user, as staging writes it
-        assert running(run_id)
+        _replicated(cluster, run_id)
         newest = re.compile(r"newest checkpoint: snapshot\.pt \([\d.]+ kB, saved \d\d:\d\d:\d\d on node0\) on "
                             r"node0, node1")
         # The record says each save at once (on node0 alone until its copy is done), and a

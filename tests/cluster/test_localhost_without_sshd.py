@@ -73,8 +73,10 @@ def box(tmp_path: Path) -> Path:
 
 @pytest.mark.timeout(240)
 def test_localhost_checks_and_runs_a_1x2_job_with_no_sshd_listening(box: Path) -> None:
-    done = in_empty_netns(f"{torchherd('check', '-H', 'localhost', '--json')} > check.json; "
-                          f"{torchherd('run', '-H', 'localhost', '--nproc-per-node', '2', '--', DDP_DEMO, '--steps', '3')}",
+    # the README's one-box start, as a pip user has it: the example script shipped in the package
+    done = in_empty_netns(f"{torchherd('init', '--example-script')} >/dev/null && "
+                          f"{torchherd('check', '-H', 'localhost', '--json')} > check.json; "
+                          f"{torchherd('run', '-H', 'localhost', '--nproc-per-node', '2', '--', 'train.py', '--steps', '3')}",
                           box, 200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.splitlines()[0] == NO_LISTENER

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.cluster
 
 BLOCK_PORT = str(Path(__file__).resolve().parent / "jobs" / "block_master_port.py")
+PACED = str(Path(__file__).resolve().parent / "jobs" / "paced.py")
 FINAL = re.compile(r"final loss (\S+) weights (\S+)")
 
 
@@ -393,6 +394,45 @@ def test_the_tutorial_resumes_every_rank_from_the_staged_snapshot(
 def _snapshot_sha(cluster: LocalCluster, node: str) -> str:
     result = cluster.ssh(node, "sha256sum /tmp/snapshot.pt 2>/dev/null", timeout=30)
     return result.stdout.split()[0] if result.returncode == 0 and result.stdout else ""
+
+
+@pytest.mark.timeout(300)
+def test_a_replica_is_sent_at_a_share_of_the_measured_link_kept_to_the_pace_of_a_job_whose_steps_are_timed(
+        four: LocalCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """check --bandwidth keeps each link's figure; a run whose job saves an 8 MB checkpoint
+    on node0 then replicates it to node1 at 1% of that figure (not of the veth's stated 10
+    Gb/s), its source kept to the job's pace as node0's supervisor counts it: the lines it
+    saw a second match the job's own step time."""
+    from torchherd.engine.records.links import measured_link
+    from torchherd.inventory import load as load_inventory
+
+    assert main(["check", "-i", str(four.inventory), "--bandwidth", "--only", "bandwidth", "--json"]) == 0
+    capsys.readouterr()
+    address = {host.name: host.address for host in load_inventory(four.inventory).hosts}
+    link = measured_link(address["node0"], address["node1"])
+    assert link is not None and link < 10e9 / 8  # measured: the veth's stated 10 Gb/s is not what it carries here
+    code, out = run_cli(four, tmp_path / "logs", "--retries", "1", "--checkpoint", "paced.ckpt",
+                        "--replicate-bandwidth", "1%", "--plain", "--", PACED, "--seconds", "30", "--mb", "8")
+    assert code == 0, out[-3000:]
+    copied = re.search(r"replicated to node1 in ([\d.]+) s \(at most 1% of the link; kept to the job's pace "
+                       r"\((\d+) lines/s, ([\d.]+) CPU\): ([\d.]+) MB/s at first, ([\d.]+) MB/s at the end "
+                       r"\(at most ([\d.]+) MB/s, a share of the link as measured\)", out)
+    assert copied, out[-3000:]
+    seconds, lines, first, ceiling = (float(copied.group(index)) for index in (1, 2, 4, 6))
+    assert first * 1e6 == pytest.approx(0.01 * link, rel=0.01) and ceiling == first  # a share alone: no raise
+    starts_ends = [(float(start), float(end)) for start, end in re.findall(r"STEP \d+ ([\d.]+) ([\d.]+)",
+                                                                           log_text(tmp_path / "logs", "node0"))]
+    step = sorted(end - start for start, end in starts_ends)[len(starts_ends) // 2]
+    steps_per_second = len(starts_ends) / (starts_ends[-1][1] - starts_ends[0][0])
+    # the supervisor's count, with nothing copied, is the job's own pace (its STEP lines, and torchrun's few)
+    assert 0.5 * steps_per_second < lines < 2 * steps_per_second, (lines, steps_per_second)
+    print(f"link {link / 1e6:.0f} MB/s, replica at {first} MB/s in {seconds} s, job {lines:.0f} lines/s, "
+          f"step median {step * 1000:.1f} ms")
+    same = [four.ssh(node, "sha256sum /tmp/paced.ckpt", timeout=30).stdout.split()[:1] for node in ("node0", "node1")]
+    assert same[0] == same[1] and same[0], same
+    assert_clean(four)
+    for node in ("node0", "node1"):
+        four.ssh(node, "rm -f /tmp/paced.ckpt")
 
 
 @pytest.mark.slow

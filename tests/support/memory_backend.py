@@ -1,7 +1,9 @@
 """A scheduler that exists only in the tests: every node "runs" in this process and ends at
 once. Registered the way a real scheduler is (``engine.schedulers.register``, one line),
 it shows that a new scheduler needs no change above ``engine.backend``, and it runs the
-contract tests every backend must pass (tests/unit/test_backend_contract.py)."""
+contract tests every backend must pass (tests/unit/test_backend_contract.py). Its own
+inventory table (``[memory]``, ``TABLE``) is registered with one line too
+(``engine.schedulers.TABLES``)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,33 @@ from torchherd.engine.events import Observer, Output, RunStarted, ignore
 from torchherd.engine.recorder import Recorder
 from torchherd.engine.records import NodeState, RecoveryRecord, RunRecord, with_recovery
 from torchherd.engine.run import Follow, LaunchOptions, Run, RunEvents
+from torchherd.inventory.reader import Reader
+from torchherd.inventory.tables import SchedulerTable, TableSettings
 from torchherd.plan import Plan
 from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
 
 NAME = "memory"
+
+
+@dataclass(frozen=True)
+class MemorySettings(TableSettings):
+    """The ``[memory]`` table: how many lanes the nodes share (nothing reads it but the tests)."""
+
+    lanes: int = 1
+    label: str | None = None
+
+
+class MemoryTable(SchedulerTable):
+    name = NAME
+    title = "in-memory"
+    keys = ("lanes", "label")
+
+    def parse(self, table: Mapping[str, Any], path: Path, where: str) -> MemorySettings:
+        read = Reader(path, where, table, self.keys)
+        return MemorySettings(lanes=read.get("lanes", 1, read.count), label=read.get("label", None, read.text))
+
+
+TABLE = MemoryTable()
 
 
 @dataclass(frozen=True)

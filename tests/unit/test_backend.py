@@ -14,8 +14,8 @@ import pytest
 from torchherd.api import Cluster, DetachedRun
 from torchherd.cli import main
 from torchherd.console import make_console
+from torchherd.engine.backend import backend_of
 from torchherd.engine.records import RunRecord
-from torchherd.engine.schedulers import backend_of
 from torchherd.engine.slurm.backend import SlurmBackend
 from torchherd.engine.ssh.backend import SshBackend
 from torchherd.errors import UsageError

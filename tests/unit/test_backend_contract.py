@@ -19,10 +19,10 @@ from torchherd.checks.model import CHECK_IDS
 from torchherd.console import make_console
 from torchherd.console.run import plan_json, render_description
 from torchherd.engine import schedulers
-from torchherd.engine.backend import Backend
+from torchherd.engine.backend import Backend, backend_class, backend_for, backend_of, own_checks, scheduler_of
 from torchherd.engine.events import Collector, Output
 from torchherd.engine.run import LaunchOptions, Run
-from torchherd.engine.schedulers import SCHEDULERS, backend_class, backend_for, backend_of, scheduler_of
+from torchherd.engine.schedulers import SCHEDULERS
 from torchherd.errors import UsageError
 from torchherd.plan import Plan
 
@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(autouse=True)
 def memory_scheduler(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(schedulers, "SCHEDULERS", dict(SCHEDULERS))
+    monkeypatch.setattr(schedulers, "TABLES", dict(schedulers.TABLES))
     schedulers.register("memory", "support.memory_backend:MemoryBackend")  # all a new scheduler takes
+    schedulers.TABLES["memory"] = "support.memory_backend:TABLE"  # and its own table, where it has one
     yield
 
 
@@ -56,7 +58,7 @@ def test_its_own_check_ids_are_new_and_its_triage_checks_are_known(name: str) ->
     kind = backend_class(name)
     assert not set(kind.check_ids) & set(CHECK_IDS)
     assert kind.triage_checks <= set(CHECK_IDS) | set(kind.check_ids)
-    assert (kind.title, kind.check_ids) in schedulers.own_checks() or not kind.check_ids
+    assert (kind.title, kind.check_ids) in own_checks() or not kind.check_ids
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -100,6 +102,25 @@ def test_a_new_scheduler_runs_through_the_cluster_unchanged(tmp_path: Path) -> N
     report = cluster.check()
     assert [(result.node, result.check, result.status) for result in report.results] == [
         ("a", "memory-node", "pass"), ("b", "memory-node", "pass")]
+
+
+def test_a_new_schedulers_own_table_is_read_at_every_door_as_slurms_is(tmp_path: Path) -> None:
+    from support.memory_backend import MemorySettings
+
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text('[cluster]\nscheduler = "memory"\n[memory]\nlanes = 3\n[[hosts]]\nname = "a"\n')
+    cluster = Cluster.from_toml(inventory)
+    assert cluster.scheduler == "memory" and type(cluster.backend) is backend_class("memory")
+    assert cluster.inventory.table("memory") == MemorySettings(lanes=3)
+    assert cluster.using(memory={"label": "x"}).inventory.table("memory") == MemorySettings(lanes=3, label="x")
+    made = Cluster(["a"], scheduler="memory", memory={"lanes": 2})
+    assert made.inventory.table("memory") == MemorySettings(lanes=2)
+    with pytest.raises(UsageError) as raised:
+        Cluster(["a"], memory={"lanes": 0})
+    assert str(raised.value).startswith("<torchherd.Cluster>: [memory].lanes:")
+    with pytest.raises(UsageError) as raised:
+        Cluster(["a"]).using(memory={"lanes": 2})
+    assert str(raised.value) == "--memory-lanes: only for in-memory runs"
 
 
 def test_a_detached_run_of_a_new_scheduler_is_found_again_from_its_record() -> None:

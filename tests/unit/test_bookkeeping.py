@@ -22,6 +22,7 @@ from torchherd.engine.run import LaunchOptions
 from torchherd.engine.slurm.batch import batch_job
 from torchherd.engine.slurm.commands import JobState, NodeExit
 from torchherd.engine.slurm.job import SlurmJob
+from torchherd.engine.slurm.settings import settings_of
 from torchherd.engine.ssh.job import Job
 from torchherd.remote.wire import StopLevel
 from torchherd.runlog import STDERR, STDOUT, OutputLine, RunSummary
@@ -56,7 +57,7 @@ def _ssh_summary(tmp_path: Path, failed: bool) -> RunSummary:
 def _slurm_summary(tmp_path: Path, failed: bool) -> RunSummary:
     cluster = _cluster().using("slurm")
     plan = cluster.plan("train.py", run_id="th-same")
-    job = SlurmJob(plan, batch_job(plan, plan.inventory.slurm), "42", LocalSession("localhost"),
+    job = SlurmJob(plan, batch_job(plan, settings_of(plan.inventory)), "42", LocalSession("localhost"),
                    LaunchOptions(log_dir=tmp_path), ignore, lambda: LocalSession("localhost"))
     job.started = STARTED
     job.allocated(("n0", "n1"))

@@ -41,7 +41,9 @@ def test_debian_loopback_hostname_names_the_line_to_write() -> None:
     assert (result.node, result.status) == ("node1", "fail")
     assert result.summary == ("node1: hostname node1 resolves to loopback 127.0.1.1 (/etc/hosts: `127.0.1.1 "
                               "node1`); gloo would listen there and the other nodes could not reach it")
-    assert result.fix == "in /etc/hosts on node1, remove `127.0.1.1 node1` and write: 10.0.0.2 node1"
+    assert result.fix == ("in /etc/hosts on node1, remove `127.0.1.1 node1` and write: 10.0.0.2 node1 (a plain "
+                          "torchrun hangs on it; torchherd run pins the address and interface, and runs with --skip "
+                          "hostname)")
 
 
 def one_node(master_target: str = "node0", **overrides: Any) -> Observed:
@@ -241,6 +243,15 @@ def test_one_failing_prober_is_reported_on_the_prober() -> None:
                                                "refused twice)")
 
 
+def test_one_node_s_port_summary_says_there_is_no_worker_to_probe_it() -> None:
+    """Issue 41 item 27: not "every node probed all 0 others"."""
+    seen = mesh(1)
+    seen.probe_plan = ProbePlan("full", {"node0": ()}, 1)
+    [result] = port.analyse(seen)
+    assert (result.status, result.summary) == (
+        "pass", "port 29500 is free: a real listener took it (one node: no worker to probe it)")
+
+
 def test_the_master_summary_names_the_probe_plan() -> None:
     seen = mesh(3)
     seen.probe_plan = ProbePlan("full", {"node0": ("node1", "node2"), "node1": ("node2", "node0"),
@@ -262,6 +273,17 @@ def test_iptables_rule_is_named_in_order() -> None:
     assert result.status == "fail"
     assert result.summary == ("iptables rule `-A INPUT -p tcp -m tcp --dport 29500 -j REJECT --reject-with "
                               "icmp-port-unreachable` on node0 rejects TCP 29500 from node1 (10.0.0.2)")
+
+
+def test_iptables_rule_naming_one_peer_is_found_though_the_others_pass() -> None:
+    # One verdict per port serves every peer only where no rule names a source: here one does.
+    rules = "-P INPUT ACCEPT\n-A INPUT -s 10.0.0.2/32 -j DROP\n"
+    seen = observed(node1=facts("node1", firewall={"tools": {"iptables": {"code": 0, "out": rules}}}))
+    assert firewall.analyse(seen)[1].status == "pass"  # node1's own address is never a peer's
+    seen = observed(node0=facts("node0", firewall={"tools": {"iptables": {"code": 0, "out": rules}}}))
+    result = firewall.analyse(seen)[0]
+    assert result.status == "fail"
+    assert result.summary == "iptables rule `-A INPUT -s 10.0.0.2/32 -j DROP` on node0 drops TCP 29500 from node1 (10.0.0.2)"
 
 
 def test_iptables_accept_before_drop_and_policy_drop() -> None:

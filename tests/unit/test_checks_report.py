@@ -105,3 +105,16 @@ def test_findings_that_differ_beyond_the_node_name_stay_apart() -> None:
         "FAIL node2 port: node2 cannot connect to node0:29500 (timed out)",
         "  fix: open it on node0",
         "preflight failed: 0 pass, 0 warn, 3 fail, 0 skip"]
+
+
+def test_a_node_not_reached_counts_once_not_once_per_check_it_could_not_run() -> None:
+    """Issue 41 item 27: 64 down nodes made "832 skip"."""
+    down = [CheckResult(f"bad{index}", "ssh", "fail", f"bad{index}: connection refused", "start sshd")
+            for index in range(1, 3)]
+    skipped = [CheckResult(f"bad{index}", check, "skip", "not reached") for index in range(1, 3)
+               for check in ("ping", "port", "gpu")]
+    fine = [CheckResult("gpu1", "ssh", "pass", "connected"), CheckResult("gpu1", "gpu", "skip", "no GPU")]
+    buffer = StringIO()
+    render_report(make_console(buffer, width=200), CheckReport(tuple(fine + down + skipped)))
+    assert buffer.getvalue().splitlines()[-1] == (
+        "preflight failed: 1 pass, 0 warn, 2 fail, 1 skip; 2 nodes not reached (6 checks not run there)")

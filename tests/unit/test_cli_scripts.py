@@ -207,23 +207,71 @@ def test_run_only_and_skip_choose_the_preflights_checks(args: list[str], checks:
 
 def test_run_help_starts_with_what_a_newcomer_needs(capsys: pytest.CaptureFixture[str],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41 item 12: the groups of every command (the hosts first, SLURM last), what a
+    newcomer needs first in each, and examples at the end."""
     monkeypatch.setenv("COLUMNS", "100")
     assert main(["run", "--help"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "usage: torchherd run [options] [--] SCRIPT [ARGS...]"
     options = [line.strip().split("  ")[0] for line in lines if line.startswith("  -")]
-    assert options[:17] == ["-h, --help", "-i FILE, --inventory FILE", "-H HOSTS, --hosts HOSTS", "--nodelist LIST",
-                            "--python PATH", "--workdir DIR", "--nproc-per-node N", "--sync [DIR]", "--no-sync",
-                            "--sync-include PATTERN", "--sync-anyway", "--uv", "--no-uv", "--uv-system-site-packages",
-                            "--uv-offline", "--env K=V", "--env-pass NAME"]
+    assert options[:13] == ["-h, --help", "-i FILE, --inventory FILE", "-H HOSTS, --hosts HOSTS", "--nodelist LIST",
+                            "--master HOST", "--master-port PORT", "--include HOSTS", "--exclude HOSTS",
+                            "--ssh-timeout S", "--accept-new-host-keys", "--python PATH", "--workdir DIR",
+                            "--nproc-per-node N"]
     assert [line for line in lines if line and not line.startswith(" ") and line.endswith(":")] == [
-        "positional arguments:", "options:", "torchrun's own flags, passed through:", "output:",
-        "recovery (torchherd docs run: Recovery); each flag overrides [recovery]:",
-        "SLURM (torchherd docs slurm); each --slurm-KEY overrides [slurm].KEY:"]
-    at = lines.index("torchrun's own flags, passed through:")
+        "positional arguments:", "options:", "hosts:", "the job:", "the job: torchrun's own flags, passed through:",
+        "checks:", "output:", "recovery (torchherd docs run: Recovery); each flag overrides [recovery]:",
+        "containers and environments:", "SLURM (torchherd docs slurm); each --slurm-KEY overrides [slurm].KEY:",
+        "examples:"]
+    at = lines.index("the job: torchrun's own flags, passed through:")
     assert lines[at + 1:at + 3] == [
         "  --master-addr ADDR    address the workers reach the master at (default: [cluster].master_addr,",
         "                        else found by the preflight)"]
+    assert lines[lines.index("examples:"):] == [
+        "examples:",
+        "  torchherd run -H localhost --nproc-per-node 2 -- train.py --steps 20   # this machine, no SSH",
+        "  torchherd run -H gpu01,gpu02 --python /opt/venv/bin/python --nproc-per-node gpu --sync -- train.py",
+        "  torchherd run --dry-run -i hosts.toml -- train.py       # each node's command; nothing starts"]
+
+
+@pytest.mark.parametrize("command,groups", [
+    ("hosts", ["hosts", "the job", "output", "containers and environments"]),
+    ("check", ["hosts", "the job", "checks", "output", "containers and environments", "SLURM"]),
+    ("run", ["hosts", "the job", "the job: torchrun's own flags, passed through", "checks", "output", "recovery",
+             "containers and environments", "SLURM"]),
+    ("init", ["hosts", "the job", "output"]), ("status", ["output"]), ("logs", ["output"]), ("report", ["output"]),
+    ("stop", ["the job"])])
+def test_every_command_groups_its_flags_in_the_same_order(command: str, groups: list[str],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    assert main([command, "--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    if command in ("hosts", "check", "run", "init"):  # the others' usage lines are short as argparse writes them
+        assert lines[0] == f"usage: torchherd {command} [options]" + {"check": " [-- SCRIPT]",
+                                                                      "run": " [--] SCRIPT [ARGS...]"}.get(command, "")
+    assert len(lines[0]) <= 80, lines[0]
+    titles = [re.split(r" \(|:$", line)[0] for line in lines if re.match(r"[A-Za-z].*:$", line)]
+    assert [title for title in titles if title not in ("usage", "positional arguments", "options", "examples",
+                                                        "check ids for --only and --skip")] == groups
+
+
+def test_check_help_ends_with_examples_that_parse(capsys: pytest.CaptureFixture[str]) -> None:
+    import shlex
+
+    from torchherd.cli import build_parser
+
+    assert main(["check", "--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[lines.index("examples:"):] == [
+        "examples:",
+        "  torchherd check -H localhost                   # this machine, no SSH",
+        "  torchherd check -H 'gpu[01-04]' --python /opt/venv/bin/python -- train.py",
+        "  torchherd check --only ssh,port --json         # two checks, one JSON document"]
+    assert main(["run", "--help"]) == 0
+    run = capsys.readouterr().out.splitlines()
+    for line in lines[lines.index("examples:") + 1:] + run[run.index("examples:") + 1:]:
+        build_parser().parse_args(shlex.split(line, comments=True)[1:])  # each pastes as it is
 
 
 def test_run_help_says_every_default() -> None:

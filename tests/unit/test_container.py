@@ -279,13 +279,15 @@ def test_a_workdir_not_mounted_is_still_the_start_directory() -> None:
 
 
 def test_slurm_runs_a_job_in_a_container_inside_it_never_outside() -> None:
+    from torchherd.engine.schedulers import known
     from torchherd.engine.slurm.batch import batch_job
+    from torchherd.engine.slurm.settings import settings_of
 
     inventory = parse({"cluster": {"scheduler": "slurm"}, "container": {"image": "img:1"},
-                       "hosts": [{"name": "a"}, {"name": "b"}]}, Path("h.toml"))
+                       "hosts": [{"name": "a"}, {"name": "b"}]}, Path("h.toml"), known())
     the_plan = build_plan(inventory, RunOptions(script="t.py", run_id="r1"))
     for pyxis in (False, True):
-        script = batch_job(the_plan, inventory.slurm, pyxis=pyxis).script
+        script = batch_job(the_plan, settings_of(inventory), pyxis=pyxis).script
         assert ("--container-image=img:1" in script) is pyxis
         assert ("podman run --rm" in script) is not pyxis
 

@@ -258,6 +258,24 @@ def test_docs_cli_lists_every_flag_of_every_help() -> None:
     assert len(every_flag()) > 100 and missing == []
 
 
+@pytest.mark.parametrize("command,page", [("run", "run.md"), ("check", "checks.md")])
+def test_the_synopsis_of_run_md_and_checks_md_lists_every_flag_in_the_help_s_groups(command: str, page: str) -> None:
+    """Item 11: the page's synopsis (its first block) names each flag of the command's help
+    (SLURM's as --slurm-KEY), in the help's groups and their order."""
+    import re
+
+    text = (Path(__file__).parents[2] / "docs" / page).read_text(encoding="utf-8")
+    synopsis = text.split("```\n", 2)[1]
+    assert synopsis.startswith(f"torchherd {command} [options]")
+    missing = [flag for name, flag in every_flag() if name == command and not flag.startswith("--slurm-")
+               and not re.search(re.escape(flag) + r"(?![\w-])", synopsis)]
+    assert missing == [] and "--slurm-KEY" in synopsis
+    titles = [line.split(":")[0] for line in synopsis.splitlines()[2:] if re.match(r"[A-Za-z]", line)]
+    assert titles == {"run": ["hosts", "the job", "torchrun's", "checks", "output", "recovery",
+                              "containers and environments", "SLURM"],
+                      "check": ["hosts", "the job", "checks", "output", "containers and environments", "SLURM"]}[command]
+
+
 @pytest.mark.parametrize("flag,words", [("--pull", "missing always never"),
                                         ("--container-runtime", "auto podman docker apptainer enroot"),
                                         ("--nproc-per-node", "gpu cpu auto"), ("--only", "ssh ping hostname port"),
@@ -314,3 +332,117 @@ def test_a_page_on_a_terminal_goes_through_the_pager(monkeypatch: pytest.MonkeyP
     import os
 
     assert out.getvalue() == "" and "Title" in paged[0] and os.environ["LESS"] == "FRX"
+
+
+@pytest.mark.parametrize("path,fix", [
+    ("-H", "fix the address given to -H or ~/.ssh/config, or the controller's DNS"),
+    ("--nodelist", "fix the address given to --nodelist or ~/.ssh/config, or the controller's DNS"),
+    ("cluster/hosts.toml", "fix the address in cluster/hosts.toml or ~/.ssh/config, or the controller's DNS")])
+def test_an_unresolvable_address_s_fix_names_where_the_hosts_were_given(path: str, fix: str) -> None:
+    """Item 17: "the inventory" only when there is one; -H's hosts are fixed in -H."""
+    import socket
+    from types import SimpleNamespace
+
+    from torchherd.checks.analysis.ssh import analyse
+    from torchherd.transport.sshfailures import explain
+    from torchherd.transport.sshtarget import SshTarget
+
+    target = SshTarget(node="a", hostname="a.invalid", port=22, user="me", key_files=(), known_hosts=(),
+                       proxy_jump=None, proxy_command=None, identities_only=False)
+    error = explain(target, socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    host = SimpleNamespace(name="a", address="a.invalid", transport="ssh")
+    observed = SimpleNamespace(inventory=SimpleNamespace(path=Path(path), hosts=[host]), ssh_errors={"a": error})
+    [result] = analyse(observed)  # type: ignore[arg-type]
+    assert (result.summary, result.fix) == ("a: cannot resolve 'a.invalid' (Name or service not known)", fix)
+
+
+def test_folded_failures_keep_each_host_s_reason_where_they_differ() -> None:
+    from torchherd.checks.results import CheckResult
+    from torchherd.console.checks import _coalesced
+
+    results = [CheckResult("a", "ssh", "fail", "a: cannot resolve 'a' (Name or service not known)", "fix"),
+               CheckResult("b", "ssh", "fail", "b: cannot resolve 'b' (Temporary failure in name resolution)", "fix"),
+               CheckResult("c", "ssh", "fail", "c: cannot resolve 'c' (Name or service not known)", "fix")]
+    assert [(result.node, result.summary, count) for result, count in _coalesced(results)] == [
+        ("a, c", "a, c: cannot resolve 'a, c' (Name or service not known)", 2),
+        ("b", "b: cannot resolve 'b' (Temporary failure in name resolution)", 1)]
+
+
+def test_an_internal_error_says_where_to_report_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 29: "report the traceback" names the page that says what to send and where."""
+    from torchherd import manual
+
+    def broken(args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("torchherd.cli.hosts.cluster_of", broken)
+    assert cli("hosts", "-H", "a") == (1, [
+        "error: internal error: RuntimeError: boom",
+        "  hint: rerun with TORCHHERD_DEBUG=1 and report the traceback (what to send, and where: torchherd docs "
+        "contributing)"])
+    assert "## Reporting a bug" in manual.read("contributing")
+
+
+def test_run_sync_refuses_a_script_the_synced_project_lacks_before_sending(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 23: the job runs from the project's root on every node; said here, before the sync."""
+    (tmp_path / "proj" / "sub").mkdir(parents=True)
+    (tmp_path / "proj" / "sub" / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    project = tmp_path.resolve() / "proj"
+    assert cli("run", "-H", "a", "--sync", "proj", "--dry-run", "--", "nosuch.py") == (2, [
+        f"error: nosuch.py: not in the synced project {project}",
+        f"  hint: the job runs from the project's root on every node: name the script relative to {project}"])
+    assert cli("run", "-H", "a", "--sync", "proj", "--dry-run", "--", "proj/sub/train.py") == (2, [
+        f"error: proj/sub/train.py: not in the synced project {project}",
+        "  hint: the job runs from the project's root on every node: name it sub/train.py"])
+    code, out = cli("run", "-H", "a", "--sync", "proj", "--dry-run", "--", "sub/train.py")
+    assert any(line.endswith(" -- sub/train.py") for line in out), out  # planned (node a then cannot be asked)
+
+
+def test_a_dry_run_sync_says_why_it_exits_1_when_a_node_cannot_answer(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Item 22: --dry-run --sync asks the nodes; an unreachable one is said as such, and why exit 1."""
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    code, out = cli("run", "-H", "127.0.0.1:1,127.0.0.1:2", "--ssh-timeout", "2", "--sync", "proj", "--dry-run", "--",
+                    "train.py")
+    assert code == 1 and [line.split(":")[0] for line in out[-3:-1]] == ["sync to 127.0.0.1-1", "sync to 127.0.0.1-2"]
+    assert out[-1] == "2 nodes could not be asked what they lack: the run would stop there (exit 1; the dry run " \
+                      "changed nothing)", out
+
+
+def test_run_help_says_a_dry_run_sync_asks_the_nodes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--help"]) == 0
+    assert ("--dry-run print each node's command; start nothing; with --sync also ask every node what it lacks, "
+            "changing nothing (exit 1 when a node cannot answer: the run would stop there; default: off)") in " ".join(
+        capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("runtime,said,shown", [
+    (None, "(runtime auto: each node uses the first of podman, docker, apptainer, enroot it has; the command shows "
+           "podman's)", "podman run"),
+    ("docker", "(runtime docker)", "docker run")])
+def test_a_dry_run_says_the_runtime_auto_picks_is_each_node_s(runtime: str | None, said: str, shown: str) -> None:
+    """Item 26: with runtime auto the podman line is one node's possibility, said as such."""
+    flags = ["--container-runtime", runtime] if runtime else []
+    code, out = cli("run", "-H", "a", "--image", "pytorch/pytorch:2.5", *flags, "--dry-run", "--", "train.py")
+    assert code == 0, out
+    assert any(f" {shown} " in line for line in out if line.startswith("  $ ")), out
+    assert [line for line in out if "in container" in line][0].startswith(
+        f"  - in container torchherd-{out[0].split()[1].rstrip(':')}-a of image pytorch/pytorch:2.5 {said}; "), out
+
+
+def test_a_peer_that_closes_before_ssh_starts_is_not_only_blamed_on_maxstartups() -> None:
+    """Item 16: 5 drops before the banner may be something else than sshd on the port."""
+    from torchherd.transport.sshfailures import ATTEMPTS, explain
+    from torchherd.transport.sshtarget import SshTarget
+
+    target = SshTarget(node="a", hostname="10.0.0.1", port=2222, user="me", key_files=(), known_hosts=(),
+                       proxy_jump=None, proxy_command=None, identities_only=False)
+    error = explain(target, EOFError())
+    assert str(error).startswith(f"a: me@10.0.0.1:2222 dropped the connection before login, {ATTEMPTS} times")
+    assert error.hint == ("sshd's MaxStartups may be turning connections away: too many at once to one host (a "  # type: ignore[attr-defined]
+                          "bastion?), or it is overloaded; or something on port 2222 closes the connection before "
+                          "SSH starts (not sshd? a proxy or load balancer?)")

@@ -226,6 +226,24 @@ def test_init_example_writes_the_shipped_example_which_loads(tmp_path: Path) -> 
     assert code == 2 and out.splitlines()[0] == "error: --example and -H: the example is written as it is", out
 
 
+def test_init_example_script_writes_the_shipped_ddp_script_and_says_how_to_run_it(tmp_path: Path) -> None:
+    """A pip user's first job: the example DDP script ships in the package (examples/ddp_demo.py)."""
+    code, out = cli("init", "--example-script", cwd=tmp_path)
+    assert (code, out) == (0, "wrote train.py: a small DDP training script (CPU or GPU, torch only); run it here: "
+                              "torchherd run -H localhost --nproc-per-node 2 -- train.py\n")
+    shipped = Path(__file__).resolve().parents[2] / "examples" / "ddp_demo.py"
+    assert (tmp_path / "train.py").read_text() == shipped.read_text()
+    assert stat.S_IMODE((tmp_path / "train.py").stat().st_mode) == 0o600
+    assert not (tmp_path / "hosts.toml").exists()
+    code, out = cli("init", "--example-script", cwd=tmp_path)
+    assert (code, out.splitlines()[0]) == (2, "error: --example-script train.py: already exists; init never "
+                                              "overwrites a file"), out
+    code, out = cli("init", "--example-script", "my train.py", "-H", "a", cwd=tmp_path)
+    assert (code, out.splitlines()[0]) == (2, "error: --example-script and -H: the script is written alone"), out
+    code, out = cli("init", "--example-script", "my train.py", cwd=tmp_path)
+    assert out.endswith("-- 'my train.py'\n") and (tmp_path / "my train.py").is_file(), out
+
+
 def test_init_without_hosts_writes_placeholders(tmp_path: Path) -> None:
     code, out = cli("init", cwd=tmp_path)
     assert code == 0, out

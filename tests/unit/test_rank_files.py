@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -110,7 +111,7 @@ def test_the_ssh_launch_redirects_where_the_plan_tees() -> None:
     node = plan.nodes[1]
     assert node.argv.count("--tee") == 2  # torchrun's, and the script's own argument
     config = supervisor_config(node, "r1", 10.0)
-    assert config.argv == redirected(node.argv)
+    assert config.argv == redirected(node)
     tee = node.argv.index("--tee")
     assert config.argv[tee:tee + 2] == ("--redirects", "3") and config.argv[-2:] == ("--tee", "3")
     assert config.rank_logs == node.remote_log_dir and json.loads(config.to_json())["rank_logs"] == node.remote_log_dir
@@ -119,4 +120,6 @@ def test_the_ssh_launch_redirects_where_the_plan_tees() -> None:
 
 @pytest.mark.parametrize("argv", [("torchrun", "x.py"), ("python", "-m", "torch.distributed.run", "--tee", "2")])
 def test_a_command_without_tee_3_is_left_as_it_is(argv: tuple[str, ...]) -> None:
-    assert redirected(argv) == argv
+    inventory = parse({"defaults": {"python": "python3"}, "hosts": [{"name": "node0"}]}, Path("hosts.toml"))
+    node = build_plan(inventory, RunOptions(script="train.py", run_id="r1")).nodes[0]
+    assert redirected(replace(node, argv=argv)) == argv

@@ -1,6 +1,6 @@
-"""The README's Layout section names the tree as it is: every path it names exists, every
-module it names beside a directory is in that directory, and every top-level module and
-package of ``src/torchherd`` is named."""
+"""The Layout section (the README's, or a page's in docs/: wherever it lives) names the
+tree as it is: every path it names exists, every module it names beside a directory is in
+that directory, and every top-level module and package of ``src/torchherd`` is named."""
 
 from __future__ import annotations
 
@@ -12,15 +12,24 @@ MODULE = re.compile(r"(?<![\w./-])((?:[a-z_]+/)*[a-z_]+\.py)\b")
 """A module named in an entry's text, relative to the entry's directory: relay.py, analysis/slurm.py."""
 FOLDER = re.compile(r"(?<![\w./-])([a-z_]+/)(?=[\s,;:)]|$)")
 """A folder named in an entry's text, relative to the entry's directory: remote/."""
+HEADING = re.compile(r"^#+ Layout\s*$", re.MULTILINE)
+
+
+def layout_blocks() -> list[str]:
+    """The first fenced block after each "Layout" heading, in README.md and the pages of docs/."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    blocks = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        blocks += [text[found.end():].split("```", 2)[1] for found in HEADING.finditer(text)]
+    return blocks
 
 
 def entries() -> list[tuple[str, str]]:
     """(path, text) of each entry of the Layout block: a line starting with a path, and the
     indented lines after it."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = text.split("## Layout", 1)[1].split("```", 2)[1]
     found: list[tuple[str, str]] = []
-    for line in block.splitlines():
+    for line in "\n".join(layout_blocks()).splitlines():
         if line.startswith("src/"):
             path, _, rest = line.partition(" ")
             found.append((path, rest))

@@ -26,9 +26,10 @@ from torchherd.engine.recovery.replication import Holdings, Replicator, ring
 from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.run import LaunchOptions
 from torchherd.inventory import Bandwidth, Recovery, parse_bandwidth
+from torchherd.inventory.options import recovery_problem
 from torchherd.plan import Plan
 from torchherd.remote import wire
-from torchherd.remote.checkpoint import BURST_SECONDS, Pace, rate_of
+from torchherd.remote.checkpoint import BURST_SECONDS, Pace, rates_of
 from torchherd.remote.savewatch import CheckpointWatch, Settle, look, open_for_writing
 
 HOSTS = '[[hosts]]\nname = "a"\naddress = "192.0.2.1"\n[[hosts]]\nname = "b"\naddress = "192.0.2.2"\n'
@@ -187,8 +188,11 @@ def test_the_default_cap_is_the_smaller_of_the_links_share_and_the_cores_rate(
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))  # lo states no speed: 1 Gb/s assumed, a quarter is 31.25 MB/s
-        assert rate_of({"share": 0.25, "per_core": 5e6}, sock) == rate
-        assert rate_of({"share": 0.25}, sock) == 31.25e6  # a share given alone: no core's cap
+        assert rates_of({"share": 0.25, "per_core": 5e6}, sock) == (rate, 31.25e6)  # the link's share: the ceiling
+        assert rates_of({"share": 0.25}, sock) == (31.25e6, 31.25e6)  # a share given alone: no core's cap
+        # the link as check --bandwidth measured it (80 MB/s) instead of the stated speed
+        assert rates_of({"share": 0.25, "per_core": 5e6, "link": 80e6}, sock) == (min(rate, 20e6), 20e6)
+        assert rates_of({"bytes": 2e8, "link": 80e6}, sock) == (2e8, 2e8)  # a rate given: the user's own
 
 
 def test_one_replica_by_default_with_a_checkpoint_and_none_without() -> None:
@@ -222,7 +226,6 @@ def test_a_bad_replication_flag_is_one_line_naming_it(tmp_path: Path, flags: lis
     assert_one_line(code, out, named)
 
 
-@pytest.mark.parametrize("detach", [[], ["--detach"]], ids=["attached", "detached"])
 @pytest.mark.parametrize(("flags", "named"), [
     (["--checkpoint", "snapshot.pt"], "--checkpoint: it is staged before a new attempt, and without retries there is "
                                       "none"),
@@ -230,15 +233,28 @@ def test_a_bad_replication_flag_is_one_line_naming_it(tmp_path: Path, flags: lis
     (["--replicate-bandwidth", "25%"], "--replicate-bandwidth: a replica is there for a new attempt, and without "
                                        "retries there is none"),
 ])
-def test_replication_without_retries_is_refused_detached_or_not(tmp_path: Path, detach: list[str], flags: list[str],
-                                                                named: str) -> None:
-    """A plain ``--detach`` leaves no controller behind to copy a checkpoint, and neither run
-    has a new attempt to stage it for: the flag is refused before any node is reached (the
-    inventory's checkpoint stands in for the flag's where the flag is not --checkpoint)."""
-    code, out = run_cli(tmp_path, '[recovery]\ncheckpoint = "snapshot.pt"\n' + HOSTS, ["run", *detach, *flags, "--",
-                                                                                         "t.py"])
+def test_replication_without_retries_is_refused_attached(tmp_path: Path, flags: list[str], named: str) -> None:
+    """An attached run without retries has no new attempt to stage a checkpoint for: the
+    flag is refused before any node is reached (the inventory's checkpoint stands in for
+    the flag's where the flag is not --checkpoint)."""
+    code, out = run_cli(tmp_path, '[recovery]\ncheckpoint = "snapshot.pt"\n' + HOSTS, ["run", *flags, "--", "t.py"])
     assert_one_line(code, out, named)
     assert "hint: add --retries N (or retries in [recovery])" in out, out
+
+
+@pytest.mark.parametrize("given", [("checkpoint",), ("replicate",), ("replicate_bandwidth",)])
+def test_a_detached_run_replicates_without_retries(given: tuple[str, ...]) -> None:
+    """A plain ``--detach`` keeps its controller in the background for the copies: no
+    attempt is needed for them (engine: ``Cluster.launch``)."""
+    recovery = Recovery(checkpoint="snapshot.pt", replicate=1)
+    assert recovery_problem(recovery, given, "flag", detached=True) is None
+    assert recovery_problem(recovery, given, "flag") is not None
+
+
+def test_a_detached_runs_resume_arguments_still_need_retries() -> None:
+    recovery = Recovery(checkpoint="snapshot.pt", resume_args=("--init_from=resume",))
+    problem = recovery_problem(recovery, ("checkpoint", "resume_args"), "flag", detached=True)
+    assert problem is not None and str(problem).startswith("--resume-args"), problem
 
 
 def test_no_replica_is_made_without_retries() -> None:
@@ -568,3 +584,34 @@ def test_look_names_the_newest_copy_without_hashing_it(tmp_path: Path) -> None:
     assert process.returncode == 0, err
     assert json.loads(out) == {"path": "snapshot.pt", "kind": "file", "size": 10, "mtime": WALL, "sha256": None,
                                "files": 1}
+
+
+def test_the_sources_account_of_its_governed_rate_is_told_in_words() -> None:
+    from torchherd.engine.prepare.staging import governed
+
+    said = {"governed": {"start": 10e6, "rate": 12.5e6, "ceiling": 40e6, "slowed": 1, "raised": 14,
+                         "baseline": [101.2, 1.1], "link": "measured"}}
+    assert governed([{"progress": 5}, said]) == ("kept to the job's pace (101 lines/s, 1.10 CPU): 10 MB/s at first, 12.5 MB/s at the end "
+                                                 "(at most 40 MB/s, a share of the link as measured), cut 1 time, "
+                                                 "raised 14 times")
+    quiet = {"governed": {**said["governed"], "baseline": None, "link": "stated"}}
+    assert governed([quiet]) == "at 10 MB/s: the job's pace too slight to keep to"
+    assert governed([{"governed": {"start": "fast"}}]) == "" and governed([]) == ""
+    assert governed([{"governed": {**said["governed"], "baseline": [1]}}]) == ""
+
+
+def test_the_source_is_told_whose_pace_to_keep_to_and_the_link_as_measured(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from support.recovery import plan_of
+    from torchherd.engine.prepare.staging import replication_rate
+    from torchherd.engine.records.links import keep_links
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    plan = plan_of(nodes=3)
+    saved = CheckpointSaved("node1", "snapshot.pt", 10, 1.0)
+    auto = Recovery(checkpoint="snapshot.pt").replicate_bandwidth
+    assert replication_rate(plan, saved, ["node2"], auto) == {"share": 0.25, "per_core": 5e6,
+                                                              "pace": ["th-test", "node1"]}
+    keep_links({"links": [{"from": "node1", "to": "node2", "gbit": 0.8}]}, {"node1": "node1", "node2": "node2"})
+    assert replication_rate(plan, saved, ["node2", "node0"], auto)["link"] == 100e6  # to the first of the chain
+    assert "link" not in replication_rate(plan, saved, ["node0"], auto)

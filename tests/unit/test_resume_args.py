@@ -22,8 +22,8 @@ from torchherd.engine.events import CheckpointMissing, CheckpointStaged
 from torchherd.engine.recovery.resume import CHECKPOINT_ENV, Resume, resume_of
 from torchherd.engine.recovery.runner import attempt_plan
 from torchherd.engine.slurm.batch import batch_job
+from torchherd.engine.slurm.settings import SlurmSettings
 from torchherd.errors import UsageError
-from torchherd.inventory import SlurmSettings
 from torchherd.inventory.options import RESUME_ARGS
 from torchherd.plan import Plan
 

@@ -41,8 +41,8 @@ from torchherd.engine.slurm.commands import (
     phase_of,
     poll_command,
 )
+from torchherd.engine.slurm.settings import SlurmSettings, settings_of
 from torchherd.errors import UsageError
-from torchherd.inventory import SlurmSettings
 from torchherd.plan import Plan
 from torchherd.transport.srun import step_command
 
@@ -81,14 +81,14 @@ def test_slurm_nodes_or_nodelist_replace_the_hosts() -> None:
 
 def test_an_inventory_without_hosts_lets_slurm_pick_them() -> None:
     made = Cluster(scheduler="slurm", python="python3", slurm={"nodes": 4, "gpus_per_node": 8})
-    job = batch_job(made.plan("train.py", run_id="th-x", nproc_per_node="gpu"), made.inventory.slurm)
+    job = batch_job(made.plan("train.py", run_id="th-x", nproc_per_node="gpu"), settings_of(made.inventory))
     assert "#SBATCH --nodes=4" in job.script and "#SBATCH --gpus-per-node=8" in job.script
     assert "--cpus-per-task" not in job.script.split("srun", 1)[0]  # "gpu" is no count
 
 
 def test_the_job_environment_is_exported_in_the_file_quoted_and_shown_hidden() -> None:
     made = plan(2, env={"WANDB_API_KEY": "s3cr'et $HOME", "NCCL_DEBUG": "WARN"})
-    job = batch_job(made, made.inventory.slurm)
+    job = batch_job(made, settings_of(made.inventory))
     assert f"export WANDB_API_KEY={shlex.quote(chr(115) + '3cr' + chr(39) + 'et $HOME')}" in job.script
     assert "export NCCL_DEBUG=WARN" in job.script
     shown = shown_script(job)
@@ -123,7 +123,7 @@ def test_a_master_address_given_is_kept_and_c10d_uses_the_first_node() -> None:
 def test_what_differs_between_hosts_is_refused_but_the_process_count() -> None:
     made = Cluster([{"name": "a"}, {"name": "b", "workdir": "/elsewhere"}], scheduler="slurm", python="python3")
     with pytest.raises(UsageError, match="b: workdir differs from a's"):
-        batch_job(made.plan("train.py", run_id="th-w"), made.inventory.slurm)
+        batch_job(made.plan("train.py", run_id="th-w"), settings_of(made.inventory))
     uneven = Cluster([{"name": "a", "nproc_per_node": 1}, {"name": "b", "nproc_per_node": 3}], scheduler="slurm",
                      python="python3")
     uneven_plan = uneven.plan("train.py", run_id="th-u")
@@ -431,8 +431,8 @@ def test_a_nodelist_sbatch_would_read_otherwise_is_refused_in_one_line(nodelist:
                                                                      hint: str) -> None:
     """sbatch counts a node listed twice once (a retry that excludes gpu01 would ask for
     --nodes=3 --nodelist=gpu02,gpu02), and reads a nodelist with a "/" as a file of names."""
+    from torchherd.engine.slurm.settings import parse_slurm
     from torchherd.errors import InventoryError
-    from torchherd.inventory import parse_slurm
 
     with pytest.raises(InventoryError) as refused:
         parse_slurm({"nodelist": nodelist}, Path("h.toml"), "[slurm].")

@@ -25,6 +25,7 @@ from torchherd.api import Cluster
 from torchherd.engine.slurm.batch import batch_job, node_command
 from torchherd.engine.slurm.commands import parse_exit_file
 from torchherd.engine.slurm.container import has_pyxis, pyxis_image, pyxis_options
+from torchherd.engine.slurm.settings import settings_of
 from torchherd.errors import UsageError
 from torchherd.plan import Plan
 from torchherd.remote.container import ContainerSpec
@@ -75,7 +76,7 @@ def test_image_names_become_enroot_uris() -> None:
 def test_with_pyxis_the_step_is_srun_container_image() -> None:
     job = batch_job(plan(container={"image": "nvcr.io/nvidia/pytorch:24.05-py3", "mounts": ["/data:/data:ro,z"],
                                     "options": ["--cap-add=SYS_PTRACE", "--container-remap-root"]}),
-                    plan().inventory.slurm, pyxis=True)
+                    settings_of(plan().inventory), pyxis=True)
     words = srun_line(job.script)
     assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in words
     assert "--container-mounts=$HOME/proj:$HOME/proj,$TORCHHERD_DIR:$TORCHHERD_DIR,/data:/data:ro+z" in words
@@ -89,7 +90,7 @@ def test_with_pyxis_the_step_is_srun_container_image() -> None:
 
 
 def test_a_runtime_named_other_than_enroot_runs_on_the_nodes_even_with_pyxis() -> None:
-    job = batch_job(plan(container={"image": "img:1", "runtime": "podman"}), plan().inventory.slurm, pyxis=True)
+    job = batch_job(plan(container={"image": "img:1", "runtime": "podman"}), settings_of(plan().inventory), pyxis=True)
     assert "--container-image" not in job.script and "podman run --rm" in job.script
 
 
@@ -115,7 +116,7 @@ def test_hostile_image_and_mounts_are_refused_before_any_script() -> None:
 
 
 def test_the_dry_run_without_asking_shows_the_runtime_and_says_pyxis_is_asked_at_submission() -> None:
-    job = batch_job(plan(), plan().inventory.slurm, pyxis=None)
+    job = batch_job(plan(), settings_of(plan().inventory), pyxis=None)
     assert "podman run --rm" in job.script
     assert any("asked at submission" in note for note in job.notes)
 
@@ -126,7 +127,7 @@ def test_a_slurm_task_s_container_pulls_as_the_inventory_says(policy: str) -> No
     has no such step, so its container takes the host's pull policy itself."""
     made = plan(container={"image": "nvcr.io/nvidia/pytorch:24.05-py3", "pull": policy})
     assert made.nodes[0].container is not None and made.nodes[0].container.pull == "never"  # the SSH plan's
-    script = batch_job(made, made.inventory.slurm, pyxis=False).script
+    script = batch_job(made, settings_of(made.inventory), pyxis=False).script
     assert f"--pull {policy} " in script and (policy == "never" or "--pull never" not in script)
 
 
@@ -139,7 +140,7 @@ def test_a_container_that_differs_between_hosts_is_refused() -> None:
                                                                                              image="img:2"))))
     the_plan = Cluster(inventory=changed).plan("train.py", run_id="th-d", nproc_per_node=1)
     with pytest.raises(UsageError, match="container differs"):
-        batch_job(the_plan, changed.slurm)
+        batch_job(the_plan, settings_of(changed))
 
 
 # the runtime on the node, run for real ---------------------------------------------------------

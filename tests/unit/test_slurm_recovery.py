@@ -42,6 +42,7 @@ from torchherd.engine.slurm.batch import (
     submit_command,
 )
 from torchherd.engine.slurm.commands import submit
+from torchherd.engine.slurm.settings import settings_of
 from torchherd.errors import TorchherdError, Unplaceable, UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import Plan
@@ -66,13 +67,13 @@ def sbatch_words(command: str) -> list[str]:
 
 
 def test_the_first_attempt_is_submitted_as_without_retries() -> None:
-    job = batch_job(plan(), plan().inventory.slurm)
+    job = batch_job(plan(), settings_of(plan().inventory))
     assert for_attempt(job, 1, ()) == job
     assert sbatch_words(submit_command(for_attempt(job, 1, ()))) == ["sbatch", "--parsable", "job.sbatch"]
 
 
 def test_a_later_attempt_has_its_own_directory_and_excludes_the_nodes() -> None:
-    job = for_attempt(batch_job(plan(), plan().inventory.slurm), 2, ("node1", "node4"))
+    job = for_attempt(batch_job(plan(), settings_of(plan().inventory)), 2, ("node1", "node4"))
     assert job.run_dir == "~/.torchherd/runs/th-test/attempt-2" == run_dir("th-test", 2)
     command = submit_command(job)
     assert sbatch_words(command) == ["sbatch", "--parsable", "--exclude=node1,node4", "job.sbatch"]
@@ -80,7 +81,7 @@ def test_a_later_attempt_has_its_own_directory_and_excludes_the_nodes() -> None:
 
 
 def test_a_node_name_cannot_reach_the_shell_unquoted() -> None:
-    job = for_attempt(batch_job(plan(), plan().inventory.slurm), 3, ("node1", "x;touch /tmp/owned $(id)"))
+    job = for_attempt(batch_job(plan(), settings_of(plan().inventory)), 3, ("node1", "x;touch /tmp/owned $(id)"))
     command = submit_command(job)
     assert shlex.quote("--exclude=node1,x;touch /tmp/owned $(id)") in command
     assert sbatch_words(command)[2] == "--exclude=node1,x;touch /tmp/owned $(id)"
@@ -90,7 +91,7 @@ def test_a_node_name_cannot_reach_the_shell_unquoted() -> None:
 def test_an_exclude_of_slurm_extra_is_kept_in_the_resubmissions(given: str) -> None:
     # sbatch's command line overrides the script's #SBATCH line: the user's nodes go with ours.
     chosen = plan(extra=[given])
-    job = for_attempt(batch_job(chosen, chosen.inventory.slurm), 2, ("node1",))
+    job = for_attempt(batch_job(chosen, settings_of(chosen.inventory)), 2, ("node1",))
     assert job.exclude == ("node9", "node1")
     assert f"#SBATCH {given}" in job.script
 
@@ -109,7 +110,7 @@ def triage(nodes: tuple[str, ...], spares: tuple[str, ...] = ()) -> dict[str, st
     """What the SLURM triage of ``nodes`` (and ``spares``) finds, from SINFO."""
     chosen = plan(5)
     where = Placement(len(nodes + spares), ",".join(nodes + spares), "the inventory's hosts")
-    results = [result for result in slurm_view(parse_sinfo(SINFO), chosen.inventory.slurm, where, 1)
+    results = [result for result in slurm_view(parse_sinfo(SINFO), settings_of(chosen.inventory), where, 1)
                if result.check in SlurmBackend.triage_checks]
     return triage_failures(results, nodes + spares)
 
@@ -157,22 +158,22 @@ def test_min_nodes_counts_the_nodes_slurm_is_asked_to_pick() -> None:
 
 def test_an_attempt_that_may_shrink_asks_sbatch_for_a_node_range_over_the_scripts_count() -> None:
     chosen = plan(nodes=4)
-    job = for_attempt(batch_job(chosen, chosen.inventory.slurm), 2, ("node1",), shrink_to=2)
+    job = for_attempt(batch_job(chosen, settings_of(chosen.inventory)), 2, ("node1",), shrink_to=2)
     assert "#SBATCH --nodes=4" in job.script
     assert sbatch_words(submit_command(job)) == ["sbatch", "--parsable", "--exclude=node1", "--nodes=2-4",
                                                  "job.sbatch"]
     # no range where it cannot shrink, or where the inventory names the nodes
-    assert for_attempt(batch_job(chosen, chosen.inventory.slurm), 2, ("node1",), shrink_to=4).node_range is None
-    assert for_attempt(batch_job(plan(4), plan(4).inventory.slurm), 2, ("node1",), shrink_to=2).node_range == "2-4"
+    assert for_attempt(batch_job(chosen, settings_of(chosen.inventory)), 2, ("node1",), shrink_to=4).node_range is None
+    assert for_attempt(batch_job(plan(4), settings_of(plan(4).inventory)), 2, ("node1",), shrink_to=2).node_range == "2-4"
 
 
 def test_an_excluded_node_leaves_the_nodelist_and_slurm_picks_its_replacement() -> None:
-    settings = plan(nodelist="node[0-2]").inventory.slurm
+    settings = settings_of(plan(nodelist="node[0-2]").inventory)
     assert attempt_settings(settings, ()) == settings
     changed = attempt_settings(settings, ("node1", "node7"))
     assert (changed.nodelist, changed.nodes) == ("node0,node2", 3)
-    assert attempt_settings(plan(nodes=4, nodelist="node[0-1]").inventory.slurm, ("node0", "node1")).nodelist is None
-    assert picked_count(changed) == 3 and picked_count(plan(nodes=5).inventory.slurm) == 5
+    assert attempt_settings(settings_of(plan(nodes=4, nodelist="node[0-1]").inventory), ("node0", "node1")).nodelist is None
+    assert picked_count(changed) == 3 and picked_count(settings_of(plan(nodes=5).inventory)) == 5
 
 
 # the loop hands every excluded node to the backend --------------------------------------
@@ -287,7 +288,7 @@ def test_a_resubmission_slurm_could_never_place_ends_the_run_instead_of_spending
 
 def test_a_shrunk_attempt_asks_slurm_for_its_nodes_by_name_and_count() -> None:
     base = plan(4, spares="node3")
-    job = batch_job(attempt_plan(base, ("node0", "node2"), 3), base.inventory.slurm)
+    job = batch_job(attempt_plan(base, ("node0", "node2"), 3), settings_of(base.inventory))
     assert "#SBATCH --nodes=2" in job.script and "#SBATCH --nodelist=node0,node2" in job.script
     assert "export TORCHHERD_ATTEMPT=3" in job.script
     assert '--nnodes "$SLURM_JOB_NUM_NODES"' in job.script
@@ -328,7 +329,7 @@ class SlurmPicks(SlurmLike):
     def launch(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> Run:
         self.launched.append((tuple(node.host.name for node in plan.nodes), options))
         self.plans.append(plan)
-        wanted = plan.inventory.slurm.nodes
+        wanted = settings_of(plan.inventory).nodes
         assert wanted is not None and plan.nodes[0].host.name == "node0"  # the template: the plan names no node
         free = [node for node in self.pool if node not in options.exclude]
         picked = tuple(free[:wanted])
@@ -395,6 +396,6 @@ class _Refusing:
 def test_only_a_job_slurm_could_never_place_is_unplaceable(said: str, never: bool) -> None:
     chosen = plan(nodes=3)
     with pytest.raises(TorchherdError) as raised:
-        submit(_Refusing(said), batch_job(chosen, chosen.inventory.slurm))  # type: ignore[arg-type]
+        submit(_Refusing(said), batch_job(chosen, settings_of(chosen.inventory)))  # type: ignore[arg-type]
     assert isinstance(raised.value, Unplaceable) is never
     assert str(raised.value) == f"sbatch failed on login1: {said}"

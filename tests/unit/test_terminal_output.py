@@ -14,6 +14,7 @@ from torchherd.console import make_console, printable, render_error
 from torchherd.console.detach import render_status
 from torchherd.console.run import LiveRenderer, render_summary
 from torchherd.engine.records import NodeRecord, NodeState, RunRecord
+from torchherd.engine.slurm.settings import settings_of
 from torchherd.errors import TorchherdError
 from torchherd.runlog import NodeOutcome, OutputLine, OutputParser, RankLines, RunSummary
 
@@ -138,7 +139,7 @@ def test_the_slurm_dry_run_shows_the_jobs_arguments_and_environment_escaped() ->
 
     cluster = Cluster(["node0", "node1"], scheduler="slurm", python="/opt/venv/bin/python", workdir="~/proj",
                       slurm={"partition": "main"}, env={"BANNER": OSC})
-    job = batch_job(cluster.plan("train.py", f"--name={OSC}", run_id="th-test"), cluster.inventory.slurm)
+    job = batch_job(cluster.plan("train.py", f"--name={OSC}", run_id="th-test"), settings_of(cluster.inventory))
     console = terminal()
     render_description(console, job)
     text = console.export_text()

@@ -3,7 +3,6 @@ that builds it (run here with the real uv), the ``venv`` check's verdicts, bad i
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import platform
@@ -20,6 +19,7 @@ from support.uvproject import locked_project, uv_binary
 from torchherd.api import Cluster
 from torchherd.checks.analysis import python as python_check
 from torchherd.checks.analysis import venv as venv_check
+from torchherd.checks.gather import NODE_SCRIPTS
 from torchherd.checks.model import NodeFacts, Observed
 from torchherd.cli import main
 from torchherd.console import make_console
@@ -29,7 +29,7 @@ from torchherd.engine.prepare.venvs import _not_for, local_uv, venv_command, ven
 from torchherd.errors import UsageError
 from torchherd.inventory import parse
 from torchherd.plan import NodeNetwork, RunOptions, SyncOptions, UvOptions, build_plan, uv_candidates
-from torchherd.remote import argv, source
+from torchherd.remote import argv, shipped, source
 from torchherd.tree import uv_lock_hash
 
 LOCK = "ab" * 32
@@ -51,20 +51,14 @@ def options(uv: UvOptions | None = LOCKED, sync: bool = True) -> RunOptions:
 
 
 def node_hash(project: Path) -> str | None:
-    """The facts script's own ``uv_lock_hash`` (it runs on the node, so it is its own copy)."""
-    tree = ast.parse(source_of_facts())
-    wanted = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "uv_lock_hash"
-              or isinstance(node, (ast.Import, ast.ImportFrom))
-              or isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "UV_FILES" for t in node.targets)]
-    namespace: dict[str, Any] = {}
-    exec(compile(ast.Module(body=wanted, type_ignores=[]), "facts.py", "exec"), namespace)  # noqa: S102
-    return namespace["uv_lock_hash"](str(project))  # type: ignore[no-any-return]
-
-
-def source_of_facts() -> str:
-    from torchherd.checks.gather import remote_source
-
-    return remote_source("facts.py")
+    """The ``uv_lock_hash`` the facts script imports on a node: run as it ships there (its
+    modules packed with it, ``-I -S``: no checkout on sys.path)."""
+    probe = "import sys\nfrom torchherd.remote.uvlock import uv_lock_hash\nprint(uv_lock_hash(sys.argv[1]))\n"
+    program = shipped("probe.py", probe, NODE_SCRIPTS["facts.py"])
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", program, str(project)], capture_output=True, text=True,
+                          cwd="/", timeout=30, check=True)
+    answer = done.stdout.strip()
+    return None if answer == "None" else answer
 
 
 def test_the_lock_hash_covers_both_files_and_the_node_computes_the_same(tmp_path: Path) -> None:

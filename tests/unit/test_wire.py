@@ -23,9 +23,10 @@ import pytest
 
 from support.processes import killed_after, plant, wait_until
 from torchherd import runlog
+from torchherd.checks.gather import NODE_SCRIPTS, node_program, remote_source
 from torchherd.engine.prepare.sync import frame
 from torchherd.engine.records import parse_node_state
-from torchherd.remote import PROGRAMS, SCRIPTS, argv, program, source, wire
+from torchherd.remote import DROP_START_DIRECTORY, PROGRAMS, SCRIPTS, argv, program, source, wire
 from torchherd.runlog import OutputLine, Status, parse_records, parse_status
 
 PY = sys.executable
@@ -213,11 +214,11 @@ def test_node_programs_cannot_see_the_checkout() -> None:
         assert "'" not in text and "\\" not in text  # shlex.quote only wraps it
 
 
-def imports_of(file: str) -> set[str]:
-    """The node modules a file of torchherd.remote imports (``from torchherd.remote import
-    wire``, ``from torchherd.remote.framing import X``), as file names."""
+def imports_of(file: str, text: str | None = None) -> set[str]:
+    """The node modules a file of torchherd.remote (or ``text``) imports (``from torchherd.remote
+    import wire``, ``from torchherd.remote.framing import X``), as file names."""
     found = set()
-    for node in ast.walk(ast.parse(source(file))):
+    for node in ast.walk(ast.parse(source(file) if text is None else text)):
         if isinstance(node, ast.ImportFrom) and node.module == "torchherd.remote":
             found |= {alias.name + ".py" for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchherd."):
@@ -236,8 +237,22 @@ def test_every_program_ships_each_module_it_imports_before_it() -> None:
             assert imports_of(file) <= loaded, (name, file, imports_of(file) - loaded)
             loaded.add(file)
     assert imports_of("supervisor.py") == {"container.py", "wire.py", "framing.py", "proctable.py", "ranks.py",
-                                            "flight.py", "savewatch.py"}
+                                            "flight.py", "savewatch.py", "pace.py"}
     assert imports_of("stop.py") == {"container.py", "wire.py", "proctable.py"}
+
+
+def test_the_checks_node_scripts_ship_as_every_node_program_does() -> None:
+    """The checks' scripts import the node modules (never a copy of them): each travels with
+    what it imports, loaded before it, and starts by dropping the start directory."""
+    for name, modules in NODE_SCRIPTS.items():
+        loaded: set[str] = set()
+        for file in modules:
+            assert imports_of(file) <= loaded, (name, file, imports_of(file) - loaded)
+            loaded.add(file)
+        assert imports_of(name, remote_source(name)) <= loaded, name
+        text = node_program(name)
+        assert text.startswith(DROP_START_DIRECTORY) and "'" not in text and "\\" not in text
+    assert imports_of("facts.py", remote_source("facts.py")) == {"proctable.py", "uvlock.py"}
 
 
 @pytest.mark.timeout(60)

@@ -12,9 +12,9 @@ import re
 import shlex
 from typing import Any, Mapping
 
-from torchherd.checks.gather import DROP_START_DIRECTORY
 from torchherd.errors import TransportError
 from torchherd.inventory import ContainerSettings, Host
+from torchherd.remote import DROP_START_DIRECTORY
 from torchherd.remote import container as containers
 from torchherd.shell import quote_path
 from torchherd.transport import Session, fan_out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import time
@@ -12,6 +13,7 @@ from typing import Any, Mapping
 from torchherd.checks.model import Json, NodeFacts
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
+from torchherd.remote import shipped
 from torchherd.shell import quote_path
 from torchherd.transport import Process, Session
 
@@ -25,12 +27,26 @@ FALLBACK_PYTHON = "python3"
 """Used for the facts when the configured python does not run, so the other checks still report."""
 
 
-DROP_START_DIRECTORY = "import sys; sys.path[:] = [path for path in sys.path if path]\n"
-"""A ``python -c`` program's first line: ``-c`` puts the start directory first on sys.path."""
+NODE_SCRIPTS: dict[str, tuple[str, ...]] = {
+    "facts.py": ("container.py", "wire.py", "proctable.py", "uvlock.py"),
+    "bandwidth.py": (),
+    "smoke.py": (),
+}
+"""Each node script of the checks (``torchherd.checks.remote``) and the modules of
+``torchherd.remote`` it imports, in the order they are loaded: they travel as every node
+program does (``remote.shipped``), so a script imports what the other end has, never a copy."""
 
 
 def remote_source(name: str) -> str:
     return resources.files("torchherd.checks.remote").joinpath(name).read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=None)
+def node_program(script: str) -> str:
+    """The self-contained ``python -c`` program that runs the checks' node script ``script``
+    (one of NODE_SCRIPTS); its first line drops the start directory from sys.path
+    (``remote.DROP_START_DIRECTORY``)."""
+    return shipped(script, remote_source(script), NODE_SCRIPTS[script])
 
 
 def python_command(python: str, script: str, config: Mapping[str, Any], stdlib_only: bool = True) -> str:
@@ -44,8 +60,7 @@ def python_command(python: str, script: str, config: Mapping[str, Any], stdlib_o
     # Without -I the start directory (the home directory) would come first on sys.path: the
     # program's first line drops it before anything is imported.
     flags = "-I -S " if stdlib_only else ""
-    program = DROP_START_DIRECTORY + remote_source(script)
-    return f"{quote_path(python)} {flags}-c {shlex.quote(program)} {shlex.quote(json.dumps(config))}"
+    return f"{quote_path(python)} {flags}-c {shlex.quote(node_program(script))} {shlex.quote(json.dumps(config))}"
 
 
 @dataclass

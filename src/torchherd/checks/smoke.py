@@ -2,8 +2,8 @@
 
 The plan comes from ``plan.build_plan`` with the preflight's networks; the engine
 runs it quietly (the same supervisor, teardown and output parsing as ``run``) and
-hands back what it saw. The script (remote/smoke.py) is written into the run's
-directory under /tmp by the same SSH command that starts the job, and removed
+hands back what it saw. The script (remote/smoke.py, as ``gather.node_program`` ships
+every node script) is written into the run's directory under /tmp by the same SSH command that starts the job, and removed
 afterwards (``cleanup_command``). What each rank printed, and how each node's part
 ended, is judged in ``smoke_verdicts``.
 """
@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 
 from torchherd.checks.analysis.smoke import SmokeContext, SmokeRun, smoke_verdicts
-from torchherd.checks.gather import remote_source
+from torchherd.checks.gather import node_program
 from torchherd.checks.model import Observed
 from torchherd.checks.results import CheckResult
 from torchherd.plan import NodePlan, Plan, RunOptions, build_plan
@@ -78,7 +78,7 @@ def _writing_script(node: NodePlan) -> NodePlan:
     script = f"{directory}/smoke.py"
     # mkdir without -p, mode 0700: a directory another user made first (to swap the script) is refused.
     write = (f"mkdir -m 700 {shlex.quote(directory)} && "
-             f"printf '%s' {shlex.quote(remote_source('smoke.py'))} > {shlex.quote(script)}")
+             f"printf '%s' {shlex.quote(node_program('smoke.py'))} > {shlex.quote(script)}")
     setup = f"{node.setup.strip()}\n{write}" if node.setup.strip() else write
     torchrun = replace(node.torchrun, script=script)
     return replace(node, setup=setup, argv=torchrun.argv(), torchrun=torchrun)

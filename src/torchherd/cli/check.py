@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING
 
 from torchherd.cli.cluster import cluster_of
 from torchherd.cli.contract import emit
-from torchherd.cli.flags import add_host_flags, add_sync_flag, scheduler_flags, sync_choices, sync_printer
+from torchherd.cli.flags import (
+    add_container_flags,
+    add_host_flags,
+    add_place_flags,
+    add_scheduler_flags,
+    add_sync_flag,
+    flag_groups,
+    sync_choices,
+    sync_printer,
+)
 from torchherd.cli.values import id_list, rate
 from torchherd.errors import EXIT_FAILED, EXIT_OK
 
@@ -80,7 +89,7 @@ def check_ids() -> str:
     """``check --help``'s list of the ids --only and --skip take (imported only for the help:
     the checks package is slow to import)."""
     from torchherd.checks.model import CHECK_IDS, OPT_IN
-    from torchherd.engine.schedulers import own_checks
+    from torchherd.engine.backend import own_checks
 
     plain = ", ".join(check for check in CHECK_IDS if check not in OPT_IN)
     measured = ", ".join(check for check in CHECK_IDS if check in OPT_IN and check not in ("smoke", "gpudiag"))
@@ -88,35 +97,45 @@ def check_ids() -> str:
     text = (f"check ids for --only and --skip: {plain}; with --bandwidth or --smoke (or named by --only): "
             f"{measured}; with --smoke: smoke; with --gpu-diag: gpudiag{own}. "
             "What each establishes: torchherd docs checks.")
-    return textwrap.fill(text, width=79, break_on_hyphens=False)  # an id is never cut at its hyphen
+    return textwrap.fill(text, width=79, break_on_hyphens=False) + "\n\n" + CHECK_EXAMPLES  # an id is never cut at its hyphen
+
+
+CHECK_EXAMPLES = """\
+examples:
+  torchherd check -H localhost                   # this machine, no SSH
+  torchherd check -H 'gpu[01-04]' --python /opt/venv/bin/python -- train.py
+  torchherd check --only ssh,port --json         # two checks, one JSON document"""
 
 
 def add_check(commands: argparse._SubParsersAction[argparse.ArgumentParser],
               inventory: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``check``'s flags; the parser, for the help's list of check ids (``build_parser``)."""
-    scheduler = scheduler_flags()
-    check = commands.add_parser("check", parents=[inventory, scheduler], help="preflight checks only; changes nothing (--sync and --uv do: the project, its venvs)",
+    check = commands.add_parser("check", parents=[inventory], help="preflight checks only; changes nothing (--sync and --uv do: the project, its venvs)",
+                                usage="torchherd check [options] [-- SCRIPT]",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # the epilog comes wrapped
-    check.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    check.add_argument("--only", metavar="ID,...", help="run only these checks (the ids are listed below)")
-    check.add_argument("--skip", metavar="ID,...", help="skip these checks (the ids are listed below)")
-    check.add_argument("--smoke", action="store_true", help="also run a tiny real all_reduce on every node")
-    check.add_argument("--gpu-diag", action="store_true",
+    check.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT: also check the training script")
+    groups = flag_groups(check, "hosts", "job", "checks", "output", "environments")
+    add_host_flags(groups["hosts"])
+    add_place_flags(groups["job"])
+    add_sync_flag(groups["job"], groups["environments"], run=False)
+    group = groups["checks"]
+    group.add_argument("--only", metavar="ID,...", help="run only these checks (the ids are listed below)")
+    group.add_argument("--skip", metavar="ID,...", help="skip these checks (the ids are listed below)")
+    group.add_argument("--smoke", action="store_true", help="also run a tiny real all_reduce on every node")
+    group.add_argument("--gpu-diag", action="store_true",
                        help="also run DCGM's level-1 GPU diagnostic (dcgmi diag -r 1) where DCGM is installed")
-    check.add_argument("--bandwidth", action="store_true",
+    group.add_argument("--bandwidth", action="store_true",
                        help="also measure the links' throughput and path MTU between the nodes (--smoke does too)")
-    check.add_argument("--min-bandwidth", type=rate, metavar="RATE",
+    group.add_argument("--min-bandwidth", type=rate, metavar="RATE",
                        help="with --bandwidth: a link or node below RATE (10Gbit, 800Mbit) fails "
                             "(default: [checks] min_bandwidth, else no floor)")
-    check.add_argument("--mesh", choices=("auto", "full"), default="auto",
+    group.add_argument("--mesh", choices=("auto", "full"), default="auto",
                        help="probe every pair of nodes (full), or beyond 32 nodes a sampled set that still "
                             "covers every node and subnet (auto, the default)")
-    check.add_argument("--accept-new-host-keys", action="store_true",
-                       help="trust and record unknown SSH host keys (changed keys are always refused)")
-    check.add_argument("--matrix", action="store_true",
-                       help="always show the probes as a node x node matrix (shown anyway when one failed)")
-    check.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT: also check the training script")
+    groups["output"].add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    groups["output"].add_argument("--matrix", action="store_true",
+                                  help="always show the probes as a node x node matrix (shown anyway when one failed)")
+    add_container_flags(groups["environments"], unused=frozenset({"--pull"}))  # check never pulls
+    add_scheduler_flags(check)  # each scheduler's group, last
     check.set_defaults(handler=cmd_check)
-    add_host_flags(check, nproc=True, unused=frozenset({"--pull"}))  # check never pulls
-    add_sync_flag(check, run=False)
     return check

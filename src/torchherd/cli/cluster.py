@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from torchherd.cli.flags import SLURM_FLAGS
+from torchherd.cli.flags import table_flags
 from torchherd.cli.values import nproc_count
 from torchherd.errors import UsageError
 
@@ -75,5 +75,4 @@ def hosts_of(args: argparse.Namespace) -> Cluster:
 
 def cluster_of(args: argparse.Namespace) -> Cluster:
     cluster = hosts_of(args)
-    slurm = {key: getattr(args, f"slurm_{key}", None) for key in SLURM_FLAGS}
-    return cluster.using(getattr(args, "scheduler", None), slurm)
+    return cluster.using(getattr(args, "scheduler", None), **table_flags(args))

@@ -136,7 +136,8 @@ def _run(args: argparse.Namespace, given: Console | None) -> int:
         if os.environ.get("TORCHHERD_DEBUG"):
             raise
         internal = TorchherdError(f"internal error: {type(error).__name__}: {error}",
-                                  "rerun with TORCHHERD_DEBUG=1 and report the traceback")
+                                  "rerun with TORCHHERD_DEBUG=1 and report the traceback "
+                                  "(what to send, and where: torchherd docs contributing)")
         render_error(error_console, internal)
         raise _Ended(internal, EXIT_FAILED) from None
 

@@ -1,5 +1,6 @@
-"""Flag groups more than one command takes: the hosts and this run's choices, SLURM's
-``--slurm-KEY``, and ``--sync`` with its uv flags."""
+"""Flag groups more than one command takes: the hosts and this run's choices, each
+scheduler table's ``--NAME-KEY`` (as the scheduler declares them), and ``--sync`` with its
+uv flags."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def sync_printer(console: Console) -> Callable[[object], None]:
     return SyncPrinter(console)
 
 
-def add_sync_flag(parser: argparse.ArgumentParser, run: bool) -> None:
+def add_sync_flag(parser: argparse._ActionsContainer, environments: argparse._ActionsContainer, run: bool) -> None:
+    """--sync and what it sends, in ``parser`` (the job's group); the uv flags in ``environments``."""
     parser.add_argument("--sync", nargs="?", const=True, default=None, metavar="DIR",
                         help="first make the local project (DIR, else [sync].dir, else the enclosing git repository, "
                              "else .) identical on every node under its workdir; only changed files travel. "
@@ -37,16 +39,16 @@ def add_sync_flag(parser: argparse.ArgumentParser, run: bool) -> None:
     parser.add_argument("--sync-anyway", action="store_true",
                         help="send the home directory, or a directory outside git with over 5000 files or 500 MB, "
                              "which --sync otherwise refuses (default: off)")
-    parser.add_argument("--uv", action="store_true", default=None,
+    environments.add_argument("--uv", action="store_true", default=None,
                         help="run the job in a venv that uv sync --frozen builds on every node from the synced "
                              "project's uv.lock, kept while the lock is unchanged (on by itself when the project "
                              "has pyproject.toml and uv.lock; default: that)")
-    parser.add_argument("--no-uv", dest="uv", action="store_false",
+    environments.add_argument("--no-uv", dest="uv", action="store_false",
                         help="the node's configured python, even for a project with uv.lock (default: off)")
-    parser.add_argument("--uv-system-site-packages", action="store_true",
+    environments.add_argument("--uv-system-site-packages", action="store_true",
                         help="the venv also sees the packages of the node's configured python (a torch installed "
                              "there; default: off)")
-    parser.add_argument("--uv-offline", action="store_true", default=None,
+    environments.add_argument("--uv-offline", action="store_true", default=None,
                         help="nodes without a package index: a node that must build its venv gets the lock's "
                              "wheels from this machine (downloaded once per node platform, relayed node to node) "
                              "and builds with no network (default: [uv] offline, else off)")
@@ -75,79 +77,94 @@ def sync_took_the_script(args: argparse.Namespace, extra: Sequence[str]) -> None
                          "--sync -- SCRIPT [ARGS...] syncs the enclosing git repository")
 
 
-SLURM_FLAGS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_node", "time", "extra")
-"""Every [slurm] key, as --slurm-KEY on the command line."""
+GROUPS = {
+    "hosts": "hosts",
+    "job": "the job",
+    "torchrun": "the job: torchrun's own flags, passed through",
+    "checks": "checks",
+    "output": "output",
+    "recovery": "recovery (torchherd docs run: Recovery); each flag overrides [recovery]",
+    "environments": "containers and environments",
+}
+"""Every command's --help groups its flags so, in this order (the ones it has), each
+scheduler's own last (``add_scheduler_flags``): a flag is found in the same place whichever
+command's help it is read in."""
 
 
-def scheduler_flags() -> argparse.ArgumentParser:
-    flags = argparse.ArgumentParser(add_help=False)
-    add_scheduler_flags(flags)
-    return flags
+def flag_groups(parser: argparse.ArgumentParser, *names: str) -> dict[str, argparse._ArgumentGroup]:
+    """The command's groups ``names``, created in GROUPS's order (argparse shows them in the
+    order they were made); "hosts" is the one ``-i`` came in with, from the inventory parent."""
+    made: dict[str, argparse._ArgumentGroup] = {}
+    for name, title in GROUPS.items():
+        if name in names:
+            found = [group for group in parser._action_groups if group.title == title]
+            made[name] = found[0] if found else parser.add_argument_group(title)
+    return made
 
 
 def add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
-    from torchherd.inventory import SCHEDULERS
+    """``--scheduler``, and each scheduler table's keys as ``--NAME-KEY`` (``engine.schedulers``),
+    in a group per table; ``--scheduler`` heads the first."""
+    from torchherd.engine.schedulers import known, names
 
-    group = parser.add_argument_group("SLURM (torchherd docs slurm); each --slurm-KEY overrides [slurm].KEY",
-                                      "default for each --slurm-KEY: [slurm].KEY, else sbatch's own")
-    group.add_argument("--scheduler", choices=SCHEDULERS,
-                       help="who starts the job on the nodes (default: [cluster].scheduler, else ssh)")
-    group.add_argument("--slurm-login", metavar="HOST", help="submit on this host over SSH (default: here)")
-    group.add_argument("--slurm-partition", metavar="NAME", help="sbatch --partition")
-    group.add_argument("--slurm-account", metavar="NAME", help="sbatch --account")
-    group.add_argument("--slurm-nodes", metavar="N", type=positive, help="sbatch --nodes")
-    group.add_argument("--slurm-nodelist", metavar="NODESET", help="sbatch --nodelist, e.g. 'gpu[01-04]'")
-    group.add_argument("--slurm-gpus-per-node", metavar="N", type=positive, help="sbatch --gpus-per-node")
-    group.add_argument("--slurm-time", metavar="LIMIT", help="sbatch --time")
-    group.add_argument("--slurm-extra", metavar="OPTION", action="append",
-                       help="one more sbatch option, e.g. --slurm-extra=--qos=high (repeatable)")
+    groups = [parser.add_argument_group(f"{table.title} (torchherd docs {table.name}); each --{table.name}-KEY "
+                                        f"overrides [{table.name}].KEY",
+                                        f"default for each --{table.name}-KEY: [{table.name}].KEY, else "
+                                        f"{table.flags_default}") for table in known().tables]
+    (groups[0] if groups else parser).add_argument(
+        "--scheduler", choices=names(), help="who starts the job on the nodes (default: [cluster].scheduler, else ssh)")
+    for table, group in zip(known().tables, groups):
+        for flag in table.flags:
+            options: dict[str, Any] = {"metavar": flag.metavar, "help": flag.help}
+            if flag.kind == "count":
+                options["type"] = positive
+            elif flag.kind == "repeat":
+                options["action"] = "append"
+            group.add_argument(f"--{table.name}-{flag.key.replace('_', '-')}", **options)
 
 
-def add_host_flags(parser: argparse.ArgumentParser, nproc: bool = False, unused: frozenset[str] = frozenset()) -> None:
-    """Hosts without an inventory file, and the choices that override it for one run; a
+def table_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """What the command line gave each scheduler table (``Cluster.using``'s keywords)."""
+    from torchherd.engine.schedulers import known
+
+    return {table.name: {key: getattr(args, f"{table.name}_{key}", None) for key in table.keys}
+            for table in known().tables}
+
+
+def add_host_flags(hosts: argparse._ActionsContainer, unused: frozenset[str] = frozenset()) -> None:
+    """Hosts without an inventory file, and the choices that override it for one command; a
     command leaves out the ``unused`` flags, which would do nothing there (refused, not ignored)."""
-    group = parser.add_argument_group("hosts without an inventory, and choices for this run")
-    add_first_host_flags(group)
-    add_more_host_flags(_Without(group, unused))
-    if nproc:
-        group.add_argument("--nproc-per-node", metavar="N", help=NPROC_HELP)
-
-
-class _Without:
-    """A group that adds every flag but the ``unused`` ones."""
-
-    def __init__(self, group: argparse._ActionsContainer, unused: frozenset[str]) -> None:
-        self.group, self.unused = group, unused
-
-    def add_argument(self, *names: str, **options: Any) -> None:
-        if not self.unused.intersection(names):
-            self.group.add_argument(*names, **options)
-
-
-def add_first_host_flags(group: argparse._ActionsContainer) -> None:
-    """The hosts, and where and with what the job runs on them."""
+    group = _Without(hosts, unused)
     group.add_argument("-H", "--hosts", metavar="HOSTS",
                        help="[user@]host[:port],... (nodesets: gpu[01-16]); no inventory file needed "
                             "(default: the inventory's hosts)")
     group.add_argument("--nodelist", metavar="LIST",
                        help="hosts as a SLURM nodelist: gpu[01-04],cpu1 (default: the inventory's hosts)")
-    group.add_argument("--python", metavar="PATH",
-                       help="the interpreter with torch on every node (default: the inventory's python, else python3)")
-    group.add_argument("--workdir", metavar="DIR",
-                       help="where the job runs on every node (default: the inventory's workdir, else ~)")
-
-
-def add_more_host_flags(group: argparse._ActionsContainer | _Without) -> None:
-    """The master, SSH's patience, and a subset of the hosts, for one command."""
     group.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
     group.add_argument("--master-port", metavar="PORT", type=port,
                        help="the master (rendezvous) port, torchrun's --master-port (default: [cluster].port, "
                             "else 29500)")
-    group.add_argument("--ssh-timeout", metavar="S", type=ssh_timeout,
-                       help="seconds to connect and authenticate to a node (default: [cluster].ssh_timeout, else 10)")
     group.add_argument("--include", metavar="HOSTS", help="only these hosts (names, nodesets, globs; default: all)")
     group.add_argument("--exclude", metavar="HOSTS", help="leave these hosts out (names, nodesets, globs; default: "
                        "none)")
+    group.add_argument("--ssh-timeout", metavar="S", type=ssh_timeout,
+                       help="seconds to connect and authenticate to a node (default: [cluster].ssh_timeout, else 10)")
+    group.add_argument("--accept-new-host-keys", action="store_true",
+                       help="trust and record unknown SSH host keys (changed keys are always refused; default: off)")
+
+
+def add_place_flags(job: argparse._ActionsContainer) -> None:
+    """Where and with what the job runs on every node, and how many processes."""
+    job.add_argument("--python", metavar="PATH",
+                     help="the interpreter with torch on every node (default: the inventory's python, else python3)")
+    job.add_argument("--workdir", metavar="DIR",
+                     help="where the job runs on every node (default: the inventory's workdir, else ~)")
+    job.add_argument("--nproc-per-node", metavar="N", help=NPROC_HELP)
+
+
+def add_container_flags(environments: argparse._ActionsContainer, unused: frozenset[str] = frozenset()) -> None:
+    """The image the job runs in; a command leaves out the ``unused`` flags."""
+    group = _Without(environments, unused)
     group.add_argument("--image", metavar="IMAGE",
                        help="run the job inside this container image on every node (torchherd docs containers; default: "
                             "[container].image, else none)")
@@ -159,6 +176,17 @@ def add_more_host_flags(group: argparse._ActionsContainer | _Without) -> None:
     group.add_argument("--image-archive", metavar="FILE",
                        help="a docker save / podman save tar of the image: sent once, relayed node to node and loaded "
                             "on every node that lacks the image, before the launch (default: [container].archive)")
+
+
+class _Without:
+    """A group that adds every flag but the ``unused`` ones."""
+
+    def __init__(self, group: argparse._ActionsContainer, unused: frozenset[str]) -> None:
+        self.group, self.unused = group, unused
+
+    def add_argument(self, *names: str, **options: Any) -> None:
+        if not self.unused.intersection(names):
+            self.group.add_argument(*names, **options)
 
 
 NPROC_HELP = "processes per node: an int, gpu, cpu or auto (default: each host's nproc_per_node, else 1)"

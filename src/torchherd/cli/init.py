@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from torchherd import words
 from torchherd.cli.cluster import inventory_path, not_empty
+from torchherd.cli.flags import flag_groups
 from torchherd.cli.values import nproc_count
 from torchherd.errors import EXIT_OK, UsageError
 
@@ -25,6 +26,8 @@ def cmd_init(args: argparse.Namespace, console: Console) -> int:
     from torchherd.inventory import hostspec, writer
 
     not_empty(args, "hosts", "-H", "name the hosts: -H node0,node1 (or leave out -H for two placeholder hosts)")
+    if args.example_script is not None:
+        return _init_example_script(args, Path(args.example_script), console)
     path = inventory_path(args)
     if path.exists():
         raise UsageError(f"{path}: already exists; init never overwrites a file",
@@ -89,6 +92,32 @@ def _init_example(args: argparse.Namespace, path: Path, console: Console) -> int
     return EXIT_OK
 
 
+EXAMPLE_SCRIPT_RUN = "torchherd run -H localhost --nproc-per-node 2 -- {script}"
+"""The first run of the example script: this machine, no SSH."""
+
+
+def _init_example_script(args: argparse.Namespace, path: Path, console: Console) -> int:
+    """The example DDP training script shipped in the package (examples/ddp_demo.py), written
+    as ``path``: a pip user's first job, on CPU (gloo) or GPU (nccl)."""
+    from importlib.resources import files
+
+    given = [flag for flag, value in (("-H", args.hosts), ("--from-ssh-config", args.from_ssh_config),
+                                      ("--python", args.python), ("--workdir", args.workdir),
+                                      ("--nproc-per-node", args.nproc_per_node), ("--master", args.master),
+                                      ("--example", args.example or None)) if value is not None]
+    if given:
+        raise UsageError(f"--example-script and {given[0]}: the script is written alone",
+                         "write the script first, then the inventory: torchherd init --example-script; torchherd init -H ...")
+    if path.exists() or path.is_symlink():
+        raise UsageError(f"--example-script {path}: already exists; init never overwrites a file",
+                         "name another file: torchherd init --example-script other.py")
+    _written(path, files("torchherd").joinpath("train.example").read_text(encoding="utf-8"))
+    run = EXAMPLE_SCRIPT_RUN.format(script=shlex.quote(str(path)))
+    console.print(f"wrote {path}: a small DDP training script (CPU or GPU, torch only); run it here: {run}",
+                  markup=False, highlight=False)
+    return EXIT_OK
+
+
 def _written(path: Path, text: str) -> Path:
     """Writes a new private file (0600); an existing one is never replaced."""
     try:
@@ -105,16 +134,24 @@ def _written(path: Path, text: str) -> Path:
 def add_init(commands: argparse._SubParsersAction[argparse.ArgumentParser],
               inventory: argparse.ArgumentParser) -> None:
     init = commands.add_parser("init", parents=[inventory],
-                               help="write a commented hosts.toml (from -H or ~/.ssh/config); never overwrites")
-    init.add_argument("-H", "--hosts", metavar="HOSTS", help="[user@]host[:port],... (nodesets: gpu[01-16])")
-    init.add_argument("--from-ssh-config", metavar="PATTERN",
-                      help="the Host entries of ~/.ssh/config matching this glob, e.g. 'gpu*'")
-    init.add_argument("--ssh-config", metavar="FILE", default=DEFAULT_SSH_CONFIG,
-                      help="the OpenSSH config --from-ssh-config reads (default: ~/.ssh/config)")
-    init.add_argument("--python", metavar="PATH", help="the interpreter with torch on the nodes")
-    init.add_argument("--workdir", metavar="DIR", help="where the job runs on the nodes")
-    init.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
-    init.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
-    init.add_argument("--example", action="store_true",
-                      help="write the documented example inventory instead (every key, explained)")
+                               help="write a commented hosts.toml (from -H or ~/.ssh/config); never overwrites",
+                               usage="torchherd init [options]")
+    groups = flag_groups(init, "hosts", "job", "output")
+    hosts = groups["hosts"]
+    hosts.add_argument("-H", "--hosts", metavar="HOSTS", help="[user@]host[:port],... (nodesets: gpu[01-16])")
+    hosts.add_argument("--from-ssh-config", metavar="PATTERN",
+                       help="the Host entries of ~/.ssh/config matching this glob, e.g. 'gpu*'")
+    hosts.add_argument("--ssh-config", metavar="FILE", default=DEFAULT_SSH_CONFIG,
+                       help="the OpenSSH config --from-ssh-config reads (default: ~/.ssh/config)")
+    hosts.add_argument("--master", metavar="HOST", help="the host with node_rank 0 (default: the first)")
+    job = groups["job"]
+    job.add_argument("--python", metavar="PATH", help="the interpreter with torch on the nodes")
+    job.add_argument("--workdir", metavar="DIR", help="where the job runs on the nodes")
+    job.add_argument("--nproc-per-node", metavar="N", help="processes per node (int, gpu, cpu, auto)")
+    output = groups["output"]
+    output.add_argument("--example", action="store_true",
+                        help="write the documented example inventory instead (every key, explained)")
+    output.add_argument("--example-script", metavar="FILE", nargs="?", const="train.py",
+                        help="write instead a small DDP training script (CPU or GPU) as FILE (default: train.py), "
+                             "to run first: torchherd run -H localhost -- train.py")
     init.set_defaults(handler=cmd_init)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from torchherd import __version__, manual
 from torchherd.cli.check import add_check, check_ids
+from torchherd.cli.flags import GROUPS
 from torchherd.cli.hosts import add_hosts
 from torchherd.cli.init import add_init
 from torchherd.cli.run import add_run
@@ -57,8 +58,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     inventory = argparse.ArgumentParser(add_help=False)
-    inventory.add_argument("-i", "--inventory", metavar="FILE", default=argparse.SUPPRESS,
-                           help="host inventory (default: $TORCHHERD_INVENTORY, then ./hosts.toml)")
+    # in the group "hosts": a command's help shows its hosts first, -i with them (flags.GROUPS)
+    inventory.add_argument_group(GROUPS["hosts"]).add_argument(
+        "-i", "--inventory", metavar="FILE", default=argparse.SUPPRESS,
+        help="host inventory (default: $TORCHHERD_INVENTORY, then ./hosts.toml)")
     parser: argparse.ArgumentParser = _Parser(  # its subparsers are _Parsers too
         prog="torchherd", parents=[inventory],
         description="Run one PyTorch distributed job on many machines: check, launch, stream, tear down.")

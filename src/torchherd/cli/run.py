@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Sequence
 from torchherd.cli.cluster import cluster_of
 from torchherd.cli.contract import emit
 from torchherd.cli.flags import (
-    NPROC_HELP,
-    add_first_host_flags,
-    add_more_host_flags,
+    add_container_flags,
+    add_host_flags,
+    add_place_flags,
     add_scheduler_flags,
     add_sync_flag,
+    flag_groups,
     sync_choices,
 )
 from torchherd.cli.values import (
@@ -83,6 +84,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                         sync_anyway=args.sync_anyway, uv=args.uv,
                         uv_system_site_packages=args.uv_system_site_packages, uv_offline=args.uv_offline)
     _ranks_exist(args.ranks, plan)
+    _script_in_project(plan, cluster)
     only, skip = _run_checks(args, cluster)
     recovery = _recovery(args, cluster)
     if args.dry_run:
@@ -123,6 +125,27 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         observer.close()  # the panel goes, whichever way the command leaves
 
 
+def _script_in_project(plan: Plan, cluster: Cluster) -> None:
+    """With --sync the job runs from the synced project's root on every node: a script the
+    project does not hold is said here, before anything is sent (not by every node after);
+    a backend that takes no --sync says so first."""
+    import os
+    from pathlib import Path
+
+    script = plan.script
+    if plan.sync is None or script is None or os.path.isabs(script):
+        return
+    cluster.backend.allow("--sync", True)
+    source = Path(plan.sync.source)
+    if (source / script).is_file():
+        return
+    here = Path(script).resolve()
+    hint = (f"the job runs from the project's root on every node: name it {os.path.relpath(here, source)}"
+            if here.is_file() and here.is_relative_to(source) else
+            f"the job runs from the project's root on every node: name the script relative to {source}")
+    raise UsageError(f"{script}: not in the synced project {source}", hint)
+
+
 def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
     """The inventory's [recovery] table, each flag given overriding its key."""
     from dataclasses import replace
@@ -138,7 +161,7 @@ def _recovery(args: argparse.Namespace, cluster: Cluster) -> Recovery:
     # A scheduler that cannot honour them says so first: the rule's hint would ask for a
     # --checkpoint it refuses in turn.
     cluster.backend.allow("--resume-args", "resume_args" in given or bool(recovery.resume_args and recovery.retries))
-    problem = recovery_problem(recovery, tuple(given), "flag")
+    problem = recovery_problem(recovery, tuple(given), "flag", detached=bool(args.detach))
     if problem is not None:
         raise problem
     return recovery
@@ -203,8 +226,7 @@ def _ranks_exist(text: str | None, plan: Plan) -> None:
                          f"name ranks below the world size, {size}")
 
 
-def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
-    group = run.add_argument_group("recovery (torchherd docs run: Recovery); each flag overrides [recovery]")
+def _add_recovery_flags(group: argparse._ActionsContainer) -> None:
     group.add_argument("--retries", type=retries, metavar="N",
                        help="after a failed attempt, triage the nodes and try again, up to N times (default: 0)")
     group.add_argument("--final-exit-codes", type=exit_codes, metavar="CODE,...",
@@ -238,36 +260,42 @@ def _add_recovery_flags(run: argparse.ArgumentParser) -> None:
                             "and ranks fork (default: [recovery].warm, else warm)")
 
 
+RUN_EXAMPLES = """\
+examples:
+  torchherd run -H localhost --nproc-per-node 2 -- train.py --steps 20   # this machine, no SSH
+  torchherd run -H gpu01,gpu02 --python /opt/venv/bin/python --nproc-per-node gpu --sync -- train.py
+  torchherd run --dry-run -i hosts.toml -- train.py       # each node's command; nothing starts"""
+
+
 def add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],
              inventory: argparse.ArgumentParser) -> None:
-    """``run``: what a newcomer needs first (the hosts, python, workdir, processes, --sync),
-    every default said; torchrun's own flags, the output, recovery and SLURM in groups after."""
+    """``run``: its flags in every command's groups (flags.GROUPS: the hosts first, SLURM
+    last), what a newcomer needs first in each, every default said; examples at the end."""
     run = commands.add_parser("run", parents=[inventory], help="check, then launch the job on every node",
-                              usage="torchherd run [options] [--] SCRIPT [ARGS...]")
+                              usage="torchherd run [options] [--] SCRIPT [ARGS...]", epilog=RUN_EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)  # the examples as written
     run.add_argument("script", nargs=argparse.REMAINDER, help="[--] SCRIPT [ARGS...]: the training script, run "
                      "by torchrun on every node")
-    add_first_host_flags(run)
-    run.add_argument("--nproc-per-node", metavar="N", help=NPROC_HELP)
-    add_sync_flag(run, run=True)
-    run.add_argument("--env", metavar="K=V", action="append", default=[],
+    groups = flag_groups(run, "hosts", "job", "torchrun", "checks", "output", "recovery", "environments")
+    add_host_flags(groups["hosts"])
+    job = groups["job"]
+    add_place_flags(job)
+    add_sync_flag(job, groups["environments"], run=True)
+    job.add_argument("--env", metavar="K=V", action="append", default=[],
                      help="set a variable on every rank (repeatable; default: the inventory's env only)")
-    run.add_argument("--env-pass", metavar="NAME", action="append", default=[],
+    job.add_argument("--env-pass", metavar="NAME", action="append", default=[],
                      help="pass this variable from the controller's environment (repeatable; default: none)")
-    run.add_argument("--dry-run", action="store_true", help="print each node's command; start nothing (default: off)")
-    run.add_argument("--no-check", action="store_true", help="skip the preflight checks; only connect (default: check)")
-    run.add_argument("--only", metavar="ID,...",
-                     help="the preflight runs only these checks (ids: check --help; default: all)")
-    run.add_argument("--skip", metavar="ID,...", help="the preflight leaves these checks out (default: none)")
-    run.add_argument("--detach", action="store_true",
+    job.add_argument("--dry-run", action="store_true",
+                     help="print each node's command; start nothing; with --sync also ask every node what it lacks, "
+                          "changing nothing (exit 1 when a node cannot answer: the run would stop there; "
+                          "default: off)")
+    job.add_argument("--detach", action="store_true",
                      help="start the job so it outlives this command; print the run id and return (default: off)")
-    run.add_argument("--accept-new-host-keys", action="store_true",
-                     help="trust and record unknown SSH host keys (changed keys are always refused; default: off)")
-    run.add_argument("--grace", type=grace, metavar="S", help="SIGTERM to SIGKILL, in seconds (default: 10)")
-    run.add_argument("--no-fail-fast", action="store_true",
+    job.add_argument("--grace", type=grace, metavar="S", help="SIGTERM to SIGKILL, in seconds (default: 10)")
+    job.add_argument("--no-fail-fast", action="store_true",
                      help="let the other nodes go on when one fails (default: tear them down at once)")
-    add_more_host_flags(run)
 
-    torchrun = run.add_argument_group("torchrun's own flags, passed through")
+    torchrun = groups["torchrun"]
     torchrun.add_argument("--master-addr", metavar="ADDR",
                           help="address the workers reach the master at (default: [cluster].master_addr, else "
                                "found by the preflight)")
@@ -285,7 +313,14 @@ def add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     torchrun.add_argument("-m", "--module", action="store_true",
                           help="SCRIPT is a module name, python -m (default: a file)")
 
-    output = run.add_argument_group("output")
+    checks = groups["checks"]
+    checks.add_argument("--no-check", action="store_true",
+                        help="skip the preflight checks; only connect (default: check)")
+    checks.add_argument("--only", metavar="ID,...",
+                        help="the preflight runs only these checks (ids: check --help; default: all)")
+    checks.add_argument("--skip", metavar="ID,...", help="the preflight leaves these checks out (default: none)")
+
+    output = groups["output"]
     output.add_argument("--log-dir", metavar="DIR", default="torchherd-logs",
                         help="where <run-id>/<node>.log go (default: torchherd-logs)")
     output.add_argument("--plain", action="store_true",
@@ -302,6 +337,7 @@ def add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],
                              "default: when not on a terminal)")
     output.add_argument("--ranks", metavar="R,...", help="show only these global ranks on the terminal, e.g. 0,8-15 "
                         "(the logs keep them all; default: every rank)")
+    _add_recovery_flags(groups["recovery"])
+    add_container_flags(groups["environments"])
+    add_scheduler_flags(run)  # each scheduler's group, last
     run.set_defaults(handler=cmd_run)
-    _add_recovery_flags(run)
-    add_scheduler_flags(run)

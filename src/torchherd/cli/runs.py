@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchherd.cli.contract import emit
+from torchherd.cli.flags import flag_groups
 from torchherd.cli.values import count, grace
 from torchherd.errors import EXIT_FAILED, EXIT_OK, UsageError
 
@@ -110,29 +111,31 @@ RUN_HELP = "run id, or a unique start or end of it (e7c180 for th-20260101-12000
 
 def add_detached_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = commands.add_parser("status", help="state of runs (detached, and the attached ones of the history), per node")
-    status.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    flag_groups(status, "output")["output"].add_argument("--json", action="store_true", help="print one JSON document on stdout")
     status.add_argument("run", nargs="?", metavar="RUN", help=RUN_HELP + " (default: every known run)")
     status.set_defaults(handler=cmd_status)
 
     logs = commands.add_parser("logs", help="a run's output (detached or attached), with node:rank prefixes")
-    logs.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
-    logs.add_argument("--node", metavar="N", help="only this node, by its name (as `torchherd status RUN` lists it)")
-    logs.add_argument("--rank", metavar="R", type=count, help="only this global rank")
-    logs.add_argument("--events", action="store_true",
+    output = flag_groups(logs, "output")["output"]
+    output.add_argument("-f", "--follow", action="store_true", help="follow until the run ends")
+    output.add_argument("--node", metavar="N", help="only this node, by its name (as `torchherd status RUN` lists it)")
+    output.add_argument("--rank", metavar="R", type=count, help="only this global rank")
+    output.add_argument("--events", action="store_true",
                       help="the run's history instead: every event and node sample, one a line (UTC)")
     logs.add_argument("run", metavar="RUN", help=RUN_HELP)
     logs.set_defaults(handler=cmd_logs)
 
     report = commands.add_parser("report", help="a run's history as one self-contained HTML page "
                                  "(timeline, progress, GPUs); --text: in a few lines")
-    report.add_argument("-o", "--output", metavar="FILE", type=Path,
+    written = flag_groups(report, "output")["output"]
+    written.add_argument("-o", "--output", metavar="FILE", type=Path,
                         help="where to write the page (default: report.html in the run's log directory)")
-    report.add_argument("--text", action="store_true", help="the story in a few lines on the terminal instead")
+    written.add_argument("--text", action="store_true", help="the story in a few lines on the terminal instead")
     report.add_argument("run", metavar="RUN", help=RUN_HELP)
     report.set_defaults(handler=cmd_report)
 
     stop = commands.add_parser("stop", help="stop a detached run on every node, and confirm nothing is left")
-    stop.add_argument("--grace", type=grace, metavar="S", help="SIGTERM to SIGKILL (default: the run's)")
+    flag_groups(stop, "job")["job"].add_argument("--grace", type=grace, metavar="S", help="SIGTERM to SIGKILL (default: the run's)")
     stop.add_argument("run", metavar="RUN", help=RUN_HELP)
     stop.set_defaults(handler=cmd_stop)
 

@@ -83,7 +83,7 @@ count = Option("count", Integer(0, MAX_RESTARTS)).from_flag
 """A count of something else (--rank)."""
 ssh_timeout = SSH_TIMEOUT.from_flag
 positive = Option("positive", Integer(1)).from_flag
-"""A count of something else (--slurm-nodes, --slurm-gpus-per-node)."""
+"""A count of something else (a scheduler table's counts: ``inventory.tables.Flag``)."""
 
 
 def checkpoint(text: str) -> str:

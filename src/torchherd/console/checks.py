@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from torchherd import words
 from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.console import STATUS_STYLES, print_table, printable
 from torchherd.console.collapse import fold_names
@@ -86,10 +87,15 @@ def render_report(console: Console, report: CheckReport) -> None:
         console.print(f"[dim]{len(notes) - NOTES} more notes like these (check --json lists them)[/]", soft_wrap=True)
     if report.bandwidth is not None:
         _bandwidth_lines(console, report.bandwidth)
-    counts = {status: sum(1 for r in report.results if r.status == status) for status in SYMBOLS}
+    # a node SSH did not reach counts once, as its ssh failure: not once more per check it could not run
+    unreached = {result.node for result in report.results if result.check == "ssh" and result.status == "fail"}
+    counted = [result for result in report.results if not (result.status == "skip" and result.node in unreached)]
+    counts = {status: sum(1 for r in counted if r.status == status) for status in SYMBOLS}
     verdict = "[bold red]preflight failed[/]" if not report.ok else "[green]preflight passed[/]"
+    not_run = len(report.results) - len(counted)
+    missed = f"; {words.count(len(unreached), 'node')} not reached ({not_run} checks not run there)" if not_run else ""
     console.print(f"{verdict}: {counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail, "
-                  f"{counts['skip']} skip")
+                  f"{counts['skip']} skip{missed}")
 
 
 def _bandwidth_lines(console: Console, figures: Mapping[str, Any]) -> None:

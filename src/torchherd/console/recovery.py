@@ -107,7 +107,8 @@ def replica_note(event: CheckpointReplicated) -> tuple[str, str]:
     what = f"checkpoint: {printable(event.path)} ({size(event.size)}, saved {saved} on {event.source})"
     parts = []
     if event.nodes:
-        parts.append(f"replicated to {', '.join(event.nodes)} in {event.seconds:.1f} s (at most {event.cap})")
+        kept = f"; {event.pace}" if event.pace else ""
+        parts.append(f"replicated to {', '.join(event.nodes)} in {event.seconds:.1f} s (at most {event.cap}{kept})")
     if event.held:
         parts.append(f"already on {', '.join(event.held)}")
     if event.kept:

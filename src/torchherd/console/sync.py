@@ -203,6 +203,10 @@ def render_sync_plan(console: Console, done: SyncDone) -> None:
                       soft_wrap=True)
     if done.private:
         console.print(Text(private_note(done.private)), soft_wrap=True)
+    if done.failed:  # why a dry run exits 1: the run itself would stop at this sync
+        lacks = "it lacks" if len(done.failed) == 1 else "they lack"
+        console.print(Text(f"{count(len(done.failed), 'node')} could not be asked what {lacks}: the run would stop "
+                           "there (exit 1; the dry run changed nothing)", style="bold red"), soft_wrap=True)
 
 
 def _paths(console: Console, mark: str, paths: Sequence[str]) -> None:

@@ -1,7 +1,7 @@
 """What a scheduler does for a plan, behind one interface (TorchX's ``Scheduler`` is the
 model). Each scheduler is a package of its own under ``engine/`` (SSH's: torchherd starts
-every node itself; SLURM's: SLURM does), named in one place only, ``engine.schedulers``,
-which imports it when it is asked for. ``Cluster`` picks one from
+every node itself; SLURM's: SLURM does), named in one place only, ``engine.schedulers``;
+``backend_class`` here imports it when it is asked for. ``Cluster`` picks one from
 its scheduler once (``backend_for``), and a detached run's record names the backend that
 started it (``backend_of``); nothing above the backends asks which scheduler it is
 talking to, and this module imports none of them.
@@ -17,12 +17,14 @@ naming the flag), never silently ignored.
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 from torchherd.checks import CheckOptions
 from torchherd.checks.results import CheckReport, CheckResult
+from torchherd.engine import schedulers
 from torchherd.engine.events import (
     CheckpointMissing,
     CheckpointReplicated,
@@ -41,7 +43,8 @@ from torchherd.inventory import Bandwidth, Host, Recovery
 from torchherd.plan import Plan
 from torchherd.transport import Connector
 
-__all__ = ["Backend", "Description", "DetachedStartFailed", "Follow"]
+__all__ = ["Backend", "Description", "DetachedStartFailed", "Follow", "backend_class", "backend_for", "backend_of",
+           "own_checks", "scheduler_of"]
 
 
 class Description(Protocol):
@@ -75,8 +78,6 @@ class Backend(ABC):
     """Its name in text (``check --help``)."""
     live_checks: ClassVar[bool] = True
     """Whether ``check`` reports one node's results at a time (a live grid is worth it)."""
-    takes_slurm_keys: ClassVar[bool] = False
-    """Whether the ``[slurm]`` keys (``--slurm-*``) mean anything to it."""
     refuses: ClassVar[Mapping[str, tuple[str, str]]] = {}
     """The flags it cannot honour: flag -> (why, hint)."""
     triage_checks: ClassVar[frozenset[str]] = TRIAGE_CHECKS
@@ -186,3 +187,32 @@ class Backend(ABC):
     def stop(self, record: RunRecord, grace: float | None = None) -> dict[str, list[str]]:
         """Stops the run everywhere and waits for it; per node (or job) what is still left
         (an empty list: nothing). ``grace``: seconds from SIGTERM to SIGKILL (None: the run's)."""
+
+
+def backend_class(scheduler: str) -> type[Backend]:
+    """The ``Backend`` class of ``scheduler`` (``engine.schedulers``), its package imported now (once)."""
+    module, name = schedulers.backend_path(scheduler)
+    kind: type[Backend] = getattr(importlib.import_module(module), name)
+    return kind
+
+
+def backend_for(scheduler: str, connector: Connector | None = None) -> Backend:
+    """The backend of a scheduler (``Cluster`` calls this once)."""
+    return backend_class(scheduler)(connector)
+
+
+def scheduler_of(backend: Backend) -> str:
+    """The scheduler whose backend ``backend`` is (its run records say it)."""
+    return backend.scheduler
+
+
+def backend_of(record: RunRecord, connector: Connector | None = None) -> Backend:
+    """The backend that started a detached run, as its record says."""
+    return backend_for(str(record.extra.get("scheduler", schedulers.DEFAULT)), connector)
+
+
+def own_checks() -> list[tuple[str, tuple[str, ...]]]:
+    """Per scheduler with check ids of its own, its title and those ids (``check --help``
+    lists them; this imports every scheduler's package)."""
+    kinds = [backend_class(name) for name in schedulers.names()]
+    return [(kind.title, kind.check_ids) for kind in kinds if kind.check_ids]

@@ -652,6 +652,9 @@ class CheckpointReplicated:
     held: tuple[str, ...] = ()
     failed: tuple[tuple[str, str], ...] = ()
     kept: tuple[str, ...] = ()
+    pace: str = ""
+    """How the source kept its rate to the job's pace ("10 MB/s at first, 12.5 MB/s at the
+    end, cut 2 times"); empty: it was not (no pace to keep to)."""
 
 
 RECOVERY_EVENTS = (AttemptStarted, AttemptWarm, WarmReady, AttemptFailed, TriageDone, NodeExcluded, SpareTaken, RunShrunk, RecoveryEnded,

@@ -58,7 +58,7 @@ class LaunchOptions:
     """Nodes the scheduler must not place the job on: the nodes a recovering run excluded
     (SLURM's ``--exclude``). An SSH run starts only the nodes its plan names."""
     shrink_to: int | None = None
-    """Where the scheduler picks the nodes (SLURM's ``[slurm].nodes``): the fewest it may
+    """Where the scheduler picks the nodes (SLURM's ``nodes`` key): the fewest it may
     start the attempt on when it cannot find them all (``--min-nodes``; ``--nodes=K-N``)."""
     persist: bool = False
     """The job outlives the controller (a detached run with retries, its controller in the

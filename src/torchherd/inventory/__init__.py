@@ -5,7 +5,8 @@ nothing downstream sees raw dicts. Every error names the file and the key, says 
 was expected, and how to fix it. ``model``: the dataclasses; ``rules``: what a value must
 be, whichever door it came through; ``hostspec``: hosts without a TOML file (``-H``,
 ``--nodelist``, hostfiles, ``--include``/``--exclude``); ``nodeset``: ``gpu[01-16]``;
-``writer``: the ``hosts.toml`` that ``torchherd init`` writes. This package re-exports
+``writer``: the ``hosts.toml`` that ``torchherd init`` writes; ``tables``: how a
+scheduler's own table is read, as the scheduler declares it. This package re-exports
 the model, the rules and the parser, as the one module it was did.
 """
 
@@ -22,7 +23,6 @@ from torchherd.inventory.model import (
     Host,
     Inventory,
     Recovery,
-    SlurmSettings,
     SyncSettings,
     UvSettings,
 )
@@ -33,8 +33,6 @@ from torchherd.inventory.parse import (
     HOST_KEYS,
     NODE_KEYS,
     RECOVERY_KEYS,
-    SLURM_KEYS,
-    SLURM_TEMPLATE_HOST,
     STEP_KEYS,
     SYNC_KEYS,
     TOP_KEYS,
@@ -42,7 +40,6 @@ from torchherd.inventory.parse import (
     load,
     loads,
     parse,
-    parse_slurm,
     read,
     with_container,
     with_spares,
@@ -70,7 +67,6 @@ from torchherd.inventory.rules import (
     RATE,
     RATE_UNITS,
     RDZV_BACKENDS,
-    SCHEDULERS,
     SHELL_HOST_CHARS,
     SHELL_USER_CHARS,
     USER_HINT,
@@ -81,6 +77,7 @@ from torchherd.inventory.rules import (
     valid_hostname,
     valid_ruser,
 )
+from torchherd.inventory.tables import Schedulers, SchedulerTable, TableSettings
 
 __all__ = ["ADDRESS_PATTERN", "BANDWIDTH", "BANDWIDTH_HINT", "Bandwidth", "CHECKPOINT_HINT", "CHECKS_KEYS",
            "CLUSTER_KEYS", "CONTAINER_KEYS", "CONTROL", "C_SPACE", "ChecksSettings", "Cluster", "ContainerSettings",
@@ -88,7 +85,7 @@ __all__ = ["ADDRESS_PATTERN", "BANDWIDTH", "BANDWIDTH_HINT", "Bandwidth", "CHECK
            "HEARTBEAT_HINT", "HEARTBEAT_RANGE", "HOST_KEYS", "HOST_NAME_PATTERN", "Host", "Inventory", "LOCAL_ADDR",
            "MAX_INVENTORY_BYTES", "MAX_NPROC", "MAX_REPLICAS", "MAX_RETRIES", "MAX_SECONDS", "MIN_LOST_AFTER",
            "MISSES_RANGE", "NODE_KEYS", "NPROC_WORDS", "RATE", "RATE_UNITS", "RDZV_BACKENDS", "RECOVERY_KEYS",
-           "Recovery", "SCHEDULERS", "SHELL_HOST_CHARS", "SHELL_USER_CHARS", "SLURM_KEYS", "SLURM_TEMPLATE_HOST",
-           "STEP_KEYS", "SYNC_KEYS", "SlurmSettings", "SyncSettings", "TOP_KEYS", "USER_HINT", "UV_KEYS", "UvSettings",
+           "Recovery", "SHELL_HOST_CHARS", "SHELL_USER_CHARS",
+           "STEP_KEYS", "SYNC_KEYS", "SchedulerTable", "Schedulers", "SyncSettings", "TableSettings", "TOP_KEYS", "USER_HINT", "UV_KEYS", "UvSettings",
            "checkpoint_problem", "heartbeat_problem", "load", "loads", "parse", "parse_bandwidth", "parse_rate",
-           "parse_slurm", "read", "valid_hostname", "valid_ruser", "with_container", "with_spares"]
+           "read", "valid_hostname", "valid_ruser", "with_container", "with_spares"]

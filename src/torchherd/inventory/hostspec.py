@@ -24,6 +24,7 @@ from torchherd.inventory.nodeset import NodesetError, expand, pattern_size, spli
 from torchherd.inventory.options import NPROC_PER_NODE, SSH_TIMEOUT
 from torchherd.inventory.parse import loads, master_port_problem, parse, read
 from torchherd.inventory.rules import HOST_NAME_PATTERN, MAX_NPROC, USER_HINT, valid_ruser
+from torchherd.inventory.tables import SSH_ONLY, Schedulers
 
 
 @dataclass(frozen=True)
@@ -307,16 +308,17 @@ def _hostfile_field(where: str, field: str) -> dict[str, Any]:
     raise InventoryError(f"{where}: {key}: unknown key", "a hostfile line is: [user@]host slots=N")
 
 
-def load_any(path: Path, **flags: Any) -> Inventory:
-    """A TOML inventory, or a DeepSpeed/MPI hostfile (then ``flags`` give python, workdir, ...)."""
+def load_any(path: Path, schedulers: Schedulers = SSH_ONLY, **flags: Any) -> Inventory:
+    """A TOML inventory, or a DeepSpeed/MPI hostfile (then ``flags`` give python, workdir, ...);
+    ``schedulers``: as ``parse`` takes them."""
     raw = read(path)  # read once, and never more than an inventory can be (-i /dev/zero)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return loads(raw, path)  # which says what is wrong with the file
+        return loads(raw, path, schedulers)  # which says what is wrong with the file
     if not looks_like_hostfile(path, text):
-        return override(loads(raw, path), **flags)
-    return parse(document(hostfile_items(path, text), flag=str(path), **flags), path)
+        return override(loads(raw, path, schedulers), **flags)
+    return parse(document(hostfile_items(path, text), flag=str(path), **flags), path, schedulers)
 
 
 # choosing hosts for one run ------------------------------------------------------

@@ -3,11 +3,12 @@ hostfile, ``--nodelist``) becomes. Nothing here reads a file or checks a value."
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
 from torchherd.imagearchive import ImageArchive
+from torchherd.inventory.tables import TableSettings
 
 
 @dataclass(frozen=True)
@@ -75,26 +76,10 @@ class Cluster:
     rdzv_backend_set: bool = False
     """Whether the inventory chose the rendezvous itself (not the "static" default)."""
     scheduler: str = "ssh"
-    """"ssh": torchherd starts every node itself; "slurm": SLURM does (``[slurm]``)."""
+    """Who starts the nodes: "ssh", torchherd itself, or another of ``engine.schedulers``
+    (whose own table, where it has one, is in ``Inventory.tables``)."""
     nproc_per_node_set: bool = False
     """Whether nproc_per_node was given (the inventory, ``--nproc-per-node``), not the default 1."""
-
-
-@dataclass(frozen=True)
-class SlurmSettings:
-    """The ``[slurm]`` table: how the job is handed to SLURM (``--scheduler slurm``)."""
-
-    login: str | None = None
-    """The host sbatch runs on, reached over SSH like a node; None: run it on this machine."""
-    partition: str | None = None
-    account: str | None = None
-    nodes: int | None = None
-    nodelist: str | None = None
-    """A nodeset (``gpu[01-04]``); without it and ``nodes``, the [[hosts]] by name."""
-    gpus_per_node: int | None = None
-    time: str | None = None
-    extra: tuple[str, ...] = ()
-    """More sbatch options, each one as sbatch takes it (``--qos=high``)."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +136,8 @@ class Recovery:
     """Other nodes each new checkpoint is copied to while the job runs (the next ones in
     the ring of node ranks); None: 1 when there is a ``checkpoint``; 0: none."""
     replicate_bandwidth: Bandwidth = field(default_factory=lambda: DEFAULT_REPLICATE_BANDWIDTH)
-    """The most a replica's copy may take of the link (``Bandwidth``)."""
+    """The most a replica's copy may take of the link (``Bandwidth``), at its start: then
+    the job's pace moves it (``remote/pace.py``)."""
     resume_args: tuple[str, ...] = ()
     """Words added after the script's own arguments on an attempt that starts from a staged
     checkpoint (``("--init_from=resume",)``: nanoGPT's); never on attempt 1, nor on one with
@@ -176,7 +162,8 @@ class Recovery:
 DEFAULT_REPLICATE_SHARE = 0.25
 """A replica's copy takes at most a quarter of the link: the job's own traffic keeps the rest."""
 DEFAULT_REPLICATE_PER_CORE = 5e6
-"""And by default at most 5 MB/s per CPU core of the node: what a copy costs in the kernel
+"""And by default at most 5 MB/s per CPU core of the node to start with (the source then
+keeps the rate to the job's pace, up to four times this: ``remote/pace.py``): what a copy costs in the kernel
 (its packets, the pages it writes) is no one's to lower by priority, and where cores are
 few or the link is virtual (a veth pair states 10 Gb/s) a share of the link does not bind.
 Measured on 2 cores, each node one rank busy with a 9 ms step (``scripts/bench-replication``,
@@ -232,13 +219,27 @@ class Inventory:
     hosts: tuple[Host, ...]
     """In node-rank order: the master first, then the others as the file lists them."""
     sync: SyncSettings | None = None
-    slurm: SlurmSettings = SlurmSettings()
+    tables: tuple[tuple[str, TableSettings], ...] = ()
+    """Each scheduler table's settings (``inventory.tables``), by the scheduler's name: every
+    table the reader was told of, the file's keys or the defaults."""
     spares: tuple[Host, ...] = ()
     """Hosts marked ``spare = true`` (or named by ``[recovery].spares``), in file order: not in
     ``hosts``, never launched unless recovery takes one."""
     recovery: Recovery = Recovery()
     checks: ChecksSettings = ChecksSettings()
     uv: UvSettings = UvSettings()
+
+    def table(self, name: str) -> TableSettings | None:
+        """The settings of scheduler ``name``'s table; None where the reader knew no such table."""
+        return dict(self.tables).get(name)
+
+    def with_table(self, name: str, settings: TableSettings) -> Inventory:
+        return replace(self, tables=tuple((key, settings if key == name else value) for key, value in self.tables)
+                       + (() if name in dict(self.tables) else ((name, settings),)))
+
+    def named_tables(self) -> tuple[tuple[str, TableSettings], ...]:
+        """The tables where the inventory names every host itself (``TableSettings.named``)."""
+        return tuple((name, settings.named()) for name, settings in self.tables)
 
     def host(self, name: str) -> Host:
         for host in self.hosts:

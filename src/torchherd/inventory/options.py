@@ -396,12 +396,15 @@ controller copies a replica, nor stages a checkpoint, without one). Not the file
 table: it holds every run's defaults, to which a run may add --retries."""
 
 
-def recovery_problem(recovery: Recovery, given: Sequence[str], door: Door) -> OptionError | None:
+def recovery_problem(recovery: Recovery, given: Sequence[str], door: Door, detached: bool = False) -> OptionError | None:
     """What ``recovery`` cannot do for the fields asked for (``given``: by a flag, an
     argument that differs from the file's, or the file's keys), as ``door`` words it; None
     when it can. For each field asked for, in the order the rules list them, the first rule
-    it breaks."""
-    rules = REPLICATION_NEEDS + (ATTEMPT_NEEDS if door != "file" else ())
+    it breaks. A ``detached`` run replicates without retries (its controller in the
+    background copies while the job runs): no attempt is needed for its checkpoint and
+    replicas (its resume arguments still need one)."""
+    rules = REPLICATION_NEEDS + (tuple(rule for rule in ATTEMPT_NEEDS if not detached or rule.option is RESUME_ARGS)
+                                 if door != "file" else ())
     for option in (CHECKPOINT, REPLICATE, REPLICATE_BANDWIDTH, RESUME_ARGS):
         if option.name not in given:
             continue

@@ -26,7 +26,6 @@ from torchherd.inventory.model import (
     Host,
     Inventory,
     Recovery,
-    SlurmSettings,
     SyncSettings,
     UvSettings,
 )
@@ -50,10 +49,10 @@ from torchherd.inventory.rules import (
     HOST_NAME_PATTERN,
     MAX_INVENTORY_BYTES,
     RDZV_BACKENDS,
-    SCHEDULERS,
     heartbeat_problem,
     show,
 )
+from torchherd.inventory.tables import SSH_ONLY, Schedulers, TableSettings
 from torchherd.remote import container as containers
 
 CLUSTER_KEYS = (
@@ -74,19 +73,17 @@ CONTAINER_KEYS = ("image", "runtime", "mounts", "options", "pull", "archive")
 STEP_KEYS = ("address", "local_addr")
 """Host keys that may be nodesets too, expanding in step with the name."""
 SYNC_KEYS = ("dir", "exclude", "include", "dest")
-TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "slurm", "recovery", "checks", "container", "uv")
+TOP_KEYS = ("cluster", "defaults", "hosts", "sync", "recovery", "checks", "container", "uv")
+"""The tables every inventory may have; a scheduler's own (``inventory.tables``) come beside them."""
 UV_KEYS = ("wheels", "offline")
 RECOVERY_KEYS = ("retries", "final_exit_codes", "spares", "min_nodes", "hang_timeout", "checkpoint", "heartbeat",
                  "heartbeat_misses", "replicate", "replicate_bandwidth", "resume_args", "warm")
 CHECKS_KEYS = ("min_bandwidth", "slow_ratio")
-SLURM_KEYS = ("login", "partition", "account", "nodes", "nodelist", "gpus_per_node", "time", "extra")
-SLURM_TEMPLATE_HOST = "slurm-node"
-"""The one host of a SLURM inventory without [[hosts]]: the [defaults] every node runs with."""
 
 
-def load(path: Path) -> Inventory:
+def load(path: Path, schedulers: Schedulers = SSH_ONLY) -> Inventory:
     """Reads and validates the inventory at ``path``; raises InventoryError naming file and key."""
-    return loads(read(path), path)
+    return loads(read(path), path, schedulers)
 
 
 def read(path: Path) -> bytes:
@@ -107,7 +104,7 @@ def read(path: Path) -> bytes:
     return raw
 
 
-def loads(raw: bytes, path: Path) -> Inventory:
+def loads(raw: bytes, path: Path, schedulers: Schedulers = SSH_ONLY) -> Inventory:
     """The inventory in ``raw`` (the bytes of ``path``, which errors name)."""
     try:
         document = tomllib.loads(raw.decode("utf-8"))
@@ -119,18 +116,22 @@ def loads(raw: bytes, path: Path) -> Inventory:
         raise InventoryError(f"{path}: TOML syntax error: {error}",
                              "fix the line named; `torchherd init --example -i example.toml` writes an example "
                              "of every key") from None
-    return parse(document, path)
+    return parse(document, path, schedulers)
 
 
-def parse(document: Mapping[str, Any], path: Path) -> Inventory:
-    Reader(path, "", document, TOP_KEYS)
+def parse(document: Mapping[str, Any], path: Path, schedulers: Schedulers = SSH_ONLY) -> Inventory:
+    """The inventory ``document`` holds (``path`` names it in errors); ``schedulers``: the
+    names ``[cluster].scheduler`` may take and the tables they bring (``engine.schedulers.known``)."""
+    Reader(path, "", document, TOP_KEYS + tuple(table.name for table in schedulers.tables))
     defaults, cluster_table = _defaults_nproc(_table(document, "defaults", path), _table(document, "cluster", path),
                                               path)
-    slurm = parse_slurm(_table(document, "slurm", path), path, "[slurm].")
+    tables = tuple((table.name, table.parse(_table(document, table.name, path), path, f"[{table.name}]."))
+                   for table in schedulers.tables)
     recovery, spare_names = _parse_recovery(_table(document, "recovery", path), path)
     container = _container_table(Reader(path, "[container].", _table(document, "container", path), CONTAINER_KEYS))
-    if _slurm_without_hosts(document, cluster_table, slurm, path):
-        hosts: tuple[Host, ...] = (replace(_slurm_template(defaults, path, container), transport="ssh"),)
+    template = _template_host(document, cluster_table, schedulers, dict(tables), path)
+    if template is not None:
+        hosts: tuple[Host, ...] = (replace(_template(template, defaults, path, container), transport="ssh"),)
     else:
         hosts = _spares_marked(_parse_hosts(document, defaults, path, container), spare_names, path)
     hosts = reached(hosts)
@@ -138,13 +139,13 @@ def parse(document: Mapping[str, Any], path: Path) -> Inventory:
     hosts = tuple(host for host in hosts if not host.spare)
     if not hosts:
         raise InventoryError(f"{path}: hosts: every host is a spare", "a run needs at least one host that is not")
-    cluster = _parse_cluster(cluster_table, hosts, path, tuple(host.name for host in spares))
+    cluster = _parse_cluster(cluster_table, hosts, path, tuple(host.name for host in spares), schedulers.names)
     master = next(host for host in hosts if host.name == cluster.master)
     ranked = (master,) + tuple(host for host in hosts if host is not master)
     sync = _parse_sync(_table(document, "sync", path), path) if "sync" in document else None
     checks = _parse_checks(_table(document, "checks", path), path)
     uv = _parse_uv(_table(document, "uv", path), path)
-    return Inventory(path=path, cluster=cluster, hosts=ranked, sync=sync, slurm=slurm, spares=spares,
+    return Inventory(path=path, cluster=cluster, hosts=ranked, sync=sync, tables=tables, spares=spares,
                      recovery=recovery, checks=checks, uv=uv)
 
 
@@ -283,38 +284,18 @@ def _parse_checks(table: Mapping[str, Any], path: Path) -> ChecksSettings:
                           slow_ratio=read.get("slow_ratio", 0.5, read.ratio))
 
 
-def parse_slurm(table: Mapping[str, Any], path: Path, where: str) -> SlurmSettings:
-    """The ``[slurm]`` keys (``where`` names them in errors: ``[slurm].`` in a file)."""
-    read = Reader(path, where, table, SLURM_KEYS)
-    return SlurmSettings(
-        login=read.get("login", None, read.host),
-        partition=read.get("partition", None, read.text),
-        account=read.get("account", None, read.text),
-        nodes=read.get("nodes", None, read.count),
-        nodelist=read.get("nodelist", None, read.nodeset),
-        gpus_per_node=read.get("gpus_per_node", None, read.count),
-        time=read.get("time", None, read.text),
-        extra=read.get("extra", (), read.options),
-    )
+def _template_host(document: Mapping[str, Any], cluster: Mapping[str, Any], schedulers: Schedulers,
+                   tables: Mapping[str, TableSettings], path: Path) -> str | None:
+    """The one host's name of an inventory without [[hosts]] whose scheduler picks the nodes."""
+    table = schedulers.table(str(cluster.get("scheduler")))
+    if table is None or document.get("hosts") not in (None, []):
+        return None
+    return table.template_host(tables[table.name], cluster, path)
 
 
-def _slurm_without_hosts(document: Mapping[str, Any], cluster: Mapping[str, Any], slurm: SlurmSettings,
-                         path: Path) -> bool:
-    """True for a SLURM inventory that lets SLURM pick the nodes (no [[hosts]])."""
-    if cluster.get("scheduler") != "slurm" or document.get("hosts") not in (None, []):
-        return False
-    if slurm.nodes is None and slurm.nodelist is None:
-        raise InventoryError(f"{path}: [slurm].nodes: missing: SLURM must know how many nodes, or which",
-                             'set nodes = 4 or nodelist = "gpu[01-04]" in [slurm], or list [[hosts]]')
-    if "master" in cluster:
-        raise InventoryError(f"{path}: [cluster].master: SLURM decides the nodes; the first node of the "
-                             "allocation is node_rank 0", "remove master")
-    return True
-
-
-def _slurm_template(defaults: Mapping[str, Any], path: Path, container: Mapping[str, Any]) -> Host:
+def _template(name: str, defaults: Mapping[str, Any], path: Path, container: Mapping[str, Any]) -> Host:
     base = _read_node_keys(Reader(path, "[defaults].", defaults, NODE_KEYS, CLUSTER_ONLY), {})
-    return _parse_host(Reader(path, "", {"name": SLURM_TEMPLATE_HOST}, HOST_KEYS), base, container)
+    return _parse_host(Reader(path, "", {"name": name}, HOST_KEYS), base, container)
 
 
 def _table(document: Mapping[str, Any], key: str, path: Path) -> Mapping[str, Any]:
@@ -352,7 +333,7 @@ def master_port_problem(port: int, hosts: Sequence[Host], master: str) -> str | 
 
 
 def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path,
-                   spares: tuple[str, ...] = ()) -> Cluster:
+                   spares: tuple[str, ...] = (), schedulers: tuple[str, ...] = SSH_ONLY.names) -> Cluster:
     read = Reader(path, "[cluster].", table, CLUSTER_KEYS)
     names = [host.name for host in hosts]
     master = read.get("master", names[0], read.text)
@@ -380,7 +361,7 @@ def _parse_cluster(table: Mapping[str, Any], hosts: tuple[Host, ...], path: Path
         ssh_config=_relative_to(path, ssh_config) if ssh_config else None,
         ssh_timeout=read.get("ssh_timeout", 10.0, read.option(SSH_TIMEOUT)),
         rdzv_backend_set="rdzv_backend" in table,
-        scheduler=read.get("scheduler", "ssh", read.choice(SCHEDULERS)),
+        scheduler=read.get("scheduler", "ssh", read.choice(schedulers)),
         nproc_per_node_set="nproc_per_node" in table,
     )
 

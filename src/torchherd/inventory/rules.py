@@ -11,7 +11,6 @@ from torchherd.inventory.model import DEFAULT_REPLICATE_BANDWIDTH, Bandwidth, Re
 
 NPROC_WORDS = ("gpu", "cpu", "auto")
 RDZV_BACKENDS = ("static", "c10d")
-SCHEDULERS = ("ssh", "slurm")
 HOST_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}\Z")  # \Z: "$" takes a final newline
 ADDRESS_PATTERN = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,252}|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*)\Z")  # \Z: "$" takes a final newline
 """A host name, an IPv4 or IPv6 address, or an ssh_config alias: nothing a shell would

@@ -3,7 +3,7 @@
 The node programs (``supervisor.py``, ``coordinator.py``, ``stop.py``, ``hangprobe.py``,
 ``receive.py``, ``venv.py``, ``checkpoint.py``, ``image.py``, ``zygote.py``) and the modules they share
 (``container``, ``wire``, ``relay``, ``framing``, ``proctable``, ``ranks``, ``flight``, ``checkpoint``,
-``savewatch``)
+``savewatch``, ``pace``, ``uvlock``)
 use the standard library only, and run on the node's own Python (>= 3.8); nothing is
 installed on a node. ``program(name)`` is the text to run there with ``python -c``: a short
 loader and, in one packed blob, the modules the program imports, then the program.
@@ -27,13 +27,13 @@ import zlib
 
 PROGRAMS: dict[str, tuple[str, ...]] = {
     "supervisor.py": ("container.py", "wire.py", "framing.py", "proctable.py", "ranks.py", "flight.py", "relay.py",
-                      "checkpoint.py", "savewatch.py"),
+                      "pace.py", "checkpoint.py", "savewatch.py"),
     "coordinator.py": ("container.py", "wire.py"),
     "stop.py": ("container.py", "wire.py", "proctable.py"),
     "hangprobe.py": ("flight.py",),
     "receive.py": (),
-    "venv.py": ("receive.py",),
-    "checkpoint.py": ("relay.py",),
+    "venv.py": ("receive.py", "uvlock.py"),
+    "checkpoint.py": ("relay.py", "pace.py"),
     "image.py": ("container.py", "relay.py"),
     "zygote.py": (),
 }
@@ -60,9 +60,9 @@ MARSHAL_VERSION = 4
 # Each is compiled under its own file name, so a node's traceback names the right file.
 # The start directory ("" in sys.path) goes first, should a program ever be started
 # without -I: the loader's own imports must not find a project's base64.py either.
-_LOADER = """\
-import sys
-sys.path[:] = [path for path in sys.path if path]
+DROP_START_DIRECTORY = "import sys; sys.path[:] = [path for path in sys.path if path]\n"
+"""A ``python -c`` program's first line: ``-c`` puts the start directory first on sys.path."""
+_LOADER = DROP_START_DIRECTORY + """\
 import binascii, marshal, types, zlib
 *modules, (name, text) = marshal.loads(zlib.decompress(binascii.a2b_base64("{packed}")))
 for package in ("torchherd", "torchherd.remote"):
@@ -82,9 +82,15 @@ def source(name: str) -> str:
     return importlib.resources.files(__name__).joinpath(name).read_text("utf-8")
 
 
-def _pack(names: tuple[str, ...]) -> str:
-    files = tuple((name, source(name)) for name in names)
+def _pack(files: tuple[tuple[str, str], ...]) -> str:
     return binascii.b2a_base64(zlib.compress(marshal.dumps(files, MARSHAL_VERSION), 9), newline=False).decode("ascii")
+
+
+def shipped(name: str, text: str, modules: tuple[str, ...]) -> str:
+    """The self-contained program that loads ``modules`` of this package, then runs ``text``
+    (the file ``name``) as ``__main__``: how every node program travels, this package's own
+    (``program``) and the checks' scripts (``torchherd.checks.gather.node_program``)."""
+    return _LOADER.format(packed=_pack((*((module, source(module)) for module in modules), (name, text))))
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,7 +99,7 @@ def program(name: str) -> str:
     with ``python -c PROGRAM ARGS...``: its ``sys.argv[1:]`` are the program's."""
     if name not in PROGRAMS:
         raise ValueError(f"not a node program: {name!r} (one of {', '.join(SCRIPTS)})")
-    return _LOADER.format(packed=_pack((*PROGRAMS[name], name)))
+    return shipped(name, source(name), PROGRAMS[name])
 
 
 def argv(name: str) -> tuple[str, ...]:

@@ -26,7 +26,12 @@ glob, of which the newest match (by mtime) counts. MODE is one of:
   program with ``low``, and three more keys: ``"rate"`` (the source sends at most so
   fast: ``{"bytes": B}`` per second, or ``{"share": F}`` of its link's speed as the kernel
   states it for the interface the copy leaves by, ``LINK_ASSUMED`` where it states none,
-  and with ``"per_core": B`` at most B per second per core it may run on),
+  and with ``"per_core": B`` at most B per second per core it may run on, to begin with;
+  ``"link": B``: the link's speed as ``check --bandwidth`` measured it, used instead of the
+  stated one; ``"pace": [RUN_ID, NODE]``: the rate is then kept to the job's pace, as the
+  node's supervisor counts it, by ``pace.Governor``, between an eighth of the starting
+  rate and four times it, never above the link's share; a line before the last then says
+  how: ``{"governed": {"start": B, "rate": B, "slowed": N, "raised": N, ...}}``),
   ``"keep_newer": true`` (a receiver whose own copy at the path is newer than the one
   sent keeps it: a replica never passes for a newer checkpoint than the original), and
   ``"trailer": true``: the source was not hashed beforehand (``look``, not ``find``: that
@@ -53,6 +58,7 @@ import sys
 import time
 
 from torchherd.remote import relay as chain
+from torchherd.remote.pace import GovernedPace, Governor, pace_path, read_pace
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -126,17 +132,20 @@ def link_speed(interface: Optional[str]) -> Optional[float]:
     return megabits * 125000.0 if megabits > 0 else None
 
 
-def rate_of(spec: Optional[Dict[str, Any]], sock: socket.socket) -> float:
-    """Bytes per second the source may send over ``sock`` (0: no limit)."""
+def rates_of(spec: Optional[Dict[str, Any]], sock: socket.socket) -> Tuple[float, float]:
+    """Bytes per second the source starts sending at over ``sock``, and the most it may
+    ever send at (0: no limit). The link's speed is the one measured (``"link"``, from
+    ``check --bandwidth``) where there is one, else what the kernel states."""
     if not spec:
-        return 0.0
+        return 0.0, 0.0
     if "bytes" in spec:
-        return float(spec["bytes"])
-    speed = link_speed(interface_of(sock.getsockname()[0]))
-    rate = float(spec["share"]) * (speed if speed is not None else LINK_ASSUMED)
+        return float(spec["bytes"]), float(spec["bytes"])
+    measured = spec.get("link")
+    speed = float(measured) if measured else link_speed(interface_of(sock.getsockname()[0]))
+    ceiling = float(spec["share"]) * (speed if speed is not None else LINK_ASSUMED)
     if "per_core" in spec:
-        rate = min(rate, float(spec["per_core"]) * cores())
-    return rate
+        return min(ceiling, float(spec["per_core"]) * cores()), ceiling
+    return ceiling, ceiling
 
 
 def cores() -> int:
@@ -320,7 +329,15 @@ def send_own(workdir: str, relative: str, listener: Optional[socket.socket], tok
     full = os.path.join(workdir, relative)
     files = listing(full)
     downstream = chain.accept(listener, token)
-    pace = Pace(rate_of(rate, downstream.sock), time.monotonic())
+    start, ceiling = rates_of(rate, downstream.sock)
+    now = time.monotonic()
+    pace = Pace(start, now)
+    governed = None
+    if rate and start > 0 and rate.get("pace"):
+        # kept to the job's pace, as the node's supervisor counts it (remote/pace.py)
+        where = pace_path(str(rate["pace"][0]), str(rate["pace"][1]))
+        governed = GovernedPace(Governor(start, ceiling, now), lambda first: Pace(first, now), lambda: read_pace(where))
+    take = governed.take if governed is not None else pace.take
     kind = "dir" if stat.S_ISDIR(os.lstat(full).st_mode) else "file"
     said: List[Dict[str, Any]] = []
 
@@ -333,10 +350,13 @@ def send_own(workdir: str, relative: str, listener: Optional[socket.socket], tok
         return said[0]
 
     sent = chain.send(downstream, files, lambda path: os.path.join(full, path) if path else full,
-                      (lambda size: pace.take(size, time.monotonic())) if rate else None,
+                      (lambda size: take(size, time.monotonic())) if rate else None,
                       trailer if trailed else None)
     if said and "error" in said[0]:
         return said[0]
+    if governed is not None:  # a line before the last: the controller tells it with the copy
+        chain.emit({"governed": {**governed.governor.summary(), "start": round(start), "ceiling": round(ceiling),
+                                 "link": "measured" if rate and rate.get("link") else "stated"}})
     return {"ok": True, "bytes": sent, "seconds": round(time.monotonic() - started, 3), **(said[0] if said else {})}
 
 

@@ -60,6 +60,7 @@ from typing import List, Optional, Tuple
 # torchherd/remote/__init__.py.
 from torchherd.remote import container, flight, wire
 from torchherd.remote.framing import OUT_HIGH_WATER, OUT_LOW_WATER, READ_SIZE, JobPipes, LineFramer, Output, RankMender
+from torchherd.remote.pace import PaceWriter, pace_path
 from torchherd.remote.proctable import (
     LEFTOVER,
     Teardown,
@@ -67,7 +68,7 @@ from torchherd.remote.proctable import (
     find_job_processes,
     set_child_subreaper,
 )
-from torchherd.remote.ranks import RANK_POLL, BusySampler, CoordinatorLink, GpuSampler, RankFiles
+from torchherd.remote.ranks import RANK_POLL, BusySampler, CoordinatorLink, GpuSampler, RankFiles, tree_of
 from torchherd.remote.savewatch import CheckpointWatch
 
 EXIT_BAD_CONFIG = 2
@@ -310,6 +311,10 @@ class Supervisor:
                                       lambda: find_job_processes(config.run_id, self.token, self.pid))
                       if config.checkpoint and not self.detached else None)
         """The job's new checkpoints, for the controller's replication (a live one only)."""
+        self.pace = (PaceWriter(pace_path(config.run_id, config.node or "node"), lambda: tree_of(self.pid),
+                                lambda path: make_private_dirs(path, config.run_id), wire.write_json_atomic)
+                     if self.saves is not None else None)
+        """The job's lines and CPU seconds, which a replication's source keeps its rate to."""
 
     def _handle_signals(self, now: float) -> None:
         for signum in self.signals.take():
@@ -452,6 +457,8 @@ class Supervisor:
             self.last_data = time.monotonic()
             self.got += read[1]
             self.out.add(read[0])
+            if self.pace is not None:
+                self.pace.count(read[0])
 
     def _read_ranks(self, now: float) -> None:
         """What the ranks wrote to their files since the last look, as far as the output
@@ -461,6 +468,8 @@ class Supervisor:
             data = self.ranks.poll(now, budget)
             self.got += len(data)
             self.out.add(data)
+            if self.pace is not None:
+                self.pace.count(data)
         if self.teardown is None:
             self.out.add_sample(self.gpus.poll(now))
             self.out.add_sample(self.busy.poll(now))
@@ -549,6 +558,8 @@ class Supervisor:
             saved = self.saves.poll(now)
             if saved is not None:
                 self.out.add(wire.checkpoint_record(*saved))
+        if self.pace is not None and self.teardown is None:
+            self.pace.poll(now)
         self._link_connect(now)
 
     def _controller_gone(self, now: float) -> bool:
@@ -649,6 +660,8 @@ class Supervisor:
         if self.link is not None:
             self.link.close_in(self.sel)
         self._remove_container()
+        if self.pace is not None:
+            self.pace.remove()
         if self.cfg.cleanup_dir and self.made_dir:  # never one this supervisor did not make
             remove_tee_dir(self.cfg.cleanup_dir)
         self.out.add(wire.done_record(code, left))

@@ -41,8 +41,8 @@ import time
 from typing import Any, Optional
 
 from torchherd.remote.receive import walk
+from torchherd.remote.uvlock import MARKER
 
-MARKER = ".torchherd-venv"
 TAIL_LINES = 6
 """uv's last lines of output shown when it fails (it says what it could not get)."""
 

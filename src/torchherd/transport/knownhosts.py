@@ -121,14 +121,23 @@ def parse(text: str, path: str) -> tuple[KnownKey, ...]:
 
 
 def load(paths: Iterable[str]) -> tuple[KnownKey, ...]:
-    """Every line of every file that exists, in order (a missing file is no error)."""
-    keys: list[KnownKey] = []
+    """Every line of every file that exists, in order (a missing file is no error). The
+    same tuple while the files stay unchanged: ``for_name`` keeps its index by it."""
+    found: list[tuple[str, tuple[int, int]]] = []
     for path in paths:
         try:
             status = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
             continue
-        keys.extend(_parsed_file(path, (status.st_mtime_ns, status.st_size)))
+        found.append((path, (status.st_mtime_ns, status.st_size)))
+    return _joined(tuple(found))
+
+
+@lru_cache(maxsize=64)
+def _joined(files: tuple[tuple[str, tuple[int, int]], ...]) -> tuple[KnownKey, ...]:
+    keys: list[KnownKey] = []
+    for path, stamp in files:
+        keys.extend(_parsed_file(path, stamp))
     return tuple(keys)
 
 
@@ -185,7 +194,7 @@ class HostKeys:
 
 
 def for_name(entries: Sequence[KnownKey], name: str) -> HostKeys:
-    matching = [entry for entry in entries if entry.matches(name)]
+    matching = _matching(entries, name)
     revoked = tuple(entry for entry in matching if entry.marker == "revoked")
     revoked_blobs = {entry.blob for entry in revoked}
     return HostKeys(
@@ -194,6 +203,40 @@ def for_name(entries: Sequence[KnownKey], name: str) -> HostKeys:
         revoked=revoked,
         authorities=tuple(entry for entry in matching if entry.marker == "cert-authority"),
     )
+
+
+def _matching(entries: Sequence[KnownKey], name: str) -> list[KnownKey]:
+    """The lines that speak of ``name``, in file order. Every node looked at every line,
+    O(nodes^2) with a known_hosts holding them all (a cluster's is): a tuple's plain names
+    are indexed once, and only hashed and patterned lines are tried one by one."""
+    if not isinstance(entries, tuple):
+        return [entry for entry in entries if entry.matches(name)]
+    plain, other = _index(entries)
+    positions = plain.get(name.lower(), []) + [position for position in other if entries[position].matches(name)]
+    return [entries[position] for position in sorted(positions)]
+
+
+_INDEXES: dict[int, tuple[tuple[KnownKey, ...], dict[str, list[int]], list[int]]] = {}
+"""By the id of a ``load`` tuple (kept alive in the value, so the id stays its own)."""
+
+
+def _index(entries: tuple[KnownKey, ...]) -> tuple[dict[str, list[int]], list[int]]:
+    """Positions of the plain lines by name (lowercase), and of every other line."""
+    known = _INDEXES.get(id(entries))
+    if known is not None and known[0] is entries:
+        return known[1], known[2]
+    plain: dict[str, list[int]] = {}
+    other: list[int] = []
+    for position, entry in enumerate(entries):
+        if entry.hosts.startswith(HASH_MAGIC) or any(char in entry.hosts for char in "*?!"):
+            other.append(position)
+            continue
+        for host in dict.fromkeys(entry.hosts.lower().split(",")):
+            plain.setdefault(host, []).append(position)
+    if len(_INDEXES) >= 16:  # a few files' states per run; never grows without bound
+        _INDEXES.clear()
+    _INDEXES[id(entries)] = (entries, plain, other)
+    return plain, other
 
 
 def entry_line(name: str, blob: bytes, hashed: bool, salt: bytes | None = None) -> str:

@@ -317,6 +317,11 @@ def _read(path: str, state: _State, run: _Pass, active: bool, never: bool, depth
     lines = run.reader(path)
     if lines is None:
         return False
+    blocks = _blocks(lines)
+    if blocks is not None:
+        if not never:
+            _read_blocks(blocks, state, run.host, active)
+        return True
     for line in lines:
         if line.keyword == "host":
             active = not never and _host_line(line, run.host)
@@ -328,6 +333,72 @@ def _read(path: str, state: _State, run: _Pass, active: bool, never: bool, depth
         elif active:
             _apply(state, line)
     return True
+
+
+@dataclass(frozen=True)
+class _Blocks:
+    """A file of ``Host`` blocks only (no ``Match``, no ``Include``), indexed: a cluster's
+    ssh_config names every node in a block of its own, and every lookup walked every block
+    (O(nodes) a lookup, O(nodes^2) a run). A block whose patterns are all plain names
+    applies only to those names; the others are tried one by one, in file order."""
+
+    preamble: tuple[Line, ...]
+    hosts: tuple[Line, ...]
+    """Each block's ``Host`` line."""
+    bodies: tuple[tuple[Line, ...], ...]
+    named: dict[str, tuple[int, ...]]
+    """Plain name -> the blocks that name it."""
+    patterned: tuple[int, ...]
+
+
+def _is_plain(pattern: str) -> bool:
+    return not pattern.startswith("!") and "*" not in pattern and "?" not in pattern
+
+
+_BLOCKS: dict[int, tuple[tuple[Line, ...], _Blocks | None]] = {}
+"""By the id of a parsed file's lines (kept alive in the value, so the id stays theirs)."""
+
+
+def _blocks(lines: tuple[Line, ...]) -> _Blocks | None:
+    known = _BLOCKS.get(id(lines))
+    if known is not None and known[0] is lines:
+        return known[1]
+    found = _index_blocks(lines)
+    if len(_BLOCKS) >= 64:  # a few files per run; never grows without bound
+        _BLOCKS.clear()
+    _BLOCKS[id(lines)] = (lines, found)
+    return found
+
+
+def _index_blocks(lines: tuple[Line, ...]) -> _Blocks | None:
+    if any(line.keyword in ("match", "include") for line in lines):
+        return None
+    starts = [index for index, line in enumerate(lines) if line.keyword == "host"]
+    ends = starts[1:] + [len(lines)]
+    named: dict[str, list[int]] = {}
+    patterned: list[int] = []
+    for block, start in enumerate(starts):
+        patterns = lines[start].args
+        if all(_is_plain(pattern) for pattern in patterns):
+            for pattern in dict.fromkeys(patterns):
+                named.setdefault(pattern, []).append(block)
+        else:
+            patterned.append(block)
+    return _Blocks(preamble=lines[:starts[0]] if starts else lines, hosts=tuple(lines[start] for start in starts),
+                   bodies=tuple(lines[start + 1:end] for start, end in zip(starts, ends)),
+                   named={name: tuple(blocks) for name, blocks in named.items()}, patterned=tuple(patterned))
+
+
+def _read_blocks(blocks: _Blocks, state: _State, host: str, active: bool) -> None:
+    """``_read``'s loop over the blocks that can apply to ``host`` (the others would not)."""
+    if active:
+        for line in blocks.preamble:
+            _apply(state, line)
+    candidates = sorted(blocks.named.get(host, ()) + blocks.patterned)
+    for block in candidates:
+        if _host_line(blocks.hosts[block], host):
+            for line in blocks.bodies[block]:
+                _apply(state, line)
 
 
 def _list_glob(pattern: str) -> list[str]:

@@ -121,7 +121,8 @@ def explain(target: SshTarget, error: BaseException, check: HostKeyCheck | None 
         return TransportError(node, "dropped",
                               f"{node}: {where} dropped the connection before login, {ATTEMPTS} times ({error})",
                               "sshd's MaxStartups may be turning connections away: too many at once to one "
-                              "host (a bastion?), or it is overloaded")
+                              f"host (a bastion?), or it is overloaded; or something on port {target.port} closes "
+                              "the connection before SSH starts (not sshd? a proxy or load balancer?)")
     if isinstance(error, paramiko.SSHException):
         return TransportError(node, "ssh", f"{node}: SSH failed with {where}: {error}",
                               "try `ssh -v` to the node to see the same failure in detail")

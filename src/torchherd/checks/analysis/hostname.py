@@ -122,7 +122,8 @@ def _own_name(observed: Observed, host: Host, facts: NodeFacts) -> CheckResult |
         return CheckResult(host.name, CHECK, "fail",
                            f"{host.name}: hostname {name} resolves to loopback {address}{where}; gloo would "
                            f"listen there and the other nodes could not reach it",
-                           f"in /etc/hosts on {host.name}, {drop}write: {line}")
+                           f"in /etc/hosts on {host.name}, {drop}write: {line} (a plain torchrun hangs on it; "
+                           "torchherd run pins the address and interface, and runs with --skip hostname)")
     if address not in facts.own_addresses():
         return CheckResult(host.name, CHECK, "fail",
                            f"{host.name}: hostname {name} resolves to {address}, not an address of this node",

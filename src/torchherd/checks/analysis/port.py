@@ -235,6 +235,8 @@ def _pass_summary(observed: Observed, host: Host, own: list[Probe], unreachable:
         pairs += f", not on {_names(excused)} (see there)"
     retried = sum(1 for probe in own if probe.verdict == "ok" and len(_attempts(probe.outcome)) > 1)
     pairs += f"; {retried} connect(s) went through only on the second try" if retried else ""
+    if host.name == observed.master.name and len(observed.inventory.hosts) == 1:  # no worker, no probe plan
+        return f"port {observed.port} is free: a real listener took it (one node: no worker to probe it)"
     if host.name == observed.master.name:
         plan = f"; probe plan: {observed.probe_plan.describe()}" if observed.probe_plan is not None else ""
         return f"port {observed.port} is free; a real listener on it served the workers' probes{pairs}{plan}"

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, Sequence
 
 from torchherd.checks.results import CLUSTER, CheckResult, CheckStatus
-from torchherd.inventory import SlurmSettings
 from torchherd.inventory.nodeset import NodesetError
 from torchherd.inventory.nodeset import expand as expand_nodeset
 
@@ -22,6 +21,16 @@ class Where(Protocol):
 
     @property
     def nodelist(self) -> str | None: ...
+
+
+class Asked(Protocol):
+    """What the job asks of the partition (the ``[slurm]`` settings, ``engine.slurm.settings``)."""
+
+    @property
+    def partition(self) -> str | None: ...
+
+    @property
+    def gpus_per_node(self) -> int | None: ...
 
 
 SINFO_FORMAT = "%N|%P|%a|%T|%c|%G|%E"
@@ -78,7 +87,7 @@ def node_condition(state: str) -> Literal["usable", "busy", "bad"]:
     return "busy" if any(busy in word for busy in BUSY_STATES) else "usable"
 
 
-def slurm_view(rows: Sequence[NodeInfo], settings: SlurmSettings, where: Where,
+def slurm_view(rows: Sequence[NodeInfo], settings: Asked, where: Where,
                nproc: int | str) -> list[CheckResult]:
     """SLURM's own view of the job: the partition, each node it may run on, and GPUs
     against the processes per node. Pure: the rows are ``sinfo``'s."""
@@ -152,7 +161,7 @@ def _count_result(where: Where, rows: Sequence[NodeInfo]) -> list[CheckResult]:
     return []
 
 
-def _gres_results(rows: Sequence[NodeInfo], settings: SlurmSettings, nproc: int | str) -> list[CheckResult]:
+def _gres_results(rows: Sequence[NodeInfo], settings: Asked, nproc: int | str) -> list[CheckResult]:
     results = []
     for row in rows:
         asked = settings.gpus_per_node

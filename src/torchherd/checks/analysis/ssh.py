@@ -19,7 +19,7 @@ def analyse(observed: Observed) -> list[CheckResult]:
     for host in observed.inventory.hosts:
         error = observed.ssh_errors.get(host.name)
         if error is not None:
-            results.append(CheckResult(host.name, "ssh", "fail", str(error), error.hint))
+            results.append(CheckResult(host.name, "ssh", "fail", str(error), _where_given(error.hint, observed)))
             continue
         address = observed.ssh_addresses.get(host.name, host.address)
         note = observed.host_key_notes.get(host.name)
@@ -34,6 +34,16 @@ def analyse(observed: Observed) -> list[CheckResult]:
                                  "StrictHostKeyChecking accept-new (or yes) so that a key is at least pinned")
         results.append(result)
     return results
+
+
+EITHER_SOURCE = "(in -H or the inventory)"
+"""The transport's fix for an address, which knows no more than the host: where it was given
+is the inventory's path (``-H`` or ``--nodelist`` for hosts given on the command line)."""
+
+
+def _where_given(fix: str, observed: Observed) -> str:
+    path = str(observed.inventory.path)
+    return fix.replace(EITHER_SOURCE, f"given to {path}" if path in ("-H", "--nodelist") else f"in {path}")
 
 
 def _shell_speed(node: str, logged_in: str, seconds: float | None, facts: NodeFacts | None,

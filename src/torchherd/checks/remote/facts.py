@@ -1,7 +1,8 @@
 """torchherd facts: what one node knows about itself, as one JSON document.
 
-Standard library only, Python >= 3.8, Linux, read-only. Run as
-``PYTHON -c SOURCE CONFIG`` where CONFIG is a JSON object:
+Standard library and torchherd.remote modules only, Python >= 3.8, Linux, read-only.
+Run as ``PYTHON -c PROGRAM CONFIG`` (``checks.gather.node_program``: the modules it
+imports travel with it) where CONFIG is a JSON object:
   port      int            the master port
   resolve   [str, ...]     names to resolve with the node's resolver
   route_to  [str, ...]     addresses or names; the source address of the route to
@@ -57,6 +58,9 @@ import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
+
+from torchherd.remote.proctable import command_line
+from torchherd.remote.uvlock import MARKER, uv_lock_hash
 
 STARTED = time.time()
 CPU_AT_START = sum(os.times()[:4])
@@ -222,14 +226,6 @@ def socket_owners() -> Dict[str, str]:
     return owners
 
 
-def command_line(pid: str) -> Optional[str]:
-    try:
-        with open("/proc/%s/cmdline" % pid, "rb") as file:
-            return file.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-    except OSError:
-        return None
-
-
 def listeners(port: int) -> List[Dict[str, Any]]:
     found: List[Dict[str, Any]] = []
     owners: Optional[Dict[str, str]] = None
@@ -246,7 +242,7 @@ def listeners(port: int) -> List[Dict[str, Any]]:
                 continue
             owners = owners if owners is not None else socket_owners()
             pid = owners.get(inode)
-            found.append({"pid": pid, "command": command_line(pid) if pid else None})
+            found.append({"pid": pid, "command": (command_line(int(pid)).strip() or None) if pid else None})
     return found
 
 
@@ -294,23 +290,7 @@ def script_hash(workdir: str, script: str) -> Dict[str, Any]:
         return {"path": path, "error": error.strerror or str(error)}
 
 
-VENV_MARKER = ".torchherd-venv"
-UV_FILES = ("pyproject.toml", "uv.lock")
 UV_CHECK_SECONDS = 60.0
-
-
-def uv_lock_hash(project: str) -> Optional[str]:
-    """As the controller's ``tree.uv_lock_hash``: each file's name and length, then its bytes."""
-    digest = hashlib.sha256()
-    for name in UV_FILES:
-        try:
-            with open(os.path.join(project, name), "rb") as file:
-                data = file.read()
-        except OSError:
-            return None
-        digest.update(f"{name} {len(data)}\n".encode())
-        digest.update(data)
-    return digest.hexdigest()
 
 
 def venv_state(config: Dict[str, Any]) -> Dict[str, Any]:
@@ -318,7 +298,7 @@ def venv_state(config: Dict[str, Any]) -> Dict[str, Any]:
     project = os.path.expanduser(config["project"])
     state: Dict[str, Any] = {"path": path, "lock_hash": uv_lock_hash(project), "marker": None}
     try:
-        with open(os.path.join(path, VENV_MARKER), encoding="utf-8") as file:
+        with open(os.path.join(path, MARKER), encoding="utf-8") as file:
             marker = json.load(file)
     except (OSError, ValueError):
         return state

@@ -34,12 +34,16 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 from torchherd.engine.events import CheckpointMissing, CheckpointReplicated, CheckpointSaved, CheckpointStaged
 from torchherd.engine.prepare.relay import BYTES_PER_SECOND, Hop, run_chain
+from torchherd.engine.records.links import measured_link
 from torchherd.errors import TransportError
-from torchherd.plan import NodePlan
+from torchherd.inventory import Bandwidth
+from torchherd.plan import NodePlan, Plan
 from torchherd.remote import command
 from torchherd.remote.checkpoint import LINK_ASSUMED
+from torchherd.remote.pace import SLOWEST_SHARE
 from torchherd.shell import quote_path
 from torchherd.transport import Connector, Session, connect_all, fan_out
+from torchherd.words import count
 
 FIND_SECONDS = 300.0
 """The most a node may take to find and hash its copy (a few GB: seconds; a slow disk: more)."""
@@ -117,8 +121,22 @@ def stage(connector: Connector, nodes: Mapping[str, NodePlan], sources: Sequence
         connected.close()
 
 
+def replication_rate(plan: Plan, saved: CheckpointSaved, targets: Sequence[str], bandwidth: Bandwidth) -> dict[str, Any]:
+    """What the source of a replica is told of its rate (``remote/checkpoint.py``): the
+    cap's own keys, the link to the first node it sends to as ``check --bandwidth`` last
+    measured it (where kept: ``records.links``), and whose pace to keep to (the run's and
+    the source's: the file its supervisor writes, ``remote/pace.py``)."""
+    rate: dict[str, Any] = {**bandwidth.wire(), "pace": [plan.run_id, saved.node]}
+    hosts = {node.host.name: node.host for node in plan.nodes}
+    if targets and saved.node in hosts and targets[0] in hosts:
+        link = measured_link(hosts[saved.node].address, hosts[targets[0]].address)
+        if link is not None:
+            rate["link"] = link
+    return rate
+
+
 def replicate(connector: Connector, nodes: Mapping[str, NodePlan], saved: CheckpointSaved, targets: Sequence[str],
-              rate: Mapping[str, float], cap: str, stopping: Callable[[], bool] = lambda: False
+              rate: Mapping[str, Any], cap: str, stopping: Callable[[], bool] = lambda: False
               ) -> CheckpointReplicated:
     """Copies the checkpoint ``saved`` on ``saved.node`` to each node of ``targets`` that
     lacks it, at low priority, the source sending at most at ``rate`` (``Bandwidth.wire``;
@@ -150,18 +168,47 @@ def replicate(connector: Connector, nodes: Mapping[str, NodePlan], saved: Checkp
         needing = tuple(name for name in targets if name in sessions and name not in held and name not in kept
                         and not isinstance(answers.get(name), str))
         done: tuple[str, ...] = ()
+        pace = ""
         if needing:
-            # a node of one core under the default's per-core cap is the slowest a copy may be
+            # a node of one core under the default's per-core cap, the job's pace holding the
+            # copy at the governor's floor throughout, is the slowest a copy may be
             slowest = min(BYTES_PER_SECOND, rate.get("bytes", rate.get("share", 1.0) * LINK_ASSUMED),
-                          rate.get("per_core", BYTES_PER_SECOND)) / 2
+                          rate.get("per_core", BYTES_PER_SECOND)) * (SLOWEST_SHARE if "pace" in rate else 0.5)
+            told: list[Mapping[str, Any]] = []
             results = _relay(sessions, nodes, own, needing, stopping,
-                             {"rate": dict(rate), "keep_newer": True, "trailer": True}, slowest)
+                             {"rate": dict(rate), "keep_newer": True, "trailer": True}, slowest,
+                             lambda node, message: told.append(message) if node == source else None)
+            pace = governed(told)
             done = tuple(name for name in needing if results[name] is None)
             failed += [(name, problem) for name in needing if (problem := results[name]) is not None]
         return CheckpointReplicated(own.path, own.size, own.mtime, source, done, time.monotonic() - started, cap,
-                                    held, tuple(failed), kept)
+                                    held, tuple(failed), kept, pace)
     finally:
         connected.close()
+
+
+def governed(told: Sequence[Mapping[str, Any]]) -> str:
+    """The source's account of its rate kept to the job's pace, in words: "kept to the
+    job's pace (101 lines/s, 1.10 CPU): 10 MB/s at first, 12.5 MB/s at the end (at most 40 MB/s, a share of the
+    link), cut 2 times, raised 14 times"; empty when it said none (its rate was not governed)."""
+    for message in told:
+        said = message.get("governed")
+        if not isinstance(said, Mapping):
+            continue
+        try:
+            start, rate, ceiling = (float(said[key]) for key in ("start", "rate", "ceiling"))
+            slowed, raised = int(said["slowed"]), int(said["raised"])
+            baseline = said.get("baseline")
+            lines, cpu = (float(value) for value in baseline) if baseline is not None else (0.0, 0.0)
+        except (KeyError, TypeError, ValueError):
+            return ""
+        if baseline is None:
+            return f"at {start / 1e6:.3g} MB/s: the job's pace too slight to keep to"
+        link = " as measured" if said.get("link") == "measured" else ""
+        return (f"kept to the job's pace ({lines:.0f} lines/s, {cpu:.2f} CPU): {start / 1e6:.3g} MB/s at first, {rate / 1e6:.3g} MB/s at the end "
+                f"(at most {ceiling / 1e6:.3g} MB/s, a share of the link{link}), cut {count(slowed, 'time')}, "
+                f"raised {count(raised, 'time')}")
+    return ""
 
 
 def _nowhere(path: str, sources: Sequence[str], unreached: Mapping[str, TransportError],
@@ -219,7 +266,8 @@ def _last_json(data: bytes) -> dict[str, Any] | None:
 
 def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best: Copy,
            needing: Sequence[str], stopping: Callable[[], bool], extra: Mapping[str, Any] | None = None,
-           slowest: float = BYTES_PER_SECOND) -> dict[str, str | None]:
+           slowest: float = BYTES_PER_SECOND,
+           on_message: Callable[[str, Mapping[str, Any]], None] = lambda node, message: None) -> dict[str, str | None]:
     """The chain source -> needing[0] -> needing[1] ...; per receiver None (staged) or why not.
     ``extra``: replication's keys (and its programs run ``low``); ``slowest``: the lowest rate
     in bytes per second the wait for the copy allows for."""
@@ -227,7 +275,8 @@ def _relay(sessions: Mapping[str, Session], nodes: Mapping[str, NodePlan], best:
                 job_address(nodes[name])) for name in (best.node, *needing)]
     expect = {"path": best.path, "kind": best.kind, "sha256": best.sha256 or None, "size": best.size}
     slower = max(0.0, best.size / slowest - best.size / BYTES_PER_SECOND)  # a paced copy takes longer
-    results = run_chain(hops, {"expect": expect, **(extra or {})}, best.size, stopping=stopping, extra_seconds=slower)
+    results = run_chain(hops, {"expect": expect, **(extra or {})}, best.size, stopping=stopping, extra_seconds=slower,
+                        on_message=on_message)
     source_failed = results.pop(best.node)
     return {name: f"{why} (the source {best.node}: {source_failed})" if why and source_failed else why
             for name, why in results.items()}

@@ -10,12 +10,13 @@ from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from torchherd.engine import schedulers
 from torchherd.engine.records.attached import ATTACHED_KEY, AttachedRecord, NodeEnding, read_attached
 from torchherd.engine.records.fields import DAMAGED, Fields, RecordError
 from torchherd.engine.records.paths import remote_run_dir
 from torchherd.engine.records.recovery import RECOVERY_KEY, RecoveryRecord, read_recovery
 from torchherd.errors import UsageError
-from torchherd.inventory import SCHEDULERS, Host
+from torchherd.inventory import Host
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class RunRecord:
         extra = read.optional("extra", dict) or {}
         if extra.get(RECOVERY_KEY) is not None:  # checked now: a damaged one fails at load, as any key does
             read_recovery(Fields(source, f"extra.{RECOVERY_KEY}.", extra[RECOVERY_KEY]))
-        if extra.get("login") is not None:  # a SLURM run's login host: reached over SSH as a node is
+        if extra.get("login") is not None:  # a batch job's login host: reached over SSH as a node is
             extra = {**extra, "login": asdict(_node(Fields(source, "extra.login.", extra["login"])))}
         if extra.get(ATTACHED_KEY) is not None:
             read_attached(Fields(source, f"extra.{ATTACHED_KEY}.", extra[ATTACHED_KEY]))
@@ -141,9 +142,9 @@ def _scheduler(read: Fields, run_id: str) -> None:
     remote paths (a job id ``--partition=gpu`` once made ``stop`` cancel every job of the
     user in that partition), so each is what torchherd writes, or the record is damaged."""
     scheduler = read.data.get("scheduler")
-    if scheduler is not None and scheduler not in SCHEDULERS:
-        read.fail("scheduler", f"{scheduler!r} is not one of {', '.join(SCHEDULERS)}")
-    if scheduler != "slurm":
+    if scheduler is not None and scheduler not in schedulers.names():
+        read.fail("scheduler", f"{scheduler!r} is not one of {', '.join(schedulers.names())}")
+    if scheduler not in schedulers.JOB_RECORDS:
         return
     job_id = read.value("job_id", str)
     if not _JOB_ID.match(job_id):

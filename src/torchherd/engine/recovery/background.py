@@ -32,7 +32,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any, Callable, Mapping
 
-from torchherd.engine.backend import Backend
+from torchherd.engine.backend import Backend, backend_for, scheduler_of
 from torchherd.engine.eventlog import HISTORY_FILE, HISTORY_KEY, HistoryRecorder, recording
 from torchherd.engine.events import (
     Observer,
@@ -49,7 +49,6 @@ from torchherd.engine.records import (
 )
 from torchherd.engine.recovery.runner import RecoveringRun
 from torchherd.engine.run import STOP_MARGIN, LaunchOptions
-from torchherd.engine.schedulers import backend_for, scheduler_of
 from torchherd.errors import EXIT_FAILED, TorchherdError
 from torchherd.inventory import Recovery
 from torchherd.plan import Plan

@@ -8,7 +8,7 @@ the next attempt's nodes (the triage: the backend's ``triage_checks``), nodes th
 them are excluded, spares take their places, and the next attempt starts; a backend
 whose scheduler places the job (SLURM) is also told every node excluded so far
 (``LaunchOptions.exclude``). Where the scheduler also picks the nodes (SLURM's
-``[slurm].nodes``: ``picked_nodes``), an attempt's nodes are known once it started, the
+``nodes`` key: ``picked_nodes``), an attempt's nodes are known once it started, the
 triage checks those, and the scheduler picks the replacements (no spares; with
 ``--min-nodes``, it may start on fewer). Ctrl-C or SIGTERM (``stop``) never retries.
 """
@@ -166,7 +166,7 @@ def named_plan(base: Plan, nodes: Sequence[str]) -> Plan:
     template = inventory.hosts[0]
     hosts = tuple(replace(template, name=name, address=name, local_addr=None) for name in nodes)
     named = replace(inventory, hosts=hosts, cluster=replace(inventory.cluster, master=nodes[0]),
-                    slurm=replace(inventory.slurm, nodes=None, nodelist=None))
+                    tables=inventory.named_tables())
     return build_plan(named, base.options)
 
 
@@ -296,10 +296,11 @@ class RecoveringRun:
         self._resume: Resume | None = None
         """How the next attempt starts from the checkpoint its staging found; None: as the first."""
         self.replicator = (Replicator(self._replicate, recovery.replicas, observer, self.holdings)
-                           if self.holdings is not None and recovery.replicas and recovery.retries
+                           if self.holdings is not None and recovery.replicas and (recovery.retries or options.persist)
                            and self.picked is None else None)
-        """Only with retries: a replica is there for the staging before a new attempt (a
-        run with ``hang_timeout`` alone has none, as a plain run has no controller to copy)."""
+        """With retries: a replica is there for the staging before a new attempt (a run with
+        ``hang_timeout`` alone has none, as a plain run has no controller to copy). Detached
+        (``persist``, the controller in the background) without retries too: it runs to copy."""
 
     # the caller's side ------------------------------------------------------------------
     def start(self) -> RecoveringRun:
@@ -550,7 +551,7 @@ class RecoveringRun:
         except UsageError:
             raise
         except TorchherdError as error:
-            # LaunchAborted, or a scheduler that refused the submission (sbatch: slurmctld
+            # LaunchAborted, or a scheduler that refused the submission (sbatch: SLURM's controller
             # busy, a node it no longer knows) or whose host did not answer: a failed
             # attempt, as the policy counts them, not the end of the run (but where the
             # scheduler could never place it: Unplaceable).

@@ -18,6 +18,7 @@ from torchherd.engine.slurm import job as slurm_job
 from torchherd.engine.slurm.batch import batch_job, picked_count, placement
 from torchherd.engine.slurm.check import SLURM_CHECKS
 from torchherd.engine.slurm.recorder import slurm_recorder
+from torchherd.engine.slurm.settings import settings_of
 from torchherd.errors import UsageError
 from torchherd.inventory import Recovery
 from torchherd.plan import Plan
@@ -32,7 +33,6 @@ class SlurmBackend(Backend):
     title: ClassVar[str] = "SLURM"
     check_ids: ClassVar[tuple[str, ...]] = SLURM_CHECKS
     live_checks: ClassVar[bool] = False
-    takes_slurm_keys: ClassVar[bool] = True
     refuses: ClassVar[Mapping[str, tuple[str, str]]] = {
         "--sync": ("not for SLURM runs (torchherd does not reach SLURM's nodes itself)",
                    "keep the project on the cluster's shared filesystem, or sync it to the login host first"),
@@ -57,9 +57,9 @@ class SlurmBackend(Backend):
     admin's reason): torchherd does not reach SLURM's nodes to run the fast checks."""
 
     def picked_nodes(self, plan: Plan) -> int | None:
-        if placement(plan, plan.inventory.slurm).source != "[slurm]":
+        if placement(plan, settings_of(plan.inventory)).source != "[slurm]":
             return None
-        return picked_count(plan.inventory.slurm)
+        return picked_count(settings_of(plan.inventory))
 
     def allow_recovery(self, plan: Plan, recovery: Recovery) -> None:
         super().allow_recovery(plan, recovery)
@@ -80,7 +80,7 @@ class SlurmBackend(Backend):
 
     @classmethod
     def script(cls, plan: Plan, *, fail_fast: bool = True) -> Description:
-        return batch_job(plan, plan.inventory.slurm, fail_fast, pyxis=None)
+        return batch_job(plan, settings_of(plan.inventory), fail_fast, pyxis=None)
 
     def describe(self, plan: Plan, *, fail_fast: bool = True) -> Description:
         self.allow("--sync", plan.sync is not None)

@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from torchherd.engine.slurm.container import PYXIS_RUNTIMES, node_run_command, pyxis_options, uses_pyxis
+from torchherd.engine.slurm.settings import SlurmSettings
 from torchherd.errors import UsageError
-from torchherd.inventory import SlurmSettings
 from torchherd.inventory.nodeset import expand
-from torchherd.plan import NodePlan, Plan, looks_secret, node_log_dir
+from torchherd.plan import NodePlan, Plan, Torchrun, looks_secret, node_log_dir
 from torchherd.remote.container import NAME_PREFIX, RUNTIMES, ContainerSpec
 from torchherd.shell import quote_path
 
@@ -317,12 +317,12 @@ def torchrun_words(plan: Plan, node: NodePlan) -> list[str]:
     torchrun = node.torchrun
     words = [quote_path(torchrun.python), "-m", "torch.distributed.run"]
     for option, value in torchrun.options():
-        replaced = _replace(plan, option, value)
+        replaced = _replace(plan, torchrun, option, value)
         words += [shlex.quote(option), shlex.quote(value)] if replaced is None else list(replaced)
     return words + [shlex.quote(word) for word in torchrun.target()]
 
 
-def _replace(plan: Plan, option: str, value: str) -> tuple[str, ...] | None:
+def _replace(plan: Plan, torchrun: Torchrun, option: str, value: str) -> tuple[str, ...] | None:
     """The option and its new value as shell words (``()`` drops it); None: keep as is."""
     given_master = bool(plan.options.master_addr or plan.inventory.cluster.master_addr)
     if option == "--local-addr":
@@ -338,10 +338,9 @@ def _replace(plan: Plan, option: str, value: str) -> tuple[str, ...] | None:
     if option == "--rdzv-endpoint" and not given_master:
         return option, f'"${MASTER_VAR}:{plan.port}"'
     if option == "--rdzv-conf":
-        # is_host=1 is the SSH plan's word for its rank-0 node; SLURM's first node is
-        # the endpoint by name, which torch recognises as its own.
-        kept = [item for item in value.split(",") if item and item != "is_host=1"]
-        return (option, shlex.quote(",".join(kept))) if kept else ()
+        # Only the user's settings: is_host=1 is the SSH plan's word for its rank-0 node;
+        # SLURM's first node is the endpoint by name, which torch recognises as its own.
+        return (option, shlex.quote(torchrun.rdzv_conf)) if torchrun.rdzv_conf else ()
     return None
 
 

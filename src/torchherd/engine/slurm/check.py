@@ -34,6 +34,7 @@ from torchherd.engine.slurm.commands import (
     parse_salloc,
     queue_state,
 )
+from torchherd.engine.slurm.settings import settings_of
 from torchherd.errors import TorchherdError, TransportError, UsageError
 from torchherd.plan import Plan, build_plan
 from torchherd.transport import Connector, Session
@@ -47,7 +48,7 @@ def slurm_view(session: Session, plan: Plan, batch: BatchJob, test_submit: bool 
         rows = analysis.parse_sinfo(ask(session, f"sinfo -h -N -o {shlex.quote(analysis.SINFO_FORMAT)}", "sinfo"))
     except (TorchherdError, TransportError) as error:
         return [CheckResult(CLUSTER, "slurm", "fail", str(error), "is SLURM's controller up? (scontrol ping)")]
-    results = analysis.slurm_view(rows, plan.inventory.slurm, batch.placement, plan.nproc_per_node)
+    results = analysis.slurm_view(rows, settings_of(plan.inventory), batch.placement, plan.nproc_per_node)
     if not test_submit:
         return results
     test = session.run("sbatch --test-only", stdin=batch.script.encode("utf-8"), timeout=COMMAND_TIMEOUT)
@@ -79,7 +80,7 @@ def check(plan: Plan, options: CheckOptions, connector: Connector,
     """SLURM's view of the job, then (when any is selected) the node checks as steps
     inside an allocation like the job's."""
     wanted = _wanted(options)
-    batch = batch_job(plan, plan.inventory.slurm)
+    batch = batch_job(plan, settings_of(plan.inventory))
     try:
         session = frontend(plan.inventory, connector)
     except TransportError as error:

@@ -22,6 +22,7 @@ from torchherd.engine.slurm.batch import (
     submit_command,
 )
 from torchherd.engine.slurm.container import PYXIS_PROBE, has_pyxis
+from torchherd.engine.slurm.settings import settings_of
 from torchherd.errors import TorchherdError, TransportError, Unplaceable, UsageError
 from torchherd.inventory import Host, Inventory
 from torchherd.shell import quote_path
@@ -256,7 +257,7 @@ LEAVE_TIMEOUT = 120.0
 
 def login_host(inventory: Inventory) -> Host:
     """The login host as a node: the [defaults] user, port and key apply."""
-    login = inventory.slurm.login
+    login = settings_of(inventory).login
     assert login is not None
     return dataclasses.replace(inventory.hosts[0], name=login, address=login, env=MappingProxyType({}), setup="",
                                local_addr=None)
@@ -264,7 +265,7 @@ def login_host(inventory: Inventory) -> Host:
 
 def frontend(inventory: Inventory, connector: Connector) -> Session:
     """The session SLURM's commands run in: the login host over SSH, or this machine."""
-    if inventory.slurm.login:
+    if settings_of(inventory).login:
         return connector.connect(login_host(inventory))
     if shutil.which("sbatch") is None:
         raise UsageError("sbatch is not on this machine's PATH",

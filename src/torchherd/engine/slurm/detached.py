@@ -32,6 +32,7 @@ from torchherd.engine.slurm.commands import (
 )
 from torchherd.engine.slurm.files import Item, RunFiles
 from torchherd.engine.slurm.job import POLL_EVERY, submitted
+from torchherd.engine.slurm.settings import settings_of
 from torchherd.errors import TorchherdError, TransportError
 from torchherd.inventory import Host
 from torchherd.plan import Plan
@@ -57,8 +58,8 @@ def slurm_record(plan: Plan, grace: float, job_id: str, directory: str) -> RunRe
     """The record of a detached SLURM run: its job, its run directory on the submit host,
     the login host, and the nodes where the inventory names them."""
     inventory = plan.inventory
-    where = placement(plan, inventory.slurm)
-    login = dataclasses.asdict(_node_record(login_host(inventory), directory)) if inventory.slurm.login else None
+    where = placement(plan, settings_of(inventory))
+    login = dataclasses.asdict(_node_record(login_host(inventory), directory)) if settings_of(inventory).login else None
     names = where.nodelist.split(",") if where.source != "[slurm]" and where.nodelist else []
     return run_record(plan, grace, slurm_nodes(plan, names, directory), max_rank(plan, where.nodes or len(names) or 1),
                       extra={"scheduler": SCHEDULER, "job_id": job_id, "run_dir": directory, "login": login})

@@ -50,6 +50,7 @@ from torchherd.engine.slurm.commands import (
     submit,
 )
 from torchherd.engine.slurm.files import BATCH_NODE, Item, RunFiles
+from torchherd.engine.slurm.settings import settings_of
 from torchherd.engine.watch.hang import Target, Targets
 from torchherd.engine.watch.straggler import StragglerWatch
 from torchherd.errors import TorchherdError, TransportError
@@ -365,7 +366,7 @@ def submitted(plan: Plan, options: LaunchOptions, connector: Connector,
 def attempt_job(plan: Plan, options: LaunchOptions, session: Session) -> BatchJob:
     """The batch job ``plan`` is submitted as (an attempt of a recovering run: its own);
     in a container, through pyxis where ``session``'s srun has it."""
-    settings = attempt_settings(plan.inventory.slurm, options.exclude)
+    settings = attempt_settings(settings_of(plan.inventory), options.exclude)
     pyxis = any(node.container is not None for node in plan.nodes) and pyxis_installed(session)
     return for_attempt(batch_job(plan, settings, options.fail_fast, pyxis), options.attempt, options.exclude,
                        options.shrink_to)

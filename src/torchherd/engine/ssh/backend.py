@@ -11,7 +11,7 @@ from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.backend import Backend, Description
 from torchherd.engine.bookkeeping import max_rank, node_record, run_record
 from torchherd.engine.events import CheckpointReplicated, CheckpointSaved, LostContainers, Observer, WarmReady, ignore
-from torchherd.engine.prepare.staging import Staged, replicate, stage
+from torchherd.engine.prepare.staging import Staged, replicate, replication_rate, stage
 from torchherd.engine.recorder import Recorder
 from torchherd.engine.records import (
     NodeState,
@@ -22,7 +22,6 @@ from torchherd.engine.records import (
     with_recovery,
 )
 from torchherd.engine.run import DetachedStartFailed, Follow, LaunchOptions, Run
-from torchherd.engine.ssh import detach as detached
 from torchherd.engine.ssh.containers import remove_lost
 from torchherd.engine.ssh.launch import launch, open_nodes, preflight, sync_first, with_probes
 from torchherd.engine.ssh.warm import WarmPool, start_warm, warmed
@@ -65,6 +64,8 @@ class SshBackend(Backend):
     def start_detached(self, plan: Plan, options: LaunchOptions, observer: Observer = ignore) -> RunRecord:
         opened = open_nodes(plan, options, self._connector(), observer)
         try:
+            from torchherd.engine.ssh import detach as detached  # a detached run's own: not `check`'s
+
             start = detached.start_detached(opened.plan, options, opened.sessions)
         finally:
             opened.close()
@@ -83,12 +84,18 @@ class SshBackend(Backend):
         return Recorder(with_recovery(record, controller), hosts, workdirs)
 
     def status(self, record: RunRecord) -> list[NodeState]:
+        from torchherd.engine.ssh import detach as detached
+
         return detached.node_states(record, self.connector)
 
     def follow(self, record: RunRecord, observer: Observer, options: Follow) -> None:
+        from torchherd.engine.ssh import detach as detached
+
         detached.follow_logs(record, observer, options, self.connector)
 
     def stop(self, record: RunRecord, grace: float | None = None) -> dict[str, list[str]]:
+        from torchherd.engine.ssh import detach as detached
+
         return detached.stop_run(record if grace is None else replace(record, grace=grace), self.connector)
 
     def ssh_hostnames(self, hosts: Sequence[Host]) -> dict[str, str]:
@@ -108,7 +115,8 @@ class SshBackend(Backend):
     def replicate_checkpoint(self, plan: Plan, saved: CheckpointSaved, targets: Sequence[str], bandwidth: Bandwidth,
                              stopping: Callable[[], bool] = lambda: False) -> CheckpointReplicated:
         nodes = {node.host.name: node for node in plan.nodes}
-        return replicate(self._connector(), nodes, saved, targets, bandwidth.wire(), str(bandwidth), stopping)
+        return replicate(self._connector(), nodes, saved, targets, replication_rate(plan, saved, targets, bandwidth),
+                         str(bandwidth), stopping)
 
     def start_warm(self, plan: Plan, on_ready: Callable[[WarmReady], None]) -> WarmPool:
         """A warm Python on every node of ``plan`` (``engine.ssh.warm``), started in the

@@ -101,7 +101,7 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float, heartbeat: floa
     """What the node's supervisor is told (the first line of its stdin, ``to_line()``)."""
     # cwd stays None: the shell already changed into the workdir, and a `cd` in the
     # host's setup snippet must keep its effect.
-    argv = redirected(node.argv)
+    argv = redirected(node)
     files = argv != tuple(node.argv)
     # Reading the ranks' files, the supervisor writes every rank prefix itself, at the start
     # of a line; torchrun's own output then holds none to mend, and a marker in the middle
@@ -113,18 +113,16 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float, heartbeat: floa
                                  busy_every=BUSY_EVERY, container=node.container)
 
 
-def redirected(argv: Sequence[str]) -> tuple[str, ...]:
-    """torchrun's command with ``--tee 3`` made ``--redirects 3``: the ranks write only to
-    their files, and the supervisor reads those byte for byte (``rank_logs``), where
-    torchrun's tee would read them as text, turning each ``\\r`` of a progress bar into a
-    line break, with a thread per rank that can tear lines apart. The plan keeps
-    ``--tee 3``: its command, pasted by hand, prints every rank's lines."""
-    words = list(argv)
-    for index in range(len(words) - 1):
-        if words[index] == "--tee" and words[index + 1] == "3":
-            words[index] = "--redirects"
-            break
-    return tuple(words)
+def redirected(node: NodePlan) -> tuple[str, ...]:
+    """torchrun's command rendered with ``--redirects 3`` where the plan's has ``--tee 3``:
+    the ranks write only to their files, and the supervisor reads those byte for byte
+    (``rank_logs``), where torchrun's tee would read them as text, turning each ``\\r`` of a
+    progress bar into a line break, with a thread per rank that can tear lines apart. The
+    plan keeps ``--tee 3``: its command, pasted by hand, prints every rank's lines. A node
+    running some other command (a check's own program) runs it as it is."""
+    if tuple(node.argv) != node.torchrun.argv():
+        return tuple(node.argv)
+    return node.torchrun.argv(output="--redirects")
 
 
 def remote_command(node: NodePlan, run_id: str, source: str) -> str:
@@ -247,7 +245,7 @@ class Job:
         # up, with room: a longer silence setting (a link that drops out) holds both ends.
         config = supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace, self.options.heartbeat,
                                    max(WATCHDOG, 2 * self.options.lost_after))._replace(
-            checkpoint=self.options.watch_checkpoint)
+            checkpoint=self.options.watch_checkpoint, node=node.name)
         if not self.options.persist:
             return config
         # The watchdog only says when the controller counts as gone (its machine went

@@ -30,12 +30,9 @@ from torchherd.engine.events import (
     RunStarted,
     ignore,
 )
-from torchherd.engine.prepare.images import stage_archives
 from torchherd.engine.prepare.pull import pull_images, pulled_nodes
 from torchherd.engine.prepare.sync import sync_nodes
-from torchherd.engine.prepare.venvs import build_venvs
 from torchherd.engine.run import LaunchAborted, LaunchOptions, Run, RunEvents
-from torchherd.engine.ssh.job import Job
 from torchherd.errors import TransportError
 from torchherd.inventory import Host
 from torchherd.plan import NodePlan, Plan
@@ -110,6 +107,8 @@ def run_quietly(plan: Plan, sessions: Mapping[str, Session], log_dir: Path, time
                 grace: float = 2.0) -> SmokeRun:
     """Runs ``plan`` like ``run`` (same supervisor, fail-fast teardown), reporting nothing;
     every node is stopped after ``timeout`` seconds. Every line each node printed is kept."""
+    from torchherd.engine.ssh.job import Job  # run's own: `check` does without its imports
+
     collector = Collector()
     job = Job(plan, sessions, LaunchOptions(log_dir=log_dir, grace=grace, timeout=timeout), collector)
     job.start_all()
@@ -179,6 +178,8 @@ def sync_first(plan: Plan, connector: Connector, observer: Observer, log_dir: Pa
         if done.ok and any(node.venv is not None for node in plan.nodes):
             # The project's lock is on every node now: its venv is built before the
             # preflight, which checks the job's python (the venv's) and the venv itself.
+            from torchherd.engine.prepare.venvs import build_venvs  # packaging's markers: only here
+
             venvs = build_venvs(plan, opened.sessions, observer)
             if not venvs.ok:
                 raise LaunchAborted(f"the locked environment could not be built on {len(venvs.failed)} of "
@@ -197,6 +198,8 @@ def images_first(plan: Plan, connector: Connector, observer: Observer) -> Connec
     the preflight's ``container`` check and the launch find it there; returns a connector
     that hands them the same sessions. Raises LaunchAborted (the sessions closed) when a
     node could not be reached or could not load it."""
+    from torchherd.engine.prepare.images import stage_archives
+
     opened = _connect(plan, connector, observer)
     try:
         done = stage_archives(plan.nodes, opened.sessions, observer)
@@ -261,6 +264,8 @@ def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: O
     """Preflights ``plan`` (unless ``options.check`` is off), starts it on every node and
     returns the running ``Run``. Raises LaunchAborted when it could not start."""
     opened = open_nodes(plan, options, connector, observer)
+    from torchherd.engine.ssh.job import Job
+
     events = RunEvents(observer)
     job = Job(opened.plan, opened.sessions, options, events)
     run = Run(job, events, opened.close)
