@@ -42,3 +42,17 @@ def cli(*args: str, cwd: Path | None = None) -> tuple[int, str]:
     finally:
         os.chdir(previous)
     return code, out.getvalue()
+
+
+THREE_HOSTS = "".join(f'[[hosts]]\nname = "node{index}"\naddress = "192.0.2.{index + 1}"\n' for index in range(3))
+"""Three hosts in documentation addresses (TEST-NET-1): an inventory's ``[[hosts]]`` tables."""
+
+
+def option_lines(tmp_path: Path, args: list[str], inventory: str = "") -> tuple[int, list[str]]:
+    """The exit code and the output's lines (an error's hint too) of ``torchherd -i hosts.toml
+    ARGS``, where hosts.toml is ``inventory`` then THREE_HOSTS; its path shown as hosts.toml."""
+    path = tmp_path / "hosts.toml"
+    path.write_text(inventory + THREE_HOSTS, encoding="utf-8")
+    out = StringIO()
+    code = main(["-i", str(path), *args], console=make_console(out, width=400))
+    return code, [line.replace(str(path), "hosts.toml") for line in out.getvalue().splitlines()]

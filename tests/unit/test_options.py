@@ -5,7 +5,6 @@ door it came through. Each case here was a disagreement between the doors."""
 from __future__ import annotations
 
 import math
-from io import StringIO
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from support.cli import THREE_HOSTS
+from support.cli import option_lines as cli
 from torchherd import Cluster, Recovery
-from torchherd.cli import main
-from torchherd.console import make_console
 from torchherd.errors import UsageError
 from torchherd.inventory.options import (
     FINAL_EXIT_CODES,
@@ -32,16 +31,8 @@ from torchherd.inventory.options import (
 )
 from torchherd.inventory.reader import Reader
 
-HOSTS = "".join(f'[[hosts]]\nname = "node{index}"\naddress = "192.0.2.{index + 1}"\n' for index in range(3))
+HOSTS = THREE_HOSTS
 
-
-def cli(tmp_path: Path, args: list[str], inventory: str = "") -> tuple[int, list[str]]:
-    """The exit code and the error's lines (the hint's too) of ``torchherd -i hosts.toml ARGS``."""
-    path = tmp_path / "hosts.toml"
-    path.write_text(inventory + HOSTS, encoding="utf-8")
-    out = StringIO()
-    code = main(["-i", str(path), *args], console=make_console(out, width=400))
-    return code, [line.replace(str(path), "hosts.toml") for line in out.getvalue().splitlines()]
 
 
 def cluster() -> Cluster:

@@ -14,6 +14,8 @@ from typing import Callable, Sequence
 import pytest
 from tests.support.recovery import FakeBackend, ended, plan_of, recover
 
+from support.cli import THREE_HOSTS
+from support.cli import option_lines as cli
 from torchherd import Cluster, Recovery
 from torchherd.cli import main
 from torchherd.cli.run import glued
@@ -27,7 +29,7 @@ from torchherd.errors import UsageError
 from torchherd.inventory.options import RESUME_ARGS
 from torchherd.plan import Plan
 
-HOSTS = "".join(f'[[hosts]]\nname = "node{index}"\naddress = "192.0.2.{index + 1}"\n' for index in range(3))
+HOSTS = THREE_HOSTS
 EXPECTED = {"flag": "expected the script's arguments on a resumed attempt, as a shell splits them (e.g. "
                     "--init_from=resume)",
             "file": "expected the script's arguments on a resumed attempt: one string, as a shell splits it, or a "
@@ -35,13 +37,6 @@ EXPECTED = {"flag": "expected the script's arguments on a resumed attempt, as a 
             "argument": "expected the script's arguments on a resumed attempt: a tuple of strings, or one string, as "
                         "a shell splits it"}
 
-
-def cli(tmp_path: Path, args: list[str], inventory: str = "") -> tuple[int, list[str]]:
-    path = tmp_path / "hosts.toml"
-    path.write_text(inventory + HOSTS, encoding="utf-8")
-    out = StringIO()
-    code = main(["-i", str(path), *args], console=make_console(out, width=400))
-    return code, [line.replace(str(path), "hosts.toml") for line in out.getvalue().splitlines()]
 
 
 def api_error(recovery: Recovery) -> UsageError:
