@@ -93,7 +93,7 @@ def test_the_key_and_the_flag_reach_the_recovery(tmp_path: Path) -> None:
     cluster = Cluster.from_toml(path)
     assert cluster.recovery.checkpoint == "ckpt/step-*.pt"
     flags = dict(retries=None, final_exit_codes=None, min_nodes=None, hang_timeout=None, replicate=None,
-                 replicate_bandwidth=None, resume_args=None)
+                 replicate_bandwidth=None, resume_args=None, warm=None, detach=False)
     assert _recovery(argparse.Namespace(**flags, checkpoint=None), cluster).checkpoint == "ckpt/step-*.pt"
     flags["retries"] = 1
     assert _recovery(argparse.Namespace(**flags, checkpoint="snap.pt"), cluster).checkpoint == "snap.pt"
