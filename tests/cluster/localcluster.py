@@ -1241,14 +1241,18 @@ class LocalCluster:
         reads ~/.bashrc for every command sshd starts, and this machine's runs ``pyenv
         init`` and ``pyenv virtualenv-init``: 145 ms of CPU a command (a plain sshd
         command costs 24 ms), paid by every SSH command of every test. A node's shell
-        finds the same programs: this Python's directory first, then the PATH the
-        cluster was built with."""
+        finds the same programs: ahead of sshd's PATH (its default, or the cluster's
+        ``node_path``), this Python's directory and what the rc files put there (the
+        PATH entries under the home directory: pyenv's, cargo's), as before."""
         bashrc = ROOT_BASHRC
         if not bashrc.is_file():
             return []
         own = self._node_dir(host.name) / "bashrc"
-        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", os.defpath)])
-        own.write_text(f"# {host.name}'s own ~/.bashrc (tests/cluster/localcluster.py)\nexport PATH={shlex.quote(path)}\n")
+        home = str(bashrc.parent)
+        ahead = [os.path.dirname(sys.executable)] + [
+            entry for entry in os.environ.get("PATH", "").split(os.pathsep) if entry.startswith(home + "/")]
+        own.write_text(f"# {host.name}'s own ~/.bashrc (tests/cluster/localcluster.py)\n"
+                       f"export PATH={shlex.quote(os.pathsep.join(dict.fromkeys(ahead)))}:\"$PATH\"\n")
         return [f"mount --bind {shlex.quote(str(own))} {shlex.quote(str(bashrc))}"]
 
     def _private_copies(self, host: NodeInfo) -> list[str]:
