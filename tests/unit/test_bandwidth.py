@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from torchherd.checks.analysis import bandwidth
-from torchherd.checks.gather import remote_source
+from torchherd.checks.gather import node_program
 from torchherd.checks.links import pairs, plan_links, rounds
 from torchherd.checks.model import MtuProbe, Observed, Transfer
 from torchherd.checks.runner import selected_checks
@@ -157,7 +157,7 @@ def test_bandwidth_is_opt_in() -> None:
 def node_script(key: bytes = b"k3y", stderr: int | None = None) -> subprocess.Popen[bytes]:
     """The node script, its key given on stdin first as the controller gives it."""
     config = json.dumps({"family": 4, "seconds": 60, "address": "127.0.0.1"})
-    process = subprocess.Popen([sys.executable, "-S", "-c", remote_source("bandwidth.py"), config],
+    process = subprocess.Popen([sys.executable, "-S", "-c", node_program("bandwidth.py"), config],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
     assert process.stdin is not None
     process.stdin.write(b'{"key": "' + key + b'", "peers": ["127.0.0.1"]}\n')

@@ -17,7 +17,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,7 +26,7 @@ from hypothesis import strategies as st
 
 from support.processes import plant
 from torchherd.checks.analysis import port
-from torchherd.checks.gather import LineReader, facts_command
+from torchherd.checks.gather import LineReader, facts_command, node_program
 from torchherd.checks.model import Observed, ProbePlan
 from torchherd.checks.probes import FULL_MESH_MAX, SAMPLED_PROBERS, listen_config, plan_probes
 from torchherd.inventory import parse
@@ -158,7 +157,7 @@ class Node:
     """remote/facts.py as a node runs it: the facts, then a listener taking connect requests."""
 
     def __init__(self, backlog: int) -> None:
-        source = resources.files("torchherd.checks.remote").joinpath("facts.py").read_text(encoding="utf-8")
+        source = node_program("facts.py")  # as the nodes get it: with the modules it imports
         config = {"port": 1, "resolve": [], "route_to": ["127.0.0.1"], "script": None, "workdir": "~",
                   "torch": False, "listen": {"ports": {"e1": 0, "e2": 0}, "seconds": 60, "backlog": backlog}}
         self.process = subprocess.Popen([sys.executable, "-S", "-c", source, json.dumps(config)],
