@@ -296,9 +296,11 @@ class Supervisor:
         self.runtime: Optional[str] = None
         """The container runtime the job was started with (None: no container)."""
         # In a container the ranks may be outside this supervisor's tree (docker's are the
-        # daemon's): then they are found by the token they carry, as the teardown finds them.
+        # daemon's), and a warm start's ranks are the warm Python's children (its client,
+        # named by PYTHON_EXEC, is what torchrun starts): then they are found by the token
+        # they carry, as the teardown finds them.
         elsewhere = ((lambda: find_job_processes(config.run_id, self.token, self.pid))
-                     if config.container is not None else None)
+                     if config.container is not None or "PYTHON_EXEC" in config.env else None)
         # The ranks' own files (torchrun --redirects) and GPU samples; progress bars and
         # GPUs only feed a live view, so a detached run's log is spared them (and a background
         # controller has no view).
