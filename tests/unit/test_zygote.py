@@ -147,16 +147,22 @@ def test_the_client_relays_a_signal_and_exits_as_the_child_did(warm: Warm, scrip
     assert client.wait(timeout=30) == 7
 
 
+
+def sleeping_client(client_path: str, script: Path, tmp_path: Path) -> subprocess.Popen[str]:
+    """The script's ``sleep`` run through a zygote's client, once its child says it sleeps."""
+    client = subprocess.Popen([client_path, "-u", str(script), "sleep"], cwd=tmp_path, env=client_env(),
+                              stdout=subprocess.PIPE, text=True)
+    assert client.stdout is not None
+    while "sleeping" not in client.stdout.readline():
+        pass
+    return client
+
 def test_a_child_killed_by_a_signal_kills_its_client_with_it(warm: Warm, script: Path, tmp_path: Path) -> None:
     assert warm.run(["-u", str(script), "die"], tmp_path).returncode == -signal.SIGKILL
 
 
 def test_a_child_whose_client_is_killed_is_killed_by_the_zygote(warm: Warm, script: Path, tmp_path: Path) -> None:
-    client = subprocess.Popen([warm.client, "-u", str(script), "sleep"], cwd=tmp_path, env=client_env(),
-                              stdout=subprocess.PIPE, text=True)
-    assert client.stdout is not None
-    while "sleeping" not in client.stdout.readline():
-        pass
+    client = sleeping_client(warm.client, script, tmp_path)
     child = _children(warm.process.pid)
     assert len(child) == 1
     client.kill()
@@ -228,11 +234,7 @@ def test_without_a_zygote_the_client_starts_cold(script: Path, tmp_path: Path) -
 
 def test_the_zygote_ending_kills_what_it_forked(script: Path, tmp_path: Path) -> None:
     ending = start_zygote(["json"])
-    client = subprocess.Popen([ending.client, "-u", str(script), "sleep"], cwd=tmp_path, env=client_env(),
-                              stdout=subprocess.PIPE, text=True)
-    assert client.stdout is not None
-    while "sleeping" not in client.stdout.readline():
-        pass
+    client = sleeping_client(ending.client, script, tmp_path)
     child = _children(ending.process.pid)
     stop_zygote(ending)  # its stdin ends: SIGTERM to each child's group (the script exits 7)
     assert client.wait(timeout=30) == 7
