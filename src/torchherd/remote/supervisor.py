@@ -313,7 +313,10 @@ class Supervisor:
                                       lambda: find_job_processes(config.run_id, self.token, self.pid))
                       if config.checkpoint and not self.detached else None)
         """The job's new checkpoints, for the controller's replication (a live one only)."""
-        self.pace = (PaceWriter(pace_path(config.run_id, config.node or "node"), lambda: tree_of(self.pid),
+        # The job's CPU counts the ranks wherever the busy sampler finds them (a warm or a
+        # container's rank outside this tree too), each once.
+        self.pace = (PaceWriter(pace_path(config.run_id, config.node or "node"),
+                                lambda: sorted(set(tree_of(self.pid)) | (elsewhere() if elsewhere is not None else set())),
                                 lambda path: make_private_dirs(path, config.run_id), wire.write_json_atomic)
                      if self.saves is not None else None)
         """The job's lines and CPU seconds, which a replication's source keeps its rate to."""
