@@ -189,7 +189,10 @@ def test_master_name_unresolvable_on_one_worker(inventory: Inventory, cluster: L
 def test_port_taken_on_master(inventory: Inventory, cluster: LocalCluster) -> None:
     holder = (f"python3 -c 'import socket,time; s=socket.socket(); s.bind((\"\", {PORT})); s.listen(); "
               f"open(\"/tmp/held\", \"w\").close(); time.sleep(120)' </dev/null >/dev/null 2>&1 & "
-              f"for i in $(seq 100); do [ -e /tmp/held ] && break; sleep 0.1; done; echo $!")
+              f"for i in $(seq 600); do [ -e /tmp/held ] && break; sleep 0.1; done; "
+              f"[ -e /tmp/held ] && echo $!")
+    # Under load the holder's Python may take seconds to bind: the check runs only once it holds
+    # the port (a CI run checked a still-free port after the old 10 s wait).
     pid = cluster.ssh("node0", holder, check=True).stdout.strip()
     try:
         results = check(inventory)

@@ -30,6 +30,8 @@ from localcluster import (
     unavailable_reason,
 )
 
+from support.processes import wait_until
+
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -359,7 +361,7 @@ def test_cut_and_restore_network(cluster: LocalCluster) -> None:
 def test_stop_and_start_sshd_ends_everything_on_the_node(cluster: LocalCluster) -> None:
     plain_ssh(cluster, "node2", "sleep 2718 >/dev/null 2>&1 </dev/null &")
     cluster.write_file("node2", "/tmp/before-stop", "x")
-    assert "sleep 2718" in cluster.processes("node2")
+    assert wait_until(lambda: "sleep 2718" in cluster.processes("node2"), timeout=20)
     cluster.stop_sshd("node2")
     assert cluster.node_pids("node2") == []
     assert plain_ssh(cluster, "node2", "true").returncode == 255
@@ -431,7 +433,8 @@ def test_down_leaves_nothing_behind(make_cluster: Callable[..., LocalCluster]) -
     assert leftovers(prefix, inodes) != []
     # Something still running on a node, as a failed job would leave it.
     plain_ssh(made, "node1", f"setsid {marker} >/dev/null 2>&1 </dev/null &")
-    assert marker in made.processes("node1")
+    # ssh returns once bash forked the background job, maybe before it exec'd sleep.
+    assert wait_until(lambda: marker in made.processes("node1"), timeout=20)
     sshd_pids = [made.sshd_pid(name) for name in made.names]
     assert all(sshd_pids)
 
