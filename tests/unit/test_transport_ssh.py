@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import getpass
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -315,3 +316,32 @@ def test_an_sshd_that_closes_before_its_banner_is_still_retried(tmp_path: Path, 
         listener.close()
     assert caught.value.kind == "dropped" and "MaxStartups" in caught.value.hint
     assert len(listener.accepted) == ssh.ATTEMPTS
+
+
+def keygen(path: Path, passphrase: str = "") -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(path)], check=True)
+    return paramiko.PKey.from_path(path, passphrase.encode() or None).fingerprint
+
+
+def test_each_identity_file_is_read_once_per_command_and_tried_first_in_its_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first, second = keygen(tmp_path / "first"), tmp_path / "second"
+    keygen(second)
+    loads: list[str] = []
+    from_path = paramiko.PKey.from_path
+    monkeypatch.setattr(paramiko.PKey, "from_path", lambda path, *a: loads.append(str(path)) or from_path(path, *a))
+    connector = SshConnector(config(tmp_path, f"Host n*\n  IdentityFile {tmp_path}/first\n"
+                                              f"  IdentityFile {second}\n"), 5.0)
+    for name in ("n1", "n2", "n3"):
+        made = connector._fabric_connection(resolve_target(host(name), connector.ssh_config, local(tmp_path)), False)
+        assert made.connect_kwargs["pkey"].fingerprint == first
+        assert made.connect_kwargs["key_filename"] == [str(second)]
+    assert loads == [f"{tmp_path}/first"]
+
+
+def test_a_key_that_needs_a_passphrase_is_left_to_paramiko_in_its_place(tmp_path: Path) -> None:
+    keygen(tmp_path / "locked", passphrase="secret words")
+    connector = SshConnector(config(tmp_path, f"Host n1\n  IdentityFile {tmp_path}/locked\n"), 5.0)
+    made = connector._fabric_connection(resolve_target(host("n1"), connector.ssh_config, local(tmp_path)), False)
+    assert "pkey" not in made.connect_kwargs
+    assert made.connect_kwargs["key_filename"] == [f"{tmp_path}/locked"]

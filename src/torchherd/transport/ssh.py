@@ -360,6 +360,9 @@ class _Shared:
     chains: dict[tuple[tuple[str, str, int, str], ...], _Chain] = field(default_factory=dict)
     gates: dict[tuple[object, ...], threading.BoundedSemaphore] = field(default_factory=dict)
     local: sshconfig.Local | None = None
+    keys: dict[str, Any] = field(default_factory=dict)
+    """Identity file -> its paramiko key with its certificate, or None where it could not
+    be loaded without a passphrase: read once per command, not once per host and key class."""
 
     def gate(self, key: tuple[object, ...], width: int) -> threading.BoundedSemaphore:
         with self.lock:
@@ -372,6 +375,19 @@ class _Shared:
             if self.local is None:
                 self.local = sshconfig.Local.of_this_machine()
             return self.local
+
+    def key(self, path: str) -> Any:
+        with self.lock:
+            if path in self.keys:
+                return self.keys[path]
+        import paramiko
+
+        try:
+            loaded: Any = paramiko.PKey.from_path(path)  # the key's own type, and path-cert.pub
+        except Exception:  # encrypted, unknown or unreadable: paramiko's own loop tries it, as before
+            loaded = None
+        with self.lock:
+            return self.keys.setdefault(path, loaded)
 
     @staticmethod
     def fabric_config() -> Any:
@@ -509,6 +525,10 @@ class SshConnector:
             "allow_agent": not target.identities_only, "look_for_keys": False, "timeout": timeout,
             "banner_timeout": timeout, "auth_timeout": self.timeout, "channel_timeout": self.timeout,
             "transport_factory": _transport_class()}
+        first = self._shared.key(keys[0]) if keys else None
+        if first is not None:
+            # paramiko tries ``pkey`` before ``key_filename``: the files' order holds.
+            connect_kwargs["pkey"], keys = first, keys[1:]
         if keys:
             connect_kwargs["key_filename"] = keys
         if isinstance(gateway, str):
