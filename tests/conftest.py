@@ -35,9 +35,10 @@ PHASES = ("unit", "cluster", "serial")
 # the next module when it is almost done with its last (scripts/test passes
 # --no-loadscope-reorder, so this order holds): longest first leaves no long module to
 # start near the end while the other worker idles. Modules not named here come last.
-LONGEST_FIRST = ("test_run_recovery", "test_containers", "test_check", "test_detach_retries", "test_detach",
-                 "test_getting_started", "test_run", "test_ssh_aliases", "test_ssh_topologies", "test_uv_project", "test_one_command", "test_api",
-                 "test_local_cluster", "test_run_scripts", "test_ssh_host_keys", "test_transport")
+LONGEST_FIRST = ("test_run_recovery", "test_containers", "test_check", "test_run", "test_detach_retries",
+                 "test_detach", "test_ssh_topologies", "test_uv_project", "test_ssh_aliases",
+                 "test_localhost_without_sshd", "test_one_command", "test_run_report", "test_local_cluster",
+                 "test_api", "test_getting_started", "test_run_scripts", "test_ssh_host_keys", "test_transport")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

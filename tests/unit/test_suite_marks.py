@@ -63,3 +63,14 @@ def test_no_conftest_puts_a_test_directory_on_sys_path() -> None:
     """pytest's pythonpath (pyproject.toml) names tests/ and tests/cluster; no conftest adds more."""
     assert [str(path.relative_to(TESTS)) for path in sorted(TESTS.glob("**/conftest.py"))
             if any(change in path.read_text() for change in ("sys.path.insert", "sys.path.append", "sys.path["))] == []
+
+
+def test_every_cluster_phase_module_has_its_place_in_the_longest_first_order() -> None:
+    """A module LONGEST_FIRST does not name is handed out last: a long one then runs alone at
+    the end while the other worker idles. Wholly serial modules never reach that phase."""
+    tree = ast.parse((TESTS / "conftest.py").read_text())
+    order = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 and any(isinstance(target, ast.Name) and target.id == "LONGEST_FIRST" for target in node.targets))
+    modules = {path.stem for path in (TESTS / "cluster").glob("test_*.py") if "serial" not in _marks(path)}
+    assert sorted(modules - set(order)) == []
+    assert sorted(set(order) - modules) == []  # nor a module that is gone or now serial
