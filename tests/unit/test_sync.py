@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from torchherd.engine.events import Collector, NodeSynced, SyncDone, SyncFailed, SyncStarted
-from torchherd.engine.prepare.sync import sync_nodes
+from torchherd.engine.prepare.sync import _Node, frame, sync_nodes
 from torchherd.errors import UsageError
 from torchherd.inventory import parse
 from torchherd.plan import Plan, RunOptions, SyncOptions, build_plan
@@ -403,3 +403,25 @@ def test_the_receivers_json_is_json(value: object) -> None:
     text = to_json(value)
     assert text.isascii()
     assert json.loads(text) == value
+
+
+def test_a_receiver_that_refused_and_ended_before_the_listing_came_is_heard(tmp_path: Path, project: Path) -> None:
+    # The receiver refuses an unsafe workdir at once and ends without reading its stdin: the
+    # controller's listing then finds the pipe closed, and the refusal must still be what the
+    # node's failure says (a loaded CI run said "the receiver was gone" instead).
+    home_a = homes(tmp_path)["a"]
+    (home_a / "work").mkdir()
+    (home_a / "work").chmod(0o777)
+    plan = plan_for(project, dest="proj")
+    connector = LocalConnector(env={name: {"HOME": str(home)} for name, home in homes(tmp_path).items()})
+    session = connector.connect(plan.inventory.hosts[0])
+    node = _Node(plan.nodes[0], session)
+    try:
+        node.open()
+        assert node.process is not None and node.process.exit_code(timeout=60) is not None  # it has ended
+        node.ask(frame({"want": []}), timeout=10)
+    finally:
+        node.close()
+        session.close()
+    assert node.error is not None and f"{home_a / 'work'} cannot hold a sync: it is writable by group or others" \
+        in node.error

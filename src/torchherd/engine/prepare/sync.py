@@ -40,6 +40,8 @@ BATCH = 256 * 1024
 QUEUE_DEPTH = 8
 ANSWER_SECONDS = 60.0
 """On top of ssh_timeout: the receiver's start, and its hashing of small files to compare."""
+REFUSAL_SECONDS = 5.0
+"""A receiver whose stdin closed: how long its last reply may take to arrive (it has ended)."""
 RESULT_SECONDS = 120.0
 """After the last byte: the node's verification of what it received (plus 1 s per 20 MB)."""
 NO_DIGEST = bytes(DIGEST)
@@ -133,7 +135,7 @@ class _Node:
             return
         try:
             if not self.process.send(want):
-                self.error = self._gone("was gone before the listing was sent")
+                self.error = self._refused() or self._gone("was gone before the listing was sent")
                 return
             line = self.lines.line(timeout)
         except TransportError as error:
@@ -148,6 +150,18 @@ class _Node:
             return
         self.answer = tree.NodeHas(answer["dest"], tuple(answer["need"]), dict(answer["have"]), int(answer["same"]),
                                    tuple(answer["delete"]))
+
+    def _refused(self) -> str | None:
+        """The error the receiver replied before it ended, if it did: a receiver that refuses
+        (a workdir it may not sync into) says why and exits without reading on, so the
+        controller's next send can fail before it has read that reply."""
+        assert self.lines is not None
+        try:
+            line = self.lines.line(REFUSAL_SECONDS)
+            answer = json.loads(line) if line is not None else None
+        except (TransportError, ValueError):
+            return None
+        return str(answer["error"]) if isinstance(answer, dict) and "error" in answer else None
 
     def _gone(self, what: str) -> str:
         stderr = self.process.read_stderr().decode("utf-8", "replace").strip() if self.process else ""
@@ -177,7 +191,7 @@ class _Node:
             # is left after each 32 kB packet, and slicing bytes copies the rest every time.
             data = cast(bytes, memoryview(b"".join(batch)))
             if self.error is None and not self.process.send(data):
-                self.error = self._gone("went away while files were sent")
+                self.error = self._refused() or self._gone("went away while files were sent")
         if self.error is not None:
             return
         line = self.lines.line(RESULT_SECONDS + self.expected_bytes / 20e6)
