@@ -206,6 +206,20 @@ def test_a_listener_that_does_not_know_the_token_is_refused() -> None:
     assert TOKEN not in heard[0]
 
 
+def closed_after(stranger: socket.socket) -> bytes:
+    """What ``stranger`` was told before the listener closed it: one line. The listener closes a
+    stranger whose dribbled bytes it has not read, and the kernel then sends a reset, not an
+    end of file: both are the close (a loaded CI run saw the reset)."""
+    heard = b""
+    try:
+        while block := stranger.recv(100):
+            heard += block
+    except ConnectionResetError:
+        pass
+    assert heard.count(b"\n") == 1, heard
+    return heard
+
+
 def test_strangers_dribbling_bytes_hold_up_no_one(tmp_path: Path) -> None:
     """Several strangers, each sending a byte every half second and never a line: the real
     next node, which connects after them, is accepted at once; each stranger is closed
@@ -238,10 +252,7 @@ def test_strangers_dribbling_bytes_hold_up_no_one(tmp_path: Path) -> None:
         link.close()
         for stranger in strangers:
             stranger.settimeout(5)
-            heard = b""
-            while block := stranger.recv(100):
-                heard += block
-            assert heard.startswith(b"torchherd-relay 1 ") and heard.count(b"\n") == 1  # greeted, then closed
+            assert closed_after(stranger).startswith(b"torchherd-relay 1 ")  # greeted, then closed
             stranger.close()
 
 
