@@ -26,11 +26,21 @@ def worker(rank, code):
     env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), TORCHELASTIC_RESTART_COUNT="0")
     return subprocess.Popen([sys.executable, "-c", code], env=env)
 busy = worker(0, "while True: pass")
-asleep = worker(1, "import time; time.sleep(60)")
+asleep = worker(1, "import time; print('asleep', flush=True); time.sleep(60)")
 helper = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # busy, but no worker
 print(busy.pid, asleep.pid, helper.pid, flush=True)
 time.sleep(60)
 """
+
+
+def launched(launcher: subprocess.Popen[bytes]) -> list[int]:
+    """The LAUNCHER's pids, once its sleeping worker is asleep. Its line and that worker's word
+    come in either order; the worker is asleep only once it has said so (its Python's start is
+    busy, and took most of a second on a loaded CI run)."""
+    assert launcher.stdout is not None
+    lines = [launcher.stdout.readline().split() for _ in range(2)]
+    assert [b"asleep"] in lines, lines
+    return [int(word) for line in lines if line != [b"asleep"] for word in line]
 
 
 @pytest.fixture
@@ -38,9 +48,7 @@ def job() -> Iterator[tuple[int, list[int]]]:
     """(the launcher's pid, its workers' and helper's pids)."""
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, start_new_session=True)
     try:
-        assert launcher.stdout is not None
-        pids = [int(word) for word in launcher.stdout.readline().split()]
-        yield launcher.pid, pids
+        yield launcher.pid, launched(launcher)
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
@@ -57,7 +65,6 @@ def busy_records(sampler: ranks.BusySampler, seconds: float) -> list[Status]:
 
 def test_one_busy_and_one_sleeping_worker_are_busy_half_of_the_samples(job: tuple[int, list[int]]) -> None:
     root, _pids = job
-    time.sleep(0.3)  # the sleeping worker past its start
     statuses = busy_records(ranks.BusySampler(root, 1.0), 3.2)
     assert [status.event for status in statuses] == ["busy"] * 3
     samples = sum(int(status.fields["samples"]) for status in statuses)  # type: ignore[call-overload]
@@ -70,7 +77,6 @@ def test_one_busy_and_one_sleeping_worker_are_busy_half_of_the_samples(job: tupl
 def test_a_stopped_worker_is_busy_not_waiting(job: tuple[int, list[int]]) -> None:
     """cpulimit-style throttling (SIGSTOP): the node is slow, not waiting for its peers."""
     root, (_busy, asleep, _helper) = job
-    time.sleep(0.3)
     os.kill(asleep, signal.SIGSTOP)
     try:
         statuses = busy_records(ranks.BusySampler(root, 1.0), 1.1)
@@ -101,8 +107,7 @@ def daemons_job() -> Iterator[tuple[int, list[int]]]:
     shim = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, start_new_session=True, env=env)
     client = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        assert shim.stdout is not None
-        yield client.pid, [int(word) for word in shim.stdout.readline().split()][:2]
+        yield client.pid, launched(shim)[:2]
     finally:
         os.killpg(shim.pid, signal.SIGKILL)
         client.kill()
@@ -116,7 +121,6 @@ def test_workers_outside_the_tree_are_found_by_the_runs_token(daemons_job: tuple
     assert ranks.job_workers(client, lambda: find_job_processes("r1", "token2", client)) == {}  # another's
     mine = lambda: find_job_processes("r1", "token1", client)  # noqa: E731
     assert ranks.job_workers(client, mine) == {busy: (0, 0, 0), asleep: (0, 1, 1)}
-    time.sleep(0.3)
     assert busy_records(ranks.BusySampler(client, 1.0), 1.1) == []
     statuses = busy_records(ranks.BusySampler(client, 1.0, mine), 2.5)
     samples = sum(int(status.fields["samples"]) for status in statuses)  # type: ignore[call-overload]
