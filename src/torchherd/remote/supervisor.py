@@ -54,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional, Set, Tuple
 
 # On a node these are the stand-in modules the shipped program registered; see
 # torchherd/remote/__init__.py.
@@ -299,8 +299,10 @@ class Supervisor:
         # daemon's), and a warm start's ranks are the warm Python's children (its client,
         # named by PYTHON_EXEC, is what torchrun starts): then they are found by the token
         # they carry, as the teardown finds them.
-        elsewhere = ((lambda: find_job_processes(config.run_id, self.token, self.pid))
-                     if config.container is not None or "PYTHON_EXEC" in config.env else None)
+        def job_processes() -> Set[int]:  # the tree, and what carries the run's token
+            return find_job_processes(config.run_id, self.token, self.pid)
+
+        elsewhere = job_processes if config.container is not None or "PYTHON_EXEC" in config.env else None
         # The ranks' own files (torchrun --redirects) and GPU samples; progress bars and
         # GPUs only feed a live view, so a detached run's log is spared them (and a background
         # controller has no view).
@@ -309,8 +311,7 @@ class Supervisor:
         self.gpus = GpuSampler(0.0 if self.detached else config.gpu_every)
         self.busy = BusySampler(self.pid, 0.0 if self.detached else config.busy_every, elsewhere)
         workdir = os.path.expanduser(config.cwd) if config.cwd else os.getcwd()
-        self.saves = (CheckpointWatch(workdir, config.checkpoint,
-                                      lambda: find_job_processes(config.run_id, self.token, self.pid))
+        self.saves = (CheckpointWatch(workdir, config.checkpoint, job_processes)
                       if config.checkpoint and not self.detached else None)
         """The job's new checkpoints, for the controller's replication (a live one only)."""
         # The job's CPU counts the ranks wherever the busy sampler finds them (a warm or a
