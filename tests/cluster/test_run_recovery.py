@@ -410,7 +410,10 @@ def test_a_replica_is_sent_at_a_share_of_the_measured_link_kept_to_the_pace_of_a
     capsys.readouterr()
     address = {host.name: host.address for host in load_inventory(four.inventory).hosts}
     link = measured_link(address["node0"], address["node1"])
-    assert link is not None and link < 10e9 / 8  # measured: the veth's stated 10 Gb/s is not what it carries here
+    # Measured, and unlike the veth's stated 10 Gb/s (the share below then tells which one was
+    # used): an idle machine's veth carried 2.3 GB/s, above the stated speed, a loaded one 0.8.
+    stated = 10e9 / 8
+    assert link is not None and abs(link - stated) > 0.02 * stated, link
     code, out = run_cli(four, tmp_path / "logs", "--retries", "1", "--checkpoint", "paced.ckpt",
                         "--replicate-bandwidth", "1%", "--plain", "--", PACED, "--seconds", "30", "--mb", "8")
     assert code == 0, out[-3000:]
