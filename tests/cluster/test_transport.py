@@ -134,3 +134,28 @@ def test_unreachable_address_times_out_quickly(two: LocalCluster) -> None:
         SshConnector(None, 2).connect(host)
     assert caught.value.kind in ("timeout", "unreachable")
     assert time.monotonic() - started < 6
+
+
+def test_aes_gcm_is_offered_first_and_a_server_without_it_gets_ctr(two: LocalCluster) -> None:
+    """One OpenSSL call per packet instead of a MAC apart (``_transport_class``); an sshd that
+    allows CTR only still answers, as it did before GCM was offered first."""
+    inventory = inventory_of(two)
+    connector = SshConnector(inventory.cluster.ssh_config, 10)
+    with connector.connect(inventory.hosts[1]) as connection:
+        assert connection.run("true").exit_code == 0
+        transport = connection.client.get_transport()
+        assert (transport.local_cipher, transport.remote_cipher) == ("aes128-gcm@openssh.com",) * 2
+    config = two._node_dir("node1") / "sshd_config"
+    original = config.read_text()
+    two.stop_sshd("node1")
+    try:
+        config.write_text(original + "Ciphers aes128-ctr,aes256-ctr\n")
+        two.start_sshd("node1")
+        with connector.connect(inventory.hosts[1]) as connection:
+            assert connection.run("echo ok").stdout == b"ok\n"
+            transport = connection.client.get_transport()
+            assert (transport.local_cipher, transport.remote_cipher) == ("aes128-ctr",) * 2
+    finally:
+        two.stop_sshd("node1")
+        config.write_text(original)
+        two.start_sshd("node1")

@@ -345,3 +345,9 @@ def test_a_key_that_needs_a_passphrase_is_left_to_paramiko_in_its_place(tmp_path
     made = connector._fabric_connection(resolve_target(host("n1"), connector.ssh_config, local(tmp_path)), False)
     assert "pkey" not in made.connect_kwargs
     assert made.connect_kwargs["key_filename"] == [f"{tmp_path}/locked"]
+
+
+def test_gcm_is_offered_first_and_every_cipher_paramiko_offers_is_still_offered() -> None:
+    offered = ssh._transport_class()._preferred_ciphers
+    assert offered[:2] == ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+    assert sorted(offered) == sorted(paramiko.Transport._preferred_ciphers)
