@@ -26,7 +26,7 @@ from torchherd.checks import CheckOptions, PreflightOutcome
 from torchherd.checks.results import CheckResult
 from torchherd.cli import main
 from torchherd.console import make_console
-from torchherd.engine.ssh.launch import preflight
+from torchherd.engine.ssh.preflight import preflight
 from torchherd.inventory import Inventory, load
 
 pytestmark = pytest.mark.cluster

@@ -11,7 +11,7 @@ from torchherd.checks.model import Observed
 from torchherd.checks.results import CheckReport, ProbeResult
 from torchherd.console import make_console
 from torchherd.console.matrix import failed, render_matrix
-from torchherd.engine.ssh.launch import with_probes as _with_probes
+from torchherd.engine.ssh.preflight import with_probes as _with_probes
 from torchherd.inventory import parse
 
 LEGEND = ("each node's two ephemeral ports under its name; node0:29500 is the master port. ok: connected; refused: "

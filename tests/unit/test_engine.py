@@ -31,7 +31,8 @@ from torchherd.engine.events import (
 )
 from torchherd.engine.run import LaunchAborted, LaunchOptions, Run
 from torchherd.engine.ssh.job import Job
-from torchherd.engine.ssh.launch import launch, run_quietly
+from torchherd.engine.ssh.launch import launch
+from torchherd.engine.ssh.preflight import run_quietly
 from torchherd.plan import Plan
 from torchherd.remote.wire import StopLevel
 from torchherd.transport.local import LocalConnector, LocalSession

@@ -23,7 +23,8 @@ from torchherd.engine.records import (
 )
 from torchherd.engine.run import DetachedStartFailed, Follow, LaunchOptions, Run
 from torchherd.engine.ssh.containers import remove_lost
-from torchherd.engine.ssh.launch import launch, open_nodes, preflight, sync_first, with_probes
+from torchherd.engine.ssh.launch import launch, open_nodes, sync_first
+from torchherd.engine.ssh.preflight import preflight, with_probes
 from torchherd.engine.ssh.warm import WarmPool, start_warm, warmed
 from torchherd.inventory import Bandwidth, Host
 from torchherd.plan import Plan
