@@ -19,43 +19,14 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence, TypeVar, overload
 
 from torchherd.checks import CheckOptions
 from torchherd.checks.model import CHECK_IDS, Mesh
 from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine import schedulers
-from torchherd.engine.backend import (
-    Backend,
-    Description,
-    DetachedStartFailed,
-    Follow,
-    backend_class,
-    backend_for,
-    backend_of,
-)
-from torchherd.engine.eventlog import HistoryRecorder, Recorded, recording
-from torchherd.engine.events import Event, EventsNotKept, HistoryNotKept, NodeStatus, Observer, Output, SyncDone, ignore
-from torchherd.engine.prepare.sync import sync_over
-from torchherd.engine.records import (
-    AttachedStatus,
-    NodeState,
-    RecoveryStatus,
-    RunRecord,
-    attached_node_states,
-    attached_of,
-    controller_alive,
-    load_all,
-    recovery_of,
-    runs_dir,
-    scan,
-)
-from torchherd.engine.records import load as load_record
-from torchherd.engine.records.history import History, controller_runs, follow_history
-from torchherd.engine.records.links import keep_links
-from torchherd.engine.recovery.background import start_background, stop_controller
-from torchherd.engine.recovery.runner import RecoveringRun
-from torchherd.engine.run import LaunchAborted, LaunchOptions, Run
+from torchherd.engine.backend import Backend, Description, backend_class, backend_for, backend_of
+from torchherd.engine.observer import ignore
 from torchherd.errors import UsageError
 from torchherd.inventory import (
     HEARTBEAT_HINT,
@@ -81,12 +52,31 @@ from torchherd.inventory.options import (
 )
 from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
 from torchherd.remote.uvlock import UV_FILES
-from torchherd.runlog import OutputLine, flat
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
 from torchherd.tree import project_root, refusal, uv_lock_hash
 
-RunT = TypeVar("RunT", Run, RecoveringRun)
+if TYPE_CHECKING:  # a run's own: `check` never loads them (issue 43)
+    from torchherd.engine.eventlog import HistoryRecorder, Recorded
+    from torchherd.engine.events import Event, Observer, SyncDone
+    from torchherd.engine.records import AttachedStatus, NodeState, RecoveryStatus, RunRecord
+    from torchherd.engine.recovery.runner import RecoveringRun
+    from torchherd.engine.run import DetachedStartFailed, LaunchAborted, LaunchOptions, Run
+    from torchherd.runlog import OutputLine
+
+RunT = TypeVar("RunT", "Run", "RecoveringRun")
+
+_RUN_NAMES = {"Run": "torchherd.engine.run", "LaunchAborted": "torchherd.engine.run",
+              "DetachedStartFailed": "torchherd.engine.run", "RecoveringRun": "torchherd.engine.recovery.runner"}
+
+
+def __getattr__(name: str) -> Any:
+    """The run's classes this module exports, loaded on first use: ``check`` never needs them."""
+    if name in _RUN_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module(_RUN_NAMES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["Cluster", "DetachedRun", "DetachedStartFailed", "LaunchAborted", "RecoveringRun", "Recovery", "Run", "attach",
            "damaged_runs", "new_run_id", "runs"]
@@ -334,6 +324,8 @@ class Cluster:
                                  uv_offline=uv_offline)
         report = self.backend.check(plan, options, sync=bool(sync), on_result=on_result, on_event=on_event or ignore)
         if report.bandwidth is not None:  # kept: a run's replication takes its share of the link as measured
+            from torchherd.engine.records.links import keep_links
+
             keep_links(report.bandwidth, {node.host.name: node.host.address for node in plan.nodes})
         return report
 
@@ -350,6 +342,8 @@ class Cluster:
         plan = plan or self.plan("", run_id="sync", sync=source, sync_include=include, sync_anyway=anyway)
         if plan.sync is None:
             raise UsageError("sync: the plan has nothing to sync", "make it with plan(..., sync=True)")
+        from torchherd.engine.prepare.sync import sync_over
+
         return sync_over(plan, self.connector, on_event or ignore, dry_run, Path(log_dir))
 
     def _sync_options(self, sync: bool | str | Path | None, include: tuple[str, ...],
@@ -406,6 +400,12 @@ class Cluster:
         returns a ``RecoveringRun`` (``wait``, ``stop``; ``summary.attempts``). With both
         (SSH or SLURM): the recovering controller runs in the background on this machine and
         outlives this process; returns a ``DetachedRun`` (``recovery()``: the attempts)."""
+        from torchherd.engine.eventlog import HistoryRecorder, recording
+        from torchherd.engine.events import EventsNotKept
+        from torchherd.engine.recovery.background import start_background
+        from torchherd.engine.recovery.runner import RecoveringRun
+        from torchherd.engine.run import LaunchOptions
+
         picked, left_out = None if only is None else frozenset(only), frozenset(skip)
         self.backend.allow("--only", picked is not None and check)
         self.backend.allow("--skip", bool(left_out) and check)
@@ -472,6 +472,10 @@ def _remembered(run: RunT, plan: Plan, options: LaunchOptions, report: Observer)
     """An attached run, its job started, in the run history (``status``, ``logs``) until
     the history prunes it; a state directory that cannot be written is said (``report``),
     and the run goes on: its job is running already."""
+    from torchherd.engine.events import HistoryNotKept
+    from torchherd.engine.records import runs_dir
+    from torchherd.engine.records.history import History
+
     try:
         history = History.start(plan, options.log_dir, options.stop_grace)
     except OSError as error:
@@ -542,12 +546,18 @@ class DetachedRun:
     @property
     def attached(self) -> bool:
         """An attached run's record (history: its controller owns the job), not a detached run."""
+        from torchherd.engine.records import attached_of
+
         return attached_of(self.record) is not None
 
     def controller(self) -> AttachedStatus | None:
         """An attached run: its record as it is now, and whether its controller still runs
         (when not, and the record says running, the controller was killed: the run ended,
         how is not known). None for a detached run."""
+        from torchherd.engine.records import AttachedStatus, attached_of
+        from torchherd.engine.records import load as load_record
+        from torchherd.engine.records.history import controller_runs
+
         if not self.attached:
             return None
         self.record = load_record(self.run_id)
@@ -564,6 +574,8 @@ class DetachedRun:
     def status(self) -> list[NodeState]:
         """Per node: running, exited (its code), unreachable; a SLURM job still queued: one
         row. An attached run: as its record says (no node is asked)."""
+        from torchherd.engine.records import attached_node_states
+
         controller = self.controller()
         if controller is not None:
             return attached_node_states(self.record, controller.record, controller.alive)
@@ -575,12 +587,17 @@ class DetachedRun:
         this machine) recorded, every attempt and how it ended, the run's exit code once it
         ended, and whether the controller still runs (when not, and the job still does, it
         runs on without recovery). None for a run without retries."""
+        from torchherd.engine.records import RecoveryStatus, controller_alive, recovery_of
+
         self._reload()
         found = recovery_of(self.record)
         return None if found is None else RecoveryStatus(found, controller_alive(found, self.run_id))
 
     def _reload(self) -> None:
         """A recovering run's record changes as it goes (each attempt's nodes): read it again."""
+        from torchherd.engine.records import load as load_record
+        from torchherd.engine.records import recovery_of
+
         if recovery_of(self.record) is not None:
             self.record = load_record(self.run_id)
 
@@ -590,6 +607,11 @@ class DetachedRun:
         from the start; with ``follow`` until every node is done. Per node: its exit code,
         for the nodes whose job ended (1 for one whose job could not start, or whose log
         could not be read)."""
+        from torchherd.engine.events import NodeStatus
+        from torchherd.engine.records import controller_alive
+        from torchherd.engine.records.history import follow_history
+        from torchherd.engine.run import Follow
+
         codes: dict[str, int] = {}
 
         def observe(event: Event) -> None:
@@ -623,6 +645,8 @@ class DetachedRun:
         seconds from SIGTERM to SIGKILL (None: the run's; SLURM refuses any). A run with
         retries: its recovering controller stops the run first, as Ctrl-C would (no further
         attempt); then, and when that controller is gone, every node is stopped directly."""
+        from torchherd.engine.recovery.background import stop_controller
+
         controller = self.controller()
         if controller is not None:
             how = (f"Ctrl-C in its terminal stops it (or kill -INT {controller.record.pid} on this machine)"
@@ -657,6 +681,9 @@ class _LineFeed:
             self._put(error)
 
     def _observe(self, event: Event) -> None:
+        from torchherd.engine.events import Output
+        from torchherd.runlog import flat
+
         if isinstance(event, Output):
             self._put(flat(event.lines))
 
@@ -683,17 +710,23 @@ class _LineFeed:
 def runs() -> list[DetachedRun]:
     """Every run this user started from this machine, oldest first: the detached ones, and
     the attached ones the history keeps (``DetachedRun.attached``)."""
+    from torchherd.engine.records import load_all
+
     return [DetachedRun(record) for record in load_all()]
 
 
 def damaged_runs() -> list[str]:
     """Per run record that cannot be read (damaged, or written by hand): what is wrong
     with it, naming the file; ``status`` lists them rather than hide a run."""
+    from torchherd.engine.records import scan
+
     return [f"{error} ({error.hint})" if error.hint else str(error) for error in scan()[1]]
 
 
 def attach(run_id: str, connector: Connector | None = None) -> DetachedRun:
     """The detached run ``run_id`` (UsageError when no record of it is here)."""
+    from torchherd.engine.records import load as load_record
+
     return DetachedRun(load_record(run_id), connector)
 
 

@@ -6,6 +6,8 @@ import pydoc
 import subprocess
 import sys
 
+import pytest
+
 import torchherd
 
 
@@ -27,3 +29,20 @@ def test_importing_the_package_loads_neither_rich_nor_the_api() -> None:
     code = "import sys, torchherd; dir(torchherd); print(sorted(m for m in ('rich', 'torchherd.api') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+RUN_ONLY = ("torchherd.engine.events", "torchherd.engine.run", "torchherd.engine.recovery.runner",
+            "torchherd.engine.records", "torchherd.engine.ssh.launch", "torchherd.engine.ssh.job",
+            "torchherd.engine.prepare.staging", "torchherd.console.run")
+
+
+@pytest.mark.parametrize("output", [[], ["--json"]])
+def test_check_loads_none_of_a_runs_modules(output: list[str]) -> None:
+    """A run's events, records and launch are a third of what a start imported (issue 43):
+    ``check`` never needs them, with its grid or its JSON."""
+    code = ("import sys\n"
+            "from torchherd.cli import main\n"
+            f"code = main(['check', '-H', 'localhost', '--only', 'ssh', *{output!r}])\n"
+            f"print(sorted(m for m in {RUN_ONLY!r} if m in sys.modules), code, file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stderr.strip().splitlines()[-1] == "[] 0", done.stderr

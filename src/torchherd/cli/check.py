@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import textwrap
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from torchherd.cli.cluster import cluster_of
 from torchherd.cli.contract import emit
@@ -48,23 +48,33 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
             "uv_system_site_packages": args.uv_system_site_packages, "uv_offline": args.uv_offline}
     cluster.backend.allow("--matrix", args.matrix)
     if args.json:
-        from torchherd.console import make_console
-        from torchherd.console.sync import SyncPrinter
-
         report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
-                               on_event=SyncPrinter(make_console(stderr=True)), **more)  # stdout: the JSON
+                               on_event=_sync_events(args, None), **more)  # stdout: the JSON
         emit(args, report.as_json())
     elif not cluster.backend.live_checks:  # the results come at once: no live grid
         report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, sync=args.sync,
-                               on_event=sync_printer(console), **more)
+                               on_event=_sync_events(args, console), **more)
         render_report(console, report)
     else:
         with live_progress(console, cluster.inventory, args.bandwidth or args.smoke) as progress:
             report = cluster.check(script, only=only, skip=skip, smoke=args.smoke, mesh=args.mesh, on_result=progress,
-                                   sync=args.sync, on_event=sync_printer(console), **more)
+                                   sync=args.sync, on_event=_sync_events(args, console), **more)
         render_report(console, report)
         _render_matrix(console, cluster, report, args.matrix)
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _sync_events(args: argparse.Namespace, console: Console | None) -> Callable[[object], None] | None:
+    """The sync's progress (to ``console``, else stderr: stdout holds the JSON), where check
+    syncs (``--sync``): it reports no other event, and without a sync the printer and the
+    events it renders are never loaded."""
+    if not args.sync:
+        return None
+    if console is None:
+        from torchherd.console import make_console
+
+        console = make_console(stderr=True)
+    return sync_printer(console)
 
 
 def _render_matrix(console: Console, cluster: Cluster, report: CheckReport, always: bool) -> None:

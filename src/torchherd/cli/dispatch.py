@@ -108,7 +108,6 @@ def _parse(words: Sequence[str], console: Console | None) -> argparse.Namespace:
 
 
 def _run(args: argparse.Namespace, given: Console | None) -> int:
-    from torchherd.api import DetachedStartFailed, LaunchAborted  # after --help: it must stay fast
     from torchherd.console import make_console, render_error
 
     console = given or make_console()
@@ -117,16 +116,19 @@ def _run(args: argparse.Namespace, given: Console | None) -> int:
     try:
         _warn_unfilled(args, error_console)
         return handler(args, console)
-    except LaunchAborted as error:  # the observer has shown why (the report, the unreachable nodes)
-        raise _Ended(error, EXIT_FAILED) from None
-    except DetachedStartFailed as error:
-        _render_detached_failure(error_console, error)
-        raise _Ended(error, EXIT_FAILED) from None
     except OptionError as error:
         named = _named_here(error, args)
         render_error(error_console, named)
         raise _Ended(named, named.exit_code) from None
     except TorchherdError as error:
+        # The run's errors are imported once one is raised: `check` and `--help` never load them.
+        from torchherd.api import DetachedStartFailed, LaunchAborted
+
+        if isinstance(error, LaunchAborted):  # the observer has shown why (the report, the unreachable nodes)
+            raise _Ended(error, EXIT_FAILED) from None
+        if isinstance(error, DetachedStartFailed):
+            _render_detached_failure(error_console, error)
+            raise _Ended(error, EXIT_FAILED) from None
         render_error(error_console, error)
         raise _Ended(error, error.exit_code) from None
     except KeyboardInterrupt as error:

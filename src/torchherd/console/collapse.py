@@ -18,12 +18,14 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Sequence, Union
 
-from torchherd.console.run import LiveRenderer
 from torchherd.errors import UsageError
 from torchherd.remote.wire import RANK_PREFIX_HEAD
 from torchherd.runlog import STDERR, OutputLine, RankLines
+
+if TYPE_CHECKING:  # `check` folds node names with this module and never renders a run
+    from torchherd.console.run import LiveRenderer
 
 WINDOW = 0.5
 """Seconds a line waits for the same text from other ranks before it is shown."""

@@ -20,31 +20,26 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 from torchherd.checks import CheckOptions
 from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine import schedulers
-from torchherd.engine.events import (
-    CheckpointMissing,
-    CheckpointReplicated,
-    CheckpointSaved,
-    LostContainers,
-    Observer,
-    ignore,
-)
-from torchherd.engine.prepare.staging import Staged
-from torchherd.engine.recorder import Recorder
-from torchherd.engine.records import NodeState, RecoveryRecord, RunRecord
+from torchherd.engine.observer import ignore
 from torchherd.engine.recovery.policy import TRIAGE_CHECKS
-from torchherd.engine.run import DetachedStartFailed, Follow, LaunchOptions, Run
 from torchherd.errors import UsageError
 from torchherd.inventory import Bandwidth, Host, Recovery
 from torchherd.plan import Plan
 from torchherd.transport import Connector
 
-__all__ = ["Backend", "Description", "DetachedStartFailed", "Follow", "backend_class", "backend_for", "backend_of",
-           "own_checks", "scheduler_of"]
+if TYPE_CHECKING:  # a run's types: `check` never loads them (issue 43)
+    from torchherd.engine.events import CheckpointReplicated, CheckpointSaved, LostContainers, Observer
+    from torchherd.engine.prepare.staging import Staged
+    from torchherd.engine.recorder import Recorder
+    from torchherd.engine.records import NodeState, RecoveryRecord, RunRecord
+    from torchherd.engine.run import Follow, LaunchOptions, Run
+
+__all__ = ["Backend", "Description", "backend_class", "backend_for", "backend_of", "own_checks", "scheduler_of"]
 
 
 class Description(Protocol):
@@ -116,6 +111,8 @@ class Backend(ABC):
         """Puts the newest copy of the checkpoint ``path`` among ``sources`` on each node of
         ``receivers`` that lacks it (``engine.prepare.staging``); ``plan`` has every one of them.
         ``stopping`` true: the copy is given up (Ctrl-C)."""
+        from torchherd.engine.events import CheckpointMissing
+
         return CheckpointMissing(attempt, "this scheduler cannot stage a checkpoint")
 
     def remove_lost_containers(self, plan: Plan, nodes: Sequence[str]) -> LostContainers | None:
@@ -127,6 +124,8 @@ class Backend(ABC):
                              stopping: Callable[[], bool] = lambda: False) -> CheckpointReplicated:
         """Copies the checkpoint ``saved`` to each node of ``targets`` that lacks it, while the
         job runs, at low priority and at most at ``bandwidth`` (``engine.prepare.staging.replicate``)."""
+        from torchherd.engine.events import CheckpointReplicated
+
         return CheckpointReplicated(saved.path, saved.size, saved.mtime, saved.node, (), 0.0, str(bandwidth),
                                     failed=tuple((node, "this scheduler cannot replicate a checkpoint")
                                                  for node in targets))

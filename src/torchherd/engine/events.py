@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence, TypeVar, Union
 
 from torchherd.checks.results import CheckReport
+from torchherd.engine.observer import ignore as ignore  # re-exported: engine.events.ignore, as before
 from torchherd.errors import TransportError
 from torchherd.remote.wire import StopLevel
 from torchherd.runlog import OutputLine, RankLines, RunSummary, Status, flat
@@ -741,10 +742,6 @@ class Relay:
 
 
 E = TypeVar("E")
-
-
-def ignore(event: Event) -> None:
-    """The observer of a run nobody watches."""
 
 
 @dataclass

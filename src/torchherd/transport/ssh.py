@@ -315,7 +315,7 @@ def _transport_class() -> Any:
     that refuses GCM gets what it got before. With GCM one call into OpenSSL both decrypts
     and authenticates a packet; with paramiko's default (AES-CTR and HMAC-SHA2) each packet's
     MAC is also computed apart and compared byte by byte in Python. At 64 hosts a ``check``
-    cost the controller 8 % less CPU (docs/performance.md)."""
+    cost the controller 8 % less CPU."""
     global _TRANSPORT_CLASS
     if _TRANSPORT_CLASS is None:
         import paramiko
