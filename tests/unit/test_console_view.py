@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from torchherd.console import make_console
-from torchherd.console.collapse import Collapser, RankFilter, fold_names, fold_numbers, parse_ranks
+from torchherd.console.collapse import Collapser, RankFilter, parse_ranks
 from torchherd.console.observer import ConsoleObserver
 from torchherd.console.panel import PanelModel, render_panel
 from torchherd.console.run import LiveRenderer
 from torchherd.console.view import TerminalView, ViewOptions
 from torchherd.engine.events import NodeExited, NodeStarted, NodeStatus, Output, RanksRunning, RunStarted
 from torchherd.errors import UsageError
-from torchherd.inventory.nodeset import expand
+from torchherd.inventory.nodeset import expand, fold_names, fold_numbers
 from torchherd.remote import wire
 from torchherd.runlog import GpuUsage, OutputLine, OutputParser, RankLines, Status, gpu_usage, parse_status, progress_of
 

@@ -18,9 +18,8 @@ from rich.text import Text
 from torchherd import words
 from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.console import STATUS_STYLES, print_table, printable
-from torchherd.console.collapse import fold_names
 from torchherd.inventory import Inventory
-from torchherd.inventory.nodeset import split_top
+from torchherd.inventory.nodeset import fold_names, split_top
 
 SYMBOLS = {"pass": "ok", "warn": "WARN", "fail": "FAIL", "skip": "-"}
 PENDING = "..."

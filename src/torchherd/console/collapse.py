@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence, Union
 
 from torchherd.errors import UsageError
+from torchherd.inventory.nodeset import fold_names, fold_numbers
 from torchherd.remote.wire import RANK_PREFIX_HEAD
 from torchherd.runlog import STDERR, OutputLine, RankLines
 
@@ -36,7 +37,6 @@ _ANY_RANK = re.compile(rb"\n[OE]" + re.escape(RANK_PREFIX_HEAD) + rb"(\d+)\] ")
 # for first with a pattern that starts with a plain "[" (fast), replaced only where found.
 _GLOG_PROBE = re.compile(rb"\[[IWEF]\d{4} \d\d:\d\d:\d\d\.")
 _GLOG_TIME = re.compile(rb"(?<=\n[OEoe]\[[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ ")
-_NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
 _BANNER_RULE = re.compile(r"^\*{20,}\s*$")
 _BANNER_TEXT = "Setting OMP_NUM_THREADS environment variable for each process"
 
@@ -46,51 +46,6 @@ Order = tuple[int, int]
 
 
 # ------------------------------------------------------------------ names and ranks
-
-
-def fold_numbers(numbers: Sequence[int], width: int = 0) -> str:
-    """``[0, 1, 2, 3, 8]`` -> ``0-3,8`` (each number padded to ``width``)."""
-    ordered = sorted(set(numbers))
-    parts: list[str] = []
-    start = 0
-    for index in range(1, len(ordered) + 1):
-        if index == len(ordered) or ordered[index] != ordered[index - 1] + 1:
-            low, high = str(ordered[start]).zfill(width), str(ordered[index - 1]).zfill(width)
-            parts.append(low if start == index - 1 else f"{low}-{high}")
-            start = index
-    return ",".join(parts)
-
-
-def fold_names(names: Sequence[str]) -> str:
-    """Names as one nodeset: ``node0 node1 node2 gpu01 gpu02`` -> ``node[0-2],gpu[01-02]``.
-    Names that share the text around their last number fold together; the zero padding
-    is kept; a name alone stays as it is."""
-    groups: dict[tuple[str, str], list[str]] = {}
-    plain: dict[str, None] = {}
-    for name in dict.fromkeys(names):
-        match = _NUMBERED.match(name)
-        if match is None:
-            plain[name] = None
-        else:
-            groups.setdefault((match.group(1), match.group(3)), []).append(match.group(2))
-    parts: list[str] = []
-    for (head, tail), digits in groups.items():
-        for width, members in _by_width(digits).items():
-            if len(members) == 1:
-                parts.append(f"{head}{members[0]}{tail}")
-            else:
-                parts.append(f"{head}[{fold_numbers([int(d) for d in members], width)}]{tail}")
-    return ",".join(parts + list(plain))
-
-
-def _by_width(digits: list[str]) -> dict[int, list[str]]:
-    """Unpadded numbers fold together (width 0); padded ones only with their own width."""
-    if not any(len(d) > 1 and d.startswith("0") for d in digits):
-        return {0: digits}
-    widths: dict[int, list[str]] = {}
-    for d in digits:
-        widths.setdefault(len(d), []).append(d)
-    return widths
 
 
 def parse_ranks(text: str) -> frozenset[int]:

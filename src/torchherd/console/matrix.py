@@ -21,7 +21,7 @@ from rich.text import Text
 
 from torchherd.checks.results import ProbeResult
 from torchherd.console import print_table
-from torchherd.console.collapse import fold_names
+from torchherd.inventory.nodeset import fold_names
 
 GROUP_AFTER = 12
 """The most nodes drawn one by one."""

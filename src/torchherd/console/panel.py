@@ -22,8 +22,8 @@ from rich.table import Table
 from rich.text import Text
 
 from torchherd.console import node_colour, printable
-from torchherd.console.collapse import fold_names
 from torchherd.engine.watch.straggler import Progress, rate_text
+from torchherd.inventory.nodeset import fold_names
 from torchherd.runlog import ERR_HEAD, STDERR, GpuUsage, OutputLine, RankLines
 
 RATE_WINDOW = 3.0

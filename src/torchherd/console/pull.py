@@ -14,8 +14,8 @@ from rich.table import Table
 from rich.text import Text
 
 from torchherd.console import printable
-from torchherd.console.collapse import fold_names
 from torchherd.engine.events import NodePulled, PullFailed, PullProgress, PullsDone, PullStarted
+from torchherd.inventory.nodeset import fold_names
 from torchherd.words import count
 
 PullEvent = Union[PullStarted, PullProgress, NodePulled, PullFailed, PullsDone]

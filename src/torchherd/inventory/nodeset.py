@@ -2,8 +2,9 @@
 and ClusterShell's step ranges (``n[1-10/2]``: every second number from 1 to 10).
 
 Pure and standard-library only. ``expand`` turns a comma-separated list of patterns
-into names, in order; each bracket group is a comma-separated list of numbers and
-ranges, and keeps the zero padding of its numbers (``[08-10]`` gives ``08 09 10``).
+into names, in order (``fold_names``, the way back: names into one nodeset); each bracket
+group is a comma-separated list of numbers and ranges, and keeps the zero padding of its
+numbers (``[08-10]`` gives ``08 09 10``).
 Several groups in one pattern expand as a product, the leftmost varying slowest.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from typing import Sequence
 
 MAX_NAMES = 1_000_000
 """More names than any cluster has: a typo like ``[1-10000000]`` fails instead of eating memory."""
@@ -151,3 +153,52 @@ def _group(pattern: str, group: str) -> list[str]:
         values.extend(str(number).zfill(width) for number in range(int(low), int(high) + 1, step))
     return values
 
+
+# -- folding: names back into one nodeset --------------------------------------------
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
+
+
+def fold_numbers(numbers: Sequence[int], width: int = 0) -> str:
+    """``[0, 1, 2, 3, 8]`` -> ``0-3,8`` (each number padded to ``width``)."""
+    ordered = sorted(set(numbers))
+    parts: list[str] = []
+    start = 0
+    for index in range(1, len(ordered) + 1):
+        if index == len(ordered) or ordered[index] != ordered[index - 1] + 1:
+            low, high = str(ordered[start]).zfill(width), str(ordered[index - 1]).zfill(width)
+            parts.append(low if start == index - 1 else f"{low}-{high}")
+            start = index
+    return ",".join(parts)
+
+
+def fold_names(names: Sequence[str]) -> str:
+    """Names as one nodeset: ``node0 node1 node2 gpu01 gpu02`` -> ``node[0-2],gpu[01-02]``.
+    Names that share the text around their last number fold together; the zero padding
+    is kept; a name alone stays as it is."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    plain: dict[str, None] = {}
+    for name in dict.fromkeys(names):
+        match = _NUMBERED.match(name)
+        if match is None:
+            plain[name] = None
+        else:
+            groups.setdefault((match.group(1), match.group(3)), []).append(match.group(2))
+    parts: list[str] = []
+    for (head, tail), digits in groups.items():
+        for width, members in _by_width(digits).items():
+            if len(members) == 1:
+                parts.append(f"{head}{members[0]}{tail}")
+            else:
+                parts.append(f"{head}[{fold_numbers([int(d) for d in members], width)}]{tail}")
+    return ",".join(parts + list(plain))
+
+
+def _by_width(digits: list[str]) -> dict[int, list[str]]:
+    """Unpadded numbers fold together (width 0); padded ones only with their own width."""
+    if not any(len(d) > 1 and d.startswith("0") for d in digits):
+        return {0: digits}
+    widths: dict[int, list[str]] = {}
+    for d in digits:
+        widths.setdefault(len(d), []).append(d)
+    return widths
