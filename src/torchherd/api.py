@@ -54,7 +54,6 @@ from torchherd.plan import Plan, RunOptions, SyncOptions, UvOptions, build_plan
 from torchherd.remote.uvlock import UV_FILES
 from torchherd.transport import Connector
 from torchherd.transport.ssh import SshConnector
-from torchherd.tree import project_root, refusal, uv_lock_hash
 
 if TYPE_CHECKING:  # a run's own: `check` never loads them (issue 43)
     from torchherd.engine.eventlog import HistoryRecorder, Recorded
@@ -354,6 +353,8 @@ class Cluster:
         if sync is False or (sync is None and table is None):
             return None
         chosen = (table.dir if table is not None else None) if sync is None or sync is True else Path(sync)
+        from torchherd.tree import project_root, refusal
+
         source = Path(chosen).expanduser() if chosen is not None else project_root(Path.cwd())
         if not source.is_dir():
             raise UsageError(f"--sync {chosen}: not a directory",
@@ -503,6 +504,8 @@ def _uv_options(sync: SyncOptions | None, uv: bool | None, system_site_packages:
                               "synced", "pass sync=True too (or add a [sync] table) to send the project with its lock",
                               flag_hint="add --sync (or a [sync] table) to send the project with its lock")
         return None
+    from torchherd.tree import uv_lock_hash
+
     lock_hash = uv_lock_hash(Path(sync.source))
     if lock_hash is None:
         if asked is not None:

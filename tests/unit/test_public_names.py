@@ -33,7 +33,8 @@ def test_importing_the_package_loads_neither_rich_nor_the_api() -> None:
 
 RUN_ONLY = ("torchherd.engine.events", "torchherd.engine.run", "torchherd.engine.recovery.runner",
             "torchherd.engine.records", "torchherd.engine.ssh.launch", "torchherd.engine.ssh.job",
-            "torchherd.engine.prepare.staging", "torchherd.console.run")
+            "torchherd.engine.prepare.staging", "torchherd.console.run", "torchherd.console.collapse",
+            "torchherd.runlog", "torchherd.tree")
 
 
 @pytest.mark.parametrize("output", [[], ["--json"]])

@@ -15,11 +15,13 @@ import re
 import statistics
 import zlib
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from torchherd.checks.results import CLUSTER, CheckResult
 from torchherd.inventory import Inventory
-from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
+
+if TYPE_CHECKING:  # the smoke job's summary, in annotations only: `check` without it never loads a run's
+    from torchherd.runlog import NodeOutcome, OutputLine, RunSummary
 
 CHECK = "smoke"
 _MARK = re.compile(r"torchherd-smoke (start|joined|gathered|nccl|error|ok|busbw|pair|rdma) (\d+) ?(.*)")

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
 from torchherd.checks.results import CheckResult
 from torchherd.inventory import Recovery
-from torchherd.runlog import AttemptEnd, RunSummary
+
+if TYPE_CHECKING:  # annotations only: engine.backend takes TRIAGE_CHECKS from here for `check`
+    from torchherd.runlog import AttemptEnd, RunSummary
 
 TRIAGE_CHECKS = frozenset({"ssh", "ping", "hostname", "port", "firewall", "python", "gpu", "xid", "ib"})
 """The fast node checks a triage runs (seconds; not the smoke job): ``gpu``, ``xid`` and
