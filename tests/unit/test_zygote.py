@@ -137,6 +137,18 @@ def test_a_module_runs_as_main_with_the_working_directory_on_its_path(warm: Warm
     assert (done.returncode, done.stdout) == (4, f"__main__ ['{tmp_path / 'mymod.py'}', 'a']\n")
 
 
+def test_a_module_the_zygote_preloaded_runs_as_main_without_runpys_warning(tmp_path: Path) -> None:
+    """``-m torch.distributed.run`` from a zygote that imported it: a cold ``python -m`` has no
+    copy of the module imported, so runpy has nothing to warn of (it did, on every warm agent)."""
+    preloaded = start_zygote(["json.tool"])  # a package's module, as torch.distributed.run is
+    try:
+        done = subprocess.run([preloaded.client, "-m", "json.tool", "--compact"], cwd=tmp_path, env=client_env(),
+                              input='{"a": [1, 2]}', capture_output=True, text=True, timeout=60)
+    finally:
+        stop_zygote(preloaded)
+    assert (done.returncode, done.stdout, done.stderr) == (0, '{"a":[1,2]}\n', "")
+
+
 def test_the_client_relays_a_signal_and_exits_as_the_child_did(warm: Warm, script: Path, tmp_path: Path) -> None:
     client = subprocess.Popen([warm.client, "-u", str(script), "sleep"], cwd=tmp_path, env=client_env(),
                               stdout=subprocess.PIPE, text=True, start_new_session=True)

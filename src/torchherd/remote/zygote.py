@@ -252,7 +252,13 @@ def _run_python(request: Dict[str, object]) -> int:
     sys.argv = [str(word) for word in spec["argv"]]
     if "module" in spec:
         sys.path.insert(0, os.getcwd())
-        runpy.run_module(str(spec["module"]), run_name="__main__", alter_sys=True)
+        module = str(spec["module"])
+        preloaded = sys.modules.get(module)
+        if preloaded is not None and not hasattr(preloaded, "__path__"):
+            # A cold ``python -m`` has no copy of its own module imported, only what the module
+            # imports: runpy would warn that it found one (its RuntimeWarning on every warm agent).
+            del sys.modules[module]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
         script = str(spec["script"])
         sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
