@@ -118,7 +118,9 @@ def test_localhost_retries_and_the_hang_watch_with_no_sshd(box: Path) -> None:
                                        "job.py", "fail-once"), box, 200)
     assert retried.returncode == 0, retried.stdout[-3000:] + retried.stderr[-3000:]
     assert "the node finished (exit 0)" in retried.stdout and "(attempt 2)" in retried.stdout
-    assert re.search(r"(?m)^1 +localhost +cold +failed", retried.stdout), retried.stdout
+    # Both attempts fork from the warm Python, started over the local transport as over SSH.
+    assert re.search(r"(?m)^1 +localhost +warm +failed", retried.stdout), retried.stdout
+    assert re.search(r"(?m)^2 +localhost +warm +ok", retried.stdout), retried.stdout
     hung = in_empty_netns(torchherd("run", "-H", "localhost", "--nproc-per-node", "2", "--hang-timeout", "8", "--",
                                     "job.py", "hang"), box, 200)
     assert hung.returncode == 1, hung.stdout[-3000:] + hung.stderr[-3000:]

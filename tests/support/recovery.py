@@ -7,15 +7,17 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, ClassVar, Collection, Sequence
 
 from torchherd.checks import CheckOptions
 from torchherd.checks.results import CheckReport, CheckResult
 from torchherd.engine.events import (
     Collector,
     LostContainers,
+    NodeLost,
     Observer,
     RanksRunning,
+    WarmReady,
     ignore,
 )
 from torchherd.engine.recovery.policy import TRIAGE_CHECKS
@@ -118,10 +120,16 @@ class FakeBackend:
         release = threading.Event()
         if not self.hold:
             release.set()
+        if options.started_as is not None:  # as the SSH launch: once the preflight kept the plan
+            plan = options.started_as(plan)
+            self.launched[-1] = plan
         job = _Job(plan, options.log_dir / plan.run_id, summary, release)
         self.jobs.append(job)
         for node in self.running(plan):
             observer(RanksRunning(node))
+        for lost in summary.nodes:  # as the SSH backend tells of a node it lost
+            if lost.state == "lost":
+                observer(NodeLost(lost.node, lost.first_error or ""))
         run = Run(job, RunEvents(observer))
         run.start()
         return run
@@ -135,3 +143,50 @@ def recover(backend: FakeBackend, plan: Plan, recovery: Recovery) -> tuple[RunSu
 
 def names(plan: Plan) -> tuple[str, ...]:
     return tuple(node.host.name for node in plan.nodes)
+
+
+@dataclass
+class FakePool:
+    """Warm Pythons that answer as told: ``ready`` (node -> directory), ``failed`` (node ->
+    why); ``answered`` is set when they have, and ``wait_for`` waits on it as the real pool does."""
+
+    ready_dirs: dict[str, str]
+    failed: dict[str, str] = field(default_factory=dict)
+    answered: threading.Event = field(default_factory=threading.Event)
+    waited: list[tuple[tuple[str, ...], float]] = field(default_factory=list)
+    closed: list[tuple[str, ...]] = field(default_factory=list)
+
+    def ready(self) -> dict[str, str]:
+        return dict(self.ready_dirs) if self.answered.is_set() else {}
+
+    def errors(self) -> dict[str, str]:
+        return dict(self.failed) if self.answered.is_set() else {}
+
+    def wait_for(self, names: Sequence[str], timeout: float) -> dict[str, str]:
+        self.waited.append((tuple(names), timeout))
+        self.answered.wait(timeout)
+        return self.ready()
+
+    def close(self, gone: Collection[str] = ()) -> None:
+        self.closed.append(tuple(sorted(gone)))
+
+
+@dataclass
+class WarmingBackend(FakeBackend):
+    """A FakeBackend that keeps warm Pythons (``pool``) as the SSH backend does, rewriting a
+    plan with ``engine.ssh.warm.warmed``; ``started`` says when the pool was started, against
+    the launches made by then."""
+
+    pool: FakePool = field(default_factory=lambda: FakePool({}))
+    started: list[int] = field(default_factory=list)
+    """For each start of the pool, how many attempts had been launched before it."""
+
+    def start_warm(self, plan: Plan, on_ready: Callable[[WarmReady], None]) -> FakePool:
+        self.started.append(len(self.launched))
+        return self.pool
+
+    @staticmethod
+    def warmed(plan: Plan, pool: FakePool) -> tuple[Plan, tuple[str, ...]]:
+        from torchherd.engine.ssh.warm import warmed
+
+        return warmed(plan, pool.ready())

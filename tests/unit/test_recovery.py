@@ -11,20 +11,21 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from io import StringIO
 from pathlib import Path
 
 import pytest
 
 from support.cli import assert_one_line, run_cli
-from support.recovery import FakeBackend, ended, inventory, names, outcome, plan_of, recover
+from support.recovery import FakeBackend, FakePool, WarmingBackend, ended, inventory, names, outcome, plan_of, recover
 from torchherd.checks.results import CheckResult
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
 from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
+    AttemptWarm,
     Collector,
     LostContainers,
     NodeExcluded,
@@ -47,8 +48,8 @@ from torchherd.engine.recovery.policy import (
     triage_failures,
     verdict,
 )
-from torchherd.engine.recovery.runner import RecoveringRun, attempt_plan
-from torchherd.engine.run import LaunchOptions
+from torchherd.engine.recovery.runner import FIRST_WARM_WAIT, RecoveringRun, attempt_plan
+from torchherd.engine.run import LaunchAborted, LaunchOptions
 from torchherd.engine.watch.hang import (
     HangWatch,
     RankStack,
@@ -61,6 +62,7 @@ from torchherd.engine.watch.hang import (
 )
 from torchherd.errors import InventoryError
 from torchherd.inventory import Recovery, with_spares
+from torchherd.plan import Plan, SyncOptions
 from torchherd.runlog import OutputLine, RunSummary
 from torchherd.transport.base import CommandResult
 
@@ -670,3 +672,74 @@ def test_ranks_silent_without_cpu_past_the_timeout_are_hung() -> None:
     assert watch.hung is not None and len(found) == 1
     assert all(session.actions[-3:] == ["stop", "spy", "abort"] for session in sessions.values())
     assert watch.dumps == {}  # the nodes have no py-spy: the stacks come from faulthandler alone
+
+
+def _warm_argv(plan: Plan) -> list[tuple[str, str | None]]:
+    return [(node.argv[0], node.env.get("PYTHON_EXEC")) for node in plan.nodes]
+
+
+def test_attempt_1_forks_from_the_warm_pythons_ready_after_its_preflight_and_the_others_start_cold() -> None:
+    pool = FakePool({"node0": "/run/w0", "node1": "/run/w1", "node3": "/run/w3"}, {"node2": "No module named 'torch'"})
+    pool.answered.set()
+    lost = "node2 vanished: nothing heard from it for 10 s"
+    backend = WarmingBackend([lambda plan: ended(plan, "node2", "lost", lost), lambda plan: ended(plan, None)],
+                             bad={"node2": "timed out"}, pool=pool)
+    plan = plan_of("node3", 4)
+    summary, events = recover(backend, plan, Recovery(retries=1))
+    assert summary.exit_code == 0, summary.headline
+    assert backend.started == [0]  # the warm Pythons start before attempt 1, beside its preflight
+    assert pool.waited == [(("node0", "node1", "node2"), FIRST_WARM_WAIT)]
+    cold = plan.nodes[2].argv[0]
+    assert _warm_argv(backend.launched[0]) == [("/run/w0/python", "/run/w0/python"),
+                                               ("/run/w1/python", "/run/w1/python"), (cold, None)]
+    assert _warm_argv(backend.launched[1]) == [("/run/w0/python", "/run/w0/python"),
+                                               ("/run/w1/python", "/run/w1/python"),
+                                               ("/run/w3/python", "/run/w3/python")]
+    warm = [(event.number, event.nodes, event.cold, event.why) for event in events.of(AttemptWarm)]
+    assert warm == [(1, ("node0", "node1"), ("node2",), (("node2", "No module named 'torch'"),)),
+                    (2, ("node0", "node1", "node3"), (), ())]
+    kinds = [type(event).__name__ for event in events.events if isinstance(event, (AttemptStarted, AttemptWarm))]
+    assert kinds == ["AttemptStarted", "AttemptWarm"] * 2
+    assert [record.warm for record in summary.attempts] == [("node0", "node1"), ("node0", "node1", "node3")]
+    assert pool.closed == [("node2",)]  # the lost node's warm Python is not waited for
+
+
+def test_attempt_1_starts_cold_on_every_node_whose_warm_python_is_not_ready_in_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("torchherd.engine.recovery.runner.FIRST_WARM_WAIT", 0.05)
+    pool = FakePool({"node0": "/run/w0"})  # never answers
+    backend = WarmingBackend([lambda plan: ended(plan, None)], pool=pool)
+    plan = plan_of()
+    summary, events = recover(backend, plan, Recovery(retries=1))
+    assert summary.exit_code == 0
+    assert _warm_argv(backend.launched[0]) == [(node.argv[0], None) for node in plan.nodes]
+    assert [(event.number, event.nodes, event.why) for event in events.of(AttemptWarm)] == [
+        (1, (), (("node0", "not ready yet"), ("node1", "not ready yet"), ("node2", "not ready yet")))]
+    assert summary.attempts[0].warm == ()
+
+
+def test_a_synced_run_starts_its_warm_pythons_after_attempt_1_which_starts_cold() -> None:
+    """The sync makes the workdir and the venv the warm Python would start in: it comes first."""
+    pool = FakePool({"node0": "/run/w0", "node1": "/run/w1", "node2": "/run/w2"})
+    pool.answered.set()
+    backend = WarmingBackend([lambda plan: ended(plan, None)], pool=pool)
+    plan = plan_of()
+    synced = replace(plan, options=replace(plan.options, sync=SyncOptions("/home/me/project")))
+    summary, events = recover(backend, synced, Recovery(retries=1))
+    assert summary.exit_code == 0
+    assert backend.started == [1] and pool.waited == []
+    assert _warm_argv(backend.launched[0]) == [(node.argv[0], None) for node in synced.nodes]
+    assert events.of(AttemptWarm) == [] and summary.attempts[0].warm == ()
+
+
+def test_the_warm_pythons_end_when_attempt_1_cannot_start() -> None:
+    pool = FakePool({"node0": "/run/w0"})
+
+    def refused(plan: Plan) -> RunSummary:
+        raise LaunchAborted("the preflight checks failed")
+
+    backend = WarmingBackend([refused], pool=pool)
+    with pytest.raises(LaunchAborted):
+        RecoveringRun(backend, plan_of(), LaunchOptions(check=False, log_dir=Path("/nonexistent")),
+                      Recovery(retries=1), Collector()).start()
+    assert backend.started == [0] and pool.closed == [()]

@@ -44,8 +44,8 @@ def recovery_note(event: RecoveryEvent) -> tuple[str, str]:
     if isinstance(event, AttemptWarm):
         return warm_note(event), "dim"
     if isinstance(event, WarmReady):
-        parts = [f"warm Python ready on {', '.join(event.nodes)} in {event.seconds:.1f} s (torch imported, "
-                 "for a later attempt)"] if event.nodes else []
+        parts = ([f"warm Python ready on {', '.join(event.nodes)} in {event.seconds:.1f} s (torch imported)"]
+                 if event.nodes else [])
         parts += [f"no warm Python on {node}: {printable(why)}" for node, why in event.failed]
         return "; ".join(parts), "bold yellow" if event.failed else "dim"
     if isinstance(event, AttemptFailed):

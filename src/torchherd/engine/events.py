@@ -398,10 +398,10 @@ class WarmReady:
 
 @dataclass(frozen=True)
 class AttemptWarm:
-    """Attempt ``number`` (2 or later, ``[recovery] warm``) starts its torchrun and ranks
-    forked from each node's warm Python (torch imported beforehand) on ``nodes``; the nodes
-    of ``cold`` start Python and import torch again, as attempt 1 did (their warm Python was
-    not ready, or could not start: ``why``)."""
+    """Attempt ``number`` (``[recovery] warm``) starts its torchrun and ranks forked from each
+    node's warm Python (torch imported beforehand) on ``nodes``; the nodes of ``cold`` start
+    Python and import torch themselves (their warm Python was not ready, or could not start:
+    ``why``). Attempt 1 has one where its warm Pythons started beside its preflight (no sync)."""
 
     number: int
     nodes: tuple[str, ...]

@@ -11,7 +11,7 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Callable, Iterator, Mapping, Protocol
@@ -71,6 +71,9 @@ class LaunchOptions:
     watch_checkpoint: str | None = None
     """The checkpoint each node's supervisor watches for a new complete one (``[recovery]
     replicate``): ``CheckpointSaved`` events; None: not watched."""
+    started_as: Callable[[Plan], Plan] | None = field(default=None, compare=False, repr=False)
+    """The plan the nodes start, from the one the preflight kept (a recovering run's attempt 1
+    forks each node's torchrun from its warm Python where one is ready); None: that plan."""
 
     @property
     def stop_grace(self) -> float:

@@ -22,7 +22,7 @@ import time
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Protocol, Sequence
+from typing import Callable, Collection, Iterator, Mapping, Protocol, Sequence
 
 from torchherd.checks import CheckOptions
 from torchherd.checks.results import CheckReport, CheckResult
@@ -88,6 +88,9 @@ from torchherd.runlog import AttemptRecord, OutputLine, RankLines, RunSummary, f
 
 ATTEMPT_VARIABLE = wire.ATTEMPT_ENV
 TRIAGE_ROUNDS = 4
+FIRST_WARM_WAIT = 30.0
+"""How long attempt 1 waits, after its preflight, for its nodes' warm Pythons to import torch;
+a node whose warm Python is not ready by then starts cold."""
 """Triage rounds before an attempt at most: a round that excluded a node, or whose
 cross-node checks could not count, is followed by one on the new set of nodes."""
 
@@ -116,12 +119,15 @@ class Backendish(Protocol):
 
 
 class WarmPool(Protocol):
-    """A backend's warm Pythons for later attempts (the SSH backend's ``engine.ssh.warm``)."""
+    """A backend's warm Pythons for the attempts (the SSH backend's ``engine.ssh.warm``)."""
 
     def errors(self) -> dict[str, str]:
         """Node -> why it has no warm Python (it could not start one)."""
 
-    def close(self) -> None: ...
+    def wait_for(self, names: Sequence[str], timeout: float) -> dict[str, str]:
+        """Once each of ``names`` answered, or after ``timeout``: node -> its ready warm Python."""
+
+    def close(self, gone: Collection[str] = ()) -> None: ...
 
 
 class Warming(Protocol):
@@ -306,21 +312,32 @@ class RecoveringRun:
     def start(self) -> RecoveringRun:
         """Checks the spares (with the preflight), starts the first attempt (raising
         LaunchAborted as a run without retries would), then goes on in its thread."""
-        if self.check_spares and self.spares:
-            self._check_spares()
-        first = self._launch(1, self._first_nodes(), self.options)
+        # Where nothing is synced first (the job's files and venv are on the nodes already),
+        # the warm Pythons import torch beside the preflight, and attempt 1 forks from them.
+        early = self.plan.sync is None
+        if early:
+            self.warm_pool = self._start_warm()
+        try:
+            if self.check_spares and self.spares:
+                self._check_spares()
+            first = self._launch(1, self._first_nodes(), self.options)
+        except BaseException:
+            if self.warm_pool is not None:
+                self.warm_pool.close()
+            raise
         if (not self.check_spares and self.spares and self.recovery.retries and self.picked is None
                 and "python" in self.backend.triage_checks):
             # Meanwhile the spares' torch is imported once, so that a triage need not (and
             # their page cache holds it when one is taken).
             self._spares_checked = _in_background(self.backend.check, attempt_plan(self.plan, self.spares, 1),
                                                   CheckOptions(only=frozenset({"ssh", "python"})))
-        self.warm_pool = self._start_warm()
+        if not early:
+            self.warm_pool = self._start_warm()
         threading.Thread(target=self._loop, args=(first,), name="torchherd-recovery", daemon=True).start()
         return self
 
     def _warming(self) -> Warming | None:
-        """The backend, when a later attempt can start warm: retries, nodes the plan names,
+        """The backend, when an attempt can start warm: retries, nodes the plan names,
         no container (the job's Python is the image's), attached (a background controller's
         nodes outlive it), and no hang watch (its probe looks for the ranks among the
         supervisor's descendants; a warm rank is the warm Python's)."""
@@ -403,12 +420,12 @@ class RecoveringRun:
             plan = picked_plan(self.plan, number, faulthandler=timeout is not None, resume=resume)
         warming, pool = self._warming(), self.warm_pool
         warm: AttemptWarm | None = None
-        if number > 1 and warming is not None and pool is not None:
-            plan, started = warming.warmed(plan, pool)
-            self.started_warm[number] = started
-            cold = tuple(name for name in nodes if name not in started)
-            why = pool.errors()
-            warm = AttemptWarm(number, started, cold, tuple((name, why.get(name, "not ready yet")) for name in cold))
+        if warming is not None and pool is not None:
+            if number > 1:
+                plan, started = warming.warmed(plan, pool)
+                warm = self._started_warm(number, nodes, started, pool)
+            else:
+                options = replace(options, started_as=lambda kept: self._first_warm(kept, warming, pool))
         if self.recovery.retries:
             self.emit(AttemptStarted(number, self.recovery.retries + 1, nodes, self._picking()))
         if warm is not None:
@@ -432,6 +449,23 @@ class RecoveringRun:
         # The addresses the preflight found stay the nodes' own in later attempts.
         self.networks.update({node.host.name: node.network for node in run.plan.nodes if node.network is not None})
         return run
+
+    def _first_warm(self, plan: Plan, warming: Warming, pool: WarmPool) -> Plan:
+        """Attempt 1's plan as the preflight kept it, each node forking from its warm Python
+        if that is ready within FIRST_WARM_WAIT (it imports torch beside the preflight; a cold
+        start would import it too); the others start cold."""
+        names = tuple(node.host.name for node in plan.nodes)
+        pool.wait_for(names, FIRST_WARM_WAIT)
+        plan, started = warming.warmed(plan, pool)
+        self.emit(self._started_warm(1, names, started, pool))
+        return plan
+
+    def _started_warm(self, number: int, nodes: Sequence[str], started: tuple[str, ...],
+                      pool: WarmPool) -> AttemptWarm:
+        self.started_warm[number] = started
+        cold = tuple(name for name in nodes if name not in started)
+        why = pool.errors()
+        return AttemptWarm(number, started, cold, tuple((name, why.get(name, "not ready yet")) for name in cold))
 
     def _replicate(self, saved: CheckpointSaved, targets: tuple[str, ...],
                    cancelled: Callable[[], bool]) -> CheckpointReplicated:
@@ -490,7 +524,7 @@ class RecoveringRun:
             if self.replicator is not None:
                 self.replicator.close()
             if self.warm_pool is not None:  # every warm Python ends, and what it forked
-                self.warm_pool.close()
+                self.warm_pool.close(gone=self.lost)
             self._lines.offer(None)
             self._error = self._endings.end(self._summary, self._error)
 

@@ -174,8 +174,13 @@ def launch(plan: Plan, options: LaunchOptions, connector: Connector, observer: O
     opened = open_nodes(plan, options, connector, observer)
     from torchherd.engine.ssh.job import Job
 
+    try:
+        started = opened.plan if options.started_as is None else options.started_as(opened.plan)
+    except BaseException:
+        opened.close()
+        raise
     events = RunEvents(observer)
-    job = Job(opened.plan, opened.sessions, options, events)
+    job = Job(started, opened.sessions, options, events)
     run = Run(job, events, opened.close)
     observer(RunStarted(plan.run_id, tuple(node.host.name for node in plan.nodes), plan.master,
                         opened.plan.master_addr, plan.port, str(job.log_dir), max_rank(plan)))

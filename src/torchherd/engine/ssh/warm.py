@@ -1,7 +1,9 @@
-"""Warm interpreters for the next attempt (``[recovery] warm``): one ``remote/zygote.py`` per
-node of a run with retries, spares included, that imports torch once while attempt 1 runs,
-so that the ranks of a later attempt fork from it instead of starting Python and importing
-torch again (seconds per process, paid by every GPU of the job while it waits).
+"""Warm interpreters for the attempts (``[recovery] warm``): one ``remote/zygote.py`` per
+node of a run with retries, spares included, that imports torch once, beside attempt 1's
+preflight (or while attempt 1 runs, when a sync comes first), so that the torchrun and ranks
+of every attempt fork from it instead of starting Python and importing torch each (seconds
+per process, paid by every GPU of the job while it waits; and the agent's own interpreter
+shutdown, about half a second, at every teardown).
 
 Each zygote runs over an SSH channel of its own, in the node's workdir after its setup
 snippet, with the job's environment (sent on its stdin, never on the command line), and
@@ -17,7 +19,7 @@ import shlex
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 from torchherd.engine.events import WarmReady
 from torchherd.errors import TransportError
@@ -33,6 +35,8 @@ READY_WITHIN = 300.0
 """The most a zygote may take to import torch (a cold page cache on a network filesystem)."""
 CLOSE_WAIT = 1.0
 """How long the run's end waits for zygotes still starting."""
+EXIT_WAIT = 10.0
+"""How long the run's end waits, for all its zygotes together, for each to end."""
 PYTHON_EXEC = "PYTHON_EXEC"
 """torchrun's own override of the interpreter that runs each rank."""
 
@@ -70,6 +74,7 @@ class WarmPool:
         self.nodes = list(nodes)
         self.on_ready = on_ready
         self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)
         self._found: dict[str, WarmNode] = {}
         self._running: dict[str, tuple[Session, Process]] = {}
         self._closed = False
@@ -85,20 +90,30 @@ class WarmPool:
             return {name: found.directory for name, found in self._found.items()
                     if found.directory is not None and name in self._running}
 
+    def wait_for(self, names: Sequence[str], timeout: float) -> dict[str, str]:
+        """``ready`` once each of ``names`` answered (ready or not), or ``timeout`` seconds passed."""
+        with self._answered:
+            self._answered.wait_for(lambda: self._closed or all(name in self._found for name in names), timeout)
+        return self.ready()
+
     def errors(self) -> dict[str, str]:
         with self._lock:
             return {name: found.error for name, found in self._found.items() if found.error is not None}
 
-    def close(self) -> None:
-        """Every zygote's stdin ends: each kills what it forked, removes its directory, exits."""
-        with self._lock:
+    def close(self, gone: Collection[str] = ()) -> None:
+        """Every zygote's stdin ends: each kills what it forked, removes its directory, exits.
+        The zygotes of ``gone`` (nodes the run lost) are not waited for: nothing answers there."""
+        with self._answered:
             self._closed = True
-            running = list(self._running.values())
+            running = list(self._running.items())
             self._running.clear()
-        for _session, process in running:
+            self._answered.notify_all()
+        for _name, (_session, process) in running:
             process.close_stdin()
-        for session, process in running:
-            process.exit_code(timeout=10.0)
+        deadline = time.monotonic() + EXIT_WAIT
+        for name, (session, process) in running:
+            if name not in gone:
+                process.exit_code(timeout=max(0.0, deadline - time.monotonic()))
             process.close()
             session.close()
         # A connect still pending (a node whose sshd does not answer) is not waited for: the
@@ -145,8 +160,9 @@ class WarmPool:
         self._found_one(_answer(name, process))
 
     def _found_one(self, found: WarmNode) -> None:
-        with self._lock:
+        with self._answered:
             self._found[found.node] = found
+            self._answered.notify_all()
 
 
 def _answer(name: str, process: Process) -> WarmNode:
