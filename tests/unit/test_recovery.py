@@ -22,6 +22,7 @@ from support.recovery import FakeBackend, FakePool, WarmingBackend, ended, inven
 from torchherd.checks.results import CheckResult
 from torchherd.console import make_console
 from torchherd.console.observer import ConsoleObserver
+from torchherd.console.recovery import recovery_note
 from torchherd.engine.events import (
     AttemptFailed,
     AttemptStarted,
@@ -34,6 +35,7 @@ from torchherd.engine.events import (
     RunFinished,
     RunShrunk,
     SpareTaken,
+    WarmReady,
 )
 from torchherd.engine.recovery.policy import (
     TRIAGE_CHECKS,
@@ -743,3 +745,15 @@ def test_the_warm_pythons_end_when_attempt_1_cannot_start() -> None:
         RecoveringRun(backend, plan_of(), LaunchOptions(check=False, log_dir=Path("/nonexistent")),
                       Recovery(retries=1), Collector()).start()
     assert backend.started == [0] and pool.closed == [()]
+
+
+def test_the_warm_notes_name_each_node_and_why_one_starts_cold() -> None:
+    ready = WarmReady(("node0", "node1"), (("node2", "No module named 'torch'"),), 2.34)
+    assert recovery_note(ready) == ("warm Python ready on node0, node1 in 2.3 s (torch imported); "
+                                    "no warm Python on node2: No module named 'torch'", "bold yellow")
+    assert recovery_note(WarmReady(("node0",), (), 1.0)) == ("warm Python ready on node0 in 1.0 s (torch imported)",
+                                                             "dim")
+    first = AttemptWarm(1, ("node0", "node1"), ("node2",), (("node2", "not ready yet"),))
+    assert recovery_note(first) == ("attempt 1 starts warm on node0, node1 (torch imported beforehand); "
+                                    "cold on node2 (not ready yet)", "dim")
+    assert recovery_note(AttemptWarm(2, (), ("node0",), ())) == ("attempt 2 starts cold on node0", "dim")
