@@ -88,11 +88,11 @@ from torchherd.runlog import AttemptRecord, OutputLine, RankLines, RunSummary, f
 
 ATTEMPT_VARIABLE = wire.ATTEMPT_ENV
 TRIAGE_ROUNDS = 4
+"""Triage rounds before an attempt at most: a round that excluded a node, or whose
+cross-node checks could not count, is followed by one on the new set of nodes."""
 FIRST_WARM_WAIT = 30.0
 """How long attempt 1 waits, after its preflight, for its nodes' warm Pythons to import torch;
 a node whose warm Python is not ready by then starts cold."""
-"""Triage rounds before an attempt at most: a round that excluded a node, or whose
-cross-node checks could not count, is followed by one on the new set of nodes."""
 
 
 class Backendish(Protocol):
