@@ -162,10 +162,9 @@ class FakePool:
     def errors(self) -> dict[str, str]:
         return dict(self.failed) if self.answered.is_set() else {}
 
-    def wait_for(self, names: Sequence[str], timeout: float) -> dict[str, str]:
+    def wait_for(self, names: Sequence[str], timeout: float) -> None:
         self.waited.append((tuple(names), timeout))
         self.answered.wait(timeout)
-        return self.ready()
 
     def close(self, gone: Collection[str] = ()) -> None:
         self.closed.append(tuple(sorted(gone)))

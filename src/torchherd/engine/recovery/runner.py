@@ -124,8 +124,8 @@ class WarmPool(Protocol):
     def errors(self) -> dict[str, str]:
         """Node -> why it has no warm Python (it could not start one)."""
 
-    def wait_for(self, names: Sequence[str], timeout: float) -> dict[str, str]:
-        """Once each of ``names`` answered, or after ``timeout``: node -> its ready warm Python."""
+    def wait_for(self, names: Sequence[str], timeout: float) -> None:
+        """Returns once each of ``names`` answered (ready or not), or after ``timeout``."""
 
     def close(self, gone: Collection[str] = ()) -> None: ...
 

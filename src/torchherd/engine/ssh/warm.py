@@ -90,11 +90,10 @@ class WarmPool:
             return {name: found.directory for name, found in self._found.items()
                     if found.directory is not None and name in self._running}
 
-    def wait_for(self, names: Sequence[str], timeout: float) -> dict[str, str]:
-        """``ready`` once each of ``names`` answered (ready or not), or ``timeout`` seconds passed."""
+    def wait_for(self, names: Sequence[str], timeout: float) -> None:
+        """Returns once each of ``names`` answered (ready or not), or ``timeout`` seconds passed."""
         with self._answered:
             self._answered.wait_for(lambda: self._closed or all(name in self._found for name in names), timeout)
-        return self.ready()
 
     def errors(self) -> dict[str, str]:
         with self._lock:
