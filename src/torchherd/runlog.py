@@ -52,6 +52,12 @@ _ROOT_CAUSE_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _TORCH_RANK_TAG = re.compile(r"^\[rank\d+\]:\s*")
 _OS_ERROR = re.compile(r"\[Errno \d+\]")
 _EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(:|$)")
+_PEER_GONE = re.compile(r"connection closed by peer|connection reset by peer|remote worker crashing|broken pipe|"
+                        r"remote process exited|ncclRemoteError|watchdog caught collective operation timeout",
+                        re.IGNORECASE)
+"""What gloo ("Connection closed by peer ... typically caused by a remote worker crashing"),
+NCCL ("remote process exited or there was a network error", its watchdog's timeout) and the
+c10d store raise in a rank whose peer went away."""
 
 
 class OutputLine(NamedTuple):
@@ -364,6 +370,12 @@ def is_error_line(line: OutputLine) -> bool:
     # "terminate called after throwing an instance of ..." is C++'s std::terminate (an abort).
     return (bool(_EXCEPTION_LINE.match(text)) or text.lower().startswith(("error", "fatal", "terminate called"))
             or _OS_ERROR.search(text) is not None)
+
+
+def is_peer_error(line: OutputLine) -> bool:
+    """An error line that only says a peer went away: what every other rank of a collective
+    raises when one rank crashes, not a cause of its own."""
+    return _PEER_GONE.search(line.text) is not None
 
 
 def root_cause_exit(line: OutputLine) -> int | None:

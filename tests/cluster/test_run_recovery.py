@@ -322,9 +322,9 @@ esac
         shutil.rmtree(stand_ins, ignore_errors=True)
     text = out.getvalue()
     assert code == 0, text
-    assert "attempt 1 failed after" in text and "node1 rank 1 failed first" in text
+    assert "attempt 1 failed after" in text and "node1 rank 1 failed first" in text, text
     assert "node1 excluded: gpu: node1 GPU 1 (00000000:C1:00.0): a row remapping pending" in text, text
-    assert "spare node3 takes the place of node1" in text
+    assert "spare node3 takes the place of node1" in text, text
     assert re.search(r"attempt 2 of 2 on 3 nodes: node0, (node3, node2|node2, node3)", text), text
     assert_clean(four)
 

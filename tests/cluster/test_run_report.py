@@ -15,6 +15,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,18 @@ def figures_of(text: str) -> dict[str, dict[str, Any]]:
 def torchherd(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "torchherd", *args], capture_output=True, text=True, timeout=120,
                           env={**cluster.env(), "COLUMNS": "200"})
+
+
+def wait_sample(logs: Path, kind: str, node: str, timeout: float) -> None:
+    """Until the run's history (``logs/<run id>/events.jsonl``) holds a ``kind`` sample of ``node``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for history in logs.glob("*/events.jsonl"):
+            records = [json.loads(line) for line in history.read_text().splitlines() if line.endswith("}")]
+            if any(record.get("sample") == kind and record.get("node") == node for record in records):
+                return
+        time.sleep(0.2)
+    pytest.fail(f"no {kind} sample of {node} in the history after {timeout:.0f} s")
 
 
 def browsed(page: Path, directory: Path) -> str:
@@ -62,6 +75,10 @@ def test_the_report_of_a_run_recovered_on_a_spare(make_cluster: Callable[..., Lo
     controller = controllers(cluster, logs, "--spares", "node3", "--retries", "2", "--plain", "--",
                              RESUMABLE, "--steps", "40", "--step-seconds", "0.15")
     controller.wait_for(r"step 12 loss", timeout=90)
+    # node2's row of the progress figure is its busy share (only rank 0 prints steps), which
+    # its supervisor sends every 2 s: it dies once one is in the history (a warm attempt 1
+    # reaches step 12 sooner than that)
+    wait_sample(logs, "busy", "node2", timeout=60)
     kill_node(cluster, "node2")
     try:
         controller.wait_for(r"attempt 2 of 3 on 3 nodes: node0, node1, node3", timeout=90)

@@ -13,7 +13,7 @@ from support.processes import plant
 from torchherd.console import make_console
 from torchherd.console.detach import status_note
 from torchherd.console.run import LiveRenderer, render_summary
-from torchherd.engine.outcome import OutputTrack
+from torchherd.engine.outcome import OutputTrack, first_cause
 from torchherd.engine.ssh.job import records_to_events, remote_command, supervisor_config, supervisor_source
 from torchherd.inventory import parse
 from torchherd.plan import RunOptions, build_plan
@@ -28,6 +28,7 @@ from torchherd.runlog import (
     Slowest,
     Status,
     is_error_line,
+    is_peer_error,
     parse_output,
     root_cause_rank,
     visible_text,
@@ -329,3 +330,59 @@ def test_c10ds_cannot_name_a_peer_warning_is_one_note_a_run_on_screen() -> None:
                               "node0:0: step 1\n"
                               "node1:3: step 1\n"
                               "node1:2: step 2\n")
+
+
+GLOO_PEER_GONE = ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+                  "closed by peer [10.131.51.3]:55692. This is typically caused by a remote worker crashing. Check "
+                  "the logs of the remote worker before reporting an error. GLHF!")
+"""What rank 2 raised on a local-cluster run (torch 2.13, gloo) when rank 1 on another node crashed."""
+NCCL_PEER_GONE = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3356, remote process "
+                  "exited or there was a network error, NCCL version 2.21.5")
+
+
+def _failed(name: str, rank: int, error: str) -> OutputTrack:
+    track = OutputTrack(name, rank, Path(f"{name}.log"))
+    track.take(OutputLine(name, rank, "err", "Traceback (most recent call last):"))
+    track.take(OutputLine(name, rank, "err", error))
+    return track
+
+
+def test_a_peer_gone_error_names_no_cause_of_its_own() -> None:
+    assert is_peer_error(OutputLine("n", 2, "err", GLOO_PEER_GONE))
+    assert is_peer_error(OutputLine("n", 2, "err", NCCL_PEER_GONE))
+    assert is_peer_error(OutputLine("n", 2, "err", "torch.distributed.DistNetworkError: Connection reset by peer"))
+    assert not is_peer_error(OutputLine("n", 1, "err", "RuntimeError: resumable: failing on purpose at step 6"))
+    assert not is_peer_error(OutputLine("n", 1, "err", "torch.OutOfMemoryError: CUDA out of memory."))
+
+
+def test_the_node_whose_rank_crashed_is_blamed_not_the_peer_whose_torchrun_reported_first() -> None:
+    """Rank 1 on node1 raised; rank 2 on node2 lost its gloo peer and node2's torchrun
+    exited 1 ms sooner than node1's: node1 is the cause, whichever came first."""
+    node0 = OutputTrack("node0", 0, Path("node0.log"))
+    node1 = _failed("node1", 1, "RuntimeError: resumable: failing on purpose at step 6")
+    node2 = _failed("node2", 2, GLOO_PEER_GONE)
+    assert first_cause(node2, [node0, node1, node2]) is node1
+    assert first_cause(node1, [node0, node1, node2]) is node1
+
+
+def test_a_peer_gone_error_stays_the_cause_when_no_rank_raised_one_of_its_own() -> None:
+    """A rank killed without a word (the OOM killer) leaves only its peers' errors: the
+    first of them is still named; a lost node and a node without a rank error stay too."""
+    node1, node2 = _failed("node1", 1, GLOO_PEER_GONE), _failed("node2", 2, NCCL_PEER_GONE)
+    assert first_cause(node2, [node1, node2]) is node2
+    silent = OutputTrack("node3", 3, Path("node3.log"))
+    own = _failed("node4", 4, "ValueError: bad batch")
+    assert first_cause(silent, [silent, own]) is silent
+    lost = _failed("node5", 5, GLOO_PEER_GONE)
+    lost.lost = "node5 vanished"
+    assert first_cause(lost, [lost, own]) is lost
+    assert first_cause(None, [own]) is None
+
+
+def test_of_two_own_errors_the_one_read_first_is_the_cause() -> None:
+    peer = _failed("node0", 0, GLOO_PEER_GONE)
+    first = _failed("node1", 1, "ValueError: first")
+    second = _failed("node2", 2, "ValueError: second")
+    assert first.rank_error_at is not None and second.rank_error_at is not None
+    first.rank_error_at, second.rank_error_at = 2.0, 1.0
+    assert first_cause(peer, [peer, first, second]) is second

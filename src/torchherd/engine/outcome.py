@@ -23,6 +23,7 @@ from torchherd.runlog import (
     RankLines,
     RunSummary,
     is_error_line,
+    is_peer_error,
     root_cause_exit,
     root_cause_rank,
 )
@@ -54,6 +55,8 @@ class OutputTrack:
         self.ranks_running = False
         """A rank has printed: the node got through the rendezvous."""
         self.rank_error: OutputLine | None = None
+        self.rank_error_at: float | None = None
+        """When the controller read ``rank_error`` (monotonic)."""
         self.other_error: OutputLine | None = None
         self.failed_rank: int | None = None
         self.rank_exit_code: int | None = None
@@ -98,7 +101,7 @@ class OutputTrack:
     def _track_error(self, line: OutputLine) -> None:
         if is_error_line(line):
             if line.rank is not None and self.rank_error is None:
-                self.rank_error = line
+                self.rank_error, self.rank_error_at = line, time.monotonic()
                 # The rank that raised first is the one to name; torchrun's own report
                 # may call a peer that died of the same crash the root cause.
                 self.failed_rank = line.rank
@@ -163,6 +166,19 @@ class Ending:
 
 
 Node = TypeVar("Node", bound=OutputTrack)
+
+
+def first_cause(culprit: Node | None, nodes: Sequence[Node]) -> Node | None:
+    """The node to blame for a failed run: the first to fail (``culprit``), unless its ranks'
+    error only says that a peer went away (``is_peer_error``) while another node's ranks
+    raised an error of their own: then the first such node. When one rank crashes, its peers
+    on other nodes raise "Connection closed by peer" at once, and which node's torchrun
+    reports its failure first is a race."""
+    if culprit is None or culprit.lost is not None or culprit.rank_error is None or not is_peer_error(culprit.rank_error):
+        return culprit
+    own = [node for node in nodes if node is not culprit and node.lost is None and node.rank_error is not None
+           and not is_peer_error(node.rank_error)]
+    return min(own, key=lambda node: node.rank_error_at or 0.0, default=culprit)
 
 
 def summarise(run_id: str, nodes: Sequence[Node], state_of: Callable[[Node], OutcomeState],

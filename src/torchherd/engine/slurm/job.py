@@ -26,7 +26,7 @@ from torchherd.engine.events import (
     RunStarted,
     StopSent,
 )
-from torchherd.engine.outcome import Ending, OutputTrack, summarise
+from torchherd.engine.outcome import Ending, OutputTrack, first_cause, summarise
 from torchherd.engine.run import LaunchAborted, LaunchOptions, Run, RunEvents
 from torchherd.engine.slurm.batch import (
     BatchJob,
@@ -297,7 +297,7 @@ class SlurmJob:
         nodes = self._all()
         failed = sorted((node for node in nodes if node.exit is not None and node.exit.code),
                         key=lambda node: node.exit.at if node.exit else 0.0)
-        culprit = failed[0] if failed and not self.interrupted else None
+        culprit = first_cause(failed[0], nodes) if failed and not self.interrupted else None
         return self.straggler.named(summarise(self.plan.run_id, nodes, lambda node: self._state(node, culprit),
                                               culprit, self._ending(bool(nodes)), time.monotonic() - self.started,
                                               str(self.log_dir)))

@@ -34,7 +34,7 @@ from torchherd.engine.events import (
     RunFinished,
     StopSent,
 )
-from torchherd.engine.outcome import Ending, NodeRun, ssh_state, summarise
+from torchherd.engine.outcome import Ending, NodeRun, first_cause, ssh_state, summarise
 from torchherd.engine.records import remote_coordinator_file, remote_log_file, remote_state_file
 from torchherd.engine.run import HEARTBEAT_EVERY, STOP_MARGIN, LaunchOptions
 from torchherd.engine.ssh.failfast import Coordination, start_coordinator
@@ -456,7 +456,9 @@ class Job:
     # ending -------------------------------------------------------------------
     def summary(self) -> RunSummary:
         ending = Ending(interrupted="every node was told to stop" if self.interrupted else None)
-        return self.straggler.named(summarise(self.plan.run_id, list(self.nodes.values()),
-                                              lambda node: ssh_state(node, self.culprit, self.interrupted),
-                                              self.culprit, ending, time.monotonic() - self.started,
+        nodes = list(self.nodes.values())
+        culprit = first_cause(self.culprit, nodes)
+        return self.straggler.named(summarise(self.plan.run_id, nodes,
+                                              lambda node: ssh_state(node, culprit, self.interrupted),
+                                              culprit, ending, time.monotonic() - self.started,
                                               str(self.log_dir)))
