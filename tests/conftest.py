@@ -10,9 +10,8 @@ phases, and how the cluster tests are shared between two pytest-xdist workers.
   own takes its place).
 * ``serial``: the cluster tests marked ``serial``, one at a time with nothing beside them.
   They measure time or CPU (node-loss detection, the terminal's rates, bandwidth and MTU,
-  the straggler, scale, the checks' and the hang watch's budgets of seconds) or did not
-  hold beside another cluster test on a loaded machine (SLURM): another cluster test on
-  the other core would bend what they see. A module split between the phases builds its
+  the straggler, scale, the checks' and the hang watch's budgets of seconds): another
+  cluster test on the other core would bend what they see. A module split between the phases builds its
   module-scoped cluster once in each.
 
 The shared fakes and builders are in ``tests/support`` (pytest's ``pythonpath`` in
@@ -35,10 +34,11 @@ PHASES = ("unit", "cluster", "serial")
 # the next module when it is almost done with its last (scripts/test passes
 # --no-loadscope-reorder, so this order holds): longest first leaves no long module to
 # start near the end while the other worker idles. Modules not named here come last.
-LONGEST_FIRST = ("test_run_recovery", "test_containers", "test_check", "test_run", "test_detach_retries",
-                 "test_detach", "test_ssh_topologies", "test_uv_project", "test_ssh_aliases",
-                 "test_localhost_without_sshd", "test_one_command", "test_run_report", "test_local_cluster",
-                 "test_api", "test_getting_started", "test_run_scripts", "test_ssh_host_keys", "test_transport")
+LONGEST_FIRST = ("test_containers", "test_run_recovery", "test_check", "test_slurm", "test_detach_retries",
+                 "test_run", "test_uv_project", "test_detach", "test_ssh_topologies", "test_localhost_without_sshd",
+                 "test_ssh_aliases", "test_getting_started", "test_one_command", "test_api", "test_local_cluster",
+                 "test_run_report", "test_slurm_containers", "test_run_scripts", "test_ssh_host_keys",
+                 "test_transport")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

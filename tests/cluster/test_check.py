@@ -23,6 +23,7 @@ from localcluster import LocalCluster
 
 from torchherd.api import Cluster
 from torchherd.checks import CheckOptions, PreflightOutcome
+from torchherd.checks import smoke as smoke_check
 from torchherd.checks.results import CheckResult
 from torchherd.cli import main
 from torchherd.console import make_console
@@ -352,10 +353,13 @@ def test_smoke_skipped_when_a_static_check_fails(inventory: Inventory) -> None:
 
 
 @pytest.mark.timeout(150)
-def test_smoke_names_the_workers_that_cannot_connect_to_each_other(inventory: Inventory,
-                                                                   cluster: LocalCluster) -> None:
+def test_smoke_names_the_workers_that_cannot_connect_to_each_other(inventory: Inventory, cluster: LocalCluster,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """More than two new connections at once between node1 and node2 are dropped: the port probe
-    (two connections) and the firewall reading (connlimit is not modelled) pass, the job cannot form."""
+    (two connections) and the firewall reading (connlimit is not modelled) pass, the job cannot form.
+    The smoke job's ranks wait 15 s for the process group here, not 30: an unblocked rank
+    joins within seconds, node1's and node2's never do."""
+    monkeypatch.setattr(smoke_check, "INIT_TIMEOUT", 15)
     rules = {"node2": cluster.node("node1").ip, "node1": cluster.node("node2").ip}
     rule = ["INPUT", "-p", "tcp", "--syn", "-m", "connlimit", "--connlimit-above", "2", "-j", "DROP"]
     for name, peer in rules.items():

@@ -322,10 +322,11 @@ def through(cluster: LocalCluster, node: str, port: int, directory: Path) -> Pat
 
 def test_a_slow_link_is_not_a_lost_node(cluster: LocalCluster, tmp_path: Path) -> None:
     """node2 reached through 300 ms of delay each way (0.6 s a round trip, more than a
-    heartbeat's period), its output 20 lines a step."""
+    heartbeat's period), its output 20 lines a step, for 12 s: nearly five times the 2.5 s
+    of missed heartbeats that lose a node whose sshd is silent too."""
     relay = DelayLine((cluster.node("node2").ip, 22), 0.3)
     try:
-        run, watch = start(cluster, tmp_path / "logs", 30, "--lines", "20",
+        run, watch = start(cluster, tmp_path / "logs", 12, "--lines", "20",
                            inventory=through(cluster, "node2", relay.port, tmp_path))
         summary = run.wait(timeout=180)
     finally:

@@ -48,9 +48,7 @@ from torchherd.engine.slurm.commands import parse_scontrol
 from torchherd.inventory import Recovery
 from torchherd.runlog import RunSummary
 
-# serial: beside another cluster test, on a loaded machine, jobs failed to launch and a hang
-# overran its budget of seconds (tests/conftest.py)
-pytestmark = [pytest.mark.cluster, pytest.mark.serial]
+pytestmark = pytest.mark.cluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DDP_DEMO = str(EXAMPLES / "ddp_demo.py")
@@ -465,6 +463,7 @@ def test_where_slurm_picks_the_nodes_a_drained_node_is_left_out_and_slurm_picks_
     assert slurm.queue() == []
 
 
+@pytest.mark.serial  # timed: the hang watch's budget of seconds (tests/conftest.py)
 @pytest.mark.timeout(300)
 def test_a_hang_is_named_by_probes_run_as_steps_beside_the_job(slurm: SlurmCluster, inventory: Path,
                                                                tmp_path: Path) -> None:

@@ -19,8 +19,7 @@ from slurmcluster import SlurmCluster, slurm_unavailable_reason
 from torchherd.cli import main
 from torchherd.console import make_console
 
-# serial: as test_slurm.py (tests/conftest.py)
-pytestmark = [pytest.mark.cluster, pytest.mark.serial, pytest.mark.skipif(shutil.which("podman") is None,
+pytestmark = [pytest.mark.cluster, pytest.mark.skipif(shutil.which("podman") is None,
                                                       reason="podman is not installed (scripts/install-deps)")]
 
 JOBS = Path(__file__).resolve().parent / "jobs"

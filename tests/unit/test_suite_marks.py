@@ -74,3 +74,11 @@ def test_every_cluster_phase_module_has_its_place_in_the_longest_first_order() -
     modules = {path.stem for path in (TESTS / "cluster").glob("test_*.py") if "serial" not in _marks(path)}
     assert sorted(modules - set(order)) == []
     assert sorted(set(order) - modules) == []  # nor a module that is gone or now serial
+
+
+def test_every_test_module_is_under_tests_unit_or_tests_cluster() -> None:
+    """scripts/test's unit phase collects tests/unit alone, and its cluster and serial phases
+    tests/cluster alone (when no path is given): a test module elsewhere would never run."""
+    modules = sorted(TESTS.glob("**/test_*.py"))
+    assert modules and [str(path.relative_to(TESTS)) for path in modules
+                        if path.parent not in (TESTS / "unit", TESTS / "cluster")] == []
