@@ -42,6 +42,7 @@ from torchherd.inventory import (
 from torchherd.inventory.nodeset import NodesetError, expand
 from torchherd.inventory.options import (
     GRACE,
+    STRAGGLER_WINDOW,
     UV,
     UV_OFFLINE,
     UV_SYSTEM_SITE_PACKAGES,
@@ -372,24 +373,28 @@ class Cluster:
     def launch(self, plan: Plan, *, log_dir: str | Path = ..., on_event: Observer | None = ...,
                check: bool = ..., only: Iterable[str] | None = ..., skip: Iterable[str] = ...,
                grace: float | None = ..., fail_fast: bool = ...,
-               detach: Literal[True], recovery: Recovery | None = ...) -> DetachedRun: ...
+               detach: Literal[True], recovery: Recovery | None = ...,
+               straggler_window: float | None = ...) -> DetachedRun: ...
 
     @overload
     def launch(self, plan: Plan, *, log_dir: str | Path = ..., on_event: Observer | None = ...,
                check: bool = ..., only: Iterable[str] | None = ..., skip: Iterable[str] = ...,
                grace: float | None = ..., fail_fast: bool = ...,
-               detach: Literal[False] = ..., recovery: Recovery | None = ...) -> Run | RecoveringRun: ...
+               detach: Literal[False] = ..., recovery: Recovery | None = ...,
+               straggler_window: float | None = ...) -> Run | RecoveringRun: ...
 
     @overload
     def launch(self, plan: Plan, *, log_dir: str | Path = ..., on_event: Observer | None = ...,
                check: bool = ..., only: Iterable[str] | None = ..., skip: Iterable[str] = ...,
                grace: float | None = ..., fail_fast: bool = ...,
-               detach: bool = ..., recovery: Recovery | None = ...) -> Run | DetachedRun | RecoveringRun: ...
+               detach: bool = ..., recovery: Recovery | None = ...,
+               straggler_window: float | None = ...) -> Run | DetachedRun | RecoveringRun: ...
 
     def launch(self, plan: Plan, *, log_dir: str | Path = "torchherd-logs", on_event: Observer | None = None,
                check: bool = True, only: Iterable[str] | None = None, skip: Iterable[str] = (),
                grace: float | None = None, fail_fast: bool = True,
-               detach: bool = False, recovery: Recovery | None = None) -> Run | DetachedRun | RecoveringRun:
+               detach: bool = False, recovery: Recovery | None = None,
+               straggler_window: float | None = None) -> Run | DetachedRun | RecoveringRun:
         """Preflights ``plan`` (``check=False`` only connects; ``only``/``skip``: the check ids
         the preflight runs or leaves out, as ``check`` takes them; SSH only), then starts it on every node.
         Attached: returns the ``Run`` (``wait``, ``stop``, ``lines``); its lines also go to
@@ -400,7 +405,9 @@ class Cluster:
         attempt is followed by triage and another, on the spares where nodes were excluded;
         returns a ``RecoveringRun`` (``wait``, ``stop``; ``summary.attempts``). With both
         (SSH or SLURM): the recovering controller runs in the background on this machine and
-        outlives this process; returns a ``DetachedRun`` (``recovery()``: the attempts)."""
+        outlives this process; returns a ``DetachedRun`` (``recovery()``: the attempts).
+        ``straggler_window``: seconds over which each node's progress is judged for the
+        straggler the summary names (None: 30; at least 10)."""
         from torchherd.engine.eventlog import HistoryRecorder, recording
         from torchherd.engine.events import EventsNotKept
         from torchherd.engine.recovery.background import start_background
@@ -415,6 +422,8 @@ class Cluster:
             raise UsageError(f"unknown check id {', '.join(unknown)}", f"known ids: {', '.join(CHECK_IDS)}")
         if grace is not None:
             GRACE.from_argument(grace)
+        if straggler_window is not None:
+            STRAGGLER_WINDOW.from_argument(straggler_window)
         if recovery is not None:  # the file's [recovery] was checked as the file was read
             checked = checked_recovery(recovery)  # the error names the value as given (one string, say)
             given = given_fields(checked, self.recovery)
@@ -430,7 +439,7 @@ class Cluster:
             raise UsageError(f"recovery: {problem}", HEARTBEAT_HINT)
         options = LaunchOptions(check=check, only=picked, skip=left_out, log_dir=Path(log_dir), grace=grace,
                                 fail_fast=fail_fast, heartbeat=recovery.heartbeat,
-                                heartbeat_misses=recovery.heartbeat_misses)
+                                heartbeat_misses=recovery.heartbeat_misses, straggler_window=straggler_window)
         told = on_event or ignore
         history = HistoryRecorder(failed=lambda reason: told(EventsNotKept(reason)))
         observer = recording(told, history)
@@ -446,6 +455,9 @@ class Cluster:
                 _kept_before(history, options.log_dir / plan.run_id)  # the preflight; the controller appends the rest
                 return DetachedRun(record, self.connector)
         if detach:
+            if straggler_window is not None:
+                raise UsageError("--straggler-window with a plain --detach: no controller stays to judge the straggler",
+                                 "leave it out, or add --retries N (its controller stays in the background)")
             return DetachedRun(self.backend.start_detached(plan, options, observer), self.connector)
         run = self.backend.launch(plan, options, observer)
         return _remembered(run, plan, options, run.report)

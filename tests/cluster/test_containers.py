@@ -428,7 +428,7 @@ def test_the_hang_watch_names_the_hung_rank_inside_a_container(boxed: LocalClust
     assert_clean(boxed, timeout=30)
 
 
-@pytest.mark.slow  # about 60 s: the straggler is judged over 30 s (test_terminal's runs it without a container)
+@pytest.mark.slow  # test_terminal's runs it without a container
 @pytest.mark.serial  # it measures the ranks' CPU (tests/conftest.py)
 @pytest.mark.timeout(300)
 def test_the_node_the_others_wait_for_is_named_the_straggler_inside_a_container(boxed: LocalCluster,

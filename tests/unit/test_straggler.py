@@ -245,6 +245,30 @@ def test_the_engines_watch_relays_every_event_and_names_the_slowest_for_the_summ
     assert line is not None and line.startswith("slowest node: node1, 2.2x slower than the median")
 
 
+@pytest.mark.parametrize("window", [12.0, 30.0])
+def test_the_window_asked_for_is_the_one_the_watch_and_the_panel_judge_over(window: float) -> None:
+    """--straggler-window: neither names a node sampled for less than the window, both name
+    it once it has been sampled for all of it (one busy record every 2 s, as supervisors send)."""
+    clock = Clock()
+    watch = StragglerWatch(clock, window)
+    view = TerminalView(make_console(StringIO(), width=100), ["node0", "node1"], 1,
+                        ViewOptions(panel=True, straggler_window=window), clock=clock)
+    named = {}
+    for second in range(0, 44, 2):
+        clock.now = float(second)
+        for node, busy in (("node0", 9), ("node1", 20)):
+            event = NodeStatus(Status(node, "busy", {"event": "busy", "samples": 20, "busy": busy}))
+            watch.observe(event)
+            view.observe(event)
+        view.render([OutputLine("node0", 0, "out", "step")])
+        assert view.watch is not None
+        for name, judge in (("watch", watch), ("panel", view.watch)):
+            if judge.summary()[0] is not None:
+                named.setdefault(name, clock.now)
+    view.close()
+    assert set(named) == {"watch", "panel"} and all(window <= at <= window + 4 for at in named.values()), named
+
+
 def test_plain_output_prints_the_summarys_straggler_line() -> None:
     out = StringIO()
     observer = ConsoleObserver(make_console(out, width=200))

@@ -32,6 +32,7 @@ from torchherd.cli.values import (
     replicate,
     resume_args,
     retries,
+    straggler_window,
 )
 from torchherd.errors import EXIT_FAILED, EXIT_OK, UsageError
 from torchherd.inventory.options import recovery_problem
@@ -110,7 +111,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         launched = cluster.launch(plan, log_dir=args.log_dir, on_event=observer, check=not args.no_check,
                                   only=only, skip=skip,
                                   grace=args.grace, fail_fast=not args.no_fail_fast, detach=bool(args.detach),
-                                  recovery=recovery)
+                                  recovery=recovery, straggler_window=args.straggler_window)
         if isinstance(launched, DetachedRun):
             from torchherd.console.detach import render_started
 
@@ -197,7 +198,8 @@ def _view_options(args: argparse.Namespace, console: Console) -> ViewOptions:
     from torchherd.console.view import ViewOptions
 
     ranks = parse_ranks(args.ranks) if args.ranks is not None else None
-    return ViewOptions.choose(console, plain=args.plain, collapse=args.collapse, ranks=ranks)
+    return ViewOptions.choose(console, plain=args.plain, collapse=args.collapse, ranks=ranks,
+                              straggler_window=args.straggler_window)
 
 
 def _run_checks(args: argparse.Namespace, cluster: Cluster) -> tuple[frozenset[str] | None, frozenset[str]]:
@@ -292,6 +294,9 @@ def add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     job.add_argument("--detach", action="store_true",
                      help="start the job so it outlives this command; print the run id and return (default: off)")
     job.add_argument("--grace", type=grace, metavar="S", help="SIGTERM to SIGKILL, in seconds (default: 10)")
+    job.add_argument("--straggler-window", type=straggler_window, metavar="S",
+                     help="judge each node's progress over the last S seconds for the straggler: longer for a job "
+                          "whose steps take many seconds (default: 30, at least 10)")
     job.add_argument("--no-fail-fast", action="store_true",
                      help="let the other nodes go on when one fails (default: tear them down at once)")
 

@@ -22,6 +22,7 @@ from torchherd.inventory.options import (
     RESUME_ARGS,
     RETRIES,
     SSH_TIMEOUT,
+    STRAGGLER_WINDOW,
     Integer,
     Option,
     env_problem,
@@ -71,6 +72,7 @@ def nproc_count(text: str | None) -> int | str | None:
 # Each flag of an option with a rule (inventory.options) is that rule's door: argparse calls
 # ``from_flag`` and puts the flag in front of what it says was expected.
 grace = GRACE.from_flag
+straggler_window = STRAGGLER_WINDOW.from_flag
 hang_timeout = HANG_TIMEOUT.from_flag
 retries = RETRIES.from_flag
 exit_codes = FINAL_EXIT_CODES.from_flag

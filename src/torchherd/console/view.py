@@ -54,14 +54,17 @@ class ViewOptions:
     panel: bool = False
     collapse: bool = False
     ranks: frozenset[int] | None = None
+    straggler_window: float | None = None
+    """The panel's straggler window, the run's own (``--straggler-window``; None: the default)."""
 
     @classmethod
     def choose(cls, console: Console, plain: bool = False, collapse: bool | None = None,
-               ranks: frozenset[int] | None = None) -> ViewOptions:
+               ranks: frozenset[int] | None = None, straggler_window: float | None = None) -> ViewOptions:
         """The panel on a terminal unless ``plain``; duplicates collapsed where the panel
         is, unless ``collapse`` says otherwise. Plain output stays every line, as before."""
         panel = console.is_terminal and not plain
-        return cls(panel=panel, collapse=panel if collapse is None else collapse, ranks=ranks)
+        return cls(panel=panel, collapse=panel if collapse is None else collapse, ranks=ranks,
+                   straggler_window=straggler_window)
 
     @property
     def plain(self) -> bool:
@@ -82,7 +85,7 @@ class TerminalView(LiveRenderer):
         world = max_rank + 1 if max_rank < UNKNOWN_RANKS else None
         self.collapser = Collapser(self, nodes, world, clock=clock) if options.collapse else None
         self.model = PanelModel(nodes) if options.panel else None
-        self.watch = StragglerWatch(clock) if options.panel else None
+        self.watch = StragglerWatch(clock, options.straggler_window) if options.panel else None
         """The panel's marks; the run's summary names the slowest node from the engine's own."""
         self.lock = threading.RLock()
         self._live = LiveRender("")

@@ -68,6 +68,9 @@ class LaunchOptions:
     """Seconds between heartbeats, both ways."""
     heartbeat_misses: int = HEARTBEAT_MISSES
     """A node silent for this many heartbeats, whose SSH connection does not answer either, is lost."""
+    straggler_window: float | None = None
+    """Seconds over which each node's progress is judged for the straggler (``--straggler-window``);
+    None: the watch's own (``engine.watch.straggler.WINDOW``)."""
     watch_checkpoint: str | None = None
     """The checkpoint each node's supervisor watches for a new complete one (``[recovery]
     replicate``): ``CheckpointSaved`` events; None: not watched."""

@@ -43,6 +43,9 @@ MAX_INTERVAL = 86400.0
 """A day: the longest interval, grace or timeout taken (a larger one is a typo)."""
 MAX_RESTARTS = 1_000_000
 """torchrun restarts of one attempt: more than any run makes."""
+MIN_STRAGGLER_WINDOW = 10.0
+"""The shortest straggler window: a node is judged on five samples in it, and its busy share
+comes every 2 s (engine.watch.straggler)."""
 
 
 class Kind(ABC, Generic[V]):
@@ -306,6 +309,8 @@ MONITOR_INTERVAL = Option("monitor_interval", Seconds(0.0, MAX_INTERVAL, above=T
                           owner="plan")
 MAX_RESTARTS_OPTION = Option("max_restarts", Integer(0, MAX_RESTARTS), "--max-restarts", owner="plan")
 GRACE = Option("grace", Seconds(0.0, MAX_INTERVAL), "--grace", owner="launch")
+STRAGGLER_WINDOW = Option("straggler_window", Seconds(MIN_STRAGGLER_WINDOW, MAX_INTERVAL), "--straggler-window",
+                          owner="launch", hint="a node is judged on five busy records, one every 2 s")
 NNODES = Option("nnodes", Elsewhere("check_nnodes"), "--nnodes", owner="plan")
 RDZV_CONF = Option("rdzv_conf", Elsewhere("c10d's K=V,..."), "--rdzv-conf", owner="plan")
 UV = Option("uv", Elsewhere("a switch"), "--uv", owner="plan")
@@ -424,5 +429,5 @@ __all__ = ["ATTEMPT_NEEDS", "CHECKPOINT", "Door", "Elsewhere", "ExitCodes", "FIN
            "HANG_TIMEOUT", "HEARTBEAT", "HEARTBEAT_MISSES", "Integer", "Kind", "MAX_INTERVAL", "MAX_RESTARTS",
            "MAX_RESTARTS_OPTION", "MIN_NODES", "MONITOR_INTERVAL", "NNODES", "NPROC_PER_NODE", "Needs", "Nproc",
            "Option", "OptionError", "RDZV_CONF", "RECOVERY_OPTIONS", "REPLICATE", "REPLICATE_BANDWIDTH",
-           "REPLICATION_NEEDS", "RESUME_ARGS", "RETRIES", "SSH_TIMEOUT", "Seconds", "UV", "UV_OFFLINE", "UV_SYSTEM_SITE_PACKAGES",
+           "REPLICATION_NEEDS", "RESUME_ARGS", "RETRIES", "SSH_TIMEOUT", "STRAGGLER_WINDOW", "Seconds", "UV", "UV_OFFLINE", "UV_SYSTEM_SITE_PACKAGES",
            "Words", "checked_recovery", "env_problem", "given_fields", "recovery_problem"]

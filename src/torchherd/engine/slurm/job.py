@@ -98,7 +98,7 @@ class SlurmJob:
         self.job_id = job_id
         self.session = session
         self.options = options
-        self.straggler = StragglerWatch()
+        self.straggler = StragglerWatch(window=options.straggler_window)
         self.emit = self.straggler.relay(observer)
         self.reconnect = reconnect
         self.log_dir = options.log_dir / plan.run_id

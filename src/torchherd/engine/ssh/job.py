@@ -182,7 +182,7 @@ class Job:
         self.plan = plan
         self.sessions = sessions
         self.options = options
-        self.straggler = StragglerWatch()
+        self.straggler = StragglerWatch(window=options.straggler_window)
         self.emit = self.straggler.relay(observer)
         self.log_dir = options.log_dir / plan.run_id
         self.nodes = {node.host.name: NodeRun(node, self.log_dir / f"{node.host.name}.log") for node in plan.nodes}

@@ -241,8 +241,8 @@ class StragglerWatch:
     """A ``StragglerTracker`` fed from a run's events (its lines, its bars, its busy
     records), judged at most once a second: the slowest node for the run's summary."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.tracker = StragglerTracker()
+    def __init__(self, clock: Callable[[], float] = time.monotonic, window: float | None = None) -> None:
+        self.tracker = StragglerTracker(WINDOW if window is None else window)
         self.clock = clock
         self._bar_rank: dict[str, int] = {}
         self._judged_at: float | None = None
