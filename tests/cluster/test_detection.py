@@ -155,7 +155,7 @@ def test_a_supervisor_stopped_for_seconds_is_told_of_and_not_lost(cluster: Local
     within seconds, and again when it speaks; the summary names the silence."""
     out = StringIO()
     console = ConsoleObserver(make_console(out, width=300))
-    run, watch = start(cluster, tmp_path / "logs", 20, shown=console)
+    run, watch = start(cluster, tmp_path / "logs", 14, shown=console)  # 5 s stopped, then seconds to hear it
     [inside] = [event.supervisor for _, event in watch.seen if isinstance(event, NodeStarted) and event.node == "node1"]
     [pid] = [pid for pid in cluster.node_pids("node1") if _node_pid(pid) == inside]  # the node has its own pids
     os.kill(pid, signal.SIGSTOP)

@@ -121,10 +121,10 @@ def test_localhost_retries_and_the_hang_watch_with_no_sshd(box: Path) -> None:
     # Both attempts fork from the warm Python, started over the local transport as over SSH.
     assert re.search(r"(?m)^1 +localhost +warm +failed", retried.stdout), retried.stdout
     assert re.search(r"(?m)^2 +localhost +warm +ok", retried.stdout), retried.stdout
-    hung = in_empty_netns(torchherd("run", "-H", "localhost", "--nproc-per-node", "2", "--hang-timeout", "8", "--",
+    hung = in_empty_netns(torchherd("run", "-H", "localhost", "--nproc-per-node", "2", "--hang-timeout", "4", "--",
                                     "job.py", "hang"), box, 200)
     assert hung.returncode == 1, hung.stdout[-3000:] + hung.stderr[-3000:]
-    assert re.search(r"(?m)^hung: no rank printed a line or used CPU for 8 s; ranks 0-1 in <module> at job\.py:\d+",
+    assert re.search(r"(?m)^hung: no rank printed a line or used CPU for 4 s; ranks 0-1 in <module> at job\.py:\d+",
                      hung.stdout), hung.stdout[-3000:]
 
 

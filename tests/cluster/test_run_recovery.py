@@ -419,7 +419,7 @@ def test_a_replica_is_sent_at_a_share_of_the_measured_link_kept_to_the_pace_of_a
     stated = 10e9 / 8
     assert link is not None and abs(link - stated) > 0.02 * stated, link
     code, out = run_cli(four, tmp_path / "logs", "--retries", "1", "--checkpoint", "paced.ckpt",
-                        "--replicate-bandwidth", "1%", "--plain", "--", PACED, "--seconds", "30", "--mb", "8")
+                        "--replicate-bandwidth", "1%", "--plain", "--", PACED, "--seconds", "15", "--mb", "8")
     assert code == 0, out[-3000:]
     copied = re.search(r"replicated to node1 in ([\d.]+) s \(at most 1% of the link; kept to the job's pace "
                        r"\((\d+) lines/s, ([\d.]+) CPU\): ([\d.]+) MB/s at first, ([\d.]+) MB/s at the end "
