@@ -216,8 +216,9 @@ def test_what_the_preflight_mtu_probe_costs(four: LocalCluster, capsys: pytest.C
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """What the probe adds to a preflight: its scripts start while the cross-node probes
     run, so what is left after them (the scripts' answers, the datagrams, the stop) is
-    timed inside the preflight; the whole preflight with and without it is printed too
-    (on this shared machine it varies by seconds either way, so only the first is held)."""
+    timed inside the preflight; the whole preflight with it is printed too, and without it
+    where MTU_COST_ROUNDS asks for the rounds (on this shared machine it varies by seconds
+    either way, so only the first is held)."""
     spent: list[float] = []
 
     def timed(*args: Any) -> None:
@@ -228,15 +229,20 @@ def test_what_the_preflight_mtu_probe_costs(four: LocalCluster, capsys: pytest.C
             spent.append(time.monotonic() - started)
 
     monkeypatch.setattr(runner, "probe_paths", timed)
+    # The whole preflight without the probe is only printed: measured when the rounds are
+    # asked for (docs/checks.md's figures), not in CI's three.
+    rounds = os.environ.get("MTU_COST_ROUNDS")
     with_probe, without = [], []
-    for _ in range(int(os.environ.get("MTU_COST_ROUNDS", "3"))):
+    for _ in range(int(rounds or "3")):
         code, document, took = preflight(four, capsys)
         assert code == 0, summaries(document)
         with_probe.append(took)
-        code, _, took = preflight(four, capsys, "--skip", "mtu")
-        assert code == 0
-        without.append(took)
+        if rounds:
+            code, _, took = preflight(four, capsys, "--skip", "mtu")
+            assert code == 0
+            without.append(took)
+    compared = f", {statistics.median(without):.2f} s without" if without else ""
     print(f"preflight, 4 nodes: the MTU probe's own part {statistics.median(spent) * 1000:.0f} ms (median of "
-          f"{len(spent)}); whole preflight median {statistics.median(with_probe):.2f} s with it, "
-          f"{statistics.median(without):.2f} s without", file=sys.__stderr__)
+          f"{len(spent)}); whole preflight median {statistics.median(with_probe):.2f} s with it{compared}",
+          file=sys.__stderr__)
     assert len(spent) == len(with_probe) and statistics.median(spent) < 1.0
