@@ -508,9 +508,13 @@ def test_a_detached_run_with_retries_resubmits_from_the_background(slurm: SlurmC
     assert status.record.exit_code == 0, status
     assert [(attempt.number, attempt.ended) for attempt in status.record.attempts] == [(1, "failed"), (2, "ok")]
     assert "fail_first_attempt: failing on purpose" in followed, followed
-    later = followed[followed.index("fail_first_attempt: failing on purpose"):]
     for rank, node in enumerate(slurm.cluster.names):
-        assert re.findall(rf"^{node}:{rank}: tick {rank} (\d)$", later, re.M) == ["0", "1", "2"], followed
+        # Each node's lines after its attempt-2 start: between nodes, lines come in the order the
+        # 0.5 s polls found them, so attempt 1's last ticks on node0 may follow node1's error.
+        started = f"{node}:{rank}: rank {rank} in attempt 2 on {node}"
+        assert started in followed, followed
+        later = followed[followed.index(started):]
+        assert re.findall(rf"^{node}:{rank}: tick {rank} (\d+)$", later, re.M) == ["0", "1", "2"], followed
     record = load_record(run_id)
     assert str(record.extra["run_dir"]).endswith(f"{run_id}/attempt-2"), record.extra
     second = job_fields(slurm, str(record.extra["job_id"]))
