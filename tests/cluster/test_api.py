@@ -1,6 +1,7 @@
 """The public Python API against the local cluster: the example in docs/api.md runs as
 written, a run through the API never imports rich, and the checks verify the plan that
-is launched (its master address and processes per node), not the inventory's."""
+is launched (its master address and processes per node), not the inventory's, and a run's
+preflight reads torch from its files where a check imported that install."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from pathlib import Path
 import pytest
 from localcluster import LocalCluster
 
+import torchherd
 from torchherd.cli import main
 from torchherd.console import make_console
+from torchherd.engine.events import Event, PreflightDone
 
 pytestmark = pytest.mark.cluster
 
@@ -76,3 +79,24 @@ def test_the_preflight_checks_the_master_address_and_nproc_of_the_command_line(
     assert code == 1, text
     assert "10.254.254.254" in text, text
     assert not (tmp_path / "logs").exists() and not any(tmp_path.iterdir()), "nothing was launched"
+
+
+def test_a_runs_preflight_reads_torch_from_its_files_where_a_check_imported_that_install(
+        cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check imports torch on every node and keeps, on this machine, which install it
+    imported there; a run's preflight then reads that install's versions from its files
+    (its torchrun imports it moments later), and the job runs."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    herd = torchherd.Cluster.from_toml(str(cluster.inventory))
+    checked = herd.check(only=("ssh", "python"))
+    assert checked.ok and [result.summary for result in checked.results if "read from its files" in result.summary] == []
+    events: list[Event] = []
+    run = herd.launch(herd.plan(str(ROOT / "examples" / "ddp_demo.py"), "--steps", "2", nproc_per_node=1), log_dir=tmp_path / "logs", on_event=events.append,
+                      only=("ssh", "python"))
+    assert run.wait().exit_code == 0
+    (done,) = [event for event in events if isinstance(event, PreflightDone)]
+    python = {result.node: result.summary for result in done.report.results if result.check == "python"}
+    assert sorted(python) == ["node0", "node1", "node2"], python
+    for summary in python.values():
+        assert re.fullmatch(r"python \S+, torch \S+, CUDA - \(read from its files: a check \d+ s ago imported it\)",
+                            summary), summary

@@ -37,6 +37,11 @@ class CheckOptions:
     """(node, what imported its torch lately, "attempt 1's ranks"): there the facts read
     torch's versions from its files instead of importing it again (seconds of CPU each).
     A triage's, for the nodes whose ranks just ran."""
+    torch_imported: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    """(node, ((fingerprint, what imported it: "a check 3 min ago"), ...)): installs of torch an earlier check imported on
+    the node (``engine.records.imports``). Where the node's torch is still one of them (the
+    same interpreter, files and variables), its facts read its versions from its files: a
+    run's preflight, whose torchrun imports it seconds later anyway."""
 
 
 @dataclass
@@ -63,7 +68,8 @@ def run_preflight(plan: Plan, options: CheckOptions, connector: Connector,
     selected = runner.selected_checks(options.only, options.skip, options.smoke, options.bandwidth,
                                        options.gpu_diag)
     observed, connections = runner.collect(plan, selected, connector, progress, options.mesh,
-                                           options.min_bandwidth, dict(options.torch_known))
+                                           options.min_bandwidth, dict(options.torch_known),
+                                           {node: dict(kept) for node, kept in options.torch_imported})
     results = runner.analyse(observed, selected)
     if progress is not None:
         for result in results:

@@ -193,6 +193,10 @@ class Observed:
     torch_known: Mapping[str, str] = field(default_factory=dict)
     """Per node whose torch ran moments ago, what ran it ("attempt 1's ranks"): its facts
     read torch's versions from its files, without the import (``CheckOptions.torch_known``)."""
+    torch_imported: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Per node, the installs of torch (their fingerprints) an earlier check imported there,
+    each with what did ("a check 3 min ago"): where the node's torch is one of them, its facts read its versions from its
+    files (``CheckOptions.torch_imported``)."""
     ssh_errors: dict[str, TransportError] = field(default_factory=dict)
     ssh_addresses: dict[str, str] = field(default_factory=dict)
     """The IP the controller's SSH connection reached each node at."""

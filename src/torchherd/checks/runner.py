@@ -68,6 +68,7 @@ def facts_config(observed: Observed, host: Host, listen: bool, master_ssh_name: 
     return {"port": observed.port, "resolve": [] if is_ip(target) else [target],
             "route_to": [target, ssh_name], "script": observed.script, "workdir": host.workdir,
             "torch": "files" if observed.with_torch and host.name in observed.torch_known else observed.with_torch,
+            "imported": sorted(observed.torch_imported.get(host.name, {})),
             "listen": listen_config(observed, host) if listen else None,
             "venv": venv_config(observed.venvs[host.name]) if host.name in observed.venvs else None}
 
@@ -191,7 +192,8 @@ def _controller_pings(observed: Observed) -> None:
 
 
 def observe(plan: Plan, selected: tuple[str, ...], min_bandwidth: float | None = None,
-            torch_known: Mapping[str, str] | None = None) -> Observed:
+            torch_known: Mapping[str, str] | None = None,
+            torch_imported: Mapping[str, Mapping[str, str]] | None = None) -> Observed:
     """What the checks will verify: the plan's master address, port, processes per node,
     script and each node's job environment (not the inventory's defaults); the bandwidth
     floor given, else the inventory's."""
@@ -207,13 +209,14 @@ def observe(plan: Plan, selected: tuple[str, ...], min_bandwidth: float | None =
                     job_env={node.host.name: node.env for node in plan.nodes}, ssh_hostnames=plan.ssh_hostnames,
                     min_bandwidth=floor, slow_ratio=plan.inventory.checks.slow_ratio,
                     venvs={node.host.name: node.venv for node in plan.nodes if node.venv is not None},
-                    torch_known=dict(torch_known or {}))
+                    torch_known=dict(torch_known or {}), torch_imported=dict(torch_imported or {}))
 
 
 def collect(plan: Plan, selected: tuple[str, ...], connector: Connector, progress: Progress | None,
             mesh: Mesh = "auto", min_bandwidth: float | None = None,
-            torch_known: Mapping[str, str] | None = None) -> tuple[Observed, dict[str, Session]]:
-    observed = observe(plan, selected, min_bandwidth, torch_known)
+            torch_known: Mapping[str, str] | None = None,
+            torch_imported: Mapping[str, Mapping[str, str]] | None = None) -> tuple[Observed, dict[str, Session]]:
+    observed = observe(plan, selected, min_bandwidth, torch_known, torch_imported)
     # The measurements need the job's addresses, which the probes find.
     probing = bool((PROBED | MEASURED) & set(selected))
     collector = _Collector(observed, connector, any(check != "ssh" for check in selected), progress,

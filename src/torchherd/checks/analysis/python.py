@@ -79,7 +79,7 @@ def _node(observed: Observed, host: Host, facts: NodeFacts,
     reference = reference_of()
     shown = ", ".join(f"{key} {value}" for key, value in mine.items() if value != UNREAD)
     if torch.get("files"):
-        shown += f" (read from its files: {observed.torch_known.get(host.name, 'a recent run')} imported it)"
+        shown += f" (read from its files: {_imported_by(observed, host.name, torch.get('fingerprint'))} imported it)"
     if reference is not None and reference[0] != host.name:
         differing = [key for key in mine if UNREAD not in (mine[key], reference[1][key]) and mine[key] != reference[1][key]]
         if differing:
@@ -89,6 +89,14 @@ def _node(observed: Observed, host: Host, facts: NodeFacts,
                                f"({', '.join(reference[1][key] for key in differing)})",
                                "install the same torch (and CUDA/NCCL) build on every node")
     return CheckResult(host.name, CHECK, "pass", shown)
+
+
+def _imported_by(observed: Observed, node: str, fingerprint: object) -> str:
+    """What imported the torch whose files were read: the run's own ranks (a triage's
+    ``torch_known``), else the earlier check that imported this very install."""
+    if node in observed.torch_known:
+        return observed.torch_known[node]
+    return observed.torch_imported.get(node, {}).get(str(fingerprint), "a recent run")
 
 
 def _same_minor(mine: dict[str, str], other: dict[str, str]) -> bool:

@@ -11,6 +11,10 @@ imports travel with it) where CONFIG is a JSON object:
   workdir   str            "~" expanded
   torch     bool or "files" import torch for its versions and GPUs (seconds of CPU); "files":
                            read its versions from torch/version.py instead (no GPU count)
+  imported  [str, ...]     with torch true: fingerprints (``torch_fingerprint``) of installs
+                           an earlier check or run imported on this node; where this one's
+                           is among them, its versions are read from its files as "files"
+                           does. Either way the torch facts carry this install's "fingerprint"
   root      str            where /sys and /proc are read for the GPU and InfiniBand
                            facts (default "/"; tests point it at a made-up tree)
   gpu_seconds float        how long after the start the GPU and kernel-log queries may
@@ -515,7 +519,54 @@ def torch_files() -> Dict[str, Any]:
             values[target.id] = value.value
     if not isinstance(values.get("__version__"), str):
         return {"error": "%s names no __version__" % path}
-    return {"version": values["__version__"], "cuda": values.get("cuda"), "nccl": None, "files": True}
+    found: Dict[str, Any] = {"version": values["__version__"], "cuda": values.get("cuda"), "nccl": None, "files": True}
+    if values.get("cuda") is None and values.get("hip") is None:
+        found["gpus"] = 0  # a build without CUDA or ROCm sees no GPU, whatever the node has
+    return found
+
+
+FINGERPRINT_FILES = ("__init__.py", "version.py", "lib/libtorch_cpu.so", "lib/libtorch_cuda.so", "lib/libtorch_python.so")
+FINGERPRINT_VARIABLES = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME", "CUDA_VISIBLE_DEVICES",
+                         "CUDA_HOME", "NCCL_HOME")
+
+
+def torch_fingerprint() -> Optional[str]:
+    """What identifies the torch this Python would import, without importing it: the
+    interpreter, torch's directory and its main files (size, mtime, inode: a reinstall or
+    an upgrade changes them) and the variables that change what the import loads. Equal
+    fingerprints on a node: the import that once succeeded would load the same files."""
+    try:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        directory = os.path.realpath(list(spec.submodule_search_locations)[0])
+        seen: List[Any] = [os.path.realpath(sys.executable), sys.version, directory]
+        names = list(FINGERPRINT_FILES) + sorted(name for name in os.listdir(directory)
+                                                  if name.startswith("_C") and name.endswith(".so"))
+        for name in names:
+            try:
+                stat = os.stat(os.path.join(directory, name))
+            except OSError:
+                seen.append([name, None])
+                continue
+            seen.append([name, stat.st_size, stat.st_mtime_ns, stat.st_ino])
+        seen.append([[name, os.environ.get(name)] for name in FINGERPRINT_VARIABLES])
+    except BaseException:  # as torch_facts: whatever fails, the import decides
+        return None
+    return hashlib.sha256(json.dumps(seen).encode()).hexdigest()[:32]
+
+
+def torch_of(config: Dict[str, Any]) -> Dict[str, Any]:
+    """The torch facts ``config`` asks for (see the module's docstring)."""
+    fingerprint = torch_fingerprint()
+    known = config.get("imported") or []
+    if config.get("torch", True) == "files" or (fingerprint is not None and fingerprint in known):
+        found = torch_files()
+    else:
+        found = torch_facts()
+    if fingerprint is not None:
+        found["fingerprint"] = fingerprint
+    return found
 
 
 def listen_backlog(wanted: int) -> int:
@@ -746,10 +797,8 @@ def main() -> None:
         "ping": bool(shutil.which("ping")),
         "venv": guarded(venv_state, config["venv"]) if config.get("venv") else None,
     }
-    if config.get("torch", True) == "files":
-        facts["torch"] = torch_files()
-    elif config.get("torch", True):
-        facts["torch"] = torch_facts()
+    if config.get("torch", True):
+        facts["torch"] = torch_of(config)
     deadline = STARTED + float(config.get("gpu_seconds") or GPU_SECONDS)
     facts["gpu"], facts["kernel_xids"] = gpu.result(deadline), xids.result(deadline)
     sys.stdout.write(json.dumps(facts) + "\n")

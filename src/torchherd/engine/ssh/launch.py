@@ -151,7 +151,12 @@ def _connect(plan: Plan, connector: Connector, observer: Observer,
 
 def _after_preflight(plan: Plan, connector: Connector, observer: Observer, options: LaunchOptions) -> Opened:
     only = options.only
-    outcome = preflight(plan, CheckOptions(only=only, skip=options.skip, smoke=only is not None and "smoke" in only),
+    from torchherd.engine.records.imports import imported_on
+
+    # torchrun imports torch on every node moments later: where a check already imported
+    # this very install there, the preflight reads its versions from its files.
+    outcome = preflight(plan, CheckOptions(only=only, skip=options.skip, smoke=only is not None and "smoke" in only,
+                                           torch_imported=imported_on(plan.inventory.hosts)),
                         connector)
     observer(PreflightDone(outcome.report))
     if not outcome.report.ok:

@@ -4,6 +4,7 @@ this module alone; ``launch`` (``engine.ssh.launch``) runs it before starting th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
 import time
@@ -14,6 +15,7 @@ from torchherd.checks import CheckOptions, PreflightOutcome, run_preflight
 from torchherd.checks import smoke as smoke_check
 from torchherd.checks.analysis import port as port_check
 from torchherd.checks.analysis.smoke import SmokeRun
+from torchherd.checks.model import NodeFacts
 from torchherd.checks.results import CheckReport, CheckResult, ProbeResult
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
@@ -25,6 +27,8 @@ def preflight(plan: Plan, options: CheckOptions, connector: Connector,
     """The checks on ``plan``, and with ``options.smoke`` a real tiny job run the way
     ``run`` runs one. The caller closes the outcome."""
     outcome = run_preflight(plan, options, connector, progress)
+    if outcome.observed is not None:
+        _keep_imports(plan, outcome.observed.facts)
     if "smoke" not in outcome.selected or outcome.observed is None:
         return outcome
     results = list(outcome.report.results)
@@ -34,6 +38,15 @@ def preflight(plan: Plan, options: CheckOptions, connector: Connector,
             progress(result)
     outcome.report = CheckReport(tuple(results + smoke))
     return outcome
+
+
+def _keep_imports(plan: Plan, facts: Mapping[str, NodeFacts]) -> None:
+    from torchherd.engine.records.imports import keep_imports
+
+    # What is kept only spares a later preflight an import: a state directory that
+    # cannot be written costs that, never the check.
+    with contextlib.suppress(OSError):
+        keep_imports(plan.inventory.hosts, facts)
 
 
 def with_probes(outcome: PreflightOutcome) -> CheckReport:
