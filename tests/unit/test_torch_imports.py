@@ -1,5 +1,5 @@
 """A run's preflight reads torch's versions from its files where a check imported that
-very install on the node (``engine.records.imports``): the real facts program on the
+very install on the node (``engine.ssh.imports``): the real facts program on the
 in-process transport, what is kept on this machine, and the python check's words."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from support.analysis import facts, observed
 from torchherd.checks.analysis import python
 from torchherd.checks.gather import finish_facts, start_facts
 from torchherd.checks.model import NodeFacts
-from torchherd.engine.records.imports import KEPT_SECONDS, PER_NODE, imported_on, imports_file, keep_imports
+from torchherd.engine.ssh.imports import KEPT_SECONDS, PER_NODE, imported_on, imports_file, keep_imports
 from torchherd.inventory import Host
 from torchherd.transport.local import LocalSession
 

@@ -39,7 +39,7 @@ class CheckOptions:
     A triage's, for the nodes whose ranks just ran."""
     torch_imported: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
     """(node, ((fingerprint, what imported it: "a check 3 min ago"), ...)): installs of torch an earlier check imported on
-    the node (``engine.records.imports``). Where the node's torch is still one of them (the
+    the node (``engine.ssh.imports``). Where the node's torch is still one of them (the
     same interpreter, files and variables), its facts read its versions from its files: a
     run's preflight, whose torchrun imports it seconds later anyway."""
 

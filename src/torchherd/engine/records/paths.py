@@ -3,9 +3,10 @@ state) and this machine's private run-record directory."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Mapping
+
+from torchherd.statedir import state_dir
 
 REMOTE_RUNS_DIR = "~/.torchherd/runs"
 """On each node: ``<this>/<run-id>/<node>.log`` and ``<node>.state.json``. The node's
@@ -33,6 +34,4 @@ def remote_coordinator_file(run_id: str, attempt: int = 0) -> str:
 
 def runs_dir(environ: Mapping[str, str] | None = None) -> Path:
     """``$XDG_STATE_HOME/torchherd/runs`` (default ``~/.local/state/torchherd/runs``)."""
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "torchherd" / "runs"
+    return state_dir(environ) / "runs"

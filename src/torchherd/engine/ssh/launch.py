@@ -151,7 +151,7 @@ def _connect(plan: Plan, connector: Connector, observer: Observer,
 
 def _after_preflight(plan: Plan, connector: Connector, observer: Observer, options: LaunchOptions) -> Opened:
     only = options.only
-    from torchherd.engine.records.imports import imported_on
+    from torchherd.engine.ssh.imports import imported_on
 
     # torchrun imports torch on every node moments later: where a check already imported
     # this very install there, the preflight reads its versions from its files.

@@ -41,7 +41,7 @@ def preflight(plan: Plan, options: CheckOptions, connector: Connector,
 
 
 def _keep_imports(plan: Plan, facts: Mapping[str, NodeFacts]) -> None:
-    from torchherd.engine.records.imports import keep_imports
+    from torchherd.engine.ssh.imports import keep_imports
 
     # What is kept only spares a later preflight an import: a state directory that
     # cannot be written costs that, never the check.

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from torchherd.checks.model import NodeFacts
-from torchherd.engine.records.paths import runs_dir
 from torchherd.inventory import Host
 from torchherd.remote.wire import write_text_atomic
+from torchherd.statedir import state_dir
 
 KEPT_SECONDS = 86400.0
 """How long an import stands for its install: a day (the files' identity is the proof;
@@ -33,7 +33,7 @@ MAX_FILE_BYTES = 1 << 20
 
 
 def imports_file(directory: Path | None = None) -> Path:
-    return (directory or runs_dir().parent) / "torch-imports.json"
+    return (directory or state_dir()) / "torch-imports.json"
 
 
 def node_key(host: Host) -> str:
