@@ -13,6 +13,7 @@ import pytest
 
 from support.processes import run_supervisor
 from torchherd.engine.ssh.job import redirected, supervisor_config
+from torchherd.engine.ssh.warm import warmed
 from torchherd.inventory import parse
 from torchherd.plan import RunOptions, build_plan
 from torchherd.remote import wire
@@ -116,6 +117,18 @@ def test_the_ssh_launch_redirects_where_the_plan_tees() -> None:
     assert config.argv[tee:tee + 2] == ("--redirects", "3") and config.argv[-2:] == ("--tee", "3")
     assert config.rank_logs == node.remote_log_dir and json.loads(config.to_json())["rank_logs"] == node.remote_log_dir
     assert config.gpu_every > 0
+
+
+def test_a_node_forking_from_its_warm_python_redirects_too() -> None:
+    """Its torchrun is started by the warm Python's client; its ranks' files are read as
+    every run's are (torchrun's tee would turn each \\r of a progress bar into a line break)."""
+    inventory = parse({"defaults": {"python": "python3"}, "hosts": [{"name": "node0"}]}, Path("hosts.toml"))
+    plan = build_plan(inventory, RunOptions(script="train.py", run_id="r1"))
+    (node,) = warmed(plan, {"node0": "/tmp/tmpabc"})[0].nodes
+    assert node.argv[0] == "/tmp/tmpabc/python"
+    config = supervisor_config(node, "r1", 10.0)
+    assert config.argv[0] == "/tmp/tmpabc/python" and "--redirects" in config.argv and "--tee" not in config.argv
+    assert config.rank_logs == node.remote_log_dir
 
 
 @pytest.mark.parametrize("argv", [("torchrun", "x.py"), ("python", "-m", "torch.distributed.run", "--tee", "2")])

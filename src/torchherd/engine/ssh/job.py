@@ -118,11 +118,12 @@ def redirected(node: NodePlan) -> tuple[str, ...]:
     the ranks write only to their files, and the supervisor reads those byte for byte
     (``rank_logs``), where torchrun's tee would read them as text, turning each ``\\r`` of a
     progress bar into a line break, with a thread per rank that can tear lines apart. The
-    plan keeps ``--tee 3``: its command, pasted by hand, prints every rank's lines. A node
+    plan keeps ``--tee 3``: its command, pasted by hand, prints every rank's lines. The
+    interpreter may be another (a warm Python's client, ``engine.ssh.warm``). A node
     running some other command (a check's own program) runs it as it is."""
-    if tuple(node.argv) != node.torchrun.argv():
+    if tuple(node.argv[1:]) != node.torchrun.argv()[1:]:
         return tuple(node.argv)
-    return node.torchrun.argv(output="--redirects")
+    return (node.argv[0], *node.torchrun.argv(output="--redirects")[1:])
 
 
 def remote_command(node: NodePlan, run_id: str, source: str) -> str:
