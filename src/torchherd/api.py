@@ -459,7 +459,13 @@ class Cluster:
                 raise UsageError("--straggler-window with a plain --detach: no controller stays to judge the straggler",
                                  "leave it out, or add --retries N (its controller stays in the background)")
             return DetachedRun(self.backend.start_detached(plan, options, observer), self.connector)
-        run = self.backend.launch(plan, options, observer)
+        run = None
+        if recovery.warm:
+            from torchherd.engine.recovery.runner import launch_warm
+
+            run = launch_warm(self.backend, plan, options, observer)
+        if run is None:
+            run = self.backend.launch(plan, options, observer)
         return _remembered(run, plan, options, run.report)
 
 

@@ -25,6 +25,7 @@ from torchherd.console import make_console
 pytestmark = pytest.mark.cluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+JOBS = Path(__file__).resolve().parent / "jobs"
 CRASH_DEMO = str(EXAMPLES / "crash_demo.py")
 
 
@@ -43,6 +44,22 @@ def test_dry_run_prints_every_command_and_starts_nothing(cluster: LocalCluster, 
     assert "dry run: nothing was started" in out
     assert not (tmp_path / "logs").exists()
     assert_clean(cluster, timeout=0.1)
+
+
+@pytest.mark.timeout(120)
+def test_a_plain_run_forks_its_ranks_from_each_nodes_warm_python_and_no_warm_starts_them_cold(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    """One import of torch per node: the ranks (and torchrun) fork from the warm Python
+    that imported it beside the preflight; ``--no-warm`` starts each cold. Nothing of
+    either, the warm Pythons included, is left on any node."""
+    script = str(JOBS / "preloaded.py")
+    for flags, preloaded in (((), True), (("--no-warm",), False)):
+        code, out = run_cli(cluster, tmp_path / f"logs{len(flags)}", *flags, "--nproc-per-node", "2", "--", script)
+        assert code == 0, out
+        said = sorted(re.findall(r"rank (\d) torch imported before the script: (\w+)", out))
+        assert said == [(str(rank), str(preloaded)) for rank in range(6)], out
+        assert "warm" not in out and "cold" not in out, out
+        assert_clean(cluster)
 
 
 @pytest.mark.timeout(120)

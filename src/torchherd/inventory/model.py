@@ -143,8 +143,9 @@ class Recovery:
     checkpoint (``("--init_from=resume",)``: nanoGPT's); never on attempt 1, nor on one with
     no checkpoint. The API also takes one string, split as a shell splits it."""
     warm: bool = True
-    """With retries: a warm Python per node (torch imported beside attempt 1's preflight) from
-    which every attempt's torchrun and ranks fork (SSH backend); False: every attempt starts cold."""
+    """A warm Python per node (torch imported beside the preflight) from which the run's
+    torchrun and ranks fork, every attempt's with retries (SSH backend); False: every
+    attempt starts cold."""
 
     @property
     def lost_after(self) -> float:

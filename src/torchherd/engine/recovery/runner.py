@@ -138,6 +138,40 @@ class Warming(Protocol):
     def warmed(self, plan: Plan, pool: WarmPool) -> tuple[Plan, tuple[str, ...]]: ...
 
 
+def launch_warm(backend: Backendish, plan: Plan, options: LaunchOptions, observer: Observer) -> Run | None:
+    """A run without retries, started as a recovering run's attempt 1 is: each node's warm
+    Python (``[recovery] warm``) imports torch beside the preflight, and once the preflight
+    passed each node's torchrun and ranks fork from it (a node whose warm Python is not ready
+    within FIRST_WARM_WAIT starts cold). One import of torch per node, not one per process:
+    on a GPU node, eight ranks that each import torch at once queue behind each other.
+    The warm Pythons end with the run. None where the backend keeps none, or the job cannot
+    fork from one: its files are synced first (its venv is not there yet), it runs in a
+    container (its Python is the image's), or it outlives the controller."""
+    if not (callable(getattr(backend, "start_warm", None)) and callable(getattr(backend, "warmed", None))):
+        return None
+    if plan.sync is not None or options.persist or any(node.container is not None for node in plan.nodes):
+        return None
+    warming: Warming = backend  # type: ignore[assignment]
+    pool = warming.start_warm(plan, lambda _ready: None)
+
+    def first(kept: Plan) -> Plan:
+        pool.wait_for(tuple(node.host.name for node in kept.nodes), FIRST_WARM_WAIT)
+        return warming.warmed(kept, pool)[0]
+
+    try:
+        run = backend.launch(plan, replace(options, started_as=first), observer)
+    except BaseException:
+        pool.close()
+        raise
+
+    def ended(summary: RunSummary | None, _error: BaseException | None) -> None:
+        # A node the run lost has no zygote left to answer: not waited for.
+        pool.close(gone=[node.node for node in summary.nodes if node.state == "lost"] if summary else ())
+
+    run.when_done(ended)
+    return run
+
+
 def attempt_plan(base: Plan, nodes: Sequence[str], attempt: int,
                  networks: Mapping[str, NodeNetwork] | None = None, faulthandler: bool = False,
                  resume: Resume | None = None) -> Plan:
