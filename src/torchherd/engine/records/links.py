@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from torchherd.engine.records.paths import runs_dir
 from torchherd.remote.wire import write_text_atomic
+from torchherd.statedir import read_kept
 
 KEPT_SECONDS = 7 * 86400.0
 """How long a measured figure stands for its link."""
@@ -59,14 +60,7 @@ def measured_link(sender: str, receiver: str, now: float | None = None, director
 def _read(path: Path) -> dict[str, list[float]]:
     """The kept figures; a file that is missing, too big or damaged keeps none (a check
     run again writes it anew)."""
-    try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            return {}
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(raw, dict):
-        return {}
+    raw = read_kept(path, MAX_FILE_BYTES)
     return {key: [float(value[0]), float(value[1])] for key, value in raw.items()
             if isinstance(key, str) and isinstance(value, list) and len(value) == 2
             and all(isinstance(number, (int, float)) and not isinstance(number, bool) for number in value)

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 from torchherd.checks.model import NodeFacts
 from torchherd.inventory import Host
 from torchherd.remote.wire import write_text_atomic
-from torchherd.statedir import state_dir
+from torchherd.statedir import read_kept, state_dir
 
 KEPT_SECONDS = 86400.0
 """How long an import stands for its install: a day (the files' identity is the proof;
@@ -90,14 +90,7 @@ def ago(seconds: float) -> str:
 def _read(path: Path) -> dict[str, list[list[Any]]]:
     """The kept imports; a file that is missing, too big or damaged keeps none (the next
     check imports and writes it anew)."""
-    try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            return {}
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(raw, dict):
-        return {}
+    raw = read_kept(path, MAX_FILE_BYTES)
     kept: dict[str, list[list[Any]]] = {}
     for key, entries in raw.items():
         if isinstance(key, str) and isinstance(entries, list):
