@@ -244,6 +244,29 @@ def test_without_a_zygote_the_client_starts_cold(script: Path, tmp_path: Path) -
     assert done.stderr.startswith("torchherd: started cold (no warm interpreter: ")
 
 
+def test_an_error_raised_while_the_jobs_traceback_prints_leaves_the_zygote_serving(tmp_path: Path) -> None:
+    """torchrun's agent turns SIGTERM into an exception, which can come while its last
+    traceback prints (seen in CI: node0's agent, torn down after a rank failed): the
+    child exits 1 and the zygote, its directory and its other children stay."""
+    broken = tmp_path / "broken.py"
+    broken.write_text("import traceback\n"
+                      "def interrupted(*args, **kwargs):\n"
+                      "    raise KeyboardInterrupt('a signal while the traceback prints')\n"
+                      "traceback.print_exc = interrupted\n"
+                      "raise RuntimeError('the job failed')\n", encoding="utf-8")
+    fine = tmp_path / "fine.py"
+    fine.write_text("print('still warm')\n", encoding="utf-8")
+    started = start_zygote(["json"])
+    try:
+        done = started.run(["-u", str(broken)], tmp_path)
+        assert done.returncode == 1, done.stderr
+        assert os.path.isdir(started.directory) and started.process.poll() is None
+        again = started.run(["-u", str(fine)], tmp_path)
+        assert (again.returncode, again.stdout) == (0, "still warm\n"), again.stderr
+    finally:
+        stop_zygote(started)
+
+
 def test_the_zygote_ending_kills_what_it_forked(script: Path, tmp_path: Path) -> None:
     ending = start_zygote(["json"])
     client = sleeping_client(ending.client, script, tmp_path)

@@ -208,10 +208,13 @@ def run_child(request: Dict[str, object], fds: List[int]) -> None:
     except SystemExit as stop:
         code = _exit_code(stop.code)
     except BaseException:  # noqa: BLE001 - the job's own error: its traceback, as python prints it
-        import traceback
-
-        traceback.print_exc()
         code = 1
+        try:
+            import traceback
+
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001 - a signal handler of the job's raising mid-print
+            pass
     _finish(code)
 
 
@@ -292,12 +295,14 @@ def _finish(code: int) -> None:
         code = _exit_code(stop.code)
     except BaseException:  # noqa: BLE001 - the ending must end
         pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    finally:
+        os._exit(code)
 
 
 # -- the zygote -----------------------------------------------------------------------
@@ -381,13 +386,20 @@ class Zygote:
                 return
             pid = os.fork()
             if pid == 0:
-                self.listener.close()
-                for other in list(self.clients):
-                    other.close()
-                self.selector.close()
-                for fd in self.wake:
-                    os.close(fd)
-                run_child(request, fds)
+                # Whatever is raised in the child (torchrun's agent turns SIGTERM into an
+                # exception, which can come while its last traceback prints) must never
+                # unwind into the zygote's frames: their cleanup would remove the zygote's
+                # directory and kill its other children, from the child.
+                try:
+                    self.listener.close()
+                    for other in list(self.clients):
+                        other.close()
+                    self.selector.close()
+                    for fd in self.wake:
+                        os.close(fd)
+                    run_child(request, fds)
+                finally:
+                    os._exit(1)
             self.children[pid] = conn
             self.clients[conn] = pid
             send_message(conn, {"pid": pid})
