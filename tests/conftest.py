@@ -73,6 +73,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """What a test's runs and checks keep on this machine (the run history, the measured
+    links, the imports of torch a preflight reuses) goes to the session's own state
+    directory, never the user's; one test's never changes what another sees beyond its
+    session (the cluster tests' ``state_home`` gives a test its own)."""
+    saved = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("XDG_STATE_HOME", None)
+        else:
+            os.environ["XDG_STATE_HOME"] = saved
+
+
 @pytest.fixture
 def other_user() -> Iterator[str]:
     """A second local account (the cluster's nodes share this machine's /etc/passwd), removed afterwards."""

@@ -95,21 +95,6 @@ def _cluster_hygiene() -> Iterator[None]:
     assert not problems, "local clusters left behind:\n" + "\n".join(problems)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _private_history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Every attached run a test starts writes its record (the run history): into the
-    session's own state directory, never the user's (``state_home`` gives a test its own)."""
-    saved = os.environ.get("XDG_STATE_HOME")
-    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("XDG_STATE_HOME", None)
-        else:
-            os.environ["XDG_STATE_HOME"] = saved
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Three running nodes, node0..node2, for the whole test module."""
