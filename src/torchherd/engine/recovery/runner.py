@@ -147,11 +147,10 @@ def launch_warm(backend: Backendish, plan: Plan, options: LaunchOptions, observe
     The warm Pythons end with the run. None where the backend keeps none, or the job cannot
     fork from one: its files are synced first (its venv is not there yet), it runs in a
     container (its Python is the image's), or it outlives the controller."""
-    if not (callable(getattr(backend, "start_warm", None)) and callable(getattr(backend, "warmed", None))):
+    warming = _warming_backend(backend)
+    if warming is None or plan.sync is not None or options.persist or any(
+            node.container is not None for node in plan.nodes):
         return None
-    if plan.sync is not None or options.persist or any(node.container is not None for node in plan.nodes):
-        return None
-    warming: Warming = backend  # type: ignore[assignment]
     pool = warming.start_warm(plan, lambda _ready: None)
 
     def first(kept: Plan) -> Plan:
@@ -170,6 +169,13 @@ def launch_warm(backend: Backendish, plan: Plan, options: LaunchOptions, observe
 
     run.when_done(ended)
     return run
+
+
+def _warming_backend(backend: object) -> Warming | None:
+    """``backend`` where it keeps warm Pythons (``start_warm``, ``warmed``), else None."""
+    if not (callable(getattr(backend, "start_warm", None)) and callable(getattr(backend, "warmed", None))):
+        return None
+    return backend  # type: ignore[return-value]
 
 
 def attempt_plan(base: Plan, nodes: Sequence[str], attempt: int,
@@ -380,9 +386,7 @@ class RecoveringRun:
                 and self.recovery.hang_timeout is None and not self.options.persist
                 and all(node.container is None for node in self.plan.nodes)):
             return None
-        if not (callable(getattr(backend, "start_warm", None)) and callable(getattr(backend, "warmed", None))):
-            return None
-        return backend  # type: ignore[return-value]
+        return _warming_backend(backend)
 
     def _start_warm(self) -> WarmPool | None:
         """A warm Python on every node of the run and every spare, while attempt 1 runs."""
