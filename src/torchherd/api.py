@@ -439,7 +439,8 @@ class Cluster:
             raise UsageError(f"recovery: {problem}", HEARTBEAT_HINT)
         options = LaunchOptions(check=check, only=picked, skip=left_out, log_dir=Path(log_dir), grace=grace,
                                 fail_fast=fail_fast, heartbeat=recovery.heartbeat,
-                                heartbeat_misses=recovery.heartbeat_misses, straggler_window=straggler_window)
+                                heartbeat_misses=recovery.heartbeat_misses, straggler_window=straggler_window,
+                                warm_start=recovery.warm and recovery.hang_timeout is None)
         told = on_event or ignore
         history = HistoryRecorder(failed=lambda reason: told(EventsNotKept(reason)))
         observer = recording(told, history)

@@ -81,9 +81,11 @@ def test_ddp_two_by_two_inside_podman_as_the_ssh_user(boxed: LocalCluster, tmp_p
     print(f"2x2 in podman took {time.monotonic() - started:.1f} s")
     assert code == 0, out
     found = {int(match.group(1)): match for match in
-             re.finditer(r"rank (\d) of 4 on (node\d) in-image (\w+) uid (\d+:\d+) file (\d+:\d+) sum 10", out)}
+             re.finditer(r"rank (\d) of 4 on (node\d) in-image (\w+) uid (\d+:\d+) file (\d+:\d+) sum 10 "
+                         r"preloaded (\w+)", out)}
     assert sorted(found) == [0, 1, 2, 3], out
     for rank, match in found.items():
+        assert match.group(6) == "True"  # forked from its torchrun, started warm inside the container
         assert match.group(2) == f"node{rank // 2}"  # the node's own hostname: --network host, --uts host
         assert match.group(3) == "True"  # inside the image (only it has /etc/torchherd-mark)
         # the image's own user is nobody (65534): the job ran as the SSH user, and its files are the user's

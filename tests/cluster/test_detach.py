@@ -39,6 +39,7 @@ from torchherd.engine.ssh.detach import NodeFollower, follow_logs, node_states
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("state_home")]
 
 TICKER = str(Path(__file__).resolve().parents[2] / "examples" / "ticker.py")
+PRELOADED = str(Path(__file__).resolve().parent / "jobs" / "preloaded.py")
 
 
 def cli(cluster: LocalCluster, *args: str) -> tuple[int, str]:
@@ -84,6 +85,26 @@ def test_detached_run_completes_with_no_controller(cluster: LocalCluster, runs: 
     code, only = cli(cluster, "logs", "--node", "node1", "--rank", "1", run_id)
     assert ticks(only, "node1", 1) == list(range(30)) and "node0:0" not in only
     assert_clean(cluster)
+
+
+@pytest.mark.timeout(150)
+def test_a_detached_runs_ranks_fork_from_a_torchrun_that_imported_torch_and_no_warm_starts_them_cold(
+        cluster: LocalCluster, runs: Runs) -> None:
+    """No controller stays to own a warm Python: each node's supervisor starts torchrun
+    warm itself (it imports torch, then its ranks fork from it: one import per node).
+    ``--no-warm`` starts every process cold. Nothing is left: no process, no private directory."""
+    for flags, preloaded in (((), True), (("--no-warm",), False)):
+        run_id, _ = runs.detach(cluster, *flags, "--nproc-per-node", "2", "--", PRELOADED)
+        states = wait_states(run_id, all_exited, timeout=60)
+        assert [(state.state, state.code) for state in states] == [("exited", 0)] * 3, states
+        code, out = cli(cluster, "logs", run_id)
+        assert code == 0, out
+        said = sorted(re.findall(r"rank (\d) torch imported before the script: (\w+)", out))
+        assert said == [(str(rank), str(preloaded)) for rank in range(6)], out
+        assert "started cold" not in out, out
+        assert_clean(cluster)
+        for name in cluster.names:
+            assert cluster.ssh(name, "ls -d /tmp/torchherd-warm-* 2>/dev/null").stdout == "", name
 
 
 @pytest.mark.timeout(150)

@@ -145,14 +145,15 @@ def test_every_status_builder_is_read_back_by_the_controller() -> None:
 
 SUPERVISOR_KEYS = {"run_id", "argv", "env", "cwd", "grace", "heartbeat", "watchdog", "cleanup_dir", "rank_marker",
                    "log_file", "state_file", "node", "coordinator", "rank_logs", "gpu_every", "rank_base",
-                   "busy_every", "persist", "log_head", "container", "checkpoint"}
+                   "busy_every", "persist", "log_head", "container", "checkpoint", "warm_start"}
 
 
 def test_supervisor_config_round_trips_with_todays_keys() -> None:
     config = wire.SupervisorConfig(
         run_id="r", argv=("python", "-c", "x"), env={"A": "b c"}, cwd="~/w", grace=2.5, heartbeat=1.0, watchdog=10.0,
         cleanup_dir="/tmp/torchherd-x", rank_marker=wire.RANK_PREFIX_HEAD.decode(), log_file="~/l.log",
-        state_file="~/s.json", node="n0", coordinator=wire.CoordinatorAddress("10.0.0.1", 4000, "tok"), busy_every=2.0)
+        state_file="~/s.json", node="n0", coordinator=wire.CoordinatorAddress("10.0.0.1", 4000, "tok"), busy_every=2.0,
+        warm_start="import sys")
     line = config.to_line()
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert set(json.loads(line)) == SUPERVISOR_KEYS

@@ -74,6 +74,11 @@ class LaunchOptions:
     watch_checkpoint: str | None = None
     """The checkpoint each node's supervisor watches for a new complete one (``[recovery]
     replicate``): ``CheckpointSaved`` events; None: not watched."""
+    warm_start: bool = False
+    """Each node whose torchrun starts cold (no warm Python of the controller's forks it)
+    starts it warm on its own: the agent imports torch, and its ranks fork from it
+    (``remote/zygote.py``'s ``start``: one import of torch per node, not one per process).
+    ``[recovery] warm``; not with a hang watch (its probe finds each rank by its process)."""
     started_as: Callable[[Plan], Plan] | None = field(default=None, compare=False, repr=False)
     """The plan the nodes start, from the one the preflight kept (a recovering run's attempt 1
     forks each node's torchrun from its warm Python where one is ready); None: that plan."""

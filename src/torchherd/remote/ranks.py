@@ -461,6 +461,19 @@ def tree_of(root: int, proc: str = "/proc") -> List[int]:
     return found
 
 
+def warm_client(pid: int, proc: str = "/proc") -> bool:
+    """Whether ``pid`` is a warm Python's client (``remote/zygote.py``: ``PYTHON -I -S
+    DIR/program.py client ...``, what torchrun started for a rank that was forked
+    elsewhere): it carries the rank's variables, and sleeps while the rank works."""
+    try:
+        with open(proc + "/" + str(pid) + "/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return False
+    return words[1:3] == [b"-I", b"-S"] and len(words) > 4 and words[3].endswith(b"/program.py") \
+        and words[4] == b"client"
+
+
 def job_workers(root: int, elsewhere: Optional[Elsewhere] = None,
                 proc: str = "/proc") -> Dict[int, Tuple[int, int, int]]:
     """torchrun's workers of the job, pid -> ``worker_ranks``: those in ``root``'s tree;
@@ -472,7 +485,7 @@ def job_workers(root: int, elsewhere: Optional[Elsewhere] = None,
     for pids in (tree_of(root, proc), sorted(elsewhere()) if elsewhere is not None else []):
         for pid in pids:
             ranks = worker_ranks(pid, proc)
-            if ranks is not None:
+            if ranks is not None and not warm_client(pid, proc):
                 found[pid] = ranks
         if found:
             break

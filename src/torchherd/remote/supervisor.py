@@ -71,6 +71,8 @@ from torchherd.remote.proctable import (
 from torchherd.remote.ranks import RANK_POLL, BusySampler, CoordinatorLink, GpuSampler, RankFiles, tree_of
 from torchherd.remote.savewatch import CheckpointWatch
 
+AGENT_MODULE = "torch.distributed.run"
+"""The job ``warm_start`` applies to: torchrun's agent."""
 EXIT_BAD_CONFIG = 2
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
@@ -252,6 +254,8 @@ def start_job(config: wire.SupervisorConfig, token: str, runtime: Optional[str] 
     argv = list(config.argv)
     if argv[0] == "~" or argv[0].startswith("~/"):  # the python, by the rule every command follows
         argv[0] = os.path.expanduser(argv[0])
+    if config.warm_start is not None and argv[1:3] == ["-m", AGENT_MODULE]:
+        argv[1:1] = ["-c", config.warm_start, "start"]
     if config.container is not None and runtime is not None:
         argv = container_argv(config, runtime, argv)
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

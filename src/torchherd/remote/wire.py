@@ -470,6 +470,10 @@ class SupervisorConfig(NamedTuple):
     container: Optional[ContainerSpec] = None
     """Run ``argv`` inside this container (``torchherd.remote.container``): the supervisor
     stays outside, and removes the container by its run-scoped name at the end."""
+    warm_start: Optional[str] = None
+    """``remote/zygote.py``'s program text: a job that is torchrun's agent
+    (``PYTHON -m torch.distributed.run ...``) starts as ``PYTHON -c TEXT start -m
+    torch.distributed.run ...``, which imports torch once and forks each rank; None: as given."""
 
     def to_json(self) -> str:
         # ASCII JSON never holds a raw newline: the config is exactly one line.
@@ -482,7 +486,7 @@ class SupervisorConfig(NamedTuple):
             "rank_logs": self.rank_logs, "gpu_every": self.gpu_every, "rank_base": self.rank_base,
             "busy_every": self.busy_every, "persist": self.persist, "log_head": self.log_head,
             "container": None if self.container is None else self.container.to_json_object(),
-            "checkpoint": self.checkpoint,
+            "checkpoint": self.checkpoint, "warm_start": self.warm_start,
         })
 
     def to_line(self) -> bytes:
@@ -517,7 +521,7 @@ class SupervisorConfig(NamedTuple):
             rank_logs=_optional_str(raw, "rank_logs"), gpu_every=_number(raw, "gpu_every", 0.0),
             rank_base=_optional_count(raw, "rank_base"), busy_every=_number(raw, "busy_every", 0.0),
             persist=_flag(raw, "persist"), log_head=_optional_str(raw, "log_head"), container=container,
-            checkpoint=_optional_str(raw, "checkpoint"),
+            checkpoint=_optional_str(raw, "checkpoint"), warm_start=_optional_str(raw, "warm_start"),
         )._checked()
 
     def _checked(self) -> SupervisorConfig:

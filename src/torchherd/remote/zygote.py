@@ -209,12 +209,7 @@ def run_child(request: Dict[str, object], fds: List[int]) -> None:
         code = _exit_code(stop.code)
     except BaseException:  # noqa: BLE001 - the job's own error: its traceback, as python prints it
         code = 1
-        try:
-            import traceback
-
-            traceback.print_exc()
-        except BaseException:  # noqa: BLE001 - a signal handler of the job's raising mid-print
-            pass
+        _print_traceback()
     _finish(code)
 
 
@@ -577,6 +572,84 @@ def serve_main(args: List[str]) -> int:
     return 0
 
 
+# -- a job's first process, warm -------------------------------------------------------
+
+
+def start_main(args: List[str]) -> int:
+    """``PYTHON -c PROGRAM start PYTHON-ARGS...`` (the supervisor's ``warm_start``): the
+    job's own first process (torchrun's agent, ``-m torch.distributed.run ...``) imports
+    torch and the module it runs, forks a zygote that serves only it, and runs the module
+    itself, its ranks forking from that zygote (``PYTHON_EXEC``): one import of torch per
+    node, not one per process. The agent stays the supervisor's job process, in its process
+    group: a teardown's signal reaches it as it reaches a cold torchrun, and it ends its ranks
+    itself, with their grace. The zygote leaves that group (its own session) and ends when
+    the agent does (the end of a pipe only the agent holds, even where the agent is
+    SIGKILLed), killing what it forked. Where that cannot be, the agent starts cold: the
+    real interpreter, ``exec``, with a note on stderr."""
+    spec, why = parse_python_args(args)
+    if spec is not None and "module" not in spec:
+        spec, why = None, "a script, not a module"
+    if spec is not None and ENV_PAD not in os.environ:
+        _with_room()
+    os.environ.pop(ENV_PAD, None)
+    if spec is not None:
+        try:
+            for module in ("torch", str(spec["module"])):
+                __import__(module)
+            directory, listener = prepare(None)
+        except BaseException as exc:  # noqa: BLE001 - the cold start says it again, as python does
+            spec, why = None, "%s: %s" % (type(exc).__name__, exc)
+    if spec is None:
+        sys.stderr.write(COLD_NOTE % why)
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable] + args)
+    ends, held = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(held)
+            os.setsid()
+            Zygote(directory, listener).serve(ends)
+        finally:
+            os._exit(0)
+    os.close(ends)
+    listener.close()
+    os.environ.setdefault("PYTHON_EXEC", os.path.join(directory, CLIENT_NAME))
+    rewrite_command_line([sys.executable] + args)
+    code = 1
+    try:
+        code = _run_python({"spec": spec})
+    except SystemExit as stop:
+        code = _exit_code(stop.code)
+    except BaseException:  # noqa: BLE001 - the agent's own error: its traceback, as python prints it
+        _print_traceback()
+    finally:
+        os.close(held)
+        _wait_for(pid)
+    _finish(code)
+    return code
+
+
+def _print_traceback() -> None:
+    try:
+        import traceback
+
+        traceback.print_exc()
+    except BaseException:  # noqa: BLE001 - a signal handler of the job's raising mid-print
+        pass
+
+
+def _wait_for(pid: int) -> None:
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            return
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return
+
+
 # -- the client -----------------------------------------------------------------------
 
 
@@ -660,7 +733,9 @@ def main(argv: List[str]) -> int:
         return serve_main(argv[1:])
     if argv[:1] == ["client"] and len(argv) > 1:
         return client_main(argv[1], argv[2:])
-    sys.stderr.write("usage: zygote.py serve [--dir DIR] [MODULE...] | client PYTHON-ARGS...\n")
+    if argv[:1] == ["start"] and len(argv) > 1:
+        return start_main(argv[1:])
+    sys.stderr.write("usage: zygote.py serve [--dir DIR] [MODULE...] | client PYTHON PYTHON-ARGS... | start PYTHON-ARGS...\n")
     return 2
 
 

@@ -1,14 +1,18 @@
 """A DDP job that says where it runs: its rank, the world, the node's hostname, the test
 image's mark (/etc/torchherd-mark exists only inside the image), its uid:gid, and the owner
-of a file it writes into the workdir (it must be the SSH user's, not the image's user)."""
+of a file it writes into the workdir (it must be the SSH user's, not the image's user), and
+whether torch was imported before it began (forked from a warm torchrun: ``preloaded True``)."""
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 
-import torch
-import torch.distributed as dist
+PRELOADED = "torch" in sys.modules
+
+import torch  # noqa: E402 - after the look at what was imported before
+import torch.distributed as dist  # noqa: E402
 
 
 def main() -> None:
@@ -23,7 +27,7 @@ def main() -> None:
     os.unlink(path)
     mark = os.path.exists("/etc/torchherd-mark")
     print(f"rank {rank} of {world} on {socket.gethostname()} in-image {mark} uid {os.getuid()}:{os.getgid()} "
-          f"file {owner.st_uid}:{owner.st_gid} sum {total.item():g}", flush=True)
+          f"file {owner.st_uid}:{owner.st_gid} sum {total.item():g} preloaded {PRELOADED}", flush=True)
     dist.destroy_process_group()
 
 

@@ -66,7 +66,7 @@ def start_detached(plan: Plan, options: LaunchOptions, sessions: Mapping[str, Se
         coordinator = start_coordinator(plan, sessions[plan.master], remote_coordinator_file(plan.run_id))
     record = _new_record(plan, options, coordinator)
     save(record)
-    started = _start_nodes(plan, record, sessions, options.stop_grace, coordinator)
+    started = _start_nodes(plan, record, sessions, options.stop_grace, coordinator, options.warm_start)
     record = replace(record, nodes=tuple(_started_or(started.get(node.name), node) for node in record.nodes))
     save(record)
     errors = tuple(result for result in started.values() if isinstance(result, str))
@@ -86,13 +86,13 @@ def _new_record(plan: Plan, options: LaunchOptions, coordinator: Coordination | 
 
 
 def _start_nodes(plan: Plan, record: RunRecord, connections: Mapping[str, Session], grace: float,
-                 coordinator: Coordination | None) -> dict[str, NodeRecord | str]:
+                 coordinator: Coordination | None, warm: bool) -> dict[str, NodeRecord | str]:
     """Every node's supervisor, detached; per node its updated record or why it did not start."""
     source = supervisor_source()
 
     def start(index: int) -> NodeRecord | str:
         node, node_record = plan.nodes[index], record.nodes[index]
-        config = supervisor_config(node, plan.run_id, grace)._replace(
+        config = supervisor_config(node, plan.run_id, grace, warm=warm)._replace(
             log_file=node_record.log_file, state_file=node_record.state_file, node=node_record.name,
             heartbeat=0.0, watchdog=0.0,
             coordinator=None if coordinator is None else coordinator.for_node(node_record.name))

@@ -42,7 +42,7 @@ from torchherd.engine.watch.hang import Targets, targets_of
 from torchherd.engine.watch.straggler import StragglerWatch
 from torchherd.errors import TransportError
 from torchherd.plan import NodePlan, Plan
-from torchherd.remote import command, wire
+from torchherd.remote import command, program, wire
 from torchherd.remote.wire import StopLevel, control_line
 from torchherd.runlog import (
     STDERR,
@@ -97,12 +97,15 @@ def supervisor_source() -> str:
 
 
 def supervisor_config(node: NodePlan, run_id: str, grace: float, heartbeat: float = HEARTBEAT_EVERY,
-                      watchdog: float = WATCHDOG) -> wire.SupervisorConfig:
-    """What the node's supervisor is told (the first line of its stdin, ``to_line()``)."""
+                      watchdog: float = WATCHDOG, warm: bool = False) -> wire.SupervisorConfig:
+    """What the node's supervisor is told (the first line of its stdin, ``to_line()``).
+    ``warm`` (``LaunchOptions.warm_start``): torchrun, where it starts on the node's own
+    python, starts warm (``wire.SupervisorConfig.warm_start``)."""
     # cwd stays None: the shell already changed into the workdir, and a `cd` in the
     # host's setup snippet must keep its effect.
     argv = redirected(node)
     files = argv != tuple(node.argv)
+    cold = tuple(node.argv) == node.torchrun.argv()  # not a warm Python's client, nor a check's program
     # Reading the ranks' files, the supervisor writes every rank prefix itself, at the start
     # of a line; torchrun's own output then holds none to mend, and a marker in the middle
     # of a line is text (the mender would give the rest of the line to that rank).
@@ -110,7 +113,8 @@ def supervisor_config(node: NodePlan, run_id: str, grace: float, heartbeat: floa
                                  heartbeat=heartbeat, watchdog=watchdog, cleanup_dir=node.remote_log_dir,
                                  rank_marker=None if files else wire.RANK_PREFIX_HEAD.decode(), gpu_every=GPU_EVERY,
                                  rank_logs=node.remote_log_dir if files else None, rank_base=node.torchrun.rank_base,
-                                 busy_every=BUSY_EVERY, container=node.container)
+                                 busy_every=BUSY_EVERY, container=node.container,
+                                 warm_start=program("zygote.py") if warm and cold else None)
 
 
 def redirected(node: NodePlan) -> tuple[str, ...]:
@@ -245,7 +249,7 @@ class Job:
         # A supervisor gives the controller up no sooner than the controller gives the node
         # up, with room: a longer silence setting (a link that drops out) holds both ends.
         config = supervisor_config(node.plan, self.plan.run_id, self.options.stop_grace, self.options.heartbeat,
-                                   max(WATCHDOG, 2 * self.options.lost_after))._replace(
+                                   max(WATCHDOG, 2 * self.options.lost_after), self.options.warm_start)._replace(
             checkpoint=self.options.watch_checkpoint, node=node.name)
         if not self.options.persist:
             return config
