@@ -258,8 +258,9 @@ def _add_recovery_flags(group: argparse._ActionsContainer) -> None:
                             'split as a shell splits them, e.g. "--init_from=resume" (never on attempt 1, nor without '
                             'a checkpoint; default: [recovery].resume_args, else none)')
     group.add_argument("--no-warm", dest="warm", action="store_const", const=False, default=None,
-                       help="start cold: no warm Python per node (torch imported beside the preflight) from which "
-                            "the torchrun and ranks of the run (each attempt's) fork (default: [recovery].warm, else warm)")
+                       help="start cold: no warm Python per node (torch imported beside the preflight, or by "
+                            "torchrun itself) from which the torchrun and ranks of the run (each attempt's) fork "
+                            "(default: [recovery].warm, else warm)")
 
 
 RUN_EXAMPLES = """\

@@ -144,8 +144,9 @@ class Recovery:
     no checkpoint. The API also takes one string, split as a shell splits it."""
     warm: bool = True
     """A warm Python per node (torch imported beside the preflight) from which the run's
-    torchrun and ranks fork, every attempt's with retries (SSH backend); False: every
-    attempt starts cold."""
+    torchrun and ranks fork, every attempt's with retries (SSH backend); where there is
+    none (a detached run, a container), torchrun imports torch and its ranks fork from it.
+    False: every process starts cold."""
 
     @property
     def lost_after(self) -> float:

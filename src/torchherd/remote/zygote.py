@@ -25,6 +25,11 @@ A child is forked only when it is safe, else the client runs the real interprete
 (``exec``, cold) and says why on stderr: CUDA initialised in the zygote, a thread more
 than the preload left, an option or a ``PYTHON*`` variable that changes how Python starts
 and that the zygote did not start with, or no zygote to reach.
+
+``PYTHON -c PROGRAM start -m torch.distributed.run ...`` (``start_main``; the supervisor's
+``warm_start``, where no zygote of the controller's is there) is torchrun started warm on
+its own: it imports torch, forks a zygote that serves only it, and runs torchrun's agent
+itself, whose ranks fork from that zygote.
 """
 
 from __future__ import annotations
