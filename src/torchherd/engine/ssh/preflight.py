@@ -96,15 +96,17 @@ def _clean_smoke(plan: Plan, sessions: Mapping[str, Session]) -> None:
 
 def run_quietly(plan: Plan, sessions: Mapping[str, Session], log_dir: Path, timeout: float,
                 grace: float = 2.0) -> SmokeRun:
-    """Runs ``plan`` like ``run`` (same supervisor, fail-fast teardown), reporting nothing;
-    every node is stopped after ``timeout`` seconds. Every line each node printed is kept."""
+    """Runs ``plan`` like ``run`` (same supervisor, fail-fast teardown, torchrun started warm
+    on each node unless ``[recovery] warm = false``), reporting nothing; every node is
+    stopped after ``timeout`` seconds. Every line each node printed is kept."""
     # A job's own: `check` without the smoke job does without their imports.
     from torchherd.engine.events import Collector
     from torchherd.engine.run import LaunchOptions
     from torchherd.engine.ssh.job import Job
 
     collector = Collector()
-    job = Job(plan, sessions, LaunchOptions(log_dir=log_dir, grace=grace, timeout=timeout), collector)
+    job = Job(plan, sessions, LaunchOptions(log_dir=log_dir, grace=grace, timeout=timeout,
+                                            warm_start=plan.inventory.recovery.warm), collector)
     job.start_all()
     summary = job.supervise()
     lines = {name: tuple(collector.lines.get(name, ())) for name in job.nodes}
