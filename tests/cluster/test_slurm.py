@@ -28,6 +28,7 @@ from slurmcluster import SlurmCluster, slurm_unavailable_reason
 from support.cluster_detach import wait_recovery
 from support.cluster_recovery import assert_spied, attempt_rows
 from support.processes import default_signals
+from support.slurm_runs import remove_run_dirs
 from torchherd.api import Cluster
 from torchherd.cli import main
 from torchherd.console import make_console
@@ -55,7 +56,7 @@ DDP_DEMO = str(EXAMPLES / "ddp_demo.py")
 CRASH_DEMO = str(EXAMPLES / "crash_demo.py")
 TICKER = str(EXAMPLES / "ticker.py")
 RESUMABLE = str(EXAMPLES / "resumable.py")
-RUNS = Path.home() / ".torchherd" / "runs"
+PRELOADED = str(Path(__file__).resolve().parent / "jobs" / "preloaded.py")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,6 @@ def _one_test(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     in the queue, nothing on any node, and the run directories gone."""
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    before = set(RUNS.iterdir()) if RUNS.is_dir() else set()
     yield
     try:
         left = slurm.queue()
@@ -91,11 +91,7 @@ def _one_test(slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert not left, f"jobs left in the queue: {left}"
         assert_clean(slurm.cluster)
     finally:
-        # Only the SLURM runs' directories (their batch script inside): an SSH run started
-        # beside this test keeps its nodes' state files in the same place.
-        for path in (set(RUNS.iterdir()) if RUNS.is_dir() else set()) - before:
-            if any(path.glob("job.sbatch")) or any(path.glob("attempt-*/job.sbatch")):
-                shutil.rmtree(path, ignore_errors=True)
+        remove_run_dirs(slurm, tmp_path / "state")
 
 
 def assert_clean(cluster: LocalCluster, timeout: float = 30.0) -> None:
@@ -145,6 +141,18 @@ def test_ddp_demo_three_nodes_two_ranks_through_slurm(slurm: SlurmCluster, inven
     assert "all 3 nodes finished (exit 0)" in out
     (run_dir,) = (tmp_path / "logs").iterdir()
     assert "[rank 1] rank 1/6 host node0 step 1 loss" in (run_dir / "node0.log").read_text()
+
+
+@pytest.mark.timeout(180)
+def test_each_nodes_torchrun_starts_warm_and_its_ranks_fork_from_it(slurm: SlurmCluster, inventory: Path,
+                                                                     tmp_path: Path) -> None:
+    """No supervisor on a SLURM node: the task's torchrun imports torch itself, and its
+    ranks fork from it (one import per node)."""
+    code, out = run(inventory, tmp_path / "logs", "--nproc-per-node", "2", "--", PRELOADED)
+    assert code == 0, out
+    said = sorted(re.findall(r"rank (\d) torch imported before the script: (\w+)", out))
+    assert said == [(str(rank), "True") for rank in range(6)], out
+    assert "started cold" not in out, out
 
 
 @pytest.mark.timeout(240)

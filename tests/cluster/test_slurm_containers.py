@@ -16,6 +16,7 @@ import pytest
 from localcluster import IMAGE_TAG, LocalCluster, image_mounts, write_image_archive
 from slurmcluster import SlurmCluster, slurm_unavailable_reason
 
+from support.slurm_runs import remove_run_dirs
 from torchherd.cli import main
 from torchherd.console import make_console
 
@@ -24,7 +25,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.skipif(shutil.which("podman") is 
 
 JOBS = Path(__file__).resolve().parent / "jobs"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-RUNS = Path.home() / ".torchherd" / "runs"
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,6 @@ def test_ddp_in_podman_through_slurm_then_scancel_leaves_no_container(slurm_boxe
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     cluster = slurm_boxed.cluster
     path = inventory(slurm_boxed, tmp_path / "slurm.toml")
-    before = set(RUNS.iterdir()) if RUNS.is_dir() else set()
     try:
         code, out = torchherd(path, "run", "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "2", "--",
                               str(JOBS / "in_container.py"))
@@ -113,6 +112,4 @@ def test_ddp_in_podman_through_slurm_then_scancel_leaves_no_container(slurm_boxe
         left = slurm_boxed.queue()
         if left:
             slurm_boxed.client("scancel", "--full", "--signal=KILL", *left, check=False)
-        for made in (set(RUNS.iterdir()) if RUNS.is_dir() else set()) - before:
-            if any(made.glob("job.sbatch")):
-                shutil.rmtree(made, ignore_errors=True)
+        remove_run_dirs(slurm_boxed, tmp_path / "state")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -44,6 +45,7 @@ from torchherd.engine.slurm.commands import (
 from torchherd.engine.slurm.settings import SlurmSettings, settings_of
 from torchherd.errors import UsageError
 from torchherd.plan import Plan
+from torchherd.remote import program
 from torchherd.transport.srun import step_command
 
 
@@ -167,6 +169,28 @@ def test_the_node_command_runs_torchrun_and_records_how_it_ended(tmp_path: Path,
     assert argv[-3:] == ["train.py", "--lr", "it's 1"]
     record = parse_exit_file("n1", (tmp_path / "n1.exit").read_text())
     assert record is not None and (record.phase, record.code) == ("job", code) and record.at > 0
+
+
+def test_a_warm_node_command_starts_torchrun_through_the_warm_start_and_a_container_stays_cold(
+        tmp_path: Path) -> None:
+    """The same torchrun, its python told to run zygote.py's ``start`` first (the program
+    as one argument, whole); in a container (the image's python) as before."""
+    made = Cluster(["n0", "n1"], scheduler="slurm", python=_fake_python(tmp_path, 0), workdir=str(tmp_path))
+    the_plan = made.plan("train.py", "--lr", "it's 1", run_id="th-n", nproc_per_node=2)
+    env = {**os.environ, "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2", "TORCHHERD_MASTER_ADDR": "n0",
+           "TORCHHERD_DIR": str(tmp_path), "SLURMD_NODENAME": "n1"}
+    argvs = []
+    for warm in (False, True):
+        ran = subprocess.run(["bash", "-c", node_command(the_plan, the_plan.nodes, warm=warm)], env=env,
+                             capture_output=True, text=True)
+        assert ran.returncode == 0, ran.stderr
+        argvs.append(re.sub(r"th-n-n1--\w+", "LOGS", (tmp_path / "argv").read_text()))  # mktemp's own name
+    cold, warm_argv = argvs  # the program holds line breaks: the whole argument list, not its lines
+    assert warm_argv == f"-c\n{program('zygote.py')}\nstart\n" + cold
+    assert cold.startswith("-m\ntorch.distributed.run\n")
+    boxed = plan(2, container={"image": "img:1"})
+    assert node_command(boxed, boxed.nodes, warm=True) == node_command(boxed, boxed.nodes)
+    assert batch_job(boxed, SlurmSettings(), warm=True).script == batch_job(boxed, SlurmSettings()).script
 
 
 def test_a_failed_cd_is_recorded_as_the_setup_phase(tmp_path: Path) -> None:

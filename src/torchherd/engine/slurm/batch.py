@@ -18,6 +18,7 @@ from torchherd.engine.slurm.settings import SlurmSettings
 from torchherd.errors import UsageError
 from torchherd.inventory.nodeset import expand
 from torchherd.plan import NodePlan, Plan, Torchrun, looks_secret, node_log_dir
+from torchherd.remote import program
 from torchherd.remote.container import NAME_PREFIX, RUNTIMES, ContainerSpec
 from torchherd.shell import quote_path
 
@@ -149,12 +150,15 @@ def _with_own_pull(node: NodePlan) -> ContainerSpec | None:
     return spec._replace(pull=node.host.container.pull)
 
 
-def batch_job(plan: Plan, settings: SlurmSettings, fail_fast: bool = True, pyxis: bool | None = False) -> BatchJob:
+def batch_job(plan: Plan, settings: SlurmSettings, fail_fast: bool = True, pyxis: bool | None = False,
+              warm: bool = False) -> BatchJob:
     """The batch script for ``plan``: one task per node, each running the plan's torchrun
     with SLURM's node id as its node rank. With a container: inside it, through pyxis
     (``pyxis``: the submit host's srun lists ``--container-image``), else with the runtime
     found on each node; None: not asked (``--dry-run``), the runtime's script with a note.
-    Raises UsageError for what SLURM cannot run."""
+    ``warm`` (``LaunchOptions.warm_start``): torchrun, where it runs on the node's own
+    python, starts warm (``remote/zygote.py``'s ``start``: torch imported once, its ranks
+    forked). Raises UsageError for what SLURM cannot run."""
     where = placement(plan, settings)
     nodes = plan.nodes if where.source != "[slurm]" else plan.nodes[:1]
     _same_everywhere(nodes)
@@ -182,7 +186,7 @@ def batch_job(plan: Plan, settings: SlurmSettings, fail_fast: bool = True, pyxis
     srun = ["srun", f"--kill-on-bad-exit={1 if fail_fast else 0}", "--ntasks-per-node=1",
             '--nodes="$SLURM_JOB_NUM_NODES"', '${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"}',
             f'--output="${DIR_VAR}/%N{OUT}"', f'--error="${DIR_VAR}/%N{ERR}"', *step, "bash", "-c",
-            shlex.quote(node_command(plan, nodes, in_pyxis))]
+            shlex.quote(node_command(plan, nodes, in_pyxis, warm))]
     lines.append(" ".join(srun))
     return BatchJob(plan.run_id, "\n".join(lines) + "\n", run_dir(plan.run_id), where, tuple(notes), tuple(options))
 
@@ -262,11 +266,12 @@ def _master_line(plan: Plan) -> str:
 _SLURM_VALUES = {"--node-rank": '"$SLURM_NODEID"', "--master-addr": f'"${MASTER_VAR}"'}
 
 
-def node_command(plan: Plan, nodes: Sequence[NodePlan], in_pyxis: bool = False) -> str:
+def node_command(plan: Plan, nodes: Sequence[NodePlan], in_pyxis: bool = False, warm: bool = False) -> str:
     """What each task runs: the plan's cd, setup and torchrun (node rank, master and node
-    count from SLURM), then its exit status into ``<node>.exit`` for the controller. With
-    a container and no pyxis, torchrun runs in it with the runtime the node has (the cd
-    and setup on the node); pyxis runs the whole task in the image."""
+    count from SLURM; started warm with ``warm`` where no container runs it), then its exit
+    status into ``<node>.exit`` for the controller. With a container and no pyxis, torchrun
+    runs in it with the runtime the node has (the cd and setup on the node); pyxis runs the
+    whole task in the image."""
     first = nodes[0]
     parts = ["\n".join(_nproc_case(nodes))] if _uneven(nodes) else []
     # torchrun would take an existing directory as its own: on a shared /tmp another user
@@ -277,6 +282,8 @@ def node_command(plan: Plan, nodes: Sequence[NodePlan], in_pyxis: bool = False) 
     if first.setup.strip():
         parts.append("{ " + first.setup.strip() + "\n}")
     words = torchrun_words(plan, first)
+    if warm and first.container is None:
+        words[1:1] = ["-c", shlex.quote(program("zygote.py")), "start"]
     if first.container is not None and not in_pyxis:
         inside = node_run_command(_with_own_pull(first) or first.container, words, list(first.env), first.workdir)
         parts.append("{ phase=job\n" + inside + "\n}")

@@ -368,8 +368,8 @@ def attempt_job(plan: Plan, options: LaunchOptions, session: Session) -> BatchJo
     in a container, through pyxis where ``session``'s srun has it."""
     settings = attempt_settings(settings_of(plan.inventory), options.exclude)
     pyxis = any(node.container is not None for node in plan.nodes) and pyxis_installed(session)
-    return for_attempt(batch_job(plan, settings, options.fail_fast, pyxis), options.attempt, options.exclude,
-                       options.shrink_to)
+    return for_attempt(batch_job(plan, settings, options.fail_fast, pyxis, options.warm_start), options.attempt,
+                       options.exclude, options.shrink_to)
 
 
 def preflight(plan: Plan, options: LaunchOptions, connector: Connector, observer: Observer) -> None:
