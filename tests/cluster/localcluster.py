@@ -275,18 +275,39 @@ def _netns_pids(namespace: str) -> list[int]:
     return sorted(int(tok) for tok in proc.stdout.split() if tok.isdigit())
 
 
-def _pids_in_netns_inodes(inodes: Iterable[int]) -> list[int]:
+def _pids_in_netns_inodes(inodes: Iterable[int], started_by: float | None = None) -> list[int]:
+    """Processes in the network namespaces of ``inodes``; with ``started_by`` (seconds since
+    boot), only those that had started by then."""
     wanted = {f"net:[{inode}]" for inode in inodes}
     if not wanted:
         return []
     found = []
     for pid in _all_pids():
         try:
-            if os.readlink(f"/proc/{pid}/ns/net") in wanted:
+            if os.readlink(f"/proc/{pid}/ns/net") in wanted and (started_by is None or _started(pid) <= started_by):
                 found.append(pid)
         except OSError:
             continue
     return found
+
+
+_DELETED_AT: dict[str, float] = {}
+"""Per prefix, when this process deleted the cluster's network namespaces (seconds since
+boot). The kernel reuses a namespace's inode number once the namespace is gone: a namespace
+made since (a headless chromium's, another worker's cluster's) may carry a recorded number,
+and its processes, started after the deletion, are none of this cluster's leftovers."""
+
+
+def _since_boot() -> float:
+    with open("/proc/uptime") as file:
+        return float(file.read().split()[0])
+
+
+def _started(pid: int) -> float:
+    """When ``pid`` started, in seconds since boot (``/proc/PID/stat``'s starttime); raises OSError."""
+    with open(f"/proc/{pid}/stat", "rb") as file:
+        fields = file.read().rsplit(b")", 1)[1].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def _pids_mentioning(text: str) -> list[int]:
@@ -541,7 +562,7 @@ def leftovers(prefix: str, netns_inodes: Iterable[int] = ()) -> list[str]:
     if state_dir(prefix).exists():
         found.append(f"directory {state_dir(prefix)}")
     pids = set(_pids_mentioning(f"{state_dir(prefix)}/")) | set(
-        _pids_in_netns_inodes(inodes)
+        _pids_in_netns_inodes(inodes, _DELETED_AT.get(prefix))
     )
     for pid in sorted(pids):
         if _alive(pid):
@@ -576,6 +597,8 @@ def teardown(prefix: str, netns_inodes: Iterable[int] = ()) -> list[str]:
             _run(["ip", "link", "del", link], check=False)
     for ns in namespaces:
         _run(["ip", "netns", "del", ns], check=False)
+    if namespaces or prefix not in _DELETED_AT:
+        _DELETED_AT[prefix] = _since_boot()
     with contextlib.suppress(OSError):
         for entry in os.listdir(NETNS_ETC):
             if ns_re.fullmatch(entry):

@@ -14,10 +14,12 @@ import shlex
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import localcluster
 import pytest
 from localcluster import (
     ClusterError,
@@ -579,3 +581,33 @@ def test_cli_up_status_down(tmp_path: Path, cluster_prefix: Callable[[], str]) -
     assert leftovers(prefix) == []
     with pytest.raises(ClusterError):
         LocalCluster.attach(workdir)
+
+
+@pytest.mark.timeout(60)
+def test_a_process_started_after_the_clusters_namespaces_were_deleted_is_none_of_its_leftovers(
+        cluster_prefix: Callable[[], str]) -> None:
+    """The kernel reuses a network namespace's inode number once the namespace is gone, so a
+    recorded number may name a namespace made since (CI run 22: a headless chromium of
+    another worker's test was called this worker's leftover). Only a process that had started
+    by the time the cluster's namespaces were deleted can be one of its leftovers."""
+    prefix = cluster_prefix()
+    earlier = subprocess.Popen(["unshare", "--net", "sleep", "60"])
+    later: subprocess.Popen[bytes] | None = None
+    try:
+        own = os.readlink("/proc/self/ns/net")
+        assert wait_until(lambda: os.readlink(f"/proc/{earlier.pid}/ns/net") != own, timeout=10)
+        inode = int(os.readlink(f"/proc/{earlier.pid}/ns/net")[len("net:["):-1])
+        time.sleep(0.1)
+        localcluster._DELETED_AT[prefix] = localcluster._since_boot()  # as teardown records it
+        time.sleep(0.1)
+        later = subprocess.Popen(["nsenter", f"--net=/proc/{earlier.pid}/ns/net", "sleep", "60"])
+        assert wait_until(lambda: os.readlink(f"/proc/{later.pid}/ns/net") == f"net:[{inode}]", timeout=10)
+        found = leftovers(prefix, [inode])
+        assert [line for line in found if line.startswith(f"process {earlier.pid}:")], found
+        assert not [line for line in found if line.startswith(f"process {later.pid}:")], found
+    finally:
+        for process in (earlier, later):
+            if process is not None:
+                process.kill()
+                process.wait(timeout=10)
+        localcluster._DELETED_AT.pop(prefix, None)
