@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -158,6 +159,65 @@ def test_what_cannot_start_warm_starts_cold_and_says_why(tmp_path: Path) -> None
     assert missing.stderr.startswith("torchherd: started cold (ModuleNotFoundError: No module named "
                                      "'no_such_module_here')\n")
     assert "No module named no_such_module_here" in missing.stderr  # python's own word, as a cold start says it
+    assert left_in(tmp_path) == []
+
+
+SLOW_LEAVER = textwrap.dedent("""\
+    # torchrun's agent whose exit barrier is slow between its last check-in and its wait (the
+    # moment the rendezvous host's agent, told all have checked in, ends with its store).
+    import runpy, sys, time
+    from torch.distributed.elastic.utils import store
+    checked_in = store._barrier_nonblocking
+    store._barrier_nonblocking = lambda *args, **kwargs: (checked_in(*args, **kwargs), time.sleep(2))[0]
+    sys.argv[0] = "torchrun"
+    runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+""")
+
+
+def two_agents(tmp_path: Path, host: list[str]) -> tuple[subprocess.CompletedProcess[str], str]:
+    """A 2-node torchrun on this machine: ``host`` (the words before ``-m torch.distributed.run``)
+    serves the rendezvous store and its rank ends first; the other agent checks in last and is
+    slow to wait. The host's outcome and the other agent's stderr."""
+    script = tmp_path / "ends.py"
+    script.write_text("import os, time; time.sleep(3 if 'LAST_TO_END' in os.environ else 0)\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    def args(rank: int) -> list[str]:
+        return ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                "--rdzv-id", "barrier", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf",
+                f"is_host={int(rank == 0)}", str(script)]
+
+    other = subprocess.Popen([sys.executable, "-c", SLOW_LEAVER, *args(1)], cwd=tmp_path,
+                             env={**env_for(tmp_path), "LAST_TO_END": "1"},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        first = subprocess.run([*host, "-m", "torch.distributed.run", *args(0)], cwd=tmp_path,
+                               env=env_for(tmp_path), capture_output=True, text=True, timeout=90)
+        _out, err = other.communicate(timeout=60)
+    finally:
+        _kill(other.pid)
+        other.wait()
+    assert other.returncode == 0, err  # torchrun logs the barrier's error and ends well either way
+    return first, err
+
+
+BARRIER_ERROR = "Error waiting on exit barrier"
+
+
+@pytest.mark.timeout(240)
+def test_the_rendezvous_hosts_warm_agent_keeps_its_store_up_until_the_other_agents_left(tmp_path: Path) -> None:
+    """torch issue 69520: the host's cold agent ends once the last agent has checked in, and
+    that agent's wait meets a closed store (the control, so the race is shown to be there);
+    the warm one serves its store until the other agent has gone."""
+    cold_host, cold_err = two_agents(tmp_path, [sys.executable])
+    assert cold_host.returncode == 0, cold_host.stderr
+    assert BARRIER_ERROR in cold_err and "Failed to recv" in cold_err
+    warm_host, warm_err = two_agents(tmp_path, [sys.executable, "-c", program("zygote.py"), "start"])
+    assert warm_host.returncode == 0, warm_host.stderr
+    assert "started cold" not in warm_host.stderr
+    assert BARRIER_ERROR not in warm_err, warm_err
     assert left_in(tmp_path) == []
 
 

@@ -30,6 +30,9 @@ and that the zygote did not start with, or no zygote to reach.
 ``warm_start``, where no zygote of the controller's is there) is torchrun started warm on
 its own: it imports torch, forks a zygote that serves only it, and runs torchrun's agent
 itself, whose ranks fork from that zygote.
+
+A warm torchrun agent (either way) that serves the rendezvous store keeps it up, once its
+job has ended well, until the other agents have left torchrun's exit barrier (``_linger``).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import socket
 import struct
 import sys
 import tempfile
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 HEADER = struct.Struct("!I")
 MAX_REQUEST = 16 * 1024 * 1024
@@ -61,6 +64,10 @@ STARTUP_VARIABLES_KEPT = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER")
 """``PYTHON*`` variables a child applies itself; any other one must be as the zygote had it."""
 AGENT_MODULE = "torch.distributed.run"
 COLD_NOTE = "torchherd: started cold (%s)\n"
+STORE_LINGER = 30.0
+"""At most this long the rendezvous host's agent keeps its store up after its job ended well,
+for the other agents still leaving torchrun's exit barrier (``_linger``)."""
+TCP_ESTABLISHED, TCP_LISTEN = "01", "0A"
 
 
 # -- the messages -------------------------------------------------------------------
@@ -261,12 +268,110 @@ def _run_python(request: Dict[str, object]) -> int:
             # A cold ``python -m`` has no copy of its own module imported, only what the module
             # imports: runpy would warn that it found one (its RuntimeWarning on every warm agent).
             del sys.modules[module]
+        stores = _keep_rendezvous_stores() if module == AGENT_MODULE else []
         runpy.run_module(module, run_name="__main__", alter_sys=True)
+        _linger(stores)
     else:
         script = str(spec["script"])
         sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
         runpy.run_path(script, run_name="__main__")
     return 0
+
+
+# -- the rendezvous host's store --------------------------------------------------------
+#
+# torchrun's agents end with an exit barrier on the rendezvous store, which the host's agent
+# serves: each adds itself, the last sets a key, and all wait for that key. The host, told of
+# the key, ends at once and its store with it, while the last agent may not yet have sent its
+# wait: it logs "Error waiting on exit barrier" and a C++ traceback on a job that went well
+# (torch issue 69520). A warm agent keeps the store it served until every other agent has
+# closed its connection to it (or STORE_LINGER has passed), and only then ends.
+
+
+def _keep_rendezvous_stores() -> List[object]:
+    """Every TCPStore torchrun's c10d rendezvous backend makes in this process, kept past the
+    agent's own last reference to it (nothing, where this torch has no such backend)."""
+    kept: List[object] = []
+    try:
+        from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as backend
+    except BaseException:  # noqa: BLE001 - a torch without it: the agent runs as it would
+        return kept
+    make = getattr(backend, "_create_tcp_store", None)
+    if make is None:
+        return kept
+
+    def keeping(params: object) -> object:
+        store = make(params)
+        kept.append(store)
+        return store
+
+    setattr(backend, "_create_tcp_store", keeping)  # noqa: B010 - mypy knows its real type
+    return kept
+
+
+def _linger(stores: List[object], limit: float = STORE_LINGER) -> None:
+    """Serve each store this process listens on until no other process is connected to it."""
+    import time
+
+    ports = [port for port in (getattr(store, "port", None) for store in stores) if isinstance(port, int)]
+    deadline = time.monotonic() + limit
+    try:
+        while ports and time.monotonic() < deadline:
+            ports = [port for port in ports if _others_connected(port)]
+            if ports:
+                time.sleep(0.02)
+    except BaseException:  # noqa: BLE001 - a teardown's signal ends the wait, not the ending
+        pass
+    del stores[:]
+
+
+def _others_connected(port: int) -> bool:
+    """Whether this process listens on ``port`` and another process is connected to it: a
+    connection it accepted whose other end is no socket of its own."""
+    mine = _socket_inodes()
+    sockets = [entry for name in ("tcp", "tcp6") for entry in _tcp_table("/proc/net/" + name)]
+    if not any(local[1] == port and state == TCP_LISTEN and inode in mine
+               for local, _remote, state, inode in sockets):
+        return False
+    own_ends = {local for local, _remote, _state, inode in sockets if inode in mine}
+    return any(local[1] == port and state == TCP_ESTABLISHED and inode in mine and remote not in own_ends
+               for local, remote, state, inode in sockets)
+
+
+def _socket_inodes() -> Set[str]:
+    inodes: Set[str] = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _tcp_table(path: str) -> List[Tuple[Tuple[str, int], Tuple[str, int], str, str]]:
+    """``/proc/net/tcp``'s rows: (local, remote, state, inode), each end as (address, port)."""
+    try:
+        with open(path) as table:
+            rows = table.read().splitlines()[1:]
+    except OSError:
+        return []
+    return [(_endpoint(words[1]), _endpoint(words[2]), words[3], words[9])
+            for words in (row.split() for row in rows) if len(words) > 9]
+
+
+def _endpoint(text: str) -> Tuple[str, int]:
+    """``0100007F:1F90`` (the kernel's 32-bit words, each in host order) as ("127.0.0.1", 8080);
+    an IPv4-mapped IPv6 address as its IPv4 one, so both ends of one connection compare equal."""
+    import ipaddress
+
+    address, port = text.split(":")
+    raw = bytes.fromhex(address)
+    packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
+    ip = ipaddress.ip_address(packed)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (str(mapped or ip), int(port, 16))
 
 
 def _exit_code(code: object) -> int:
