@@ -375,7 +375,12 @@ def is_error_line(line: OutputLine) -> bool:
 def is_peer_error(line: OutputLine) -> bool:
     """An error line that only says a peer went away: what every other rank of a collective
     raises when one rank crashes, not a cause of its own."""
-    return _PEER_GONE.search(line.text) is not None
+    return says_peer_gone(line.text)
+
+
+def says_peer_gone(text: str) -> bool:
+    """Whether an error's text only says a peer went away (``is_peer_error``)."""
+    return _PEER_GONE.search(text) is not None
 
 
 def root_cause_exit(line: OutputLine) -> int | None:

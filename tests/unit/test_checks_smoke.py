@@ -87,6 +87,36 @@ def test_a_timeout_blames_the_nodes_that_never_joined_not_the_first_to_time_out(
     assert "ip_local_port_range" in results["node1"].fix
 
 
+def test_a_peer_gone_first_blames_the_nodes_that_never_joined_not_the_node_that_said_it() -> None:
+    """node1's and node2's ranks cannot connect to each other: node0's joined, the others never
+    did. The first to end at its timeout closed its connections, and node0's ranks, waiting in
+    the all_reduce, said their peer went away; node0's torchrun reported first (a race a loaded
+    machine loses: CI's run 30), so the others were torn down."""
+    closed = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.128.0.3]:41000"
+    lines = {"node0": [mark("node0", 0, "start 0 node0"), mark("node0", 0, "joined 0"), mark("node0", 1, "start 1 node0"),
+                       mark("node0", 1, "joined 1"), mark("node0", 0, f"error 0 {closed}")],
+             "node1": [mark("node1", 2, "start 2 node1"), mark("node1", 3, "start 3 node1"), mark("node1", 2, "joined 2")],
+             "node2": [mark("node2", 4, "start 4 node2"), mark("node2", 5, "start 5 node2")]}
+    outcomes = [outcome("node0", "failed", 1), outcome("node1", "torn down", 143), outcome("node2", "torn down", 143)]
+    results = verdicts(outcomes, lines)
+    assert {name for name, result in results.items() if result.status == "fail"} == {"node1", "node2"}
+    assert "never joined the process group" in results["node2"].summary
+    assert results["node0"].status == "skip" and "node1, node2" in results["node0"].summary
+
+
+def test_a_peer_gone_where_every_rank_joined_still_names_the_node_that_failed() -> None:
+    """Every rank joined: no node is the one that never did, and the node that failed first is
+    named as before (its error says what it saw)."""
+    closed = "RuntimeError: Connection reset by peer"
+    lines = {name: [mark(name, 2 * index, f"start {2 * index} {name}"), mark(name, 2 * index, f"joined {2 * index}")]
+             for index, name in enumerate(NAMES)}
+    lines["node1"].append(mark("node1", 2, f"error 2 {closed}"))
+    outcomes = [outcome("node0", "torn down", 143), outcome("node1", "failed", 1), outcome("node2", "torn down", 143)]
+    results = verdicts(outcomes, lines)
+    assert {name for name, result in results.items() if result.status == "fail"} == {"node1"}
+    assert "it failed first" in results["node1"].summary and closed in results["node1"].summary
+
+
 def test_a_node_whose_ranks_never_started_is_the_one_named_after_a_timeout() -> None:
     lines = {"node0": [mark("node0", 0, "start 0 node0")], "node1": [mark("node1", 1, "start 1 node1")],
              "node2": []}

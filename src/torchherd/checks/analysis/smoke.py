@@ -2,10 +2,11 @@
 each node's part ended, and names the node(s) at fault.
 
 Blame, first rule that names anyone: nodes whose job could not start or that
-vanished; when the first failure was a timeout (someone waited for a peer) or the
-whole job timed out, the nodes whose ranks never started (they never got through
-the rendezvous), else those whose ranks never joined the process group; else the
-node that failed first by itself; else every node that did not finish.
+vanished; when the first failure was a timeout (someone waited for a peer), the nodes
+that failed only say a peer went away, or the whole job timed out: the nodes whose
+ranks never started (they never got through the rendezvous), else those whose ranks
+never joined the process group; else the node that failed first by itself; else every
+node that did not finish.
 """
 
 from __future__ import annotations
@@ -156,7 +157,13 @@ def _blame(names: list[str], outcomes: Mapping[str, NodeOutcome], marks: Mapping
     if gone:
         return gone
     failed = [name for name in names if name in outcomes and outcomes[name].state == "failed"]
-    waited = timed_out or any(_TIMEOUT_WORDS.search(_first_error(outcomes[name], marks[name])) for name in failed)
+    errors = [_first_error(outcomes[name], marks[name]) for name in failed]
+    # The failure came from elsewhere: a rank waited for a peer until its timeout, or every
+    # node that failed only says a peer went away (a rank that never joined ended at its
+    # timeout and closed its connections: which node's torchrun reports first is a race,
+    # lost by the waiting nodes on a loaded machine).
+    waited = (timed_out or any(_TIMEOUT_WORDS.search(error) for error in errors)
+              or (bool(errors) and all(_peer_gone(error) for error in errors)))
     if waited:
         silent = {name: "its ranks never started: it never got through the rendezvous" for name in names
                   if not marks[name].started and (failed or timed_out)}
@@ -173,6 +180,12 @@ def _blame(names: list[str], outcomes: Mapping[str, NodeOutcome], marks: Mapping
                 if not _finished(outcomes.get(name), marks[name])}
     return {name: "its part of the job did not finish" for name in names
             if not _finished(outcomes.get(name), marks[name])}
+
+
+def _peer_gone(error: str) -> bool:
+    from torchherd.runlog import says_peer_gone  # only a failed smoke job needs a run's words
+
+    return says_peer_gone(error)
 
 
 def _first_error(outcome: NodeOutcome | None, marks: NodeMarks) -> str:
