@@ -4,7 +4,7 @@ phases, and how the cluster tests are shared between pytest-xdist workers.
 ``--phase`` (``scripts/test`` passes it; a plain ``pytest`` runs every phase at once):
 
 * ``unit``: every test not marked ``cluster`` (no root needed), on four workers (``-n 4``).
-* ``cluster``: the cluster tests not marked ``serial``, on two workers with ``--dist
+* ``cluster``: the cluster tests not marked ``serial``, on three workers with ``--dist
   loadgroup``. Every test of one module is in one group (the module's name), so a
   module-scoped cluster is built once, on one worker (an ``xdist_group`` mark of a test's
   own takes its place).
@@ -33,11 +33,11 @@ PHASES = ("unit", "cluster", "serial")
 # The cluster phase's modules, longest first (measured: docs/testing.md). Each worker takes
 # the next module when it is almost done with its last (scripts/test passes
 # --no-loadscope-reorder, so this order holds): longest first leaves no long module to
-# start near the end while the other worker idles. Modules not named here come last.
-LONGEST_FIRST = ("test_containers", "test_run_recovery", "test_check", "test_slurm", "test_detach_retries",
-                 "test_run", "test_uv_project", "test_detach", "test_ssh_topologies", "test_localhost_without_sshd",
-                 "test_ssh_aliases", "test_getting_started", "test_one_command", "test_api", "test_local_cluster",
-                 "test_run_report", "test_slurm_containers", "test_run_scripts", "test_ssh_host_keys",
+# start near the end while the other workers idle. Modules not named here come last.
+LONGEST_FIRST = ("test_slurm", "test_containers", "test_run_recovery", "test_detach", "test_check", "test_run",
+                 "test_detach_retries", "test_ssh_topologies", "test_uv_project", "test_localhost_without_sshd",
+                 "test_api", "test_ssh_aliases", "test_local_cluster", "test_run_report", "test_one_command",
+                 "test_getting_started", "test_slurm_containers", "test_ssh_host_keys", "test_run_scripts",
                  "test_transport")
 
 
