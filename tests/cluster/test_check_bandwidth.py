@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from localcluster import LocalCluster, veth_name
 
+from support.cluster_runs import SKIP_TORCH
 from torchherd.checks import runner
 from torchherd.checks.bandwidth import probe_paths
 from torchherd.cli import main
@@ -31,7 +32,6 @@ from torchherd.cli import main
 pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 ONLY = "ssh,network,port,bandwidth,mtu"
 SLOW = "node2"
-NO_TORCH = "python,gpu"
 
 
 def check(cluster: LocalCluster, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict[str, Any], float]:
@@ -187,7 +187,7 @@ def test_every_preflight_finds_the_path_mtu_black_hole(four: LocalCluster, capsy
     nothing of the network in them)."""
     try:
         set_mtu(four, 9000)
-        code, document, _ = preflight(four, capsys, "--skip", NO_TORCH)
+        code, document, _ = preflight(four, capsys, *SKIP_TORCH)
         mtu = {entry["node"]: (entry["status"], entry["summary"]) for entry in document["checks"]
                if entry["check"] == "mtu"}
         assert mtu == {"node0": ("pass", "9000-byte packets pass both ways with 3 peers"),
@@ -195,7 +195,7 @@ def test_every_preflight_finds_the_path_mtu_black_hole(four: LocalCluster, capsy
                        "node2": ("pass", "9000-byte packets pass both ways with 3 peers"),
                        "node3": ("pass", "9000-byte packets pass both ways with 2 peers")}, summaries(document)
         set_mtu(four, 9000, except_port_of=SLOW)
-        code, document, took = preflight(four, capsys, "--skip", NO_TORCH)
+        code, document, took = preflight(four, capsys, *SKIP_TORCH)
         print(f"preflight with a black hole, 4 nodes: {took:.1f} s", file=sys.__stderr__)
         assert code == 1 and findings(document, "mtu") == {SLOW: "fail"}, summaries(document)
         hole = next(entry for entry in document["checks"] if entry["node"] == SLOW and entry["check"] == "mtu")
@@ -206,7 +206,7 @@ def test_every_preflight_finds_the_path_mtu_black_hole(four: LocalCluster, capsy
                                "port, bridge or router on node2's path: ip link set dev PORT mtu 9000), or set the "
                                "interfaces' MTU to 1500 on every node"), hole
         ticker = str(Path(__file__).resolve().parents[2] / "examples" / "ticker.py")
-        code = main(["run", "-i", str(four.inventory), "--json", "--nproc-per-node", "1", "--skip", NO_TORCH,
+        code = main(["run", "-i", str(four.inventory), "--json", "--nproc-per-node", "1", *SKIP_TORCH,
                      "--", ticker, "1", "0"])
         ran = json.loads(capsys.readouterr().out)
         assert (code, ran["error"]) == (1, "the preflight checks failed"), ran

@@ -27,6 +27,7 @@ from slurmcluster import SlurmCluster, slurm_unavailable_reason
 
 from support.cluster_detach import wait_recovery
 from support.cluster_recovery import assert_spied, attempt_rows
+from support.cluster_runs import SKIP_TORCH
 from support.processes import default_signals
 from support.slurm_runs import remove_run_dirs
 from torchherd.api import Cluster
@@ -260,8 +261,8 @@ def test_check_reports_a_drained_node_with_slurms_reason(slurm: SlurmCluster, in
     try:
         # The python check passed above; with a node drained, the checks whose facts import
         # torch (2 s of CPU a node) see nothing of it.
-        code, report = check("--skip", "python,gpu")
-        _, human = torchherd(inventory, "check", "--skip", "python,gpu")
+        code, report = check(*SKIP_TORCH)
+        _, human = torchherd(inventory, "check", *SKIP_TORCH)
     finally:
         slurm.resume("node1")
     assert code == 1, report

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from localcluster import LocalCluster, make_room_for_neighbours
 
+from support.cluster_runs import SKIP_TORCH
 from support.cluster_topologies import DDP_DEMO, assert_clean
 from torchherd.cli import main
 from torchherd.console import make_console
@@ -102,7 +103,7 @@ def bastion_topology(make_cluster: Callable[..., LocalCluster], tmp_path: Path,
     # 2 s of CPU each on this 2-core machine, and nothing of the bastion's limits in them. The
     # facts program itself, with each node's session, goes through the bastion as in a full
     # check; test_two_hop_chain checks in full through jump hosts.
-    document, timings["check"] = check(cluster.inventory, capsys, "--skip", "python,gpu", *options)
+    document, timings["check"] = check(cluster.inventory, capsys, *SKIP_TORCH, *options)
     assert_clean(document, cluster.names)
     assert logins(cluster, "jump0") == before + 1, "every node's session should share one login to the bastion"
     assert dropped(cluster, "jump0") == 0

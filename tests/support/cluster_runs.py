@@ -1,5 +1,5 @@
 """``torchherd run`` on the local cluster: in this process (``run_cli``) or as a
-process a test can signal (``Controller``); ``assert_clean``: nothing left on any node."""
+process a test can signal (``Controller``); ``assert_clean``: nothing left on any node; ``SKIP_TORCH``."""
 
 from __future__ import annotations
 
@@ -15,8 +15,14 @@ from pathlib import Path
 from localcluster import LocalCluster
 
 from support.processes import default_signals
+from torchherd.checks.runner import NEED_TORCH
 from torchherd.cli import main
 from torchherd.console import make_console
+
+SKIP_TORCH = ("--skip", ",".join(sorted(NEED_TORCH - {"smoke"})))
+"""``check``'s and ``run``'s flags that leave out the checks whose facts import torch (about
+2 s of CPU a node on this 2-core machine): for the tests of a fault those checks see nothing of
+(the smoke job, which needs torch too, runs only when asked for)."""
 
 
 def run_cli(cluster: LocalCluster, log_dir: Path, *args: str) -> tuple[int, str]:
