@@ -52,7 +52,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -275,27 +275,33 @@ def _netns_pids(namespace: str) -> list[int]:
     return sorted(int(tok) for tok in proc.stdout.split() if tok.isdigit())
 
 
-def _pids_in_netns_inodes(inodes: Iterable[int], started_by: float | None = None) -> list[int]:
-    """Processes in the network namespaces of ``inodes``; with ``started_by`` (seconds since
-    boot), only those that had started by then."""
-    wanted = {f"net:[{inode}]" for inode in inodes}
+def _pids_in_netns_inodes(inodes: Iterable[int], started_by: Mapping[int, float] | None = None) -> list[int]:
+    """Processes in the network namespaces of ``inodes``; where ``started_by`` gives an
+    inode a time (seconds since boot), only those in it that had started by then."""
+    limits = dict(started_by or {})
+    wanted = {f"net:[{inode}]": limits.get(inode) for inode in inodes}
     if not wanted:
         return []
     found = []
     for pid in _all_pids():
         try:
-            if os.readlink(f"/proc/{pid}/ns/net") in wanted and (started_by is None or _started(pid) <= started_by):
+            namespace = os.readlink(f"/proc/{pid}/ns/net")
+            if namespace in wanted and ((limit := wanted[namespace]) is None or _started(pid) <= limit):
                 found.append(pid)
         except OSError:
             continue
     return found
 
 
-_DELETED_AT: dict[str, float] = {}
-"""Per prefix, when this process deleted the cluster's network namespaces (seconds since
-boot). The kernel reuses a namespace's inode number once the namespace is gone: a namespace
-made since (a headless chromium's, another worker's cluster's) may carry a recorded number,
-and its processes, started after the deletion, are none of this cluster's leftovers."""
+_DELETED_AT: dict[int, float] = {}
+"""Per network namespace inode, when this process deleted the namespace that had it
+(seconds since boot, read just before ``ip netns del``). The kernel reuses an inode number
+once the namespace is gone: a namespace made since (a headless chromium's, another worker's
+``unshare --net``) may carry a recorded number, and its processes, started after the
+deletion, are none of the cluster's leftovers. Kept per inode, not per cluster: a cluster
+whose prefix is brought up again (its leftovers cleaned) has inodes deleted at two times,
+and the later time would take a namespace made in between for the cluster's (CI, stop 53:
+another worker's ``check -H localhost`` in an unnamed namespace)."""
 
 
 def _since_boot() -> float:
@@ -562,7 +568,7 @@ def leftovers(prefix: str, netns_inodes: Iterable[int] = ()) -> list[str]:
     if state_dir(prefix).exists():
         found.append(f"directory {state_dir(prefix)}")
     pids = set(_pids_mentioning(f"{state_dir(prefix)}/")) | set(
-        _pids_in_netns_inodes(inodes, _DELETED_AT.get(prefix))
+        _pids_in_netns_inodes(inodes, _DELETED_AT)
     )
     for pid in sorted(pids):
         if _alive(pid):
@@ -596,9 +602,12 @@ def teardown(prefix: str, netns_inodes: Iterable[int] = ()) -> list[str]:
         if veth_re.fullmatch(link) or link == bridge_name(prefix):
             _run(["ip", "link", "del", link], check=False)
     for ns in namespaces:
+        inode, deleting = _netns_inode(ns), _since_boot()
         _run(["ip", "netns", "del", ns], check=False)
-    if namespaces or prefix not in _DELETED_AT:
-        _DELETED_AT[prefix] = _since_boot()
+        if inode is not None:
+            _DELETED_AT[inode] = deleting
+    for gone in inodes - live_inodes:  # deleted before now, by whoever did it
+        _DELETED_AT.setdefault(gone, _since_boot())
     with contextlib.suppress(OSError):
         for entry in os.listdir(NETNS_ETC):
             if ns_re.fullmatch(entry):
@@ -980,6 +989,7 @@ class LocalCluster:
             inode = _netns_inode(host.namespace)
             if inode is not None:
                 self._netns_inodes.append(inode)
+                _DELETED_AT.pop(inode, None)  # a number reused: this namespace is alive
             netns_etc = NETNS_ETC / host.namespace
             netns_etc.mkdir(parents=True, exist_ok=True)
             (netns_etc / "hosts").write_text(hosts_file)

@@ -589,20 +589,26 @@ def test_a_process_started_after_the_clusters_namespaces_were_deleted_is_none_of
     """The kernel reuses a network namespace's inode number once the namespace is gone, so a
     recorded number may name a namespace made since (CI run 22: a headless chromium of
     another worker's test was called this worker's leftover). Only a process that had started
-    by the time the cluster's namespaces were deleted can be one of its leftovers."""
+    by the time its namespace was deleted can be one of the cluster's leftovers, judged per
+    namespace: a cluster brought up again deletes namespaces at two times, and the later one
+    must not claim a namespace made between them (CI, stop 53: another worker's
+    ``check -H localhost`` in an unnamed namespace, in test_up_cleans_leftovers_of_the_same_prefix)."""
     prefix = cluster_prefix()
     earlier = subprocess.Popen(["unshare", "--net", "sleep", "60"])
     later: subprocess.Popen[bytes] | None = None
+    inode, other = -1, -2  # no namespace has a negative inode
     try:
         own = os.readlink("/proc/self/ns/net")
         assert wait_until(lambda: os.readlink(f"/proc/{earlier.pid}/ns/net") != own, timeout=10)
         inode = int(os.readlink(f"/proc/{earlier.pid}/ns/net")[len("net:["):-1])
         time.sleep(0.1)
-        localcluster._DELETED_AT[prefix] = localcluster._since_boot()  # as teardown records it
+        localcluster._DELETED_AT[inode] = localcluster._since_boot()  # as teardown records it
         time.sleep(0.1)
         later = subprocess.Popen(["nsenter", f"--net=/proc/{earlier.pid}/ns/net", "sleep", "60"])
         assert wait_until(lambda: os.readlink(f"/proc/{later.pid}/ns/net") == f"net:[{inode}]", timeout=10)
-        found = leftovers(prefix, [inode])
+        time.sleep(0.1)
+        localcluster._DELETED_AT[other] = localcluster._since_boot()  # the prefix's second teardown
+        found = leftovers(prefix, [inode, other])
         assert [line for line in found if line.startswith(f"process {earlier.pid}:")], found
         assert not [line for line in found if line.startswith(f"process {later.pid}:")], found
     finally:
@@ -610,4 +616,5 @@ def test_a_process_started_after_the_clusters_namespaces_were_deleted_is_none_of
             if process is not None:
                 process.kill()
                 process.wait(timeout=10)
-        localcluster._DELETED_AT.pop(prefix, None)
+        localcluster._DELETED_AT.pop(inode, None)
+        localcluster._DELETED_AT.pop(other, None)
