@@ -191,18 +191,20 @@ def test_ssh_config_alias_is_resolved(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_fifty_thousand_hosts_parse_in_linear_time(tmp_path: Path) -> None:
-    """The duplicate-name check was a scan of the hosts so far: 50,000 hosts took 116 s."""
+    """The duplicate-name check was a scan of the hosts so far: 50,000 hosts took 116 s. The
+    parse's own CPU time is what is bounded (about 2 s here), not the wall's: a loaded machine
+    (CI's other tests beside it) stretched the wall to 18 s."""
     import time
 
     count = 50_000
     text = "".join(f'[[hosts]]\nname = "n{index}"\naddress = "10.{index >> 16}.{(index >> 8) & 255}.{index & 255}"\n'
                    for index in range(count))
     path = write(tmp_path, text)
-    started = time.monotonic()
+    started = time.process_time()
     inventory = load(path)
-    elapsed = time.monotonic() - started
+    cpu = time.process_time() - started
     assert len(inventory.hosts) == count
-    assert elapsed < 10.0, f"{count} hosts took {elapsed:.1f} s"
+    assert cpu < 10.0, f"{count} hosts took {cpu:.1f} s of CPU"
     entries = [{"name": host.name} for host in inventory.hosts] + [{"name": "n7"}]
     with pytest.raises(InventoryError, match=rf"hosts\[{count}\].name: duplicate host name 'n7'"):
         parse({"hosts": entries}, path)
