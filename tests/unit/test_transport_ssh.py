@@ -188,6 +188,23 @@ def test_a_dead_bastion_fails_every_node_behind_it_at_once_naming_the_hop(tmp_pa
     assert connector._shared.chains == {}
 
 
+def test_a_dead_bastion_is_tried_once_for_nodes_that_connect_after_it_failed(tmp_path: Path, log: Log) -> None:
+    """The chain of a failed hop is dropped when its last user leaves; a node that connects
+    after that (a loaded controller's threads start late: CI, stop 54) fails at once too,
+    within the SSH timeout, and tries the hop again after it."""
+    connector = SshConnector(config(tmp_path, BASTION), 5.0)
+    log.failures["10.0.0.1"] = [ConnectionRefusedError(111, "refused")] * 3
+    for index in range(3):
+        with pytest.raises(TransportError) as caught:
+            connector.connect(host(f"gpu{index}"))
+        assert caught.value.kind == "refused" and str(caught.value).startswith(f"gpu{index}: jump host bastion: "), str(caught.value)
+    assert log.opens["10.0.0.1"] == 1 and connector._shared.chains == {}
+    connector._shared.failures = {key: (when - 5.0, error) for key, (when, error) in connector._shared.failures.items()}
+    with pytest.raises(TransportError):
+        connector.connect(host("gpu3"))
+    assert log.opens["10.0.0.1"] == 2
+
+
 def test_connector_close_closes_the_shared_chains(tmp_path: Path, log: Log) -> None:
     connector = SshConnector(config(tmp_path, BASTION), 5.0)
     session = connector.connect(host("gpu1"))

@@ -349,7 +349,6 @@ class _Chain:
     connections: list[Any] = field(default_factory=list)
     users: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
-    failure: tuple[float, TransportError] | None = None
 
     def is_open(self) -> bool:
         return len(self.connections) == len(self.hops) and all(c.is_connected for c in self.connections)
@@ -369,11 +368,28 @@ class _Shared:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     chains: dict[tuple[tuple[str, str, int, str], ...], _Chain] = field(default_factory=dict)
+    failures: dict[tuple[tuple[str, str, int, str], ...], tuple[float, TransportError]] = field(default_factory=dict)
+    """Per chain of jump hosts, its last failure and when: kept apart from the chain, which is
+    dropped when its last user leaves, so that a node that connects after that (a loaded
+    controller's threads start late) fails at once too rather than trying the dead hop again."""
     gates: dict[tuple[object, ...], threading.BoundedSemaphore] = field(default_factory=dict)
     local: sshconfig.Local | None = None
     keys: dict[str, Any] = field(default_factory=dict)
     """Identity file -> its paramiko key with its certificate, or None where it could not
     be loaded without a passphrase: read once per command, not once per host and key class."""
+
+    def failed(self, key: tuple[tuple[str, str, int, str], ...], within: float) -> TransportError | None:
+        """The chain's failure if it failed less than ``within`` seconds ago."""
+        with self.lock:
+            failure = self.failures.get(key)
+        return failure[1] if failure is not None and time.monotonic() - failure[0] < within else None
+
+    def remember(self, key: tuple[tuple[str, str, int, str], ...], failure: TransportError | None) -> None:
+        with self.lock:
+            if failure is None:
+                self.failures.pop(key, None)
+            else:
+                self.failures[key] = (time.monotonic(), failure)
 
     def gate(self, key: tuple[object, ...], width: int) -> threading.BoundedSemaphore:
         with self.lock:
@@ -476,8 +492,9 @@ class SshConnector:
     def _open_chain(self, chain: _Chain, key: tuple[tuple[str, str, int, str], ...]) -> None:
         if chain.is_open():
             return
-        if chain.failure is not None and time.monotonic() - chain.failure[0] < self.timeout:
-            raise chain.failure[1]  # every node behind a dead jump host fails at once, not one by one
+        failed = self._shared.failed(key, self.timeout)
+        if failed is not None:
+            raise failed  # every node behind a dead jump host fails at once, not one by one
         chain.close()
         try:
             for index, hop in enumerate(chain.hops):
@@ -486,12 +503,12 @@ class SshConnector:
                 chain.connections.append(opened)
         except TransportError as error:
             chain.close()
-            chain.failure = (time.monotonic(), error)
+            self._shared.remember(key, error)
             raise
         except BaseException:
             chain.close()
             raise
-        chain.failure = None
+        self._shared.remember(key, None)
 
     def _release(self, key: tuple[tuple[str, str, int, str], ...], chain: _Chain) -> None:
         with self._shared.lock:
