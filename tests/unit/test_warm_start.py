@@ -84,10 +84,13 @@ def test_a_failing_rank_ends_a_warm_torchrun_as_it_ends_a_cold_one(job: Path, tm
                           capture_output=True, text=True, timeout=90)
     started = subprocess.run(warm(job, "3"), cwd=tmp_path, env=env_for(tmp_path), capture_output=True, text=True,
                              timeout=90)
-    assert cold.returncode == started.returncode == 1
-    assert ranks_of(cold.stdout) == {"0": "False", "1": "False"}
-    assert ranks_of(started.stdout) == {"0": "True", "1": "True"}
-    assert "exitcode  : 3" in cold.stderr and "exitcode  : 3" in started.stderr
+    # What each torchrun printed, in every assertion's message: run 37 (a loaded machine) once
+    # missed the cold run's second rank's first line, and said no more.
+    said = f"cold:\n{cold.stdout}{cold.stderr[-3000:]}\nwarm:\n{started.stdout}{started.stderr[-3000:]}"
+    assert cold.returncode == started.returncode == 1, said
+    assert ranks_of(cold.stdout) == {"0": "False", "1": "False"}, said
+    assert ranks_of(started.stdout) == {"0": "True", "1": "True"}, said
+    assert "exitcode  : 3" in cold.stderr and "exitcode  : 3" in started.stderr, said
     assert left_in(tmp_path) == []
 
 
