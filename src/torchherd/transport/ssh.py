@@ -341,6 +341,11 @@ def _proxy_command_line(command: str) -> str:
     return shlex.join([os.environ.get("SHELL") or "/bin/sh", "-c", f"exec {command}"])
 
 
+_ChainKey = tuple[tuple[str, str, int, str], ...]
+"""A chain of jump hosts, each hop as ``SshTarget.chain_key`` gives it: the nodes behind the
+same chain share one connection per hop."""
+
+
 @dataclass
 class _Chain:
     """The jump hosts in front of some nodes: one open fabric Connection per hop, shared."""
@@ -367,8 +372,8 @@ class _Shared:
     """What an ``SshConnector`` shares between the threads that connect through it."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    chains: dict[tuple[tuple[str, str, int, str], ...], _Chain] = field(default_factory=dict)
-    failures: dict[tuple[tuple[str, str, int, str], ...], tuple[float, TransportError]] = field(default_factory=dict)
+    chains: dict[_ChainKey, _Chain] = field(default_factory=dict)
+    failures: dict[_ChainKey, tuple[float, TransportError]] = field(default_factory=dict)
     """Per chain of jump hosts, its last failure and when: kept apart from the chain, which is
     dropped when its last user leaves, so that a node that connects after that (a loaded
     controller's threads start late) fails at once too rather than trying the dead hop again."""
@@ -378,13 +383,13 @@ class _Shared:
     """Identity file -> its paramiko key with its certificate, or None where it could not
     be loaded without a passphrase: read once per command, not once per host and key class."""
 
-    def failed(self, key: tuple[tuple[str, str, int, str], ...], within: float) -> TransportError | None:
+    def failed(self, key: _ChainKey, within: float) -> TransportError | None:
         """The chain's failure if it failed less than ``within`` seconds ago."""
         with self.lock:
             failure = self.failures.get(key)
         return failure[1] if failure is not None and time.monotonic() - failure[0] < within else None
 
-    def remember(self, key: tuple[tuple[str, str, int, str], ...], failure: TransportError | None) -> None:
+    def remember(self, key: _ChainKey, failure: TransportError | None) -> None:
         with self.lock:
             if failure is None:
                 self.failures.pop(key, None)
@@ -472,7 +477,7 @@ class SshConnector:
             with chain.lock:
                 chain.close()
 
-    def _acquire(self, key: tuple[tuple[str, str, int, str], ...], hops: list[SshTarget],
+    def _acquire(self, key: _ChainKey, hops: list[SshTarget],
                  node: str) -> tuple[_Chain, Any]:
         """The chain for ``key``, open, counted as used once more; and its last hop."""
         with self._shared.lock:
@@ -489,7 +494,7 @@ class SshConnector:
             self._release(key, chain)
             raise
 
-    def _open_chain(self, chain: _Chain, key: tuple[tuple[str, str, int, str], ...]) -> None:
+    def _open_chain(self, chain: _Chain, key: _ChainKey) -> None:
         if chain.is_open():
             return
         failed = self._shared.failed(key, self.timeout)
@@ -510,7 +515,7 @@ class SshConnector:
             raise
         self._shared.remember(key, None)
 
-    def _release(self, key: tuple[tuple[str, str, int, str], ...], chain: _Chain) -> None:
+    def _release(self, key: _ChainKey, chain: _Chain) -> None:
         with self._shared.lock:
             chain.users -= 1
             if chain.users > 0:
