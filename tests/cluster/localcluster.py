@@ -278,7 +278,7 @@ def _netns_pids(namespace: str) -> list[int]:
 def _pids_in_netns_inodes(inodes: Iterable[int], started_by: Mapping[int, float] | None = None) -> list[int]:
     """Processes in the network namespaces of ``inodes``; where ``started_by`` gives an
     inode a time (seconds since boot), only those in it that had started by then."""
-    limits = dict(started_by or {})
+    limits = started_by or {}
     wanted = {f"net:[{inode}]": limits.get(inode) for inode in inodes}
     if not wanted:
         return []
@@ -606,8 +606,9 @@ def teardown(prefix: str, netns_inodes: Iterable[int] = ()) -> list[str]:
         _run(["ip", "netns", "del", ns], check=False)
         if inode is not None:
             _DELETED_AT[inode] = deleting
+    now = _since_boot()
     for gone in inodes - live_inodes:  # deleted before now, by whoever did it
-        _DELETED_AT.setdefault(gone, _since_boot())
+        _DELETED_AT.setdefault(gone, now)
     with contextlib.suppress(OSError):
         for entry in os.listdir(NETNS_ETC):
             if ns_re.fullmatch(entry):
