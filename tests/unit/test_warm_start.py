@@ -177,10 +177,11 @@ SLOW_LEAVER = textwrap.dedent("""\
 """)
 
 
-def two_agents(tmp_path: Path, host: list[str]) -> tuple[subprocess.CompletedProcess[str], str]:
-    """A 2-node torchrun on this machine: ``host`` (the words before ``-m torch.distributed.run``)
-    serves the rendezvous store and its rank ends first; the other agent checks in last and is
-    slow to wait. The host's outcome and the other agent's stderr."""
+def two_agents(tmp_path: Path, host: list[str], backend: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """A 2-node torchrun on this machine, its rendezvous ``backend`` the static one (torchherd's
+    default: ``--node-rank`` and ``--master-addr``) or c10d: ``host`` (the words before ``-m
+    torch.distributed.run``) serves the rendezvous store and its rank ends first; the other
+    agent checks in last and is slow to wait. The host's outcome and the other agent's stderr."""
     script = tmp_path / "ends.py"
     script.write_text("import os, time; time.sleep(3 if 'LAST_TO_END' in os.environ else 0)\n")
     with socket.socket() as probe:
@@ -188,6 +189,9 @@ def two_agents(tmp_path: Path, host: list[str]) -> tuple[subprocess.CompletedPro
         port = probe.getsockname()[1]
 
     def args(rank: int) -> list[str]:
+        if backend == "static":
+            return ["--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(rank), "--master-addr",
+                    "127.0.0.1", "--master-port", str(port), str(script)]
         return ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                 "--rdzv-id", "barrier", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf",
                 f"is_host={int(rank == 0)}", str(script)]
@@ -210,14 +214,17 @@ BARRIER_ERROR = "Error waiting on exit barrier"
 
 
 @pytest.mark.timeout(240)
-def test_the_rendezvous_hosts_warm_agent_keeps_its_store_up_until_the_other_agents_left(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_the_rendezvous_hosts_warm_agent_keeps_its_store_up_until_the_other_agents_left(tmp_path: Path,
+                                                                                          backend: str) -> None:
     """torch issue 69520: the host's cold agent ends once the last agent has checked in, and
     that agent's wait meets a closed store (the control, so the race is shown to be there);
-    the warm one serves its store until the other agent has gone."""
-    cold_host, cold_err = two_agents(tmp_path, [sys.executable])
+    the warm one serves its store until the other agent has gone. Both rendezvous backends:
+    each makes its store its own way."""
+    cold_host, cold_err = two_agents(tmp_path, [sys.executable], backend)
     assert cold_host.returncode == 0, cold_host.stderr
     assert BARRIER_ERROR in cold_err and "Failed to recv" in cold_err
-    warm_host, warm_err = two_agents(tmp_path, [sys.executable, "-c", program("zygote.py"), "start"])
+    warm_host, warm_err = two_agents(tmp_path, [sys.executable, "-c", program("zygote.py"), "start"], backend)
     assert warm_host.returncode == 0, warm_host.stderr
     assert "started cold" not in warm_host.stderr
     assert BARRIER_ERROR not in warm_err, warm_err

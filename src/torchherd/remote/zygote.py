@@ -289,24 +289,33 @@ def _run_python(request: Dict[str, object]) -> int:
 
 
 def _keep_rendezvous_stores() -> List[object]:
-    """Every TCPStore torchrun's c10d rendezvous backend makes in this process, kept past the
-    agent's own last reference to it (nothing, where this torch has no such backend)."""
+    """Every TCPStore torchrun's rendezvous makes in this process, kept past the agent's own
+    last reference to it: the static backend's (torchrun's default, ``--master-addr``) and the
+    c10d backend's (nothing of a backend this torch does not have)."""
     kept: List[object] = []
-    try:
-        from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as backend
-    except BaseException:  # noqa: BLE001 - a torch without it: the agent runs as it would
-        return kept
-    make = getattr(backend, "_create_tcp_store", None)
-    if make is None:
-        return kept
+    _keep_made_by("torch.distributed.elastic.rendezvous.static_tcp_rendezvous", "TCPStore", kept)
+    _keep_made_by("torch.distributed.elastic.rendezvous.c10d_rendezvous_backend", "_create_tcp_store", kept)
+    return kept
 
-    def keeping(params: object) -> object:
-        store = make(params)
+
+def _keep_made_by(module_name: str, maker: str, kept: List[object]) -> None:
+    """``module_name``'s ``maker`` replaced by one that also appends what it made to ``kept``."""
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except BaseException:  # noqa: BLE001 - a torch without it: the agent runs as it would
+        return
+    make = getattr(module, maker, None)
+    if make is None:
+        return
+
+    def keeping(*args: object, **kwargs: object) -> object:
+        store = make(*args, **kwargs)
         kept.append(store)
         return store
 
-    setattr(backend, "_create_tcp_store", keeping)  # noqa: B010 - mypy knows its real type
-    return kept
+    setattr(module, maker, keeping)
 
 
 def _linger(stores: List[object], limit: float = STORE_LINGER) -> None:
