@@ -8,10 +8,12 @@ phases, and how the cluster tests are shared between pytest-xdist workers.
   loadgroup``. Every test of one module is in one group (the module's name), so a
   module-scoped cluster is built once, on one worker (an ``xdist_group`` mark of a test's
   own takes its place).
-* ``serial``: the cluster tests marked ``serial``, one at a time with nothing beside them.
+* ``serial``: the cluster tests marked ``serial``, one at a time on one worker.
   They measure time or CPU (node-loss detection, the terminal's rates, bandwidth and MTU,
   the straggler, scale, the checks' and the hang watch's budgets of seconds): another
-  cluster test on the other core would bend what they see. A module split between the phases builds its
+  cluster test beside them at the same weight would bend what they see. ``scripts/test``
+  runs the cluster phase beside them in a CPU cgroup that weighs a quarter of theirs
+  (docs/testing.md, "The phases"). A module split between the phases builds its
   module-scoped cluster once in each.
 
 The shared fakes and builders are in ``tests/support`` (pytest's ``pythonpath`` in
