@@ -222,7 +222,8 @@ def test_what_the_preflight_mtu_probe_costs(four: LocalCluster, capsys: pytest.C
     run, so what is left after them (the scripts' answers, the datagrams, the stop) is
     timed inside the preflight; the whole preflight with it is printed too, and without it
     where MTU_COST_ROUNDS asks for the rounds (on this shared machine it varies by seconds
-    either way, so only the first is held)."""
+    either way, so only the first is held). Without the checks whose facts import torch (2 s
+    of CPU a node, each time): nothing of the probe is in them, and its part is timed apart."""
     spent: list[float] = []
 
     def timed(*args: Any) -> None:
@@ -238,11 +239,11 @@ def test_what_the_preflight_mtu_probe_costs(four: LocalCluster, capsys: pytest.C
     rounds = os.environ.get("MTU_COST_ROUNDS")
     with_probe, without = [], []
     for _ in range(int(rounds or "3")):
-        code, document, took = preflight(four, capsys)
+        code, document, took = preflight(four, capsys, *SKIP_TORCH)
         assert code == 0, summaries(document)
         with_probe.append(took)
         if rounds:
-            code, _, took = preflight(four, capsys, "--skip", "mtu")
+            code, _, took = preflight(four, capsys, "--skip", "mtu," + SKIP_TORCH[1])
             assert code == 0
             without.append(took)
     compared = f", {statistics.median(without):.2f} s without" if without else ""
