@@ -35,7 +35,8 @@ def run_cli(cluster: LocalCluster, log_dir: Path, *args: str) -> tuple[int, str]
 
 def assert_clean(cluster: LocalCluster, timeout: float = 5.0) -> None:
     for name in cluster.names:
-        assert cluster.wait_no_processes(name, timeout=timeout) == [], f"processes left on {name}"
+        left = cluster.wait_no_processes(name, timeout=timeout)
+        assert left == [], f"processes left on {name} {timeout} s on: " + "; ".join(left)
 
 
 class Controller:
