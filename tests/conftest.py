@@ -12,8 +12,8 @@ phases, and how the cluster tests are shared between pytest-xdist workers.
   They measure time or CPU (node-loss detection, the terminal's rates, bandwidth and MTU,
   the straggler, scale, the checks' and the hang watch's budgets of seconds): another
   cluster test beside them at the same weight would bend what they see. ``scripts/test``
-  runs the cluster phase beside them in a CPU cgroup that weighs a quarter of theirs
-  (docs/testing.md, "The phases"). A module split between the phases builds its
+  runs them after the cluster phase (with ``TORCHHERD_TEST_AT_ONCE=1``, beside it, the
+  cluster phase in a CPU cgroup that weighs a quarter of theirs: docs/testing.md). A module split between the phases builds its
   module-scoped cluster once in each.
 
 The shared fakes and builders are in ``tests/support`` (pytest's ``pythonpath`` in
