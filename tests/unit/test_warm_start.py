@@ -21,16 +21,18 @@ from torchherd.remote.ranks import job_workers, warm_client
 JOB = textwrap.dedent("""\
     import os, signal, sys, time
     rank = os.environ["RANK"]
+    def say(line):  # one write a line: print() writes the newline apart where stdout is
+        os.write(1, (line + "\\n").encode())  # unbuffered, and the two ranks share the pipe
     if sys.argv[1] == "sleep":  # the handler before the line the test waits for
-        signal.signal(signal.SIGTERM, lambda *_: (print(f"rank {rank} got SIGTERM", flush=True), sys.exit(7)))
-    print(f"rank {rank} preloaded {'torch' in sys.modules} pid {os.getpid()}", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: (say(f"rank {rank} got SIGTERM"), sys.exit(7)))
+    say(f"rank {rank} preloaded {'torch' in sys.modules} pid {os.getpid()}")
     if sys.argv[1] == "sleep":
         time.sleep(120)
     import torch, torch.distributed as dist
     dist.init_process_group("gloo")
     total = torch.ones(1) * (dist.get_rank() + 1)
     dist.all_reduce(total)
-    print(f"rank {rank} sum {int(total.item())}", flush=True)
+    say(f"rank {rank} sum {int(total.item())}")
     dist.destroy_process_group()
     sys.exit(int(sys.argv[1]) if rank == "1" else 0)
 """)
