@@ -10,6 +10,7 @@ any node.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -282,6 +283,63 @@ def test_a_plain_detached_run_replicates_too(cluster: LocalCluster, runs: Runs, 
     finally:
         for name in cluster.names:
             cluster.ssh(name, "rm -f /tmp/snapshot.pt")
+
+
+def _relay_on(cluster: LocalCluster, node: str) -> int | None:
+    """The pid of a replication relay running on ``node`` (``checkpoint.py relay ... low``), if any."""
+    for pid in cluster.node_pids(node):
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"relay" in words and b"low" in words:
+            return pid
+    return None
+
+
+@pytest.mark.timeout(180)
+def test_stop_returns_once_a_relay_held_back_mid_copy_has_ended(cluster: LocalCluster, runs: Runs,
+                                                                 tmp_path: Path) -> None:
+    """A replication's relays run at the lowest CPU priority: on a node whose CPUs are all
+    busy one wakes up seconds after it was told to end. Here node0's relay is held stopped
+    (SIGSTOP, as starved) mid-copy while ``stop`` runs, and let go 7 s later: ``stop``
+    returns only once it has ended, and leaves nothing behind."""
+    run_id, _ = runs.detach(cluster, "--include", "node[0-1]", "--log-dir", str(tmp_path / "logs"),
+                            "--checkpoint", "snapshot.pt", "--", MULTINODE, "1000", "5", "--epoch-seconds", "0.8")
+    held: int | None = None
+    try:
+        deadline = time.monotonic() + 90
+        while held is None and time.monotonic() < deadline:
+            pid = _relay_on(cluster, "node0")
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    held = pid
+            time.sleep(0.01)
+        assert held is not None, "no relay seen on node0 in 90 s"
+        timer = threading.Timer(7.0, lambda: os.kill(held, signal.SIGCONT) if _alive(held) else None)
+        started = time.monotonic()
+        timer.start()
+        code, out = cli(cluster, "stop", run_id)
+        took = time.monotonic() - started
+        timer.join()
+        assert code == 0, out
+        print(f"stop took {took:.1f} s")
+        assert took >= 7.0, f"stop returned after {took:.1f} s, while node0's relay was still held"
+        assert_clean(cluster, timeout=1.0)
+    finally:
+        if held is not None and _alive(held):
+            os.kill(held, signal.SIGCONT)
+        for name in cluster.names:
+            cluster.ssh(name, "rm -f /tmp/snapshot.pt")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.mark.timeout(180)

@@ -31,6 +31,10 @@ BYTES_PER_SECOND = 10e6
 than this is taken as stalled (each node program also gives up after 2 minutes without a byte)."""
 POLL_SECONDS = 0.5
 """While the copy runs, how often the controller looks whether the run was interrupted."""
+END_SECONDS = 10.0
+"""Once the chain is over (done, failed or given up), the most its programs may take, all
+together, to end after their stdin closed: a replication's programs run at the lowest CPU
+priority and, on a node whose CPUs are all busy, take seconds to wake up and exit."""
 
 Feed = Callable[[Callable[[bytes], bool]], None]
 """The controller as the chain's source: called with the first receiver's ``send``, it sends
@@ -105,8 +109,26 @@ def run_chain(hops: Sequence[Hop], config: Mapping[str, Any], size: int, *, feed
         finish = time.monotonic() + START_SECONDS + size / BYTES_PER_SECOND + extra_seconds
         return _wait(hops, processes, lines, finish, feed, on_message, stopping)
     finally:
-        for process in processes.values():
-            process.close()
+        fed = processes.get(hops[0].node) if feed is not None else None
+        if fed is not None:
+            fed.close()  # the feed's thread may be blocked in a send to it: its stdin is not ours to close
+        _end([process for process in processes.values() if process is not fed], END_SECONDS)
+
+
+def _end(processes: Sequence[Process], seconds: float) -> None:
+    """Each program told to end (its stdin closed: ``remote/relay.py``'s ``watch_controller``
+    ends it, and it removes its temporary copy), then waited for, within ``seconds`` for all:
+    a channel closed at once would leave a program that has not yet run since (a relay at the
+    lowest priority on a busy node) behind the run that started it."""
+    for process in processes:
+        try:
+            process.close_stdin()
+        except TransportError:
+            pass  # the channel is gone already: so is its program, or its node
+    deadline = time.monotonic() + seconds
+    for process in processes:
+        process.exit_code(timeout=max(0.0, deadline - time.monotonic()))
+        process.close()
 
 
 def _wait(hops: Sequence[Hop], processes: Mapping[str, Process], lines: Mapping[str, Lines], finish: float,

@@ -115,6 +115,11 @@ class Holdings:
                 f"on {', '.join(holders)}")
 
 
+CLOSE_SECONDS = 12.0
+"""How long the run's end waits for a copy given up to end: its programs get
+``engine.prepare.relay.END_SECONDS`` to exit once told, and the copy's thread a margin to see it."""
+
+
 class Replicator:
     """Copies each new checkpoint to the next nodes in the ring, one copy at a time, in a
     thread of its own; ``pause`` between two attempts (the copy under way given up)."""
@@ -140,8 +145,9 @@ class Replicator:
             self.nodes = tuple(nodes)
 
     def close(self) -> None:
-        """The run is over: the copy under way is given up, and the thread ends."""
-        self.pause()
+        """The run is over: the copy under way is given up, and the thread ends; returns
+        once its programs have ended (``CLOSE_SECONDS`` at most), so that none outlives the run."""
+        self.pause(CLOSE_SECONDS)
         with self._changed:
             self._closed = True
             self._changed.notify_all()
