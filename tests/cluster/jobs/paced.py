@@ -5,8 +5,10 @@ renamed into place, as a careful job saves), and the loop goes on for ``--second
 in all, then exits 0. What replication's cluster test copies while it runs.
 
 ``--until-copied-on RANK``: the loop also goes on until RANK's node holds the whole file (the
-replica, renamed into place complete), ``--at-most`` seconds in all: a copy kept to the job's
-pace on a loaded machine may take longer than the job would have run."""
+replica, renamed into place complete) and ``--after-copy`` seconds more, ``--at-most`` seconds
+in all: a copy kept to the job's pace on a loaded machine may take longer than the job would
+have run, and the controller reads the copy's end from the relays after the rename (a run that
+ends first gives the copy up, unreported)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=8)
     parser.add_argument("--path", default="paced.ckpt")
     parser.add_argument("--until-copied-on", type=int, default=None, metavar="RANK")
+    parser.add_argument("--after-copy", type=float, default=5.0)
     parser.add_argument("--at-most", type=float, default=120.0)
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -39,12 +42,16 @@ def main() -> None:
     rank = dist.get_rank()
     weights, grads = torch.randn(128, 128), torch.randn(1 << 16)
     step, ends, latest = 0, time.time() + args.seconds, time.time() + args.at_most
+    held_since: float | None = None
     while True:
         started = time.time()
         for _ in range(4):
             weights = torch.tanh(weights @ weights) * 0.5
         dist.all_reduce(grads)
-        waiting = torch.tensor([1.0 if args.until_copied_on == rank and not holds(args.path, args.mb) else 0.0])
+        if args.until_copied_on == rank and held_since is None and holds(args.path, args.mb):
+            held_since = time.time()
+        copied = held_since is not None and time.time() - held_since >= args.after_copy
+        waiting = torch.tensor([1.0 if args.until_copied_on == rank and not copied else 0.0])
         dist.all_reduce(waiting)
         now = time.time()
         more = torch.tensor([1.0 if now < ends or (waiting.item() and now < latest) else 0.0])
