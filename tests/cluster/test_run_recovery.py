@@ -65,9 +65,15 @@ def log_text(log_dir: Path, node: str) -> str:
 def fault_free(steps: int, world: int, tmp_path: Path) -> tuple[str, str]:
     """The final loss and weights of the same job without a fault (torchrun here, CPU)."""
     env = {**os.environ, "TORCHHERD_RUN_ID": "reference", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                             str(world), RESUMABLE, "--steps", str(steps), "--step-seconds", "0"], cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=120)
+    try:
+        result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                 str(world), RESUMABLE, "--steps", str(steps), "--step-seconds", "0"], cwd=tmp_path,
+                                env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as timed_out:  # what it said, whole: run 54's repr cut it short
+        said = [text if isinstance(text, str) else (text or b"").decode("utf-8", "replace")
+                for text in (timed_out.stdout, timed_out.stderr)]
+        raise AssertionError(f"the reference run took over 120 s; stdout:\n{said[0][-4000:]}\nstderr:\n"
+                             f"{said[1][-4000:]}") from None
     match = FINAL.search(result.stdout)
     assert match, result.stdout + result.stderr
     return match.group(1), match.group(2)
