@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -73,6 +74,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("cluster") is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """When each test started and on which worker, as properties in the JUnit XML that
+    ``scripts/test`` keeps: ``scripts/test-durations --workers`` draws each worker's busy
+    and idle time from them (the test's end: its start plus the time JUnit gives it)."""
+    item.user_properties.append(("started", f"{time.time():.3f}"))
+    item.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER", "main")))
 
 
 @pytest.fixture(scope="session", autouse=True)
