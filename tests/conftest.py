@@ -23,12 +23,14 @@ test module imports another (tests/unit/test_suite_marks.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -76,6 +78,47 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
 
 
+CPU_ACCOUNTING = Path("/sys/fs/cgroup/cpuacct")
+"""cgroup v1's CPU accounting hierarchy (apart from the ``cpu`` one that ``scripts/test``
+weighs its phases with)."""
+_CPU_GROUP = pytest.StashKey[Path]()
+_CPU_AT_START = pytest.StashKey[float]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With ``TORCHHERD_TEST_CPU=1`` (``scripts/test`` sets it), this pytest process (an
+    xdist worker, or a run without workers) moves into a CPU accounting group of its own,
+    where every process it starts then is (the local cluster's sshd, and what they start),
+    so that each test's CPU seconds can be read: the group's usage when it ends less when it
+    started (a process a test left running counts in the next). Nothing where cgroup v1's
+    cpuacct is not writable."""
+    if os.environ.get("TORCHHERD_TEST_CPU") != "1":
+        return
+    group = CPU_ACCOUNTING / f"torchherd-test-cpu-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    except OSError:
+        return
+    config.stash[_CPU_GROUP] = group
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    group = config.stash.get(_CPU_GROUP, None)
+    if group is not None:
+        with contextlib.suppress(OSError):
+            (CPU_ACCOUNTING / "cgroup.procs").write_text(f"{os.getpid()}\n")
+            group.rmdir()  # fails while a process of it is left: the leftover checks name those
+
+
+def _cpu_seconds(config: pytest.Config) -> float | None:
+    group = config.stash.get(_CPU_GROUP, None)
+    try:
+        return int((group / "cpuacct.usage").read_text()) / 1e9 if group is not None else None
+    except (OSError, ValueError):
+        return None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """When each test started and on which worker, as properties in the JUnit XML that
@@ -83,6 +126,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     and idle time from them (the test's end: its start plus the time JUnit gives it)."""
     item.user_properties.append(("started", f"{time.time():.3f}"))
     item.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER", "main")))
+    used = _cpu_seconds(item.config)
+    if used is not None:
+        item.stash[_CPU_AT_START] = used
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """The test's CPU seconds (its processes', setup and teardown included), before its
+    teardown report is made: JUnit takes a test's properties from that report."""
+    yield
+    used, start = _cpu_seconds(item.config), item.stash.get(_CPU_AT_START, None)
+    if used is not None and start is not None:
+        item.user_properties.append(("cpu", f"{used - start:.2f}"))
 
 
 @pytest.fixture(scope="session", autouse=True)
