@@ -39,10 +39,10 @@ PHASES = ("unit", "cluster", "serial")
 # the next module when it is almost done with its last (scripts/test passes
 # --no-loadscope-reorder, so this order holds): longest first leaves no long module to
 # start near the end while the other workers idle. Modules not named here come last.
-LONGEST_FIRST = ("test_slurm", "test_containers", "test_run_recovery", "test_detach", "test_check", "test_run",
-                 "test_detach_retries", "test_ssh_topologies", "test_uv_project", "test_localhost_without_sshd",
-                 "test_api", "test_ssh_aliases", "test_local_cluster", "test_run_report", "test_one_command",
-                 "test_getting_started", "test_slurm_containers", "test_ssh_host_keys", "test_run_scripts",
+LONGEST_FIRST = ("test_slurm", "test_containers", "test_run_recovery", "test_detach_retries", "test_check",
+                 "test_detach", "test_run", "test_localhost_without_sshd", "test_uv_project", "test_ssh_topologies",
+                 "test_api", "test_ssh_aliases", "test_one_command", "test_run_report", "test_local_cluster",
+                 "test_slurm_containers", "test_getting_started", "test_ssh_host_keys", "test_run_scripts",
                  "test_transport")
 
 

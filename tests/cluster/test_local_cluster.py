@@ -281,6 +281,11 @@ def test_ps_on_a_node_shows_only_that_nodes_processes(cluster: LocalCluster) -> 
     assert cluster.wait_no_processes("node1") == []
 
 
+# slow: CI's product tests prove the same of the cluster on every run: test_run.py's DDP demo
+# (3 hosts x 2 ranks, gloo, every rank's loss equal) and its --no-warm run (torchrun started cold
+# on each host). This one, plain torchrun over plain ssh, tells the harness from the product
+# when those fail (`scripts/test -m "" tests/cluster/test_local_cluster.py`).
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_torchrun_gloo_all_reduce_across_two_hosts(cluster: LocalCluster) -> None:
     script = "/tmp/all_reduce.py"
