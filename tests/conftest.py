@@ -94,6 +94,10 @@ def pytest_configure(config: pytest.Config) -> None:
     cpuacct is not writable."""
     if os.environ.get("TORCHHERD_TEST_CPU") != "1":
         return
+    for stale in CPU_ACCOUNTING.glob("torchherd-test-cpu-*"):  # of a pytest process gone (killed)
+        if not Path(f"/proc/{stale.name.rsplit('-', 1)[1]}").exists():
+            with contextlib.suppress(OSError):
+                stale.rmdir()  # only an empty group goes
     group = CPU_ACCOUNTING / f"torchherd-test-cpu-{os.getpid()}"
     try:
         group.mkdir()
@@ -104,11 +108,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """This process out of its accounting group, and the group removed once the last process
+    of it has ended (a cluster's processes may take seconds to go after its teardown)."""
     group = config.stash.get(_CPU_GROUP, None)
-    if group is not None:
-        with contextlib.suppress(OSError):
-            (CPU_ACCOUNTING / "cgroup.procs").write_text(f"{os.getpid()}\n")
-            group.rmdir()  # fails while a process of it is left: the leftover checks name those
+    if group is None:
+        return
+    with contextlib.suppress(OSError):
+        (CPU_ACCOUNTING / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            group.rmdir()
+            return
+        except OSError:  # a process of it left: the leftover checks name those, the next run removes it
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
 
 
 def _cpu_seconds(config: pytest.Config) -> float | None:
