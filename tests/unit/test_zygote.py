@@ -22,7 +22,7 @@ from torchherd.engine.ssh.warm import warmed, zygote_command, zygote_env
 from torchherd.inventory import Inventory, parse
 from torchherd.plan import RunOptions, build_plan
 from torchherd.remote import program
-from torchherd.remote.zygote import Zygote, parse_python_args, startup_differs, training_script
+from torchherd.remote.zygote import Zygote, parse_python_args, startup_differs
 
 SCRIPT = textwrap.dedent("""\
     import os, signal, sys, time
@@ -147,45 +147,6 @@ def test_a_module_the_zygote_preloaded_runs_as_main_without_runpys_warning(tmp_p
     finally:
         stop_zygote(preloaded)
     assert (done.returncode, done.stdout, done.stderr) == (0, '{"a":[1,2]}\n', "")
-
-
-@pytest.mark.timeout(120)
-def test_the_agent_of_a_job_that_names_ddp_gets_torch_dynamo_imported_before_it_forks(tmp_path: Path) -> None:
-    """A run's warm Python (``serve``) imports torch._dynamo when torchrun's agent asks for a
-    fork to run a script that names DDP, so that the agent's ranks fork with it; a job that
-    names none leaves it to its ranks. The real torchrun, one rank each."""
-    names = tmp_path / "ddp.py"
-    names.write_text("import sys  # wraps its model in DistributedDataParallel\n"
-                     "print('compiler', 'torch._dynamo' in sys.modules, flush=True)\n")
-    plain = tmp_path / "plain.py"
-    plain.write_text(names.read_text().replace("DistributedDataParallel", "nothing"))
-    said = {}
-    for job in (plain, names):  # a warm Python each; its ranks through the client (PYTHON_EXEC), as a run has it
-        zygote = start_zygote(["torch", "torch.distributed.run"])
-        try:
-            done = subprocess.run([zygote.client, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                                   "1", job.name], cwd=tmp_path, env=client_env(PYTHON_EXEC=zygote.client),
-                                  capture_output=True, text=True, timeout=90)
-        finally:
-            stop_zygote(zygote)
-        assert done.returncode == 0, done.stderr
-        assert "started cold" not in done.stderr, done.stderr
-        said[job.name] = done.stdout.strip()
-    assert said == {"plain.py": "compiler False", "ddp.py": "compiler True"}
-
-
-@pytest.mark.parametrize(("argv", "expected"), [
-    (["--nnodes", "2", "--nproc-per-node", "4", "--node-rank", "1", "--master-addr", "node0", "train.py", "--lr", "1"],
-     "/w/train.py"),
-    (["--standalone", "/abs/train.py", "-m", "x"], "/abs/train.py"),  # the script's own -m is its argument
-    (["--nnodes", "1", "-m", "package.train"], None),  # a module: no file to read
-    (["--no-python", "--nnodes", "1", "./train.sh"], None),
-    (["--nnodes"], None),  # torchrun refuses these: its own message comes when it runs
-])
-def test_the_training_script_is_read_from_torchruns_arguments_by_its_parser(
-        argv: list[str], expected: str | None, capsys: pytest.CaptureFixture[str]) -> None:
-    assert training_script(argv, "/w") == expected
-    assert capsys.readouterr() == ("", "")
 
 
 def test_the_client_relays_a_signal_and_exits_as_the_child_did(warm: Warm, script: Path, tmp_path: Path) -> None:

@@ -4,8 +4,7 @@ Standard library only, Python >= 3.8, Linux. Shipped like every node program
 (``torchherd.remote.program("zygote.py")``) and started as ``PYTHON -u -c PROGRAM serve
 PRELOAD...`` (no ``-I``/``-S``: it imports what the job imports, with the job's
 environment and ``sys.path``). It imports each PRELOAD module (``torch``,
-``torch.distributed.run``; never CUDA; and ``torch._dynamo`` before torchrun's agent forks, when
-its training script names a user of it: ``preload_for``), makes a private directory (``mkdtemp``, 0700) and
+``torch.distributed.run``; never CUDA), makes a private directory (``mkdtemp``, 0700) and
 in it ``sock`` (a unix socket, 0600) and ``python``, a tiny client that stands in for the
 interpreter: ``DIR/python -m torch.distributed.run ...`` starts torchrun's agent, and
 ``PYTHON_EXEC=DIR/python`` makes the agent start each rank through it too. Its first
@@ -69,13 +68,6 @@ STORE_LINGER = 30.0
 """At most this long the rendezvous host's agent keeps its store up after its job ended well,
 for the other agents still leaving torchrun's exit barrier (``_linger``)."""
 TCP_ESTABLISHED, TCP_LISTEN = "01", "0A"
-COMPILER = "torch._dynamo"
-COMPILER_USERS = (b"DistributedDataParallel", b"FullyShardedDataParallel", b"fully_shard", b"torch.compile")
-"""torch imports ``COMPILER`` at the first use of each (DDP's and FSDP's constructors,
-torch.compile): measured here, 1.6-1.8 s of CPU on top of torch's 1.5-2.0, in every rank. A
-training script that names one gets it imported once, in the warm interpreter, before the
-agent forks: its ranks then fork with it."""
-SCRIPT_SCAN_LIMIT = 4 * 1024 * 1024
 
 
 # -- the messages -------------------------------------------------------------------
@@ -427,51 +419,6 @@ def _finish(code: int) -> None:
         os._exit(code)
 
 
-def training_script(agent_argv: List[str], cwd: str) -> Optional[str]:
-    """The file torchrun's agent, started with ``agent_argv``, runs in each rank (read by
-    torchrun's own parser), or None: a module (``-m``), ``--no-python``, or arguments it refuses."""
-    quiet = sys.stderr
-    try:
-        import io
-
-        from torch.distributed.run import get_args_parser  # type: ignore[import-not-found,unused-ignore]
-
-        sys.stderr = io.StringIO()  # a refusal's usage text is torchrun's to print, when it runs
-        parsed, _rest = get_args_parser().parse_known_args(agent_argv)
-    except BaseException:  # noqa: BLE001 - argparse exits on a refusal; the agent will say why
-        return None
-    finally:
-        sys.stderr = quiet
-    if parsed.module or parsed.no_python or not isinstance(parsed.training_script, str):
-        return None
-    return os.path.join(cwd, parsed.training_script)
-
-
-def preload_for(script: Optional[str]) -> None:
-    """Imports ``COMPILER`` here, once, when ``script`` names one of its users: a guess made
-    from the entry script's text alone, so that a wrong one costs only time (the ranks import
-    what they use either way)."""
-    if script is None or COMPILER in sys.modules:
-        return
-    try:
-        with open(script, "rb") as f:
-            source = f.read(SCRIPT_SCAN_LIMIT)
-    except OSError:
-        return
-    if any(name in source for name in COMPILER_USERS):
-        try:
-            __import__(COMPILER)
-        except BaseException:  # noqa: BLE001 - the ranks import it themselves, and say why it fails
-            pass
-
-
-def preload_for_agent(spec: Dict[str, object], cwd: str) -> None:
-    """``preload_for`` the training script of torchrun's agent, when ``spec`` starts one."""
-    argv = spec.get("argv")
-    if spec.get("module") == AGENT_MODULE and isinstance(argv, list):
-        preload_for(training_script([str(word) for word in argv[1:]], cwd))
-
-
 # -- the zygote -----------------------------------------------------------------------
 
 
@@ -545,9 +492,6 @@ class Zygote:
             if request is None or len(fds) != 3:
                 conn.close()
                 return
-            spec = request.get("spec")
-            if isinstance(spec, dict):
-                preload_for_agent(spec, str(request.get("cwd") or "."))
             why = self.unsafe() or startup_differs({str(k): str(v) for k, v in dict(request["env"]).items()},  # type: ignore[call-overload]
                                                    self.startup_env)
             if why:
@@ -771,7 +715,6 @@ def start_main(args: List[str]) -> int:
         try:
             for module in ("torch", str(spec["module"])):
                 __import__(module)
-            preload_for_agent(spec, os.getcwd())
             directory, listener = prepare(None)
         except BaseException as exc:  # noqa: BLE001 - the cold start says it again, as python does
             spec, why = None, "%s: %s" % (type(exc).__name__, exc)
