@@ -32,6 +32,8 @@ from torch.nn.parallel import DistributedDataParallel
 FEATURES = 16
 HIDDEN = 64
 SAMPLES = 4096
+KEPT: list[object] = []
+"""The DDP model, referenced until the process ends (the end of this file says why)."""
 
 
 def parse_args() -> argparse.Namespace:
@@ -90,6 +92,7 @@ def main() -> int:
         nn.Linear(HIDDEN, 1),
     ).to(device)
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    KEPT.append(ddp)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.MSELoss()
 
@@ -124,7 +127,11 @@ if __name__ == "__main__":
     # threads may still be releasing the last collective's tensors, which takes the GIL
     # that a finalizing interpreter no longer gives, and the thread dies inside a C++
     # destructor: "terminate called without an active exception", SIGABRT, a failed
-    # rank after its last line (about 1 run in 20 of this demo with torch 2.13).
+    # rank after its last line (about 1 run in 20 of this demo with torch 2.13). And without
+    # freeing the DDP model (KEPT): freed as main() returns, it frees the gloo process group
+    # with the GIL held, whose destructor joins gloo's worker thread while that thread may be
+    # waiting for the GIL to free the last collective's tensors, and the rank never ends (4 of
+    # 36 runs of this demo where torch._dynamo was imported before DDP, as torch.compile does).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
