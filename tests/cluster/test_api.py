@@ -15,6 +15,7 @@ import pytest
 from localcluster import LocalCluster
 
 import torchherd
+from support.cluster_topologies import ALLREDUCE_DEMO
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.engine.events import Event, PreflightDone
@@ -58,7 +59,7 @@ def test_a_run_through_the_api_never_imports_rich(cluster: LocalCluster, tmp_pat
     script = f"""
 import sys, torchherd
 cluster = torchherd.Cluster.from_toml({str(cluster.inventory)!r})
-plan = cluster.plan({str(ROOT / 'examples' / 'ddp_demo.py')!r}, "--steps", "2", nproc_per_node=1)
+plan = cluster.plan({ALLREDUCE_DEMO!r}, "--steps", "2", nproc_per_node=1)
 summary = cluster.launch(plan, log_dir={str(tmp_path / 'logs')!r}, check=False).wait()
 print("exit", summary.exit_code, "rich" in sys.modules, sorted(m for m in sys.modules if m.startswith("rich")))
 """
@@ -91,7 +92,7 @@ def test_a_runs_preflight_reads_torch_from_its_files_where_a_check_imported_that
     checked = herd.check(only=("ssh", "python"))
     assert checked.ok and [result.summary for result in checked.results if "read from its files" in result.summary] == []
     events: list[Event] = []
-    run = herd.launch(herd.plan(str(ROOT / "examples" / "ddp_demo.py"), "--steps", "2", nproc_per_node=1), log_dir=tmp_path / "logs", on_event=events.append,
+    run = herd.launch(herd.plan(ALLREDUCE_DEMO, "--steps", "2", nproc_per_node=1), log_dir=tmp_path / "logs", on_event=events.append,
                       only=("ssh", "python"))
     assert run.wait().exit_code == 0
     (done,) = [event for event in events if isinstance(event, PreflightDone)]

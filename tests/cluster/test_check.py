@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from localcluster import LocalCluster
 
+from support.cluster_topologies import ALLREDUCE_DEMO
 from torchherd.api import Cluster
 from torchherd.checks import CheckOptions, PreflightOutcome
 from torchherd.checks import smoke as smoke_check
@@ -153,7 +154,7 @@ def test_run_works_around_a_worker_hostname_on_loopback(cluster: LocalCluster, h
     """Issue 41 item 2: the check's fix says run works around 127.0.1.1 (it pins --local-addr and
     GLOO_SOCKET_IFNAME); a real gloo job on the module's 3 nodes x 2 processes proves it, the check skipped."""
     cluster.write_file("node1", "/etc/hosts", "127.0.1.1\tnode1\n" + hosts_file["node1"])
-    demo = str(Path(__file__).resolve().parents[2] / "examples" / "ddp_demo.py")
+    demo = ALLREDUCE_DEMO
     out = StringIO()
     code = main(["-i", str(cluster.inventory), "run", "--skip", "hostname", "--plain", "--log-dir", str(tmp_path),
                  "--", demo, "--steps", "3"], console=make_console(out, width=200))

@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 from localcluster import LocalCluster
 
+from support.cluster_topologies import ALLREDUCE_DEMO
+
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-DDP_DEMO = str(ROOT / "examples" / "ddp_demo.py")
 NO_LISTENER = "no TCP listener here"
 JOB = """\
 import os, sys, time
@@ -145,7 +146,7 @@ def test_a_one_node_cluster_whose_hostname_is_on_127_0_1_1_passes_check_and_runs
     assert summaries["hostname"].startswith("node0 -> 127.0.1.1 (loopback: fine on one machine")
     assert summaries["ssh"].startswith("logged in to ")  # a cluster's node: SSH as ever
     ran = subprocess.run([sys.executable, "-m", "torchherd", "run", "--nproc-per-node", "2", "--log-dir",
-                          str(tmp_path / "logs"), "--", DDP_DEMO, "--steps", "3"], capture_output=True, text=True,
+                          str(tmp_path / "logs"), "--", ALLREDUCE_DEMO, "--steps", "3"], capture_output=True, text=True,
                          env=env, timeout=180)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     assert re.search(r"(?m)^node0:1: rank 1 done: loss", ran.stdout), ran.stdout

@@ -28,6 +28,7 @@ from slurmcluster import SlurmCluster, slurm_unavailable_reason
 from support.cluster_detach import wait_recovery
 from support.cluster_recovery import assert_spied, attempt_rows
 from support.cluster_runs import SKIP_TORCH
+from support.cluster_topologies import ALLREDUCE_DEMO
 from support.processes import default_signals
 from support.slurm_runs import remove_run_dirs
 from torchherd.api import Cluster
@@ -621,7 +622,7 @@ def job_in_a_stand_in_container(slurm: SlurmCluster, inventory: Path, tmp_path: 
         return [json.loads(line) for line in (shim / "calls").read_text().splitlines()]
 
     code, out = run(inventory, tmp_path / "logs", "--env", path, "--nproc-per-node", "1", "--",
-                    DDP_DEMO, "--steps", "5")
+                    ALLREDUCE_DEMO, "--steps", "5")
     assert code == 0, out
     assert "all 3 nodes finished (exit 0)" in out
     (job_id,) = re.findall(r"SLURM job (\d+): submitted", out)

@@ -4,8 +4,8 @@ people name their machines. The alias is the controller's name for a node; the n
 cannot resolve it (their /etc/hosts knows node0..node2 only), so the master address
 the workers are told must be what ssh_config resolves the alias to.
 
-``check`` is clean, ``run --dry-run`` names the HostName, and a 3-node x 2-rank DDP
-run is correct, with and without ``--no-check`` (trained once, with the aliases in the
+``check`` is clean, ``run --dry-run`` names the HostName, and a 3-node x 2-rank data-parallel
+run (``ALLREDUCE_DEMO``) is correct, with and without ``--no-check`` (trained once, with the aliases in the
 config itself: through an Include the plan is the same).
 """
 
@@ -21,7 +21,7 @@ import pytest
 from localcluster import LocalCluster
 
 from support.cluster_runs import SKIP_TORCH
-from support.cluster_topologies import DDP_DEMO, assert_clean
+from support.cluster_topologies import ALLREDUCE_DEMO, DDP_DEMO, assert_clean
 from torchherd.cli import main
 from torchherd.console import make_console
 
@@ -108,9 +108,9 @@ def test_aliased_hosts_check_clean_and_run_with_and_without_the_checks(
         # HostName through the Include, and test_ssh_topologies.py's
         # test_aliases_from_an_included_file trains through an Include.
         return
-    assert_trained(*cli("-i", str(inventory), "run", *skip, "--log-dir", str(tmp_path / "logs"), "--", DDP_DEMO))
+    assert_trained(*cli("-i", str(inventory), "run", *skip, "--log-dir", str(tmp_path / "logs"), "--", ALLREDUCE_DEMO))
     assert_trained(*cli("-i", str(inventory), "run", "--no-check", "--log-dir", str(tmp_path / "logs"),
-                        "--", DDP_DEMO))
+                        "--", ALLREDUCE_DEMO))
 
 
 @pytest.mark.slow
@@ -127,4 +127,4 @@ def test_aliased_hosts_behind_a_bastion_run_without_the_checks(
     assert_clean(document, cluster.names)
     assert code == 0
     assert_trained(*cli("-i", str(inventory), "run", "--no-check", "--log-dir", str(tmp_path / "logs"),
-                        "--", DDP_DEMO))
+                        "--", ALLREDUCE_DEMO))

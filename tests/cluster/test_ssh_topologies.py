@@ -1,7 +1,8 @@
 """SSH as real clusters are reached: through a bastion that keeps sshd's stock limits,
 through a chain of two jump hosts, and by aliases that an ``Include``d file defines.
 
-In each topology ``torchherd check`` is clean and a 3-node x 2-rank DDP run is correct.
+In each topology ``torchherd check`` is clean and a 3-node x 2-rank data-parallel run is correct
+(``ALLREDUCE_DEMO``: the DDP demo's training, its gradients all-reduced by hand).
 The bastion (``jump0``) keeps ``MaxStartups 10:30:100``; the nodes behind it drop SSH
 from anyone but the hop in front of them. Its sshd log shows what torchherd did: one
 login per command (the shared jump connection), and no connection dropped past
@@ -25,7 +26,7 @@ import pytest
 from localcluster import LocalCluster, make_room_for_neighbours
 
 from support.cluster_runs import SKIP_TORCH
-from support.cluster_topologies import DDP_DEMO, assert_clean
+from support.cluster_topologies import ALLREDUCE_DEMO, assert_clean
 from torchherd.cli import main
 from torchherd.console import make_console
 from torchherd.errors import TransportError
@@ -66,12 +67,12 @@ def first_nodes(cluster: LocalCluster, count: int, path: Path) -> Path:
 
 
 def run_ddp(inventory: Path, log_dir: Path) -> tuple[float, str]:
-    """A 3x2 DDP run through whatever the ssh_config says; asserts every rank's loss fell
+    """A 3x2 data-parallel run through whatever the ssh_config says; asserts every rank's loss fell
     to the same value on all ranks."""
     out = StringIO()
     started = time.monotonic()
     code = main(["-i", str(inventory), "run", "--no-check", "--log-dir", str(log_dir), "--nproc-per-node", "2",
-                 "--", DDP_DEMO], console=make_console(out, width=200))
+                 "--", ALLREDUCE_DEMO], console=make_console(out, width=200))
     took = time.monotonic() - started
     text = out.getvalue()
     assert code == 0, text
