@@ -16,13 +16,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from localcluster import LocalCluster, veth_name
 
+from support.cluster_links import rate_limited
 from support.cluster_runs import SKIP_TORCH
 from torchherd.checks import runner
 from torchherd.checks.bandwidth import probe_paths
@@ -58,21 +58,6 @@ def summaries(document: dict[str, Any]) -> str:
 
 def ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
-@contextmanager
-def rate_limited(cluster: LocalCluster, name: str) -> Iterator[None]:
-    """``name``'s link at 50 Mbit/s both ways: tbf on the controller-side veth (traffic to
-    the node) and on the node's own eth0 (traffic from it)."""
-    port = veth_name(cluster.prefix, cluster.names.index(name))
-    tbf = ["root", "tbf", "rate", "50mbit", "burst", "32kbit", "latency", "400ms"]
-    subprocess.run(["tc", "qdisc", "add", "dev", port, *tbf], check=True, capture_output=True)
-    try:
-        cluster.netns_exec(name, ["tc", "qdisc", "add", "dev", "eth0", *tbf])
-        yield
-    finally:
-        subprocess.run(["tc", "qdisc", "del", "dev", port, "root"], capture_output=True)
-        cluster.netns_exec(name, ["tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
 
 
 def set_mtu(cluster: LocalCluster, mtu: int, except_port_of: str | None = None) -> None:
@@ -122,7 +107,7 @@ def test_healthy_four_nodes_have_no_finding(four: LocalCluster, capsys: pytest.C
 
 @pytest.mark.timeout(180)
 def test_rate_limited_node_is_named_and_only_it(four: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
-    with rate_limited(four, SLOW):
+    with rate_limited(four, [SLOW]):
         code, document, took = check(four, capsys)
         print(f"one node at 50 Mbit/s, 4 nodes: {took:.1f} s", file=sys.stderr)
         assert findings(document, "bandwidth") == {SLOW: "warn"}, summaries(document)

@@ -9,6 +9,7 @@ After every test no process of any attempt is left on any node.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from io import StringIO
@@ -24,6 +26,7 @@ from pathlib import Path
 import pytest
 from localcluster import LocalCluster
 
+from support.cluster_links import rate_limited
 from support.cluster_recovery import RESUMABLE, assert_spied, attempt_rows, kill_node
 from support.cluster_runs import Controller, assert_clean
 from torchherd.cli import main
@@ -36,6 +39,8 @@ pytestmark = pytest.mark.cluster
 BLOCK_PORT = str(Path(__file__).resolve().parent / "jobs" / "block_master_port.py")
 PACED = str(Path(__file__).resolve().parent / "jobs" / "paced.py")
 FINAL = re.compile(r"final loss (\S+) weights (\S+)")
+STEPS = 30
+"""The resumable job's steps where its final loss and weights are compared with ``fault_free``'s."""
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +67,18 @@ def log_text(log_dir: Path, node: str) -> str:
     return (run_dir / f"{node}.log").read_text(encoding="utf-8")
 
 
-def fault_free(steps: int, world: int, tmp_path: Path) -> tuple[str, str]:
-    """The final loss and weights of the same job without a fault (torchrun here, CPU)."""
+@functools.cache
+def fault_free(steps: int, world: int) -> tuple[str, str]:
+    """The final loss and weights of the same job without a fault (torchrun here, CPU), once
+    per worker for the tests that ask the same (``STEPS``): its four cold imports of torch
+    cost about 8 s of CPU."""
     env = {**os.environ, "TORCHHERD_RUN_ID": "reference", "OMP_NUM_THREADS": "1"}
     try:
-        result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                                 str(world), RESUMABLE, "--steps", str(steps), "--step-seconds", "0"], cwd=tmp_path,
-                                env=env, capture_output=True, text=True, timeout=120)
+        with tempfile.TemporaryDirectory() as directory:  # the job's checkpoints, under its cwd
+            result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                     "--nproc-per-node", str(world), RESUMABLE, "--steps", str(steps),
+                                     "--step-seconds", "0"], cwd=directory, env=env, capture_output=True, text=True,
+                                    timeout=120)
     except subprocess.TimeoutExpired as timed_out:  # what it said, whole: run 54's repr cut it short
         said = [text if isinstance(text, str) else (text or b"").decode("utf-8", "replace")
                 for text in (timed_out.stdout, timed_out.stderr)]
@@ -82,10 +92,10 @@ def fault_free(steps: int, world: int, tmp_path: Path) -> tuple[str, str]:
 @pytest.mark.timeout(180)
 def test_a_rank_crash_once_then_success_on_the_same_nodes(four: LocalCluster, tmp_path: Path) -> None:
     """Cold (``--no-warm``): every attempt starts Python and imports torch, as before issue 40."""
-    expected = fault_free(12, 3, tmp_path)
+    expected = fault_free(STEPS, 3)
     logs = tmp_path / "logs"
     code, out = run_cli(four, logs, "--no-check", "--include", "node[0-2]", "--retries", "2", "--no-warm", "--",
-                        RESUMABLE, "--steps", "12", "--step-seconds", "0.05", "--fail-step", "6", "--fail-rank", "1",
+                        RESUMABLE, "--steps", str(STEPS), "--step-seconds", "0.05", "--fail-step", "6", "--fail-rank", "1",
                         "--fail-attempt", "1", "--fail-hang")
     assert code == 0, out
     match = FINAL.search(out)
@@ -172,8 +182,8 @@ def test_a_final_exit_code_ends_the_run_at_once(four: LocalCluster, tmp_path: Pa
 def test_a_node_killed_mid_run_is_replaced_by_a_spare_that_resumes(
         make_cluster: Callable[..., LocalCluster], tmp_path: Path,
         controllers: Callable[..., Controller]) -> None:
-    steps = 30  # the kill at step 12, once the warm Pythons are ready (they are before attempt 1 starts)
-    expected = fault_free(steps, 3, tmp_path)
+    steps = STEPS  # the kill at step 12, once the warm Pythons are ready (they are before attempt 1 starts)
+    expected = fault_free(steps, 3)
     cluster = make_cluster(4, nproc_per_node=1)
     controller = controllers(cluster, tmp_path / "logs", "--spares", "node3", "--retries", "2", "--plain", "--",
                              RESUMABLE, "--steps", str(steps), "--step-seconds", "0.15")
@@ -417,14 +427,16 @@ def test_a_replica_is_sent_at_a_share_of_the_measured_link_kept_to_the_pace_of_a
     from torchherd.engine.records.links import measured_link
     from torchherd.inventory import load as load_inventory
 
-    assert main(["check", "-i", str(four.inventory), "--bandwidth", "--only", "bandwidth", "--json"]) == 0
+    # Measured with every link held to 2 Gb/s, a fifth of the veths' stated 10 Gb/s, so that the
+    # share below tells which figure was used. Unheld, a veth here carried 0.8-2.3 GB/s, and once
+    # 1.257 GB/s: within 1% of the stated 1.25 (run 68), where no share could tell them apart.
+    with rate_limited(four, four.names, rate="2gbit", burst="2mb", latency="50ms"):
+        assert main(["check", "-i", str(four.inventory), "--bandwidth", "--only", "bandwidth", "--json"]) == 0
     capsys.readouterr()
     address = {host.name: host.address for host in load_inventory(four.inventory).hosts}
     link = measured_link(address["node0"], address["node1"])
-    # Measured, and unlike the veth's stated 10 Gb/s (the share below then tells which one was
-    # used): an idle machine's veth carried 2.3 GB/s, above the stated speed, a loaded one 0.8.
     stated = 10e9 / 8
-    assert link is not None and abs(link - stated) > 0.02 * stated, link
+    assert link is not None and link < 0.5 * stated, link
     code, out = run_cli(four, tmp_path / "logs", "--retries", "1", "--checkpoint", "paced.ckpt",
                         "--replicate-bandwidth", "1%", "--plain", "--", PACED, "--seconds", "15", "--mb", "8",
                         "--until-copied-on", "1")
