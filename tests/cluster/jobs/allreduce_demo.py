@@ -19,30 +19,18 @@ import argparse
 import os
 import socket
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-FEATURES = 16
-HIDDEN = 64
-SAMPLES = 4096
+# The demo's model sizes, data and output, from the demo itself (importing it builds nothing).
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
+from ddp_demo import FEATURES, HIDDEN, say, synthetic_data  # noqa: E402
+
 LR = 0.05
 MOMENTUM = 0.9
-
-
-def say(line: str) -> None:
-    sys.stdout.write(line + "\n")  # one write per line: the ranks share the pipe
-    sys.stdout.flush()
-
-
-def synthetic_data(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(SAMPLES, FEATURES, generator=g)
-    w1 = torch.randn(FEATURES, 1, generator=g) / FEATURES**0.5
-    w2 = torch.randn(FEATURES, 1, generator=g) / FEATURES**0.5
-    y = torch.sin(x @ w1) + 0.5 * (x @ w2) + 0.05 * torch.randn(SAMPLES, 1, generator=g)
-    return x, y
 
 
 def averaged_gradients(model: nn.Module, world: int) -> None:
