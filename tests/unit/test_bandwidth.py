@@ -3,11 +3,14 @@ floor's syntax, and the node script itself between two processes on loopback."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections import Counter
 from pathlib import Path
@@ -205,6 +208,50 @@ def test_node_script_measures_and_echoes_on_loopback() -> None:
             process.stdin.close()
             process.wait(timeout=10)
             assert process.returncode == 0
+
+
+def test_the_node_script_ends_only_after_the_answer_it_is_writing() -> None:
+    """Stdin closed while a thread is inside its answer's write (stdout full: a controller
+    slow to read): the script ends once that answer is written whole, with status 0 and
+    nothing on stderr. Ended by the interpreter's shutdown, it stopped its daemon threads where
+    they were: the answer under way was lost, or, with the thread stopped holding stdout's
+    lock, CPython aborted a second later (SIGABRT, "could not acquire lock for
+    <_io.BufferedWriter name='<stdout>'> at interpreter shutdown"), seen on the local cluster."""
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # bound, never read: no echo, no ICMP
+    silent.bind(("127.0.0.1", 0))
+    process = node_script(stderr=subprocess.PIPE)
+    try:
+        assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+        held = fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, 4096)  # a page: the least a pipe holds
+        json.loads(process.stdout.readline())
+        requests = [{"id": index, "mtu": ["127.0.0.1", silent.getsockname()[1]], "size": 600, "small": 100,
+                     "timeout": 0.05, "attempts": 1, "bisect": None} for index in range(200)]
+        process.stdin.write(b"".join(json.dumps(request).encode() + b"\n" for request in requests))
+        process.stdin.flush()
+        # Full: no room for even the shortest answer, so one is being written and waits.
+        shortest = len(json.dumps({"small": False, "full": False, "id": 0})) + 1
+        deadline = time.monotonic() + 30
+        while waiting(process.stdout.fileno()) <= held - shortest and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert waiting(process.stdout.fileno()) > held - shortest
+        process.stdin.close()
+        # It waits for that answer: at EOF it used to end within milliseconds, the answer lost.
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(timeout=0.5)
+        out = process.stdout.read()  # drained only now
+        assert process.wait(timeout=10) == 0, process.stderr.read()
+        assert process.stderr.read() == b""
+        assert len(out) > held and all(json.loads(line)["small"] is False for line in out.splitlines())
+    finally:
+        silent.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def waiting(descriptor: int) -> int:
+    """Bytes in a pipe not yet read."""
+    return struct.unpack("i", fcntl.ioctl(descriptor, termios.FIONREAD, b"\0\0\0\0"))[0]
 
 
 def test_report_and_matrix_show_every_figure() -> None:

@@ -66,6 +66,9 @@ from typing import Any, Callable, Dict, List, Optional
 from torchherd.remote.proctable import command_line
 from torchherd.remote.uvlock import MARKER, uv_lock_hash
 
+OUT_LOCK = threading.Lock()
+"""Held while a line goes to stdout (``say``), and by the end (``leave``)."""
+
 STARTED = time.time()
 CPU_AT_START = sum(os.times()[:4])
 """This process's CPU and its waited-for children's: the login shell's (it exec'd Python)."""
@@ -598,8 +601,7 @@ def listen(config: Dict[str, Any]) -> None:
         sock.setblocking(False)
         bound[label] = sock.getsockname()[1]
         sockets[sock.fileno()], labels[sock.fileno()] = sock, label
-    sys.stdout.write(json.dumps({"bound": bound, "errors": errors, "backlog": backlog}) + "\n")
-    sys.stdout.flush()
+    say({"bound": bound, "errors": errors, "backlog": backlog})
     held: List[socket.socket] = []
     pending = b""
     deadline = time.time() + config["seconds"]
@@ -761,8 +763,7 @@ def connect(config: Dict[str, Any]) -> None:
     results.update(probe(config, started))
     if pinger is not None:
         pinger.join()
-    sys.stdout.write(json.dumps(results) + "\n")
-    sys.stdout.flush()
+    say(results)
 
 
 def main() -> None:
@@ -801,10 +802,29 @@ def main() -> None:
         facts["torch"] = torch_of(config)
     deadline = STARTED + float(config.get("gpu_seconds") or GPU_SECONDS)
     facts["gpu"], facts["kernel_xids"] = gpu.result(deadline), xids.result(deadline)
-    sys.stdout.write(json.dumps(facts) + "\n")
-    sys.stdout.flush()
+    say(facts)
     if config.get("listen"):
         listen(config["listen"])
 
 
+
+def say(document: Dict[str, Any]) -> None:
+    """One line on stdout, whole: the listener's probes answer from threads of their own."""
+    with OUT_LOCK:
+        sys.stdout.write(json.dumps(document) + "\n")
+        sys.stdout.flush()
+
+
+def leave() -> None:
+    """Ends the process without the interpreter's shutdown, once no thread is writing a
+    line. A shutdown stops the daemon threads where they are: a probe's thread stopped
+    inside its answer's write keeps stdout's lock, the final flush waits a second for it,
+    and CPython aborts (SIGABRT, no exit status); the bandwidth script did, under load."""
+    with OUT_LOCK:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 main()
+leave()
