@@ -15,7 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from localcluster import LocalCluster, veth_name
 from support.cluster_links import rate_limited
 from support.cluster_runs import SKIP_TORCH
 from torchherd.checks import bandwidth, runner
-from torchherd.checks.bandwidth import probe_paths
+from torchherd.checks.bandwidth import Endpoint, probe_paths
 from torchherd.checks.model import MtuProbe
 from torchherd.cli import main
 
@@ -155,31 +155,23 @@ def test_healthy_sixteen_nodes_have_no_finding(make_cluster: Callable[..., Local
     assert len(document["bandwidth"]["nodes"]) == 16
 
 
-def drop_counters(cluster: LocalCluster) -> dict[str, int]:
-    """Where a datagram can be lost here: each node's IP, ICMP and UDP counters (its
-    namespace's /proc/net/snmp) and each bridge port's drops and errors."""
-    counters: dict[str, int] = {}
-    for index, name in enumerate(cluster.names):
-        table = cluster.netns_exec(name, ["cat", "/proc/net/snmp"]).stdout.splitlines()
-        for heads, values in zip(table[::2], table[1::2]):
-            group, *keys = heads.split()
-            if group.rstrip(":") in ("Ip", "Icmp", "IcmpMsg", "Udp"):
-                counters.update({f"{name} {group}{key}": int(value) for key, value in zip(keys, values.split()[1:])})
-        port = veth_name(cluster.prefix, index)
-        stats = json.loads(subprocess.run(["ip", "-s", "-j", "link", "show", "dev", port], check=True,
-                                          capture_output=True, text=True).stdout)[0]["stats64"]
-        for way in ("rx", "tx"):
-            counters.update({f"{port} {way}_{key}": stats[way][key] for key in ("dropped", "errors")})
-    return counters
-
-
 def outcomes(probes: Iterable[MtuProbe]) -> str:
     return "; ".join(f"{probe.first}->{probe.second} small={probe.small} full={probe.full} out={probe.out} "
                      f"back={probe.back} largest={probe.largest} {probe.error}".rstrip() for probe in probes)
 
 
-def moved(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    return {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)}
+def ending(endpoint: Endpoint, told: float, seen: list[str], ended: list[int | None]) -> Callable[..., int | None]:
+    """``endpoint``'s ``exit_code``, recording the script's status and how long after ``told`` it came."""
+    exit_code = endpoint.process.exit_code
+
+    def recorded(timeout: float | None = None) -> int | None:
+        code = exit_code(timeout)
+        ended.append(code)
+        why = "" if code == 0 else ": " + endpoint.process.read_stderr().decode("utf-8", "replace")[-300:]
+        seen.append(f"  {endpoint.name}'s script ended {time.monotonic() - told:.3f} s after the stop, status {code}{why}")
+        return code
+
+    return recorded
 
 
 def preflight(cluster: LocalCluster, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict[str, Any], float]:
@@ -238,19 +230,19 @@ def test_what_the_preflight_mtu_probe_costs(four: LocalCluster, capsys: pytest.C
     either way, so only the first is held). Without the checks whose facts import torch (2 s
     of CPU a node, each time): nothing of the probe is in them, and its part is timed apart."""
     spent: list[float] = []
-    # What a failed timing shows: each probe's time and each of its rounds (a pair that
-    # failed the first is probed again), every pair's outcome, and every counter that moved.
+    # What a failed timing shows: each probe's time, its rounds (a pair that failed the first
+    # is probed again) with every pair's outcome, and when each script ended once told to.
     seen: list[str] = []
-    mtu_round = bandwidth._mtu_round
+    ended: list[int | None] = []
+    mtu_round, stop = bandwidth._mtu_round, bandwidth._stop
 
     def timed(*args: Any) -> None:
-        before = drop_counters(four)
         started = time.monotonic()
         try:
             probe_paths(*args)
         finally:
             spent.append(time.monotonic() - started)
-            seen.append(f"probe {spent[-1]:.3f} s, moved: {moved(before, drop_counters(four))}")
+            seen.append(f"probe {spent[-1]:.3f} s")
 
     def recorded(observed: Any, endpoints: Any, links: Any, sizes: Any, ids: Any, again: bool) -> None:
         started = time.monotonic()
@@ -258,6 +250,13 @@ def test_what_the_preflight_mtu_probe_costs(four: LocalCluster, capsys: pytest.C
         seen.append(f"  {'again' if again else 'first'} round {time.monotonic() - started:.3f} s: "
                     f"{outcomes(observed.mtu_probes[link] for link in links)}")
 
+    def stopped(endpoints: Sequence[Endpoint]) -> None:
+        told = time.monotonic()
+        for endpoint in endpoints:
+            monkeypatch.setattr(endpoint.process, "exit_code", ending(endpoint, told, seen, ended))
+        stop(endpoints)
+
+    monkeypatch.setattr(bandwidth, "_stop", stopped)
     monkeypatch.setattr(bandwidth, "_mtu_round", recorded)
     monkeypatch.setattr(runner, "probe_paths", timed)
     # The whole preflight without the probe is only printed: measured when the rounds are
@@ -276,4 +275,7 @@ def test_what_the_preflight_mtu_probe_costs(four: LocalCluster, capsys: pytest.C
     print(f"preflight, 4 nodes: the MTU probe's own part {statistics.median(spent) * 1000:.0f} ms (median of "
           f"{len(spent)}); whole preflight median {statistics.median(with_probe):.2f} s with it{compared}",
           file=sys.__stderr__)
+    # Each script ends on its own once its stdin closes: one aborted at the interpreter's
+    # shutdown gave no status, and the check waited 2 s for it (remote/bandwidth.py's leave).
+    assert len(ended) == 4 * len(spent) and set(ended) == {0}, "\n".join(seen)
     assert len(spent) == len(with_probe) and statistics.median(spent) < 1.0, "\n".join(seen)
