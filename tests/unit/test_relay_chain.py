@@ -95,3 +95,24 @@ def test_programs_that_do_not_end_are_let_go_of_after_end_seconds_in_all(monkeyp
     took = time.monotonic() - started
     assert 0.5 <= took < 5.0  # both waited for within the one bound, not one each
     assert [what for _, what in log] == ["stdin closed", "stdin closed", "channel closed", "channel closed"]
+
+
+class Received(SlowToEnd):
+    """A receiver that holds its copy: it says its port, then ok, then waits to be told to end."""
+
+    def read(self, timeout: float) -> bytes | None:
+        if not self.said:
+            self.said = True
+            return b'{"port": 4000}\n{"ok": true}\n'
+        return b"" if self.told.wait(timeout) else None
+
+
+def test_a_chain_given_up_keeps_what_its_programs_had_said() -> None:
+    """The receiver said ok (its copy is in place), then the run was interrupted before the
+    source's last answer: the receiver's copy stands, only the source is given up."""
+    log: list[tuple[str, str]] = []
+    programs = [SlowToEnd("node0", log, 0.0), Received("node1", log, 0.0)]
+    hops = [Hop(program.node, Node(program), "relay", "10.0.0.1") for program in programs]  # type: ignore[arg-type]
+    interrupted = time.monotonic() + 1.0
+    result = run_chain(hops, {}, 0, stopping=lambda: time.monotonic() > interrupted)
+    assert result == {"node0": "given up: the run was interrupted", "node1": None}

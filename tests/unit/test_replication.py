@@ -537,6 +537,31 @@ def test_the_replicator_gives_up_the_copy_under_way_between_two_attempts() -> No
     assert not replicator._thread.is_alive()
 
 
+def test_a_copy_that_reached_its_node_as_the_attempt_ended_is_still_told() -> None:
+    """The job waited for its replica and ended the attempt the moment it landed, before the
+    chain's last answer: the copy is given up, but the node it reached holds it, and says so
+    before ``close`` returns (the run's summary comes after)."""
+    started, release = threading.Event(), threading.Event()
+
+    def copier(saved: CheckpointSaved, targets: tuple[str, ...], cancelled: Callable[[], bool]) -> CheckpointReplicated:
+        started.set()
+        assert release.wait(10)
+        return CheckpointReplicated(saved.path, saved.size, saved.mtime, saved.node, targets, 1.5, "1%",
+                                    failed=(("node2", "given up: the run was interrupted"),))
+
+    emitted: list[object] = []
+    holdings = Holdings("snapshot.pt")
+    replicator = Replicator(copier, 1, emitted.append, holdings)
+    replicator.attempt(["node0", "node1"])
+    saved = CheckpointSaved("node0", "snapshot.pt", 10, WALL)
+    replicator.saved(saved)
+    assert started.wait(10)
+    threading.Timer(0.2, release.set).start()
+    replicator.close()
+    assert emitted == [CheckpointReplicated("snapshot.pt", 10, WALL, "node0", ("node1",), 1.5, "1%")]
+    assert holdings.copy_of(CheckpointSaved("node1", "snapshot.pt", 10, WALL)) is not None
+
+
 def test_the_record_reaches_the_controller_as_it_was_sent() -> None:
     from torchherd.runlog import parse_status
 

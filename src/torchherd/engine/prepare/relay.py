@@ -31,6 +31,8 @@ BYTES_PER_SECOND = 10e6
 than this is taken as stalled (each node program also gives up after 2 minutes without a byte)."""
 POLL_SECONDS = 0.5
 """While the copy runs, how often the controller looks whether the run was interrupted."""
+GIVEN_UP = "given up: the run was interrupted"
+"""A chain's outcome for a program that had not answered when ``stopping()`` came."""
 END_SECONDS = 10.0
 """Once the chain is over (done, failed or given up), the most its programs may take, all
 together, to end after their stdin closed: a replication's programs run at the lowest CPU
@@ -167,11 +169,15 @@ def _wait(hops: Sequence[Hop], processes: Mapping[str, Process], lines: Mapping[
         threading.Thread(target=read, args=(hop.node,), name=f"relay-{hop.node}", daemon=True).start()
     results: dict[str, str | None] = {}
     while len(results) < len(hops):
-        if stopping():
-            return {hop.node: "given up: the run was interrupted" for hop in hops}
+        stopped = stopping()
         try:
-            node, answer = answers.get(timeout=POLL_SECONDS)
+            node, answer = answers.get(block=not stopped, timeout=POLL_SECONDS)
         except queue.Empty:
+            if stopped:
+                # What the programs said stands: a receiver that said ok holds its copy (a job
+                # that waits for it may end its attempt, and so the copy, right after). The
+                # others are given up.
+                return {hop.node: results[hop.node] if hop.node in results else GIVEN_UP for hop in hops}
             continue
         if answer is not None and "message" in answer:
             if _well_formed(answer["message"]):

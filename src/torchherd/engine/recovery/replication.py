@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Collection, Sequence
 
 from torchherd.engine.events import CheckpointReplicated, CheckpointSaved, CheckpointStaged, Observer
@@ -133,8 +133,8 @@ class Replicator:
         self._pending: dict[str, CheckpointSaved] = {}
         self._busy = False
         self._generation = 0
-        """Raised by each ``pause``: a copy started before it is given up, and its outcome
-        (late, from an attempt that ended) is not told."""
+        """Raised by each ``pause``: a copy started before it is given up, and of its outcome
+        (late, from an attempt that ended) only the nodes it reached are told."""
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -202,11 +202,17 @@ class Replicator:
             except Exception as error:  # noqa: BLE001 - a copy that fails never ends the run
                 result = CheckpointReplicated(event.path, event.size, event.mtime, node, (), 0.0, "",
                                               failed=tuple((target, str(error)) for target in targets))
+            told: CheckpointReplicated | None = result
             with self._changed:
+                if self._generation != generation:
+                    # Given up: what failed, failed for that. The nodes it reached hold the copy
+                    # all the same (a job that waits for its replica ends its attempt the moment
+                    # the copy lands, before the chain's last answer).
+                    told = replace(result, failed=()) if result.nodes else None
+                if told is not None:
+                    self.holdings.replicated(told)
+            if told is not None:
+                self.emit(told)
+            with self._changed:  # after the emit: a pause or close returns once the copy is told
                 self._busy = False
-                cancelled = self._generation != generation
-                if not cancelled:
-                    self.holdings.replicated(result)
                 self._changed.notify_all()
-            if not cancelled:
-                self.emit(result)
