@@ -807,7 +807,6 @@ def main() -> None:
         listen(config["listen"])
 
 
-
 def say(document: Dict[str, Any]) -> None:
     """One line on stdout, whole: the listener's probes answer from threads of their own."""
     with OUT_LOCK:

@@ -177,7 +177,7 @@ def _wait(hops: Sequence[Hop], processes: Mapping[str, Process], lines: Mapping[
                 # What the programs said stands: a receiver that said ok holds its copy (a job
                 # that waits for it may end its attempt, and so the copy, right after). The
                 # others are given up.
-                return {hop.node: results[hop.node] if hop.node in results else GIVEN_UP for hop in hops}
+                return {hop.node: results.get(hop.node, GIVEN_UP) for hop in hops}
             continue
         if answer is not None and "message" in answer:
             if _well_formed(answer["message"]):
